@@ -84,6 +84,15 @@ class Barrier:
     mutation: Mutation | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """Where an epoch ends in one partition: the epoch index's value."""
+
+    epoch: int
+    offset: int  # offset of the epoch's barrier in the partition
+    records: int  # change events of the epoch in the partition
+
+
 @dataclass(slots=True)
 class Epoch:
     """One complete epoch of a changelog: all its changes and its barrier on every partition."""
@@ -102,3 +111,7 @@ class Epoch:
     @property
     def mutation(self) -> Mutation | None:
         return next((b.mutation for b in self.barriers.values() if b.mutation is not None), None)
+
+    @property
+    def index(self) -> dict[int, IndexEntry]:
+        return {p: IndexEntry(self.epoch, self.offsets[p], self.barriers[p].records) for p in self.offsets}

@@ -1,0 +1,91 @@
+"""The catalog: a Redis hash for reads, and a compacted Kafka topic from which Redis is rebuilt.
+
+Every change goes to the topic first (flushed), then to Redis, so the topic is never behind Redis.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka import Producer, TopicPartition
+
+from mvlog.catalog import CatalogEntry, CatalogError
+from mvlog.config import Settings
+from mvlog.connectors.changelog_reader import reader_consumer
+from mvlog.connectors.topics import ensure_topic
+from mvlog.schemas.codec import decode_catalog_entry, encode_catalog_entry
+
+import redis
+
+
+class CatalogStore:
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.redis = client
+        self.key = f"{settings.topic_prefix}:catalog"
+        self._producer: Producer | None = None
+
+    def _topic_producer(self) -> Producer:
+        if self._producer is None:
+            ensure_topic(self.settings, self.settings.catalog_topic, 1,
+                         {"cleanup.policy": "compact"})
+            self._producer = Producer({**self.settings.kafka_client_config(), "enable.idempotence": True})
+        return self._producer
+
+    def put(self, entry: CatalogEntry) -> None:
+        data = encode_catalog_entry(entry.to_record())
+        producer = self._topic_producer()
+        producer.produce(self.settings.catalog_topic, data, entry.name.encode())
+        if producer.flush(30) != 0:
+            raise CatalogError(f"catalog entry {entry.name} was not written to {self.settings.catalog_topic}")
+        self.redis.hset(self.key, entry.name, data)
+
+    def delete(self, name: str) -> None:
+        producer = self._topic_producer()
+        producer.produce(self.settings.catalog_topic, None, name.encode())
+        if producer.flush(30) != 0:
+            raise CatalogError(f"catalog tombstone for {name} was not written")
+        self.redis.hdel(self.key, name)
+
+    def get(self, name: str) -> CatalogEntry:
+        data = self.redis.hget(self.key, name)
+        if data is None:
+            known = ", ".join(sorted(self.names())) or "none"
+            raise CatalogError(f"unknown table or view {name!r} (known: {known})")
+        return CatalogEntry.from_record(decode_catalog_entry(data))
+
+    def find(self, name: str) -> CatalogEntry | None:
+        data = self.redis.hget(self.key, name)
+        return CatalogEntry.from_record(decode_catalog_entry(data)) if data is not None else None
+
+    def names(self) -> list[str]:
+        return sorted(k.decode() for k in self.redis.hkeys(self.key))
+
+    def all(self) -> list[CatalogEntry]:
+        return [CatalogEntry.from_record(decode_catalog_entry(v)) for _, v in sorted(self.redis.hgetall(self.key).items())]
+
+    def dependents(self, name: str) -> list[str]:
+        return [e.name for e in self.all() if name in e.sources]
+
+    def rebuild_from_topic(self, idle_timeout: float = 2.0) -> int:
+        """Reload Redis from the compacted topic (after Redis was wiped); returns the entries loaded."""
+        ensure_topic(self.settings, self.settings.catalog_topic, 1, {"cleanup.policy": "compact"})
+        consumer = reader_consumer(self.settings)
+        consumer.assign([TopicPartition(self.settings.catalog_topic, 0, 0)])
+        latest: dict[str, bytes | None] = {}
+        try:
+            while batch := consumer.consume(500, timeout=idle_timeout):
+                for message in batch:
+                    if message.error() is None and message.key() is not None:
+                        latest[message.key().decode()] = message.value()
+        finally:
+            consumer.close()
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(self.key)
+        live = {name: value for name, value in latest.items() if value is not None}
+        if live:
+            pipe.hset(self.key, mapping=live)  # type: ignore[arg-type]
+        pipe.execute()
+        return len(live)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(10)

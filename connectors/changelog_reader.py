@@ -1,0 +1,128 @@
+"""Reads a view's changelog as complete epochs, in order, with ``read_committed``.
+
+The reader seeks each partition to just after the barrier of the last epoch before its start (looked up
+in the epoch index), aligns barriers across partitions and yields :class:`~mvlog.changes.Epoch` objects.
+It never uses the broker's high watermark to decide where an epoch ends: barriers do that (Tansu
+reports the watermark of the last batch's base offset, not of the log's end).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from mvlog.barrier_alignment import EpochAligner
+from mvlog.changes import Epoch
+from mvlog.config import Settings
+from mvlog.connectors.epoch_index import EpochIndex
+from mvlog.schemas.codec import TYPE_BARRIER, TYPE_CHANGE, DecodeError, decode_barrier, decode_change, decode_key
+from mvlog.schemas.codec import record_type as header_type
+
+
+class ChangelogReadError(RuntimeError):
+    """A record that cannot be part of an mvlog changelog; names topic, partition and offset."""
+
+
+def reader_consumer(settings: Settings, extra: dict[str, Any] | None = None) -> Consumer:
+    """A read_committed consumer used with ``assign()`` only: no group membership, no offset commits."""
+    config: dict[str, Any] = {
+        **settings.kafka_client_config(),
+        "group.id": f"{settings.topic_prefix}.reader.{uuid.uuid4().hex[:8]}",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "fetch.max.bytes": 16 * 1024 * 1024,
+        "queued.max.messages.kbytes": 32768,
+    }
+    config.update(extra or {})
+    return Consumer(config)
+
+
+class ChangelogReader:
+    """Complete epochs of one changelog after ``after_epoch`` up to ``upto_epoch`` (inclusive)."""
+
+    def __init__(self, settings: Settings, view: str, key_columns: Sequence[str], partitions: int,
+                 index: EpochIndex | None = None, after_epoch: int = 0, upto_epoch: int | None = None) -> None:
+        self.view = view
+        self.topic = settings.changelog_topic(view)
+        self.key_columns = tuple(key_columns)
+        self.upto_epoch = upto_epoch
+        self.aligner = EpochAligner(view, range(partitions), after_epoch)
+        self._consumer = reader_consumer(settings)
+        self._paused: set[int] = set()
+        self._consumer.assign([TopicPartition(self.topic, p, self._start_offset(index, p, after_epoch))
+                               for p in range(partitions)])
+
+    def _start_offset(self, index: EpochIndex | None, partition: int, after_epoch: int) -> int:
+        if index is None or after_epoch <= 0:
+            return OFFSET_BEGINNING
+        entry = index.before(self.view, partition, after_epoch + 1)
+        return entry.offset + 1 if entry is not None else OFFSET_BEGINNING
+
+    @property
+    def last_epoch(self) -> int:
+        return self.aligner.last_epoch
+
+    def done(self) -> bool:
+        return self.upto_epoch is not None and self.aligner.last_epoch >= self.upto_epoch
+
+    def epochs(self, idle_timeout: float | None = None, poll_timeout: float = 0.2) -> Iterator[Epoch]:
+        """Yield complete epochs; stop at ``upto_epoch``, or after ``idle_timeout`` s without a record."""
+        last_record = time.monotonic()
+        while not self.done():
+            messages = self._consumer.consume(num_messages=2000, timeout=poll_timeout)
+            if messages:
+                last_record = time.monotonic()
+            elif idle_timeout is not None and time.monotonic() - last_record >= idle_timeout:
+                return
+            for message in messages:
+                for epoch in self._handle(message):
+                    if self.upto_epoch is not None and epoch.epoch > self.upto_epoch:
+                        return
+                    yield epoch
+            self._apply_pauses()
+
+    def _handle(self, message: Any) -> list[Epoch]:
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return []
+            raise ChangelogReadError(f"{self.topic}: {error}")
+        partition, offset = message.partition(), message.offset()
+        where = f"{self.topic} partition {partition} offset {offset}"
+        kind = header_type(message.headers())
+        try:
+            if kind == TYPE_CHANGE:
+                key = decode_key(self.key_columns, message.key() or b"")
+                change, _source = decode_change(key, message.value() or b"")
+                self.aligner.add_change(partition, change)
+                return []
+            if kind == TYPE_BARRIER:
+                return self.aligner.add_barrier(partition, decode_barrier(message.value() or b""), offset)
+        except DecodeError as exc:
+            raise ChangelogReadError(f"{where}: {exc}") from exc
+        raise ChangelogReadError(f"{where}: not an mvlog changelog record (header mvlog.type is {kind!r})")
+
+    def _apply_pauses(self) -> None:
+        wanted = self.aligner.partitions_to_pause()
+        if wanted == self._paused:
+            return
+        if resume := self._paused - wanted:
+            self._consumer.resume([TopicPartition(self.topic, p) for p in resume])
+        if pause := wanted - self._paused:
+            self._consumer.pause([TopicPartition(self.topic, p) for p in pause])
+        self._paused = wanted
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> ChangelogReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

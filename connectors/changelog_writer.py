@@ -1,0 +1,145 @@
+"""Writes a view's changelog: one Kafka transaction per epoch, changes then a barrier on every partition.
+
+The transactional id fences a restarted or duplicated writer, and the transaction makes the epoch
+atomic for ``read_committed`` consumers. Consumed input offsets (consume-transform-produce) commit in
+the same transaction, so an epoch's input and output are either both done or both not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from mvlog.changes import Barrier, Change, Mutation
+from mvlog.config import Settings
+from mvlog.connectors.epoch_index import IndexEntry
+from mvlog.row_schema import Key
+from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, TYPE_CHANGE, encode_barrier, encode_change, encode_key
+from mvlog.vnode import partition_of_vnode, vnode_of
+
+
+class WriterFencedError(RuntimeError):
+    """Another writer with the same transactional id took over; this one must stop."""
+
+
+class EpochWriteError(RuntimeError):
+    """The epoch's transaction was aborted; nothing of it is visible to read_committed consumers."""
+
+
+@dataclass(frozen=True)
+class CommittedEpoch:
+    epoch: int
+    index: dict[int, IndexEntry]  # partition -> offset and record count of the epoch's barrier
+
+    @property
+    def records(self) -> int:
+        return sum(e.records for e in self.index.values())
+
+
+_CHANGE_HEADERS = [(HEADER_TYPE, TYPE_CHANGE)]
+_BARRIER_HEADERS = [(HEADER_TYPE, TYPE_BARRIER)]
+
+
+class ChangelogWriter:
+    def __init__(self, settings: Settings, view: str, key_columns: Sequence[str], partitions: int,
+                 transactional_id: str | None = None, producer_config: dict[str, Any] | None = None) -> None:
+        self.view = view
+        self.topic = settings.changelog_topic(view)
+        self.partitions = partitions
+        self.key_columns = tuple(key_columns)
+        self.transactional_id = transactional_id or f"{settings.topic_prefix}.{view}.writer"
+        config: dict[str, Any] = {
+            **settings.kafka_client_config(),
+            "transactional.id": self.transactional_id,
+            "enable.idempotence": True,
+            "transaction.timeout.ms": settings.transaction_timeout_ms,
+            "linger.ms": 5,
+            "batch.num.messages": 10000,
+            "queue.buffering.max.messages": 500000,
+            "queue.buffering.max.kbytes": 262144,
+        }
+        config.update(producer_config or {})
+        self._producer = Producer(config)
+        self._run(self._producer.init_transactions, 60.0)
+
+    def key_bytes(self, key: Key) -> bytes:
+        return encode_key(self.key_columns, key)
+
+    def partition_of(self, key_bytes: bytes) -> tuple[int, int]:
+        vnode = vnode_of(key_bytes)
+        return vnode, partition_of_vnode(vnode, self.partitions)
+
+    def commit_epoch(self, epoch: int, prev_epoch: int, changes: Sequence[Change], *,
+                     checkpoint: bool = True, mutation: Mutation | None = None,
+                     consumed_offsets: Sequence[TopicPartition] | None = None,
+                     group_metadata: Any = None) -> CommittedEpoch:
+        """Write ``changes`` and the epoch's barriers in one transaction and commit it."""
+        if epoch <= prev_epoch:
+            raise ValueError(f"epoch {epoch} must be above the previous epoch {prev_epoch}")
+        producer = self._producer
+        self._run(producer.begin_transaction)
+        try:
+            ts_ms = int(time.time() * 1000)
+            counts = [0] * self.partitions
+            for change in changes:
+                key = self.key_bytes(change.key)
+                vnode, partition = self.partition_of(key)
+                counts[partition] += 1
+                self._produce(key, encode_change(self.view, epoch, vnode, change, ts_ms), partition,
+                              _CHANGE_HEADERS)
+            barrier_offsets: dict[int, int] = {}
+
+            def on_barrier(err: KafkaError | None, msg: Message) -> None:
+                if err is None:
+                    barrier_offsets[msg.partition()] = msg.offset()
+
+            for partition in range(self.partitions):
+                barrier = Barrier(self.view, epoch, prev_epoch, checkpoint, partition, counts[partition],
+                                  ts_ms, mutation)
+                self._produce(None, encode_barrier(barrier), partition, _BARRIER_HEADERS, on_barrier)
+            if consumed_offsets:
+                self._run(producer.send_offsets_to_transaction, list(consumed_offsets), group_metadata, 60.0)
+            self._run(producer.commit_transaction, 60.0)
+        except WriterFencedError:
+            raise
+        except Exception as exc:
+            self._abort()
+            raise EpochWriteError(f"{self.view}: epoch {epoch} was aborted: {exc}") from exc
+        if len(barrier_offsets) != self.partitions:
+            raise EpochWriteError(f"{self.view}: epoch {epoch} committed without all barrier offsets")
+        index = {p: IndexEntry(epoch, barrier_offsets[p], counts[p]) for p in range(self.partitions)}
+        return CommittedEpoch(epoch, index)
+
+    def close(self) -> None:
+        self._producer.flush(10)
+
+    def _produce(self, key: bytes | None, value: bytes, partition: int, headers: list[tuple[str, bytes]],
+                 on_delivery: Any = None) -> None:
+        while True:
+            try:
+                self._producer.produce(self.topic, value, key, partition=partition, headers=headers,
+                                       on_delivery=on_delivery)
+                return
+            except BufferError:
+                self._producer.poll(0.05)  # the local queue is full: let deliveries drain it
+
+    def _abort(self) -> None:
+        try:
+            self._producer.abort_transaction(30.0)
+        except KafkaException:
+            pass
+
+    def _run(self, call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED) or error.fatal():
+                raise WriterFencedError(
+                    f"{self.view}: writer {self.transactional_id} was fenced by a newer instance: {error}"
+                ) from exc
+            raise

@@ -1,0 +1,77 @@
+"""The epoch index in Redis: for each view and partition, epoch -> offset of its barrier.
+
+Epochs are int64 above 2**53, beyond what a sorted-set score (a double) holds exactly, so the index is a
+sorted set of equal scores ordered lexicographically by ``<epoch as 16 hex digits>:<offset>:<records>``
+and searched with ZRANGEBYLEX.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from mvlog.changes import IndexEntry
+
+__all__ = ["EpochIndex", "IndexEntry"]
+
+
+def epoch_hex(epoch: int) -> str:
+    return f"{epoch:016x}"
+
+
+def index_member(epoch: int, offset: int, records: int) -> str:
+    return f"{epoch_hex(epoch)}:{offset}:{records}"
+
+
+def _parse(member: bytes | str) -> IndexEntry:
+    text = member.decode() if isinstance(member, bytes) else member
+    epoch, offset, records = text.split(":")
+    return IndexEntry(int(epoch, 16), int(offset), int(records))
+
+
+class EpochIndex:
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self._redis = client
+        self._prefix = prefix
+
+    def key(self, view: str, partition: int) -> str:
+        return f"{self._prefix}:{{{view}}}:index:{partition}"
+
+    def add(self, view: str, entries: dict[int, IndexEntry]) -> None:
+        pipe = self._redis.pipeline(transaction=True)
+        for partition, entry in entries.items():
+            pipe.zadd(self.key(view, partition), {index_member(entry.epoch, entry.offset, entry.records): 0})
+        pipe.execute()
+
+    def at(self, view: str, partition: int, epoch: int) -> IndexEntry | None:
+        found = self._redis.zrangebylex(self.key(view, partition), f"[{epoch_hex(epoch)}:",
+                                        f"({epoch_hex(epoch + 1)}", start=0, num=1)
+        return _parse(found[0]) if found else None
+
+    def before(self, view: str, partition: int, epoch: int) -> IndexEntry | None:
+        """The last indexed epoch strictly below ``epoch``: a reader of ``epoch`` starts after its barrier."""
+        found = self._redis.zrevrangebylex(self.key(view, partition), f"({epoch_hex(epoch)}", "-",
+                                           start=0, num=1)
+        return _parse(found[0]) if found else None
+
+    def first_at_or_after(self, view: str, partition: int, epoch: int) -> IndexEntry | None:
+        found = self._redis.zrangebylex(self.key(view, partition), f"[{epoch_hex(epoch)}", "+",
+                                        start=0, num=1)
+        return _parse(found[0]) if found else None
+
+    def oldest(self, view: str, partition: int) -> IndexEntry | None:
+        found = self._redis.zrangebylex(self.key(view, partition), "-", "+", start=0, num=1)
+        return _parse(found[0]) if found else None
+
+    def latest(self, view: str, partition: int) -> IndexEntry | None:
+        found = self._redis.zrevrangebylex(self.key(view, partition), "+", "-", start=0, num=1)
+        return _parse(found[0]) if found else None
+
+    def between(self, view: str, partition: int, after: int, upto: int) -> list[IndexEntry]:
+        """Entries with ``after < epoch <= upto``, oldest first."""
+        found = self._redis.zrangebylex(self.key(view, partition), f"({epoch_hex(after)}:~",
+                                        f"({epoch_hex(upto + 1)}")
+        return [_parse(m) for m in found]
+
+    def trim_before(self, view: str, partition: int, epoch: int) -> int:
+        """Forget epochs below ``epoch`` (after retention deleted them from Kafka)."""
+        return int(self._redis.zremrangebylex(self.key(view, partition), "-", f"({epoch_hex(epoch)}"))

@@ -1,0 +1,41 @@
+"""Creating the topics mvlog owns: changelogs (delete policy) and the catalog (compacted)."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from mvlog.config import Settings
+
+
+class TopicError(RuntimeError):
+    pass
+
+
+def ensure_topic(settings: Settings, topic: str, partitions: int, config: dict[str, str] | None = None,
+                 timeout: float = 30.0) -> None:
+    """Create ``topic`` unless it exists; an existing topic with another partition count is an error."""
+    admin = AdminClient(settings.kafka_client_config())
+    metadata = admin.list_topics(timeout=timeout)
+    existing = metadata.topics.get(topic)
+    if existing is not None and existing.error is None:
+        if len(existing.partitions) != partitions:
+            raise TopicError(f"topic {topic} exists with {len(existing.partitions)} partitions, "
+                             f"expected {partitions}")
+        return
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=settings.replication_factor,
+                   config=config or {})
+    future = admin.create_topics([new], operation_timeout=timeout)[topic]
+    try:
+        future.result(timeout)
+    except KafkaException as exc:
+        if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            raise TopicError(f"cannot create topic {topic}: {exc}") from exc
+
+
+def partition_count(settings: Settings, topic: str, timeout: float = 30.0) -> int:
+    admin = AdminClient(settings.kafka_client_config())
+    meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    if meta is None or meta.error is not None:
+        raise TopicError(f"topic {topic} does not exist")
+    return len(meta.partitions)

@@ -1,0 +1,170 @@
+"""A view's serving state in Redis: rows, operator state, max committed epoch (MCE) and lifecycle.
+
+Rows, operator state, the epoch index and the MCE change together in one Lua script per epoch, which
+also refuses an epoch at or below the MCE: applying an epoch twice is impossible, whoever retries it.
+All keys of a view share the hash tag ``{view}`` so the script also runs on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import redis
+
+from mvlog.changes import Change
+from mvlog.connectors.epoch_index import EpochIndex, IndexEntry, epoch_hex, index_member
+from mvlog.schemas.codec import encode_key, encode_row
+
+
+class Lifecycle(StrEnum):
+    CREATING = "creating"
+    BACKFILLING = "backfilling"
+    REPLAYING = "replaying"
+    LIVE = "live"
+    PAUSED = "paused"
+    FAILED = "failed"
+
+
+_COMMIT_SCRIPT = """
+local meta = KEYS[1]
+local current = redis.call('HGET', meta, 'mce_hex')
+if current and current >= ARGV[1] then
+  return 0
+end
+local n_row_puts = tonumber(ARGV[4])
+local n_row_dels = tonumber(ARGV[5])
+local n_state_puts = tonumber(ARGV[6])
+local n_state_dels = tonumber(ARGV[7])
+local i = 8
+for _ = 1, n_row_puts do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]); i = i + 2 end
+for _ = 1, n_row_dels do redis.call('HDEL', KEYS[2], ARGV[i]); i = i + 1 end
+for _ = 1, n_state_puts do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]); i = i + 2 end
+for _ = 1, n_state_dels do redis.call('HDEL', KEYS[3], ARGV[i]); i = i + 1 end
+for k = 4, #KEYS do redis.call('ZADD', KEYS[k], 0, ARGV[i]); i = i + 1 end
+redis.call('HSET', meta, 'mce_hex', ARGV[1], 'mce', ARGV[2], 'mce_ts_ms', ARGV[3])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class EpochCommit:
+    """What one epoch changes in a view's serving state."""
+
+    epoch: int
+    row_puts: Mapping[bytes, bytes]
+    row_deletes: Sequence[bytes]
+    index: Mapping[int, IndexEntry]  # partition -> barrier entry of this epoch
+    state_puts: Mapping[bytes, bytes] | None = None
+    state_deletes: Sequence[bytes] = ()
+
+
+class ViewStore:
+    """Redis serving state of all views under one key prefix."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.redis = client
+        self.prefix = prefix
+        self.index = EpochIndex(client, prefix)
+        self._commit = client.register_script(_COMMIT_SCRIPT)
+
+    def _key(self, view: str, what: str) -> str:
+        return f"{self.prefix}:{{{view}}}:{what}"
+
+    # --- committed epochs -------------------------------------------------------------------------
+
+    def commit(self, view: str, commit: EpochCommit) -> bool:
+        """Apply one epoch atomically; False (and nothing changed) when it is at or below the MCE."""
+        state_puts = commit.state_puts or {}
+        partitions = sorted(commit.index)
+        keys = [self._key(view, "meta"), self._key(view, "rows"), self._key(view, "opstate")]
+        keys += [self.index.key(view, p) for p in partitions]
+        args: list[bytes | str | int] = [
+            epoch_hex(commit.epoch), commit.epoch, int(time.time() * 1000),
+            len(commit.row_puts), len(commit.row_deletes), len(state_puts), len(commit.state_deletes),
+        ]
+        for field, value in commit.row_puts.items():
+            args += [field, value]
+        args += list(commit.row_deletes)
+        for field, value in state_puts.items():
+            args += [field, value]
+        args += list(commit.state_deletes)
+        args += [index_member(commit.epoch, commit.index[p].offset, commit.index[p].records) for p in partitions]
+        return bool(self._commit(keys=keys, args=args))
+
+    def mce(self, view: str) -> int | None:
+        value = self.redis.hget(self._key(view, "meta"), "mce")
+        return int(value) if value is not None else None
+
+    def mce_many(self, views: Sequence[str]) -> dict[str, int | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for view in views:
+            pipe.hget(self._key(view, "meta"), "mce")
+        return {v: (int(m) if m is not None else None) for v, m in zip(views, pipe.execute(), strict=True)}
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    def set_lifecycle(self, view: str, state: Lifecycle, reason: str = "") -> None:
+        self.redis.hset(self._key(view, "meta"), mapping={"state": state.value, "reason": reason,
+                                                          "state_ts_ms": int(time.time() * 1000)})
+
+    def lifecycle(self, view: str) -> Lifecycle | None:
+        value = self.redis.hget(self._key(view, "meta"), "state")
+        return Lifecycle(value.decode()) if value is not None else None
+
+    def meta(self, view: str) -> dict[str, str]:
+        raw = self.redis.hgetall(self._key(view, "meta"))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    # --- rows and operator state ------------------------------------------------------------------
+
+    def get_rows(self, view: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        if not keys:
+            return {}
+        values = self.redis.hmget(self._key(view, "rows"), list(keys))
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+
+    def scan_rows(self, view: str, batch: int = 1000) -> Iterator[tuple[bytes, bytes]]:
+        """All rows, a batch at a time (HSCAN: memory stays bounded for large views)."""
+        yield from self.redis.hscan_iter(self._key(view, "rows"), count=batch)
+
+    def row_count(self, view: str) -> int:
+        return int(self.redis.hlen(self._key(view, "rows")))
+
+    def get_state(self, view: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        if not keys:
+            return {}
+        values = self.redis.hmget(self._key(view, "opstate"), list(keys))
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+
+    def read_at_consistent_epoch(self, view: str) -> tuple[int | None, list[tuple[bytes, bytes]]]:
+        """All rows together with the MCE they reflect (one MULTI, so both are of the same epoch)."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hget(self._key(view, "meta"), "mce")
+        pipe.hgetall(self._key(view, "rows"))
+        mce, rows = pipe.execute()
+        return (int(mce) if mce is not None else None), list(rows.items())
+
+    def drop(self, view: str, partitions: int) -> None:
+        keys = [self._key(view, w) for w in ("meta", "rows", "opstate")]
+        keys += [self.index.key(view, p) for p in range(partitions)]
+        self.redis.delete(*keys)
+
+
+def commit_from_changes(key_columns: Sequence[str], epoch: int, changes: Sequence[Change],
+                        index: Mapping[int, IndexEntry]) -> EpochCommit:
+    """The serving-state update of an epoch whose changes are ``changes`` (last change of a key wins)."""
+    columns = tuple(key_columns)
+    puts: dict[bytes, bytes] = {}
+    deletes: dict[bytes, None] = {}
+    for change in changes:
+        key = encode_key(columns, change.key)
+        if change.after is None:
+            puts.pop(key, None)
+            deletes[key] = None
+        else:
+            deletes.pop(key, None)
+            puts[key] = encode_row(change.after)
+    return EpochCommit(epoch, puts, list(deletes), index)
