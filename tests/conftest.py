@@ -113,7 +113,11 @@ def stack(
         kafka_port, redis_port = free_ports(2)
         # infra/docker-compose.yml publishes (and advertises) these ports on 127.0.0.1.
         os.environ["MVLOG_KAFKA_PORT"], os.environ["MVLOG_REDIS_PORT"] = str(kafka_port), str(redis_port)
-        services = request.getfixturevalue("docker_services")
+        try:
+            services = request.getfixturevalue("docker_services")
+        except Exception as error:
+            pytest.fail(f"--stack=docker needs a running Docker engine with the compose plugin "
+                        f"(`docker compose`); use --stack=local here. {error}", pytrace=False)
         bootstrap = f"127.0.0.1:{services.port_for('kafka', 9092)}"
         redis_port = services.port_for("redis", 6379)
         services.wait_until_responsive(lambda: kafka_answers(bootstrap, 2.0), timeout=120.0, pause=1.0)
