@@ -51,6 +51,10 @@ class Column:
     name: str
     type: ColumnType
     nullable: bool = True
+    # A hidden column is stored with every row but is not part of ``SELECT *``: a view keeps the key
+    # components it does not project (e.g. the upstream primary key of ``SELECT v1 FROM t1``) this way,
+    # so the view's primary key is always made of columns and ``key_of(row)`` works for every row.
+    hidden: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,11 @@ class RowSchema:
     @property
     def names(self) -> list[str]:
         return [c.name for c in self.columns]
+
+    @property
+    def visible_names(self) -> list[str]:
+        """The columns ``SELECT *`` returns (hidden key columns left out)."""
+        return [c.name for c in self.columns if not c.hidden]
 
     def column(self, name: str) -> Column:
         return self._by_name[name]
@@ -135,13 +144,21 @@ class RowSchema:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"columns": [{"name": c.name, "type": c.type.value, "nullable": c.nullable} for c in self.columns],
-                "primary_key": list(self.primary_key)}
+        return {"columns": [_column_json(c) for c in self.columns], "primary_key": list(self.primary_key)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RowSchema:
-        return cls(tuple(Column(c["name"], ColumnType(c["type"]), bool(c["nullable"])) for c in data["columns"]),
-                   tuple(data["primary_key"]))
+        columns = tuple(Column(c["name"], ColumnType(c["type"]), bool(c["nullable"]),
+                               bool(c.get("hidden", False))) for c in data["columns"])
+        return cls(columns, tuple(data["primary_key"]))
+
+
+def _column_json(column: Column) -> dict[str, Any]:
+    """``hidden`` is written only when set, so schemas without hidden columns keep their JSON."""
+    out: dict[str, Any] = {"name": column.name, "type": column.type.value, "nullable": column.nullable}
+    if column.hidden:
+        out["hidden"] = True
+    return out
 
 
 def _type_problem(kind: ColumnType, value: Any) -> str | None:
