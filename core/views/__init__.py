@@ -1,0 +1,19 @@
+"""Views: a SQL subset planned once, maintained incrementally per epoch, recomputable on Spark/DuckDB.
+
+Pure code (no I/O): the snapshot backfill and the tests run ``to_spark_sql`` / ``to_duckdb_sql`` to
+recompute a view in full.
+"""
+
+from mvlog.views.errors import InconsistentChanges, UnsupportedSql, ViewDefinitionError
+from mvlog.views.plan import ViewPlan, plan_view
+from mvlog.views.render import to_duckdb_sql, to_spark_sql
+
+__all__ = [
+    "InconsistentChanges",
+    "UnsupportedSql",
+    "ViewDefinitionError",
+    "ViewPlan",
+    "plan_view",
+    "to_duckdb_sql",
+    "to_spark_sql",
+]

@@ -1,0 +1,209 @@
+"""The typed expression tree of a planned view.
+
+Planning resolves the sqlglot AST into these nodes once: names are bound to a source side and column,
+types are inferred and implicit conversions are explicit ``Cast`` nodes. The vectorised evaluator and
+the Spark/DuckDB SQL generator both read this tree, so the incremental operator and the full
+recomputation cannot disagree about what a view means.
+
+``type`` is ``None`` only for an expression that is always NULL and whose type nothing determined
+(a bare ``NULL``); planning gives such expressions a type as soon as they meet a typed operand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+
+from mvlog.row_schema import ColumnType
+
+LiteralValue = int | float | str | bool | None
+
+
+class BinaryOp(StrEnum):
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"
+    EQ = "="
+    NEQ = "<>"
+    LT = "<"
+    LTE = "<="
+    GT = ">"
+    GTE = ">="
+    AND = "AND"
+    OR = "OR"
+
+    @property
+    def is_arithmetic(self) -> bool:
+        return self in (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV)
+
+    @property
+    def is_comparison(self) -> bool:
+        return self in (BinaryOp.EQ, BinaryOp.NEQ, BinaryOp.LT, BinaryOp.LTE, BinaryOp.GT, BinaryOp.GTE)
+
+
+class AggregateFunction(StrEnum):
+    COUNT_ROWS = "count(*)"
+    COUNT = "count"
+    SUM = "sum"
+    AVG = "avg"
+    MIN = "min"
+    MAX = "max"
+
+
+@dataclass(frozen=True)
+class ColumnRef:
+    """A column of one source of the FROM clause (side 0 = FROM, side 1 = the joined view)."""
+
+    side: int
+    column: str
+    type: ColumnType | None
+    nullable: bool
+
+
+@dataclass(frozen=True)
+class Literal:
+    value: LiteralValue
+    type: ColumnType | None
+
+    @property
+    def nullable(self) -> bool:
+        return self.value is None
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: BinaryOp
+    left: Expr
+    right: Expr
+    type: ColumnType | None
+    nullable: bool
+
+
+@dataclass(frozen=True)
+class Not:
+    operand: Expr
+
+    @property
+    def type(self) -> ColumnType | None:
+        return ColumnType.BOOLEAN
+
+    @property
+    def nullable(self) -> bool:
+        return self.operand.nullable
+
+
+@dataclass(frozen=True)
+class Negate:
+    operand: Expr
+
+    @property
+    def type(self) -> ColumnType | None:
+        return self.operand.type
+
+    @property
+    def nullable(self) -> bool:
+        return self.operand.nullable
+
+
+@dataclass(frozen=True)
+class IsNull:
+    operand: Expr
+    negated: bool
+
+    @property
+    def type(self) -> ColumnType | None:
+        return ColumnType.BOOLEAN
+
+    @property
+    def nullable(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Case:
+    """``CASE WHEN c1 THEN v1 ... ELSE d END``; a condition that is NULL counts as false."""
+
+    whens: tuple[tuple[Expr, Expr], ...]
+    default: Expr
+    type: ColumnType | None
+    nullable: bool
+
+
+@dataclass(frozen=True)
+class Coalesce:
+    args: tuple[Expr, ...]
+    type: ColumnType | None
+    nullable: bool
+
+
+@dataclass(frozen=True)
+class Cast:
+    """An implicit conversion made explicit: int -> float, or typing an always-NULL expression."""
+
+    operand: Expr
+    type: ColumnType
+
+    @property
+    def nullable(self) -> bool:
+        return self.operand.nullable
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    """In an aggregate view's output: the value of the ``index``-th GROUP BY expression."""
+
+    index: int
+    type: ColumnType | None
+    nullable: bool
+
+
+@dataclass(frozen=True)
+class AggregateRef:
+    """In an aggregate view's output: the result of the ``index``-th aggregate call."""
+
+    index: int
+    type: ColumnType | None
+    nullable: bool
+
+
+@dataclass(frozen=True)
+class AggregateCall:
+    function: AggregateFunction
+    arg: Expr | None  # None for count(*)
+    type: ColumnType
+
+    @property
+    def nullable(self) -> bool:
+        """count is never NULL; the others are NULL over no (non-NULL) values."""
+        return self.function not in (AggregateFunction.COUNT_ROWS, AggregateFunction.COUNT)
+
+
+Expr = ColumnRef | Literal | Binary | Not | Negate | IsNull | Case | Coalesce | Cast | GroupRef | AggregateRef
+
+
+def children(expr: Expr) -> Iterator[Expr]:
+    """Direct sub-expressions, in evaluation order."""
+    match expr:
+        case Binary(left=left, right=right):
+            yield left
+            yield right
+        case Not(operand=operand) | Negate(operand=operand) | IsNull(operand=operand) | Cast(operand=operand):
+            yield operand
+        case Case(whens=whens, default=default):
+            for condition, value in whens:
+                yield condition
+                yield value
+            yield default
+        case Coalesce(args=args):
+            yield from args
+        case _:
+            return
+
+
+def walk(expr: Expr) -> Iterator[Expr]:
+    """The expression and all its sub-expressions, parents first."""
+    yield expr
+    for child in children(expr):
+        yield from walk(child)

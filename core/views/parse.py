@@ -1,0 +1,227 @@
+"""Parsing a view's SQL with sqlglot and refusing statement shapes outside the supported subset.
+
+Views are written in Spark SQL (the dialect that also recomputes them), parsed once here. This module
+only checks the shape of the statement (one SELECT, its clauses, the FROM and JOIN); expressions are
+checked when they are bound. Every refusal carries the construct's name and its position, computed from
+sqlglot's token offsets, because "unsupported SQL" alone does not tell a user what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import Token, TokenType, exp
+from sqlglot.errors import ParseError, TokenError
+
+from mvlog.views.errors import UnsupportedSql, ViewDefinitionError
+
+DIALECT = "spark"
+
+Keyword = TokenType | str  # a token type, or words (e.g. a function's names: "CAST|TRY_CAST")
+
+# Clauses of a SELECT that the subset does not have, with the keyword that introduces them.
+_REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
+    "with": ("WITH (common table expression)", TokenType.WITH),
+    "distinct": ("SELECT DISTINCT", TokenType.DISTINCT),
+    "having": ("HAVING", TokenType.HAVING),
+    "order": ("ORDER BY", TokenType.ORDER_BY),
+    "limit": ("LIMIT", TokenType.LIMIT),
+    "offset": ("OFFSET", TokenType.OFFSET),
+    "qualify": ("QUALIFY", TokenType.QUALIFY),
+    "windows": ("WINDOW clause", TokenType.WINDOW),
+    "laterals": ("LATERAL VIEW", TokenType.LATERAL),
+    "sort": ("SORT BY", TokenType.SORT_BY),
+    "cluster": ("CLUSTER BY", TokenType.CLUSTER_BY),
+    "distribute": ("DISTRIBUTE BY", TokenType.DISTRIBUTE_BY),
+    "pivots": ("PIVOT", TokenType.PIVOT),
+    "sample": ("TABLESAMPLE", TokenType.TABLE_SAMPLE),
+}
+_ALLOWED_CLAUSES = {"expressions", "from", "joins", "where", "group"}
+_SET_OPERATIONS: dict[type[exp.Expr], tuple[str, Keyword]] = {
+    exp.Union: ("UNION", TokenType.UNION),
+    exp.Intersect: ("INTERSECT", TokenType.INTERSECT),
+    exp.Except: ("EXCEPT", TokenType.EXCEPT),
+}
+
+
+def arg(node: exp.Expr, name: str) -> object:
+    """``node.args[name]``, also under sqlglot's trailing-underscore spelling (``from_``, ``with_``)."""
+    value = node.args.get(name)
+    return value if value is not None else node.args.get(name + "_")
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """One view named in FROM or JOIN, with the alias its columns are qualified by."""
+
+    view: str
+    alias: str
+    node: exp.Table
+
+
+@dataclass(frozen=True)
+class ParsedSelect:
+    """A SELECT of the supported shape, with what is needed to point at any of its parts."""
+
+    sql: str
+    select: exp.Select
+    tokens: tuple[Token, ...]
+    tables: tuple[TableRef, ...]
+    join_on: exp.Expr | None
+
+    def position(self, node: exp.Expr, keyword: Keyword | None = None) -> tuple[int, int] | None:
+        """(line, col), 1-based, of ``node``: the ``keyword`` token (a token type, or a word such as a
+        function name) nearest before its first located token, else after it; without a keyword,
+        its first located token. sqlglot locates identifiers, literals and most function names."""
+        starts = [n.meta["start"] for n in node.walk() if "start" in n.meta]
+        anchor = min(starts) if starts else None
+        if keyword is None and isinstance(node, exp.Subquery | exp.Select):
+            keyword = TokenType.SELECT
+        if keyword is not None:
+            candidates = [t.start for t in self.tokens if _matches(t, keyword)]
+            before = [s for s in candidates if anchor is None or s <= anchor]
+            after = [s for s in candidates if anchor is not None and s > anchor]
+            if before:
+                anchor = before[-1]
+            elif after:
+                anchor = after[0]
+        return None if anchor is None else line_col(self.sql, anchor)
+
+    def describe(self, node: exp.Expr, keyword: Keyword | None = None) -> str:
+        """```fragment``` at line L, col C: the way every error message points at a piece of SQL."""
+        where = self.position(node, keyword)
+        at = f" at line {where[0]}, col {where[1]}" if where else ""
+        return f"`{fragment(node)}`{at}"
+
+    def unsupported(self, construct: str, node: exp.Expr, keyword: Keyword | None = None,
+                    hint: str = "") -> UnsupportedSql:
+        line, col = self.position(node, keyword) or (None, None)
+        return UnsupportedSql(construct, fragment(node), line, col, hint=hint)
+
+
+def _matches(token: Token, keyword: Keyword) -> bool:
+    if isinstance(keyword, TokenType):
+        return bool(token.token_type == keyword)
+    return token.text.upper() in keyword.upper().split("|")
+
+
+def fragment(node: exp.Expr) -> str:
+    return node.sql(dialect=DIALECT)
+
+
+def line_col(sql: str, offset: int) -> tuple[int, int]:
+    line = sql.count("\n", 0, offset) + 1
+    col = offset - (sql.rfind("\n", 0, offset) + 1) + 1
+    return line, col
+
+
+def parse_select(sql: str) -> ParsedSelect:
+    """Parse ``sql`` and check it is one SELECT over one view or an inner join of two."""
+    try:
+        tokens = tuple(sqlglot.tokenize(sql, read=DIALECT))
+        statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
+    except (ParseError, TokenError) as error:
+        raise ViewDefinitionError(f"cannot parse the view's SQL: {_first_line(error)}") from None
+    if not statements:
+        raise ViewDefinitionError("the view's SQL is empty; expected SELECT ... FROM ...")
+    if len(statements) > 1:
+        raise UnsupportedSql("more than one statement", fragment(statements[1]),
+                             hint="a view is defined by exactly one SELECT")
+    statement = statements[0]
+    partial = ParsedSelect(sql, exp.Select(), tokens, (), None)
+    for kind, (construct, keyword) in _SET_OPERATIONS.items():
+        if isinstance(statement, kind):
+            raise partial.unsupported(construct, statement, keyword)
+    if isinstance(statement, exp.Subquery):
+        raise partial.unsupported("parenthesized query", statement)
+    if not isinstance(statement, exp.Select):
+        raise partial.unsupported(f"{statement.key.upper()} statement", statement,
+                                  hint="a view is defined by a SELECT")
+    _check_clauses(partial, statement)
+    tables, join_on = _check_from(partial, statement)
+    return ParsedSelect(sql, statement, tokens, tables, join_on)
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).splitlines()[0]
+
+
+def _check_clauses(parsed: ParsedSelect, select: exp.Select) -> None:
+    for name, value in select.args.items():
+        clause = name.rstrip("_")
+        if not value or clause in _ALLOWED_CLAUSES:
+            continue
+        construct, keyword = _REFUSED_CLAUSES.get(clause, (clause.upper(), None))
+        node = value if isinstance(value, exp.Expr) else select
+        if isinstance(value, list) and value and isinstance(value[0], exp.Expr):
+            node = value[0]
+        raise parsed.unsupported(construct, node, keyword)
+    group = select.args.get("group")
+    if isinstance(group, exp.Group):
+        for name in ("rollup", "cube", "grouping_sets", "totals", "all"):
+            if group.args.get(name):
+                construct = f"GROUP BY {name.replace('_', ' ').upper()}"
+                raise parsed.unsupported(construct, group, TokenType.GROUP_BY)
+    if not select.expressions:
+        raise ViewDefinitionError("the view's SELECT list is empty")
+
+
+def _check_from(parsed: ParsedSelect, select: exp.Select
+                ) -> tuple[tuple[TableRef, ...], exp.Expr | None]:
+    source = arg(select, "from")
+    if not isinstance(source, exp.From):
+        raise ViewDefinitionError("the view's SELECT has no FROM clause; a view reads one view or a join "
+                                  "of two")
+    if source.expressions:
+        raise parsed.unsupported("FROM with several views (implicit cross join)", source, TokenType.FROM,
+                                 hint="write FROM a JOIN b ON a.x = b.y")
+    tables = [_table(parsed, source.this)]
+    joins: Sequence[exp.Join] = select.args.get("joins") or []
+    join_on: exp.Expr | None = None
+    if len(joins) > 1:
+        raise parsed.unsupported("join of more than two views", joins[1], TokenType.JOIN,
+                                 hint="a view joins at most two views; build a view on a view instead")
+    if joins:
+        join = joins[0]
+        _check_join(parsed, join)
+        tables.append(_table(parsed, join.this))
+        join_on = join.args["on"]
+    return tuple(tables), join_on
+
+
+def _check_join(parsed: ParsedSelect, join: exp.Join) -> None:
+    side = str(join.args.get("side") or "").upper()
+    kind = str(join.args.get("kind") or "").upper()
+    method = str(join.args.get("method") or "").upper()
+    if side:
+        raise parsed.unsupported(f"{side} OUTER JOIN", join, getattr(TokenType, side),
+                                 hint="only inner equi-joins are maintained")
+    if method:
+        raise parsed.unsupported(f"{method} JOIN", join, getattr(TokenType, method, None))
+    if kind and kind != "INNER":
+        raise parsed.unsupported(f"{kind} JOIN", join, getattr(TokenType, kind, None),
+                                 hint="only inner equi-joins are maintained")
+    if join.args.get("using"):
+        raise parsed.unsupported("JOIN ... USING", join, TokenType.USING, hint="write ON a.x = b.x")
+    on = join.args.get("on")
+    if on is None or (isinstance(on, exp.Boolean) and "start" not in on.meta):  # Spark reads it as ON TRUE
+        raise parsed.unsupported("JOIN without ON", join, TokenType.JOIN, hint="write ON a.x = b.y")
+
+
+def _table(parsed: ParsedSelect, node: exp.Expr) -> TableRef:
+    if isinstance(node, exp.Subquery | exp.Select):
+        raise parsed.unsupported("subquery in FROM", node, TokenType.SELECT,
+                                 hint="create the subquery as a view and read it")
+    if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
+        raise parsed.unsupported(f"{node.key.upper()} in FROM", node, hint="FROM must name a view")
+    for name in ("laterals", "joins", "pivots", "sample", "version", "when", "partition", "changes"):
+        if node.args.get(name):
+            raise parsed.unsupported(_REFUSED_CLAUSES.get(name, (name.upper(), None))[0], node)
+    if node.args.get("db") or node.args.get("catalog"):
+        raise ViewDefinitionError(f"view names are not qualified by a database: {parsed.describe(node)}")
+    alias = node.args.get("alias")
+    if isinstance(alias, exp.TableAlias) and alias.columns:
+        raise parsed.unsupported("column aliases on a view in FROM", node)
+    return TableRef(node.name, node.alias_or_name, node)

@@ -1,0 +1,256 @@
+"""Planning a view: SQL text plus the upstream schemas in, a checked ``ViewPlan`` out.
+
+A plan fixes everything the incremental operator and the full recomputation need: the sources, the
+join, the filter, the grouping, the output columns with their types, and the view's key.
+
+The key (``ViewPlan.key_columns``, ``schema.primary_key``):
+
+- filter/project: the upstream's key (each upstream row gives at most one view row);
+- aggregate: the GROUP BY values (the empty tuple for a global aggregate, which always has one row);
+- join: the left key followed by the right key (each pair of rows gives at most one view row).
+
+The key is always made of columns of the view's rows, so ``schema.key_of(row)`` works for every view:
+a key component the SELECT list already holds as-is (``SELECT id, ...``, ``SELECT g, count(*) ... GROUP
+BY g``) is that column; any other is added as a *hidden* column, stored with the rows (and in the
+changelog and snapshots) but left out of ``SELECT *`` and not referable by views built on this one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from mvlog.row_schema import Column, RowSchema
+from mvlog.views.binder import Binder, IncompatibleTypes, common_type
+from mvlog.views.errors import ViewDefinitionError
+from mvlog.views.expr import AggregateCall, ColumnRef, Expr, GroupRef
+from mvlog.views.parse import ParsedSelect, TableRef, parse_select
+from mvlog.views.query import JoinCondition, OutputColumn, Query, Source
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class ViewPlan:
+    """A checked view definition: what the operator maintains and the SQL generator recomputes."""
+
+    name: str
+    sql: str
+    sources: tuple[str, ...]  # upstream view names, in FROM order, each once
+    schema: RowSchema  # the view's rows: SELECT list, then hidden key columns; primary_key = the key
+    query: Query
+
+    @property
+    def key_columns(self) -> tuple[Column, ...]:
+        """The key's components (names and types), in key order; some may be hidden columns."""
+        return tuple(self.schema.column(name) for name in self.schema.primary_key)
+
+    @property
+    def is_aggregate(self) -> bool:
+        return bool(self.query.is_aggregate)
+
+    @property
+    def is_join(self) -> bool:
+        return len(self.query.sources) == 2
+
+
+def plan_view(name: str, sql: str, upstreams: Mapping[str, RowSchema]) -> ViewPlan:
+    """Plan view ``name`` defined by ``sql`` over the views in ``upstreams`` (view name -> its schema).
+
+    Raises ``ViewDefinitionError`` (``UnsupportedSql`` for constructs outside the subset) naming the
+    problem and where it is in ``sql``.
+    """
+    parsed = parse_select(sql)
+    sources = tuple(_source(parsed, table, name, upstreams) for table in parsed.tables)
+    if len(sources) == 2 and sources[0].alias.casefold() == sources[1].alias.casefold():
+        example = f"FROM {sources[0].view} a JOIN {sources[1].view} b"
+        raise ViewDefinitionError(f"both sides of the join are called {sources[0].alias!r}; give them "
+                                  f"different aliases, e.g. {example}")
+    binder = Binder(parsed, sources)
+    join = _join_conditions(parsed, binder)
+    where_clause = parsed.select.args.get("where")
+    where = binder.condition(where_clause.this, "WHERE") if isinstance(where_clause, exp.Where) else None
+    items = list(parsed.select.expressions)
+    group_clause = parsed.select.args.get("group")
+    group_nodes = list(group_clause.expressions) if isinstance(group_clause, exp.Group) else []
+    is_aggregate = bool(group_nodes) or any(isinstance(n, exp.AggFunc) for item in items for n in item.walk())
+    if is_aggregate:
+        group_by, aggregates, outputs = _aggregate_outputs(parsed, binder, items, group_nodes)
+        key: list[tuple[Expr, str]] = [
+            (GroupRef(i, g.type, g.nullable), g.column if isinstance(g, ColumnRef) else f"group_{i}")
+            for i, g in enumerate(group_by)]
+    else:
+        group_by, aggregates = (), ()
+        outputs = _projection_outputs(parsed, binder, items)
+        key = [(ColumnRef(side, pk, s.schema.column(pk).type, s.schema.column(pk).nullable), pk)
+               for side, s in enumerate(sources) for pk in s.schema.primary_key]
+    _check_names(outputs)
+    outputs, primary_key = _with_key(outputs, key, sources)
+    query = Query(sources, join, where, group_by, aggregates, tuple(outputs), is_aggregate)
+    columns = []
+    for output in outputs:
+        if output.expr.type is None:
+            raise ViewDefinitionError(f"cannot infer a type for column {output.name!r}: it is always NULL")
+        columns.append(Column(output.name, output.expr.type, output.expr.nullable, output.hidden))
+    schema = RowSchema(tuple(columns), tuple(primary_key))
+    return ViewPlan(name, sql, tuple(dict.fromkeys(s.view for s in sources)), schema, query)
+
+
+def _source(parsed: ParsedSelect, table: TableRef, view: str, upstreams: Mapping[str, RowSchema]) -> Source:
+    if table.view == view:
+        raise ViewDefinitionError(f"view {view!r} cannot read itself ({parsed.describe(table.node)})")
+    name = table.view if table.view in upstreams else next(
+        (n for n in upstreams if n.casefold() == table.view.casefold()), None)
+    if name is None:
+        known = ", ".join(sorted(upstreams)) or "(none)"
+        raise ViewDefinitionError(f"unknown view {table.view!r} in {parsed.describe(table.node)}; "
+                                  f"known views: {known}")
+    alias = table.alias if table.alias != table.view else name
+    return Source(alias, name, upstreams[name])
+
+
+def _join_conditions(parsed: ParsedSelect, binder: Binder) -> tuple[JoinCondition, ...]:
+    if parsed.join_on is None:
+        return ()
+    conjuncts = list(parsed.join_on.flatten()) if isinstance(parsed.join_on, exp.And) else [parsed.join_on]
+    conditions = []
+    for conjunct in conjuncts:
+        node = conjunct.unnest()
+        if not isinstance(node, exp.EQ):
+            raise parsed.unsupported("non-equi join condition", node,
+                                     hint="the ON clause must be column = column [AND ...]; filter in WHERE")
+        if not (isinstance(node.this, exp.Column) and isinstance(node.expression, exp.Column)):
+            raise parsed.unsupported("join condition on an expression", node,
+                                     hint="the ON clause must be column = column [AND ...]")
+        left, right = binder.column(node.this), binder.column(node.expression)
+        if left.side == right.side:
+            raise parsed.unsupported("join condition within one side", node,
+                                     hint="each equality must compare a column of each joined view")
+        if left.side == 1:
+            left, right = right, left
+        try:
+            kind = common_type([left.type, right.type])
+        except IncompatibleTypes:
+            kind = None
+        if kind is None:
+            raise ViewDefinitionError(f"type error in {parsed.describe(node)}: cannot join "
+                                      f"{left.type} with {right.type}")
+        conditions.append(JoinCondition(left, right, kind))
+    return tuple(conditions)
+
+
+def _projection_outputs(parsed: ParsedSelect, binder: Binder, items: list[exp.Expr]) -> list[OutputColumn]:
+    outputs: list[OutputColumn] = []
+    for position, item in enumerate(items):
+        if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
+            outputs.extend(_expand_star(parsed, binder, item))
+            continue
+        node, name = _named(item, position)
+        outputs.append(OutputColumn(name, binder.row_expr(node, "SELECT")))
+    return outputs
+
+
+def _expand_star(parsed: ParsedSelect, binder: Binder, item: exp.Expr) -> list[OutputColumn]:
+    if isinstance(item, exp.Star):
+        if any(item.args.get(a) for a in ("except", "replace", "rename")):
+            raise parsed.unsupported("* EXCEPT/REPLACE", item)
+        sides = list(range(len(binder.sources)))
+    else:
+        assert isinstance(item, exp.Column)
+        sides = [i for i, s in enumerate(binder.sources) if s.alias.casefold() == item.table.casefold()]
+        if not sides:
+            raise ViewDefinitionError(f"unknown view or alias {item.table!r} in {parsed.describe(item)}")
+    return [OutputColumn(c.name, ColumnRef(side, c.name, c.type, c.nullable))
+            for side in sides for c in binder.sources[side].schema.columns if not c.hidden]
+
+
+def _named(item: exp.Expr, position: int) -> tuple[exp.Expr, str]:
+    """The expression of a SELECT item and its column name (the alias, or one derived like Spark's)."""
+    if isinstance(item, exp.Alias):
+        return item.this, item.alias
+    node = item.unnest()
+    if isinstance(node, exp.Column):
+        return item, node.name
+    if isinstance(node, exp.Count) and isinstance(node.this, exp.Star):
+        return item, "count"
+    aggregate = isinstance(node, exp.Count | exp.Sum | exp.Avg | exp.Min | exp.Max)
+    if aggregate and isinstance(node.this, exp.Column):
+        return item, f"{node.key}_{node.this.name}"
+    return item, f"_c{position}"
+
+
+def _aggregate_outputs(parsed: ParsedSelect, binder: Binder, items: list[exp.Expr],
+                       group_nodes: list[exp.Expr]
+                       ) -> tuple[tuple[Expr, ...], tuple[AggregateCall, ...], list[OutputColumn]]:
+    aliases = {item.alias.casefold(): item.this for item in items if isinstance(item, exp.Alias)}
+    group_by: list[Expr] = []
+    for node in group_nodes:
+        if isinstance(node, exp.Literal) and not node.is_string:
+            raise parsed.unsupported("GROUP BY position", node, hint="name the column or expression instead")
+        if isinstance(node, exp.Rollup | exp.Cube | exp.GroupingSets):
+            construct = {exp.Rollup: "ROLLUP", exp.Cube: "CUBE"}.get(type(node), "GROUPING SETS")
+            raise parsed.unsupported(f"GROUP BY {construct}", node, construct.split()[0])
+        target = node
+        if isinstance(node, exp.Column) and not node.table and not binder.resolves(node) \
+                and node.name.casefold() in aliases:
+            target = aliases[node.name.casefold()]  # Spark resolves GROUP BY names to SELECT aliases too
+        if any(isinstance(n, exp.AggFunc) for n in target.walk()):
+            raise ViewDefinitionError(f"aggregate function in GROUP BY: {parsed.describe(node)}")
+        bound = binder.row_expr(target, "GROUP BY")
+        if bound not in group_by:
+            group_by.append(bound)
+    aggregates: list[AggregateCall] = []
+    outputs: list[OutputColumn] = []
+    for position, item in enumerate(items):
+        if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
+            raise ViewDefinitionError(f"{parsed.describe(item)} in an aggregate view: list the GROUP BY "
+                                      "columns and aggregates instead")
+        node, name = _named(item, position)
+        outputs.append(OutputColumn(name, binder.output_expr(node, group_by, aggregates)))
+    return tuple(group_by), tuple(aggregates), outputs
+
+
+def _check_names(outputs: list[OutputColumn]) -> None:
+    seen: dict[str, str] = {}
+    for output in outputs:
+        if not _NAME.match(output.name):
+            raise ViewDefinitionError(f"column name {output.name!r} is not a valid name (letters, digits and "
+                                      "_, not starting with a digit); rename it with AS")
+        folded = output.name.casefold()
+        if folded in seen:
+            raise ViewDefinitionError(f"duplicate column name {output.name!r} in the SELECT list; "
+                                      "rename one of them with AS")
+        seen[folded] = output.name
+
+
+def _with_key(outputs: list[OutputColumn], key: list[tuple[Expr, str]], sources: tuple[Source, ...]
+              ) -> tuple[list[OutputColumn], list[str]]:
+    """Outputs plus hidden columns for key components not selected as-is, and the key's column names."""
+    outputs = list(outputs)
+    taken = {o.name.casefold() for o in outputs}
+    primary_key: list[str] = []
+    for expr, base in key:
+        existing = next((o.name for o in outputs if o.expr == expr and o.name not in primary_key), None)
+        if existing is None:
+            existing = _free_name(base, expr, sources, taken)
+            taken.add(existing.casefold())
+            outputs.append(OutputColumn(existing, expr, hidden=True))
+        primary_key.append(existing)
+    return outputs, primary_key
+
+
+def _free_name(base: str, expr: Expr, sources: tuple[Source, ...], taken: set[str]) -> str:
+    candidates = [base]
+    if isinstance(expr, ColumnRef) and len(sources) == 2:
+        candidates.append(f"{sources[expr.side].alias}_{base}")
+    for candidate in candidates:
+        if candidate.casefold() not in taken:
+            return candidate
+    name = candidates[-1]
+    while name.casefold() in taken:
+        name = "_" + name
+    return name
+

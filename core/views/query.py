@@ -1,0 +1,52 @@
+"""The resolved shape of a view's SELECT: its sources, join, filter, grouping and output columns.
+
+This is what the operator executes and what the SQL generator renders; it holds no sqlglot objects, so a
+plan is a plain value that can be compared, hashed and shared between threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mvlog.row_schema import ColumnType, RowSchema
+from mvlog.views.expr import AggregateCall, ColumnRef, Expr
+
+
+@dataclass(frozen=True)
+class Source:
+    """A view read by the query; ``alias`` qualifies its columns (the view name unless aliased)."""
+
+    alias: str
+    view: str
+    schema: RowSchema
+
+
+@dataclass(frozen=True)
+class JoinCondition:
+    """``left = right`` with ``left`` on side 0 and ``right`` on side 1, compared as ``type``."""
+
+    left: ColumnRef
+    right: ColumnRef
+    type: ColumnType
+
+
+@dataclass(frozen=True)
+class OutputColumn:
+    """A column of the view's rows; hidden columns carry key components the SELECT list leaves out."""
+
+    name: str
+    expr: Expr
+    hidden: bool = False
+
+
+@dataclass(frozen=True)
+class Query:
+    sources: tuple[Source, ...]  # one, or two for a join
+    join: tuple[JoinCondition, ...]  # empty unless two sources
+    where: Expr | None
+    group_by: tuple[Expr, ...]
+    aggregates: tuple[AggregateCall, ...]
+    # Expressions over source columns (ColumnRef) for a projection, over GroupRef/AggregateRef for an
+    # aggregate; hidden key columns come last.
+    outputs: tuple[OutputColumn, ...]
+    is_aggregate: bool

@@ -1,0 +1,149 @@
+"""A planned view as one SQL query over tables of the upstream rows (Spark SQL or DuckDB).
+
+The snapshot backfill computes a view at a checkpoint epoch with this query, and the tests use it as
+the oracle for the incremental operator. It is rendered from the plan (not from the user's text) as a
+sqlglot AST and transpiled by sqlglot, so both engines compute exactly what the operator maintains:
+
+- every column is qualified and quoted, ``*`` is expanded, hidden key columns are selected too, and the
+  result's columns are the view's schema, in order;
+- implicit conversions are explicit CASTs, literals are typed (BIGINT, DOUBLE) so no engine picks
+  INT or DECIMAL arithmetic;
+- ``a / b`` is ``a / NULLIF(b, 0)``: NULL on division by zero on Spark (ANSI mode or not) and DuckDB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sqlglot import exp
+
+from mvlog.row_schema import ColumnType
+from mvlog.views.errors import ViewDefinitionError
+from mvlog.views.expr import (
+    AggregateCall,
+    AggregateFunction,
+    AggregateRef,
+    Binary,
+    BinaryOp,
+    Case,
+    Cast,
+    Coalesce,
+    ColumnRef,
+    Expr,
+    GroupRef,
+    IsNull,
+    Literal,
+    Negate,
+    Not,
+)
+from mvlog.views.plan import ViewPlan
+from mvlog.views.query import Query
+
+_SQL_TYPES = {ColumnType.INT: "BIGINT", ColumnType.FLOAT: "DOUBLE", ColumnType.STRING: "STRING",
+              ColumnType.BOOLEAN: "BOOLEAN", ColumnType.BYTES: "BINARY"}
+_BINARY: dict[BinaryOp, type[exp.Binary]] = {
+    BinaryOp.ADD: exp.Add, BinaryOp.SUB: exp.Sub, BinaryOp.MUL: exp.Mul, BinaryOp.DIV: exp.Div,
+    BinaryOp.EQ: exp.EQ, BinaryOp.NEQ: exp.NEQ, BinaryOp.LT: exp.LT, BinaryOp.LTE: exp.LTE,
+    BinaryOp.GT: exp.GT, BinaryOp.GTE: exp.GTE, BinaryOp.AND: exp.And, BinaryOp.OR: exp.Or,
+}
+_AGGREGATES: dict[AggregateFunction, type[exp.AggFunc]] = {
+    AggregateFunction.COUNT: exp.Count, AggregateFunction.SUM: exp.Sum, AggregateFunction.AVG: exp.Avg,
+    AggregateFunction.MIN: exp.Min, AggregateFunction.MAX: exp.Max,
+}
+
+
+def to_spark_sql(plan: ViewPlan, table_names: Mapping[str, str]) -> str:
+    """The whole view as a Spark SQL query; ``table_names`` maps each upstream view to a table (or
+    temporary view) holding its rows, with the upstream schema's columns."""
+    return to_sql(plan, table_names, "spark")
+
+
+def to_duckdb_sql(plan: ViewPlan, table_names: Mapping[str, str]) -> str:
+    """The whole view as a DuckDB query (see ``to_spark_sql``)."""
+    return to_sql(plan, table_names, "duckdb")
+
+
+def to_sql(plan: ViewPlan, table_names: Mapping[str, str], dialect: str) -> str:
+    missing = [view for view in plan.sources if view not in table_names]
+    if missing:
+        raise ViewDefinitionError(f"no table given for upstream view(s) {', '.join(missing)} of "
+                                  f"{plan.name!r}")
+    return _select(plan.query, table_names, dialect).sql(dialect=dialect, identify=True)
+
+
+def _select(query: Query, table_names: Mapping[str, str], dialect: str) -> exp.Select:
+    items = [exp.alias_(_render(o.expr, query), o.name, quoted=True) for o in query.outputs]
+    select = exp.select(*items)
+    tables = [exp.alias_(exp.to_table(table_names[s.view], dialect=dialect), s.alias, table=True, quoted=True)
+              for s in query.sources]
+    select = select.from_(tables[0])
+    if len(tables) == 2:
+        conditions = [exp.EQ(this=_render(c.left, query), expression=_render(c.right, query))
+                      for c in query.join]
+        select = select.join(tables[1], on=exp.and_(*conditions), join_type="INNER")
+    if query.where is not None:
+        select = select.where(_render(query.where, query))
+    if query.group_by:
+        select = select.group_by(*(_render(g, query) for g in query.group_by))
+    return select
+
+
+def _render(expr: Expr, query: Query) -> exp.Expr:
+    match expr:
+        case ColumnRef(side=side, column=column):
+            return exp.column(column, table=query.sources[side].alias, quoted=True)
+        case GroupRef(index=index):
+            return _render(query.group_by[index], query)
+        case AggregateRef(index=index):
+            return _aggregate(query.aggregates[index], query)
+        case Literal(value=value, type=kind):
+            return _literal(value, kind)
+        case Cast(operand=operand, type=kind):
+            return exp.cast(_render(operand, query), _SQL_TYPES[kind])
+        case Binary(op=BinaryOp.DIV, left=left, right=right):
+            divisor = exp.Nullif(this=_render(right, query), expression=exp.Literal.number(0))
+            return exp.Div(this=_paren(_render(left, query)), expression=divisor)
+        case Binary(op=op, left=left, right=right):
+            return _BINARY[op](this=_paren(_render(left, query)), expression=_paren(_render(right, query)))
+        case Not(operand=operand):
+            return exp.Not(this=_paren(_render(operand, query)))
+        case Negate(operand=operand):
+            return exp.Neg(this=_paren(_render(operand, query)))
+        case IsNull(operand=operand, negated=negated):
+            test = exp.Is(this=_paren(_render(operand, query)), expression=exp.Null())
+            return exp.Not(this=exp.Paren(this=test)) if negated else test
+        case Case(whens=whens, default=default):
+            case = exp.Case()
+            for condition, result in whens:
+                case = case.when(_render(condition, query), _render(result, query))
+            return case.else_(_render(default, query))
+        case Coalesce(args=args):
+            first, *rest = (_render(a, query) for a in args)
+            return exp.Coalesce(this=first, expressions=rest)
+    raise TypeError(f"cannot render {expr!r}")  # unreachable for plans made by plan_view
+
+
+def _aggregate(call: AggregateCall, query: Query) -> exp.Expr:
+    if call.function is AggregateFunction.COUNT_ROWS:
+        return exp.Count(this=exp.Star())
+    assert call.arg is not None
+    return _AGGREGATES[call.function](this=_render(call.arg, query))
+
+
+def _literal(value: object, kind: ColumnType | None) -> exp.Expr:
+    if value is None:
+        return exp.Null() if kind is None else exp.cast(exp.Null(), _SQL_TYPES[kind])
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, int):
+        return exp.cast(exp.Literal.number(value), "BIGINT")
+    if isinstance(value, float):
+        return exp.cast(exp.Literal.number(repr(value)), "DOUBLE")
+    return exp.Literal.string(str(value))
+
+
+def _paren(node: exp.Expr) -> exp.Expr:
+    """Explicit parentheses around operands, so precedence never depends on the dialect's printer."""
+    if isinstance(node, exp.Binary | exp.Not | exp.Neg | exp.Is):
+        return exp.Paren(this=node)
+    return node
