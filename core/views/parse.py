@@ -37,6 +37,7 @@ _REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
     "distribute": ("DISTRIBUTE BY", TokenType.DISTRIBUTE_BY),
     "pivots": ("PIVOT", TokenType.PIVOT),
     "sample": ("TABLESAMPLE", TokenType.TABLE_SAMPLE),
+    "hint": ("query hint", None),
 }
 _ALLOWED_CLAUSES = {"expressions", "from", "joins", "where", "group"}
 _SET_OPERATIONS: dict[type[exp.Expr], tuple[str, Keyword]] = {
