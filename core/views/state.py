@@ -1,0 +1,38 @@
+"""Where an operator's state lives between epochs: read through ``StateReader``, written by the caller.
+
+The operator never writes state itself; it returns the writes of an epoch, and the caller persists them
+atomically with the view's rows and committed epoch (Redis in production). A crash between epochs thus
+never leaves state that is ahead of, or behind, the view it belongs to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+
+class StateReader(Protocol):
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        """The stored value of each key that has one; missing keys are absent from the result."""
+        ...
+
+
+class InMemoryState:
+    """A dict-backed state store, for tests and for views small enough to rebuild on start."""
+
+    def __init__(self, data: Mapping[bytes, bytes] | None = None) -> None:
+        self.data: dict[bytes, bytes] = dict(data or {})
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        return {key: self.data[key] for key in keys if key in self.data}
+
+    def apply(self, writes: Mapping[bytes, bytes | None]) -> None:
+        """Persist an epoch's writes (``None`` deletes the key)."""
+        for key, value in writes.items():
+            if value is None:
+                self.data.pop(key, None)
+            else:
+                self.data[key] = value
+
+    def __len__(self) -> int:
+        return len(self.data)
