@@ -5,6 +5,9 @@ Every change goes to the topic first (flushed), then to Redis, so the topic is n
 
 from __future__ import annotations
 
+from typing import cast
+
+import redis
 from confluent_kafka import Producer, TopicPartition
 
 from mvlog.catalog import CatalogEntry, CatalogError
@@ -12,8 +15,6 @@ from mvlog.config import Settings
 from mvlog.connectors.changelog_reader import reader_consumer
 from mvlog.connectors.topics import ensure_topic
 from mvlog.schemas.codec import decode_catalog_entry, encode_catalog_entry
-
-import redis
 
 
 class CatalogStore:
@@ -46,21 +47,22 @@ class CatalogStore:
         self.redis.hdel(self.key, name)
 
     def get(self, name: str) -> CatalogEntry:
-        data = self.redis.hget(self.key, name)
+        data = cast(bytes | None, self.redis.hget(self.key, name))
         if data is None:
             known = ", ".join(sorted(self.names())) or "none"
             raise CatalogError(f"unknown table or view {name!r} (known: {known})")
         return CatalogEntry.from_record(decode_catalog_entry(data))
 
     def find(self, name: str) -> CatalogEntry | None:
-        data = self.redis.hget(self.key, name)
+        data = cast(bytes | None, self.redis.hget(self.key, name))
         return CatalogEntry.from_record(decode_catalog_entry(data)) if data is not None else None
 
     def names(self) -> list[str]:
-        return sorted(k.decode() for k in self.redis.hkeys(self.key))
+        return sorted(k.decode() for k in cast(list[bytes], self.redis.hkeys(self.key)))
 
     def all(self) -> list[CatalogEntry]:
-        return [CatalogEntry.from_record(decode_catalog_entry(v)) for _, v in sorted(self.redis.hgetall(self.key).items())]
+        entries = sorted(cast(dict[bytes, bytes], self.redis.hgetall(self.key)).items())
+        return [CatalogEntry.from_record(decode_catalog_entry(value)) for _, value in entries]
 
     def dependents(self, name: str) -> list[str]:
         return [e.name for e in self.all() if name in e.sources]
@@ -74,8 +76,9 @@ class CatalogStore:
         try:
             while batch := consumer.consume(500, timeout=idle_timeout):
                 for message in batch:
-                    if message.error() is None and message.key() is not None:
-                        latest[message.key().decode()] = message.value()
+                    key = message.key()
+                    if message.error() is None and key is not None:
+                        latest[key.decode()] = message.value()
         finally:
             consumer.close()
         pipe = self.redis.pipeline(transaction=True)

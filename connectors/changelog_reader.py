@@ -3,7 +3,8 @@
 The reader seeks each partition to just after the barrier of the last epoch before its start (looked up
 in the epoch index), aligns barriers across partitions and yields :class:`~mvlog.changes.Epoch` objects.
 It never uses the broker's high watermark to decide where an epoch ends: barriers do that (Tansu
-reports the watermark of the last batch's base offset, not of the log's end).
+reports the watermark of the last batch's base offset, not of the log's end). An epoch is handed out
+once it is committed: named by its successor's barrier, or present in the epoch index.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from mvlog.barrier_alignment import EpochAligner
 from mvlog.changes import Epoch
 from mvlog.config import Settings
 from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.schemas.codec import TYPE_BARRIER, TYPE_CHANGE, DecodeError, decode_barrier, decode_change, decode_key
+from mvlog.schemas.codec import (
+    TYPE_BARRIER,
+    TYPE_CHANGE,
+    DecodeError,
+    decode_barrier,
+    decode_change,
+    decode_key,
+)
 from mvlog.schemas.codec import record_type as header_type
 
 
@@ -53,6 +61,8 @@ class ChangelogReader:
         self.key_columns = tuple(key_columns)
         self.upto_epoch = upto_epoch
         self.aligner = EpochAligner(view, range(partitions), after_epoch)
+        self._index = index
+        self.max_seen_epoch = after_epoch  # including epochs abandoned by a killed writer
         self._consumer = reader_consumer(settings)
         self._paused: set[int] = set()
         self._consumer.assign([TopicPartition(self.topic, p, self._start_offset(index, p, after_epoch))
@@ -80,12 +90,22 @@ class ChangelogReader:
                 last_record = time.monotonic()
             elif idle_timeout is not None and time.monotonic() - last_record >= idle_timeout:
                 return
-            for message in messages:
-                for epoch in self._handle(message):
-                    if self.upto_epoch is not None and epoch.epoch > self.upto_epoch:
-                        return
-                    yield epoch
+            committed = [e for message in messages for e in self._handle(message)]
+            committed += self._confirm_from_index()
+            for epoch in committed:
+                if self.upto_epoch is not None and epoch.epoch > self.upto_epoch:
+                    return
+                yield epoch
             self._apply_pauses()
+
+    def _confirm_from_index(self) -> list[Epoch]:
+        """Release a complete epoch without waiting for its successor when the index has it."""
+        held = self.aligner.held_epoch
+        if held is None or self._index is None:
+            return []
+        if self._index.at(self.view, self.aligner.partitions[0], held) is None:
+            return []
+        return self.aligner.confirm(held)
 
     def _handle(self, message: Any) -> list[Epoch]:
         error = message.error()
@@ -99,11 +119,13 @@ class ChangelogReader:
         try:
             if kind == TYPE_CHANGE:
                 key = decode_key(self.key_columns, message.key() or b"")
-                change, _source = decode_change(key, message.value() or b"")
-                self.aligner.add_change(partition, change)
+                change, source = decode_change(key, message.value() or b"")
+                self.aligner.add_change(partition, source["epoch"], change)
                 return []
             if kind == TYPE_BARRIER:
-                return self.aligner.add_barrier(partition, decode_barrier(message.value() or b""), offset)
+                barrier = decode_barrier(message.value() or b"")
+                self.max_seen_epoch = max(self.max_seen_epoch, barrier.epoch)
+                return self.aligner.add_barrier(partition, barrier, offset)
         except DecodeError as exc:
             raise ChangelogReadError(f"{where}: {exc}") from exc
         raise ChangelogReadError(f"{where}: not an mvlog changelog record (header mvlog.type is {kind!r})")

@@ -7,6 +7,7 @@ the same transaction, so an epoch's input and output are either both done or bot
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +19,14 @@ from mvlog.changes import Barrier, Change, Mutation
 from mvlog.config import Settings
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.row_schema import Key
-from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, TYPE_CHANGE, encode_barrier, encode_change, encode_key
+from mvlog.schemas.codec import (
+    HEADER_TYPE,
+    TYPE_BARRIER,
+    TYPE_CHANGE,
+    encode_barrier,
+    encode_change,
+    encode_key,
+)
 from mvlog.vnode import partition_of_vnode, vnode_of
 
 
@@ -40,8 +48,9 @@ class CommittedEpoch:
         return sum(e.records for e in self.index.values())
 
 
-_CHANGE_HEADERS = [(HEADER_TYPE, TYPE_CHANGE)]
-_BARRIER_HEADERS = [(HEADER_TYPE, TYPE_BARRIER)]
+Headers = list[tuple[str, str | bytes | None]]
+_CHANGE_HEADERS: Headers = [(HEADER_TYPE, TYPE_CHANGE)]
+_BARRIER_HEADERS: Headers = [(HEADER_TYPE, TYPE_BARRIER)]
 
 
 class ChangelogWriter:
@@ -94,8 +103,9 @@ class ChangelogWriter:
             barrier_offsets: dict[int, int] = {}
 
             def on_barrier(err: KafkaError | None, msg: Message) -> None:
-                if err is None:
-                    barrier_offsets[msg.partition()] = msg.offset()
+                partition, offset = msg.partition(), msg.offset()
+                if err is None and partition is not None and offset is not None:
+                    barrier_offsets[partition] = offset
 
             for partition in range(self.partitions):
                 barrier = Barrier(self.view, epoch, prev_epoch, checkpoint, partition, counts[partition],
@@ -117,7 +127,7 @@ class ChangelogWriter:
     def close(self) -> None:
         self._producer.flush(10)
 
-    def _produce(self, key: bytes | None, value: bytes, partition: int, headers: list[tuple[str, bytes]],
+    def _produce(self, key: bytes | None, value: bytes, partition: int, headers: Headers,
                  on_delivery: Any = None) -> None:
         while True:
             try:
@@ -128,10 +138,8 @@ class ChangelogWriter:
                 self._producer.poll(0.05)  # the local queue is full: let deliveries drain it
 
     def _abort(self) -> None:
-        try:
+        with contextlib.suppress(KafkaException):
             self._producer.abort_transaction(30.0)
-        except KafkaException:
-            pass
 
     def _run(self, call: Any, *args: Any) -> Any:
         try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from mvlog.config import Settings
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import cast
 
 import redis
 
@@ -111,11 +112,11 @@ class ViewStore:
                                                           "state_ts_ms": int(time.time() * 1000)})
 
     def lifecycle(self, view: str) -> Lifecycle | None:
-        value = self.redis.hget(self._key(view, "meta"), "state")
+        value = cast(bytes | None, self.redis.hget(self._key(view, "meta"), "state"))
         return Lifecycle(value.decode()) if value is not None else None
 
     def meta(self, view: str) -> dict[str, str]:
-        raw = self.redis.hgetall(self._key(view, "meta"))
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(self._key(view, "meta")))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     # --- rows and operator state ------------------------------------------------------------------
@@ -123,7 +124,7 @@ class ViewStore:
     def get_rows(self, view: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         if not keys:
             return {}
-        values = self.redis.hmget(self._key(view, "rows"), list(keys))
+        values = cast(list[bytes | None], self.redis.hmget(self._key(view, "rows"), list(keys)))
         return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
     def scan_rows(self, view: str, batch: int = 1000) -> Iterator[tuple[bytes, bytes]]:
@@ -136,7 +137,7 @@ class ViewStore:
     def get_state(self, view: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         if not keys:
             return {}
-        values = self.redis.hmget(self._key(view, "opstate"), list(keys))
+        values = cast(list[bytes | None], self.redis.hmget(self._key(view, "opstate"), list(keys)))
         return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
     def read_at_consistent_epoch(self, view: str) -> tuple[int | None, list[tuple[bytes, bytes]]]:

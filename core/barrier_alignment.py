@@ -1,9 +1,18 @@
-"""Barrier alignment: turn per-partition streams of changes and barriers into complete epochs.
+"""Barrier alignment: turn per-partition streams of changes and barriers into committed epochs.
 
-Each partition of a changelog carries the epoch's changes followed by the epoch's barrier. An epoch is
-complete when every partition has delivered its barrier. A partition that is a whole epoch ahead of
-the slowest one should be paused by the caller (:meth:`EpochAligner.partitions_to_pause`), so the
-aligner buffers at most about one epoch per partition.
+Each partition carries an epoch's changes followed by its barrier. An epoch is *complete* when every
+partition has delivered its barrier, and *committed* when it is confirmed: either the next complete
+epoch names it as ``prev_epoch`` (the chain rule), or the caller knows it from the epoch index
+(:meth:`EpochAligner.confirm`).
+
+The chain rule is what makes readers exactly-once on brokers that deliver the records of aborted
+transactions to ``read_committed`` consumers (Tansu 0.6 does): records of an abandoned epoch are
+dropped because no later barrier names that epoch, and a restarted writer continues from its last
+committed epoch. Changes are bucketed by the epoch they carry, so stray records of an aborted epoch
+never count towards another epoch.
+
+A partition a whole epoch ahead of the slowest should be paused by the caller
+(:meth:`EpochAligner.partitions_to_pause`), so the aligner buffers about one epoch per partition.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from mvlog.changes import Barrier, Change, Epoch
 
 
 class AlignmentError(RuntimeError):
-    """The partitions disagree about the sequence of epochs: the changelog is not what mvlog wrote."""
+    """The log cannot be an mvlog changelog (counts disagree, epochs go backwards)."""
 
 
 @dataclass
@@ -28,7 +37,7 @@ class _Segment:
 
 @dataclass
 class _PartitionBuffer:
-    open_changes: list[Change] = field(default_factory=list)
+    open_changes: dict[int, list[Change]] = field(default_factory=dict)  # epoch -> changes
     sealed: deque[_Segment] = field(default_factory=deque)
 
 
@@ -41,21 +50,31 @@ class EpochAligner:
         if not self._buffers:
             raise ValueError("an aligner needs at least one partition")
         self.after_epoch = after_epoch
-        self.last_epoch = after_epoch
+        self.last_epoch = after_epoch  # the last committed epoch handed out
+        self._held: Epoch | None = None  # complete, waiting for confirmation
+        self.abandoned: list[int] = []  # epochs dropped by the chain rule (for diagnostics and tests)
 
     @property
     def partitions(self) -> list[int]:
         return sorted(self._buffers)
 
-    def add_change(self, partition: int, change: Change) -> None:
-        self._buffers[partition].open_changes.append(change)
+    @property
+    def held_epoch(self) -> int | None:
+        return self._held.epoch if self._held is not None else None
+
+    def add_change(self, partition: int, epoch: int, change: Change) -> None:
+        if epoch > self.after_epoch:
+            self._buffers[partition].open_changes.setdefault(epoch, []).append(change)
 
     def add_barrier(self, partition: int, barrier: Barrier, offset: int) -> list[Epoch]:
-        """Seal the partition's open changes under ``barrier``; returns the epochs this completes."""
+        """Seal the partition's changes of ``barrier.epoch``; returns the epochs this commits."""
         buffer = self._buffers[partition]
-        changes, buffer.open_changes = buffer.open_changes, []
+        changes = buffer.open_changes.pop(barrier.epoch, [])
+        # Changes of older epochs whose barrier never came here belong to abandoned epochs.
+        for stale in [e for e in buffer.open_changes if e < barrier.epoch]:
+            del buffer.open_changes[stale]
         if barrier.epoch <= self.after_epoch:
-            return []  # an epoch before the start: its changes were read only to get past it
+            return []
         if len(changes) != barrier.records:
             raise AlignmentError(
                 f"{self.view} partition {partition}: epoch {barrier.epoch} barrier at offset {offset} "
@@ -64,6 +83,12 @@ class EpochAligner:
         buffer.sealed.append(_Segment(barrier, offset, changes))
         return self._pop_complete()
 
+    def confirm(self, epoch: int) -> list[Epoch]:
+        """The caller knows ``epoch`` committed (it is in the epoch index): release it if held."""
+        if self._held is not None and self._held.epoch == epoch:
+            return [self._release()]
+        return []
+
     def partitions_to_pause(self) -> set[int]:
         """Partitions holding a sealed epoch that some other partition has not sealed yet."""
         if all(b.sealed for b in self._buffers.values()):
@@ -71,25 +96,41 @@ class EpochAligner:
         return {p for p, b in self._buffers.items() if b.sealed}
 
     def buffered_changes(self) -> int:
-        return sum(len(b.open_changes) + sum(len(s.changes) for s in b.sealed) for b in self._buffers.values())
+        held = len(self._held.changes) if self._held is not None else 0
+        return held + sum(sum(map(len, b.open_changes.values())) + sum(len(s.changes) for s in b.sealed)
+                          for b in self._buffers.values())
+
+    def _release(self) -> Epoch:
+        assert self._held is not None
+        epoch, self._held = self._held, None
+        self.last_epoch = epoch.epoch
+        return epoch
 
     def _pop_complete(self) -> list[Epoch]:
-        complete: list[Epoch] = []
+        committed: list[Epoch] = []
         while all(b.sealed for b in self._buffers.values()):
-            heads = {p: b.sealed.popleft() for p, b in self._buffers.items()}
-            epochs = {s.barrier.epoch for s in heads.values()}
-            if len(epochs) != 1:
-                detail = ", ".join(f"p{p}={s.barrier.epoch}" for p, s in sorted(heads.items()))
-                raise AlignmentError(f"{self.view}: partitions disagree on the next epoch ({detail})")
-            epoch = epochs.pop()
-            if epoch <= self.last_epoch:
-                raise AlignmentError(f"{self.view}: epoch {epoch} is not above the previous {self.last_epoch}")
+            heads = {p: b.sealed[0] for p, b in self._buffers.items()}
+            newest = max(s.barrier.epoch for s in heads.values())
+            behind = [p for p, s in heads.items() if s.barrier.epoch < newest]
+            if behind:
+                # Some partition is already past these epochs: they can never complete (abandoned).
+                for p in behind:
+                    self.abandoned.append(self._buffers[p].sealed.popleft().barrier.epoch)
+                continue
+            for buffer in self._buffers.values():
+                buffer.sealed.popleft()
             first = next(iter(heads.values())).barrier
-            complete.append(Epoch(
-                view=self.view, epoch=epoch, prev_epoch=first.prev_epoch,
-                changes=[c for p in sorted(heads) for c in heads[p].changes],
-                barriers={p: s.barrier for p, s in heads.items()},
-                offsets={p: s.offset for p, s in heads.items()},
-            ))
-            self.last_epoch = epoch
-        return complete
+            epoch = Epoch(view=self.view, epoch=newest, prev_epoch=first.prev_epoch,
+                          changes=[c for p in sorted(heads) for c in heads[p].changes],
+                          barriers={p: s.barrier for p, s in heads.items()},
+                          offsets={p: s.offset for p, s in heads.items()})
+            if self._held is not None:
+                if epoch.prev_epoch == self._held.epoch:
+                    committed.append(self._release())
+                else:
+                    self.abandoned.append(self._held.epoch)
+                    self._held = None
+            if epoch.epoch <= self.last_epoch:
+                raise AlignmentError(f"{self.view}: epoch {epoch.epoch} is not above {self.last_epoch}")
+            self._held = epoch
+        return committed

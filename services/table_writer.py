@@ -58,9 +58,10 @@ class Table:
         self.store = ViewStore(self._redis, settings.topic_prefix)
         # The writer's init_transactions fences any earlier writer before we read the log's tail.
         self._writer = ChangelogWriter(settings, entry.name, entry.key_columns, entry.partitions)
-        last = roll_forward(settings, self.store, entry)
-        self._clock = EpochClock(max(last, self.store.mce(entry.name) or 0))
-        self._prev_epoch = self._clock.last
+        tail = roll_forward(settings, self.store, entry)
+        self._clock = EpochClock(tail.max_seen)
+        # The next barrier names the last *committed* epoch, abandoning any epoch a killed writer left.
+        self._prev_epoch = self.store.mce(entry.name) or 0
         self._epochs_written = 0
         self._pending: dict[Key, Row | None] = {}
         self._lock = threading.Lock()
