@@ -1,0 +1,53 @@
+"""Helpers shared by the benchmark scripts (not part of the mvlog package)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info() -> str:
+    """One line: CPU model, usable cores, Python version and platform."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 0
+    python = f"{platform.python_implementation()} {platform.python_version()}"
+    return f"machine: {cpu_model()}, {cores} core(s), {python}, {platform.system()} {platform.machine()}"
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far, in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def sample_row(i: int) -> dict[str, object]:
+    """A ~60-byte row (Avro map encoding of mvlog's value schema): an order line."""
+    return {
+        "id": i,
+        "cust": f"c{i % 9973:05d}",
+        "sku": f"S{(i * 7919) % 100000:06d}",
+        "qty": 1 + i % 17,
+        "price": round(1.0 + (i % 1000) * 0.37, 2),
+        "paid": i % 3 != 0,
+    }
+
+
+def fmt_rate(value: float) -> str:
+    return f"{value:,.0f}"
