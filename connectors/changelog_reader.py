@@ -103,9 +103,11 @@ class ChangelogReader:
         held = self.aligner.held_epoch
         if held is None or self._index is None:
             return []
-        if self._index.at(self.view, self.aligner.partitions[0], held) is None:
+        partition = self.aligner.partitions[0]
+        entry = self._index.at(self.view, partition, held)
+        if entry is None:
             return []
-        return self.aligner.confirm(held)
+        return self.aligner.confirm(held, {partition: entry.offset})
 
     def _handle(self, message: Any) -> list[Epoch]:
         error = message.error()
@@ -120,7 +122,7 @@ class ChangelogReader:
             if kind == TYPE_CHANGE:
                 key = decode_key(self.key_columns, message.key() or b"")
                 change, source = decode_change(key, message.value() or b"")
-                self.aligner.add_change(partition, source["epoch"], change)
+                self.aligner.add_change(partition, source["epoch"], change, source["txn"])
                 return []
             if kind == TYPE_BARRIER:
                 barrier = decode_barrier(message.value() or b"")

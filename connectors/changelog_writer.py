@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,8 @@ class ChangelogWriter:
         }
         config.update(producer_config or {})
         self._producer = Producer(config)
+        self._session = uuid.uuid4().hex[:12]
+        self._transactions = 0
         self._run(self._producer.init_transactions, 60.0)
 
     def key_bytes(self, key: Key) -> bytes:
@@ -90,6 +93,8 @@ class ChangelogWriter:
         if epoch <= prev_epoch:
             raise ValueError(f"epoch {epoch} must be above the previous epoch {prev_epoch}")
         producer = self._producer
+        self._transactions += 1
+        txn = f"{self._session}-{self._transactions}"
         self._run(producer.begin_transaction)
         try:
             ts_ms = int(time.time() * 1000)
@@ -98,7 +103,7 @@ class ChangelogWriter:
                 key = self.key_bytes(change.key)
                 vnode, partition = self.partition_of(key)
                 counts[partition] += 1
-                self._produce(key, encode_change(self.view, epoch, vnode, change, ts_ms), partition,
+                self._produce(key, encode_change(self.view, epoch, vnode, change, ts_ms, txn), partition,
                               _CHANGE_HEADERS)
             barrier_offsets: dict[int, int] = {}
 
@@ -109,7 +114,7 @@ class ChangelogWriter:
 
             for partition in range(self.partitions):
                 barrier = Barrier(self.view, epoch, prev_epoch, checkpoint, partition, counts[partition],
-                                  ts_ms, mutation)
+                                  ts_ms, mutation, txn)
                 self._produce(None, encode_barrier(barrier), partition, _BARRIER_HEADERS, on_barrier)
             if consumed_offsets:
                 self._run(producer.send_offsets_to_transaction, list(consumed_offsets), group_metadata, 60.0)

@@ -39,3 +39,12 @@ def partition_count(settings: Settings, topic: str, timeout: float = 30.0) -> in
     if meta is None or meta.error is not None:
         raise TopicError(f"topic {topic} does not exist")
     return len(meta.partitions)
+
+
+def delete_topic(settings: Settings, topic: str, timeout: float = 30.0) -> None:
+    admin = AdminClient(settings.kafka_client_config())
+    try:
+        admin.delete_topics([topic], operation_timeout=timeout)[topic].result(timeout)
+    except KafkaException as exc:
+        if "UNKNOWN_TOPIC" not in str(exc):
+            raise TopicError(f"cannot delete topic {topic}: {exc}") from exc

@@ -8,8 +8,8 @@ epoch names it as ``prev_epoch`` (the chain rule), or the caller knows it from t
 The chain rule is what makes readers exactly-once on brokers that deliver the records of aborted
 transactions to ``read_committed`` consumers (Tansu 0.6 does): records of an abandoned epoch are
 dropped because no later barrier names that epoch, and a restarted writer continues from its last
-committed epoch. Changes are bucketed by the epoch they carry, so stray records of an aborted epoch
-never count towards another epoch.
+committed epoch. Changes are matched to their barrier by epoch and transaction id, so stray records of
+an aborted transaction never count towards a committed epoch, even a redone one with the same number.
 
 A partition a whole epoch ahead of the slowest should be paused by the caller
 (:meth:`EpochAligner.partitions_to_pause`), so the aligner buffers about one epoch per partition.
@@ -18,7 +18,7 @@ A partition a whole epoch ahead of the slowest should be paused by the caller
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from mvlog.changes import Barrier, Change, Epoch
@@ -37,7 +37,7 @@ class _Segment:
 
 @dataclass
 class _PartitionBuffer:
-    open_changes: dict[int, list[Change]] = field(default_factory=dict)  # epoch -> changes
+    open_changes: dict[tuple[int, str], list[Change]] = field(default_factory=dict)  # (epoch, txn) -> changes
     sealed: deque[_Segment] = field(default_factory=deque)
 
 
@@ -62,16 +62,17 @@ class EpochAligner:
     def held_epoch(self) -> int | None:
         return self._held.epoch if self._held is not None else None
 
-    def add_change(self, partition: int, epoch: int, change: Change) -> None:
+    def add_change(self, partition: int, epoch: int, change: Change, txn: str = "") -> None:
         if epoch > self.after_epoch:
-            self._buffers[partition].open_changes.setdefault(epoch, []).append(change)
+            self._buffers[partition].open_changes.setdefault((epoch, txn), []).append(change)
 
     def add_barrier(self, partition: int, barrier: Barrier, offset: int) -> list[Epoch]:
         """Seal the partition's changes of ``barrier.epoch``; returns the epochs this commits."""
         buffer = self._buffers[partition]
-        changes = buffer.open_changes.pop(barrier.epoch, [])
-        # Changes of older epochs whose barrier never came here belong to abandoned epochs.
-        for stale in [e for e in buffer.open_changes if e < barrier.epoch]:
+        changes = buffer.open_changes.pop((barrier.epoch, barrier.txn), [])
+        # Changes of older epochs (or of another attempt at this one) whose barrier never came here
+        # belong to abandoned transactions.
+        for stale in [a for a in buffer.open_changes if a[0] <= barrier.epoch]:
             del buffer.open_changes[stale]
         if barrier.epoch <= self.after_epoch:
             return []
@@ -83,11 +84,15 @@ class EpochAligner:
         buffer.sealed.append(_Segment(barrier, offset, changes))
         return self._pop_complete()
 
-    def confirm(self, epoch: int) -> list[Epoch]:
-        """The caller knows ``epoch`` committed (it is in the epoch index): release it if held."""
-        if self._held is not None and self._held.epoch == epoch:
-            return [self._release()]
-        return []
+    def confirm(self, epoch: int, barrier_offsets: Mapping[int, int]) -> list[Epoch]:
+        """The epoch index says ``epoch`` committed with its barriers at ``barrier_offsets``: release it
+        if the held epoch is that one (and not an aborted attempt at the same epoch)."""
+        held = self._held
+        if held is None or held.epoch != epoch:
+            return []
+        if any(held.offsets.get(p) != offset for p, offset in barrier_offsets.items()):
+            return []
+        return [self._release()]
 
     def partitions_to_pause(self) -> set[int]:
         """Partitions holding a sealed epoch that some other partition has not sealed yet."""

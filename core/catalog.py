@@ -35,14 +35,16 @@ class CatalogEntry:
         """The Avro record of ``schemas/catalog_entry.avsc``."""
         return {
             "name": self.name, "kind": self.kind, "sql": self.sql, "sources": list(self.sources),
-            "columns": [{"name": c.name, "type": c.type.value, "nullable": c.nullable} for c in self.schema.columns],
+            "columns": [{"name": c.name, "type": c.type.value, "nullable": c.nullable, "hidden": c.hidden}
+                        for c in self.schema.columns],
             "primary_key": list(self.schema.primary_key), "partitions": self.partitions,
             "created_epoch": self.created_epoch, "version": self.version, "options": dict(self.options),
         }
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CatalogEntry:
-        schema = RowSchema(tuple(Column(c["name"], ColumnType(c["type"]), c["nullable"]) for c in record["columns"]),
+        schema = RowSchema(tuple(Column(c["name"], ColumnType(c["type"]), c["nullable"], c["hidden"])
+                                 for c in record["columns"]),
                            tuple(record["primary_key"]))
         return cls(record["name"], record["kind"], schema, record["partitions"], record["created_epoch"],
                    record["sql"], tuple(record["sources"]), record["version"], dict(record["options"]))

@@ -82,6 +82,7 @@ class Barrier:
     records: int  # change events of this epoch in this partition, so a reader can check completeness
     ts_ms: int
     mutation: Mutation | None = None
+    txn: str = ""  # the writing transaction's id, shared by the epoch's change events
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,18 +70,18 @@ def decode_row(data: bytes) -> Row:
     return row
 
 
-def encode_change(view: str, epoch: int, vnode: int, change: Change, ts_ms: int) -> bytes:
+def encode_change(view: str, epoch: int, vnode: int, change: Change, ts_ms: int, txn: str = "") -> bytes:
     return _write(_CHANGE, {
         "before": change.before,
         "after": change.after,
         "op": change.op.value,
-        "source": {"view": view, "epoch": epoch, "vnode": vnode},
+        "source": {"view": view, "epoch": epoch, "vnode": vnode, "txn": txn},
         "ts_ms": ts_ms,
     })
 
 
 def decode_change(key: Key, data: bytes) -> tuple[Change, dict[str, Any]]:
-    """The change and its ``source`` block (view, epoch, vnode)."""
+    """The change and its ``source`` block (view, epoch, vnode, txn)."""
     datum = _read(_CHANGE, data, "change event")
     try:
         change = Change(Op(datum["op"]), key, datum["before"], datum["after"])
@@ -98,7 +98,7 @@ def encode_barrier(barrier: Barrier) -> bytes:
     return _write(_BARRIER, {
         "view": barrier.view, "epoch": barrier.epoch, "prev_epoch": barrier.prev_epoch,
         "checkpoint": barrier.checkpoint, "partition": barrier.partition, "records": barrier.records,
-        "ts_ms": barrier.ts_ms, "mutation": mutation,
+        "ts_ms": barrier.ts_ms, "mutation": mutation, "txn": barrier.txn,
     })
 
 
@@ -107,7 +107,7 @@ def decode_barrier(data: bytes) -> Barrier:
     raw = datum["mutation"]
     mutation = Mutation(raw["kind"], raw["target"], json.loads(raw["payload"])) if raw else None
     return Barrier(datum["view"], datum["epoch"], datum["prev_epoch"], datum["checkpoint"],
-                   datum["partition"], datum["records"], datum["ts_ms"], mutation)
+                   datum["partition"], datum["records"], datum["ts_ms"], mutation, datum["txn"])
 
 
 def encode_catalog_entry(entry: Mapping[str, Any]) -> bytes:
@@ -119,9 +119,10 @@ def decode_catalog_entry(data: bytes) -> dict[str, Any]:
     return entry
 
 
-def record_type(headers: list[tuple[str, bytes]] | None) -> bytes | None:
+def record_type(headers: Any) -> bytes | None:
     """The ``mvlog.type`` header of a Kafka record (None when absent: not an mvlog changelog record)."""
-    for name, value in headers or ():
+    items = headers.items() if isinstance(headers, dict) else headers or ()
+    for name, value in items:
         if name == HEADER_TYPE:
-            return value
+            return value if isinstance(value, bytes) else None
     return None

@@ -71,7 +71,7 @@ def test_change_roundtrip(op: Op, before: dict, after: dict, epoch: int, vnode: 
                     after if op != Op.DELETE else None)
     decoded, source = decode_change((1,), encode_change("v", epoch, vnode, change, 0))
     assert decoded == change
-    assert source == {"view": "v", "epoch": epoch, "vnode": vnode}
+    assert source == {"view": "v", "epoch": epoch, "vnode": vnode, "txn": ""}
 
 
 def test_barrier_and_key_roundtrip() -> None:
@@ -115,7 +115,8 @@ def test_aligner_commits_an_epoch_once_complete_and_confirmed() -> None:
     aligner.add_barrier(0, _barrier(11, 10, 0, 0), offset=2)
     (epoch,) = aligner.add_barrier(1, _barrier(11, 10, 1, 0), offset=2)  # 11 names 10: 10 committed
     assert (epoch.epoch, epoch.changes, epoch.offsets) == (10, [c1, c2], {0: 1, 1: 1})
-    (eleven,) = aligner.confirm(11)  # e.g. found in the epoch index
+    assert aligner.confirm(11, {0: 99}) == []  # another attempt's barrier
+    (eleven,) = aligner.confirm(11, {0: 2, 1: 2})  # e.g. found in the epoch index
     assert eleven.epoch == 11 and aligner.last_epoch == 11
 
 
@@ -132,10 +133,22 @@ def test_aligner_drops_an_abandoned_epoch_and_its_stray_records() -> None:
     aligner.add_change(1, 12, good)  # the restarted writer's epoch 12 names 10, not 11
     committed = aligner.add_barrier(1, _barrier(12, 10, 1, 1), offset=3)
     committed += aligner.add_barrier(0, _barrier(12, 10, 0, 0), offset=4)
-    committed += aligner.confirm(12)
+    committed += aligner.confirm(12, {0: 4})
     assert [e.epoch for e in committed] == [10, 12]
     assert committed[1].changes == [good]
     assert aligner.abandoned == [11]
+
+
+def test_aligner_keeps_a_redone_epoch_apart_from_its_aborted_attempt() -> None:
+    aligner = EpochAligner("v", [0])
+    aligner.add_barrier(0, _barrier(10, 0, 0, 0), offset=0)
+    aligner.add_change(0, 11, Change(Op.CREATE, (1,), None, {"v": "aborted"}), txn="a")
+    redone = Change(Op.CREATE, (1,), None, {"v": "redone"})
+    aligner.add_change(0, 11, redone, txn="b")
+    barrier = Barrier("v", 11, 10, True, 0, 1, 0, None, txn="b")
+    committed = aligner.add_barrier(0, barrier, offset=3) + aligner.confirm(11, {0: 3})
+    assert [e.epoch for e in committed] == [10, 11]
+    assert committed[1].changes == [redone]
 
 
 def test_aligner_skips_epochs_before_the_start_and_checks_record_counts() -> None:

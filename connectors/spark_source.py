@@ -1,0 +1,316 @@
+"""The PySpark data source ``format("mvlog")``: a view's changelog as a DataFrame of signed rows.
+
+Batch reads take an epoch range; streaming reads use epochs as offsets, so a micro-batch always holds
+whole committed epochs. The driver only plans: it looks up, in the epoch index, where each planned
+epoch's barrier sits in every partition. Each Spark task then reads one Kafka partition itself
+(``assign()``, no consumer group) from the barrier before the range to the range's last barrier.
+
+Options (modelled on Spark's Kafka source):
+
+================== ======================================================================
+``view``           the view or table to read (required)
+``startingEpoch``  ``earliest`` (default), ``latest``, or an epoch: the range starts *after* it
+``endingEpoch``    batch only: ``latest`` (default) or an epoch (inclusive)
+``maxEpochsPerTrigger`` streaming only: at most this many epochs per micro-batch
+``alignWith``      streaming only: other views (comma-separated); a micro-batch never ends past the
+                   minimum of their latest committed epochs, so a join can read them up to the same epoch
+``bootstrapServers`` / ``redisUrl`` / ``topicPrefix``: override the mvlog settings
+================== ======================================================================
+
+Columns: ``_epoch``, ``_change_type`` (``insert``, ``delete``, ``update_preimage``,
+``update_postimage``, as in Delta's change data feed, and ``barrier``: one row per partition and epoch,
+so empty epochs are visible too), ``_weight`` (+1 / -1, 0 for barriers), ``_partition``, ``_offset``,
+``_key`` (the Avro key bytes), then the view's columns (null on barrier rows).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import redis
+from confluent_kafka import TopicPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
+
+from mvlog.catalog import CatalogEntry
+from mvlog.changes import Change
+from mvlog.config import Settings, load_settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.changelog_reader import ChangelogReadError, reader_consumer
+from mvlog.connectors.epoch_index import EpochIndex
+from mvlog.row_schema import ColumnType, Row, RowSchema
+from mvlog.schemas.codec import TYPE_BARRIER, TYPE_CHANGE, DecodeError, decode_barrier, decode_change, decode_key
+from mvlog.schemas.codec import record_type as header_type
+
+META_COLUMNS = ("_epoch", "_change_type", "_weight", "_partition", "_offset", "_key")
+_META_DDL = "_epoch BIGINT, _change_type STRING, _weight INT, _partition INT, _offset BIGINT, _key BINARY"
+_ARROW_TYPES = {ColumnType.INT: pa.int64(), ColumnType.FLOAT: pa.float64(), ColumnType.STRING: pa.string(),
+                ColumnType.BOOLEAN: pa.bool_(), ColumnType.BYTES: pa.binary()}
+
+
+class EpochRangeError(ValueError):
+    """An epoch range the changelog cannot serve (beyond what is committed or retained)."""
+
+
+def spark_schema_ddl(schema: RowSchema) -> str:
+    columns = ", ".join(f"`{c.name}` {c.type.spark_sql}" for c in schema.columns)
+    return f"{_META_DDL}, {columns}" if columns else _META_DDL
+
+
+def arrow_schema(schema: RowSchema) -> pa.Schema:
+    meta = [pa.field("_epoch", pa.int64()), pa.field("_change_type", pa.string()), pa.field("_weight", pa.int32()),
+            pa.field("_partition", pa.int32()), pa.field("_offset", pa.int64()), pa.field("_key", pa.binary())]
+    return pa.schema(meta + [pa.field(c.name, _ARROW_TYPES[c.type]) for c in schema.columns])
+
+
+@dataclass(frozen=True)
+class PartitionRange(InputPartition):
+    """One Kafka partition's part of an epoch range: what a Spark task reads."""
+
+    settings_json: str
+    view: str
+    key_columns: tuple[str, ...]
+    schema_json: dict[str, Any]
+    partition: int
+    after_epoch: int  # exclusive
+    start_offset: int  # first offset after the barrier of ``after_epoch``
+    barriers: tuple[tuple[int, int], ...]  # (epoch, barrier offset) of every planned epoch, ascending
+
+
+def _change_rows(change: Change) -> Iterator[tuple[str, int, Row]]:
+    """A change as signed rows: the retraction of ``before`` and the assertion of ``after``."""
+    if change.before is not None:
+        yield ("update_preimage" if change.after is not None else "delete"), -1, change.before
+    if change.after is not None:
+        yield ("update_postimage" if change.before is not None else "insert"), 1, change.after
+
+
+def read_partition_range(part: PartitionRange, batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
+    """Executor side: one partition's committed epochs of the range, as Arrow record batches.
+
+    Changes are buffered per (epoch, transaction) until their barrier: the barrier at the offset the
+    epoch index names releases them; any other barrier (an aborted attempt a broker still delivered)
+    drops them. So at most one epoch of one partition is buffered.
+    """
+    settings = Settings.model_validate_json(part.settings_json)
+    schema = RowSchema.from_json(part.schema_json)
+    target = arrow_schema(schema)
+    names = schema.names
+    planned = dict(part.barriers)  # epoch -> offset of its committed barrier
+    last_offset = part.barriers[-1][1]
+    topic = settings.changelog_topic(part.view)
+    where = f"{topic} partition {part.partition}"
+    pending: dict[tuple[int, str], list[tuple[int, bytes, Change]]] = {}
+    columns: dict[str, list[Any]] = {f.name: [] for f in target}
+
+    def append(epoch: int, offset: int, key: bytes, change: Change) -> None:
+        for change_type, weight, row in _change_rows(change):
+            columns["_epoch"].append(epoch)
+            columns["_change_type"].append(change_type)
+            columns["_weight"].append(weight)
+            columns["_partition"].append(part.partition)
+            columns["_offset"].append(offset)
+            columns["_key"].append(key)
+            for name in names:
+                columns[name].append(row.get(name))
+
+    def append_barrier(epoch: int, offset: int) -> None:
+        for name, value in (("_epoch", epoch), ("_change_type", "barrier"), ("_weight", 0),
+                            ("_partition", part.partition), ("_offset", offset), ("_key", b"")):
+            columns[name].append(value)
+        for name in names:
+            columns[name].append(None)
+
+    def flush() -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_pydict(columns, schema=target)
+        for values in columns.values():
+            values.clear()
+        return batch
+
+    consumer = reader_consumer(settings)
+    consumer.assign([TopicPartition(topic, part.partition, part.start_offset)])
+    try:
+        offset = part.start_offset - 1
+        while offset < last_offset:
+            for message in consumer.consume(num_messages=2000, timeout=1.0):
+                if message.error() is not None:
+                    raise ChangelogReadError(f"{where}: {message.error()}")
+                offset = message.offset() or 0
+                kind = header_type(message.headers())
+                try:
+                    if kind == TYPE_CHANGE:
+                        raw_key = message.key() or b""
+                        change, source = decode_change(decode_key(part.key_columns, raw_key), message.value() or b"")
+                        if source["epoch"] in planned:
+                            pending.setdefault((source["epoch"], source["txn"]), []).append((offset, raw_key, change))
+                        continue
+                    if kind != TYPE_BARRIER:
+                        raise ChangelogReadError(f"{where} offset {offset}: not an mvlog changelog record")
+                    barrier = decode_barrier(message.value() or b"")
+                except DecodeError as exc:
+                    raise ChangelogReadError(f"{where} offset {offset}: {exc}") from exc
+                changes = pending.pop((barrier.epoch, barrier.txn), [])
+                for attempt in [a for a in pending if a[0] <= barrier.epoch]:
+                    del pending[attempt]  # aborted attempts whose barrier never came
+                if planned.get(barrier.epoch) != offset:
+                    continue  # outside the range, or an aborted attempt's barrier
+                if len(changes) != barrier.records:
+                    raise ChangelogReadError(f"{where}: epoch {barrier.epoch} announces {barrier.records} "
+                                             f"change(s), {len(changes)} were read")
+                for change_offset, raw_key, change in changes:
+                    append(barrier.epoch, change_offset, raw_key, change)
+                    if len(columns["_epoch"]) >= batch_rows:
+                        yield flush()
+                append_barrier(barrier.epoch, offset)
+                if offset >= last_offset:
+                    break
+        if columns["_epoch"]:
+            yield flush()
+    finally:
+        consumer.close()
+
+
+class _Planner:
+    """Driver side: turns an epoch range into one :class:`PartitionRange` per Kafka partition."""
+
+    def __init__(self, settings: Settings, entry: CatalogEntry) -> None:
+        self.settings = settings
+        self.entry = entry
+        self._index: EpochIndex | None = None
+
+    @property
+    def index(self) -> EpochIndex:
+        if self._index is None:  # made lazily: Spark pickles the reader, and a Redis client cannot be
+            self._index = EpochIndex(redis.Redis.from_url(self.settings.redis_url), self.settings.topic_prefix)
+        return self._index
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_index": None}
+
+    def committed_epochs(self, after: int, upto: int) -> list[int]:
+        """Committed epochs in ``(after, upto]``, from partition 0's index (every partition has them all)."""
+        return [e.epoch for e in self.index.between(self.entry.name, 0, after, upto)]
+
+    def latest_epoch(self) -> int:
+        latest = self.index.latest(self.entry.name, 0)
+        return latest.epoch if latest is not None else 0
+
+    def plan(self, after: int, upto: int) -> list[PartitionRange]:
+        if upto <= after:
+            return []
+        oldest = self.index.oldest(self.entry.name, 0)
+        if 0 < after < (oldest.epoch if oldest else 0) and self.index.at(self.entry.name, 0, after) is None:
+            raise EpochRangeError(f"{self.entry.name}: epoch {after} is before the oldest retained epoch "
+                                  f"{oldest.epoch if oldest else 0}")
+        parts: list[PartitionRange] = []
+        for partition in range(self.entry.partitions):
+            entries = self.index.between(self.entry.name, partition, after, upto)
+            if not entries:
+                continue
+            start = self.index.before(self.entry.name, partition, entries[0].epoch)
+            parts.append(PartitionRange(
+                settings_json=self.settings.model_dump_json(), view=self.entry.name,
+                key_columns=self.entry.key_columns, schema_json=self.entry.schema.to_json(),
+                partition=partition, after_epoch=start.epoch if start else 0,
+                start_offset=start.offset + 1 if start else 0,
+                barriers=tuple((e.epoch, e.offset) for e in entries)))
+        return parts
+
+
+def _parse_epoch(value: str | None, default: str, latest: int) -> int:
+    text = (value or default).strip().lower()
+    if text == "earliest":
+        return 0
+    if text == "latest":
+        return latest
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"epoch option {value!r} must be 'earliest', 'latest' or an integer epoch") from None
+
+
+class MvlogDataSource(DataSource):
+    """``spark.read.format("mvlog").option("view", "mv1").load()``"""
+
+    @classmethod
+    def name(cls) -> str:
+        return "mvlog"
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        if "view" not in self.options:
+            raise ValueError("the mvlog data source needs the option 'view'")
+        overrides: dict[str, Any] = {k: v for k, v in (("bootstrap_servers", self.options.get("bootstrapServers")),
+                                       ("redis_url", self.options.get("redisUrl")),
+                                       ("topic_prefix", self.options.get("topicPrefix"))) if v}
+        self.settings = load_settings(**overrides)
+        client = redis.Redis.from_url(self.settings.redis_url)
+        self.entry = CatalogStore(self.settings, client).get(self.options["view"])
+
+    def schema(self) -> str:
+        return spark_schema_ddl(self.entry.schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _BatchReader(self.settings, self.entry, self.options)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 (Spark API)
+        return _StreamReader(self.settings, self.entry, self.options)
+
+
+class _BatchReader(DataSourceReader):
+    def __init__(self, settings: Settings, entry: CatalogEntry, options: Any) -> None:
+        planner = _Planner(settings, entry)
+        latest = planner.latest_epoch()
+        self.after = _parse_epoch(options.get("startingEpoch"), "earliest", latest)
+        self.upto = _parse_epoch(options.get("endingEpoch"), "latest", latest)
+        if self.upto > latest:
+            raise EpochRangeError(f"{entry.name}: endingEpoch {self.upto} is above the last committed epoch {latest}")
+        self._parts = planner.plan(self.after, self.upto)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return self._parts
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, PartitionRange)
+        yield from read_partition_range(partition)
+
+
+class _StreamReader(DataSourceStreamReader):
+    def __init__(self, settings: Settings, entry: CatalogEntry, options: Any) -> None:
+        self._planner = _Planner(settings, entry)
+        self._start = _parse_epoch(options.get("startingEpoch"), "latest", self._planner.latest_epoch())
+        limit = options.get("maxEpochsPerTrigger")
+        self._max_epochs = int(limit) if limit else None
+        client = redis.Redis.from_url(settings.redis_url)
+        catalog = CatalogStore(settings, client)
+        self._aligned = [_Planner(settings, catalog.get(v.strip()))
+                         for v in (options.get("alignWith") or "").split(",") if v.strip()]
+        self.query_id = uuid.uuid4().hex[:8]
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802 (Spark API)
+        return {"epoch": self._start}
+
+    def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:  # noqa: N802
+        after = (start or {"epoch": self._start})["epoch"]
+        latest = min([self._planner.latest_epoch()] + [p.latest_epoch() for p in self._aligned])
+        if self._max_epochs is not None and latest > after:
+            epochs = self._planner.committed_epochs(after, latest)[: self._max_epochs]
+            latest = epochs[-1] if epochs else after
+        elif latest > after:
+            epochs = self._planner.committed_epochs(after, latest)  # end on one of this view's epochs
+            latest = epochs[-1] if epochs else after
+        return {"epoch": max(latest, after)}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        return self._planner.plan(start["epoch"], end["epoch"])
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, PartitionRange)
+        yield from read_partition_range(partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Progress lives in the view's MCE (Redis), not here: nothing to do."""

@@ -1,0 +1,37 @@
+"""The Spark session of mvlog's consumers: local mode by default, any master through settings."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from mvlog.config import Settings
+from mvlog.connectors.spark_source import MvlogDataSource
+
+
+def spark_session(settings: Settings, app_name: str = "mvlog") -> SparkSession:
+    """A session with the ``mvlog`` data source registered.
+
+    Executors read Kafka and Redis themselves, so they must see the same settings: they inherit the
+    ``MVLOG_*`` environment in local mode; on a cluster, pass them with ``spark-submit --conf
+    spark.executorEnv.MVLOG_...``.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    for name, value in (("MVLOG_BOOTSTRAP_SERVERS", settings.bootstrap_servers),
+                        ("MVLOG_REDIS_URL", settings.redis_url), ("MVLOG_TOPIC_PREFIX", settings.topic_prefix)):
+        os.environ[name] = value
+    spark = (SparkSession.builder.master(settings.spark_master).appName(app_name)
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "4")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+             .config("spark.python.worker.reuse", "true")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(MvlogDataSource)
+    return spark

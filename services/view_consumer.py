@@ -1,0 +1,177 @@
+"""The Spark consumer that maintains one view, exactly once per epoch.
+
+A Structured Streaming query reads the upstream changelog with ``format("mvlog")`` (executors read
+Kafka; a micro-batch holds whole epochs). For every epoch above the view's MCE, in order, the driver
+feeds the epoch's changes to the view's incremental operator, writes the resulting changes and the
+epoch's barriers to the view's changelog in one Kafka transaction, then commits rows, operator state,
+epoch index and MCE to Redis in one script. Redis is the commit point: an epoch that reached Kafka but
+not Redis is redone under a new transaction, and readers drop the abandoned attempt (chain rule).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import redis
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from mvlog.catalog import CatalogEntry
+from mvlog.changes import Change, Op
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.changelog_writer import ChangelogWriter
+from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
+from mvlog.schemas.codec import decode_key
+from mvlog.services.spark_session import spark_session
+from mvlog.services.view_ddl import plan_for
+from mvlog.views import ViewOperator
+
+log = logging.getLogger(__name__)
+
+EpochChanges = dict[int, dict[str, list[Change]]]  # epoch -> upstream view -> its changes
+
+
+class _ViewState:
+    """The operator's state as stored in Redis (the ``StateReader`` protocol)."""
+
+    def __init__(self, store: ViewStore, view: str) -> None:
+        self._store, self._view = store, view
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        return self._store.get_state(self._view, keys)
+
+
+def changes_from_arrow(table: pa.Table, upstream: CatalogEntry, into: EpochChanges) -> None:
+    """Rebuild changes from the data source's signed rows (rows of a change share partition and offset)."""
+    names = upstream.schema.names
+    images: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for row in table.to_pylist():
+        epoch = row["_epoch"]
+        into.setdefault(epoch, {}).setdefault(upstream.name, [])
+        kind = row["_change_type"]
+        if kind == "barrier":
+            continue
+        slot = images.setdefault((epoch, row["_partition"], row["_offset"]), {"key": row["_key"]})
+        slot["before" if row["_weight"] < 0 else "after"] = {n: row[n] for n in names}
+    for (epoch, _, _), slot in sorted(images.items()):
+        before, after = slot.get("before"), slot.get("after")
+        op = Op.UPDATE if before is not None and after is not None else Op.DELETE if after is None else Op.CREATE
+        key = decode_key(upstream.key_columns, slot["key"])
+        into[epoch][upstream.name].append(Change(op, key, before, after))
+
+
+class ViewConsumer:
+    """Maintains view ``view`` from its upstream changelog(s)."""
+
+    def __init__(self, settings: Settings, view: str, *, spark: SparkSession | None = None,
+                 client: redis.Redis | None = None, max_epochs_per_trigger: int = 50,
+                 trigger_interval: str = "200 milliseconds") -> None:
+        self.settings = settings
+        self._redis = client or redis.Redis.from_url(settings.redis_url)
+        self.catalog = CatalogStore(settings, self._redis)
+        self.entry = self.catalog.get(view)
+        if self.entry.kind != "view" or self.entry.sql is None:
+            raise ValueError(f"{view} is a {self.entry.kind}; only views are maintained by a consumer")
+        self.upstreams = {name: self.catalog.get(name) for name in self.entry.sources}
+        self.plan = plan_for(self.catalog, view, self.entry.sql)
+        self.operator = ViewOperator(self.plan)
+        self.store = ViewStore(self._redis, settings.topic_prefix)
+        self.spark = spark or spark_session(settings, app_name=f"mvlog-{view}")
+        self.max_epochs_per_trigger = max_epochs_per_trigger
+        self.trigger_interval = trigger_interval
+        # A new transactional producer fences any earlier consumer of this view.
+        self.writer = ChangelogWriter(settings, view, self.entry.key_columns, self.entry.partitions)
+        self.mce = self.store.mce(view) or 0
+        self._state = _ViewState(self.store, view)
+        self._query: StreamingQuery | None = None
+        self._checkpoint_dir: str | None = None
+        self.epochs_applied = 0
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def _source_options(self, view: str) -> dict[str, str]:
+        return {"view": view, "bootstrapServers": self.settings.bootstrap_servers,
+                "redisUrl": self.settings.redis_url, "topicPrefix": self.settings.topic_prefix}
+
+    def stream(self) -> DataFrame:
+        reader = self.spark.readStream.format("mvlog").options(**self._source_options(self.entry.sources[0]))
+        reader = reader.option("startingEpoch", str(self.mce))
+        reader = reader.option("maxEpochsPerTrigger", str(self.max_epochs_per_trigger))
+        if len(self.entry.sources) > 1:
+            reader = reader.option("alignWith", ",".join(self.entry.sources[1:]))
+        return reader.load()
+
+    def _read_range(self, view: str, after: int, upto: int) -> pa.Table:
+        reader = self.spark.read.format("mvlog").options(**self._source_options(view))
+        return reader.option("startingEpoch", str(after)).option("endingEpoch", str(upto)).load().toArrow()
+
+    # --- processing -------------------------------------------------------------------------------
+
+    def process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        """foreachBatch: apply every epoch of the micro-batch above the MCE, in order."""
+        epochs: EpochChanges = {}
+        changes_from_arrow(batch.toArrow(), self.upstreams[self.entry.sources[0]], epochs)
+        if not epochs:
+            return
+        end = max(epochs)
+        for other in self.entry.sources[1:]:  # a join reads its other side up to the same epoch
+            changes_from_arrow(self._read_range(other, self.mce, end), self.upstreams[other], epochs)
+        self.apply_epochs(epochs)
+
+    def apply_epochs(self, epochs: EpochChanges) -> None:
+        for epoch in sorted(epochs):
+            if epoch <= self.mce:
+                continue  # applied before a restart: never twice
+            self.apply_epoch(epoch, epochs[epoch])
+
+    def apply_epoch(self, epoch: int, changes: Mapping[str, Sequence[Change]]) -> None:
+        inputs = {name: list(changes.get(name, ())) for name in self.entry.sources}
+        output = self.operator.apply_epoch(inputs, self._state)
+        committed = self.writer.commit_epoch(epoch, self.mce, output.changes)
+        rows = commit_from_changes(self.entry.key_columns, epoch, output.changes, committed.index)
+        puts = {k: v for k, v in output.state_writes.items() if v is not None}
+        deletes = [k for k, v in output.state_writes.items() if v is None]
+        if not self.store.commit(self.entry.name, EpochCommit(epoch, rows.row_puts, rows.row_deletes,
+                                                              rows.index, puts, deletes)):
+            raise RuntimeError(f"{self.entry.name}: epoch {epoch} is at or below the MCE in Redis; "
+                               "another consumer of this view is running")
+        self.mce = epoch
+        self.epochs_applied += 1
+
+    # --- running ----------------------------------------------------------------------------------
+
+    def start(self) -> StreamingQuery:
+        self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
+        self._checkpoint_dir = tempfile.mkdtemp(prefix=f"mvlog-{self.entry.name}-")
+        self._query = (self.stream().writeStream.foreachBatch(self.process_batch)
+                       .option("checkpointLocation", self._checkpoint_dir)
+                       .trigger(processingTime=self.trigger_interval)
+                       .queryName(f"mvlog_{self.settings.topic_prefix}_{self.entry.name}".replace(".", "_"))
+                       .start())
+        return self._query
+
+    def wait_for_epoch(self, epoch: int, timeout: float = 120.0) -> None:
+        """Block until the view's MCE reaches ``epoch`` (raises the query's error if it failed)."""
+        deadline = time.monotonic() + timeout
+        while self.mce < epoch:
+            if self._query is not None and self._query.exception() is not None:
+                raise RuntimeError(f"{self.entry.name}: {self._query.exception()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.entry.name}: MCE {self.mce} did not reach {epoch} in {timeout}s")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self._query is not None:
+            self._query.stop()
+            self._query = None
+        if self._checkpoint_dir is not None:
+            shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
+        self.writer.close()
+

@@ -1,0 +1,54 @@
+"""Creating and dropping views: plan the definition, register it in the catalog, create its topic."""
+
+from __future__ import annotations
+
+import redis
+
+from mvlog.catalog import CatalogEntry, CatalogError
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.topics import delete_topic, ensure_topic
+from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.epoch import EpochClock
+from mvlog.views import ViewPlan, plan_view
+
+
+class DependentViewsError(CatalogError):
+    pass
+
+
+def plan_for(catalog: CatalogStore, name: str, sql: str) -> ViewPlan:
+    """Plan ``sql`` against the catalog's current schemas (raises ViewDefinitionError naming the problem)."""
+    upstreams = {entry.name: entry.schema for entry in catalog.all()}
+    return plan_view(name, sql, upstreams)
+
+
+def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis | None = None,
+                partitions: int | None = None) -> CatalogEntry:
+    """Register view ``name``; nothing is created when the definition is refused."""
+    client = client or redis.Redis.from_url(settings.redis_url)
+    catalog = CatalogStore(settings, client)
+    if (existing := catalog.find(name)) is not None:
+        raise CatalogError(f"{existing.kind} {name!r} already exists")
+    plan = plan_for(catalog, name, sql)
+    entry = CatalogEntry(name, "view", plan.schema, partitions or settings.partitions,
+                         created_epoch=EpochClock().next(), sql=sql, sources=plan.sources)
+    ensure_topic(settings, settings.changelog_topic(name), entry.partitions)
+    catalog.put(entry)
+    ViewStore(client, settings.topic_prefix).set_lifecycle(name, Lifecycle.CREATING)
+    catalog.close()
+    return entry
+
+
+def drop_view(settings: Settings, name: str, *, client: redis.Redis | None = None) -> None:
+    """Drop a view (refused while other views read it, naming them)."""
+    client = client or redis.Redis.from_url(settings.redis_url)
+    catalog = CatalogStore(settings, client)
+    entry = catalog.get(name)
+    if dependents := catalog.dependents(name):
+        raise DependentViewsError(f"cannot drop {entry.kind} {name!r}: {', '.join(dependents)} depend on it; "
+                                  "drop them first")
+    catalog.delete(name)
+    ViewStore(client, settings.topic_prefix).drop(name, entry.partitions)
+    delete_topic(settings, settings.changelog_topic(name))
+    catalog.close()
