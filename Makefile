@@ -22,7 +22,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mvlog-installed
 # Strict editable installs link each file at install time: a new module needs a re-install.
-PACKAGE_FILES := pyproject.toml $(wildcard core/*.py connectors/*.py services/*.py infra/*.py \
+PACKAGE_FILES := pyproject.toml $(wildcard core/*.py core/views/*.py connectors/*.py services/*.py \
+	services/commands/*.py infra/*.py \
 	schemas/*.py schemas/*.avsc infra/*.yml infra/*.conf)
 TEST_TIMEOUT ?= 600
 PYTEST_ARGS ?=

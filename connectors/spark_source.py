@@ -202,10 +202,6 @@ class _Planner:
     def plan(self, after: int, upto: int) -> list[PartitionRange]:
         if upto <= after:
             return []
-        oldest = self.index.oldest(self.entry.name, 0)
-        if 0 < after < (oldest.epoch if oldest else 0) and self.index.at(self.entry.name, 0, after) is None:
-            raise EpochRangeError(f"{self.entry.name}: epoch {after} is before the oldest retained epoch "
-                                  f"{oldest.epoch if oldest else 0}")
         parts: list[PartitionRange] = []
         for partition in range(self.entry.partitions):
             entries = self.index.between(self.entry.name, partition, after, upto)
@@ -275,8 +271,8 @@ class _BatchReader(DataSourceReader):
         return self._parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, PartitionRange)
-        yield from read_partition_range(partition)
+        if isinstance(partition, PartitionRange):  # Spark plans one empty partition for an empty range
+            yield from read_partition_range(partition)
 
 
 class _StreamReader(DataSourceStreamReader):
@@ -309,8 +305,8 @@ class _StreamReader(DataSourceStreamReader):
         return self._planner.plan(start["epoch"], end["epoch"])
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, PartitionRange)
-        yield from read_partition_range(partition)
+        if isinstance(partition, PartitionRange):  # Spark plans one empty partition for an empty range
+            yield from read_partition_range(partition)
 
     def commit(self, end: dict[str, int]) -> None:
         """Progress lives in the view's MCE (Redis), not here: nothing to do."""

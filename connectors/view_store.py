@@ -148,6 +148,18 @@ class ViewStore:
         mce, rows = pipe.execute()
         return (int(mce) if mce is not None else None), list(rows.items())
 
+    def get_rows_at_consistent_epoch(self, view: str, keys: Sequence[bytes]
+                                     ) -> tuple[int | None, dict[bytes, bytes]]:
+        """The rows of ``keys`` (those that exist) with the MCE they reflect (one MULTI)."""
+        if not keys:
+            return self.mce(view), {}
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hget(self._key(view, "meta"), "mce")
+        pipe.hmget(self._key(view, "rows"), list(keys))
+        mce, values = pipe.execute()
+        rows = {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+        return (int(mce) if mce is not None else None), rows
+
     def drop(self, view: str, partitions: int) -> None:
         keys = [self._key(view, w) for w in ("meta", "rows", "opstate")]
         keys += [self.index.key(view, p) for p in range(partitions)]

@@ -23,16 +23,25 @@ from typing import Any, TypeVar, cast
 import click
 from pydantic import ValidationError
 
+from mvlog.catalog import CatalogError
 from mvlog.config import Settings, load_settings
 from mvlog.infra.local_stack import LocalStack, StackError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Commands implemented in other modules: name -> "module:attribute" (a click.Command).
-LAZY_COMMANDS: dict[str, str] = {}
+LAZY_COMMANDS: dict[str, str] = {
+    "create-table": "mvlog.services.commands.tables:create_table",
+    "insert": "mvlog.services.commands.tables:insert",
+    "create-view": "mvlog.services.commands.definitions:create_view_command",
+    "drop-view": "mvlog.services.commands.definitions:drop_view_command",
+    "read": "mvlog.services.commands.read:read",
+    "run-view": "mvlog.services.commands.run_view:run_view",
+    "views": "mvlog.services.commands.listing:views",
+}
 
 #: Exceptions whose message is shown to the user as is (``Error: <message>``, exit code 1).
-USER_ERRORS: tuple[type[BaseException], ...] = (StackError, ValidationError, FileNotFoundError)
+USER_ERRORS: tuple[type[BaseException], ...] = (StackError, ValidationError, FileNotFoundError, CatalogError)
 
 
 class MvlogGroup(click.Group):

@@ -48,7 +48,7 @@ class Table:
     """A writer of one root table. Use as a context manager, or call :meth:`close`."""
 
     def __init__(self, settings: Settings, entry: CatalogEntry, client: redis.Redis | None = None,
-                 *, auto_commit: bool = True) -> None:
+                 *, auto_commit: bool = True, recover: bool = True) -> None:
         if entry.kind != "table":
             raise ValueError(f"{entry.name} is a {entry.kind}, not a table")
         self.settings = settings
@@ -58,8 +58,8 @@ class Table:
         self.store = ViewStore(self._redis, settings.topic_prefix)
         # The writer's init_transactions fences any earlier writer before we read the log's tail.
         self._writer = ChangelogWriter(settings, entry.name, entry.key_columns, entry.partitions)
-        tail = roll_forward(settings, self.store, entry)
-        self._clock = EpochClock(tail.max_seen)
+        # A table created a moment ago has an empty changelog: nothing to roll forward.
+        self._clock = EpochClock(roll_forward(settings, self.store, entry).max_seen if recover else 0)
         # The next barrier names the last *committed* epoch, abandoning any epoch a killed writer left.
         self._prev_epoch = self.store.mce(entry.name) or 0
         self._epochs_written = 0
@@ -94,7 +94,7 @@ class Table:
         ensure_topic(settings, settings.changelog_topic(name), entry.partitions)
         catalog.put(entry)
         catalog.close()
-        return cls(settings, entry, client, **kwargs)
+        return cls(settings, entry, client, recover=False, **kwargs)
 
     @classmethod
     def open(cls, settings: Settings, name: str, client: redis.Redis | None = None, **kwargs: Any) -> Table:

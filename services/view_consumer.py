@@ -145,6 +145,23 @@ class ViewConsumer:
         self.mce = epoch
         self.epochs_applied += 1
 
+    def catch_up(self, upto: int | None = None) -> int:
+        """Apply every committed upstream epoch above the MCE with batch reads; returns the new MCE.
+
+        The streaming query does the same continuously; this is the one-shot form (tests, replay).
+        """
+        committed = self.store.mce_many(list(self.entry.sources))
+        end = min(m or 0 for m in committed.values())
+        if upto is not None:
+            end = min(end, upto)
+        if end <= self.mce:
+            return self.mce
+        epochs: EpochChanges = {}
+        for source in self.entry.sources:
+            changes_from_arrow(self._read_range(source, self.mce, end), self.upstreams[source], epochs)
+        self.apply_epochs(epochs)
+        return self.mce
+
     # --- running ----------------------------------------------------------------------------------
 
     def start(self) -> StreamingQuery:

@@ -46,8 +46,9 @@ def drop_view(settings: Settings, name: str, *, client: redis.Redis | None = Non
     catalog = CatalogStore(settings, client)
     entry = catalog.get(name)
     if dependents := catalog.dependents(name):
-        raise DependentViewsError(f"cannot drop {entry.kind} {name!r}: {', '.join(dependents)} depend on it; "
-                                  "drop them first")
+        verb, them = ("depends", "it") if len(dependents) == 1 else ("depend", "them")
+        raise DependentViewsError(f"cannot drop {entry.kind} {name!r}: {', '.join(dependents)} {verb} on it; "
+                                  f"drop {them} first")
     catalog.delete(name)
     ViewStore(client, settings.topic_prefix).drop(name, entry.partitions)
     delete_topic(settings, settings.changelog_topic(name))

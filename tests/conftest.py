@@ -175,3 +175,19 @@ def redis_client(settings: Settings) -> Iterator[redis.Redis]:
         for start in range(0, len(keys), 500):
             client.delete(*keys[start : start + 500])
         client.close()
+
+
+@pytest.fixture(scope="session")
+def spark(stack: StackEndpoints) -> Iterator[Any]:
+    """One Spark session in local mode for the whole test session, with ``format("mvlog")`` registered.
+
+    Tests pass their own settings to the data source through its options, so one session serves all.
+    """
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from mvlog.services.spark_session import spark_session
+
+    session = spark_session(stack.settings())
+    yield session
+    session.stop()

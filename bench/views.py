@@ -1,0 +1,487 @@
+"""Downstream views: mvlog's Spark consumers (ViewConsumer) against the minimal hand-written PySpark job.
+
+Two views of one root table ``t1(id PK, k, v1, deleted)``:
+
+* **filter** ``SELECT id, v1 FROM t1 WHERE deleted = false``
+* **group** ``SELECT k, count(*) AS n, sum(v1) AS s FROM t1 GROUP BY k``
+
+Everything runs in one process, on a local stack (Tansu + redis-server) that this script starts on free
+loopback ports in a temporary folder and stops at the end, with one Spark session (``local[2]`` by
+default) shared by both sides.
+
+Workload: ``--changes`` changes (inserts, updates, deletes; each change of an epoch on a distinct id out
+of ``--keys``) written by ``Table`` as epochs of ``--epoch-size`` changes, all committed *before* any
+clock starts.
+
+* **catch-up** (throughput). mvlog: a fresh ``ViewConsumer`` per view (constructed before the clock),
+  timed from ``start()`` until the view's MCE in Redis is the table's last epoch: the streaming query
+  reads the changelog with ``format("mvlog")`` in the executors, the driver applies every epoch (Kafka
+  transaction of the view's changes + barriers, then Redis rows + operator state + MCE). Baseline: what
+  a user would write without mvlog, a plain Python data source (``pyspark.sql.datasource``, defined
+  below) whose tasks read one partition of the same changelog topic each with confluent-kafka
+  (``assign()``, default read_committed), skip barrier records by their ``mvlog.type`` header, decode
+  the change events with fastavro and yield their ``after`` images; then the same filter/project or
+  aggregation with DataFrame ops, executed into Spark's ``noop`` sink. It knows each partition's last
+  offset up front (the table's last barrier, from the epoch index, outside the clock: Tansu's high
+  watermark cannot be trusted). It keeps no state, writes nothing and does not net updates or deletes,
+  so it is a floor of what view maintenance costs, not an equivalent. Timed from ``load()`` to the end
+  of the action. A warm-up of both sides over the first epochs runs before.
+* **live** (latency). Both consumers run at once (default trigger interval 200 ms) while the table
+  commits an epoch of ``--live-batch`` changes every ``--live-interval-ms``; for each of
+  ``--live-epochs`` epochs: time from the table's ``flush()`` returning to the view's MCE in Redis
+  reaching that epoch (a thread polls Redis every millisecond).
+
+Each view's rows in Redis are checked against the workload's final state after catch-up and live.
+
+Run with the venv's Python from the repository root::
+
+    PYSPARK_PYTHON=/tmp/venv/bin/python /tmp/venv/bin/python bench/views.py [--changes 200000] \
+        [--epoch-size 10000] [--keys 50000] [--live-epochs 50] [--profile FILE]
+
+The last lines are the ratios mvlog / baseline of changes per second, one per view (target >= 0.5x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import logging
+import os
+import pstats
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+import redis  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
+from pyspark.sql.types import StructType  # noqa: E402
+
+from mvlog.config import Settings  # noqa: E402
+from mvlog.connectors.view_store import ViewStore  # noqa: E402
+from mvlog.infra.local_stack import LocalStack, free_ports  # noqa: E402
+from mvlog.schemas.codec import decode_row  # noqa: E402
+from mvlog.services.spark_session import spark_session  # noqa: E402
+from mvlog.services.table_writer import Table  # noqa: E402
+from mvlog.services.view_consumer import ViewConsumer  # noqa: E402
+from mvlog.services.view_ddl import create_view  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import fmt_rate, machine_info, peak_rss_mib  # noqa: E402
+
+TABLE = "t1"
+COLUMNS = {"id": "int", "k": "int", "v1": "int", "deleted": "boolean"}
+VIEWS = {
+    "filter": "SELECT id, v1 FROM t1 WHERE deleted = false",
+    "group": "SELECT k, count(*) AS n, sum(v1) AS s FROM t1 GROUP BY k",
+}
+VIEW_NAMES = {"filter": "v_filter", "group": "v_group"}
+
+
+# ------------------------------------------------------------------------------------------ workload
+
+
+@dataclass
+class Workload:
+    """Changes over ids ``0..keys-1``; ``state`` is the table after every epoch generated so far."""
+
+    keys: int
+    groups: int
+    rng: random.Random
+    state: dict[int, dict[str, Any]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: {"insert": 0, "update": 0, "delete": 0})
+
+    def epoch(self, size: int) -> tuple[list[dict[str, Any]], list[int]]:
+        """One epoch: ``size`` changes on distinct ids (upserts, deletes)."""
+        upserts: list[dict[str, Any]] = []
+        deletes: list[int] = []
+        for i in self.rng.sample(range(self.keys), size):
+            old = self.state.get(i)
+            if old is None:
+                row = {"id": i, "k": self.rng.randrange(self.groups), "v1": self.rng.randrange(1000),
+                       "deleted": self.rng.random() < 0.1}
+                self.counts["insert"] += 1
+            elif self.rng.random() < 0.15:
+                deletes.append(i)
+                del self.state[i]
+                self.counts["delete"] += 1
+                continue
+            else:  # an update always changes v1, sometimes the group or the soft-delete flag
+                row = dict(old, v1=(old["v1"] + 1 + self.rng.randrange(999)) % 1000)
+                if self.rng.random() < 0.2:
+                    row["k"] = self.rng.randrange(self.groups)
+                if self.rng.random() < 0.1:
+                    row["deleted"] = not old["deleted"]
+                self.counts["update"] += 1
+            upserts.append(row)
+            self.state[i] = row
+        return upserts, deletes
+
+    def expected(self, view: str) -> dict[Any, tuple[Any, ...]]:
+        if view == "filter":
+            return {r["id"]: (r["v1"],) for r in self.state.values() if not r["deleted"]}
+        groups: dict[Any, list[int]] = {}
+        for r in self.state.values():
+            agg = groups.setdefault(r["k"], [0, 0])
+            agg[0] += 1
+            agg[1] += r["v1"]
+        return {k: (n, s) for k, (n, s) in groups.items()}
+
+
+def write_epoch(table: Table, upserts: Sequence[dict[str, Any]], deletes: Sequence[int]) -> int:
+    if upserts:
+        table.upsert(upserts)
+    if deletes:
+        table.delete(deletes)
+    return table.flush()
+
+
+def check_view(store: ViewStore, view: str, workload: Workload) -> str:
+    """Compare the view's rows in Redis with the workload's state; a short verdict (exits on mismatch)."""
+    expected = workload.expected(view)
+    actual: dict[Any, tuple[Any, ...]] = {}
+    for _, raw in store.scan_rows(VIEW_NAMES[view], batch=5000):
+        row = decode_row(raw)
+        if view == "filter":
+            actual[row["id"]] = (row["v1"],)
+        else:
+            actual[row["k"]] = (row["n"], row["s"])
+    if actual != expected:
+        wrong = sorted(k for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k))
+        raise SystemExit(f"{view}: Redis holds {len(actual)} rows, expected {len(expected)}; "
+                         f"{len(wrong)} differ, e.g. {[(k, actual.get(k), expected.get(k)) for k in wrong[:3]]}")
+    return f"{len(actual):,} rows match"
+
+
+# ------------------------------------------------------------------------ baseline: plain data source
+
+
+class _KafkaPartition(InputPartition):
+    def __init__(self, partition: int, last_offset: int) -> None:
+        self.partition = partition
+        self.last_offset = last_offset
+
+
+class PlainChangelogSource(DataSource):
+    """``spark.read.format("plain_changelog")``: the ``after`` images of a changelog topic's change events.
+
+    What a user writes with the documented wire format and no mvlog code: confluent-kafka + fastavro.
+    Options: ``bootstrap``, ``topic``, ``ends`` (``partition:last_offset,...``), ``schemafile`` (the
+    change event's .avsc).
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "plain_changelog"
+
+    def schema(self) -> str:
+        return "id BIGINT, k BIGINT, v1 BIGINT, deleted BOOLEAN"
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return PlainChangelogReader(dict(self.options))
+
+
+class PlainChangelogReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        ends = [item.split(":") for item in self.options["ends"].split(",")]
+        return [_KafkaPartition(int(p), int(last)) for p, last in ends]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        import io
+        import json
+
+        from confluent_kafka import Consumer, TopicPartition
+        from fastavro import parse_schema, schemaless_reader
+
+        assert isinstance(partition, _KafkaPartition)
+        with open(self.options["schemafile"]) as handle:
+            schema = parse_schema(json.load(handle))
+        consumer = Consumer({"bootstrap.servers": self.options["bootstrap"], "group.id": "bench-plain",
+                             "enable.auto.commit": False, "fetch.max.bytes": 16 * 1024 * 1024})
+        consumer.assign([TopicPartition(self.options["topic"], partition.partition, 0)])
+        try:
+            offset = -1
+            while offset < partition.last_offset:
+                # consume() waits for its whole timeout unless the batch fills: keep the timeout short.
+                for message in consumer.consume(num_messages=2000, timeout=0.1):
+                    if message.error() is not None:
+                        raise RuntimeError(str(message.error()))
+                    offset = message.offset()
+                    if (message.headers() or [(None, None)])[0][1] != b"change":
+                        continue  # a barrier
+                    after = schemaless_reader(io.BytesIO(message.value()), schema, None)["after"]
+                    if after is not None:
+                        yield after["id"], after["k"], after["v1"], after["deleted"]
+        finally:
+            consumer.close()
+
+
+def baseline_frame(spark: SparkSession, view: str, options: dict[str, str]) -> Any:
+    df = spark.read.format("plain_changelog").options(**options).load()
+    if view == "filter":
+        return df.filter("deleted = false").select("id", "v1")
+    return df.groupBy("k").agg(F.count(F.lit(1)).alias("n"), F.sum("v1").alias("s"))
+
+
+def run_baseline(spark: SparkSession, view: str, options: dict[str, str]) -> float:
+    start = time.perf_counter()
+    baseline_frame(spark, view, options).write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - start
+
+
+# ------------------------------------------------------------------------------------- mvlog consumer
+
+
+def run_catch_up(settings: Settings, spark: SparkSession, view: str, last_epoch: int,
+                 profile: cProfile.Profile | None) -> tuple[float, int, float]:
+    """Seconds from ``start()`` to MCE == ``last_epoch``, epochs applied, seconds inside foreachBatch."""
+    consumer = ViewConsumer(settings, VIEW_NAMES[view], spark=spark)
+    in_batches = [0.0]
+    idle = threading.Event()
+    idle.set()
+    process_batch = consumer.process_batch
+
+    def timed(batch: Any, batch_id: int) -> None:  # foreachBatch runs in a Py4J callback thread
+        idle.clear()
+        began = time.perf_counter()
+        if profile is not None:
+            profile.enable()
+        try:
+            process_batch(batch, batch_id)
+        finally:
+            if profile is not None:
+                profile.disable()
+            in_batches[0] += time.perf_counter() - began
+            idle.set()
+
+    consumer.process_batch = timed  # type: ignore[method-assign]
+    try:
+        start = time.perf_counter()
+        consumer.start()
+        consumer.wait_for_epoch(last_epoch, timeout=1800)
+        seconds = time.perf_counter() - start
+        idle.wait(30)  # the MCE moves inside the batch: let the wrapper account for its end
+        return seconds, consumer.epochs_applied, in_batches[0]
+    finally:
+        consumer.stop()
+
+
+@dataclass
+class LiveResult:
+    latencies: dict[str, list[float]]
+    batches: dict[str, list[dict[str, Any]]]  # each query's recent micro-batch progress
+    epochs: int
+    changes: int
+    interval_s: float
+
+
+def run_live(settings: Settings, spark: SparkSession, table: Table, workload: Workload, epochs: int,
+             batch: int, interval_s: float) -> LiveResult:
+    """Both consumers running; the table commits an epoch every ``interval_s``; flush -> MCE latency."""
+    views = [VIEW_NAMES[v] for v in VIEWS]
+    consumers = [ViewConsumer(settings, name, spark=spark) for name in views]
+    poll_client = redis.Redis.from_url(settings.redis_url)
+    store = ViewStore(poll_client, settings.topic_prefix)
+    committed: list[tuple[int, float]] = []  # (epoch, time the table's flush returned)
+    reached: dict[str, dict[int, float]] = {name: {} for name in views}
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def poll() -> None:
+        while not done.is_set():
+            mces = store.mce_many(views)
+            now = time.perf_counter()
+            with lock:
+                for name in views:
+                    mce = mces[name] or 0
+                    for epoch, _ in committed:
+                        if epoch <= mce:
+                            reached[name].setdefault(epoch, now)
+            time.sleep(0.001)
+
+    queries = []
+    try:
+        for consumer in consumers:
+            queries.append(consumer.start())
+        # Warm-up epochs: both queries have run micro-batches before anything is recorded.
+        for _ in range(5):
+            epoch = write_epoch(table, *workload.epoch(batch))
+            time.sleep(interval_s)
+        for consumer in consumers:
+            consumer.wait_for_epoch(epoch, timeout=300)
+        poller = threading.Thread(target=poll, name="mce-poller", daemon=True)
+        poller.start()
+        next_tick = time.perf_counter()
+        for _ in range(epochs):
+            next_tick += interval_s
+            epoch = write_epoch(table, *workload.epoch(batch))
+            flushed = time.perf_counter()
+            with lock:
+                committed.append((epoch, flushed))
+            time.sleep(max(0.0, next_tick - time.perf_counter()))
+        for consumer in consumers:
+            consumer.wait_for_epoch(epoch, timeout=300)
+        time.sleep(0.05)  # the poller sees the last MCE
+        done.set()
+        poller.join()
+        batches = {name: [p for p in query.recentProgress if p.numInputRows]
+                   for name, query in zip(views, queries, strict=True)}
+    finally:
+        done.set()
+        for consumer in consumers:
+            consumer.stop()
+        poll_client.close()
+    latencies = {name: [reached[name][e] - t for e, t in committed] for name in views}
+    return LiveResult(latencies, batches, epochs, epochs * batch, interval_s)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--changes", type=int, default=200_000, help="changes in the catch-up log (default 200000)")
+    parser.add_argument("--epoch-size", type=int, default=10_000, help="changes per catch-up epoch (default 10000)")
+    parser.add_argument("--keys", type=int, default=50_000, help="id range of t1 (default 50000)")
+    parser.add_argument("--groups", type=int, default=1000, help="distinct values of k (default 1000)")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of every changelog (default 4)")
+    parser.add_argument("--live-epochs", type=int, default=50, help="recorded live epochs (default 50)")
+    parser.add_argument("--live-batch", type=int, default=100, help="changes per live epoch (default 100)")
+    parser.add_argument("--live-interval-ms", type=int, default=200, help="live epoch interval (default 200)")
+    parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="cProfile the driver's foreachBatch calls during each catch-up: stats to FILE.<view>, "
+                             "top functions printed")
+    parser.add_argument("--profile-lines", type=int, default=25, help="functions printed per profile (default 25)")
+    args = parser.parse_args(argv)
+    if args.epoch_size > args.keys or args.live_batch > args.keys:
+        parser.error("--epoch-size and --live-batch must not exceed --keys (changes of an epoch use distinct ids)")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    workload = Workload(args.keys, args.groups, random.Random(args.seed))
+    epoch_sizes = [min(args.epoch_size, args.changes - done) for done in range(0, args.changes, args.epoch_size)]
+    profiles = {view: cProfile.Profile() for view in VIEWS} if args.profile else {}
+    catch_up: dict[str, tuple[float, int, float]] = {}
+    baseline: dict[str, float] = {}
+    checks: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="mvlog-bench-") as tmp:
+        kafka_port, redis_port = free_ports(2)
+        stack = LocalStack(data_dir=Path(tmp) / "stack", kafka_port=kafka_port, redis_port=redis_port,
+                           die_with_parent=True)
+        stack.start()
+        spark: SparkSession | None = None
+        try:
+            settings = stack.settings(topic_prefix="bench", partitions=args.partitions, spark_master=args.master)
+            client = redis.Redis.from_url(settings.redis_url)
+            store = ViewStore(client, settings.topic_prefix)
+            table = Table.create(settings, TABLE, COLUMNS, ["id"], client=client, auto_commit=False)
+            for view, sql in VIEWS.items():
+                create_view(settings, VIEW_NAMES[view], sql, client=client)
+
+            start = time.perf_counter()
+            epochs = [write_epoch(table, *workload.epoch(size)) for size in epoch_sizes]
+            write_seconds = time.perf_counter() - start
+            written = sum(int(m.split(b":")[2]) for p in range(args.partitions)
+                          for m in client.zrange(store.index.key(TABLE, p), 0, -1))
+            if written != args.changes:
+                raise SystemExit(f"the table wrote {written} changes, expected {args.changes}")
+            mix = dict(workload.counts)
+            last_offsets = {p: store.index.latest(TABLE, p) for p in range(args.partitions)}
+            first_offsets = {p: store.index.at(TABLE, p, epochs[0]) for p in range(args.partitions)}
+
+            spark = spark_session(settings, app_name="mvlog-bench-views")
+            spark.dataSource.register(PlainChangelogSource)
+            schema_file = Path(sys.modules["mvlog.schemas"].__file__ or "").parent / "change_event.avsc"
+
+            def plain_options(offsets: dict[int, Any]) -> dict[str, str]:
+                ends = ",".join(f"{p}:{e.offset}" for p, e in offsets.items() if e is not None)
+                return {"bootstrap": settings.bootstrap_servers, "topic": settings.changelog_topic(TABLE),
+                        "ends": ends, "schemafile": str(schema_file)}
+
+            # Warm-up (JVM, Python workers, both data sources) over the first epoch, untimed.
+            run_baseline(spark, "group", plain_options(first_offsets))
+            (spark.read.format("mvlog").option("view", TABLE).option("endingEpoch", str(epochs[0]))
+             .load().write.format("noop").mode("overwrite").save())
+
+            for view in VIEWS:
+                baseline[view] = run_baseline(spark, view, plain_options(last_offsets))
+                catch_up[view] = run_catch_up(settings, spark, view, epochs[-1], profiles.get(view))
+                checks[view] = check_view(store, view, workload)
+
+            live = run_live(settings, spark, table, workload, args.live_epochs, args.live_batch,
+                            args.live_interval_ms / 1000)
+            for view in VIEWS:
+                checks[view] += f" after catch-up, {check_view(store, view, workload).split()[0]} after live"
+            table.close()
+            client.close()
+        finally:
+            if spark is not None:
+                spark.stop()
+            stack.stop()
+
+    n = args.changes
+    print(f"views benchmark: {n:,} changes of t1 ({mix['insert']:,} inserts, {mix['update']:,} updates, "
+          f"{mix['delete']:,} deletes; ids 0..{args.keys - 1}, {args.groups} groups) in {len(epochs)} epochs of "
+          f"{args.epoch_size:,}, {args.partitions} partition(s), Spark {args.master}, Tansu + redis-server on loopback")
+    print(f"  committed by Table before the clocks: {write_seconds:.1f} s ({fmt_rate(n / write_seconds)} changes/s)")
+    print("  mvlog: ViewConsumer, start() until the view's MCE is the last epoch (Kafka txn + Redis per epoch)")
+    print("  baseline: plain Python data source (confluent-kafka assign + fastavro, after images) + DataFrame "
+          "filter/groupBy into the noop sink")
+    print(machine_info())
+    for view in VIEWS:
+        seconds, applied, in_batches = catch_up[view]
+        print(f"  {view:<6} baseline {fmt_rate(n / baseline[view]):>9} records/s ({n:,} change events in "
+              f"{baseline[view]:.2f} s)")
+        print(f"  {view:<6} mvlog    {fmt_rate(n / seconds):>9} changes/s ({n:,} changes, {applied} epochs "
+              f"applied in {seconds:.2f} s, "
+              f"{in_batches:.2f} s of it in foreachBatch); view check: {checks[view]}")
+    print(f"  live: {live.epochs} epochs of {args.live_batch} changes every {args.live_interval_ms} ms, "
+          "both consumers running (trigger 200 ms); table flush() return -> view MCE in Redis:")
+    for view in VIEWS:
+        values = live.latencies[VIEW_NAMES[view]]
+        print(f"  {view:<6} latency p50 {percentile(values, 50) * 1000:6.0f} ms  p99 "
+              f"{percentile(values, 99) * 1000:6.0f} ms  (min {min(values) * 1000:.0f}, mean "
+              f"{statistics.fmean(values) * 1000:.0f}, max {max(values) * 1000:.0f} ms)")
+    phases = ("latestOffset", "queryPlanning", "addBatch", "triggerExecution")
+    for view in VIEWS:
+        batches = live.batches[VIEW_NAMES[view]]
+        medians = ", ".join(f"{phase} {statistics.median(b.durationMs.get(phase, 0) for b in batches):.0f}"
+                            for phase in phases) if batches else "none"
+        print(f"  {view:<6} live micro-batches: {len(batches)} in Spark's recent progress, median ms: {medians}")
+    print(f"  peak RSS of the driver process: {peak_rss_mib():.0f} MiB")
+    for view, profile in profiles.items():
+        path = args.profile.with_name(f"{args.profile.stem}.{view}{args.profile.suffix or '.prof'}")
+        profile.dump_stats(str(path))
+        print(f"  {view} catch-up: cProfile of the driver's foreachBatch calls (written to {path}), "
+              f"top {args.profile_lines} by cumulative time:")
+        pstats.Stats(profile, stream=sys.stdout).strip_dirs().sort_stats("cumulative").print_stats(args.profile_lines)
+    for view in VIEWS:
+        seconds = catch_up[view][0]
+        print(f"ratio mvlog/baseline {view} (changes/s): {baseline[view] / seconds:.2f}x (target >= 0.5x)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

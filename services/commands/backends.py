@@ -1,0 +1,111 @@
+"""Reaching Redis and Kafka from a command, and turning their failures into one clean line.
+
+A command connects through :func:`connect_redis` and :func:`require_kafka`, which answer within a few
+seconds and name the setting to fix (``MVLOG_REDIS_URL``, ``MVLOG_BOOTSTRAP_SERVERS``) when the server
+does not answer, instead of librdkafka retrying for a minute or a traceback. Failures later in the
+command (a server that goes away, a fenced writer) go through :func:`backend_errors`.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+import redis
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+
+from mvlog.config import Settings
+from mvlog.connectors.changelog_writer import EpochWriteError, WriterFencedError
+from mvlog.connectors.topics import TopicError
+
+CONNECT_TIMEOUT_S = 5.0
+
+_quiet = logging.getLogger("mvlog.commands.kafka-probe")
+_quiet.addHandler(logging.NullHandler())
+_quiet.propagate = False
+
+
+def redis_address(settings: Settings) -> str:
+    """The Redis URL without its password (for messages)."""
+    parts = urlsplit(settings.redis_url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def redis_unreachable(settings: Settings, error: BaseException) -> click.ClickException:
+    return click.ClickException(f"cannot reach Redis at {redis_address(settings)} ({error}); "
+                                "is it running? Set MVLOG_REDIS_URL to point mvlog at it.")
+
+
+def kafka_unreachable(settings: Settings, error: object) -> click.ClickException:
+    return click.ClickException(f"cannot reach Kafka at {settings.bootstrap_servers} ({error}); "
+                                "is it running? Set MVLOG_BOOTSTRAP_SERVERS to point mvlog at it.")
+
+
+def connect_redis(settings: Settings) -> redis.Redis:
+    """A Redis client that answered PING (raises a clean ClickException when Redis does not answer)."""
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        client.close()
+        raise redis_unreachable(settings, error) from error
+    return client
+
+
+def _kafka_detail(error: KafkaException) -> str:
+    detail = error.args[0] if error.args else error
+    return str(detail.str()) if isinstance(detail, KafkaError) else str(detail)
+
+
+def _connect_problem(bootstrap_servers: str, timeout: float) -> str | None:
+    """None when any bootstrap address accepts a TCP connection, else why not (fails fast on a closed
+    port or an unknown host, where librdkafka would retry until the timeout)."""
+    problem = "no address"
+    for address in bootstrap_servers.split(","):
+        host, _, port = address.strip().rpartition("://")[2].rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return None
+        except ValueError:
+            problem = f"{address.strip()!r} is not HOST:PORT"
+        except OSError as error:
+            problem = error.strerror or str(error)
+    return problem
+
+
+def require_kafka(settings: Settings, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise a clean ClickException unless a broker answers a metadata request within ``timeout``."""
+    if (problem := _connect_problem(settings.bootstrap_servers, timeout)) is not None:
+        raise kafka_unreachable(settings, problem)
+    config: dict[str, Any] = {**settings.kafka_client_config(), "logger": _quiet,
+                              "socket.timeout.ms": int(timeout * 1000)}
+    admin = AdminClient(config)
+    try:
+        brokers = admin.list_topics(timeout=timeout).brokers
+    except KafkaException as error:
+        raise kafka_unreachable(settings, _kafka_detail(error)) from error
+    if not brokers:
+        raise kafka_unreachable(settings, "no broker in the metadata")
+
+
+@contextmanager
+def backend_errors(settings: Settings) -> Iterator[None]:
+    """Show Redis and Kafka failures that happen while a command runs as one line naming the server."""
+    try:
+        yield
+    except redis.ConnectionError as error:
+        raise redis_unreachable(settings, error) from error
+    except redis.RedisError as error:
+        raise click.ClickException(f"Redis at {redis_address(settings)}: {error}") from error
+    except KafkaException as error:
+        raise click.ClickException(f"Kafka at {settings.bootstrap_servers}: {_kafka_detail(error)}") from error
+    except (TopicError, WriterFencedError, EpochWriteError) as error:
+        raise click.ClickException(str(error)) from error

@@ -1,0 +1,88 @@
+"""Operator commands on view definitions: ``mvlog create-view`` and ``mvlog drop-view``."""
+
+from __future__ import annotations
+
+from typing import IO
+
+import click
+
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.services.cli import pass_settings
+from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
+from mvlog.services.commands.names import check_name
+from mvlog.services.commands.output import describe_schema
+from mvlog.services.view_ddl import create_view, drop_view
+from mvlog.views import ViewDefinitionError
+
+
+def definition_sql(words: tuple[str, ...], sql_file: IO[str] | None) -> str:
+    """The SELECT of ``create-view NAME AS SELECT ...`` (the leading AS is optional) or of --sql-file."""
+    if sql_file is not None:
+        if words:
+            raise click.UsageError("give the SQL either after the view name or with --sql-file, not both")
+        sql = sql_file.read()
+    else:
+        parts = list(words)
+        if parts and parts[0].upper() == "AS":
+            parts = parts[1:]
+        sql = " ".join(parts)
+    if not sql.strip():
+        raise click.UsageError("no SQL: mvlog create-view NAME AS SELECT ... (or --sql-file FILE)")
+    return sql.strip()
+
+
+@click.command("create-view", context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.argument("definition", nargs=-1, type=click.UNPROCESSED, metavar="AS SELECT ...")
+@click.option("--sql-file", type=click.File("r", encoding="utf-8"), default=None,
+              help="Read the SELECT from this file ('-': standard input) instead of the arguments.")
+@click.option("--partitions", type=click.IntRange(1, 256), default=None,
+              help="Partitions of the view's changelog topic (default: settings' partitions).")
+@pass_settings
+def create_view_command(settings: Settings, name: str, definition: tuple[str, ...], sql_file: IO[str] | None,
+                        partitions: int | None) -> None:
+    """Create view NAME defined by a SELECT over tables and views.
+
+    The SQL subset: SELECT expressions FROM one view or an inner equi-join of two, WHERE, GROUP BY with
+    count, sum, min, max, avg. Anything else is refused, naming the construct and its position, and
+    nothing is created. Quote what the shell would expand:
+
+      mvlog create-view mv1 AS "SELECT * FROM t1 WHERE deleted = false"
+
+    The view starts in state 'creating'; `mvlog run-view NAME` maintains it.
+    """
+    check_name(name, "view")
+    sql = definition_sql(definition, sql_file)
+    client = connect_redis(settings)
+    with backend_errors(settings):
+        require_kafka(settings)
+        try:
+            entry = create_view(settings, name, sql, client=client, partitions=partitions)
+        except ViewDefinitionError as error:
+            raise click.ClickException(f"view {name} refused, nothing created: {error}") from error
+    sources = ", ".join(entry.sources)
+    key = ", ".join(f"{c}{' (hidden)' if entry.schema.column(c).hidden else ''}"
+                    for c in entry.schema.primary_key) or "(none: one row)"
+    click.echo(f"Created view {name} over {sources}: {describe_schema(entry.schema)}; key {key}; "
+               f"{entry.partitions} partition(s), changelog topic {settings.changelog_topic(name)}.")
+    click.echo(f"Its state is 'creating' until a consumer maintains it: mvlog run-view {name}")
+
+
+@click.command("drop-view")
+@click.argument("name")
+@pass_settings
+def drop_view_command(settings: Settings, name: str) -> None:
+    """Drop view NAME: its catalog entry, serving state and changelog topic.
+
+    Refused while other views are defined on it (they are named); drop those first. Stop the view's
+    `mvlog run-view` before dropping it.
+    """
+    client = connect_redis(settings)
+    with backend_errors(settings):
+        entry = CatalogStore(settings, client).get(name)
+        if entry.kind != "view":
+            raise click.ClickException(f"{name!r} is a {entry.kind}, not a view")
+        require_kafka(settings)
+        drop_view(settings, name, client=client)
+    click.echo(f"Dropped view {name} (catalog entry, serving state and topic {settings.changelog_topic(name)}).")
