@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -26,9 +26,10 @@ from mvlog.schemas.codec import (
     TYPE_CHANGE,
     encode_barrier,
     encode_change,
+    encode_change_rows,
     encode_key,
 )
-from mvlog.vnode import partition_of_vnode, vnode_of
+from mvlog.vnode import VNODE_COUNT, partition_of_vnode, vnode_of
 
 
 class WriterFencedError(RuntimeError):
@@ -47,6 +48,15 @@ class CommittedEpoch:
     @property
     def records(self) -> int:
         return sum(e.records for e in self.index.values())
+
+
+class EncodedChange(NamedTuple):
+    """A change whose key and rows are encoded already, for :meth:`ChangelogWriter.commit_encoded`."""
+
+    op: str  # Op value: c, u, d or r
+    key: bytes  # encode_key(key columns, key)
+    before: bytes | None  # encode_row(before)
+    after: bytes | None  # encode_row(after)
 
 
 Headers = list[tuple[str, str | bytes | None]]
@@ -74,6 +84,7 @@ class ChangelogWriter:
         }
         config.update(producer_config or {})
         self._producer = Producer(config)
+        self._partition_of_vnode = [partition_of_vnode(v, partitions) for v in range(VNODE_COUNT)]
         self._session = uuid.uuid4().hex[:12]
         self._transactions = 0
         self._run(self._producer.init_transactions, 60.0)
@@ -85,11 +96,44 @@ class ChangelogWriter:
         vnode = vnode_of(key_bytes)
         return vnode, partition_of_vnode(vnode, self.partitions)
 
-    def commit_epoch(self, epoch: int, prev_epoch: int, changes: Sequence[Change], *,
+    def commit_epoch(self, epoch: int, prev_epoch: int, changes: Iterable[Change], *,
                      checkpoint: bool = True, mutation: Mutation | None = None,
                      consumed_offsets: Sequence[TopicPartition] | None = None,
                      group_metadata: Any = None) -> CommittedEpoch:
         """Write ``changes`` and the epoch's barriers in one transaction and commit it."""
+        view, key_bytes = self.view, self.key_bytes
+
+        def records(ts_ms: int, txn: str) -> Iterator[tuple[bytes, int, bytes]]:
+            for change in changes:
+                key = key_bytes(change.key)
+                vnode = vnode_of(key)
+                yield key, vnode, encode_change(view, epoch, vnode, change, ts_ms, txn)
+
+        return self._commit(epoch, prev_epoch, records, checkpoint, mutation, consumed_offsets, group_metadata)
+
+    def commit_encoded(self, epoch: int, prev_epoch: int, changes: Iterable[EncodedChange], *,
+                       checkpoint: bool = True, mutation: Mutation | None = None,
+                       consumed_offsets: Sequence[TopicPartition] | None = None,
+                       group_metadata: Any = None) -> CommittedEpoch:
+        """:meth:`commit_epoch` of changes whose key and rows are encoded already (the same records).
+
+        ``changes`` may be a generator: it is consumed inside the epoch's transaction, so an error it
+        raises aborts the epoch as an error of :meth:`commit_epoch` would.
+        """
+        view = self.view
+
+        def records(ts_ms: int, txn: str) -> Iterator[tuple[bytes, int, bytes]]:
+            for change in changes:
+                key = change.key
+                vnode = vnode_of(key)
+                yield key, vnode, encode_change_rows(view, epoch, vnode, change.op, change.before, change.after,
+                                                     ts_ms, txn)
+
+        return self._commit(epoch, prev_epoch, records, checkpoint, mutation, consumed_offsets, group_metadata)
+
+    def _commit(self, epoch: int, prev_epoch: int, records: Callable[[int, str], Iterable[tuple[bytes, int, bytes]]],
+                checkpoint: bool, mutation: Mutation | None, consumed_offsets: Sequence[TopicPartition] | None,
+                group_metadata: Any) -> CommittedEpoch:
         if epoch <= prev_epoch:
             raise ValueError(f"epoch {epoch} must be above the previous epoch {prev_epoch}")
         producer = self._producer
@@ -99,12 +143,15 @@ class ChangelogWriter:
         try:
             ts_ms = int(time.time() * 1000)
             counts = [0] * self.partitions
-            for change in changes:
-                key = self.key_bytes(change.key)
-                vnode, partition = self.partition_of(key)
+            partition_of = self._partition_of_vnode
+            produce, topic = producer.produce, self.topic
+            for key, vnode, value in records(ts_ms, txn):
+                partition = partition_of[vnode]
                 counts[partition] += 1
-                self._produce(key, encode_change(self.view, epoch, vnode, change, ts_ms, txn), partition,
-                              _CHANGE_HEADERS)
+                try:
+                    produce(topic, value, key, partition=partition, headers=_CHANGE_HEADERS)
+                except BufferError:
+                    self._produce(key, value, partition, _CHANGE_HEADERS)
             barrier_offsets: dict[int, int] = {}
 
             def on_barrier(err: KafkaError | None, msg: Message) -> None:

@@ -10,26 +10,74 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
 
 from mvlog.catalog import CatalogEntry
-from mvlog.changes import Change, change_between
+from mvlog.changes import Op
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch
+from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, EncodedChange
 from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.topics import ensure_topic
-from mvlog.connectors.view_store import Lifecycle, ViewStore, commit_from_changes
+from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore
 from mvlog.epoch import EpochClock
-from mvlog.row_schema import FieldError, Key, Row, RowSchema
-from mvlog.schemas.codec import decode_row, encode_key
+from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType, FieldError, Key, Row, RowSchema
+from mvlog.schemas.codec import decode_row, encode_key, encode_row
 
 log = logging.getLogger(__name__)
 
 _DELETED = None
+_READ_CHUNK = 10_000  # keys per HMGET of the current rows
+
+
+def _plain_row_normalizer(schema: RowSchema) -> Callable[[Any], Row | None]:
+    """``schema.normalize(row)`` for rows that ``schema.validate`` accepts at a glance, else None.
+
+    A plain dict whose values are of exactly the column types (an int for a float column too) is valid
+    and normalized here in one pass; anything else (None for the slow path) is left to the schema,
+    which names each problem. The result is always what validate + normalize give.
+    """
+    names = frozenset(schema.names)
+    columns = [(c.name, c.type, c.nullable) for c in schema.columns]
+    int_, float_, str_ = ColumnType.INT, ColumnType.FLOAT, ColumnType.STRING
+    bool_, bytes_ = ColumnType.BOOLEAN, ColumnType.BYTES
+
+    def normalize(row: Any) -> Row | None:
+        if type(row) is not dict or not row.keys() <= names:
+            return None
+        out: Row = {}
+        for name, kind, nullable in columns:
+            value = row.get(name)
+            vtype = type(value)
+            if value is None:
+                if not nullable:
+                    return None
+            elif kind is int_:
+                if vtype is not int or not INT64_MIN <= value <= INT64_MAX:
+                    return None
+            elif kind is float_:
+                if vtype is int:
+                    value = float(value)
+                elif vtype is not float or value != value:  # NaN is refused
+                    return None
+            elif kind is str_:
+                if vtype is not str:
+                    return None
+            elif kind is bool_:
+                if vtype is not bool:
+                    return None
+            elif kind is bytes_:
+                if vtype is not bytes and vtype is not bytearray:
+                    return None
+            else:
+                return None
+            out[name] = value
+        return out
+
+    return normalize
 
 
 class RowValidationError(ValueError):
@@ -54,6 +102,7 @@ class Table:
         self.settings = settings
         self.entry = entry
         self.schema: RowSchema = entry.schema
+        self._fast_normalize = _plain_row_normalizer(self.schema)
         self._redis = client or redis.Redis.from_url(settings.redis_url)
         self.store = ViewStore(self._redis, settings.topic_prefix)
         # The writer's init_transactions fences any earlier writer before we read the log's tail.
@@ -108,13 +157,16 @@ class Table:
         self._raise_background_error()
         accepted: dict[Key, Row] = {}
         errors: list[FieldError] = []
+        fast, key_of = self._fast_normalize, self.schema.key_of
         for index, row in enumerate(rows):
-            problems = self.schema.validate(row, index)
-            if problems:
-                errors.extend(problems)
-                continue
-            normalized = self.schema.normalize(row)
-            accepted[self.schema.key_of(normalized)] = normalized
+            normalized = fast(row)
+            if normalized is None:  # not a plain row: the schema says what is wrong, or normalizes it
+                problems = self.schema.validate(row, index)
+                if problems:
+                    errors.extend(problems)
+                    continue
+                normalized = self.schema.normalize(row)
+            accepted[key_of(normalized)] = normalized
         with self._lock:
             self._pending.update(accepted)
         if errors:
@@ -155,22 +207,41 @@ class Table:
             epoch = self._clock.next()
             self._epochs_written += 1
             checkpoint = self._epochs_written % self.settings.checkpoint_frequency == 0
-            committed = self._writer.commit_epoch(epoch, self._prev_epoch, changes, checkpoint=checkpoint)
+            # Each row is encoded once, for its change event and for Redis; the generator runs inside the
+            # epoch's transaction, so an encoding error aborts the epoch.
+            row_puts: dict[bytes, bytes] = {}
+            row_deletes: list[bytes] = []
+
+            def encoded() -> Iterator[EncodedChange]:
+                for key, op, before, after in changes:
+                    after_bytes = None if after is None else encode_row(after)
+                    if after_bytes is None:
+                        row_deletes.append(key)
+                    else:
+                        row_puts[key] = after_bytes
+                    yield EncodedChange(op, key, None if before is None else encode_row(before), after_bytes)
+
+            committed = self._writer.commit_encoded(epoch, self._prev_epoch, encoded(), checkpoint=checkpoint)
             self._prev_epoch = epoch
-            self.store.commit(self.entry.name,
-                              commit_from_changes(self.entry.key_columns, epoch, changes, committed.index))
+            self.store.commit(self.entry.name, EpochCommit(epoch, row_puts, row_deletes, committed.index))
             return committed
 
-    def _changes(self, pending: Mapping[Key, Row | None]) -> list[Change]:
-        keys = list(pending)
-        key_bytes = [encode_key(self.entry.key_columns, k) for k in keys]
-        current = self.store.get_rows(self.entry.name, key_bytes)
-        changes: list[Change] = []
-        for key, kb in zip(keys, key_bytes, strict=True):
-            raw = current.get(kb)
-            change = change_between(key, decode_row(raw) if raw is not None else None, pending[key])
-            if change is not None:
-                changes.append(change)
+    def _changes(self, pending: Mapping[Key, Row | None]) -> list[tuple[bytes, str, Row | None, Row | None]]:
+        """(key bytes, op, before, after) of every pending key whose row changes (each key once)."""
+        columns, view = self.entry.key_columns, self.entry.name
+        changes: list[tuple[bytes, str, Row | None, Row | None]] = []
+        items = list(pending.items())
+        for start in range(0, len(items), _READ_CHUNK):  # bounded Redis replies
+            chunk = items[start:start + _READ_CHUNK]
+            key_bytes = [encode_key(columns, key) for key, _ in chunk]
+            current = self.store.get_rows(view, key_bytes)
+            for (_, after), kb in zip(chunk, key_bytes, strict=True):
+                raw = current.get(kb)
+                before = decode_row(raw) if raw is not None else None
+                if before == after:  # as change_between: nothing changed
+                    continue
+                op = Op.CREATE if before is None else Op.DELETE if after is None else Op.UPDATE
+                changes.append((kb, op.value, before, after))
         return changes
 
     # --- background epochs ------------------------------------------------------------------------
