@@ -1,0 +1,124 @@
+"""I2 for Spark consumers: SIGKILL at random points loses no epoch and applies none twice."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.view_store import ViewStore
+from mvlog.services.table_writer import Table
+from mvlog.services.view_ddl import create_view
+
+from ..oracle import check_oracle
+from .independent_consumer import read_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+KILLS = 10
+
+
+def _runner(settings: Settings, views: list[str]) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+    return subprocess.Popen([sys.executable, "-m", "tests.integration.processes.view_runner",
+                             settings.model_dump_json(), *views],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
+
+
+def _wait_for_line(child: subprocess.Popen[str], prefix: str, timeout: float) -> str:
+    assert child.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if not line:
+            raise AssertionError(f"the consumer process exited ({child.poll()}) before printing {prefix!r}")
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"no {prefix!r} within {timeout}s")
+
+
+def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
+    settings = make_settings(barrier_interval_ms=500)  # fewer, larger epochs: the kills are what matters
+    views = ["mv1", "mv2", "mv3"]
+    table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
+                         client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
+    create_view(settings, "mv2", "SELECT sum(v1) AS s FROM mv1", client=redis_client)
+    create_view(settings, "mv3", "SELECT count(v1) AS c FROM mv1", client=redis_client)
+    stop = threading.Event()
+    rng = random.Random()
+
+    def workload() -> None:  # the upstream keeps writing through every kill
+        while not stop.is_set():
+            rows = [{"id": rng.randrange(200), "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.3}
+                    for _ in range(40)]
+            table.upsert(rows)
+            table.delete([rng.randrange(200)])
+            stop.wait(0.05)
+
+    writer = threading.Thread(target=workload)
+    writer.start()
+    kills = 0
+    try:
+        while kills < KILLS:
+            child = _runner(settings, views)
+            _wait_for_line(child, "ready", 120)
+            # Somewhere in the middle of committing epochs: after 1-6 commits, plus a random delay.
+            for _ in range(rng.randrange(1, 4)):
+                _wait_for_line(child, "mce", 60)
+            time.sleep(rng.uniform(0, 0.3))
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            kills += 1
+    finally:
+        stop.set()
+        writer.join()
+    last = table.flush()
+    table.close()
+
+    child = _runner(settings, views)
+    try:
+        store = ViewStore(redis_client, settings.topic_prefix)
+        deadline = time.monotonic() + 300
+        while any((store.mce(v) or 0) < last for v in views):
+            assert time.monotonic() < deadline, {v: store.mce(v) for v in views}
+            assert child.poll() is None, "the consumer process died"
+            time.sleep(0.2)
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.wait(30) if child.poll() is None else None
+        if child.poll() is None:
+            child.kill()
+
+    assert kills == KILLS
+    # I1 still holds at every committed epoch of every view after the kills.
+    assert check_oracle(settings, redis_client, ["t1", *views]) > 0
+    # Every partition carries each committed epoch's barrier exactly once: per epoch of the index, the
+    # committed attempt's barrier is the only barrier of that attempt, and no committed epoch is missing.
+    catalog = CatalogStore(settings, redis_client)
+    for view in views:
+        entry = catalog.get(view)
+        logs = read_topic(settings.bootstrap_servers, settings.changelog_topic(view), entry.partitions, idle=1.5)
+        for partition in range(entry.partitions):
+            indexed = store.index.between(view, partition, 0, last)
+            assert indexed, f"{view}[{partition}]: no committed epoch"
+            barriers = logs[partition].barriers
+            for entry_ in indexed:
+                attempts = barriers.get(entry_.epoch, [])
+                committed = [b for offset, b in attempts if offset == entry_.offset]
+                assert len(committed) == 1, (view, partition, entry_.epoch, attempts)
+                same_txn = [b for _, b in attempts if b["txn"] == committed[0]["txn"]]
+                assert len(same_txn) == 1, f"{view}[{partition}] epoch {entry_.epoch}: barrier written twice"
