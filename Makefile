@@ -90,11 +90,11 @@ test-slow: setup
 	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
 		"$(PY)" -m pytest -q --timeout=1800 -m slow
 
-# TODO(demo): run `$(VENV)/bin/mvlog demo` here once the demo command exists; until then the demo
-# starts the local stack and says so.
+# The demo reuses the stack of `make up` when it runs, else starts one (and stops it at the end).
+# DEMO_ARGS: e.g. make demo DEMO_ARGS="--duration 60".
+DEMO_ARGS ?=
 demo: setup
-	$(VENV)/bin/mvlog up
-	@echo "The mvlog demo is coming soon; the local stack above is running (stop it: $(VENV)/bin/mvlog down)."
+	$(VENV)/bin/mvlog demo $(DEMO_ARGS)
 
 bench: setup
 	@if [ -f bench/run.py ]; then \

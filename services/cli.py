@@ -34,6 +34,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "create-table": "mvlog.services.commands.tables:create_table",
     "insert": "mvlog.services.commands.tables:insert",
     "create-view": "mvlog.services.commands.definitions:create_view_command",
+    "demo": "mvlog.services.commands.demo:demo",
     "drop-view": "mvlog.services.commands.definitions:drop_view_command",
     "read": "mvlog.services.commands.read:read",
     "run-view": "mvlog.services.commands.run_view:run_view",

@@ -1,0 +1,495 @@
+"""``mvlog demo``: the canonical chain of views, maintained live on one laptop.
+
+What it does, in order:
+
+1. **The stack.** It reuses a broker and Redis that already answer at the configured addresses
+   (``mvlog up`` on the default ports, or ``MVLOG_BOOTSTRAP_SERVERS`` / ``MVLOG_REDIS_URL``), or the
+   stack recorded in ``stack_dir`` by ``mvlog up --kafka-port ...``; otherwise it starts Tansu +
+   redis-server in ``stack_dir`` (``.mvlog/``) on the default ports, or on free ports (and says so)
+   when something else holds those. ``--no-stack`` never starts one.
+2. **The definitions**, under a fresh topic prefix per run (``demo<timestamp>``, or ``--prefix``: an
+   existing table or view of that prefix is reused): ``t1(id, v1, deleted)``, ``mv1`` (t1's rows not
+   deleted), ``mv2`` (sum of v1 over mv1), ``mv3`` (count of v1 over mv1), ``t2(id, name)`` and the
+   join ``mvj`` of mv1 and t2.
+3. **The pipeline**: one Spark session in local mode running a :class:`ViewConsumer` per view, and a
+   workload thread writing inserts, updates and deletes into t1 and t2 (``--rate`` changes/s).
+4. **Progress**: every ``--interval`` seconds a table of every table and view: state, MCE, lag in epochs
+   behind its upstreams' MCE, rows, and the aggregates' values.
+5. **Stopping** after ``--duration`` seconds or on SIGINT/SIGTERM (a second signal aborts): the workload
+   stops, the views catch up with the last writes, the final contents are checked (mv1 against t1, mv2
+   and mv3 against mv1, mvj against mv1 and t2) and summarized (``--output json``: one JSON line on
+   standard output), then the consumers, the tables and the stack (only when the demo started it) stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import click
+import redis
+
+from mvlog.catalog import CatalogEntry
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.epoch_index import EpochIndex
+from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.infra.local_stack import (
+    DEFAULT_KAFKA_PORT,
+    DEFAULT_REDIS_PORT,
+    LocalStack,
+    free_port,
+    kafka_answers,
+    port_in_use,
+    port_owner,
+)
+from mvlog.row_schema import Row
+from mvlog.services.cli import pass_settings
+from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
+from mvlog.services.commands.output import age, cell_text, console, output_option
+from mvlog.services.commands.read import read_rows
+from mvlog.services.commands.run_view import _short, _StopOnSignal, _wait_between_triggers
+from mvlog.services.table_writer import Table
+from mvlog.services.view_ddl import create_view
+
+if TYPE_CHECKING:  # pyspark is imported when the demo runs
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from mvlog.services.view_consumer import ViewConsumer
+
+#: The root tables: name -> (columns, primary key).
+TABLES: dict[str, tuple[dict[str, str], list[str]]] = {
+    "t1": ({"id": "int", "v1": "int", "deleted": "boolean"}, ["id"]),
+    "t2": ({"id": "int", "name": "string"}, ["id"]),
+}
+#: The views, in creation (dependency) order.
+VIEWS: dict[str, str] = {
+    "mv1": "SELECT * FROM t1 WHERE deleted = false",
+    "mv2": "SELECT sum(v1) AS total FROM mv1",
+    "mv3": "SELECT count(v1) AS n FROM mv1",
+    "mvj": "SELECT a.id, a.v1, b.name FROM mv1 a JOIN t2 b ON a.id = b.id",
+}
+#: What the progress table shows in its "value" column: view -> column of its single row.
+AGGREGATES = {"mv2": "total", "mv3": "n"}
+
+DASHBOARD_NOTE = ("The lag dashboard (web page) is not built yet (a later issue): the table below is the "
+                  "demo's view of lag.")
+NAMES = ("ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal", "ivy", "jo")
+KEY_SPACE = 2000
+DRAIN_TIMEOUT_S = 120.0
+
+
+# ------------------------------------------------------------------------------------------- the stack
+
+
+@dataclass
+class _Stack:
+    settings: Settings
+    started: LocalStack | None  # the stack the demo started (and stops), None when it reuses one
+
+
+def _answers(settings: Settings) -> bool:
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=2.0, socket_timeout=2.0)
+    try:
+        client.ping()
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+    return kafka_answers(settings.bootstrap_servers.split(",")[0].strip(), 3.0)
+
+
+def _explicit_addresses() -> bool:
+    return bool(os.environ.get("MVLOG_BOOTSTRAP_SERVERS") or os.environ.get("MVLOG_REDIS_URL"))
+
+
+def ensure_stack(settings: Settings, no_stack: bool) -> _Stack:
+    """The broker and Redis the demo uses: reused when they answer, else a local stack it starts."""
+    if no_stack or _answers(settings):
+        if not no_stack:
+            click.echo(f"Using the running stack: Kafka {settings.bootstrap_servers}, Redis "
+                       f"{settings.redis_url}.", err=True)
+        return _Stack(settings, None)
+    recorded = LocalStack.load(settings.stack_dir)
+    if recorded is not None and recorded.is_running():
+        reused = settings.model_copy(update={"bootstrap_servers": recorded.bootstrap_servers,
+                                             "redis_url": recorded.redis_url})
+        if _answers(reused):
+            click.echo(f"Using the local stack running from {recorded.data_dir} (mvlog up): Kafka "
+                       f"{recorded.bootstrap_servers}, Redis {recorded.redis_url}.", err=True)
+            return _Stack(reused, None)
+    if _explicit_addresses():
+        raise click.ClickException(
+            f"nothing answers at MVLOG_BOOTSTRAP_SERVERS={settings.bootstrap_servers} / MVLOG_REDIS_URL="
+            f"{settings.redis_url}; start that stack, or unset both to let the demo start a local one")
+    stack = LocalStack.from_settings(settings)
+    for attribute, what, default in (("kafka_port", "Kafka (Tansu)", DEFAULT_KAFKA_PORT),
+                                     ("redis_port", "Redis", DEFAULT_REDIS_PORT)):
+        port = getattr(stack, attribute)
+        if port_in_use(stack.host, port):
+            chosen = free_port(stack.host)
+            owner = port_owner(port) or "another process"
+            click.echo(f"Port {port} (wanted for {what}) is taken by {owner}: using free port {chosen} "
+                       f"instead{'' if port == default else f' (default {default})'}.", err=True)
+            setattr(stack, attribute, chosen)
+    click.echo(f"Starting the local stack in {stack.data_dir} (Tansu on {stack.bootstrap_servers}, "
+               f"redis-server on {stack.redis_url})...", err=True)
+    stack.start()
+    click.echo("Local stack started; the demo stops it when it ends.", err=True)
+    return _Stack(settings.model_copy(update={"bootstrap_servers": stack.bootstrap_servers,
+                                              "redis_url": stack.redis_url}), stack)
+
+
+# ----------------------------------------------------------------------------------------- definitions
+
+
+def create_definitions(settings: Settings, client: redis.Redis) -> None:
+    """The tables and views of the demo, each created unless it exists already (idempotent)."""
+    catalog = CatalogStore(settings, client)
+    for name, (columns, key) in TABLES.items():
+        if catalog.find(name) is None:
+            Table.create(settings, name, columns, key, client=client, exist_ok=True, auto_commit=False).close()
+    for name, sql in VIEWS.items():
+        if catalog.find(name) is None:
+            create_view(settings, name, sql, client=client)
+
+
+# -------------------------------------------------------------------------------------------- workload
+
+
+@dataclass
+class Workload:
+    """Writes inserts, updates and deletes into t1 and t2 at about ``rate`` changes per second."""
+
+    t1: Table
+    t2: Table
+    rate: int
+    seed: int = 0
+    changes: int = 0
+    error: BaseException | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="mvlog-demo-workload", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        rng = random.Random(self.seed)
+        tick = 0.1
+        owed = 0.0
+        next_tick = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                owed += self.rate * tick
+                count, owed = int(owed), owed - int(owed)
+                self._write(rng, count)
+                self.changes += count
+                next_tick += tick
+                self._stop.wait(max(0.0, next_tick - time.monotonic()))
+        except BaseException as error:  # the supervisor reports it
+            self.error = error
+
+    def _write(self, rng: random.Random, count: int) -> None:
+        t1_rows: list[dict[str, Any]] = []
+        t1_deletes: list[int] = []
+        t2_rows: list[dict[str, Any]] = []
+        t2_deletes: list[int] = []
+        for _ in range(count):
+            draw, key = rng.random(), rng.randrange(KEY_SPACE)
+            if draw < 0.65:  # insert or update (a tenth of them mark the row deleted)
+                t1_rows.append({"id": key, "v1": rng.randrange(1000), "deleted": rng.random() < 0.1})
+            elif draw < 0.75:
+                t1_deletes.append(key)
+            elif draw < 0.95:
+                t2_rows.append({"id": key, "name": f"{rng.choice(NAMES)}{rng.randrange(100)}"})
+            else:
+                t2_deletes.append(key)
+        if t1_rows:
+            self.t1.upsert(t1_rows)
+        if t1_deletes:
+            self.t1.delete(t1_deletes)
+        if t2_rows:
+            self.t2.upsert(t2_rows)
+        if t2_deletes:
+            self.t2.delete(t2_deletes)
+
+
+# -------------------------------------------------------------------------------------------- progress
+
+
+def _visible(entry: CatalogEntry, row: Row) -> dict[str, Any]:
+    return {name: row.get(name) for name in entry.schema.visible_names}
+
+
+def snapshot(settings: Settings, client: redis.Redis) -> list[dict[str, Any]]:
+    """One record per table and view: state, MCE, lag (epochs) behind its upstreams, rows, value."""
+    catalog = CatalogStore(settings, client)
+    store = ViewStore(client, settings.topic_prefix)
+    index = EpochIndex(client, settings.topic_prefix)
+    names = [*TABLES, *VIEWS]
+    entries = {name: catalog.get(name) for name in names}
+    mces = store.mce_many(names)
+    records = []
+    for name in names:
+        entry, meta = entries[name], store.meta(name)
+        mce = mces[name]
+        lag: int | None = None
+        if entry.kind == "view":
+            lag = 0
+            for source in entry.sources:
+                upstream = mces.get(source)
+                if upstream is not None and upstream > (mce or 0):
+                    lag = max(lag, len(index.between(source, 0, mce or 0, upstream)))
+        value: Any = None
+        if name in AGGREGATES:
+            rows = read_rows(store, entry, None)[1]
+            value = rows[0].get(AGGREGATES[name]) if rows else None
+        records.append({"name": name, "kind": entry.kind, "sources": list(entry.sources),
+                        "state": meta.get("state"), "reason": meta.get("reason") or None, "mce": mce,
+                        "mce_ts_ms": int(meta["mce_ts_ms"]) if meta.get("mce_ts_ms") else None,
+                        "lag_epochs": lag, "rows": store.row_count(name),
+                        "value": {AGGREGATES[name]: value} if name in AGGREGATES else None})
+    return records
+
+
+def print_progress(records: list[dict[str, Any]], title: str) -> None:
+    from rich.table import Table as RichTable
+
+    now_ms = int(time.time() * 1000)
+    table = RichTable(title=title, title_justify="left")
+    for column in ("view", "kind", "state", "MCE", "committed", "lag", "rows", "value"):
+        table.add_column(column, justify="right" if column in ("MCE", "lag", "rows") else "left", no_wrap=True)
+    for r in records:
+        state = (r["state"] or "-") + (f" ({r['reason']})" if r["reason"] else "")
+        value = ", ".join(f"{k}={cell_text(v)}" for k, v in r["value"].items()) if r["value"] else ""
+        table.add_row(r["name"], r["kind"], state, str(r["mce"]) if r["mce"] is not None else "-",
+                      age(r["mce_ts_ms"], now_ms) or "-", "-" if r["lag_epochs"] is None else str(r["lag_epochs"]),
+                      str(r["rows"]), value)
+    console().print(table)
+
+
+# ------------------------------------------------------------------------------------------ final check
+
+
+def check_contents(settings: Settings, client: redis.Redis) -> dict[str, Any]:
+    """Each view's rows against its upstreams' rows, as read from the serving state (views at rest)."""
+    catalog = CatalogStore(settings, client)
+    store = ViewStore(client, settings.topic_prefix)
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for name in [*TABLES, *VIEWS]:
+        entry = catalog.get(name)
+        rows[name] = [_visible(entry, row) for row in read_rows(store, entry, None)[1]]
+    t1 = {r["id"]: r for r in rows["t1"]}
+    t2 = {r["id"]: r for r in rows["t2"]}
+    mv1 = {r["id"]: r for r in rows["mv1"]}
+    expected_mv1 = {k: r for k, r in t1.items() if r["deleted"] is False}
+    v1s = [r["v1"] for r in mv1.values()]
+    total = rows["mv2"][0]["total"] if rows["mv2"] else None
+    n = rows["mv3"][0]["n"] if rows["mv3"] else None
+    expected_join = sorted((k, r["v1"], t2[k]["name"]) for k, r in mv1.items() if k in t2)
+    join = sorted((r["id"], r["v1"], r["name"]) for r in rows["mvj"])
+    checks = {
+        "mv1 = t1 rows not deleted": mv1 == expected_mv1,
+        "mv2.total = sum(v1) over mv1": (total or 0) == sum(v1s) and (total is None) == (not v1s),
+        "mv3.n = count(v1) over mv1": (n or 0) == len(v1s),
+        "mvj = mv1 join t2 on id": join == expected_join,
+    }
+    return {"t1_rows": len(t1), "t2_rows": len(t2), "mv1_rows": len(mv1), "mv1_sum_v1": sum(v1s),
+            "mv1_count_v1": len(v1s), "mv2_total": total, "mv3_n": n, "mvj_rows": len(join),
+            "checks": checks, "consistent": all(checks.values())}
+
+
+# ---------------------------------------------------------------------------------------------- command
+
+
+def _wait_caught_up(consumers: list[ViewConsumer], queries: list[StreamingQuery], targets: dict[str, int],
+                    timeout: float) -> bool:
+    """Wait until every view's MCE reached its target epoch (False on timeout or a failed query)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(c.mce >= targets[c.entry.name] for c in consumers):
+            return True
+        if any(q.exception() is not None or not q.isActive for q in queries):
+            return False
+        time.sleep(0.2)
+    return False
+
+
+def _failed_query(consumers: list[ViewConsumer], queries: list[StreamingQuery]) -> str | None:
+    for consumer, query in zip(consumers, queries, strict=True):
+        error = query.exception()
+        if error is None and query.isActive:
+            continue
+        reason = _short(error) if error is not None else "the streaming query stopped"
+        consumer.store.set_lifecycle(consumer.entry.name, Lifecycle.FAILED, reason)
+        return f"view {consumer.entry.name} failed: {reason}"
+    return None
+
+
+@click.command("demo")
+@click.option("--duration", type=click.FloatRange(min=0), default=None,
+              help="Seconds to run the workload (default: until Ctrl-C / SIGTERM).")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+              help="Seconds between progress tables.")
+@click.option("--rate", type=click.IntRange(min=1), default=300, show_default=True,
+              help="Changes per second the workload writes into t1 and t2.")
+@click.option("--prefix", default=None,
+              help="Topic prefix of the demo's tables and views (default: demo<timestamp>, fresh per run; "
+                   "an existing prefix is reused).")
+@click.option("--no-stack", is_flag=True,
+              help="Never start a local stack: use the broker and Redis of the settings as they are.")
+@output_option
+@pass_settings
+def demo(settings: Settings, duration: float | None, interval: float, rate: int, prefix: str | None,
+         no_stack: bool, output: str) -> None:
+    """Run the canonical chain of views live on one laptop: t1 -> mv1 -> mv2, mv3 and mv1 JOIN t2 -> mvj.
+
+    Starts (or reuses) the local stack, creates the tables and views under a fresh prefix, runs their
+    Spark consumers in local mode and a workload writing into t1 and t2, and prints a progress table
+    every --interval seconds until --duration elapses or Ctrl-C. At the end the views catch up, their
+    contents are checked against their upstreams, and a summary is printed (--output json: one line).
+    """
+    # A fresh prefix per run: the broker keeps topics in memory, a re-run never meets the last one's.
+    topic_prefix = prefix or f"demo{time.strftime('%Y%m%d%H%M%S')}"
+    Settings(**{**settings.model_dump(), "topic_prefix": topic_prefix})  # a bad --prefix: a clean error
+    stack = ensure_stack(settings, no_stack)
+    try:
+        _run_demo(stack.settings.model_copy(update={"topic_prefix": topic_prefix}), duration, interval, rate,
+                  output)
+    finally:
+        if stack.started is not None:
+            stack.started.stop()
+            click.echo(f"Local stack in {stack.started.data_dir} stopped.", err=True)
+
+
+def _run_demo(settings: Settings, duration: float | None, interval: float, rate: int, output: str) -> None:
+    client = connect_redis(settings)
+    failure: str | None = None
+    summary: dict[str, Any] = {}
+    with backend_errors(settings):
+        require_kafka(settings)
+        create_definitions(settings, client)
+        click.echo(f"Tables {', '.join(TABLES)} and views {', '.join(VIEWS)} ready under prefix "
+                   f"{settings.topic_prefix!r}:", err=True)
+        for name, sql in VIEWS.items():
+            click.echo(f"  {name} = {sql}", err=True)
+        click.echo("Starting Spark (local mode) and the views' consumers...", err=True)
+        from mvlog.services.spark_session import spark_session
+        from mvlog.services.view_consumer import ViewConsumer
+
+        spark = spark_session(settings, app_name=f"mvlog-demo-{settings.topic_prefix}")
+        consumers: list[ViewConsumer] = []
+        queries: list[StreamingQuery] = []
+        tables: list[Table] = []
+        workload: Workload | None = None
+        try:
+            with _StopOnSignal() as stop:
+                for name in VIEWS:
+                    if stop.requested.is_set():
+                        break
+                    consumer = ViewConsumer(settings, name, spark=spark, client=client,
+                                            trigger_interval="500 milliseconds")
+                    consumers.append(consumer)
+                    queries.append(consumer.start())
+                tables = [Table.open(settings, name) for name in TABLES]
+                workload = Workload(tables[0], tables[1], rate, seed=time.time_ns())
+                if not stop.requested.is_set():
+                    workload.start()
+                    until = "until Ctrl-C" if duration is None else f"for {duration:g} s"
+                    click.echo(f"Workload: about {rate} inserts/updates/deletes per second into t1 and t2, "
+                               f"{until}.", err=True)
+                    click.echo(DASHBOARD_NOTE, err=True)
+                started = time.monotonic()
+                end = None if duration is None else started + duration
+                next_print = started
+                while not stop.requested.is_set():
+                    now = time.monotonic()
+                    if end is not None and now >= end:
+                        break
+                    if (failure := _failed_query(consumers, queries)) is not None:
+                        break
+                    if workload.error is not None:
+                        failure = f"the workload stopped: {workload.error}"
+                        break
+                    if now >= next_print:
+                        next_print += interval
+                        print_progress(snapshot(settings, client),
+                                       f"mvlog demo [{settings.topic_prefix}] {now - started:.0f}s: "
+                                       f"{workload.changes} changes written")
+                    stop.requested.wait(min(0.2, max(0.0, next_print - time.monotonic())))
+                if stop.requested.is_set():
+                    click.echo(f"{stop.signal_name}: stopping the workload...", err=True)
+                workload.stop()
+                summary = {"prefix": settings.topic_prefix, "changes_written": workload.changes,
+                           "seconds": round(time.monotonic() - started, 1)}
+                if failure is None:
+                    # Commit the last writes now; the tables keep committing (empty) epochs, which the
+                    # join needs to move past the other side's last epoch.
+                    last = {table.entry.name: table.flush() for table in tables}
+                    targets = {"mv1": last["t1"], "mv2": last["t1"], "mv3": last["t1"],
+                               "mvj": max(last["t1"], last["t2"])}
+                    click.echo("Waiting for the views to catch up with the last writes...", err=True)
+                    caught_up = _wait_caught_up(consumers, queries, targets, DRAIN_TIMEOUT_S)
+                    # The tables stop here; the views then follow them to their last (empty) epochs.
+                    for table in tables:
+                        table.close()
+                    if caught_up:
+                        final = ViewStore(client, settings.topic_prefix).mce_many(list(TABLES))
+                        _wait_caught_up(consumers, queries, {"mv1": final["t1"] or 0, "mv2": final["t1"] or 0,
+                                                             "mv3": final["t1"] or 0, "mvj": 0}, 15.0)
+                    failure = _failed_query(consumers, queries)
+                    records = snapshot(settings, client)
+                    print_progress(records, f"mvlog demo [{settings.topic_prefix}] final")
+                    summary["caught_up"] = caught_up
+                    summary["views"] = {r["name"]: {k: r[k] for k in ("kind", "state", "mce", "lag_epochs", "rows",
+                                                                      "value")} for r in records}
+                    if caught_up:
+                        summary.update(check_contents(settings, client))
+                    elif failure is None:
+                        click.echo(f"The views did not catch up within {DRAIN_TIMEOUT_S:.0f} s: contents not "
+                                   "checked.", err=True)
+        finally:
+            if workload is not None:
+                workload.stop()
+            for index, consumer in enumerate(consumers):
+                if index < len(queries):
+                    _wait_between_triggers(queries[index])
+                try:
+                    consumer.stop()
+                except Exception as error:  # a failed query raises again on stop
+                    if failure is None:
+                        failure = f"view {consumer.entry.name}: stopping failed: {_short(error)}"
+            for table in tables:
+                table.close()
+            spark.stop()
+    if summary:
+        _print_summary(summary, output)
+    if failure is not None:
+        raise click.ClickException(failure)
+    if summary.get("consistent") is False:
+        raise click.ClickException("the final contents of the views do not match their upstreams (see above)")
+
+
+def _print_summary(summary: dict[str, Any], output: str) -> None:
+    if output == "json":
+        click.echo(json.dumps(summary, default=str, separators=(",", ":")))
+        return
+    click.echo(f"Wrote {summary['changes_written']} changes in {summary['seconds']} s under prefix "
+               f"{summary['prefix']!r}.")
+    if "checks" in summary:
+        click.echo(f"mv2.total = {summary['mv2_total']} (sum of v1 over mv1's {summary['mv1_rows']} rows: "
+                   f"{summary['mv1_sum_v1']}); mv3.n = {summary['mv3_n']}; mvj: {summary['mvj_rows']} rows.")
+        for name, passed in summary["checks"].items():
+            click.echo(f"  {'ok  ' if passed else 'FAIL'} {name}")
+    click.echo(DASHBOARD_NOTE.split(":")[0] + ".")

@@ -1,0 +1,98 @@
+"""``mvlog demo`` as a user runs it: a real process on the test stack, for 40 s of workload.
+
+The demo reuses the test stack (its ``MVLOG_*`` variables point at it and it answers), runs its chain of
+views under this test's prefix, and must exit 0 with progress tables whose MCEs advance and a final JSON
+summary whose contents this test checks again itself, from the views' serving state in Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.view_store import ViewStore
+from mvlog.services.commands.read import read_rows
+
+pytestmark = pytest.mark.integration
+
+_SCRIPT = Path(sys.executable).with_name("mvlog")
+MVLOG = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "mvlog.services.cli"]
+VIEWS = ("mv1", "mv2", "mv3", "mvj")
+
+
+def progress_tables(stdout: str) -> list[dict[str, list[str]]]:
+    """The progress tables printed, in order: view name -> its cells (view, kind, state, MCE, ...)."""
+    tables: list[dict[str, list[str]]] = []
+    for line in stdout.splitlines():
+        if line.startswith("┏"):
+            tables.append({})
+        elif line.startswith("│") and tables:
+            cells = [cell.strip() for cell in line.strip("│").split("│")]
+            tables[-1][cells[0]] = cells
+    return tables
+
+
+def mce_of(cells: list[str]) -> int:
+    return 0 if cells[3] == "-" else int(cells[3])
+
+
+def visible_rows(settings: Settings, client: redis.Redis, name: str) -> list[dict[str, Any]]:
+    entry = CatalogStore(settings, client).get(name)
+    rows = read_rows(ViewStore(client, settings.topic_prefix), entry, None)[1]
+    return [{c: row.get(c) for c in entry.schema.visible_names} for row in rows]
+
+
+def test_demo_runs_the_chain_and_ends_consistent(settings: Settings, redis_client: redis.Redis,
+                                                 tmp_path: Path) -> None:
+    env = {**os.environ, "MVLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+           "MVLOG_REDIS_URL": settings.redis_url, "MVLOG_STACK_DIR": str(tmp_path / "stack"),
+           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    result = subprocess.run([*MVLOG, "demo", "--duration", "40", "--prefix", settings.topic_prefix,
+                             "--output", "json"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=480)
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "Traceback" not in result.stderr
+    assert "Using the running stack" in result.stderr  # the test stack, not a new one
+    assert not (tmp_path / "stack" / "stack.json").exists()
+    assert "dashboard (web page) is not built yet" in result.stderr
+
+    tables = progress_tables(result.stdout)
+    assert len(tables) >= 5, result.stdout  # one every 2 s over 40 s, and the final one
+    first, last = tables[0], tables[-1]
+    for view in VIEWS:
+        assert view in first and view in last, result.stdout
+        assert mce_of(last[view]) > mce_of(first[view]), f"{view} did not advance:\n{result.stdout}"
+        assert last[view][2] == "live"
+    # Some table in between shows the views moving while the workload writes.
+    middle = [mce_of(t["mv1"]) for t in tables[1:-1] if "mv1" in t]
+    assert len(set(middle)) > 1, result.stdout
+
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["prefix"] == settings.topic_prefix
+    assert summary["caught_up"] is True
+    assert summary["consistent"] is True, summary["checks"]
+    assert summary["changes_written"] > 40 * 100  # a few hundred changes per second
+    assert summary["views"]["mv2"]["value"] == {"total": summary["mv2_total"]}
+
+    # The same contents, read again from the serving state by the test itself.
+    t1 = {r["id"]: r for r in visible_rows(settings, redis_client, "t1")}
+    t2 = {r["id"]: r for r in visible_rows(settings, redis_client, "t2")}
+    mv1 = {r["id"]: r for r in visible_rows(settings, redis_client, "mv1")}
+    assert mv1 == {k: r for k, r in t1.items() if r["deleted"] is False}
+    assert len(mv1) == summary["mv1_rows"] > 0
+    (mv2,) = visible_rows(settings, redis_client, "mv2")
+    assert mv2["total"] == sum(r["v1"] for r in mv1.values()) == summary["mv2_total"]
+    (mv3,) = visible_rows(settings, redis_client, "mv3")
+    assert mv3["n"] == len(mv1) == summary["mv3_n"]
+    mvj = sorted((r["id"], r["v1"], r["name"]) for r in visible_rows(settings, redis_client, "mvj"))
+    assert mvj == sorted((k, r["v1"], t2[k]["name"]) for k, r in mv1.items() if k in t2)
+    assert mvj, "the join should have rows"
