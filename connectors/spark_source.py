@@ -25,6 +25,7 @@ so empty epochs are visible too), ``_weight`` (+1 / -1, 0 for barriers), ``_part
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,9 @@ META_COLUMNS = ("_epoch", "_change_type", "_weight", "_partition", "_offset", "_
 _META_DDL = "_epoch BIGINT, _change_type STRING, _weight INT, _partition INT, _offset BIGINT, _key BINARY"
 _ARROW_TYPES = {ColumnType.INT: pa.int64(), ColumnType.FLOAT: pa.float64(), ColumnType.STRING: pa.string(),
                 ColumnType.BOOLEAN: pa.bool_(), ColumnType.BYTES: pa.binary()}
+
+
+STALL_TIMEOUT_S = 120.0  # a task reading a committed range that makes no progress this long fails
 
 
 class EpochRangeError(ValueError):
@@ -135,8 +139,16 @@ def read_partition_range(part: PartitionRange, batch_rows: int = 8192) -> Iterat
     consumer.assign([TopicPartition(topic, part.partition, part.start_offset)])
     try:
         offset = part.start_offset - 1
+        last_progress = time.monotonic()
         while offset < last_offset:
-            for message in consumer.consume(num_messages=2000, timeout=1.0):
+            # A short poll: consume() waits its whole timeout when fewer records than asked are left.
+            messages = consumer.consume(num_messages=2000, timeout=0.05)
+            if messages:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                raise ChangelogReadError(f"{where}: no record for {STALL_TIMEOUT_S:.0f} s at offset {offset}, "
+                                         f"expected up to the barrier at offset {last_offset}")
+            for message in messages:
                 if message.error() is not None:
                     raise ChangelogReadError(f"{where}: {message.error()}")
                 offset = message.offset() or 0

@@ -15,7 +15,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import pyarrow as pa
 import redis
@@ -28,7 +27,7 @@ from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter
 from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
-from mvlog.schemas.codec import decode_key
+from mvlog.row_schema import Row
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ViewOperator
@@ -51,19 +50,23 @@ class _ViewState:
 def changes_from_arrow(table: pa.Table, upstream: CatalogEntry, into: EpochChanges) -> None:
     """Rebuild changes from the data source's signed rows (rows of a change share partition and offset)."""
     names = upstream.schema.names
-    images: dict[tuple[int, int, int], dict[str, Any]] = {}
-    for row in table.to_pylist():
-        epoch = row["_epoch"]
+    key_positions = [names.index(k) for k in upstream.key_columns]
+    columns = table.to_pydict()
+    images: dict[tuple[int, int, int], list[Row | None]] = {}  # (epoch, partition, offset) -> [before, after]
+    values = [columns[n] for n in names]
+    for i, (epoch, kind, weight, partition, offset) in enumerate(zip(
+            columns["_epoch"], columns["_change_type"], columns["_weight"], columns["_partition"],
+            columns["_offset"], strict=True)):
         into.setdefault(epoch, {}).setdefault(upstream.name, [])
-        kind = row["_change_type"]
         if kind == "barrier":
             continue
-        slot = images.setdefault((epoch, row["_partition"], row["_offset"]), {"key": row["_key"]})
-        slot["before" if row["_weight"] < 0 else "after"] = {n: row[n] for n in names}
-    for (epoch, _, _), slot in sorted(images.items()):
-        before, after = slot.get("before"), slot.get("after")
+        slot = images.setdefault((epoch, partition, offset), [None, None])
+        slot[0 if weight < 0 else 1] = {n: column[i] for n, column in zip(names, values, strict=True)}
+    for (epoch, _, _), (before, after) in sorted(images.items()):
         op = Op.UPDATE if before is not None and after is not None else Op.DELETE if after is None else Op.CREATE
-        key = decode_key(upstream.key_columns, slot["key"])
+        image = after if after is not None else before
+        assert image is not None
+        key = tuple(image[names[p]] for p in key_positions)  # the key columns are in every row image
         into[epoch][upstream.name].append(Change(op, key, before, after))
 
 
