@@ -26,10 +26,9 @@ PACKAGE_FILES := pyproject.toml $(wildcard core/*.py core/views/*.py connectors/
 	services/commands/*.py infra/*.py \
 	schemas/*.py schemas/*.avsc infra/*.yml infra/*.conf)
 TEST_TIMEOUT ?= 600
-# The SIGKILL soak of the Spark consumers (marked slow) takes several minutes: `make test-slow` runs it.
-PYTEST_ARGS ?= -m "not slow"
+PYTEST_ARGS ?=
 
-.PHONY: help setup system-deps lint test test-slow demo bench up down clean
+.PHONY: help setup system-deps lint test demo bench up down clean
 
 help:
 	@awk '/^#/ { sub(/^# ?/, ""); print; next } { exit }' Makefile
@@ -85,10 +84,6 @@ test: setup lint
 	@# pytest exits 5 when it collects no test: make fails then, as on any other non-zero exit.
 	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
 		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) $(PYTEST_ARGS)
-
-test-slow: setup
-	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
-		"$(PY)" -m pytest -q --timeout=1800 -m slow
 
 # The demo reuses the stack of `make up` when it runs, else starts one (and stops it at the end).
 # DEMO_ARGS: e.g. make demo DEMO_ARGS="--duration 60".
