@@ -35,15 +35,22 @@ local current = redis.call('HGET', meta, 'mce_hex')
 if current and current >= ARGV[1] then
   return 0
 end
-local n_row_puts = tonumber(ARGV[4])
-local n_row_dels = tonumber(ARGV[5])
-local n_state_puts = tonumber(ARGV[6])
-local n_state_dels = tonumber(ARGV[7])
+-- ARGV[first .. first + count * width - 1] in calls of at most 512 items (Lua's stack is small).
+local function each_chunk(command, key, first, count, width)
+  local last = first + count * width - 1
+  local i = first
+  while i <= last do
+    local j = math.min(i + 512 * width - 1, last)
+    redis.call(command, key, unpack(ARGV, i, j))
+    i = j + 1
+  end
+  return last + 1
+end
 local i = 8
-for _ = 1, n_row_puts do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]); i = i + 2 end
-for _ = 1, n_row_dels do redis.call('HDEL', KEYS[2], ARGV[i]); i = i + 1 end
-for _ = 1, n_state_puts do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]); i = i + 2 end
-for _ = 1, n_state_dels do redis.call('HDEL', KEYS[3], ARGV[i]); i = i + 1 end
+i = each_chunk('HSET', KEYS[2], i, tonumber(ARGV[4]), 2)
+i = each_chunk('HDEL', KEYS[2], i, tonumber(ARGV[5]), 1)
+i = each_chunk('HSET', KEYS[3], i, tonumber(ARGV[6]), 2)
+i = each_chunk('HDEL', KEYS[3], i, tonumber(ARGV[7]), 1)
 for k = 4, #KEYS do redis.call('ZADD', KEYS[k], 0, ARGV[i]); i = i + 1 end
 redis.call('HSET', meta, 'mce_hex', ARGV[1], 'mce', ARGV[2], 'mce_ts_ms', ARGV[3])
 return 1

@@ -1,0 +1,29 @@
+"""The Redis view store's epoch commit: atomic, chunked for large epochs, never applied twice."""
+
+from __future__ import annotations
+
+import redis
+
+from mvlog.changes import IndexEntry
+from mvlog.config import Settings
+from mvlog.connectors.view_store import EpochCommit, ViewStore
+
+
+def test_commit_applies_large_epochs_once_and_refuses_epochs_at_or_below_the_mce(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    store = ViewStore(redis_client, settings.topic_prefix)
+    puts = {f"k{i}".encode(): f"v{i}".encode() for i in range(50_000)}  # many Lua chunks
+    assert store.commit("v", EpochCommit(10, puts, [], {0: IndexEntry(10, 5, 1)}, {b"s": b"x"}))
+    assert store.row_count("v") == 50_000 and store.mce("v") == 10
+    assert store.get_rows("v", [b"k49999"]) == {b"k49999": b"v49999"}
+
+    deletes = [f"k{i}".encode() for i in range(1_000)]
+    assert store.commit("v", EpochCommit(11, {b"new": b"1"}, deletes, {0: IndexEntry(11, 7, 1)},
+                                         state_deletes=[b"s"]))
+    assert store.row_count("v") == 49_001 and store.get_state("v", [b"s"]) == {}
+
+    # A retry of an applied epoch (or an older one) changes nothing.
+    assert not store.commit("v", EpochCommit(11, {b"zombie": b"1"}, [], {0: IndexEntry(11, 7, 1)}))
+    assert not store.commit("v", EpochCommit(9, {b"zombie": b"1"}, [], {0: IndexEntry(9, 1, 1)}))
+    assert store.get_rows("v", [b"zombie"]) == {} and store.mce("v") == 11
+    assert [e.epoch for e in store.index.between("v", 0, 0, 100)] == [10, 11]
