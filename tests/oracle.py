@@ -104,8 +104,8 @@ def check_oracle(settings: Settings, client: redis.Redis, names: list[str], spar
             for source in plan.sources:
                 schema = catalog.get(source).schema
                 ddl = ", ".join(f"`{c.name}` {c.type.spark_sql}" for c in schema.columns)
-                rows = [schema.normalize(r) for r in rows_at(history[source], mce).values()]
-                spark.createDataFrame(rows, ddl).createOrReplaceTempView(f"{settings.topic_prefix}_{source}")
+                source_rows = [schema.normalize(r) for r in rows_at(history[source], mce).values()]
+                spark.createDataFrame(source_rows, ddl).createOrReplaceTempView(f"{settings.topic_prefix}_{source}")
                 frames[source] = f"{settings.topic_prefix}_{source}"
             result = [r.asDict() for r in spark.sql(to_spark_sql(plan, frames)).collect()]
             expected = {plan.schema.key_of(r): r for r in result}
