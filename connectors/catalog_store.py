@@ -92,3 +92,5 @@ class CatalogStore:
     def close(self) -> None:
         if self._producer is not None:
             self._producer.flush(10)
+            self._producer.close()
+            self._producer = None

@@ -85,6 +85,7 @@ class ChangelogWriter:
         config.update(producer_config or {})
         self._producer = Producer(config)
         self._partition_of_vnode = [partition_of_vnode(v, partitions) for v in range(VNODE_COUNT)]
+        self._closed = False
         self._session = uuid.uuid4().hex[:12]
         self._transactions = 0
         self._run(self._producer.init_transactions, 60.0)
@@ -177,7 +178,12 @@ class ChangelogWriter:
         return CommittedEpoch(epoch, index)
 
     def close(self) -> None:
-        self._producer.flush(10)
+        """Flush and release the producer now, while the broker is up (a transactional producer left to
+        the garbage collector can block interpreter exit once the broker is gone)."""
+        if not self._closed:
+            self._closed = True
+            self._producer.flush(10)
+            self._producer.close()
 
     def _produce(self, key: bytes | None, value: bytes, partition: int, headers: Headers,
                  on_delivery: Any = None) -> None:

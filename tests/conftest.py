@@ -29,6 +29,7 @@ the caller's shell are dropped at start so a developer's exported settings never
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -137,6 +138,7 @@ def stack(
     try:
         yield StackEndpoints("local", local.bootstrap_servers, local.redis_url, local)
     finally:
+        gc.collect()  # release Kafka clients nobody holds while the broker still answers them
         local.stop()
 
 

@@ -70,7 +70,10 @@ def committed_epochs(logs: dict[int, PartitionLog]) -> set[int]:
     barrier names it as ``prev_epoch`` (a writer names only epochs whose transaction committed). It
     also holds where a broker delivers the records of aborted transactions (Tansu 0.6 does)."""
     named = {b["prev_epoch"] for log in logs.values() for entries in log.barriers.values() for _, b in entries}
-    return {e for log in logs.values() for e in log.barriers} & named
+    # A read that stopped while the writer was writing holds a prefix of each partition: only epochs up
+    # to the last barrier every partition has reached can be judged.
+    reached = min((max(log.barriers, default=0) for log in logs.values()), default=0)
+    return {e for log in logs.values() for e in log.barriers if e <= reached} & named
 
 
 def check_whole_epochs(logs: dict[int, PartitionLog]) -> set[int]:
