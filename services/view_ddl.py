@@ -17,6 +17,12 @@ class DependentViewsError(CatalogError):
     pass
 
 
+#: View settings kept in the catalog entry's ``options`` (so they are rebuilt from Kafka with it).
+#: ``max_epoch_lag``: backpressure bound in epochs (absent: upstreams never wait for this view).
+#: ``backfill_rate_limit``: rows/s cap of this view's backfill (absent: no cap).
+VIEW_OPTIONS: frozenset[str] = frozenset({"max_epoch_lag", "backfill_rate_limit"})
+
+
 def plan_for(catalog: CatalogStore, name: str, sql: str) -> ViewPlan:
     """Plan ``sql`` against the catalog's current schemas (raises ViewDefinitionError naming the problem)."""
     upstreams = {entry.name: entry.schema for entry in catalog.all()}
@@ -53,3 +59,37 @@ def drop_view(settings: Settings, name: str, *, client: redis.Redis | None = Non
     ViewStore(client, settings.topic_prefix).drop(name, entry.partitions)
     delete_topic(settings, settings.changelog_topic(name))
     catalog.close()
+
+
+def alter_view(settings: Settings, name: str, *, client: redis.Redis | None = None,
+               **options: int | None) -> CatalogEntry:
+    """Change a view's settings (see :data:`VIEW_OPTIONS`); ``None`` removes a setting.
+
+    Running services read the catalog entry again, so a change applies while they run.
+    """
+    if unknown := sorted(set(options) - VIEW_OPTIONS):
+        raise CatalogError(f"unknown view setting(s): {', '.join(unknown)}; known: {', '.join(sorted(VIEW_OPTIONS))}")
+    for key, value in options.items():
+        if value is not None and value < 1:
+            raise CatalogError(f"{key} must be at least 1, got {value}")
+    client = client or redis.Redis.from_url(settings.redis_url)
+    catalog = CatalogStore(settings, client)
+    entry = catalog.get(name)
+    if entry.kind != "view":
+        raise CatalogError(f"{name!r} is a {entry.kind}, not a view")
+    merged = dict(entry.options)
+    for key, value in options.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = str(value)
+    altered = entry.bumped(options=merged)
+    catalog.put(altered)
+    catalog.close()
+    return altered
+
+
+def view_option(entry: CatalogEntry, key: str) -> int | None:
+    """An integer view setting of :data:`VIEW_OPTIONS`, or None when unset."""
+    value = entry.options.get(key)
+    return int(value) if value is not None else None

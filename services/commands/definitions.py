@@ -12,7 +12,7 @@ from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.names import check_name
 from mvlog.services.commands.output import describe_schema
-from mvlog.services.view_ddl import create_view, drop_view
+from mvlog.services.view_ddl import alter_view, create_view, drop_view
 from mvlog.views import ViewDefinitionError
 
 
@@ -86,3 +86,24 @@ def drop_view_command(settings: Settings, name: str) -> None:
         require_kafka(settings)
         drop_view(settings, name, client=client)
     click.echo(f"Dropped view {name} (catalog entry, serving state and topic {settings.changelog_topic(name)}).")
+
+
+@click.command("alter-view")
+@click.argument("name")
+@click.option("--max-epoch-lag", type=click.IntRange(min=0), default=None,
+              help="Backpressure: upstream writers wait while NAME lags this many epochs (0 removes the bound).")
+@click.option("--backfill-rate-limit", type=click.IntRange(min=0), default=None,
+              help="Cap NAME's backfill at this many rows/s (0 removes the cap); applies while it runs.")
+@pass_settings
+def alter_view_command(settings: Settings, name: str, max_epoch_lag: int | None,
+                       backfill_rate_limit: int | None) -> None:
+    """Change settings of view NAME while it runs."""
+    changes = {key: (value or None) for key, value in
+               (("max_epoch_lag", max_epoch_lag), ("backfill_rate_limit", backfill_rate_limit)) if value is not None}
+    if not changes:
+        raise click.UsageError("nothing to change: give --max-epoch-lag and/or --backfill-rate-limit")
+    client = connect_redis(settings)
+    with backend_errors(settings):
+        entry = alter_view(settings, name, client=client, **changes)
+    shown = ", ".join(f"{k}={entry.options.get(k, 'unset')}" for k in sorted(changes))
+    click.echo(f"Altered view {name}: {shown} (catalog version {entry.version}).")

@@ -152,6 +152,15 @@ def test_create_and_drop_views(settings: Settings, redis_client: redis.Redis, tm
         ("mv1", "view", ["t1"], "creating"), ("mv2", "view", ["mv1"], "creating"), ("t1", "table", [], "live")]
     assert "mv2  │ view  │ mv1" in ok(mvlog(settings, "views")).stdout
 
+    # Settings change in the catalog entry (rebuilt from Kafka with it); 0 removes a setting.
+    assert "max_epoch_lag=5" in ok(mvlog(settings, "alter-view", "mv1", "--max-epoch-lag", "5")).stdout
+    ok(mvlog(settings, "alter-view", "mv1", "--backfill-rate-limit", "100"))
+    assert catalog.get("mv1").options == {"max_epoch_lag": "5", "backfill_rate_limit": "100"}
+    ok(mvlog(settings, "alter-view", "mv1", "--max-epoch-lag", "0"))
+    assert catalog.get("mv1").options == {"backfill_rate_limit": "100"}
+    assert "'t1' is a table, not a view" in refused(mvlog(settings, "alter-view", "t1", "--max-epoch-lag", "1"))
+    assert "nothing to change" in refused(mvlog(settings, "alter-view", "mv1"), code=2)
+
     assert "cannot drop view 'mv1': mv2 depends on it" in refused(mvlog(settings, "drop-view", "mv1"))
     assert "'t1' is a table, not a view" in refused(mvlog(settings, "drop-view", "t1"))
     ok(mvlog(settings, "drop-view", "mv2"))
