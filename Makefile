@@ -22,9 +22,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mvlog-installed
 # Strict editable installs link each file at install time: a new module needs a re-install.
-PACKAGE_FILES := pyproject.toml $(wildcard core/*.py core/views/*.py connectors/*.py services/*.py \
-	services/commands/*.py infra/*.py \
-	schemas/*.py schemas/*.avsc infra/*.yml infra/*.conf)
+PACKAGE_FILES := pyproject.toml $(shell find core connectors services infra schemas -type f \
+	\( -name '*.py' -o -name '*.avsc' -o -name '*.yml' -o -name '*.conf' -o -name '*.html' -o -name '*.js' \
+	-o -name '*.css' \) -not -path '*/__pycache__/*')
 TEST_TIMEOUT ?= 600
 PYTEST_ARGS ?=
 

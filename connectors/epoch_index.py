@@ -75,3 +75,19 @@ class EpochIndex:
     def trim_before(self, view: str, partition: int, epoch: int) -> int:
         """Forget epochs below ``epoch`` (after retention deleted them from Kafka)."""
         return int(self._redis.zremrangebylex(self.key(view, partition), "-", f"({epoch_hex(epoch)}"))
+
+    def count_after(self, view: str, epoch: int | None, partition: int = 0) -> int:
+        """How many indexed epochs lie above ``epoch`` (all of them when None): a lag in epochs.
+
+        Every partition carries every epoch's barrier, so one partition's index counts them all.
+        """
+        low = "-" if epoch is None else f"({epoch_hex(epoch)}:~"
+        return int(self._redis.zlexcount(self.key(view, partition), low, "+"))
+
+    def records_after(self, view: str, partitions: int, epoch: int | None) -> int:
+        """Change records of the indexed epochs above ``epoch`` over all partitions: a lag in records."""
+        low = "-" if epoch is None else f"({epoch_hex(epoch)}:~"
+        pipe = self._redis.pipeline(transaction=False)
+        for partition in range(partitions):
+            pipe.zrangebylex(self.key(view, partition), low, "+")
+        return sum(_parse(member).records for found in pipe.execute() for member in found)

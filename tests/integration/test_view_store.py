@@ -6,6 +6,7 @@ import redis
 
 from mvlog.changes import IndexEntry
 from mvlog.config import Settings
+from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.view_store import EpochCommit, ViewStore
 
 
@@ -27,3 +28,17 @@ def test_commit_applies_large_epochs_once_and_refuses_epochs_at_or_below_the_mce
     assert not store.commit("v", EpochCommit(9, {b"zombie": b"1"}, [], {0: IndexEntry(9, 1, 1)}))
     assert store.get_rows("v", [b"zombie"]) == {} and store.mce("v") == 11
     assert [e.epoch for e in store.index.between("v", 0, 0, 100)] == [10, 11]
+
+
+def test_epoch_index_counts_epochs_and_records_after_an_epoch(redis_client: redis.Redis, settings: Settings) -> None:
+    index = EpochIndex(redis_client, settings.topic_prefix)
+    epochs = [(1 << 60) + i * 65536 for i in range(5)]  # beyond a double's exact integers
+    for n, epoch in enumerate(epochs):
+        index.add("v", {0: IndexEntry(epoch, 10 * n, n), 1: IndexEntry(epoch, 20 * n, 2 * n)})
+
+    assert index.count_after("v", None) == 5
+    assert index.count_after("v", epochs[1]) == 3
+    assert index.count_after("v", epochs[4]) == 0
+    assert index.count_after("v", epochs[1] + 1) == 3  # an epoch between two indexed ones
+    assert index.records_after("v", 2, epochs[2]) == (3 + 4) * 3
+    assert index.records_after("v", 2, None) == sum(range(5)) * 3
