@@ -17,7 +17,7 @@ from mvlog.replacement import (
     with_staged,
     without_staged,
 )
-from mvlog.row_schema import RowSchema
+from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.views import plan_view
 
 T1 = RowSchema.of({"id": "int", "v1": "int", "deleted": "boolean", "k": "string"}, ["id"])
@@ -80,10 +80,10 @@ def test_check_compatible_raises_with_every_problem_and_refuses_other_upstreams(
 
 def test_diff_turns_old_rows_into_new_rows() -> None:
     schema = plan_view("mv1", "SELECT id, v1, deleted, k, v1 * 2 AS doubled FROM t1", UPSTREAMS).schema
-    old = {(1,): {"id": 1, "v1": 1, "deleted": False, "k": "a"},
+    old: dict[Key, Row] = {(1,): {"id": 1, "v1": 1, "deleted": False, "k": "a"},
            (2,): {"id": 2, "v1": 2, "deleted": False, "k": "b"},
            (3,): {"id": 3, "v1": None, "deleted": False, "k": "c"}}
-    new = {(2,): {"id": 2, "v1": 2, "deleted": False, "k": "b", "doubled": 4},
+    new: dict[Key, Row] = {(2,): {"id": 2, "v1": 2, "deleted": False, "k": "b", "doubled": 4},
            (3,): {"id": 3, "v1": None, "deleted": False, "k": "c", "doubled": None},
            (4,): {"id": 4, "v1": 4, "deleted": False, "k": "d", "doubled": 8}}
     changes = diff_rows(old, new, schema)
@@ -98,8 +98,8 @@ def test_diff_turns_old_rows_into_new_rows() -> None:
 
 def test_diff_order_is_stable_with_null_and_mixed_keys() -> None:
     schema = RowSchema.of({"g": "string", "n": "int"}, ["g"])
-    old = {("b",): {"g": "b", "n": 1}, (None,): {"g": None, "n": 2}}
-    new = {("a",): {"g": "a", "n": 1}}
+    old: dict[Key, Row] = {("b",): {"g": "b", "n": 1}, (None,): {"g": None, "n": 2}}
+    new: dict[Key, Row] = {("a",): {"g": "a", "n": 1}}
     assert [c.key for c in diff_rows(old, new, schema)] == [("a",), ("b",), (None,)]
 
 

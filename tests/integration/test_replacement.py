@@ -1,0 +1,160 @@
+"""Replacement views on the real stack: stage, hydrate read-only, diff, apply under a running chain.
+
+The canonical chain t1 -> mv1 -> mv2, mv3 runs while mv1's filter is replaced. A reference view ``ref``
+keeps mv1's old definition over the same t1 epochs, so mv1's changelog before the cut-over can be
+compared change for change with what it would have been without a staged replacement. The oracle
+(DuckDB at every committed epoch) follows mv1's definitions through the apply_replacement mutation.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import redis
+
+from mvlog.catalog import CatalogError
+from mvlog.changes import Change, Epoch
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.changelog_reader import ChangelogReader
+from mvlog.connectors.replacement_store import ReplacementStore
+from mvlog.connectors.view_store import ViewStore
+from mvlog.replacement import IncompatibleReplacementError, ReplacementError, Status, staged_in
+from mvlog.schemas.codec import decode_row
+from mvlog.services.replacements import (
+    apply_replacement,
+    diff_replacement,
+    discard_replacement,
+    replacement_rows,
+    request_apply,
+    stage_replacement,
+    wait_for_apply,
+)
+from mvlog.services.table_writer import Table
+from mvlog.services.view_consumer import ViewConsumer
+from mvlog.services.view_ddl import create_view, plan_for
+
+from ..oracle import check_oracle, duckdb_view_rows
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+T1 = {"id": "int", "v1": "int", "deleted": "boolean", "k": "string"}
+OLD = "SELECT * FROM t1 WHERE deleted = false"
+NEW = "SELECT * FROM t1 WHERE deleted = false AND v1 > 0"
+VIEWS = [("mv1", OLD), ("mv2", "SELECT sum(v1) AS s FROM mv1"), ("mv3", "SELECT count(v1) AS c FROM mv1"),
+         ("ref", OLD)]
+
+
+def changelog(settings: Settings, client: redis.Redis, view: str) -> list[Epoch]:
+    entry = CatalogStore(settings, client).get(view)
+    store = ViewStore(client, settings.topic_prefix)
+    with ChangelogReader(settings, view, entry.key_columns, entry.partitions, store.index,
+                         upto_epoch=store.mce(view)) as reader:
+        return list(reader.epochs(idle_timeout=10.0))
+
+
+def _canonical(changes: list[Change]) -> list[tuple[Any, ...]]:
+    return sorted((c.op.value, c.key, sorted((c.before or {}).items()), sorted((c.after or {}).items()))
+                  for c in changes)
+
+
+def test_replace_mv1_filter_under_running_mv2_mv3(settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
+    rng = random.Random(7)
+    t1 = Table.create(settings, "t1", T1, ["id"], client=redis_client, auto_commit=False)
+    for name, sql in VIEWS:
+        create_view(settings, name, sql, client=redis_client)
+    consumers = [ViewConsumer(settings, name, spark=spark, client=redis_client) for name, _ in VIEWS]
+    mv1 = consumers[0]
+
+    def write_epoch() -> int:
+        t1.upsert([{"id": rng.randrange(30), "v1": rng.choice([None, *range(-3, 4)]), "deleted": rng.random() < 0.3,
+                    "k": rng.choice("ab")} for _ in range(12)])
+        t1.delete([rng.randrange(30)])
+        return t1.flush()
+
+    def run_views() -> None:
+        for consumer in consumers:
+            consumer.catch_up()
+
+    try:
+        for _ in range(3):
+            write_epoch()
+        run_views()
+        staged = stage_replacement(settings, "mv1", NEW, client=redis_client)
+        with pytest.raises(ReplacementError, match="already has a staged replacement"):
+            stage_replacement(settings, "mv1", "SELECT * FROM t1", client=redis_client)
+        assert staged_in(CatalogStore(settings, redis_client).get("mv1")) == (staged.id, NEW)  # in the catalog topic
+        for _ in range(2):
+            write_epoch()
+            run_views()
+
+        # Hydrated read-only at mv1's epoch: its rows are NEW over t1 at that epoch.
+        record, plan, rows = replacement_rows(settings, "mv1", client=redis_client)
+        assert record.mce == mv1.mce
+        t1_rows = [row for _, row in sorted(ViewStore(redis_client, settings.topic_prefix).read_at_consistent_epoch(
+            "t1")[1])]
+        upstream = {"t1": (CatalogStore(settings, redis_client).get("t1").schema, [decode_row(r) for r in t1_rows])}
+        expected_new = duckdb_view_rows(plan, upstream)
+        assert {plan.schema.key_of(r): r for r in rows} == expected_new
+        # The diff at that same epoch: NEW only narrows the filter, so it only deletes.
+        old_rows = duckdb_view_rows(plan_for(CatalogStore(settings, redis_client), "mv1", OLD), upstream)
+        summary = diff_replacement(settings, "mv1", client=redis_client, samples=2)
+        assert summary.epoch == mv1.mce
+        assert (summary.inserts, summary.updates, summary.deletes) == (0, 0, len(set(old_rows) - set(expected_new)))
+        assert summary.deletes > 0 and len(summary.samples["delete"]) == 2
+
+        # An apply that cannot happen (no new epoch reaches mv1) is withdrawn after its timeout, with the
+        # reason; nothing is applied at the next epoch.
+        with pytest.raises(ReplacementError, match="did not reach a new epoch"):
+            apply_replacement(settings, "mv1", timeout=0.5, client=redis_client)
+        write_epoch()
+        run_views()
+        assert ReplacementStore(redis_client, settings.topic_prefix).record("mv1").status is Status.STAGED  # type: ignore[union-attr]
+
+        # Apply: the cut-over happens at mv1's next epoch while mv2 and mv3 keep running.
+        replacement_id = request_apply(settings, "mv1", client=redis_client)
+        cut_over = write_epoch()
+        run_views()
+        applied = wait_for_apply(settings, "mv1", replacement_id, timeout=10, client=redis_client)
+        assert applied.epoch == cut_over
+        for _ in range(3):
+            write_epoch()
+            run_views()
+    finally:
+        t1.close()
+        for consumer in consumers:
+            consumer.writer.close()
+
+    # I1 for mv1 under each definition in turn and for mv2, mv3 (and ref) at every epoch; each changelog
+    # summed to its MCE equals its Redis rows.
+    assert check_oracle(settings, redis_client, ["t1", "mv1", "mv2", "mv3", "ref"]) >= 4 * 9
+    mv1_log, ref_log = changelog(settings, redis_client, "mv1"), changelog(settings, redis_client, "ref")
+    mutations = [(e.epoch, e.mutation) for e in mv1_log if e.mutation is not None]
+    assert [(epoch, m.kind, m.payload["sql"], m.payload["replacement_id"]) for epoch, m in mutations] == [
+        (cut_over, "apply_replacement", NEW, replacement_id)]
+    # Before the cut-over, mv1's changelog is exactly what the old definition computes (ref).
+    before = [(e.epoch, _canonical(e.changes)) for e in mv1_log if e.epoch < cut_over]
+    assert before == [(e.epoch, _canonical(e.changes)) for e in ref_log if e.epoch < cut_over]
+    assert len(before) == 6  # 3 before staging, 3 while staged
+    entry = CatalogStore(settings, redis_client).get("mv1")
+    assert (entry.sql, entry.version, staged_in(entry)) == (NEW, applied.version, None)
+    assert applied.version == 3  # created 1, staged 2, applied 3
+
+    # Refusals: incompatible schema (naming the column), unknown view, discarded or missing replacement.
+    with pytest.raises(IncompatibleReplacementError, match="column 'k' would be dropped"):
+        stage_replacement(settings, "mv1", "SELECT id, v1, deleted FROM t1", client=redis_client)
+    with pytest.raises(CatalogError, match="unknown table or view 'nope'"):
+        stage_replacement(settings, "nope", NEW, client=redis_client)
+    with pytest.raises(ReplacementError, match="was applied at epoch"):
+        apply_replacement(settings, "mv1", timeout=0.1, client=redis_client)
+    stage_replacement(settings, "mv1", OLD, client=redis_client)
+    discard_replacement(settings, "mv1", client=redis_client)
+    assert staged_in(CatalogStore(settings, redis_client).get("mv1")) is None
+    with pytest.raises(ReplacementError, match="was discarded"):
+        apply_replacement(settings, "mv1", timeout=0.1, client=redis_client)
+    with pytest.raises(ReplacementError, match="mv2 has no replacement"):
+        apply_replacement(settings, "mv2", timeout=0.1, client=redis_client)
+    with pytest.raises(ReplacementError, match="'t1' is a table"):
+        apply_replacement(settings, "t1", timeout=0.1, client=redis_client)
