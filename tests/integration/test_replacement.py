@@ -43,6 +43,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 T1 = {"id": "int", "v1": "int", "deleted": "boolean", "k": "string"}
 OLD = "SELECT * FROM t1 WHERE deleted = false"
 NEW = "SELECT * FROM t1 WHERE deleted = false AND v1 > 0"
+WIDER = "SELECT id, v1, deleted, k, v1 * 2 AS doubled FROM t1 WHERE deleted = false AND v1 > 0"  # + nullable column
 VIEWS = [("mv1", OLD), ("mv2", "SELECT sum(v1) AS s FROM mv1"), ("mv3", "SELECT count(v1) AS c FROM mv1"),
          ("ref", OLD)]
 
@@ -122,6 +123,17 @@ def test_replace_mv1_filter_under_running_mv2_mv3(settings: Settings, redis_clie
         for _ in range(3):
             write_epoch()
             run_views()
+        # A second replacement adds a nullable column: every row is updated with it; mv2, mv3 carry on.
+        stage_replacement(settings, "mv1", WIDER, client=redis_client)
+        write_epoch()
+        run_views()
+        widened_id = request_apply(settings, "mv1", client=redis_client)
+        widened_at = write_epoch()
+        run_views()
+        widened = wait_for_apply(settings, "mv1", widened_id, timeout=10, client=redis_client)
+        assert widened.epoch == widened_at
+        write_epoch()
+        run_views()
     finally:
         t1.close()
         for consumer in consumers:
@@ -129,27 +141,33 @@ def test_replace_mv1_filter_under_running_mv2_mv3(settings: Settings, redis_clie
 
     # I1 for mv1 under each definition in turn and for mv2, mv3 (and ref) at every epoch; each changelog
     # summed to its MCE equals its Redis rows.
-    assert check_oracle(settings, redis_client, ["t1", "mv1", "mv2", "mv3", "ref"]) >= 4 * 9
+    assert check_oracle(settings, redis_client, ["t1", "mv1", "mv2", "mv3", "ref"]) >= 4 * 12
     mv1_log, ref_log = changelog(settings, redis_client, "mv1"), changelog(settings, redis_client, "ref")
     mutations = [(e.epoch, e.mutation) for e in mv1_log if e.mutation is not None]
     assert [(epoch, m.kind, m.payload["sql"], m.payload["replacement_id"]) for epoch, m in mutations] == [
-        (cut_over, "apply_replacement", NEW, replacement_id)]
+        (cut_over, "apply_replacement", NEW, replacement_id), (widened_at, "apply_replacement", WIDER, widened_id)]
+    widening = next(e for e in mv1_log if e.epoch == widened_at).changes
+    # Rows already in mv1 are updated to carry the new column (the epoch's own upstream changes ride along).
+    assert sum(c.op.value == "u" and c.before is not None and c.before["v1"] == (c.after or {}).get("v1")
+               for c in widening) > 0
+    assert all(c.after is None or c.after["doubled"] == c.after["v1"] * 2 for c in widening)
     # Before the cut-over, mv1's changelog is exactly what the old definition computes (ref).
     before = [(e.epoch, _canonical(e.changes)) for e in mv1_log if e.epoch < cut_over]
     assert before == [(e.epoch, _canonical(e.changes)) for e in ref_log if e.epoch < cut_over]
     assert len(before) == 6  # 3 before staging, 3 while staged
     entry = CatalogStore(settings, redis_client).get("mv1")
-    assert (entry.sql, entry.version, staged_in(entry)) == (NEW, applied.version, None)
-    assert applied.version == 3  # created 1, staged 2, applied 3
+    assert (entry.sql, entry.version, staged_in(entry)) == (WIDER, widened.version, None)
+    assert (applied.version, widened.version) == (3, 5)  # created 1, staged 2, applied 3, staged 4, applied 5
+    assert entry.schema.column("doubled").nullable
 
     # Refusals: incompatible schema (naming the column), unknown view, discarded or missing replacement.
     with pytest.raises(IncompatibleReplacementError, match="column 'k' would be dropped"):
-        stage_replacement(settings, "mv1", "SELECT id, v1, deleted FROM t1", client=redis_client)
+        stage_replacement(settings, "mv1", "SELECT id, v1, deleted, v1 * 2 AS doubled FROM t1", client=redis_client)
     with pytest.raises(CatalogError, match="unknown table or view 'nope'"):
         stage_replacement(settings, "nope", NEW, client=redis_client)
     with pytest.raises(ReplacementError, match="was applied at epoch"):
         apply_replacement(settings, "mv1", timeout=0.1, client=redis_client)
-    stage_replacement(settings, "mv1", OLD, client=redis_client)
+    stage_replacement(settings, "mv1", WIDER.replace("v1 > 0", "v1 > 1"), client=redis_client)
     discard_replacement(settings, "mv1", client=redis_client)
     assert staged_in(CatalogStore(settings, redis_client).get("mv1")) is None
     with pytest.raises(ReplacementError, match="was discarded"):

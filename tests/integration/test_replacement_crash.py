@@ -35,7 +35,7 @@ from ..oracle import check_oracle
 from .independent_consumer import read_topic
 from .test_replacement import changelog
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]  # 4 Spark processes
 
 ROOT = Path(__file__).resolve().parents[2]
 VIEWS = ["mv1", "mv2", "mv3"]
