@@ -143,9 +143,9 @@ def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
     logs = read_topic(settings.bootstrap_servers, settings.changelog_topic("mv1"), catalog.get("mv1").partitions,
                       idle=1.5)
     for partition, log in logs.items():
-        attempts = [(epoch, offset) for epoch, entries in log.barriers.items() for offset, b in entries
-                    if b["mutation"] is not None]
-        assert len(attempts) == 2, (partition, attempts)  # step 2's killed attempt and step 3's kept one
+        mutated = [(epoch, offset) for epoch, entries in log.barriers.items() for offset, b in entries
+                   if b["mutation"] is not None]
+        assert len(mutated) == 2, (partition, mutated)  # step 2's killed attempt and step 3's kept one
         index = views.index.at("mv1", partition, applied.epoch)
-        assert index is not None and (applied.epoch, index.offset) in attempts
+        assert index is not None and (applied.epoch, index.offset) in mutated
     assert (catalog.get("mv1").version, applied.version) == (3, 3)
