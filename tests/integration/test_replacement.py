@@ -90,6 +90,18 @@ def test_replace_mv1_filter_under_running_mv2_mv3(settings: Settings, redis_clie
         for _ in range(2):
             write_epoch()
             run_views()
+        hydrated_before = ReplacementStore(redis_client, settings.topic_prefix).record("mv1")
+        assert hydrated_before is not None and hydrated_before.mce == mv1.mce
+
+        # Redis loses the replacement and the catalog: both come back from Kafka. The catalog topic has the
+        # staged definition; mv1's next consumer records it again and hydrates it anew.
+        redis_client.delete(*redis_client.scan_iter(f"{settings.topic_prefix}:{{mv1}}:replacement*"),
+                            f"{settings.topic_prefix}:catalog")
+        assert CatalogStore(settings, redis_client).rebuild_from_topic() == 1 + len(VIEWS)
+        mv1.writer.close()
+        mv1 = consumers[0] = ViewConsumer(settings, "mv1", spark=spark, client=redis_client)
+        write_epoch()
+        run_views()
 
         # Hydrated read-only at mv1's epoch: its rows are NEW over t1 at that epoch.
         record, plan, rows = replacement_rows(settings, "mv1", client=redis_client)
@@ -154,7 +166,7 @@ def test_replace_mv1_filter_under_running_mv2_mv3(settings: Settings, redis_clie
     # Before the cut-over, mv1's changelog is exactly what the old definition computes (ref).
     before = [(e.epoch, _canonical(e.changes)) for e in mv1_log if e.epoch < cut_over]
     assert before == [(e.epoch, _canonical(e.changes)) for e in ref_log if e.epoch < cut_over]
-    assert len(before) == 6  # 3 before staging, 3 while staged
+    assert len(before) == 7  # 3 before staging, 4 while staged
     entry = CatalogStore(settings, redis_client).get("mv1")
     assert (entry.sql, entry.version, staged_in(entry)) == (WIDER, widened.version, None)
     assert (applied.version, widened.version) == (3, 5)  # created 1, staged 2, applied 3, staged 4, applied 5
