@@ -43,6 +43,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 T1 = {"id": "int", "v1": "int", "deleted": "boolean", "k": "string"}
 OLD = "SELECT * FROM t1 WHERE deleted = false"
 NEW = "SELECT * FROM t1 WHERE deleted = false AND v1 > 0"
+MV2_NEW = "SELECT sum(v1) AS s FROM mv1 WHERE v1 > 1"
 WIDER = "SELECT id, v1, deleted, k, v1 * 2 AS doubled FROM t1 WHERE deleted = false AND v1 > 0"  # + nullable column
 VIEWS = [("mv1", OLD), ("mv2", "SELECT sum(v1) AS s FROM mv1"), ("mv3", "SELECT count(v1) AS c FROM mv1"),
          ("ref", OLD)]
@@ -87,6 +88,8 @@ def test_replace_mv1_filter_under_running_mv2_mv3(settings: Settings, redis_clie
         with pytest.raises(ReplacementError, match="already has a staged replacement"):
             stage_replacement(settings, "mv1", "SELECT * FROM t1", client=redis_client)
         assert staged_in(CatalogStore(settings, redis_client).get("mv1")) == (staged.id, NEW)  # in the catalog topic
+        # mv2 (an aggregate on mv1) gets a replacement too: it follows mv1 through mv1's own cut-over.
+        stage_replacement(settings, "mv2", MV2_NEW, client=redis_client)
         for _ in range(2):
             write_epoch()
             run_views()
@@ -144,6 +147,10 @@ def test_replace_mv1_filter_under_running_mv2_mv3(settings: Settings, redis_clie
         run_views()
         widened = wait_for_apply(settings, "mv1", widened_id, timeout=10, client=redis_client)
         assert widened.epoch == widened_at
+        mv2_id = request_apply(settings, "mv2", client=redis_client)
+        mv2_at = write_epoch()
+        run_views()
+        assert wait_for_apply(settings, "mv2", mv2_id, timeout=10, client=redis_client).epoch == mv2_at
         write_epoch()
         run_views()
     finally:
@@ -153,7 +160,8 @@ def test_replace_mv1_filter_under_running_mv2_mv3(settings: Settings, redis_clie
 
     # I1 for mv1 under each definition in turn and for mv2, mv3 (and ref) at every epoch; each changelog
     # summed to its MCE equals its Redis rows.
-    assert check_oracle(settings, redis_client, ["t1", "mv1", "mv2", "mv3", "ref"]) >= 4 * 12
+    assert check_oracle(settings, redis_client, ["t1", "mv1", "mv2", "mv3", "ref"]) >= 4 * 14
+    assert [e.mutation.payload["sql"] for e in changelog(settings, redis_client, "mv2") if e.mutation] == [MV2_NEW]
     mv1_log, ref_log = changelog(settings, redis_client, "mv1"), changelog(settings, redis_client, "ref")
     mutations = [(e.epoch, e.mutation) for e in mv1_log if e.mutation is not None]
     assert [(epoch, m.kind, m.payload["sql"], m.payload["replacement_id"]) for epoch, m in mutations] == [
@@ -184,7 +192,7 @@ def test_replace_mv1_filter_under_running_mv2_mv3(settings: Settings, redis_clie
     assert staged_in(CatalogStore(settings, redis_client).get("mv1")) is None
     with pytest.raises(ReplacementError, match="was discarded"):
         apply_replacement(settings, "mv1", timeout=0.1, client=redis_client)
-    with pytest.raises(ReplacementError, match="mv2 has no replacement"):
-        apply_replacement(settings, "mv2", timeout=0.1, client=redis_client)
+    with pytest.raises(ReplacementError, match="mv3 has no replacement"):
+        apply_replacement(settings, "mv3", timeout=0.1, client=redis_client)
     with pytest.raises(ReplacementError, match="'t1' is a table"):
         apply_replacement(settings, "t1", timeout=0.1, client=redis_client)
