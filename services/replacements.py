@@ -132,6 +132,14 @@ def wait_for_apply(settings: Settings, view: str, replacement_id: str, timeout: 
     """Wait until the consumer has applied the replacement; after ``timeout`` seconds withdraw the
     request and refuse with the reason (nothing applied then, or it was applied just in time)."""
     catalog, store, views = _stores(settings, client)
+    try:
+        return _wait(catalog, store, views, view, replacement_id, timeout, on_wait)
+    finally:
+        catalog.close()
+
+
+def _wait(catalog: CatalogStore, store: ReplacementStore, views: ViewStore, view: str, replacement_id: str,
+          timeout: float, on_wait: Callable[[ReplacementRecord, int | None], None] | None) -> AppliedReplacement:
     start_mce = views.mce(view)
     deadline = time.monotonic() + timeout
     while True:

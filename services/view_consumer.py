@@ -289,4 +289,5 @@ class ViewConsumer:
         if self._checkpoint_dir is not None:
             shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
         self.writer.close()
+        self.catalog.close()  # a cut-over wrote the catalog topic with its producer
 
