@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -91,6 +92,10 @@ class ViewConsumer:
         self.entry = complete_apply(self.catalog, self.replacements, view)  # finish an interrupted apply
         assert self.entry.sql is not None
         self.replacement: ReplacementFollower | None = None  # a staged replacement, hydrated read-only
+        # Epochs and replacement upkeep never interleave: micro-batches and the idle watcher take turns.
+        self._replacement_lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
+        self._stopping = threading.Event()
         self.upstreams = {name: self.catalog.get(name) for name in self.entry.sources}
         self.plan = plan_for(self.catalog, view, self.entry.sql)
         self.operator = ViewOperator(self.plan)
@@ -138,11 +143,12 @@ class ViewConsumer:
         self.apply_epochs(epochs)
 
     def apply_epochs(self, epochs: EpochChanges) -> None:
-        self._sync_replacement()
-        for epoch in sorted(epochs):
-            if epoch <= self.mce:
-                continue  # applied before a restart: never twice
-            self.apply_epoch(epoch, epochs[epoch])
+        with self._replacement_lock:
+            self._sync_replacement()
+            for epoch in sorted(epochs):
+                if epoch <= self.mce:
+                    continue  # applied before a restart: never twice
+                self.apply_epoch(epoch, epochs[epoch])
 
     def apply_epoch(self, epoch: int, changes: Mapping[str, Sequence[Change]]) -> None:
         inputs = {name: list(changes.get(name, ())) for name in self.entry.sources}
@@ -197,6 +203,15 @@ class ViewConsumer:
         follower.apply_requested = record.apply_requested
         if follower.mce is None or follower.mce < self.mce:
             follower.hydrate(self.mce, self._upstream_history)
+
+    def _watch_replacement(self, interval: float = 1.0) -> None:
+        """Hydrate a newly staged replacement while the upstream is idle (no micro-batch comes then)."""
+        while not self._stopping.wait(interval):
+            try:
+                with self._replacement_lock:
+                    self._sync_replacement()
+            except Exception as error:  # the next micro-batch retries, and reports a persistent failure
+                log.warning("%s: replacement upkeep failed: %s", self.entry.name, error)
 
     def _upstream_history(self, after: int, upto: int) -> dict[str, list[Change]]:
         """Each upstream's changes of its epochs in (after, upto], read from its changelog."""
@@ -270,6 +285,9 @@ class ViewConsumer:
                        .trigger(processingTime=self.trigger_interval)
                        .queryName(f"mvlog_{self.settings.topic_prefix}_{self.entry.name}".replace(".", "_"))
                        .start())
+        self._watcher = threading.Thread(target=self._watch_replacement, name=f"replacement-{self.entry.name}",
+                                         daemon=True)
+        self._watcher.start()
         return self._query
 
     def wait_for_epoch(self, epoch: int, timeout: float = 120.0) -> None:
@@ -283,6 +301,10 @@ class ViewConsumer:
             time.sleep(0.1)
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=30)
+            self._watcher = None
         if self._query is not None:
             self._query.stop()
             self._query = None
