@@ -125,6 +125,11 @@ def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
         child = _runner(settings, "none")
         applied = wait_for_apply(settings, "mv1", staged.id, timeout=60, client=redis_client)
         assert catalog.get("mv1").sql == NEW
+    except BaseException:
+        if child is not None and child.poll() is None:  # a failed step leaves no consumer running
+            child.kill()
+            child.wait()
+        raise
     finally:
         stop.set()
         writer.join()
