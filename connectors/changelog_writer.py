@@ -28,6 +28,7 @@ from mvlog.schemas.codec import (
     encode_change,
     encode_change_rows,
     encode_key,
+    encode_row,
 )
 from mvlog.vnode import VNODE_COUNT, partition_of_vnode, vnode_of
 
@@ -57,6 +58,36 @@ class EncodedChange(NamedTuple):
     key: bytes  # encode_key(key columns, key)
     before: bytes | None  # encode_row(before)
     after: bytes | None  # encode_row(after)
+
+
+@dataclass
+class EncodedEpoch:
+    """An epoch's changes encoded once: the change events' keys and rows, and the same bytes for Redis."""
+
+    changes: list[EncodedChange]
+    row_puts: dict[bytes, bytes]  # key -> row after the epoch
+    row_deletes: list[bytes]  # keys without a row after the epoch
+
+
+def encode_epoch(key_columns: Sequence[str], changes: Iterable[Change]) -> EncodedEpoch:
+    """Encode each key and row once (the last change of a key decides its row after the epoch)."""
+    columns = tuple(key_columns)
+    encoded: list[EncodedChange] = []
+    puts: dict[bytes, bytes] = {}
+    deletes: dict[bytes, None] = {}
+    for change in changes:
+        key = encode_key(columns, change.key)
+        before = None if change.before is None else encode_row(change.before)
+        if change.after is None:
+            after = None
+            puts.pop(key, None)
+            deletes[key] = None
+        else:
+            after = encode_row(change.after)
+            deletes.pop(key, None)
+            puts[key] = after
+        encoded.append(EncodedChange(change.op.value, key, before, after))
+    return EncodedEpoch(encoded, puts, list(deletes))
 
 
 Headers = list[tuple[str, str | bytes | None]]

@@ -25,12 +25,13 @@ from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_writer import ChangelogWriter
-from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
+from mvlog.connectors.changelog_writer import ChangelogWriter, encode_epoch
+from mvlog.connectors.source_batches import epoch_slices, one_change_per_key
+from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore
 from mvlog.row_schema import Row
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
-from mvlog.views import ViewOperator
+from mvlog.views import EpochOutput, ViewOperator
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,12 @@ class ViewConsumer:
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """foreachBatch: apply every epoch of the micro-batch above the MCE, in order."""
+        table = batch.toArrow()
+        if self.operator.reads_one_view:
+            self.apply_columns(table)
+            return
         epochs: EpochChanges = {}
-        changes_from_arrow(batch.toArrow(), self.upstreams[self.entry.sources[0]], epochs)
+        changes_from_arrow(table, self.upstreams[self.entry.sources[0]], epochs)
         if not epochs:
             return
         end = max(epochs)
@@ -134,15 +139,36 @@ class ViewConsumer:
                 continue  # applied before a restart: never twice
             self.apply_epoch(epoch, epochs[epoch])
 
+    def apply_columns(self, batch: pa.Table) -> None:
+        """Apply the epochs above the MCE of a one-upstream micro-batch, straight from its columns.
+
+        An epoch in which some key changes more than once (no mvlog writer does that, but a changelog
+        may come from elsewhere) takes the row-by-row path, which nets the changes per key first.
+        """
+        upstream = self.upstreams[self.entry.sources[0]]
+        for epoch, rows in epoch_slices(batch):
+            if epoch <= self.mce:
+                continue  # applied before a restart: never twice
+            if one_change_per_key(rows):
+                output = self.operator.apply_signed(rows, rows.column("_weight"), self._state)
+            else:
+                epochs: EpochChanges = {}
+                changes_from_arrow(rows, upstream, epochs)
+                output = self.operator.apply_epoch(epochs.get(epoch, {}), self._state)
+            self._commit(epoch, output)
+
     def apply_epoch(self, epoch: int, changes: Mapping[str, Sequence[Change]]) -> None:
         inputs = {name: list(changes.get(name, ())) for name in self.entry.sources}
-        output = self.operator.apply_epoch(inputs, self._state)
-        committed = self.writer.commit_epoch(epoch, self.mce, output.changes)
-        rows = commit_from_changes(self.entry.key_columns, epoch, output.changes, committed.index)
+        self._commit(epoch, self.operator.apply_epoch(inputs, self._state))
+
+    def _commit(self, epoch: int, output: EpochOutput) -> None:
+        """The epoch's changes and barriers to Kafka in one transaction, then rows, state and MCE to Redis."""
+        encoded = encode_epoch(self.entry.key_columns, output.changes)  # each key and row encoded once
+        committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes)
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
-        if not self.store.commit(self.entry.name, EpochCommit(epoch, rows.row_puts, rows.row_deletes,
-                                                              rows.index, puts, deletes)):
+        if not self.store.commit(self.entry.name, EpochCommit(epoch, encoded.row_puts, encoded.row_deletes,
+                                                              committed.index, puts, deletes)):
             raise RuntimeError(f"{self.entry.name}: epoch {epoch} is at or below the MCE in Redis; "
                                "another consumer of this view is running")
         self.mce = epoch
