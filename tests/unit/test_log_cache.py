@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mvlog.log_cache import CacheError, CachedEpoch, LogCache, RangeStatus
+from mvlog.log_cache import CachedEpoch, CacheError, LogCache, RangeStatus
 
 UPSTREAMS = ("a", "b")
 
