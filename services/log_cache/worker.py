@@ -173,7 +173,7 @@ class LogCacheWorker:
         topic = self.settings.changelog_topic(upstream)
         return {tp.partition for tp in self.app.consumer.assignment() if tp.topic == topic}
 
-    async def _on_assigned(self, app: Any, *args: Any, **kwargs: Any) -> None:
+    async def _on_assigned(self, app: Any, /, *args: Any, signal: Any = None, **kwargs: Any) -> None:
         """A rebalance (signal ``on_partitions_assigned(app, assigned)``): every feed and its cache
         restart, since Faust seeks the partitions back to the group's committed offsets (records
         already aligned would come again)."""
@@ -192,6 +192,7 @@ class LogCacheWorker:
         self._claimed = {}
         for stats in self.stats.values():
             stats.paused = False  # a rebalance resumes every partition
+        await self._heartbeat()  # claim the new partitions now, not one heartbeat later
 
     # --- timers -----------------------------------------------------------------------------------
 
