@@ -67,6 +67,21 @@ class CacheRegistry:
         url = cast(bytes | None, self._redis.get(self.partition_key(upstream, partition)))
         return url.decode() if url is not None else None
 
+    def reads_key(self, upstream: str) -> str:
+        return f"{self._prefix}:cache:reads:{upstream}"
+
+    def count_reads(self, upstream: str, from_cache: int, from_kafka: int) -> None:
+        """Readers add the partition-epochs they read from the cache and from Kafka (cache hit share)."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hincrby(self.reads_key(upstream), "cache", from_cache)
+        pipe.hincrby(self.reads_key(upstream), "kafka", from_kafka)
+        pipe.execute()
+
+    def reads(self, upstream: str) -> tuple[int, int]:
+        """Partition-epochs of ``upstream`` read so far from the cache and from Kafka."""
+        found = cast(dict[bytes, bytes], self._redis.hgetall(self.reads_key(upstream)))
+        return int(found.get(b"cache", 0)), int(found.get(b"kafka", 0))
+
     def workers(self) -> list[WorkerInfo]:
         keys = sorted(self._redis.scan_iter(match=f"{self._prefix}:cache:worker:*", count=100))
         found: list[WorkerInfo] = []

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from mvlog.config import Settings
+from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.spark_source import _Planner, read_partition_from_kafka, read_partition_range
 from mvlog.connectors.view_store import ViewStore
@@ -22,6 +23,7 @@ from mvlog.services.table_writer import Table
 from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import alter_view, create_view
 
+from ..oracle import check_oracle
 from .independent_consumer import read_topic
 from .processes.cache_worker import CacheWorkerProcess
 
@@ -147,3 +149,108 @@ def test_backpressure_holds_the_lag_and_the_writer_resumes(make_settings: Callab
     table.close()
     assert max(lags) <= 5, max(lags)
 
+
+
+def _wait_for_mces(store: ViewStore, views: list[str], epoch: int, timeout: float = 120.0) -> None:
+    _until(lambda: all((store.mce(v) or 0) >= epoch for v in views), timeout, f"{views} to reach {epoch}")
+
+
+def test_fan_out_three_views_share_one_fetch_stream(settings: Settings, redis_client: redis.Redis,
+                                                    spark: Any) -> None:
+    """Three views on one upstream: the worker fetches each upstream record once (not three times),
+    serves the views' reads from memory, and every view equals its oracle at every epoch."""
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    views = {"mv1": "SELECT * FROM t1 WHERE deleted = false", "mv2": "SELECT sum(v1) AS s FROM t1",
+             "mv3": "SELECT deleted, count(v1) AS c FROM t1 GROUP BY deleted"}
+    for name, sql in views.items():
+        create_view(settings, name, sql, client=redis_client)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    with _worker(settings, "t1", partitions=settings.partitions) as worker:
+        consumers = [_consumer(settings, spark, v, redis_client) for v in views]
+        for consumer in consumers:
+            consumer.start()
+        try:
+            with _writing(table):
+                time.sleep(4)  # the workload runs while the consumers follow
+            table.close()  # no more (empty) epochs: the topic's record count is final
+            last = store.mce("t1") or 0
+            _wait_for_mces(store, list(views), last)
+        finally:
+            for consumer in consumers:
+                consumer.stop()
+        logs = read_topic(settings.bootstrap_servers, settings.changelog_topic("t1"), settings.partitions, idle=1.5)
+        in_topic = sum(len(log.order) for log in logs.values())
+        _until(lambda: worker.upstream("t1")["records_fetched"] >= in_topic, 10, "the worker to fetch every record")
+        stats = worker.upstream("t1")
+    assert stats["records_fetched"] == in_topic, "one fetch stream: each record fetched once"
+    from_cache, from_kafka = CacheRegistry(redis_client, settings.topic_prefix).reads("t1")
+    share = from_cache / (from_cache + from_kafka)
+    print(f"fan-out: {in_topic} records in t1, {stats['records_fetched']} fetched by the worker for "
+          f"{len(views)} views; {share:.1%} of {from_cache + from_kafka} partition-epochs read from the cache")
+    assert share >= 0.9
+    assert check_oracle(settings, redis_client, ["t1", *views]) > 0
+
+
+def test_sigkilled_worker_consumers_fall_back_and_the_restarted_worker_refills(
+        settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    consumer = _consumer(settings, spark, "mv1", redis_client)
+    first = CacheWorkerProcess(settings, "t1")
+    second: CacheWorkerProcess | None = None
+    try:
+        first.wait_ready("t1", settings.partitions)
+        consumer.start()
+        with _writing(table):
+            _until(lambda: first.upstream("t1")["served_epochs"] > 0, 60, "reads from the cache")
+            first.kill()
+            killed_at = store.mce("t1") or 0
+            # With the worker dead (its Redis claims still name it for a few seconds) mv1 keeps up.
+            _wait_for_mces(store, ["mv1"], killed_at + 1, timeout=60)
+            second = CacheWorkerProcess(settings, "t1")
+            second.wait_ready("t1", settings.partitions)
+            _until(lambda: second is not None and second.upstream("t1")["served_epochs"] > 0, 60,
+                   "the restarted worker to serve")
+        table.close()
+        last = store.mce("t1") or 0
+        _wait_for_mces(store, ["mv1"], last)
+    finally:
+        consumer.stop()
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert check_oracle(settings, redis_client, ["t1", "mv1"]) > 0
+    _barriers_once(settings, redis_client, "mv1", last)
+
+
+def test_lagged_consumer_replays_from_kafka_then_rejoins_the_cache(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any) -> None:
+    """A consumer stopped until the cache evicted its next epochs replays them from Kafka, then reads
+    the cache again: the oracle holds at every epoch and each barrier is in mv1's changelog once."""
+    settings = make_settings(cache_max_epochs=5)
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    with _worker(settings, "t1", partitions=settings.partitions) as worker, _writing(table):
+        consumer = _consumer(settings, spark, "mv1", redis_client)
+        consumer.start()
+        _until(lambda: worker.upstream("t1")["served_epochs"] > 0, 60, "reads from the cache")
+        consumer.stop()
+        stopped_at = store.mce("mv1") or 0
+        _until(lambda: (worker.upstream("t1")["floor"] or 0) > stopped_at, 30, "the cache to evict mv1's next epochs")
+        before = worker.upstream("t1")
+        consumer = _consumer(settings, spark, "mv1", redis_client)
+        consumer.start()
+        try:
+            _until(lambda: worker.upstream("t1")["evicted_replies"] > before["evicted_replies"], 60, "a replay")
+            _until(lambda: worker.upstream("t1")["served_epochs"] > before["served_epochs"], 60, "rejoining the cache")
+        finally:
+            consumer.stop()
+    table.close()
+    last = store.mce("t1") or 0
+    consumer = _consumer(settings, spark, "mv1", redis_client)
+    assert consumer.catch_up() == last  # the last epochs, from Kafka (no worker now)
+    consumer.stop()
+    assert check_oracle(settings, redis_client, ["t1", "mv1"]) > 0
+    _barriers_once(settings, redis_client, "mv1", last)
