@@ -133,7 +133,7 @@ def test_backpressure_holds_the_lag_and_the_writer_resumes(make_settings: Callab
     with _worker(settings, "t1", partitions=settings.partitions) as worker, _writing(table):
         _until(lambda: lag() >= 5, 30, "the lag to reach 5")
         _until(lambda: worker.upstream("t1")["paused"], 10, "the worker to pause t1")
-        stalled_at = store.mce("t1")
+        stalled_at = store.mce("t1") or 0
         for _ in range(30):  # 1.5 s: ~15 barrier intervals with no new epoch
             assert lag() <= 5
             time.sleep(0.05)
@@ -141,9 +141,9 @@ def test_backpressure_holds_the_lag_and_the_writer_resumes(make_settings: Callab
         consumer = _consumer(settings, spark, "mv1", redis_client)
         consumer.start()
         try:
-            _until(lambda: (store.mce("t1") or 0) > stalled_at and (lag() or True), 60, "the writer to resume")
-            _until(lambda: (store.mce("mv1") or 0) > stalled_at, 60, "the consumer to catch up")
-            _until(lambda: not worker.upstream("t1")["paused"] or lag() >= 5, 10, "the worker to resume")
+            _until(lambda: lag() < 5 and (store.mce("t1") or 0) > stalled_at, 60, "the writer to resume")
+            resumed_at = store.mce("t1") or 0
+            _until(lambda: lag() <= 5 and (store.mce("t1") or 0) > resumed_at + 5, 60, "the writer to keep going")
         finally:
             consumer.stop()
     table.close()
