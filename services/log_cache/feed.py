@@ -52,6 +52,9 @@ class UpstreamFeed:
         self._warmup: list[RawRecord] = []
         self.records = 0  # records fetched from Kafka (for the fan-out count)
         self.bytes = 0
+        self.last_epoch: int | None = None  # the last epoch admitted to the cache
+        self._last_offsets: dict[int, int] = {}  # its barrier offset in each partition
+        self._min_offset: dict[int, int] = {}  # records below are stale (before a rewind's seek)
 
     @property
     def ready(self) -> bool:
@@ -59,6 +62,8 @@ class UpstreamFeed:
 
     def add(self, record: RawRecord) -> list[Epoch]:
         """Feed one record; returns the epochs it commits (in order)."""
+        if record.offset < self._min_offset.get(record.partition, 0):
+            return []
         self.records += 1
         self.bytes += len(record.key) + len(record.value)
         if self.aligner is not None:
@@ -86,6 +91,17 @@ class UpstreamFeed:
         raise FeedError(f"{self.entry.name} partition {record.partition} offset {record.offset}: "
                         f"not an mvlog changelog record (header mvlog.type is {record.kind!r})")
 
+    def rewind(self) -> dict[int, int]:
+        """Restart alignment right after the last admitted epoch; returns the offset to seek each
+        partition to. Used when Faust resumes paused partitions: it drops records it had fetched for a
+        partition paused meanwhile, so the feed re-reads everything after the cache's tail."""
+        if self.aligner is None or self.last_epoch is None:
+            self.aligner, self._first_barrier, self._warmup = None, {}, []
+            return {}
+        self.aligner = EpochAligner(self.entry.name, self.partitions, after_epoch=self.last_epoch)
+        self._min_offset = {p: offset + 1 for p, offset in self._last_offsets.items()}
+        return dict(self._min_offset)
+
     def held(self) -> tuple[int, int] | None:
         """The complete epoch waiting for confirmation and its barrier offset in the first partition."""
         if self.aligner is None or self.aligner.held_epoch is None:
@@ -98,7 +114,9 @@ class UpstreamFeed:
             return []
         return self.aligner.confirm(epoch, {partition: barrier_offset})
 
-    def to_cached(self, epoch: Epoch) -> CachedEpoch[pa.RecordBatch]:
+    def admit(self, epoch: Epoch) -> CachedEpoch[pa.RecordBatch]:
+        """``epoch`` goes into the cache: remember it as the feed's position, and make its batches."""
+        self.last_epoch, self._last_offsets = epoch.epoch, dict(epoch.offsets)
         builders = {p: SignedRowBuilder(self.entry.schema, p) for p in self.partitions}
         for change, origin in zip(epoch.changes, epoch.origins, strict=True):
             builders[origin.partition].add_change(epoch.epoch, origin.offset, origin.key, change)

@@ -43,7 +43,7 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import arrow_schema
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.log_cache_client import ARROW_STREAM
-from mvlog.log_cache import LogCache, RangeStatus
+from mvlog.log_cache import CacheError, LogCache, RangeStatus
 from mvlog.schemas.codec import DecodeError, record_type
 from mvlog.services.log_cache.feed import FeedError, RawRecord, UpstreamFeed, serve_range
 
@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 CONFIRM_INTERVAL_S = 0.05  # how often held epochs are checked against the epoch index
 BACKPRESSURE_INTERVAL_S = 0.1
+FETCH_BYTES = 256 * 1024  # per partition and fetch: what the worker holds in flight besides the cache (I4)
 
 
 @dataclass
@@ -92,6 +93,7 @@ class LogCacheWorker:
         self.registry = CacheRegistry(self._redis, settings.topic_prefix)
         self.backpressure = Backpressure(settings, redis.Redis.from_url(settings.redis_url))
         self._claimed: dict[str, list[int]] = {}
+        self._paused: dict[str, set[int]] = {}  # upstream -> partitions paused on the Faust consumer
         self.app = self._build_app()
 
     # --- the Faust app ----------------------------------------------------------------------------
@@ -108,7 +110,7 @@ class LogCacheWorker:
             broker_heartbeat_interval=min(1.0, settings.session_timeout_ms / 3000),
             broker_commit_interval=1.0,
             consumer_auto_offset_reset="earliest",
-            consumer_max_fetch_size=1024 * 1024,
+            consumer_max_fetch_size=FETCH_BYTES,
             stream_buffer_maxsize=2048,
             topic_disable_leader=True,
             topic_allow_declare=False,  # changelog topics belong to their writers
@@ -153,14 +155,37 @@ class LogCacheWorker:
             feed = self._reset(upstream, self._held_partitions(upstream) | {record.partition})
         try:
             committed = feed.add(record)
-        except (FeedError, DecodeError, RuntimeError) as exc:
+        except (FeedError, DecodeError, RuntimeError, CacheError) as exc:
             # Readers of this upstream go to Kafka, where the same record fails with its position.
             log.error("%s: %s; the cache of this upstream restarts", upstream, exc)
             self.stats[upstream].errors = [*self.stats[upstream].errors[-9:], str(exc)]
             self._reset(upstream, feed.partitions)
             return
         for epoch in committed:
-            self.cache.put(upstream, feed.to_cached(epoch))
+            self.cache.put(upstream, feed.admit(epoch))
+
+    async def _sync_pauses(self, upstream: str) -> None:
+        """Pause every partition of ``upstream`` under backpressure, resume them after it.
+
+        Faust drops the records it had already fetched for a partition paused meanwhile (its getmany
+        filters them out, and the fetch position has moved past them), so a resume rewinds the feed:
+        each partition is sought back to just after the cache's tail epoch, and nothing is lost.
+        """
+        feed = self.feeds.get(upstream)
+        if feed is None:
+            return
+        wanted = set(feed.partitions) if self.stats[upstream].paused else set()
+        current = self._paused.get(upstream, set())
+        if wanted == current:
+            return
+        topic = self.settings.changelog_topic(upstream)
+        if pause := wanted - current:
+            self.app.consumer.pause_partitions({TP(topic, p) for p in pause})
+        if resume := current - wanted:
+            for partition, offset in feed.rewind().items():
+                await self.app.consumer.seek(TP(topic, partition), offset)
+            self.app.consumer.resume_partitions({TP(topic, p) for p in resume})
+        self._paused[upstream] = wanted
 
     def _reset(self, upstream: str, partitions: set[int] | list[int]) -> UpstreamFeed:
         """A new feed (and an empty cache) for ``upstream`` over ``partitions``."""
@@ -190,8 +215,7 @@ class LogCacheWorker:
         released = {u: [p for p in ps if p not in held.get(u, set())] for u, ps in self._claimed.items()}
         await asyncio.to_thread(self.registry.release, self.worker_id, self.url, released)
         self._claimed = {}
-        for stats in self.stats.values():
-            stats.paused = False  # a rebalance resumes every partition
+        self._paused = {}  # Faust pauses every partition during a rebalance and resumes them after it
         await self._heartbeat()  # claim the new partitions now, not one heartbeat later
 
     # --- timers -----------------------------------------------------------------------------------
@@ -206,24 +230,20 @@ class LogCacheWorker:
             entry = await asyncio.to_thread(self.index.at, upstream, partition, epoch)
             if entry is not None and self.feeds.get(upstream) is feed:
                 for committed in feed.confirm(epoch, partition, entry.offset):
-                    self.cache.put(upstream, feed.to_cached(committed))
+                    self.cache.put(upstream, feed.admit(committed))
 
     async def _apply_backpressure(self) -> None:
         for upstream in list(self.feeds):
             blocking = await asyncio.to_thread(self.backpressure.blocking, upstream)
             stats = self.stats[upstream]
-            if bool(blocking) == stats.paused:
-                continue
-            topic = self.settings.changelog_topic(upstream)
-            tps = {tp for tp in self.app.consumer.assignment() if tp.topic == topic}
-            if blocking:
-                log.info("%s: pausing, %s", upstream, ", ".join(f"{b.downstream} lags {b.lag}/{b.limit}"
-                                                              for b in blocking))
-                self.app.consumer.pause_partitions(tps)
-            else:
-                log.info("%s: resuming", upstream)
-                self.app.consumer.resume_partitions(tps)
-            stats.paused = bool(blocking)
+            if bool(blocking) != stats.paused:
+                if blocking:
+                    log.info("%s: pausing, %s", upstream,
+                             ", ".join(f"{b.downstream} lags {b.lag}/{b.limit}" for b in blocking))
+                else:
+                    log.info("%s: resuming", upstream)
+                stats.paused = bool(blocking)
+            await self._sync_pauses(upstream)
 
     async def _heartbeat(self) -> None:
         held = {u: f.partitions for u, f in self.feeds.items()}

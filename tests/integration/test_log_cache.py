@@ -30,6 +30,10 @@ from .processes.cache_worker import CacheWorkerProcess
 pytestmark = [pytest.mark.integration]
 
 COLUMNS = {"id": "int", "v1": "int", "deleted": "boolean"}
+# I4's "one batch" for a worker: its in-flight fetches (256 KiB per partition, decoded into Faust events),
+# the epochs being aligned (decoded rows), and the Python allocator's slack. Measured here: 17-30 MiB
+# above idle whatever the cache bound, so this allowance is generous, not a tight "one batch".
+BATCH_ALLOWANCE = 32 * 1024 * 1024
 
 
 def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -254,3 +258,70 @@ def test_lagged_consumer_replays_from_kafka_then_rejoins_the_cache(
     consumer.stop()
     assert check_oracle(settings, redis_client, ["t1", "mv1"]) > 0
     _barriers_once(settings, redis_client, "mv1", last)
+
+
+class _SlowConsumer(ViewConsumer):
+    """A downstream that takes 0.5 s per epoch (an artificial delay), so it falls ever further behind."""
+
+    def apply_epoch(self, epoch: int, changes: Any) -> None:
+        time.sleep(0.5)
+        super().apply_epoch(epoch, changes)
+
+
+def test_isolation_stopped_and_slow_downstreams_do_not_slow_the_upstream(
+        settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
+    """I3: t1 has a stopped downstream (mv1) and a slow one (mv2), t0 has none; both write at once for
+    the same seconds with the worker caching t1. Their epoch rates match."""
+    t0 = Table.create(settings, "t0", COLUMNS, ["id"], client=redis_client)
+    t1 = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
+    create_view(settings, "mv2", "SELECT sum(v1) AS s FROM t1", client=redis_client)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    with _worker(settings, "t1", partitions=settings.partitions):
+        slow = _SlowConsumer(settings, "mv2", spark=spark, client=redis_client, max_epochs_per_trigger=5)
+        slow.start()
+        try:
+            with _writing(t0, seed=1), _writing(t1, seed=2):
+                _until(lambda: (store.mce("mv2") or 0) > 0, 60, "the slow consumer to start")
+                start = {t: store.mce(t) for t in ("t0", "t1")}
+                time.sleep(4)
+                epochs = {t: store.index.count_after(t, start[t]) for t in ("t0", "t1")}
+            lag = store.index.count_after("t1", store.mce("mv2"))
+        finally:
+            slow.stop()
+    t0.close()
+    t1.close()
+    ratio = epochs["t1"] / epochs["t0"]
+    print(f"I3: t1 (one stopped, one slow downstream) {epochs['t1']} epochs in 4 s, t0 (none) {epochs['t0']}: "
+          f"ratio {ratio:.2f}; mv2 lags {lag} epochs")
+    assert lag > 3, "the slow downstream really fell behind"
+    assert ratio >= 0.8
+
+
+def test_worker_memory_stays_within_the_cache_bound_plus_one_batch(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
+    """I4 at a small scale: a 2 MiB cache, the upstream writing as fast as it can, no consumer. The
+    worker's peak RSS grows by at most the bound plus one batch (in-flight fetches, one decoded epoch and
+    allocator slack: :data:`BATCH_ALLOWANCE`) above its idle RSS, and the cache itself never exceeds it."""
+    bound = 2 * 1024 * 1024
+    settings = make_settings(barrier_interval_ms=100, cache_max_bytes=bound)
+    table = Table.create(settings, "t1", {**COLUMNS, "pad": "string"}, ["id"], client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1", client=redis_client)
+    with _worker(settings, "t1", partitions=settings.partitions) as worker:
+        idle_kib = worker.stats()["peak_rss_kib"]
+        pad = "x" * 200
+        written = 0
+        while written < 30_000:  # ~8 MB of rows, four times the bound, as fast as the writer goes
+            table.upsert([{"id": written + j, "v1": j, "deleted": False, "pad": pad} for j in range(500)])
+            written += 500
+            time.sleep(0.005)
+        table.close()
+        last = ViewStore(redis_client, settings.topic_prefix).mce("t1")
+        _until(lambda: worker.upstream("t1")["tail"] == last, 120, "the worker to align every epoch")
+        stats = worker.stats()
+    growth = (stats["peak_rss_kib"] - idle_kib) * 1024
+    print(f"I4: idle RSS {idle_kib / 1024:.0f} MiB, peak growth {growth / 2**20:.1f} MiB for a "
+          f"{bound / 2**20:.0f} MiB cache ({written} rows written, {stats['evicted_epochs']} epochs evicted)")
+    assert stats["evicted_epochs"] > 0, "the bound was reached"
+    assert stats["cache_bytes"] <= bound
+    assert growth <= bound + BATCH_ALLOWANCE
