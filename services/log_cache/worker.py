@@ -111,7 +111,8 @@ class LogCacheWorker:
             broker_commit_interval=1.0,
             consumer_auto_offset_reset="earliest",
             consumer_max_fetch_size=FETCH_BYTES,
-            stream_buffer_maxsize=2048,
+            stream_buffer_maxsize=256,
+            broker_max_poll_records=500,
             topic_disable_leader=True,
             topic_allow_declare=False,  # changelog topics belong to their writers
             web_enabled=True,
