@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from mvlog.changes import Barrier, Change, Epoch
+from mvlog.changes import Barrier, Change, ChangeOrigin, Epoch
 
 
 class AlignmentError(RuntimeError):
@@ -33,11 +33,13 @@ class _Segment:
     barrier: Barrier
     offset: int
     changes: list[Change]
+    origins: list[ChangeOrigin]
 
 
 @dataclass
 class _PartitionBuffer:
     open_changes: dict[tuple[int, str], list[Change]] = field(default_factory=dict)  # (epoch, txn) -> changes
+    open_origins: dict[tuple[int, str], list[ChangeOrigin]] = field(default_factory=dict)  # same keys, if given
     sealed: deque[_Segment] = field(default_factory=deque)
 
 
@@ -62,18 +64,25 @@ class EpochAligner:
     def held_epoch(self) -> int | None:
         return self._held.epoch if self._held is not None else None
 
-    def add_change(self, partition: int, epoch: int, change: Change, txn: str = "") -> None:
+    def add_change(self, partition: int, epoch: int, change: Change, txn: str = "",
+                   origin: ChangeOrigin | None = None) -> None:
+        """Buffer a change until its barrier; ``origin`` (offset, key bytes) is kept for the released epoch."""
         if epoch > self.after_epoch:
-            self._buffers[partition].open_changes.setdefault((epoch, txn), []).append(change)
+            buffer = self._buffers[partition]
+            buffer.open_changes.setdefault((epoch, txn), []).append(change)
+            if origin is not None:
+                buffer.open_origins.setdefault((epoch, txn), []).append(origin)
 
     def add_barrier(self, partition: int, barrier: Barrier, offset: int) -> list[Epoch]:
         """Seal the partition's changes of ``barrier.epoch``; returns the epochs this commits."""
         buffer = self._buffers[partition]
         changes = buffer.open_changes.pop((barrier.epoch, barrier.txn), [])
+        origins = buffer.open_origins.pop((barrier.epoch, barrier.txn), [])
         # Changes of older epochs (or of another attempt at this one) whose barrier never came here
         # belong to abandoned transactions.
         for stale in [a for a in buffer.open_changes if a[0] <= barrier.epoch]:
             del buffer.open_changes[stale]
+            buffer.open_origins.pop(stale, None)
         if barrier.epoch <= self.after_epoch:
             return []
         if len(changes) != barrier.records:
@@ -81,7 +90,7 @@ class EpochAligner:
                 f"{self.view} partition {partition}: epoch {barrier.epoch} barrier at offset {offset} "
                 f"announces {barrier.records} change(s) but {len(changes)} were read; the log before it "
                 "is incomplete (deleted by retention, or not written by an mvlog writer)")
-        buffer.sealed.append(_Segment(barrier, offset, changes))
+        buffer.sealed.append(_Segment(barrier, offset, changes, origins))
         return self._pop_complete()
 
     def confirm(self, epoch: int, barrier_offsets: Mapping[int, int]) -> list[Epoch]:
@@ -128,7 +137,8 @@ class EpochAligner:
             epoch = Epoch(view=self.view, epoch=newest, prev_epoch=first.prev_epoch,
                           changes=[c for p in sorted(heads) for c in heads[p].changes],
                           barriers={p: s.barrier for p, s in heads.items()},
-                          offsets={p: s.offset for p, s in heads.items()})
+                          offsets={p: s.offset for p, s in heads.items()},
+                          origins=[o for p in sorted(heads) for o in heads[p].origins])
             if self._held is not None:
                 if epoch.prev_epoch == self._held.epoch:
                     committed.append(self._release())

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from mvlog.row_schema import Key, Row
 
@@ -94,6 +94,14 @@ class IndexEntry:
     records: int  # change events of the epoch in the partition
 
 
+class ChangeOrigin(NamedTuple):
+    """Where a change event sits in the log, for readers that re-emit it in the log's row shape."""
+
+    partition: int
+    offset: int
+    key: bytes  # the record key as written (Avro-encoded primary key)
+
+
 @dataclass(slots=True)
 class Epoch:
     """One complete epoch of a changelog: all its changes and its barrier on every partition."""
@@ -104,6 +112,7 @@ class Epoch:
     changes: list[Change]
     barriers: dict[int, Barrier]  # partition -> barrier
     offsets: dict[int, int] = field(default_factory=dict)  # partition -> offset of its barrier
+    origins: list[ChangeOrigin] = field(default_factory=list)  # parallel to ``changes`` when the reader kept them
 
     @property
     def checkpoint(self) -> bool:

@@ -40,6 +40,14 @@ class Settings(BaseSettings):
     stack_dir: Path = Path(".mvlog")
     bind_host: str = "127.0.0.1"
     dashboard_port: int = 8321
+    # Faust log-cache workers: cache bounds (bytes over all upstreams, epochs per upstream), web port,
+    # how often a worker renews its entry in Redis (it expires after 5 missed beats), and how long a Spark
+    # task waits for a committed epoch the worker has not aligned yet before reading Kafka instead.
+    cache_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    cache_max_epochs: int = Field(default=1000, ge=1)
+    cache_port: int = Field(default=8322, ge=0, le=65535)
+    cache_heartbeat_ms: int = Field(default=1000, ge=50)
+    cache_wait_ms: int = Field(default=2000, ge=0)
 
     @field_validator("topic_prefix")
     @classmethod

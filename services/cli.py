@@ -32,6 +32,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: Commands implemented in other modules: name -> "module:attribute" (a click.Command).
 LAZY_COMMANDS: dict[str, str] = {
     "alter-view": "mvlog.services.commands.definitions:alter_view_command",
+    "cache-worker": "mvlog.services.commands.cache_worker:cache_worker",
     "create-table": "mvlog.services.commands.tables:create_table",
     "insert": "mvlog.services.commands.tables:insert",
     "create-view": "mvlog.services.commands.definitions:create_view_command",

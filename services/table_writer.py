@@ -18,6 +18,7 @@ import redis
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Op
 from mvlog.config import Settings
+from mvlog.connectors.backpressure import Backpressure
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, EncodedChange
 from mvlog.connectors.recovery import roll_forward
@@ -118,6 +119,7 @@ class Table:
         self._error: BaseException | None = None
         self._closed = threading.Event()
         self._wake = threading.Event()
+        self._backpressure = Backpressure(settings, self._redis)
         self.store.set_lifecycle(entry.name, Lifecycle.LIVE)
         self._thread: threading.Thread | None = None
         if auto_commit:
@@ -195,6 +197,7 @@ class Table:
     def flush(self) -> int:
         """Commit everything queued so far as one epoch now; returns that epoch."""
         self._raise_background_error()
+        self.wait_for_downstreams()
         committed = self.commit_epoch()
         return committed.epoch
 
@@ -254,13 +257,23 @@ class Table:
             self._wake.clear()
             if self._closed.is_set():
                 return
-            next_tick = time.monotonic() + interval
             try:
+                self.wait_for_downstreams()
+                if self._closed.is_set():
+                    return
+                next_tick = time.monotonic() + interval
                 self.commit_epoch()
             except BaseException as exc:  # surfaced to the caller's next call
                 log.exception("%s: epoch commit failed", self.entry.name)
                 self._error = exc
                 return
+
+    def wait_for_downstreams(self, poll_s: float = 0.02) -> None:
+        """Backpressure: while a downstream that set ``max_epoch_lag`` lags that many epochs behind this
+        table, do not open another epoch (writes keep queueing). Returns as soon as it catches up, or when
+        the table is closed. Without such a downstream this is one cached catalog look-up."""
+        while self._backpressure.blocking(self.entry.name) and not self._closed.wait(poll_s):
+            pass
 
     def _raise_background_error(self) -> None:
         if self._error is not None:

@@ -1,0 +1,135 @@
+"""One upstream's records, as a worker's Faust stream delivers them, turned into cacheable epochs.
+
+A worker starts reading its partitions wherever its consumer group left off (or at the start), which
+may be in the middle of an epoch. So a partition's records before its first barrier are skipped, and
+once every held partition has shown a barrier, alignment starts above the highest of those epochs:
+every epoch after it is complete in every partition. From there on the :class:`EpochAligner` does the
+work, with the commit rule (an epoch enters the cache when the next barrier names it as
+``prev_epoch``, or when the epoch index has it, see :meth:`UpstreamFeed.confirm`).
+
+Each committed epoch becomes one Arrow record batch per partition in the data source's row shape
+(:class:`~mvlog.connectors.change_rows.SignedRowBuilder`), so serving it is a copy into an IPC stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from mvlog.barrier_alignment import EpochAligner
+from mvlog.catalog import CatalogEntry
+from mvlog.changes import ChangeOrigin, Epoch
+from mvlog.connectors.change_rows import SignedRowBuilder
+from mvlog.log_cache import CachedEpoch
+from mvlog.schemas.codec import TYPE_BARRIER, TYPE_CHANGE, decode_barrier, decode_change, decode_key
+
+
+class FeedError(RuntimeError):
+    """A record that cannot be part of an mvlog changelog."""
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    partition: int
+    offset: int
+    kind: bytes | None  # the mvlog.type header
+    key: bytes
+    value: bytes
+
+
+class UpstreamFeed:
+    """Alignment state of one upstream over the partitions this worker holds."""
+
+    def __init__(self, entry: CatalogEntry, partitions: Iterable[int]) -> None:
+        self.entry = entry
+        self.partitions = sorted(set(partitions))
+        if not self.partitions:
+            raise ValueError(f"{entry.name}: a feed needs at least one partition")
+        self.aligner: EpochAligner | None = None
+        self._first_barrier: dict[int, int] = {}
+        self._warmup: list[RawRecord] = []
+        self.records = 0  # records fetched from Kafka (for the fan-out count)
+        self.bytes = 0
+        self.last_epoch: int | None = None  # the last epoch admitted to the cache
+        self._last_offsets: dict[int, int] = {}  # its barrier offset in each partition
+        self._min_offset: dict[int, int] = {}  # records below are stale (before a rewind's seek)
+
+    @property
+    def ready(self) -> bool:
+        return self.aligner is not None
+
+    def add(self, record: RawRecord) -> list[Epoch]:
+        """Feed one record; returns the epochs it commits (in order)."""
+        if record.offset < self._min_offset.get(record.partition, 0):
+            return []
+        self.records += 1
+        self.bytes += len(record.key) + len(record.value)
+        if self.aligner is not None:
+            return self._feed(self.aligner, record)
+        if record.partition not in self._first_barrier:
+            if record.kind == TYPE_BARRIER:
+                self._first_barrier[record.partition] = decode_barrier(record.value).epoch
+            return []
+        self._warmup.append(record)
+        if len(self._first_barrier) < len(self.partitions):
+            return []
+        aligner = EpochAligner(self.entry.name, self.partitions, after_epoch=max(self._first_barrier.values()))
+        self.aligner = aligner
+        warmup, self._warmup = self._warmup, []
+        return [epoch for r in warmup for epoch in self._feed(aligner, r)]
+
+    def _feed(self, aligner: EpochAligner, record: RawRecord) -> list[Epoch]:
+        if record.kind == TYPE_CHANGE:
+            change, source = decode_change(decode_key(self.entry.key_columns, record.key), record.value)
+            aligner.add_change(record.partition, source["epoch"], change, source["txn"],
+                               ChangeOrigin(record.partition, record.offset, record.key))
+            return []
+        if record.kind == TYPE_BARRIER:
+            return aligner.add_barrier(record.partition, decode_barrier(record.value), record.offset)
+        raise FeedError(f"{self.entry.name} partition {record.partition} offset {record.offset}: "
+                        f"not an mvlog changelog record (header mvlog.type is {record.kind!r})")
+
+    def rewind(self) -> dict[int, int]:
+        """Restart alignment right after the last admitted epoch; returns the offset to seek each
+        partition to. Used when Faust resumes paused partitions: it drops records it had fetched for a
+        partition paused meanwhile, so the feed re-reads everything after the cache's tail."""
+        if self.aligner is None or self.last_epoch is None:
+            self.aligner, self._first_barrier, self._warmup = None, {}, []
+            return {}
+        self.aligner = EpochAligner(self.entry.name, self.partitions, after_epoch=self.last_epoch)
+        self._min_offset = {p: offset + 1 for p, offset in self._last_offsets.items()}
+        return dict(self._min_offset)
+
+    def held(self) -> tuple[int, int] | None:
+        """The complete epoch waiting for confirmation and its barrier offset in the first partition."""
+        if self.aligner is None or self.aligner.held_epoch is None:
+            return None
+        return self.aligner.held_epoch, self.partitions[0]
+
+    def confirm(self, epoch: int, partition: int, barrier_offset: int) -> list[Epoch]:
+        """The epoch index has ``epoch`` with its barrier at ``barrier_offset`` in ``partition``."""
+        if self.aligner is None:
+            return []
+        return self.aligner.confirm(epoch, {partition: barrier_offset})
+
+    def admit(self, epoch: Epoch) -> CachedEpoch[pa.RecordBatch]:
+        """``epoch`` goes into the cache: remember it as the feed's position, and make its batches."""
+        self.last_epoch, self._last_offsets = epoch.epoch, dict(epoch.offsets)
+        builders = {p: SignedRowBuilder(self.entry.schema, p) for p in self.partitions}
+        for change, origin in zip(epoch.changes, epoch.origins, strict=True):
+            builders[origin.partition].add_change(epoch.epoch, origin.offset, origin.key, change)
+        for partition, builder in builders.items():
+            builder.add_barrier(epoch.epoch, epoch.offsets[partition])
+        parts = {p: b.flush() for p, b in builders.items()}
+        return CachedEpoch(epoch.epoch, epoch.prev_epoch, parts, sum(b.nbytes for b in parts.values()))
+
+
+def serve_range(epochs: Sequence[CachedEpoch[pa.RecordBatch]], partition: int, schema: pa.Schema) -> bytes:
+    """One partition's batches of ``epochs`` as an Arrow IPC stream."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for epoch in epochs:
+            writer.write_batch(epoch.parts[partition])
+    return bytes(sink.getvalue().to_pybytes())
