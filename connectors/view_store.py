@@ -81,6 +81,10 @@ class ViewStore:
     def _key(self, view: str, what: str) -> str:
         return f"{self.prefix}:{{{view}}}:{what}"
 
+    def key(self, view: str, what: str) -> str:
+        """The Redis key of ``what`` (meta, rows, backfill, ...) of ``view``, under the view's hash tag."""
+        return self._key(view, what)
+
     # --- committed epochs -------------------------------------------------------------------------
 
     def commit(self, view: str, commit: EpochCommit) -> bool:

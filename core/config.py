@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     stack_dir: Path = Path(".mvlog")
     bind_host: str = "127.0.0.1"
     dashboard_port: int = 8321
+    # Lag sampling (dashboard, `mvlog lag-sampler`): every interval, each view's lag is measured and kept
+    # in Redis; the status rules judge the last `lag_window` samples; `lag_history` samples are kept.
+    lag_sample_interval_ms: int = Field(default=1000, ge=50)
+    lag_window: int = Field(default=10, ge=2)
+    lag_history: int = Field(default=3600, ge=10)
 
     @field_validator("topic_prefix")
     @classmethod
