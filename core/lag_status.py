@@ -17,6 +17,7 @@ and the log's end is its upstreams' MCEs. Rules, first match wins:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -73,7 +74,7 @@ def evaluate(window: Sequence[LagSample], lifecycle: str | None = None, lifecycl
                                           f"{last.epochs} epoch(s) behind")
     if any(s.epochs == 0 for s in window):
         return Verdict(LagStatus.OK, "caught up within the window")
-    steps = list(zip(window, window[1:], strict=False))
+    steps = list(itertools.pairwise(window))
     if all(b.epochs >= a.epochs for a, b in steps) and last.epochs > first.epochs:
         return Verdict(LagStatus.LAGGING, f"lag grew from {first.epochs} to {last.epochs} epochs in "
                                           f"{_span_s(window):.1f}s")

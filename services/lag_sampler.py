@@ -12,6 +12,7 @@ kept in memory and preloaded from the history in Redis, so a restarted sampler j
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -116,7 +117,5 @@ class LagSampler:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
-        try:
+        with contextlib.suppress(redis.RedisError):
             self.monitor.store.release_lease(self.owner)
-        except redis.RedisError:
-            pass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import click
 
 from mvlog.config import Settings

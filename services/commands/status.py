@@ -85,8 +85,8 @@ def status_table(snapshot: PipelineSnapshot) -> Table:
                   title_justify="left")
     for name in ("view", "kind", "state", "MCE", "committed", "lag epochs", "lag s", "lag records", "status",
                  "backfill", "cache", "backpressure"):
-        justify = "right" if name in ("MCE", "lag epochs", "lag s", "lag records") else "left"
-        table.add_column(name, justify=justify, no_wrap=True)
+        numeric = name in ("MCE", "lag epochs", "lag s", "lag records")
+        table.add_column(name, justify="right" if numeric else "left", no_wrap=True)
     for v in snapshot.views:
         lag = v.lag
         table.add_row(
@@ -116,8 +116,8 @@ def lag_table(snapshot: PipelineSnapshot, only: tuple[str, ...]) -> Table:
     table = Table(title=f"mvlog lag [{snapshot.prefix}]", title_justify="left")
     for name in ("view", "upstream", "view MCE", "upstream MCE", "epochs", "seconds", "records", "status",
                  "why"):
-        justify = "right" if name in ("view MCE", "upstream MCE", "epochs", "seconds", "records") else "left"
-        table.add_column(name, justify=justify, no_wrap=name != "why")
+        numeric = name in ("view MCE", "upstream MCE", "epochs", "seconds", "records")
+        table.add_column(name, justify="right" if numeric else "left", no_wrap=name != "why")
     for r in lag_rows(snapshot, only):
         status = r["status"] or "unknown"
         table.add_row(r["view"], r["upstream"], str(r["view_mce"] or "-"), str(r["upstream_mce"] or "-"),
