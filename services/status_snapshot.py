@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.lag_store import LagStore
@@ -38,10 +39,26 @@ class PipelineSnapshot:
                 "edges": [[source, v.name] for v in self.views for source in v.sources]}
 
 
+def in_graph_order(entries: list[CatalogEntry]) -> list[CatalogEntry]:
+    """Tables first, then each view after everything it reads (by depth in the graph, then by name)."""
+    by_name = {e.name: e for e in entries}
+    depth: dict[str, int] = {}
+
+    def depth_of(name: str, seen: frozenset[str] = frozenset()) -> int:
+        if name not in depth:
+            entry = by_name.get(name)
+            if entry is None or not entry.sources or name in seen:
+                return 0
+            depth[name] = 1 + max(depth_of(s, seen | {name}) for s in entry.sources)
+        return depth[name]
+
+    return sorted(entries, key=lambda e: (depth_of(e.name), e.name))
+
+
 def take_snapshot(settings: Settings, client: redis.Redis, monitor: LagMonitor | None = None) -> PipelineSnapshot:
     """Every table and view with its status; ``monitor``: judge lag over this caller's own window."""
     now_ms = time.time_ns() // 1_000_000
-    entries = CatalogStore(settings, client).all()
+    entries = in_graph_order(CatalogStore(settings, client).all())
     store = LagStore(client, settings.topic_prefix, settings.lag_history)
     lag: dict[str, tuple[LagSample, Verdict | None]] = {}
     if monitor is not None:

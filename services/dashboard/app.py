@@ -4,7 +4,8 @@ changes anything, so exposing it shows state but cannot alter the pipeline.
 Routes:
 
 * ``/``: the page (static HTML, CSS and JS from ``static/``; no build step).
-* ``/api/status``: the pipeline snapshot (:class:`PipelineSnapshot` as JSON): views, edges, lag, health.
+* ``/api/status``: the pipeline snapshot (:class:`PipelineSnapshot` as JSON): views, edges, lag, health;
+  epochs as decimal strings (int64 epochs exceed what a JavaScript number holds exactly).
 * ``/api/history?points=N``: each view's last N lag samples: ``{view: [[ts_ms, epochs, seconds,
   records, mce], ...]}``.
 * ``/metrics``: Prometheus text format.
@@ -42,14 +43,39 @@ def _no_cache(response: web.StreamResponse) -> web.StreamResponse:
     return response
 
 
+#: The page's files, served by name only (no directory listing or path from the request reaches the disk).
+STATIC_FILES = ("dashboard.css", "dashboard.js")
+
+
 async def index(request: web.Request) -> web.StreamResponse:
     return _no_cache(web.FileResponse(STATIC_DIR / "index.html"))
+
+
+async def static_file(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    if name not in STATIC_FILES:
+        raise web.HTTPNotFound()
+    return _no_cache(web.FileResponse(STATIC_DIR / name))
+
+
+#: Keys whose values are epochs: int64 above 2**53, which JavaScript numbers cannot hold exactly.
+EPOCH_KEYS = frozenset({"mce", "upstream_mce"})
+
+
+def epochs_as_strings(document: Any) -> Any:
+    """The API's JSON with every epoch as a decimal string, so the page shows it to the last digit."""
+    if isinstance(document, dict):
+        return {k: (str(v) if k in EPOCH_KEYS and isinstance(v, int) else epochs_as_strings(v))
+                for k, v in document.items()}
+    if isinstance(document, list):
+        return [epochs_as_strings(v) for v in document]
+    return document
 
 
 async def api_status(request: web.Request) -> web.Response:
     settings, client = request.app[SETTINGS_KEY], request.app[REDIS_KEY]
     snapshot = await asyncio.to_thread(take_snapshot, settings, client)
-    document = snapshot.to_json()
+    document = epochs_as_strings(snapshot.to_json())
     document["sample_interval_ms"] = settings.lag_sample_interval_ms
     return web.json_response(document, headers={"Cache-Control": "no-store"})
 
@@ -57,7 +83,8 @@ async def api_status(request: web.Request) -> web.Response:
 def _history(settings: Settings, client: redis.Redis, points: int) -> dict[str, list[list[Any]]]:
     views = [e.name for e in CatalogStore(settings, client).all() if e.kind == "view"]
     histories = LagStore(client, settings.topic_prefix, settings.lag_history).histories(views, points)
-    return {view: [[s.ts_ms, s.epochs, s.seconds, s.records, s.mce] for s in samples]
+    return {view: [[s.ts_ms, s.epochs, s.seconds, s.records, str(s.mce) if s.mce is not None else None]
+                   for s in samples]
             for view, samples in histories.items()}
 
 
@@ -102,5 +129,5 @@ def create_app(settings: Settings, client: redis.Redis | None = None) -> web.App
     app.router.add_get("/api/history", api_history)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
-    app.router.add_static("/static/", STATIC_DIR)
+    app.router.add_get("/static/{name}", static_file)
     return app

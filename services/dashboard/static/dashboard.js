@@ -162,6 +162,7 @@ function renderTable(doc) {
     const lag = v.lag;
     if (lag) {
       tr.dataset.sampleTs = lag.ts_ms;
+      tr.dataset.lagMce = lag.mce ?? "";
       tr.dataset.upstreams = JSON.stringify(lag.upstreams);
     }
     const lagTitle = lag ? lag.upstreams.map((u) =>
@@ -226,7 +227,8 @@ function renderChart() {
   for (let i = 0; i <= 4; i++) {
     const t = tMin + (tMax - tMin) * i / 4;
     const d = new Date(t);
-    axis.appendChild(svg("text", { x: x(t), y: height - 6, "text-anchor": "middle" },
+    const anchor = i === 0 ? "start" : i === 4 ? "end" : "middle";
+    axis.appendChild(svg("text", { x: x(t), y: height - 6, "text-anchor": anchor },
                          d.toLocaleTimeString([], { hour12: false })));
   }
   el.appendChild(axis);
