@@ -10,7 +10,12 @@ wrote (not against the epoch index the code reads): mv1 is 6 epochs, 5+6+7+8+10+
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import urllib.request
+from pathlib import Path
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +38,8 @@ from mvlog.services.view_ddl import alter_view, create_view
 
 pytestmark = pytest.mark.integration
 
+_SCRIPT = Path(sys.executable).with_name("mvlog")
+MVLOG = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "mvlog.services.cli"]
 RECORDS_BEHIND = 5 + 6 + 7 + 8 + (9 + 1) + (10 + 1)
 
 
@@ -149,6 +156,28 @@ def test_status_lag_and_metrics_report_epochs_seconds_and_records(chain: Chain) 
     assert metric("mvlog_view_backfill_eta_seconds", view="mv2") == 9
     assert metric("mvlog_cache_bytes", upstream="t1") == 1024
     assert metric("mvlog_view_rows", view="t1") == len(chain.rows_at[9])
+
+
+def test_status_watch_judges_its_own_window_and_stops_on_ctrl_c(chain: Chain) -> None:
+    """No sampler runs: ``status --watch`` samples by itself; mv1 is behind and nothing moves: stopped."""
+    table = CliRunner().invoke(main, ["status"], env=_env(chain.settings), catch_exceptions=False)
+    assert table.exit_code == 0 and "lag epochs" in table.stdout
+    mv1_line = next(line for line in table.stdout.splitlines() if "mv1" in line and "unknown" in line)
+    assert f" {RECORDS_BEHIND} " in mv1_line and " 6 " in mv1_line
+    process = subprocess.Popen([*MVLOG, "status", "--watch", "0.2", "--output", "json"],
+                               env={**os.environ, **_env(chain.settings)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        documents = [json.loads(process.stdout.readline()) for _ in range(3)]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    statuses = [{v["name"]: (v["status"] or {}).get("status") for v in d["views"]} for d in documents]
+    assert statuses[0]["mv1"] == "unknown" and statuses[2]["mv1"] == "stopped", statuses
+    assert statuses[2]["mv2"] == "ok" and statuses[2]["t1"] is None
 
 
 def test_status_rules_judge_real_samples(chain: Chain) -> None:
