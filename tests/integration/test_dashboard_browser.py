@@ -42,7 +42,8 @@ ROW_JS = """(name) => {
   if (!tr) return null;
   const cell = (f) => tr.querySelector(`[data-field="${f}"]`).textContent.trim();
   const pill = tr.querySelector('.status');
-  return {status: tr.dataset.status, lag_mce: tr.dataset.lagMce, upstreams: tr.dataset.upstreams ? JSON.parse(tr.dataset.upstreams) : null,
+  return {status: tr.dataset.status, lag_mce: tr.dataset.lagMce,
+          upstreams: tr.dataset.upstreams ? JSON.parse(tr.dataset.upstreams) : null,
           mce: cell('mce'), epochs: cell('lag-epochs'), seconds: cell('lag-seconds'), records: cell('lag-records'),
           colour: pill ? getComputedStyle(pill).backgroundColor : null};
 }"""

@@ -15,9 +15,9 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
