@@ -98,6 +98,9 @@ class LagStore:
                                     Verdict(LagStatus(verdict["status"]), verdict["reason"]))
         return found
 
+    def current_views(self) -> list[str]:
+        return [v.decode() for v in cast(list[bytes], self.redis.hkeys(self.current_key))]
+
     def history(self, view: str, count: int) -> list[LagSample]:
         """The newest ``count`` samples of ``view``, oldest first."""
         entries = cast(list[tuple[bytes, dict[bytes, bytes]]],

@@ -92,7 +92,11 @@ class LagSampler:
         self.leader = leader
         if not leader:
             return False
-        self.monitor.store.record(self.monitor.sample())
+        measured = self.monitor.sample()
+        store = self.monitor.store
+        store.record(measured)
+        if gone := sorted(set(store.current_views()) - {sample.view for sample, _ in measured}):
+            store.forget(gone)  # dropped views
         self.ticks += 1
         return True
 

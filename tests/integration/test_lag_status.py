@@ -34,7 +34,7 @@ from mvlog.services.dashboard.server import DashboardServer
 from mvlog.services.lag_sampler import LagSampler
 from mvlog.services.table_writer import Table
 from mvlog.services.view_consumer import ViewConsumer
-from mvlog.services.view_ddl import alter_view, create_view
+from mvlog.services.view_ddl import alter_view, create_view, drop_view
 
 pytestmark = pytest.mark.integration
 
@@ -205,6 +205,10 @@ def test_status_rules_judge_real_samples(chain: Chain) -> None:
     assert statuses()["mv1"] == "ok"
     history = store.history("mv1", 100)
     assert [s.epochs for s in history] == [6, 6, 7, 0]
+    chain.mv2.stop()
+    drop_view(settings, "mv2", client=chain.client)
+    assert sampler.tick()
+    assert set(statuses()) == {"mv1"} and store.history("mv2", 10) == []  # a dropped view is forgotten
     sampler.stop()
     assert rival.tick()  # the lease is free once the first sampler stopped
     rival.stop()
