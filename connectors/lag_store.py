@@ -67,8 +67,11 @@ class LagStore:
         for view in views:
             mce = mces[view.name]
             upstream_mces = {s: mces[s] for s in view.sources}
-            epochs = {s: self.index.count_after(s, mce) for s in view.sources}
-            records = {s: self.index.records_after(s, by_name[s].partitions if s in by_name else 1, mce)
+            # Bounded by the upstream MCEs read above, so a sample is one instant even while they move.
+            epochs = {s: self.index.count_after(s, mce, upto=upstream_mces[s]) if upstream_mces[s] else 0
+                      for s in view.sources}
+            records = {s: self.index.records_after(s, by_name[s].partitions if s in by_name else 1, mce,
+                                                   upto=upstream_mces[s]) if upstream_mces[s] else 0
                        for s in view.sources}
             samples.append(measure(view.name, now_ms, mce, upstream_mces, epochs, records))
         return samples
