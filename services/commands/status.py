@@ -81,7 +81,7 @@ def _status_cell(view: ViewStatus) -> str:
 
 def status_table(snapshot: PipelineSnapshot) -> Table:
     now_ms = snapshot.ts_ms
-    table = Table(title=f"mvlog status [{snapshot.prefix}]  lag sampler: {snapshot.sampler or 'none'}",
+    table = Table(title=f"mvlog status, prefix {snapshot.prefix}; lag sampler: {snapshot.sampler or 'none'}",
                   title_justify="left")
     for name in ("view", "kind", "state", "MCE", "committed", "lag epochs", "lag s", "lag records", "status",
                  "backfill", "cache", "backpressure"):
@@ -113,7 +113,7 @@ def lag_rows(snapshot: PipelineSnapshot, only: tuple[str, ...]) -> list[dict[str
 
 
 def lag_table(snapshot: PipelineSnapshot, only: tuple[str, ...]) -> Table:
-    table = Table(title=f"mvlog lag [{snapshot.prefix}]", title_justify="left")
+    table = Table(title=f"mvlog lag, prefix {snapshot.prefix}", title_justify="left")
     for name in ("view", "upstream", "view MCE", "upstream MCE", "epochs", "seconds", "records", "status",
                  "why"):
         numeric = name in ("view MCE", "upstream MCE", "epochs", "seconds", "records")
