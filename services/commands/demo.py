@@ -412,7 +412,6 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
     with backend_errors(settings):
         require_kafka(settings)
         create_definitions(settings, client)
-        stops = start_companions(settings, dashboard_port)
         click.echo(f"Tables {', '.join(TABLES)} and views {', '.join(VIEWS)} ready under prefix "
                    f"{settings.topic_prefix!r}:", err=True)
         for name, sql in VIEWS.items():
@@ -428,6 +427,7 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
         workload: Workload | None = None
         try:
             with _StopOnSignal() as stop:
+                stops = start_companions(settings, dashboard_port)
                 for name in VIEWS:
                     if stop.requested.is_set():
                         break
