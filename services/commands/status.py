@@ -8,6 +8,7 @@ health from the lag sampler when one runs (the dashboard runs one), else measure
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis
 from mvlog.services.commands.output import age, console, output_option, print_json
@@ -155,8 +157,6 @@ def _run(settings: Settings, watch: float | None, output: str, render: Callable[
 
 
 def _compact(document: Any) -> str:
-    import json
-
     return json.dumps(document, separators=(",", ":"), default=str)
 
 
@@ -187,8 +187,6 @@ def lag(settings: Settings, views: tuple[str, ...], watch: float | None, output:
     """Lag of each view (or VIEWS) behind each of its upstreams, in epochs, seconds and records."""
     if views:
         client = connect_redis(settings)
-        from mvlog.connectors.catalog_store import CatalogStore
-
         with backend_errors(settings):
             catalog = CatalogStore(settings, client)
             for name in views:

@@ -154,6 +154,11 @@ function backpressureText(bp) {
 function renderTable(doc) {
   const body = document.querySelector("#views tbody");
   body.replaceChildren();
+  if (!doc.views.length) {
+    body.innerHTML = `<tr><td colspan="12" class="dim">No tables or views under prefix ${doc.prefix} yet
+      (mvlog create-table, mvlog create-view).</td></tr>`;
+    return;
+  }
   for (const v of doc.views) {
     const tr = document.createElement("tr");
     const s = statusOf(v);
