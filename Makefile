@@ -36,7 +36,8 @@ help:
 setup: system-deps $(STAMP)
 
 # Debian packages the stack needs: redis-server (the local stack's Redis), a Java runtime >= 17 (Spark),
-# python3-venv (only when the interpreter cannot make a venv). Installed only when missing.
+# python3-venv (only when the interpreter cannot make a venv), chromium and chromium-driver (the
+# dashboard's browser test drives Debian's headless Chromium). Installed only when missing.
 system-deps:
 	@if [ -z "$(PYTHON)" ]; then \
 		echo "mvlog needs Python >= 3.11 (python3, python3.12 or python3.11 on PATH)," \
@@ -44,6 +45,8 @@ system-deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	"$(PYTHON)" -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 		if ! command -v apt-get >/dev/null 2>&1; then \

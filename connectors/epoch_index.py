@@ -76,18 +76,23 @@ class EpochIndex:
         """Forget epochs below ``epoch`` (after retention deleted them from Kafka)."""
         return int(self._redis.zremrangebylex(self.key(view, partition), "-", f"({epoch_hex(epoch)}"))
 
-    def count_after(self, view: str, epoch: int | None, partition: int = 0) -> int:
+    def count_after(self, view: str, epoch: int | None, partition: int = 0, upto: int | None = None) -> int:
         """How many indexed epochs lie above ``epoch`` (all of them when None): a lag in epochs.
 
         Every partition carries every epoch's barrier, so one partition's index counts them all.
+        ``upto`` bounds the count (inclusive): the lag behind an MCE read before, not behind whatever
+        the upstream committed since.
         """
         low = "-" if epoch is None else f"({epoch_hex(epoch)}:~"
-        return int(self._redis.zlexcount(self.key(view, partition), low, "+"))
+        high = "+" if upto is None else f"({epoch_hex(upto + 1)}"
+        return int(self._redis.zlexcount(self.key(view, partition), low, high))
 
-    def records_after(self, view: str, partitions: int, epoch: int | None) -> int:
-        """Change records of the indexed epochs above ``epoch`` over all partitions: a lag in records."""
+    def records_after(self, view: str, partitions: int, epoch: int | None, upto: int | None = None) -> int:
+        """Change records of the indexed epochs above ``epoch`` (up to ``upto``) over all partitions:
+        a lag in records."""
         low = "-" if epoch is None else f"({epoch_hex(epoch)}:~"
+        high = "+" if upto is None else f"({epoch_hex(upto + 1)}"
         pipe = self._redis.pipeline(transaction=False)
         for partition in range(partitions):
-            pipe.zrangebylex(self.key(view, partition), low, "+")
+            pipe.zrangebylex(self.key(view, partition), low, high)
         return sum(_parse(member).records for found in pipe.execute() for member in found)

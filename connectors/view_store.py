@@ -81,6 +81,10 @@ class ViewStore:
     def _key(self, view: str, what: str) -> str:
         return f"{self.prefix}:{{{view}}}:{what}"
 
+    def key(self, view: str, what: str) -> str:
+        """The Redis key of ``what`` (meta, rows, backfill, ...) of ``view``, under the view's hash tag."""
+        return self._key(view, what)
+
     # --- committed epochs -------------------------------------------------------------------------
 
     def commit(self, view: str, commit: EpochCommit) -> bool:
@@ -154,6 +158,17 @@ class ViewStore:
         pipe.hgetall(self._key(view, "rows"))
         mce, rows = pipe.execute()
         return (int(mce) if mce is not None else None), list(rows.items())
+
+    def read_many_at_consistent_epoch(self, views: Sequence[str]
+                                      ) -> dict[str, tuple[int | None, list[tuple[bytes, bytes]]]]:
+        """All rows of several views with each one's MCE, in one MULTI (one instant for all of them)."""
+        pipe = self.redis.pipeline(transaction=True)
+        for view in views:
+            pipe.hget(self._key(view, "meta"), "mce")
+            pipe.hgetall(self._key(view, "rows"))
+        replies = pipe.execute()
+        return {view: ((int(mce) if mce is not None else None), list(rows.items()))
+                for view, mce, rows in zip(views, replies[0::2], replies[1::2], strict=True)}
 
     def get_rows_at_consistent_epoch(self, view: str, keys: Sequence[bytes]
                                      ) -> tuple[int | None, dict[bytes, bytes]]:

@@ -6,7 +6,7 @@ A change follows the Debezium envelope: ``op`` is ``c`` (create), ``u`` (update)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -60,6 +60,17 @@ def apply_changes(rows: dict[Key, Row], changes: Iterable[Change]) -> dict[Key, 
             rows.pop(change.key, None)
         else:
             rows[change.key] = change.after
+    return rows
+
+
+def undo_changes(rows: dict[Key, Row], changes: Sequence[Change]) -> dict[Key, Row]:
+    """Take back ``changes`` (in the order they were applied) from a key -> row map, in place: the rows
+    as they were before them. Reading a view at an epoch below its MCE undoes its later epochs."""
+    for change in reversed(changes):
+        if change.before is None:
+            rows.pop(change.key, None)
+        else:
+            rows[change.key] = change.before
     return rows
 
 

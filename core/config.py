@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     cache_port: int = Field(default=8322, ge=0, le=65535)
     cache_heartbeat_ms: int = Field(default=1000, ge=50)
     cache_wait_ms: int = Field(default=2000, ge=0)
+    # Lag sampling (dashboard, `mvlog lag-sampler`): every interval, each view's lag is measured and kept
+    # in Redis; the status rules judge the last `lag_window` samples; `lag_history` samples are kept.
+    lag_sample_interval_ms: int = Field(default=1000, ge=50)
+    lag_window: int = Field(default=10, ge=2)
+    lag_history: int = Field(default=3600, ge=10)
 
     @field_validator("topic_prefix")
     @classmethod

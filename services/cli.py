@@ -35,11 +35,15 @@ LAZY_COMMANDS: dict[str, str] = {
     "cache-worker": "mvlog.services.commands.cache_worker:cache_worker",
     "create-table": "mvlog.services.commands.tables:create_table",
     "insert": "mvlog.services.commands.tables:insert",
+    "lag": "mvlog.services.commands.status:lag",
+    "lag-sampler": "mvlog.services.commands.status:lag_sampler",
     "create-view": "mvlog.services.commands.definitions:create_view_command",
+    "dashboard": "mvlog.services.commands.dashboard:dashboard",
     "demo": "mvlog.services.commands.demo:demo",
     "drop-view": "mvlog.services.commands.definitions:drop_view_command",
     "read": "mvlog.services.commands.read:read",
     "run-view": "mvlog.services.commands.run_view:run_view",
+    "status": "mvlog.services.commands.status:status",
     "views": "mvlog.services.commands.listing:views",
 }
 

@@ -13,8 +13,10 @@ What it does, in order:
    join ``mvj`` of mv1 and t2.
 3. **The pipeline**: one Spark session in local mode running a :class:`ViewConsumer` per view, and a
    workload thread writing inserts, updates and deletes into t1 and t2 (``--rate`` changes/s).
-4. **Progress**: every ``--interval`` seconds a table of every table and view: state, MCE, lag in epochs
-   behind its upstreams' MCE, rows, and the aggregates' values.
+4. **Progress**: the lag dashboard (web page, ``/metrics``, with the lag sampler) on 127.0.0.1
+   (``--dashboard-port``; a free port when that one is taken), whose address is printed; and every
+   ``--interval`` seconds a table of every table and view: state, MCE, lag in epochs behind its
+   upstreams' MCE, rows, and the aggregates' values.
 5. **Stopping** after ``--duration`` seconds or on SIGINT/SIGTERM (a second signal aborts): the workload
    stops, the views catch up with the last writes, the final contents are checked (mv1 against t1, mv2
    and mv3 against mv1, mvj against mv1 and t2) and summarized (``--output json``: one JSON line on
@@ -28,6 +30,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +57,7 @@ from mvlog.services.commands.backends import backend_errors, connect_redis, requ
 from mvlog.services.commands.output import age, cell_text, console, output_option
 from mvlog.services.commands.read import read_rows
 from mvlog.services.commands.run_view import _short, _StopOnSignal, _wait_between_triggers
+from mvlog.services.dashboard.server import DashboardServer
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 
@@ -77,8 +81,6 @@ VIEWS: dict[str, str] = {
 #: What the progress table shows in its "value" column: view -> column of its single row.
 AGGREGATES = {"mv2": "total", "mv3": "n"}
 
-DASHBOARD_NOTE = ("The lag dashboard (web page) is not built yet (a later issue): the table below is the "
-                  "demo's view of lag.")
 NAMES = ("ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal", "ivy", "jo")
 KEY_SPACE = 2000
 DRAIN_TIMEOUT_S = 120.0
@@ -310,6 +312,32 @@ def check_contents(settings: Settings, client: redis.Redis) -> dict[str, Any]:
             "checks": checks, "consistent": all(checks.values())}
 
 
+# ------------------------------------------------------------------------------------------ companions
+
+
+def start_dashboard(settings: Settings, port: int | None) -> DashboardServer:
+    """The lag dashboard and its lag sampler, on ``port`` (settings' dashboard_port), else a free port."""
+    wanted = settings.dashboard_port if port is None else port
+    try:
+        return DashboardServer(settings, port=wanted).start()
+    except OSError as error:
+        server = DashboardServer(settings, port=0).start()
+        click.echo(f"Port {wanted} (wanted for the dashboard) is not free ({error.strerror or error}): using "
+                   f"{server.port} instead.", err=True)
+        return server
+
+
+def start_companions(settings: Settings, dashboard_port: int | None) -> list[Callable[[], None]]:
+    """Services that run beside the pipeline for the whole demo; returns their stops (called in reverse).
+
+    The seam for the rest of the full demo: the Faust log-cache worker starts here too, and the view
+    created online with backfill while the workload runs is created from the main loop below.
+    """
+    dashboard = start_dashboard(settings, dashboard_port)
+    click.echo(f"Lag dashboard: {dashboard.url}  (Prometheus: {dashboard.url}metrics)", err=True)
+    return [dashboard.stop]
+
+
 # ---------------------------------------------------------------------------------------------- command
 
 
@@ -349,10 +377,12 @@ def _failed_query(consumers: list[ViewConsumer], queries: list[StreamingQuery]) 
                    "an existing prefix is reused).")
 @click.option("--no-stack", is_flag=True,
               help="Never start a local stack: use the broker and Redis of the settings as they are.")
+@click.option("--dashboard-port", type=click.IntRange(0, 65535), default=None,
+              help="Port of the lag dashboard on 127.0.0.1 (default: settings' dashboard_port, 8321; 0: any).")
 @output_option
 @pass_settings
 def demo(settings: Settings, duration: float | None, interval: float, rate: int, prefix: str | None,
-         no_stack: bool, output: str) -> None:
+         no_stack: bool, dashboard_port: int | None, output: str) -> None:
     """Run the canonical chain of views live on one laptop: t1 -> mv1 -> mv2, mv3 and mv1 JOIN t2 -> mvj.
 
     Starts (or reuses) the local stack, creates the tables and views under a fresh prefix, runs their
@@ -366,17 +396,19 @@ def demo(settings: Settings, duration: float | None, interval: float, rate: int,
     stack = ensure_stack(settings, no_stack)
     try:
         _run_demo(stack.settings.model_copy(update={"topic_prefix": topic_prefix}), duration, interval, rate,
-                  output)
+                  dashboard_port, output)
     finally:
         if stack.started is not None:
             stack.started.stop()
             click.echo(f"Local stack in {stack.started.data_dir} stopped.", err=True)
 
 
-def _run_demo(settings: Settings, duration: float | None, interval: float, rate: int, output: str) -> None:
+def _run_demo(settings: Settings, duration: float | None, interval: float, rate: int,
+              dashboard_port: int | None, output: str) -> None:
     client = connect_redis(settings)
     failure: str | None = None
     summary: dict[str, Any] = {}
+    stops: list[Callable[[], None]] = []
     with backend_errors(settings):
         require_kafka(settings)
         create_definitions(settings, client)
@@ -395,6 +427,7 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
         workload: Workload | None = None
         try:
             with _StopOnSignal() as stop:
+                stops = start_companions(settings, dashboard_port)
                 for name in VIEWS:
                     if stop.requested.is_set():
                         break
@@ -409,7 +442,6 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     until = "until Ctrl-C" if duration is None else f"for {duration:g} s"
                     click.echo(f"Workload: about {rate} inserts/updates/deletes per second into t1 and t2, "
                                f"{until}.", err=True)
-                    click.echo(DASHBOARD_NOTE, err=True)
                 started = time.monotonic()
                 end = None if duration is None else started + duration
                 next_print = started
@@ -473,6 +505,8 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
             for table in tables:
                 table.close()
             spark.stop()
+            for stop_companion in reversed(stops):
+                stop_companion()
     if summary:
         _print_summary(summary, output)
     if failure is not None:
@@ -492,4 +526,3 @@ def _print_summary(summary: dict[str, Any], output: str) -> None:
                    f"{summary['mv1_sum_v1']}); mv3.n = {summary['mv3_n']}; mvj: {summary['mvj_rows']} rows.")
         for name, passed in summary["checks"].items():
             click.echo(f"  {'ok  ' if passed else 'FAIL'} {name}")
-    click.echo(DASHBOARD_NOTE.split(":")[0] + ".")

@@ -1,5 +1,7 @@
 """``mvlog demo`` as a user runs it: a real process on the test stack, for 40 s of workload.
 
+While it runs, its lag dashboard answers at the address it prints (page, /api/status, /metrics).
+
 The demo reuses the test stack (its ``MVLOG_*`` variables point at it and it answers), runs its chain of
 views under this test's prefix, and must exit 0 with progress tables whose MCEs advance and a final JSON
 summary whose contents this test checks again itself, from the views' serving state in Redis.
@@ -9,13 +11,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
@@ -51,19 +58,61 @@ def visible_rows(settings: Settings, client: redis.Redis, name: str) -> list[dic
     return [{c: row.get(c) for c in entry.schema.visible_names} for row in rows]
 
 
+def wait_for_dashboard(err_path: Path, process: subprocess.Popen[str], timeout: float = 240.0) -> str:
+    """The dashboard's address, from the line the demo prints once it serves."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := re.search(r"Lag dashboard: (http://127\.0\.0\.1:\d+/)", err_path.read_text()):
+            return found.group(1)
+        assert process.poll() is None, f"the demo exited early:\n{err_path.read_text()}"
+        time.sleep(0.2)
+    raise AssertionError(f"no dashboard address printed within {timeout}s:\n{err_path.read_text()}")
+
+
+def check_dashboard_answers(url: str) -> None:
+    """While the demo runs, the dashboard serves its page, every view with a lag sample, and /metrics."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert "mvlog" in response.read().decode()
+    deadline = time.monotonic() + 120
+    while True:
+        with urllib.request.urlopen(f"{url}api/status", timeout=10) as response:
+            views = {v["name"]: v for v in json.load(response)["views"]}
+        if all(views.get(v, {}).get("lag") and views[v]["mce"] is not None for v in VIEWS):
+            break
+        assert time.monotonic() < deadline, f"views without lag samples or MCE: {views}"
+        time.sleep(0.5)
+    assert sorted(views["mvj"]["sources"]) == ["mv1", "t2"]  # the view graph: the join reads both
+    with urllib.request.urlopen(f"{url}metrics", timeout=10) as response:
+        families = {f.name for f in text_string_to_metric_families(response.read().decode())}
+    assert {"mvlog_view_epoch_lag", "mvlog_view_lag_seconds", "mvlog_view_max_committed_epoch"} <= families
+
+
 def test_demo_runs_the_chain_and_ends_consistent(settings: Settings, redis_client: redis.Redis,
                                                  tmp_path: Path) -> None:
     env = {**os.environ, "MVLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
            "MVLOG_REDIS_URL": settings.redis_url, "MVLOG_STACK_DIR": str(tmp_path / "stack"),
            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    result = subprocess.run([*MVLOG, "demo", "--duration", "40", "--prefix", settings.topic_prefix,
-                             "--output", "json"], env=env, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=480)
+    out_path, err_path = tmp_path / "demo.out", tmp_path / "demo.err"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        process = subprocess.Popen([*MVLOG, "demo", "--duration", "40", "--prefix", settings.topic_prefix,
+                                    "--dashboard-port", "0", "--output", "json"], env=env, cwd=tmp_path,
+                                   stdout=out, stderr=err, text=True)
+        try:
+            url = wait_for_dashboard(err_path, process)
+            check_dashboard_answers(url)
+            process.wait(timeout=480)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    result = subprocess.CompletedProcess(process.args, process.returncode, out_path.read_text(),
+                                         err_path.read_text())
     assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert "Traceback" not in result.stderr
     assert "Using the running stack" in result.stderr  # the test stack, not a new one
     assert not (tmp_path / "stack" / "stack.json").exists()
-    assert "dashboard (web page) is not built yet" in result.stderr
+    with pytest.raises(urllib.error.URLError):  # the dashboard stopped with the demo
+        urllib.request.urlopen(f"{url}healthz", timeout=5)
 
     tables = progress_tables(result.stdout)
     assert len(tables) >= 5, result.stdout  # one every 2 s over 40 s, and the final one
