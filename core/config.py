@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     stack_dir: Path = Path(".mvlog")
     bind_host: str = "127.0.0.1"
     dashboard_port: int = 8321
+    # Chunked backfill: first chunk size, its upper bound, and the share of the barrier interval an epoch
+    # with a chunk may take (the batch size adapts to keep it there).
+    backfill_batch_rows: int = Field(default=1000, ge=1)
+    backfill_max_batch_rows: int = Field(default=200_000, ge=1)
+    backfill_target_share: float = Field(default=0.5, gt=0, le=4)
 
     @field_validator("topic_prefix")
     @classmethod

@@ -6,6 +6,10 @@ feeds the epoch's changes to the view's incremental operator, writes the resulti
 epoch's barriers to the view's changelog in one Kafka transaction, then commits rows, operator state,
 epoch index and MCE to Redis in one script. Redis is the commit point: an epoch that reached Kafka but
 not Redis is redone under a new transaction, and readers drop the abandoned attempt (chain rule).
+
+A view created with ``backfill=chunked`` starts at its upstreams' current epoch instead of their log's
+start: a :class:`~mvlog.services.backfill.ChunkedBackfill` turns each upstream epoch into the changes
+at or below its positions plus a chunk of the upstream's rows, and its positions commit with the epoch.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from mvlog.changes import Change, Op
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter
-from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
+from mvlog.connectors.view_store import Lifecycle, ViewStore, commit_from_changes
 from mvlog.row_schema import Row
+from mvlog.services.backfill import ChunkedBackfill, backfill_needed
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ViewOperator
@@ -92,10 +97,17 @@ class ViewConsumer:
         # A new transactional producer fences any earlier consumer of this view.
         self.writer = ChangelogWriter(settings, view, self.entry.key_columns, self.entry.partitions)
         self.mce = self.store.mce(view) or 0
+        # A view created with --backfill chunked starts at its upstreams' current epoch and reads their
+        # rows from Redis in chunks; otherwise it replays the upstream changelog from its start.
+        self.backfill: ChunkedBackfill | None = None
+        if backfill_needed(self.store, self.entry):
+            self.backfill = ChunkedBackfill(settings, self.store, self.catalog, self.entry, self.upstreams)
+        self._after = max(self.mce, self.backfill.start_epoch if self.backfill is not None else 0)
         self._state = _ViewState(self.store, view)
         self._query: StreamingQuery | None = None
         self._checkpoint_dir: str | None = None
         self.epochs_applied = 0
+        self.backfill_done: ChunkedBackfill | None = None  # the completed backfill (its final progress)
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -105,7 +117,7 @@ class ViewConsumer:
 
     def stream(self) -> DataFrame:
         reader = self.spark.readStream.format("mvlog").options(**self._source_options(self.entry.sources[0]))
-        reader = reader.option("startingEpoch", str(self.mce))
+        reader = reader.option("startingEpoch", str(self._after))
         reader = reader.option("maxEpochsPerTrigger", str(self.max_epochs_per_trigger))
         if len(self.entry.sources) > 1:
             reader = reader.option("alignWith", ",".join(self.entry.sources[1:]))
@@ -125,28 +137,39 @@ class ViewConsumer:
             return
         end = max(epochs)
         for other in self.entry.sources[1:]:  # a join reads its other side up to the same epoch
-            changes_from_arrow(self._read_range(other, self.mce, end), self.upstreams[other], epochs)
+            changes_from_arrow(self._read_range(other, self._after, end), self.upstreams[other], epochs)
         self.apply_epochs(epochs)
 
     def apply_epochs(self, epochs: EpochChanges) -> None:
         for epoch in sorted(epochs):
-            if epoch <= self.mce:
-                continue  # applied before a restart: never twice
+            if epoch <= self._after:
+                continue  # applied before a restart (never twice), or before the backfill started
             self.apply_epoch(epoch, epochs[epoch])
 
     def apply_epoch(self, epoch: int, changes: Mapping[str, Sequence[Change]]) -> None:
+        started = time.monotonic()
         inputs = {name: list(changes.get(name, ())) for name in self.entry.sources}
+        step = self.backfill.prepare(epoch, inputs) if self.backfill is not None else None
+        if step is not None:
+            inputs = step.changes
         output = self.operator.apply_epoch(inputs, self._state)
         committed = self.writer.commit_epoch(epoch, self.mce, output.changes)
-        rows = commit_from_changes(self.entry.key_columns, epoch, output.changes, committed.index)
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
-        if not self.store.commit(self.entry.name, EpochCommit(epoch, rows.row_puts, rows.row_deletes,
-                                                              rows.index, puts, deletes)):
+        extra = step.commit_fields() if step is not None else {}
+        commit = commit_from_changes(self.entry.key_columns, epoch, output.changes, committed.index,
+                                     state_puts=puts, state_deletes=deletes, **extra)
+        if not self.store.commit(self.entry.name, commit):
             raise RuntimeError(f"{self.entry.name}: epoch {epoch} is at or below the MCE in Redis; "
                                "another consumer of this view is running")
-        self.mce = epoch
+        self.mce = self._after = epoch
         self.epochs_applied += 1
+        if self.backfill is not None and step is not None:
+            self.backfill.committed(step, time.monotonic() - started)
+            if self.backfill.done:
+                log.info("%s: backfill done at epoch %d (%d rows)", self.entry.name, epoch, self.backfill.rows_done)
+                self.backfill_done = self.backfill
+                self.backfill = None
 
     def catch_up(self, upto: int | None = None) -> int:
         """Apply every committed upstream epoch above the MCE with batch reads; returns the new MCE.
@@ -157,18 +180,18 @@ class ViewConsumer:
         end = min(m or 0 for m in committed.values())
         if upto is not None:
             end = min(end, upto)
-        if end <= self.mce:
+        if end <= self._after:
             return self.mce
         epochs: EpochChanges = {}
         for source in self.entry.sources:
-            changes_from_arrow(self._read_range(source, self.mce, end), self.upstreams[source], epochs)
+            changes_from_arrow(self._read_range(source, self._after, end), self.upstreams[source], epochs)
         self.apply_epochs(epochs)
         return self.mce
 
     # --- running ----------------------------------------------------------------------------------
 
     def start(self) -> StreamingQuery:
-        self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
+        self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE)
         self._checkpoint_dir = tempfile.mkdtemp(prefix=f"mvlog-{self.entry.name}-")
         self._query = (self.stream().writeStream.foreachBatch(self.process_batch)
                        .option("checkpointLocation", self._checkpoint_dir)
