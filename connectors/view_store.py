@@ -187,8 +187,8 @@ class ViewStore:
         args += list(commit.state_deletes)
         args += list(commit.order_puts)
         args += list(commit.order_deletes)
-        for name, value in commit.backfill.items():
-            args += [name, value]
+        for name, setting in commit.backfill.items():
+            args += [name, setting]
         args += list(commit.journal)
         args += [index_member(commit.epoch, commit.index[p].offset, commit.index[p].records) for p in partitions]
         return bool(self._commit(keys=keys, args=args))
@@ -293,7 +293,8 @@ class ViewStore:
 
     def set_backfill_progress(self, view: str, progress: Mapping[str, str | int | float]) -> None:
         """The dashboard's view of a running backfill (derived figures: rate, ETA; not a commit)."""
-        self.redis.hset(self._key(view, "backfill_progress"), mapping=dict(progress))
+        mapping: dict[str | bytes, str | int | float] = {k: v for k, v in progress.items()}
+        self.redis.hset(self._key(view, "backfill_progress"), mapping=mapping)  # type: ignore[arg-type]
 
     def backfill_progress(self, view: str) -> dict[str, str]:
         raw = cast(dict[bytes, bytes], self.redis.hgetall(self._key(view, "backfill_progress")))

@@ -46,7 +46,7 @@ def ordered_value(value: Any) -> bytes:
             raise KeyOrderError(f"key value {value} is outside int64")
         return bytes((_INT,)) + (value + _INT_BIAS).to_bytes(8, "big")
     if isinstance(value, float):
-        (bits,) = struct.unpack(">Q", struct.pack(">d", value))
+        bits: int = struct.unpack(">Q", struct.pack(">d", value))[0]
         bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
         return bytes((_FLOAT,)) + bits.to_bytes(8, "big")
     if isinstance(value, str):
