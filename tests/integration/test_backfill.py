@@ -44,7 +44,7 @@ from ..oracle import assert_same_rows, duckdb_view_rows, rows_at, rows_by_epoch
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
-KEYS = 4000
+KEYS = 1500
 COLUMNS = {"id": "int", "v1": "int", "deleted": "boolean"}
 
 
@@ -141,7 +141,9 @@ def check_backfilled_view(settings: Settings, client: redis.Redis, view: str) ->
 
 def test_view_created_on_a_busy_upstream_is_exact_at_every_epoch(
         make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any) -> None:
-    settings = make_settings(backfill_batch_rows=150, backfill_max_batch_rows=400)  # a backfill of many epochs
+    # Small chunks and 400 ms epochs: a backfill over several epochs, with few epochs to check.
+    settings = make_settings(barrier_interval_ms=400, backfill_batch_rows=100, backfill_max_batch_rows=300)
+    T0 = time.monotonic()
     table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
     rng = random.Random(5)
     table.upsert([{"id": i, "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.2} for i in range(KEYS)])
@@ -165,6 +167,7 @@ def test_view_created_on_a_busy_upstream_is_exact_at_every_epoch(
                 assert time.monotonic() < deadline, store.backfill_progress("mv1")
                 time.sleep(0.1)
             assert seen_backfilling
+            print("LIVE", time.monotonic() - T0, store.backfill_progress("mv1"), flush=True)
             progress = store.backfill_progress("mv1")
             assert progress["state"] == "live" and int(progress["rows_done"]) > 0
             assert progress["vnodes_done"] == progress["vnodes_total"] == "256"
@@ -183,7 +186,9 @@ def test_view_created_on_a_busy_upstream_is_exact_at_every_epoch(
     finally:
         for consumer in consumers:
             consumer.stop()
+    print("CAUGHT UP", time.monotonic() - T0, flush=True)
     epochs = [check_backfilled_view(settings, redis_client, v) for v in ("mv1", "mv2")]
+    print("CHECKED", time.monotonic() - T0, epochs, flush=True)
     assert min(epochs) >= 5, epochs  # the backfill spanned epochs while the upstream wrote
 
 
@@ -210,7 +215,7 @@ def _read_until(child: subprocess.Popen[str], prefix: str, timeout: float, sink:
 @pytest.mark.slow
 def test_backfill_killed_at_random_points_resumes_from_its_positions(
         make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
-    settings = make_settings(backfill_batch_rows=200, backfill_max_batch_rows=300)
+    settings = make_settings(barrier_interval_ms=400, backfill_batch_rows=50, backfill_max_batch_rows=150)
     table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
     rng = random.Random()
     table.upsert([{"id": i, "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.2} for i in range(KEYS)])
@@ -238,17 +243,23 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
             sampled.append(store.backfill_state("mv1"))
             kills += 1
             assert store.lifecycle("mv1") != Lifecycle.LIVE, "the backfill finished before the kills"
+    # The table stays open: its writer commits an (empty) epoch every interval, and the backfill moves
+    # one chunk per upstream epoch.
     last = table.flush()
-    table.close()
     child = _runner(settings, ["mv1"])
     try:
         deadline = time.monotonic() + 180
         while (store.mce("mv1") or 0) < last or store.lifecycle("mv1") != Lifecycle.LIVE:
             assert time.monotonic() < deadline and child.poll() is None, store.backfill_progress("mv1")
             time.sleep(0.2)
+        last = table.flush()
+        while (store.mce("mv1") or 0) < last:
+            assert time.monotonic() < deadline and child.poll() is None, store.backfill_progress("mv1")
+            time.sleep(0.2)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
+        table.close()
 
     # I5: sampled positions never move backwards across the kills.
     for before, after in zip(sampled, sampled[1:], strict=False):
