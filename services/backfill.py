@@ -118,8 +118,8 @@ class ChunkedBackfill:
         committed_start = int(stored.get(b"start_epoch", b"0"))
         if committed_start:
             self.start_epoch = committed_start
-        else:  # nothing committed yet: start from the upstreams' current epoch
-            self.start_epoch = min((m or 0) for m in store.mce_many(self.sources).values())
+        else:  # nothing committed yet: start just below the upstreams' current epoch
+            self.start_epoch = min(self._epoch_before_mce(s) for s in self.sources)
         self._first_commit = True
         self.sizer = BatchSizer(target_s=settings.barrier_interval_ms / 1000 * settings.backfill_target_share,
                                 size=settings.backfill_batch_rows, maximum=settings.backfill_max_batch_rows)
@@ -202,6 +202,15 @@ class ChunkedBackfill:
         }
 
     # --- internals --------------------------------------------------------------------------------
+
+    def _epoch_before_mce(self, source: str) -> int:
+        """The upstream's committed epoch before its MCE: starting there, the view has at least one
+        upstream epoch (the MCE) to emit a first chunk in, even when the upstream writes nothing more."""
+        mce = self.store.mce(source)
+        if mce is None:
+            return 0
+        before = self.store.index.before(source, 0, mce)
+        return before.epoch if before is not None else 0
 
     def _with_members(self, source: str, changes: Sequence[Change]) -> list[tuple[int, bytes, Change]]:
         columns = self.upstreams[source].key_columns

@@ -9,6 +9,7 @@ Once the backfill is done, every key is covered and this is I1 itself.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -143,7 +144,6 @@ def test_view_created_on_a_busy_upstream_is_exact_at_every_epoch(
         make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any) -> None:
     # Small chunks and 400 ms epochs: a backfill over several epochs, with few epochs to check.
     settings = make_settings(barrier_interval_ms=400, backfill_batch_rows=100, backfill_max_batch_rows=300)
-    T0 = time.monotonic()
     table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
     rng = random.Random(5)
     table.upsert([{"id": i, "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.2} for i in range(KEYS)])
@@ -167,7 +167,6 @@ def test_view_created_on_a_busy_upstream_is_exact_at_every_epoch(
                 assert time.monotonic() < deadline, store.backfill_progress("mv1")
                 time.sleep(0.1)
             assert seen_backfilling
-            print("LIVE", time.monotonic() - T0, store.backfill_progress("mv1"), flush=True)
             progress = store.backfill_progress("mv1")
             assert progress["state"] == "live" and int(progress["rows_done"]) > 0
             assert progress["vnodes_done"] == progress["vnodes_total"] == "256"
@@ -186,9 +185,7 @@ def test_view_created_on_a_busy_upstream_is_exact_at_every_epoch(
     finally:
         for consumer in consumers:
             consumer.stop()
-    print("CAUGHT UP", time.monotonic() - T0, flush=True)
     epochs = [check_backfilled_view(settings, redis_client, v) for v in ("mv1", "mv2")]
-    print("CHECKED", time.monotonic() - T0, epochs, flush=True)
     assert min(epochs) >= 5, epochs  # the backfill spanned epochs while the upstream wrote
 
 
@@ -262,7 +259,7 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
         table.close()
 
     # I5: sampled positions never move backwards across the kills.
-    for before, after in zip(sampled, sampled[1:], strict=False):
+    for before, after in itertools.pairwise(sampled):
         for name, value in before.items():
             if name.startswith(b"pos:"):
                 assert name in after and (Position.decode(after[name]) == Position.decode(value)
@@ -271,8 +268,8 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
     # read, only its last one per vnode (the one in flight) is read again by a later run.
     runs: dict[int, dict[int, list[str]]] = {}
     for run, line in reads:
-        _, vnode, start = line.split()
-        runs.setdefault(run, {}).setdefault(int(vnode), []).append(start)
+        _, vnode_text, start = line.split()
+        runs.setdefault(run, {}).setdefault(int(vnode_text), []).append(start)
     redone = 0
     for run, by_vnode in runs.items():
         committed = sampled[run - 1] if run else {}
