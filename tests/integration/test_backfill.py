@@ -37,7 +37,8 @@ from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import encode_key
 from mvlog.services.table_writer import Table
 from mvlog.services.view_consumer import ViewConsumer
-from mvlog.services.view_ddl import create_view, plan_for
+from mvlog.services.backfill import ChunkedBackfill
+from mvlog.services.view_ddl import alter_view, create_view, plan_for
 from mvlog.vnode import vnode_of
 
 from ..oracle import assert_same_rows, duckdb_view_rows, rows_at, rows_by_epoch
@@ -283,3 +284,37 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
             redone += len(again)
     assert redone <= len(sampled) * 256
     assert check_backfilled_view(settings, redis_client, "mv1") > 0
+
+
+def test_rate_limit_caps_the_backfill_and_changes_while_it_runs(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
+    """``alter-view --backfill-rate-limit`` applies to a running backfill within a second (no Spark:
+    the backfill is driven with the upstream's epochs as they commit)."""
+    settings = make_settings(backfill_batch_rows=10_000, backfill_max_batch_rows=10_000)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    with Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client) as table:
+        table.upsert([{"id": i, "v1": i, "deleted": False} for i in range(20_000)])
+        table.flush()
+        create_view(settings, "mv1", "SELECT * FROM t1", client=redis_client, backfill="chunked")
+        alter_view(settings, "mv1", client=redis_client, backfill_rate_limit=1000)
+        catalog = CatalogStore(settings, redis_client)
+        backfill = ChunkedBackfill(settings, store, catalog, catalog.get("mv1"), {"t1": catalog.get("t1")})
+
+        def rows_in(seconds: float) -> int:
+            done, seen = backfill.rows_done, 0
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                epoch = store.mce("t1") or 0
+                if epoch > seen:
+                    seen = epoch
+                    backfill.committed(backfill.prepare(epoch, {}), 0.0)
+                time.sleep(0.02)
+            return backfill.rows_done - done
+
+        slow = rows_in(3.0)
+        assert 0 < slow <= 1000 * 3 + 1000, slow  # the rate, plus at most one second of burst
+        alter_view(settings, "mv1", client=redis_client, backfill_rate_limit=4000)
+        rows_in(1.2)  # the new limit is read within a second
+        fast = rows_in(3.0)
+        assert fast > 2 * slow and fast <= 4000 * 3 + 4000, (slow, fast)
+        assert store.backfill_progress("mv1")["rate_limit"] == "4000"
