@@ -164,6 +164,8 @@ class RssSampler:
                 name = "driver (this process)" if pid == os.getpid() else _name(pid)
                 sums[name] = sums.get(name, 0) + _rss_kib(pid)
             for name, kib in sums.items():
+                if not kib:
+                    continue  # a process that ended between listing and reading
                 self.peaks[name] = max(self.peaks.get(name, 0), kib)
 
 

@@ -213,7 +213,9 @@ class BatchSizer:
     The time a view takes to process an epoch is the delay it adds to that epoch's barrier. When it is
     above ``target_s`` (a share of the system's barrier interval, leaving room for the upstream's own
     changes) the size shrinks in proportion (at most to a quarter); when below, it grows in proportion
-    (at most by ``growth``), so it settles where an epoch with a chunk costs about the target.
+    (at most by ``growth``), so it settles where an epoch with a chunk costs about the target. The fixed
+    cost of an epoch (its Kafka transaction and Redis commit, learned from epochs without a chunk) is
+    taken out of both, so only the chunk's own time is scaled.
     """
 
     target_s: float
@@ -221,13 +223,21 @@ class BatchSizer:
     minimum: int = 50
     maximum: int = 500_000
     growth: float = 1.5
+    overhead_s: float = 0.0  # learned from epochs without a chunk
 
     def observe(self, interval_s: float, rows: int) -> int:
-        factor = self.target_s / interval_s if interval_s > 0 else self.growth
+        """An epoch with a chunk of ``rows`` rows took ``interval_s``: adapt the size."""
+        spare = self.target_s - self.overhead_s  # what the chunk may add to an epoch's fixed cost
+        used = interval_s - self.overhead_s
+        factor = spare / used if used > 0 and spare > 0 else (0.25 if spare <= 0 else self.growth)
         factor = min(self.growth, max(0.25, factor))
         if factor < 1 or rows >= self.size // 2:  # only a chunk that used its size says it could be larger
             self.size = min(self.maximum, max(self.minimum, int(self.size * factor)))
         return self.size
+
+    def observe_without_chunk(self, interval_s: float) -> None:
+        """An epoch without a chunk: what every epoch costs anyway (Kafka transaction, Redis commit)."""
+        self.overhead_s = interval_s if self.overhead_s == 0 else 0.8 * self.overhead_s + 0.2 * interval_s
 
 
 @dataclass

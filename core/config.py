@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     # with a chunk may take (the batch size adapts to keep it there).
     backfill_batch_rows: int = Field(default=1000, ge=1)
     backfill_max_batch_rows: int = Field(default=200_000, ge=1)
-    backfill_target_share: float = Field(default=0.5, gt=0, le=4)
+    backfill_target_share: float = Field(default=0.8, gt=0, le=4)
 
     @field_validator("topic_prefix")
     @classmethod

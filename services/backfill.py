@@ -182,6 +182,8 @@ class ChunkedBackfill:
         self._first_commit = False
         if step.inserted:
             self.sizer.observe(busy_s, step.inserted)
+        else:
+            self.sizer.observe_without_chunk(busy_s)
         now = self._clock()
         self.meter.add(now, self.rows_done)
         if self.done or now - self._progress_at >= PROGRESS_EVERY_S:

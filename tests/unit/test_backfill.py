@@ -218,6 +218,15 @@ def test_batch_size_shrinks_when_epochs_take_longer_than_the_target_and_stays_in
         assert (after <= before) if seconds > 0.1 else (after >= before)
 
 
+def test_batch_size_leaves_the_fixed_cost_of_an_epoch_out() -> None:
+    sizer = BatchSizer(target_s=0.1, size=100, maximum=10**7)
+    for _ in range(5):
+        sizer.observe_without_chunk(0.06)  # every epoch costs 60 ms anyway
+    for _ in range(60):  # plus 10 us per row of its chunk: 40 ms left for 4,000 rows
+        sizer.observe(0.06 + sizer.size * 10e-6, sizer.size)
+    assert 3_600 <= sizer.size <= 4_400
+
+
 def test_batch_size_converges_where_a_chunk_costs_the_target() -> None:
     sizer = BatchSizer(target_s=0.1, size=100, maximum=10**7)
     for _ in range(60):  # a chunk costs 10 us per row: the target allows 10,000 rows
