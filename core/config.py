@@ -53,6 +53,11 @@ class Settings(BaseSettings):
     lag_sample_interval_ms: int = Field(default=1000, ge=50)
     lag_window: int = Field(default=10, ge=2)
     lag_history: int = Field(default=3600, ge=10)
+    # Chunked backfill: first chunk size, its upper bound, and the share of the barrier interval an epoch
+    # with a chunk may take (the batch size adapts to keep it there).
+    backfill_batch_rows: int = Field(default=1000, ge=1)
+    backfill_max_batch_rows: int = Field(default=200_000, ge=1)
+    backfill_target_share: float = Field(default=0.8, gt=0, le=4)
 
     @field_validator("topic_prefix")
     @classmethod

@@ -25,8 +25,10 @@ from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.topics import ensure_topic
 from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore
 from mvlog.epoch import EpochClock
+from mvlog.key_order import order_member
 from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType, FieldError, Key, Row, RowSchema
 from mvlog.schemas.codec import decode_row, encode_key, encode_row
+from mvlog.vnode import vnode_of
 
 log = logging.getLogger(__name__)
 
@@ -214,19 +216,28 @@ class Table:
             # epoch's transaction, so an encoding error aborts the epoch.
             row_puts: dict[bytes, bytes] = {}
             row_deletes: list[bytes] = []
+            order_puts: list[bytes] = []
+            order_deletes: list[bytes] = []
+            key_of = self.schema.key_of
 
             def encoded() -> Iterator[EncodedChange]:
                 for key, op, before, after in changes:
                     after_bytes = None if after is None else encode_row(after)
+                    image = after if after is not None else before
+                    assert image is not None
+                    member = order_member(vnode_of(key), key_of(image), key)
                     if after_bytes is None:
                         row_deletes.append(key)
+                        order_deletes.append(member)
                     else:
                         row_puts[key] = after_bytes
+                        order_puts.append(member)
                     yield EncodedChange(op, key, None if before is None else encode_row(before), after_bytes)
 
             committed = self._writer.commit_encoded(epoch, self._prev_epoch, encoded(), checkpoint=checkpoint)
             self._prev_epoch = epoch
-            self.store.commit(self.entry.name, EpochCommit(epoch, row_puts, row_deletes, committed.index))
+            self.store.commit(self.entry.name, EpochCommit(epoch, row_puts, row_deletes, committed.index,
+                                                           order_puts=order_puts, order_deletes=order_deletes))
             return committed
 
     def _changes(self, pending: Mapping[Key, Row | None]) -> list[tuple[bytes, str, Row | None, Row | None]]:

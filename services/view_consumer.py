@@ -6,6 +6,10 @@ feeds the epoch's changes to the view's incremental operator, writes the resulti
 epoch's barriers to the view's changelog in one Kafka transaction, then commits rows, operator state,
 epoch index and MCE to Redis in one script. Redis is the commit point: an epoch that reached Kafka but
 not Redis is redone under a new transaction, and readers drop the abandoned attempt (chain rule).
+
+A view created with ``backfill=chunked`` starts at its upstreams' current epoch instead of their log's
+start: a :class:`~mvlog.services.backfill.ChunkedBackfill` turns each upstream epoch into the changes
+at or below its positions plus a chunk of the upstream's rows, and its positions commit with the epoch.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import redis
@@ -27,8 +32,9 @@ from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter, encode_epoch
 from mvlog.connectors.source_batches import epoch_slices, one_change_per_key
-from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore
+from mvlog.connectors.view_store import Lifecycle, ViewStore, commit_from_encoded
 from mvlog.row_schema import Row
+from mvlog.services.backfill import ChunkedBackfill, backfill_needed
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import EpochOutput, ViewOperator
@@ -93,10 +99,17 @@ class ViewConsumer:
         # A new transactional producer fences any earlier consumer of this view.
         self.writer = ChangelogWriter(settings, view, self.entry.key_columns, self.entry.partitions)
         self.mce = self.store.mce(view) or 0
+        # A view created with --backfill chunked starts at its upstreams' current epoch and reads their
+        # rows from Redis in chunks; otherwise it replays the upstream changelog from its start.
+        self.backfill: ChunkedBackfill | None = None
+        if backfill_needed(self.store, self.entry):
+            self.backfill = ChunkedBackfill(settings, self.store, self.catalog, self.entry, self.upstreams)
+        self._after = max(self.mce, self.backfill.start_epoch if self.backfill is not None else 0)
         self._state = _ViewState(self.store, view)
         self._query: StreamingQuery | None = None
         self._checkpoint_dir: str | None = None
         self.epochs_applied = 0
+        self.backfill_done: ChunkedBackfill | None = None  # the completed backfill (its final progress)
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -106,7 +119,7 @@ class ViewConsumer:
 
     def stream(self) -> DataFrame:
         reader = self.spark.readStream.format("mvlog").options(**self._source_options(self.entry.sources[0]))
-        reader = reader.option("startingEpoch", str(self.mce))
+        reader = reader.option("startingEpoch", str(self._after))
         reader = reader.option("maxEpochsPerTrigger", str(self.max_epochs_per_trigger))
         if len(self.entry.sources) > 1:
             reader = reader.option("alignWith", ",".join(self.entry.sources[1:]))
@@ -121,7 +134,7 @@ class ViewConsumer:
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """foreachBatch: apply every epoch of the micro-batch above the MCE, in order."""
         table = batch.toArrow()
-        if self.operator.reads_one_view:
+        if self.operator.reads_one_view and self.backfill is None:  # a backfill routes changes row by row
             self.apply_columns(table)
             return
         epochs: EpochChanges = {}
@@ -130,13 +143,13 @@ class ViewConsumer:
             return
         end = max(epochs)
         for other in self.entry.sources[1:]:  # a join reads its other side up to the same epoch
-            changes_from_arrow(self._read_range(other, self.mce, end), self.upstreams[other], epochs)
+            changes_from_arrow(self._read_range(other, self._after, end), self.upstreams[other], epochs)
         self.apply_epochs(epochs)
 
     def apply_epochs(self, epochs: EpochChanges) -> None:
         for epoch in sorted(epochs):
-            if epoch <= self.mce:
-                continue  # applied before a restart: never twice
+            if epoch <= self._after:
+                continue  # applied before a restart (never twice), or before the backfill started
             self.apply_epoch(epoch, epochs[epoch])
 
     def apply_columns(self, batch: pa.Table) -> None:
@@ -147,7 +160,7 @@ class ViewConsumer:
         """
         upstream = self.upstreams[self.entry.sources[0]]
         for epoch, rows in epoch_slices(batch):
-            if epoch <= self.mce:
+            if epoch <= self._after:
                 continue  # applied before a restart: never twice
             if one_change_per_key(rows):
                 output = self.operator.apply_signed(rows, rows.column("_weight"), self._state)
@@ -158,20 +171,32 @@ class ViewConsumer:
             self._commit(epoch, output)
 
     def apply_epoch(self, epoch: int, changes: Mapping[str, Sequence[Change]]) -> None:
+        started = time.monotonic()
         inputs = {name: list(changes.get(name, ())) for name in self.entry.sources}
-        self._commit(epoch, self.operator.apply_epoch(inputs, self._state))
+        step = self.backfill.prepare(epoch, inputs) if self.backfill is not None else None
+        if step is not None:
+            inputs = step.changes
+        self._commit(epoch, self.operator.apply_epoch(inputs, self._state), step.commit_fields() if step else {})
+        if self.backfill is not None and step is not None:
+            self.backfill.committed(step, time.monotonic() - started)
+            if self.backfill.done:
+                log.info("%s: backfill done at epoch %d (%d rows)", self.entry.name, epoch, self.backfill.rows_done)
+                self.backfill_done = self.backfill
+                self.backfill = None
 
-    def _commit(self, epoch: int, output: EpochOutput) -> None:
-        """The epoch's changes and barriers to Kafka in one transaction, then rows, state and MCE to Redis."""
+    def _commit(self, epoch: int, output: EpochOutput, extra: Mapping[str, Any] | None = None) -> None:
+        """The epoch's changes and barriers to Kafka in one transaction, then rows, state, MCE (and the
+        backfill's positions, ``extra``) to Redis in one script."""
         encoded = encode_epoch(self.entry.key_columns, output.changes)  # each key and row encoded once
         committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes)
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
-        if not self.store.commit(self.entry.name, EpochCommit(epoch, encoded.row_puts, encoded.row_deletes,
-                                                              committed.index, puts, deletes)):
+        commit = commit_from_encoded(epoch, output.changes, encoded, committed.index,
+                                     state_puts=puts, state_deletes=deletes, **(extra or {}))
+        if not self.store.commit(self.entry.name, commit):
             raise RuntimeError(f"{self.entry.name}: epoch {epoch} is at or below the MCE in Redis; "
                                "another consumer of this view is running")
-        self.mce = epoch
+        self.mce = self._after = epoch
         self.epochs_applied += 1
 
     def catch_up(self, upto: int | None = None) -> int:
@@ -183,18 +208,18 @@ class ViewConsumer:
         end = min(m or 0 for m in committed.values())
         if upto is not None:
             end = min(end, upto)
-        if end <= self.mce:
+        if end <= self._after:
             return self.mce
         epochs: EpochChanges = {}
         for source in self.entry.sources:
-            changes_from_arrow(self._read_range(source, self.mce, end), self.upstreams[source], epochs)
+            changes_from_arrow(self._read_range(source, self._after, end), self.upstreams[source], epochs)
         self.apply_epochs(epochs)
         return self.mce
 
     # --- running ----------------------------------------------------------------------------------
 
     def start(self) -> StreamingQuery:
-        self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
+        self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE)
         self._checkpoint_dir = tempfile.mkdtemp(prefix=f"mvlog-{self.entry.name}-")
         self._query = (self.stream().writeStream.foreachBatch(self.process_batch)
                        .option("checkpointLocation", self._checkpoint_dir)

@@ -29,16 +29,24 @@ def plan_for(catalog: CatalogStore, name: str, sql: str) -> ViewPlan:
     return plan_view(name, sql, upstreams)
 
 
+#: How a new view gets its upstreams' existing rows: ``changelog`` replays the upstream changelog from its
+#: start (needs the whole log retained); ``chunked`` backfills online from the upstreams' serving state.
+BACKFILL_METHODS: tuple[str, ...] = ("chunked", "changelog")
+
+
 def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis | None = None,
-                partitions: int | None = None) -> CatalogEntry:
+                partitions: int | None = None, backfill: str = "changelog") -> CatalogEntry:
     """Register view ``name``; nothing is created when the definition is refused."""
+    if backfill not in BACKFILL_METHODS:
+        raise CatalogError(f"unknown backfill method {backfill!r}; known: {', '.join(BACKFILL_METHODS)}")
     client = client or redis.Redis.from_url(settings.redis_url)
     catalog = CatalogStore(settings, client)
     if (existing := catalog.find(name)) is not None:
         raise CatalogError(f"{existing.kind} {name!r} already exists")
     plan = plan_for(catalog, name, sql)
     entry = CatalogEntry(name, "view", plan.schema, partitions or settings.partitions,
-                         created_epoch=EpochClock().next(), sql=sql, sources=plan.sources)
+                         created_epoch=EpochClock().next(), sql=sql, sources=plan.sources,
+                         options={"backfill": backfill} if backfill != "changelog" else {})
     ensure_topic(settings, settings.changelog_topic(name), entry.partitions)
     catalog.put(entry)
     ViewStore(client, settings.topic_prefix).set_lifecycle(name, Lifecycle.CREATING)
