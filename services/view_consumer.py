@@ -30,8 +30,8 @@ from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.change_rows import epoch_slices, one_change_per_key
 from mvlog.connectors.changelog_writer import ChangelogWriter, encode_epoch
-from mvlog.connectors.source_batches import epoch_slices, one_change_per_key
 from mvlog.connectors.view_store import Lifecycle, ViewStore, commit_from_encoded
 from mvlog.row_schema import Row
 from mvlog.services.backfill import ChunkedBackfill, backfill_needed

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from mvlog.connectors.source_batches import epoch_slices, one_change_per_key
-from mvlog.connectors.spark_source import arrow_schema
+from mvlog.connectors.change_rows import arrow_schema, epoch_slices, one_change_per_key
 from mvlog.row_schema import RowSchema
 
 SCHEMA = RowSchema.of({"id": "int", "v": "int"}, ["id"])
