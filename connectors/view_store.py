@@ -57,6 +57,23 @@ return 1
 """
 
 
+_REPLACE_SCRIPT = """
+local current = redis.call('HGET', KEYS[1], 'mce_hex')
+if current ~= ARGV[1] then
+  redis.call('DEL', KEYS[4], KEYS[5])
+  return 0
+end
+for i = 0, 1 do
+  if redis.call('EXISTS', KEYS[4 + i]) == 1 then
+    redis.call('RENAME', KEYS[4 + i], KEYS[2 + i])
+  else
+    redis.call('DEL', KEYS[2 + i])
+  end
+end
+return 1
+"""
+
+
 @dataclass(frozen=True)
 class EpochCommit:
     """What one epoch changes in a view's serving state."""
@@ -77,6 +94,7 @@ class ViewStore:
         self.prefix = prefix
         self.index = EpochIndex(client, prefix)
         self._commit = client.register_script(_COMMIT_SCRIPT)
+        self._replace = client.register_script(_REPLACE_SCRIPT)
 
     def _key(self, view: str, what: str) -> str:
         return f"{self.prefix}:{{{view}}}:{what}"
@@ -166,6 +184,22 @@ class ViewStore:
         mce, values = pipe.execute()
         rows = {k: v for k, v in zip(keys, values, strict=True) if v is not None}
         return (int(mce) if mce is not None else None), rows
+
+    def replace_state(self, view: str, expected_mce: int, rows: Mapping[bytes, bytes],
+                      state: Mapping[bytes, bytes], chunk: int = 1000) -> bool:
+        """Replace the view's rows and operator state with ones rebuilt for epoch ``expected_mce``.
+
+        They are staged under temporary keys and swapped in by one script that checks the MCE is still
+        ``expected_mce``; False (and nothing changed) when it moved (a consumer committed meanwhile).
+        """
+        staged = [self._key(view, "rows.rebuild"), self._key(view, "opstate.rebuild")]
+        self.redis.delete(*staged)
+        for key, mapping in zip(staged, (rows, state), strict=True):
+            items = list(mapping.items())
+            for start in range(0, len(items), chunk):
+                self.redis.hset(key, mapping=dict(items[start:start + chunk]))
+        keys = [self._key(view, "meta"), self._key(view, "rows"), self._key(view, "opstate"), *staged]
+        return bool(self._replace(keys=keys, args=[epoch_hex(expected_mce)]))
 
     def drop(self, view: str, partitions: int) -> None:
         keys = [self._key(view, w) for w in ("meta", "rows", "opstate")]
