@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     spark_master: str = "local[2]"
     stack_dir: Path = Path(".mvlog")
     bind_host: str = "127.0.0.1"
+    # Records above this size are not decoded: they go to the view's dead-letter topic (memory stays bounded).
+    max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     dashboard_port: int = 8321
 
     @field_validator("topic_prefix")
@@ -58,6 +60,10 @@ class Settings(BaseSettings):
     @property
     def dead_letter_topic(self) -> str:
         return f"{self.topic_prefix}.dead-letter"
+
+    def dead_letter_topic_of(self, view: str) -> str:
+        """Where a reader of ``view``'s changelog puts the records it cannot use (with headers saying why)."""
+        return f"{self.topic_prefix}.{view}.dlq"
 
     def kafka_client_config(self) -> dict[str, Any]:
         """librdkafka settings common to producers, consumers and admin clients."""
