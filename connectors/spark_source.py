@@ -224,7 +224,7 @@ class _Planner:
                 continue
             start = self.index.before(self.entry.name, partition, entries[0].epoch)
             parts.append(PartitionRange(
-                settings_json=self.settings.model_dump_json(), view=self.entry.name,
+                settings_json=self.settings.to_executor_json(), view=self.entry.name,
                 key_columns=self.entry.key_columns, schema_json=self.entry.schema.to_json(),
                 partition=partition, after_epoch=start.epoch if start else 0,
                 start_offset=start.offset + 1 if start else 0,
