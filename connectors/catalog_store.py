@@ -5,6 +5,7 @@ Every change goes to the topic first (flushed), then to Redis, so the topic is n
 
 from __future__ import annotations
 
+import time
 from typing import cast
 
 import redis
@@ -22,6 +23,9 @@ class CatalogStore:
         self.settings = settings
         self.redis = client
         self.key = f"{settings.topic_prefix}:catalog"
+        # Present while Redis holds the control plane; gone after a wipe (FLUSHALL), which is how
+        # readers tell "no such view" from "Redis lost everything" (see mvlog.services.control_plane).
+        self.marker_key = f"{settings.topic_prefix}:control-plane"
         self._producer: Producer | None = None
 
     def _topic_producer(self) -> Producer:
@@ -37,7 +41,18 @@ class CatalogStore:
         producer.produce(self.settings.catalog_topic, data, entry.name.encode())
         if producer.flush(30) != 0:
             raise CatalogError(f"catalog entry {entry.name} was not written to {self.settings.catalog_topic}")
-        self.redis.hset(self.key, entry.name, data)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.key, entry.name, data)
+        pipe.hsetnx(self.marker_key, "since_ms", str(int(time.time() * 1000)))
+        pipe.execute()
+
+    def wiped(self) -> bool:
+        """Whether Redis lost the control plane (the marker a catalog write leaves is gone)."""
+        return not self.redis.exists(self.marker_key)
+
+    def mark_rebuilt(self) -> None:
+        self.redis.hset(self.marker_key, mapping={"since_ms": str(int(time.time() * 1000)),
+                                                  "rebuilt_ms": str(int(time.time() * 1000))})
 
     def delete(self, name: str) -> None:
         producer = self._topic_producer()
@@ -48,6 +63,8 @@ class CatalogStore:
 
     def get(self, name: str) -> CatalogEntry:
         data = cast(bytes | None, self.redis.hget(self.key, name))
+        if data is None and self.wiped() and self.rebuild_from_topic():  # Redis was wiped: reload it
+            data = cast(bytes | None, self.redis.hget(self.key, name))
         if data is None:
             known = ", ".join(sorted(self.names())) or "none"
             raise CatalogError(f"unknown table or view {name!r} (known: {known})")

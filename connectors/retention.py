@@ -25,6 +25,17 @@ def low_watermarks(settings: Settings, topic: str, partitions: int) -> dict[int,
         consumer.close()
 
 
+def has_records(settings: Settings, topic: str, partitions: int) -> bool:
+    """Whether any partition holds a record (a high watermark above 0 says so even on Tansu, whose high
+    watermark is otherwise not the end of the log)."""
+    consumer = reader_consumer(settings)
+    try:
+        return any(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] > 0
+                   for p in range(partitions))
+    finally:
+        consumer.close()
+
+
 def starts_the_log(settings: Settings, index: EpochIndex, view: str) -> bool:
     """Whether the oldest indexed epoch of ``view`` is its changelog's first (its barrier names no previous
     epoch) and partition 0 still holds it from offset 0: then the whole history is retained."""

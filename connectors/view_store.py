@@ -35,6 +35,9 @@ local current = redis.call('HGET', meta, 'mce_hex')
 if current and current >= ARGV[1] then
   return 0
 end
+if ARGV[8] ~= '' and (current or 'none') ~= ARGV[8] then
+  return -1
+end
 -- ARGV[first .. first + count * width - 1] in calls of at most 512 items (Lua's stack is small).
 local function each_chunk(command, key, first, count, width)
   local last = first + count * width - 1
@@ -46,7 +49,7 @@ local function each_chunk(command, key, first, count, width)
   end
   return last + 1
 end
-local i = 8
+local i = 9
 i = each_chunk('HSET', KEYS[2], i, tonumber(ARGV[4]), 2)
 i = each_chunk('HDEL', KEYS[2], i, tonumber(ARGV[5]), 1)
 i = each_chunk('HSET', KEYS[3], i, tonumber(ARGV[6]), 2)
@@ -84,6 +87,13 @@ class EpochCommit:
     index: Mapping[int, IndexEntry]  # partition -> barrier entry of this epoch
     state_puts: Mapping[bytes, bytes] | None = None
     state_deletes: Sequence[bytes] = ()
+    # The MCE this epoch must follow (0: none yet); None skips the check. A writer that knows its last
+    # committed epoch passes it, so a wiped (or rolled back) Redis is detected instead of overwritten.
+    follows: int | None = None
+
+
+class ServingStateLostError(RuntimeError):
+    """Redis no longer holds the MCE an epoch follows: it was wiped (or rolled back); rebuild from Kafka."""
 
 
 class ViewStore:
@@ -102,7 +112,9 @@ class ViewStore:
     # --- committed epochs -------------------------------------------------------------------------
 
     def commit(self, view: str, commit: EpochCommit) -> bool:
-        """Apply one epoch atomically; False (and nothing changed) when it is at or below the MCE."""
+        """Apply one epoch atomically; False (and nothing changed) when it is at or below the MCE.
+
+        Raises :class:`ServingStateLostError` (nothing changed) when ``commit.follows`` is not the MCE."""
         state_puts = commit.state_puts or {}
         partitions = sorted(commit.index)
         keys = [self._key(view, "meta"), self._key(view, "rows"), self._key(view, "opstate")]
@@ -110,6 +122,7 @@ class ViewStore:
         args: list[bytes | str | int] = [
             epoch_hex(commit.epoch), commit.epoch, int(time.time() * 1000),
             len(commit.row_puts), len(commit.row_deletes), len(state_puts), len(commit.state_deletes),
+            "" if commit.follows is None else (epoch_hex(commit.follows) if commit.follows > 0 else "none"),
         ]
         for field, value in commit.row_puts.items():
             args += [field, value]
@@ -118,7 +131,11 @@ class ViewStore:
             args += [field, value]
         args += list(commit.state_deletes)
         args += [index_member(commit.epoch, commit.index[p].offset, commit.index[p].records) for p in partitions]
-        return bool(self._commit(keys=keys, args=args))
+        result = int(self._commit(keys=keys, args=args))
+        if result < 0:
+            raise ServingStateLostError(f"{view}: epoch {commit.epoch} follows epoch {commit.follows}, but Redis "
+                                        f"holds MCE {self.mce(view)}: the serving state was wiped or rolled back")
+        return result == 1
 
     def mce(self, view: str) -> int | None:
         value = self.redis.hget(self._key(view, "meta"), "mce")

@@ -20,9 +20,10 @@ from mvlog.changes import Op
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, EncodedChange
+from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.topics import ensure_topic
-from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore
+from mvlog.connectors.view_store import EpochCommit, Lifecycle, ServingStateLostError, ViewStore
 from mvlog.epoch import EpochClock
 from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType, FieldError, Key, Row, RowSchema
 from mvlog.schemas.codec import decode_row, encode_key, encode_row
@@ -111,6 +112,7 @@ class Table:
         self._clock = EpochClock(roll_forward(settings, self.store, entry).max_seen if recover else 0)
         # The next barrier names the last *committed* epoch, abandoning any epoch a killed writer left.
         self._prev_epoch = self.store.mce(entry.name) or 0
+        self._last_committed: dict[int, IndexEntry] | None = None
         self._epochs_written = 0
         self._pending: dict[Key, Row | None] = {}
         self._lock = threading.Lock()
@@ -203,7 +205,12 @@ class Table:
         with self._commit_lock:
             with self._lock:
                 pending, self._pending = self._pending, {}
+            # Before-images come from Redis: they must be those of the last committed epoch, so a wiped
+            # Redis is noticed (and rebuilt from Kafka) before the changes are computed, and after.
+            self._ensure_serving_state()
             changes = self._changes(pending)
+            while self._ensure_serving_state():
+                changes = self._changes(pending)
             epoch = self._clock.next()
             self._epochs_written += 1
             checkpoint = self._epochs_written % self.settings.checkpoint_frequency == 0
@@ -221,10 +228,33 @@ class Table:
                         row_puts[key] = after_bytes
                     yield EncodedChange(op, key, None if before is None else encode_row(before), after_bytes)
 
-            committed = self._writer.commit_encoded(epoch, self._prev_epoch, encoded(), checkpoint=checkpoint)
+            follows = self._prev_epoch
+            committed = self._writer.commit_encoded(epoch, follows, encoded(), checkpoint=checkpoint)
             self._prev_epoch = epoch
-            self.store.commit(self.entry.name, EpochCommit(epoch, row_puts, row_deletes, committed.index))
+            self._last_committed = committed.index
+            try:
+                self.store.commit(self.entry.name, EpochCommit(epoch, row_puts, row_deletes, committed.index,
+                                                               follows=follows))
+            except ServingStateLostError:
+                self._recover()  # rolls Redis forward over this epoch too
             return committed
+
+    def _ensure_serving_state(self) -> bool:
+        """True when Redis had lost this table's state (wiped) and it was rebuilt from Kafka."""
+        if self.store.mce(self.entry.name) == (self._prev_epoch or None):
+            return False
+        self._recover()
+        return True
+
+    def _recover(self) -> None:
+        from mvlog.services.control_plane import recover_after_wipe
+
+        log.warning("%s: Redis no longer holds its MCE %d: rebuilding from Kafka", self.entry.name, self._prev_epoch)
+        mce = recover_after_wipe(self.settings, self._redis, self.entry, self._last_committed)
+        if (mce or 0) != self._prev_epoch:
+            raise RuntimeError(f"table {self.entry.name}: Redis is at epoch {mce}, this writer at {self._prev_epoch}; "
+                               "another writer of the table is running")
+        self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
 
     def _changes(self, pending: Mapping[Key, Row | None]) -> list[tuple[bytes, str, Row | None, Row | None]]:
         """(key bytes, op, before, after) of every pending key whose row changes (each key once)."""

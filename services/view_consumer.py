@@ -26,7 +26,9 @@ from mvlog.changes import Change, Op
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter
-from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
+from mvlog.connectors.epoch_index import IndexEntry
+from mvlog.connectors.retention import has_records
+from mvlog.connectors.view_store import EpochCommit, Lifecycle, ServingStateLostError, ViewStore, commit_from_changes
 from mvlog.row_schema import Row
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
@@ -91,6 +93,12 @@ class ViewConsumer:
         self.trigger_interval = trigger_interval
         # A new transactional producer fences any earlier consumer of this view.
         self.writer = ChangelogWriter(settings, view, self.entry.key_columns, self.entry.partitions)
+        self._last_committed: dict[int, IndexEntry] | None = None
+        topic = settings.changelog_topic(view)
+        if self.store.mce(view) is None and has_records(settings, topic, self.entry.partitions):
+            from mvlog.services.control_plane import recover_after_wipe
+
+            recover_after_wipe(settings, self._redis, self.entry, None)  # Redis was wiped: rebuild from Kafka
         self.mce = self.store.mce(view) or 0
         self._state = _ViewState(self.store, view)
         self._query: StreamingQuery | None = None
@@ -120,10 +128,15 @@ class ViewConsumer:
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """foreachBatch: apply every epoch of the micro-batch above the MCE, in order."""
         epochs: EpochChanges = {}
-        changes_from_arrow(batch.toArrow(), self.upstreams[self.entry.sources[0]], epochs)
+        source = self.entry.sources[0]
+        changes_from_arrow(batch.toArrow(), self.upstreams[source], epochs)
         if not epochs:
             return
         end = max(epochs)
+        first = min(epochs)
+        if self.store.index.between(source, 0, self.mce, first - 1):
+            # Epochs the stream never delivered (planned while Redis was wiped): read them now.
+            changes_from_arrow(self._read_range(source, self.mce, first - 1), self.upstreams[source], epochs)
         for other in self.entry.sources[1:]:  # a join reads its other side up to the same epoch
             changes_from_arrow(self._read_range(other, self.mce, end), self.upstreams[other], epochs)
         self.apply_epochs(epochs)
@@ -136,17 +149,48 @@ class ViewConsumer:
 
     def apply_epoch(self, epoch: int, changes: Mapping[str, Sequence[Change]]) -> None:
         inputs = {name: list(changes.get(name, ())) for name in self.entry.sources}
+        # The operator state read from Redis must be that of the MCE: a wiped Redis is rebuilt from Kafka
+        # first (and the epoch recomputed if it was wiped while the operator ran).
+        self._ensure_serving_state()
         output = self.operator.apply_epoch(inputs, self._state)
+        while self._ensure_serving_state():
+            if epoch <= self.mce:
+                return
+            output = self.operator.apply_epoch(inputs, self._state)
         committed = self.writer.commit_epoch(epoch, self.mce, output.changes)
+        self._last_committed = committed.index
         rows = commit_from_changes(self.entry.key_columns, epoch, output.changes, committed.index)
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
-        if not self.store.commit(self.entry.name, EpochCommit(epoch, rows.row_puts, rows.row_deletes,
-                                                              rows.index, puts, deletes)):
+        try:
+            applied = self.store.commit(self.entry.name, EpochCommit(epoch, rows.row_puts, rows.row_deletes,
+                                                                     rows.index, puts, deletes, follows=self.mce))
+        except ServingStateLostError:
+            self._recover()  # rolls Redis forward over this epoch too
+            applied = self.mce == epoch
+        if not applied:
             raise RuntimeError(f"{self.entry.name}: epoch {epoch} is at or below the MCE in Redis; "
                                "another consumer of this view is running")
         self.mce = epoch
         self.epochs_applied += 1
+
+    def _ensure_serving_state(self) -> bool:
+        """True when Redis had lost this view's state (wiped) and it was rebuilt from Kafka."""
+        if self.store.mce(self.entry.name) == (self.mce or None):
+            return False
+        self._recover()
+        return True
+
+    def _recover(self) -> None:
+        from mvlog.services.control_plane import recover_after_wipe
+
+        log.warning("%s: Redis no longer holds its MCE %d: rebuilding from Kafka", self.entry.name, self.mce)
+        mce = recover_after_wipe(self.settings, self._redis, self.entry, self._last_committed) or 0
+        if mce < self.mce:
+            raise RuntimeError(f"{self.entry.name}: Redis could only be rebuilt up to epoch {mce}, "
+                               f"below this consumer's {self.mce}")
+        self.mce = mce
+        self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
 
     def catch_up(self, upto: int | None = None) -> int:
         """Apply every committed upstream epoch above the MCE with batch reads; returns the new MCE.
