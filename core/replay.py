@@ -21,6 +21,10 @@ class ReplayRangeError(ValueError):
     """A replay request outside what the changelog retains (the message names the retained range)."""
 
 
+class ReplayTargetError(ValueError):
+    """Where the replay would write is not acceptable (an existing view's changelog, a used name)."""
+
+
 def describe(epoch: int) -> str:
     moment = datetime.fromtimestamp(epoch_millis(epoch) / 1000, tz=UTC)
     return f"{epoch} ({moment.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]} UTC)"

@@ -37,7 +37,7 @@ from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.retention import starts_the_log
 from mvlog.connectors.topics import ensure_topic
 from mvlog.connectors.view_store import ViewStore
-from mvlog.replay import ReplayRangeError, RetainedRange, retained_range
+from mvlog.replay import ReplayRangeError, ReplayTargetError, RetainedRange, retained_range
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import encode_key, encode_row
 from mvlog.services.view_ddl import plan_for
@@ -284,6 +284,7 @@ class TopicSink:
     def __init__(self, settings: Settings, client: redis.Redis, entry: CatalogEntry, name: str | None = None) -> None:
         self.name = name or f"{entry.name}.replay-{uuid.uuid4().hex[:8]}"
         self.topic = settings.changelog_topic(self.name)
+        check_topic_name(settings, client, self.name)
         ensure_topic(settings, self.topic, entry.partitions)
         self._writer = ChangelogWriter(settings, self.name, entry.key_columns, entry.partitions)
         self._index = EpochIndex(client, settings.topic_prefix)
@@ -296,6 +297,15 @@ class TopicSink:
 
     def close(self) -> None:
         self._writer.close()
+
+
+def check_topic_name(settings: Settings, client: redis.Redis, name: str) -> None:
+    """Refuse a target that is a table or view (its changelog would be written to) or holds epochs already."""
+    if CatalogStore(settings, client).find(name) is not None:
+        raise ReplayTargetError(f"{name} is an existing table or view: choose another --topic-name")
+    if EpochIndex(client, settings.topic_prefix).latest(name, 0) is not None:
+        raise ReplayTargetError(f"{settings.changelog_topic(name)} already holds re-derived epochs: "
+                                "choose another --topic-name")
 
 
 class RedisRebuildSink:

@@ -104,6 +104,8 @@ class Table:
         self.entry = entry
         self.schema: RowSchema = entry.schema
         self._fast_normalize = _plain_row_normalizer(self.schema)
+        # Only string and bytes columns can make a row too large for one Kafka record: checked per row.
+        self._sized_columns = [c.name for c in self.schema.columns if c.type in (ColumnType.STRING, ColumnType.BYTES)]
         self._redis = client or redis.Redis.from_url(settings.redis_url)
         self.store = ViewStore(self._redis, settings.topic_prefix)
         # The writer's init_transactions fences any earlier writer before we read the log's tail.
@@ -168,12 +170,26 @@ class Table:
                     errors.extend(problems)
                     continue
                 normalized = self.schema.normalize(row)
+            if self._sized_columns and (problem := self._too_large(normalized)) is not None:
+                errors.append(FieldError(index, problem[0], problem[1]))
+                continue
             accepted[key_of(normalized)] = normalized
         with self._lock:
             self._pending.update(accepted)
         if errors:
             raise RowValidationError(self.entry.name, errors, len(accepted))
         return len(accepted)
+
+    def _too_large(self, row: Row) -> tuple[str, str] | None:
+        """(column, problem) when the row's strings and bytes alone exceed ``max_record_bytes``: its change
+        event (before and after images) could not be one Kafka record, and readers would dead-letter it."""
+        limit = self.settings.max_record_bytes // 2  # an update carries the row twice
+        sizes = {name: len(value) for name in self._sized_columns if (value := row.get(name)) is not None}
+        if sum(sizes.values()) <= limit:
+            return None
+        largest = max(sizes, key=lambda name: sizes[name])
+        return largest, (f"row too large: {sum(sizes.values())} bytes of text/bytes, above half of max_record_bytes "
+                         f"({self.settings.max_record_bytes}), the largest column being {largest!r}")
 
     def delete(self, keys: Iterable[Any]) -> int:
         """Queue deletes of primary keys (a scalar for a one-column key, else a tuple)."""

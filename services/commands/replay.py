@@ -20,7 +20,7 @@ from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.consumer_groups import ConsumerGroupError
 from mvlog.connectors.view_store import ViewStore
-from mvlog.replay import ReplayRangeError, parse_datetime_ms, parse_duration_ms
+from mvlog.replay import ReplayRangeError, ReplayTargetError, parse_datetime_ms, parse_duration_ms
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.output import console, epoch_time, output_option, print_json, print_table
@@ -57,7 +57,7 @@ def _replay_errors(settings: Settings) -> Iterator[None]:
     with backend_errors(settings):
         try:
             yield
-        except (ReplayRangeError, ConsumerGroupError) as error:
+        except (ReplayRangeError, ReplayTargetError, ConsumerGroupError) as error:
             raise click.ClickException(str(error)) from error
 
 
@@ -144,7 +144,7 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
     The operator's state at the range's start is rebuilt from the upstreams' changelogs from their first
     epoch; each epoch of the range is then recomputed exactly as the view's consumer computed it.
     """
-    from mvlog.services.rederive import Derivation, RedisRebuildSink, TopicSink, plan_derivation
+    from mvlog.services.rederive import Derivation, RedisRebuildSink, TopicSink, check_topic_name, plan_derivation
 
     if into is None:
         raise click.UsageError("say where the re-derived epochs go: --into-topic or --rebuild")
@@ -155,6 +155,8 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
     with _replay_errors(settings):
         require_kafka(settings)
         plan = plan_derivation(settings, client, view, from_epoch, to_epoch)
+        if into == "topic" and topic_name is not None:
+            check_topic_name(settings, client, topic_name)
         store = ViewStore(client, settings.topic_prefix)
         mce = store.mce(view)
         if into == "rebuild" and plan.last != mce:

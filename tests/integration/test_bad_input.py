@@ -11,11 +11,12 @@ import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_reader import ChangelogReader, ChangelogReadError
 from mvlog.connectors.topics import ensure_topic
 from mvlog.connectors.view_store import ViewStore
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, TYPE_CHANGE, encode_key
-from mvlog.services.table_writer import Table
+from mvlog.services.table_writer import RowValidationError, Table
 from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 
@@ -109,3 +110,34 @@ def test_a_topic_that_is_not_a_changelog(settings: Settings, redis_client: redis
     with ChangelogReader(settings, "plain", ("id",), 1, dead_letter=False) as reader, \
             pytest.raises(ChangelogReadError, match=rf"{topic} partition 0 offset 0: not an mvlog changelog record"):
         list(reader.epochs(idle_timeout=3.0))
+
+
+def test_a_row_too_large_is_refused_at_the_writer(make_settings: Any, redis_client: redis.Redis) -> None:
+    """A row whose change event could not be one record is refused when written, naming row and column;
+    the other rows of the call are kept."""
+    settings: Settings = make_settings(max_record_bytes=4096)
+    with Table.create(settings, "t1", {"id": "int", "s": "string"}, ["id"], client=redis_client,
+                      auto_commit=False) as t1:
+        with pytest.raises(RowValidationError, match=r"row 1: field 's': row too large: 5000 bytes") as refused:
+            t1.upsert([{"id": 1, "s": "ok"}, {"id": 2, "s": "x" * 5000}])
+        assert refused.value.accepted == 1
+        t1.flush()
+    assert ViewStore(redis_client, settings.topic_prefix).row_count("t1") == 1
+
+
+def test_poison_in_the_catalog_topic_is_dead_lettered_on_rebuild(settings: Settings,
+                                                                 redis_client: redis.Redis) -> None:
+    """Rebuilding the catalog from its topic loads every good entry and dead-letters the bad ones."""
+    Table.create(settings, "t1", {"id": "int"}, ["id"], client=redis_client, auto_commit=False).close()
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    producer.produce(settings.catalog_topic, b"\x01garbage", b"bad")
+    producer.produce(settings.catalog_topic, b"{}", None)
+    assert producer.flush(10) == 0
+    catalog = CatalogStore(settings, redis_client)
+    assert catalog.rebuild_from_topic() == 1
+    assert catalog.names() == ["t1"]
+    dead = read_dlq(settings, "catalog", 2)
+    reasons = sorted(dict(m.headers() or [])["mvlog.dlq.reason"].decode() for m in dead)
+    assert any("catalog record without a key" in r for r in reasons)
+    assert any("not a catalog entry" in r for r in reasons)
+    assert all(r.startswith(f"{settings.catalog_topic} partition 0 offset ") for r in reasons)

@@ -129,6 +129,11 @@ def test_derive_into_topic_and_dry_run(settings: Settings, redis_client: redis.R
     assert [e.epoch for e in copied] == [e.epoch for e in original[1:]]
     for mine, theirs in zip(copied, original[1:], strict=True):
         assert as_bag(mine.changes) == as_bag(theirs.changes)
+    # Never into a view's own changelog, nor twice into the same one.
+    assert "mv1 is an existing table or view" in refused(mvlog(settings, "replay", "derive", "mvg", "--into-topic",
+                                                               "--topic-name", "mv1"))
+    assert "already holds re-derived epochs" in refused(mvlog(settings, "replay", "derive", "mvg", "--into-topic",
+                                                              "--topic-name", "mvg.inspect", "--execute"))
 
 
 def test_rebuild_restores_serving_state_and_the_pipeline_carries_on(settings: Settings, redis_client: redis.Redis,
