@@ -2,6 +2,7 @@
 
 The reader seeks each partition to just after the barrier of the last epoch before its start (looked up
 in the epoch index), aligns barriers across partitions and yields :class:`~mvlog.changes.Epoch` objects.
+Records it cannot use go to the view's dead-letter topic (see :mod:`mvlog.connectors.dead_letter`).
 It never uses the broker's high watermark to decide where an epoch ends: barriers do that (Tansu
 reports the watermark of the last batch's base offset, not of the log's end). An epoch is handed out
 once it is committed: named by its successor's barrier, or present in the epoch index.
@@ -19,16 +20,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from mvlog.barrier_alignment import EpochAligner
 from mvlog.changes import Epoch
 from mvlog.config import Settings
+from mvlog.connectors.changelog_records import BarrierRecord, ChangeRecord, decode_record
+from mvlog.connectors.dead_letter import DeadLetterQueue
 from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.schemas.codec import (
-    TYPE_BARRIER,
-    TYPE_CHANGE,
-    DecodeError,
-    decode_barrier,
-    decode_change,
-    decode_key,
-)
-from mvlog.schemas.codec import record_type as header_type
 
 
 class ChangelogReadError(RuntimeError):
@@ -55,13 +49,18 @@ class ChangelogReader:
     """Complete epochs of one changelog after ``after_epoch`` up to ``upto_epoch`` (inclusive)."""
 
     def __init__(self, settings: Settings, view: str, key_columns: Sequence[str], partitions: int,
-                 index: EpochIndex | None = None, after_epoch: int = 0, upto_epoch: int | None = None) -> None:
+                 index: EpochIndex | None = None, after_epoch: int = 0, upto_epoch: int | None = None,
+                 dead_letter: bool = True) -> None:
+        """``dead_letter``: poison records go to the view's dead-letter topic and reading goes on; when
+        False the first one raises :class:`ChangelogReadError` (naming topic, partition and offset)."""
         self.view = view
         self.topic = settings.changelog_topic(view)
         self.key_columns = tuple(key_columns)
         self.upto_epoch = upto_epoch
         self.aligner = EpochAligner(view, range(partitions), after_epoch)
         self._index = index
+        self._max_bytes = settings.max_record_bytes
+        self.dead_letters = DeadLetterQueue(settings, view) if dead_letter else None
         self.max_seen_epoch = after_epoch  # including epochs abandoned by a killed writer
         self._consumer = reader_consumer(settings)
         self._paused: set[int] = set()
@@ -116,21 +115,20 @@ class ChangelogReader:
                 return []
             raise ChangelogReadError(f"{self.topic}: {error}")
         partition, offset = message.partition(), message.offset()
-        where = f"{self.topic} partition {partition} offset {offset}"
-        kind = header_type(message.headers())
-        try:
-            if kind == TYPE_CHANGE:
-                key = decode_key(self.key_columns, message.key() or b"")
-                change, source = decode_change(key, message.value() or b"")
-                self.aligner.add_change(partition, source["epoch"], change, source["txn"])
-                return []
-            if kind == TYPE_BARRIER:
-                barrier = decode_barrier(message.value() or b"")
-                self.max_seen_epoch = max(self.max_seen_epoch, barrier.epoch)
-                return self.aligner.add_barrier(partition, barrier, offset)
-        except DecodeError as exc:
-            raise ChangelogReadError(f"{where}: {exc}") from exc
-        raise ChangelogReadError(f"{where}: not an mvlog changelog record (header mvlog.type is {kind!r})")
+        record = decode_record(self.view, self.key_columns, self.topic, partition, offset, message.key(),
+                               message.value(), message.headers(), self._max_bytes)
+        if isinstance(record, ChangeRecord):
+            self.aligner.add_change(partition, record.epoch, record.change, record.txn)
+            return []
+        if isinstance(record, BarrierRecord):
+            self.max_seen_epoch = max(self.max_seen_epoch, record.barrier.epoch)
+            return self.aligner.add_barrier(partition, record.barrier, offset)
+        if self.dead_letters is None:
+            raise ChangelogReadError(record.reason)
+        self.dead_letters.send(record, message.key(), message.value())
+        if record.announced_change:
+            self.aligner.add_poison(partition)
+        return []
 
     def _apply_pauses(self) -> None:
         wanted = self.aligner.partitions_to_pause()
@@ -144,6 +142,8 @@ class ChangelogReader:
 
     def close(self) -> None:
         self._consumer.close()
+        if self.dead_letters is not None:
+            self.dead_letters.close()
 
     def __enter__(self) -> ChangelogReader:
         return self

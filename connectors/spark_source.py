@@ -45,11 +45,11 @@ from mvlog.config import Settings, load_settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import SignedRowBuilder
 from mvlog.connectors.changelog_reader import ChangelogReadError, reader_consumer
+from mvlog.connectors.changelog_records import ChangeRecord, PoisonRecord, decode_record
+from mvlog.connectors.dead_letter import DeadLetterQueue
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.log_cache_client import read_with_cache
 from mvlog.row_schema import RowSchema
-from mvlog.schemas.codec import TYPE_BARRIER, TYPE_CHANGE, DecodeError, decode_barrier, decode_change, decode_key
-from mvlog.schemas.codec import record_type as header_type
 
 _META_DDL = "_epoch BIGINT, _change_type STRING, _weight INT, _partition INT, _offset BIGINT, _key BINARY"
 
@@ -103,6 +103,8 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> I
 
     consumer = reader_consumer(settings)
     consumer.assign([TopicPartition(topic, part.partition, part.start_offset)])
+    dead_letters = DeadLetterQueue(settings, part.view)
+    poison = 0  # change events dead-lettered since the last barrier: that barrier may count them
     try:
         offset = part.start_offset - 1
         last_progress = time.monotonic()
@@ -118,27 +120,27 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> I
                 if message.error() is not None:
                     raise ChangelogReadError(f"{where}: {message.error()}")
                 offset = message.offset() or 0
-                kind = header_type(message.headers())
-                try:
-                    if kind == TYPE_CHANGE:
-                        raw_key = message.key() or b""
-                        change, source = decode_change(decode_key(part.key_columns, raw_key), message.value() or b"")
-                        if source["epoch"] in planned:
-                            pending.setdefault((source["epoch"], source["txn"]), []).append((offset, raw_key, change))
-                        continue
-                    if kind != TYPE_BARRIER:
-                        raise ChangelogReadError(f"{where} offset {offset}: not an mvlog changelog record")
-                    barrier = decode_barrier(message.value() or b"")
-                except DecodeError as exc:
-                    raise ChangelogReadError(f"{where} offset {offset}: {exc}") from exc
+                record = decode_record(part.view, part.key_columns, topic, part.partition, offset, message.key(),
+                                       message.value(), message.headers(), settings.max_record_bytes)
+                if isinstance(record, PoisonRecord):  # to the dead-letter topic; the read goes on
+                    dead_letters.send(record, message.key(), message.value())
+                    poison += record.announced_change
+                    continue
+                if isinstance(record, ChangeRecord):
+                    if record.epoch in planned:
+                        pending.setdefault((record.epoch, record.txn), []).append(
+                            (offset, message.key() or b"", record.change))
+                    continue
+                barrier = record.barrier
+                short, poison = poison, 0
                 changes = pending.pop((barrier.epoch, barrier.txn), [])
                 for attempt in [a for a in pending if a[0] <= barrier.epoch]:
                     del pending[attempt]  # aborted attempts whose barrier never came
                 if planned.get(barrier.epoch) != offset:
                     continue  # outside the range, or an aborted attempt's barrier
-                if len(changes) != barrier.records:
+                if not len(changes) <= barrier.records <= len(changes) + short:
                     raise ChangelogReadError(f"{where}: epoch {barrier.epoch} announces {barrier.records} "
-                                             f"change(s), {len(changes)} were read")
+                                             f"change(s), {len(changes)} were read ({short} dead-lettered)")
                 for change_offset, raw_key, change in changes:
                     rows.add_change(barrier.epoch, change_offset, raw_key, change)
                     if len(rows) >= batch_rows:
@@ -150,6 +152,7 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> I
             yield rows.flush()
     finally:
         consumer.close()
+        dead_letters.close()
 
 
 class _Planner:
@@ -187,7 +190,7 @@ class _Planner:
                 continue
             start = self.index.before(self.entry.name, partition, entries[0].epoch)
             parts.append(PartitionRange(
-                settings_json=self.settings.model_dump_json(), view=self.entry.name,
+                settings_json=self.settings.to_executor_json(), view=self.entry.name,
                 key_columns=self.entry.key_columns, schema_json=self.entry.schema.to_json(),
                 partition=partition, after_epoch=start.epoch if start else 0,
                 start_offset=start.offset + 1 if start else 0,

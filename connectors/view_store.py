@@ -44,6 +44,9 @@ local current = redis.call('HGET', meta, 'mce_hex')
 if current and current >= ARGV[1] then
   return 0
 end
+if ARGV[8] ~= '' and (current or 'none') ~= ARGV[8] then
+  return -1
+end
 -- ARGV[first .. first + count * width - 1] in calls of at most 512 items (Lua's stack is small).
 local function each_chunk(command, key, first, count, width)
   local last = first + count * width - 1
@@ -69,7 +72,7 @@ local function zadd_all(key, first, count)
   end
   return first + count
 end
-local i = 13
+local i = 14
 i = each_chunk('HSET', KEYS[2], i, tonumber(ARGV[4]), 2)
 i = each_chunk('HDEL', KEYS[2], i, tonumber(ARGV[5]), 1)
 i = each_chunk('HSET', KEYS[3], i, tonumber(ARGV[6]), 2)
@@ -124,6 +127,23 @@ return out
 """
 
 
+_REPLACE_SCRIPT = """
+local current = redis.call('HGET', KEYS[1], 'mce_hex')
+if current ~= ARGV[1] then
+  redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
+  return 0
+end
+for i = 0, 2 do
+  if redis.call('EXISTS', KEYS[5 + i]) == 1 then
+    redis.call('RENAME', KEYS[5 + i], KEYS[2 + i])
+  else
+    redis.call('DEL', KEYS[2 + i])
+  end
+end
+return 1
+"""
+
+
 @dataclass(frozen=True)
 class EpochCommit:
     """What one epoch changes in a view's serving state."""
@@ -142,6 +162,13 @@ class EpochCommit:
     backfill: Mapping[str, bytes | str | int] = field(default_factory=dict)
     journal: Sequence[str] = ()
     lifecycle: str = ""  # set the view's lifecycle state with the epoch ('' keeps it)
+    # The MCE this epoch must follow (0: none yet); None skips the check. A writer that knows its last
+    # committed epoch passes it, so a wiped (or rolled back) Redis is detected instead of overwritten.
+    follows: int | None = None
+
+
+class ServingStateLostError(RuntimeError):
+    """Redis no longer holds the MCE an epoch follows: it was wiped (or rolled back); rebuild from Kafka."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +189,7 @@ class ViewStore:
         self.index = EpochIndex(client, prefix)
         self._commit = client.register_script(_COMMIT_SCRIPT)
         self._read_ordered = client.register_script(_READ_ORDERED_SCRIPT)
+        self._replace = client.register_script(_REPLACE_SCRIPT)
 
     def _key(self, view: str, what: str) -> str:
         return f"{self.prefix}:{{{view}}}:{what}"
@@ -173,7 +201,9 @@ class ViewStore:
     # --- committed epochs -------------------------------------------------------------------------
 
     def commit(self, view: str, commit: EpochCommit) -> bool:
-        """Apply one epoch atomically; False (and nothing changed) when it is at or below the MCE."""
+        """Apply one epoch atomically; False (and nothing changed) when it is at or below the MCE.
+
+        Raises :class:`ServingStateLostError` (nothing changed) when ``commit.follows`` is not the MCE."""
         state_puts = commit.state_puts or {}
         partitions = sorted(commit.index)
         keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder", "backfill", "journal")]
@@ -183,6 +213,7 @@ class ViewStore:
             len(commit.row_puts), len(commit.row_deletes), len(state_puts), len(commit.state_deletes),
             len(commit.order_puts), len(commit.order_deletes), len(commit.backfill), len(commit.journal),
             commit.lifecycle,
+            "" if commit.follows is None else (epoch_hex(commit.follows) if commit.follows > 0 else "none"),
         ]
         for field_, value in commit.row_puts.items():
             args += [field_, value]
@@ -196,7 +227,11 @@ class ViewStore:
             args += [name, setting]
         args += list(commit.journal)
         args += [index_member(commit.epoch, commit.index[p].offset, commit.index[p].records) for p in partitions]
-        return bool(self._commit(keys=keys, args=args))
+        result = int(self._commit(keys=keys, args=args))
+        if result < 0:
+            raise ServingStateLostError(f"{view}: epoch {commit.epoch} follows epoch {commit.follows}, but Redis "
+                                        f"holds MCE {self.mce(view)}: the serving state was wiped or rolled back")
+        return result == 1
 
     def mce(self, view: str) -> int | None:
         value = self.redis.hget(self._key(view, "meta"), "mce")
@@ -315,6 +350,26 @@ class ViewStore:
     def backfill_progress(self, view: str) -> dict[str, str]:
         raw = cast(dict[bytes, bytes], self.redis.hgetall(self._key(view, "backfill_progress")))
         return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def replace_state(self, view: str, expected_mce: int, rows: Mapping[bytes, bytes],
+                      state: Mapping[bytes, bytes], order: Sequence[bytes] = (), chunk: int = 1000) -> bool:
+        """Replace the view's rows, operator state and key-order index (``order``: the members of
+        ``rows``) with ones rebuilt for epoch ``expected_mce``.
+
+        They are staged under temporary keys and swapped in by one script that checks the MCE is still
+        ``expected_mce``; False (and nothing changed) when it moved (a consumer committed meanwhile).
+        """
+        staged = [self._key(view, w) for w in ("rows.rebuild", "opstate.rebuild", "keyorder.rebuild")]
+        self.redis.delete(*staged)
+        for key, mapping in zip(staged, (rows, state), strict=False):
+            items = list(mapping.items())
+            for start in range(0, len(items), chunk):
+                self.redis.hset(key, mapping=dict(items[start:start + chunk]))
+        members = list(order)
+        for start in range(0, len(members), chunk):
+            self.redis.zadd(staged[2], dict.fromkeys(members[start:start + chunk], 0))
+        keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder")] + staged
+        return bool(self._replace(keys=keys, args=[epoch_hex(expected_mce)]))
 
     def drop(self, view: str, partitions: int) -> None:
         keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder", "backfill", "journal",

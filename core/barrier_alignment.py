@@ -41,6 +41,7 @@ class _PartitionBuffer:
     open_changes: dict[tuple[int, str], list[Change]] = field(default_factory=dict)  # (epoch, txn) -> changes
     open_origins: dict[tuple[int, str], list[ChangeOrigin]] = field(default_factory=dict)  # same keys, if given
     sealed: deque[_Segment] = field(default_factory=deque)
+    poison: int = 0  # change events dead-lettered since the partition's last barrier
 
 
 class EpochAligner:
@@ -73,9 +74,15 @@ class EpochAligner:
             if origin is not None:
                 buffer.open_origins.setdefault((epoch, txn), []).append(origin)
 
+    def add_poison(self, partition: int) -> None:
+        """A record announced as a change event could not be decoded (it went to the dead-letter topic):
+        the next barrier of the partition may count it, so it may be that many changes short."""
+        self._buffers[partition].poison += 1
+
     def add_barrier(self, partition: int, barrier: Barrier, offset: int) -> list[Epoch]:
         """Seal the partition's changes of ``barrier.epoch``; returns the epochs this commits."""
         buffer = self._buffers[partition]
+        poison, buffer.poison = buffer.poison, 0
         changes = buffer.open_changes.pop((barrier.epoch, barrier.txn), [])
         origins = buffer.open_origins.pop((barrier.epoch, barrier.txn), [])
         # Changes of older epochs (or of another attempt at this one) whose barrier never came here
@@ -85,11 +92,12 @@ class EpochAligner:
             buffer.open_origins.pop(stale, None)
         if barrier.epoch <= self.after_epoch:
             return []
-        if len(changes) != barrier.records:
+        if not len(changes) <= barrier.records <= len(changes) + poison:
             raise AlignmentError(
                 f"{self.view} partition {partition}: epoch {barrier.epoch} barrier at offset {offset} "
                 f"announces {barrier.records} change(s) but {len(changes)} were read; the log before it "
-                "is incomplete (deleted by retention, or not written by an mvlog writer)")
+                "is incomplete (deleted by retention, or not written by an mvlog writer)"
+                + (f"; {poison} undecodable change(s) went to the dead-letter topic" if poison else ""))
         buffer.sealed.append(_Segment(barrier, offset, changes, origins))
         return self._pop_complete()
 

@@ -42,6 +42,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "demo": "mvlog.services.commands.demo:demo",
     "drop-view": "mvlog.services.commands.definitions:drop_view_command",
     "read": "mvlog.services.commands.read:read",
+    "replay": "mvlog.services.commands.replay:replay",
     "run-view": "mvlog.services.commands.run_view:run_view",
     "status": "mvlog.services.commands.status:status",
     "views": "mvlog.services.commands.listing:views",

@@ -18,10 +18,11 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -32,7 +33,9 @@ from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import epoch_slices, one_change_per_key
 from mvlog.connectors.changelog_writer import ChangelogWriter, encode_epoch
-from mvlog.connectors.view_store import Lifecycle, ViewStore, commit_from_encoded
+from mvlog.connectors.epoch_index import IndexEntry
+from mvlog.connectors.retention import has_records
+from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
 from mvlog.row_schema import Row
 from mvlog.services.backfill import ChunkedBackfill, backfill_needed
 from mvlog.services.spark_session import spark_session
@@ -98,6 +101,12 @@ class ViewConsumer:
         self.trigger_interval = trigger_interval
         # A new transactional producer fences any earlier consumer of this view.
         self.writer = ChangelogWriter(settings, view, self.entry.key_columns, self.entry.partitions)
+        self._last_committed: dict[int, IndexEntry] | None = None
+        topic = settings.changelog_topic(view)
+        if self.store.mce(view) is None and has_records(settings, topic, self.entry.partitions):
+            from mvlog.services.control_plane import recover_after_wipe
+
+            recover_after_wipe(settings, self._redis, self.entry, None)  # Redis was wiped: rebuild from Kafka
         self.mce = self.store.mce(view) or 0
         # A view created with --backfill chunked starts at its upstreams' current epoch and reads their
         # rows from Redis in chunks; otherwise it replays the upstream changelog from its start.
@@ -134,11 +143,17 @@ class ViewConsumer:
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """foreachBatch: apply every epoch of the micro-batch above the MCE, in order."""
         table = batch.toArrow()
+        source = self.entry.sources[0]
+        first = pc.min(table.column("_epoch")).as_py() if len(table) else None
+        if first is not None and self.store.index.between(source, 0, self._after, first - 1):
+            # Epochs the stream never delivered (planned while Redis was wiped): read them now.
+            table = pa.concat_tables([self._read_range(source, self._after, first - 1), table],
+                                     promote_options="default")
         if self.operator.reads_one_view and self.backfill is None:  # a backfill routes changes row by row
             self.apply_columns(table)
             return
         epochs: EpochChanges = {}
-        changes_from_arrow(table, self.upstreams[self.entry.sources[0]], epochs)
+        changes_from_arrow(table, self.upstreams[source], epochs)
         if not epochs:
             return
         end = max(epochs)
@@ -163,12 +178,15 @@ class ViewConsumer:
             if epoch <= self._after:
                 continue  # applied before a restart: never twice
             if one_change_per_key(rows):
-                output = self.operator.apply_signed(rows, rows.column("_weight"), self._state)
+                output = self._compute(epoch, lambda rows=rows: self.operator.apply_signed(
+                    rows, rows.column("_weight"), self._state))
             else:
                 epochs: EpochChanges = {}
                 changes_from_arrow(rows, upstream, epochs)
-                output = self.operator.apply_epoch(epochs.get(epoch, {}), self._state)
-            self._commit(epoch, output)
+                inputs = epochs.get(epoch, {})
+                output = self._compute(epoch, lambda inputs=inputs: self.operator.apply_epoch(inputs, self._state))
+            if output is not None:
+                self._commit(epoch, output)
 
     def apply_epoch(self, epoch: int, changes: Mapping[str, Sequence[Change]]) -> None:
         started = time.monotonic()
@@ -176,7 +194,10 @@ class ViewConsumer:
         step = self.backfill.prepare(epoch, inputs) if self.backfill is not None else None
         if step is not None:
             inputs = step.changes
-        self._commit(epoch, self.operator.apply_epoch(inputs, self._state), step.commit_fields() if step else {})
+        output = self._compute(epoch, lambda: self.operator.apply_epoch(inputs, self._state))
+        if output is None:
+            return
+        self._commit(epoch, output, step.commit_fields() if step else {})
         if self.backfill is not None and step is not None:
             self.backfill.committed(step, time.monotonic() - started)
             if self.backfill.done:
@@ -184,20 +205,57 @@ class ViewConsumer:
                 self.backfill_done = self.backfill
                 self.backfill = None
 
+    def _compute(self, epoch: int, compute: Callable[[], EpochOutput]) -> EpochOutput | None:
+        """The operator's output for ``epoch``, from the operator state of the MCE: a wiped Redis is
+        rebuilt from Kafka first (and the epoch recomputed if it was wiped while the operator ran);
+        None when the rebuilt state already holds the epoch."""
+        self._ensure_serving_state()
+        output = compute()
+        while self._ensure_serving_state():
+            if epoch <= self.mce:
+                return None
+            output = compute()
+        return output
+
     def _commit(self, epoch: int, output: EpochOutput, extra: Mapping[str, Any] | None = None) -> None:
         """The epoch's changes and barriers to Kafka in one transaction, then rows, state, MCE (and the
         backfill's positions, ``extra``) to Redis in one script."""
         encoded = encode_epoch(self.entry.key_columns, output.changes)  # each key and row encoded once
         committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes)
+        self._last_committed = committed.index
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
-        commit = commit_from_encoded(epoch, output.changes, encoded, committed.index,
-                                     state_puts=puts, state_deletes=deletes, **(extra or {}))
-        if not self.store.commit(self.entry.name, commit):
+        commit = commit_from_encoded(epoch, output.changes, encoded, committed.index, state_puts=puts,
+                                     state_deletes=deletes, follows=self.mce, **(extra or {}))
+        try:
+            applied = self.store.commit(self.entry.name, commit)
+        except ServingStateLostError:
+            self._recover()  # rolls Redis forward over this epoch too
+            applied = self.mce == epoch
+        if not applied:
             raise RuntimeError(f"{self.entry.name}: epoch {epoch} is at or below the MCE in Redis; "
                                "another consumer of this view is running")
         self.mce = self._after = epoch
         self.epochs_applied += 1
+
+    def _ensure_serving_state(self) -> bool:
+        """True when Redis had lost this view's state (wiped) and it was rebuilt from Kafka."""
+        if self.store.mce(self.entry.name) == (self.mce or None):
+            return False
+        self._recover()
+        return True
+
+    def _recover(self) -> None:
+        from mvlog.services.control_plane import recover_after_wipe
+
+        log.warning("%s: Redis no longer holds its MCE %d: rebuilding from Kafka", self.entry.name, self.mce)
+        mce = recover_after_wipe(self.settings, self._redis, self.entry, self._last_committed) or 0
+        if mce < self.mce:
+            raise RuntimeError(f"{self.entry.name}: Redis could only be rebuilt up to epoch {mce}, "
+                               f"below this consumer's {self.mce}")
+        self.mce = mce
+        self._after = max(self._after, mce)
+        self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
 
     def catch_up(self, upto: int | None = None) -> int:
         """Apply every committed upstream epoch above the MCE with batch reads; returns the new MCE.

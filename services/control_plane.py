@@ -1,0 +1,143 @@
+"""Rebuilding Redis from Kafka after it was wiped (invariant I6): nothing an operator has to do.
+
+Redis is a projection of Kafka. After a wipe (FLUSHALL, a new empty Redis), the first mvlog process
+that notices rebuilds it, under a Redis lock so several processes noticing at once rebuild it once:
+
+1. the catalog, from the compacted catalog topic;
+2. per table and view, in dependency order: rows, epoch index and MCE, by rolling the (empty) serving
+   state forward over the object's own changelog;
+3. per view, its operator state, which no changelog holds: re-derived from the upstreams' changelogs
+   at the view's MCE (see :mod:`mvlog.services.rederive`), then swapped in with the rows;
+4. every step registered with :func:`register_rebuild_step` (e.g. backfill positions, which their
+   owner keeps in Kafka), in registration order;
+5. the control-plane marker, whose absence is how a wipe is recognised.
+
+Who notices: a table writer or view consumer whose epoch commit finds Redis no longer at its MCE
+(``ServingStateLostError``, or an MCE that went missing), and ``CatalogStore.get`` for the catalog.
+A live process first puts its own last committed epoch back in the epoch index: on a broker that
+delivers aborted records (Tansu), the index is what proves a changelog's last epoch committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from graphlib import TopologicalSorter
+
+import redis
+
+from mvlog.catalog import CatalogEntry
+from mvlog.changes import IndexEntry
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.recovery import roll_forward
+from mvlog.connectors.view_store import ViewStore
+from mvlog.replay import ReplayRangeError
+
+log = logging.getLogger(__name__)
+
+RebuildStep = Callable[[Settings, redis.Redis, CatalogEntry], None]
+_REBUILD_STEPS: list[RebuildStep] = []
+LOCK_TIMEOUT_S = 600.0
+
+
+def register_rebuild_step(step: RebuildStep) -> RebuildStep:
+    """Run ``step(settings, client, entry)`` for every table and view (dependency order) after the rows,
+    index and MCE are back, during a rebuild. Usable as a decorator."""
+    if step not in _REBUILD_STEPS:
+        _REBUILD_STEPS.append(step)
+    return step
+
+
+class ViewNotRestorableError(RuntimeError):
+    """A view's operator state cannot be re-derived yet (its upstream is behind it in Redis)."""
+
+
+def restore_view_state(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> int | None:
+    """Re-derive ``entry``'s operator state (and rows) at its MCE from its upstreams and swap them in."""
+    from mvlog.services.rederive import Derivation, RedisRebuildSink, plan_derivation
+
+    store = ViewStore(client, settings.topic_prefix)
+    mce = store.mce(entry.name)
+    if mce is None:
+        return None
+    try:
+        plan = plan_derivation(settings, client, entry.name, mce, mce)
+    except ReplayRangeError as exc:
+        raise ViewNotRestorableError(f"{entry.name}: operator state not restorable at {mce} yet: {exc}") from exc
+    if plan.last != mce:
+        raise ViewNotRestorableError(f"{entry.name}: its upstreams reach epoch {plan.last}, below its MCE {mce}")
+    derivation = Derivation(settings, client, plan)
+    for _ in derivation.epochs():
+        pass
+    RedisRebuildSink(store, entry).finish(derivation)
+    return mce
+
+
+def restore(settings: Settings, client: redis.Redis, entry: CatalogEntry,
+            own_last: dict[int, IndexEntry] | None = None, derive_state: bool | None = None) -> int | None:
+    """Bring one table or view's serving state back from Kafka; returns its MCE.
+
+    ``own_last``: the index entries of the last epoch the caller (the object's writer) committed.
+    ``derive_state``: re-derive a view's operator state (default: when Redis had no MCE for it).
+    """
+    store = ViewStore(client, settings.topic_prefix)
+    if own_last:
+        store.index.add(entry.name, own_last)
+    before = store.mce(entry.name)
+    after = roll_forward(settings, store, entry).last_committed
+    if entry.kind == "view" and after and (derive_state or (derive_state is None and before is None)):
+        restore_view_state(settings, client, entry)
+    return store.mce(entry.name)
+
+
+def ensure_control_plane(settings: Settings, client: redis.Redis) -> bool:
+    """Rebuild everything from Kafka if Redis was wiped; True if this call rebuilt it.
+
+    Objects whose state cannot be restored yet (a view whose upstream is behind it) are left to their
+    own process, which restores them with :func:`restore` once its upstream is back.
+    """
+    catalog = CatalogStore(settings, client)
+    if not catalog.wiped():
+        return False
+    lock = client.lock(f"{settings.topic_prefix}:control-plane:rebuild", timeout=LOCK_TIMEOUT_S,
+                       blocking_timeout=LOCK_TIMEOUT_S)
+    with lock:
+        if not catalog.wiped():
+            return False  # another process rebuilt it while we waited
+        started = time.monotonic()
+        loaded = catalog.rebuild_from_topic()
+        entries = {e.name: e for e in catalog.all()}
+        order = TopologicalSorter({name: [s for s in e.sources if s in entries] for name, e in entries.items()})
+        for name in order.static_order():
+            entry = entries[name]
+            try:
+                restore(settings, client, entry)
+            except ViewNotRestorableError as exc:
+                log.warning("rebuild: %s", exc)
+            for step in _REBUILD_STEPS:
+                step(settings, client, entry)
+        catalog.mark_rebuilt()
+        catalog.close()
+    log.warning("Redis was wiped: rebuilt %d catalog entries and their state from Kafka in %.1f s",
+                loaded, time.monotonic() - started)
+    return True
+
+
+def recover_after_wipe(settings: Settings, client: redis.Redis, entry: CatalogEntry,
+                       own_last: dict[int, IndexEntry] | None, timeout: float = 120.0) -> int | None:
+    """What a live writer does on finding Redis wiped: put its last epoch back in the index, make sure the
+    control plane is rebuilt, then restore its own state (retrying while its upstream catches up)."""
+    store = ViewStore(client, settings.topic_prefix)
+    if own_last:
+        store.index.add(entry.name, own_last)
+    ensure_control_plane(settings, client)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return restore(settings, client, entry, own_last, derive_state=True)
+        except ViewNotRestorableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
