@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -178,13 +179,13 @@ class ViewConsumer:
             if epoch <= self._after:
                 continue  # applied before a restart: never twice
             if one_change_per_key(rows):
-                output = self._compute(epoch, lambda rows=rows: self.operator.apply_signed(
-                    rows, rows.column("_weight"), self._state))
+                output = self._compute(epoch, partial(self.operator.apply_signed, rows, rows.column("_weight"),
+                                                      self._state))
             else:
                 epochs: EpochChanges = {}
                 changes_from_arrow(rows, upstream, epochs)
                 inputs = epochs.get(epoch, {})
-                output = self._compute(epoch, lambda inputs=inputs: self.operator.apply_epoch(inputs, self._state))
+                output = self._compute(epoch, partial(self.operator.apply_epoch, inputs, self._state))
             if output is not None:
                 self._commit(epoch, output)
 
