@@ -43,6 +43,8 @@ LAZY_COMMANDS: dict[str, str] = {
     "drop-view": "mvlog.services.commands.definitions:drop_view_command",
     "read": "mvlog.services.commands.read:read",
     "replay": "mvlog.services.commands.replay:replay",
+    "replace": "mvlog.services.commands.replacement:replace",
+    "replacement": "mvlog.services.commands.replacement:replacement",
     "run-view": "mvlog.services.commands.run_view:run_view",
     "status": "mvlog.services.commands.status:status",
     "views": "mvlog.services.commands.listing:views",

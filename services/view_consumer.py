@@ -28,20 +28,25 @@ import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from mvlog.catalog import CatalogEntry
-from mvlog.changes import Change, Op
+from mvlog.catalog import CatalogEntry, CatalogError
+from mvlog.changes import Change, Mutation, Op
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import epoch_slices, one_change_per_key
 from mvlog.connectors.changelog_writer import ChangelogWriter, encode_epoch
 from mvlog.connectors.epoch_index import IndexEntry
+from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.retention import has_records
 from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
+from mvlog.replacement import APPLY_MUTATION, Status, applied_entry, diff_rows
 from mvlog.row_schema import Row
+from mvlog.schemas.codec import decode_row
 from mvlog.services.backfill import ChunkedBackfill, backfill_needed
+from mvlog.services.replacement_follower import ReplacementFollower
+from mvlog.services.replacements import complete_apply, plan_replacement
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
-from mvlog.views import EpochOutput, ViewOperator
+from mvlog.views import EpochOutput, ViewDefinitionError, ViewOperator
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +98,10 @@ class ViewConsumer:
         self.entry = self.catalog.get(view)
         if self.entry.kind != "view" or self.entry.sql is None:
             raise ValueError(f"{view} is a {self.entry.kind}; only views are maintained by a consumer")
+        self.replacements = ReplacementStore(self._redis, settings.topic_prefix)
+        self.entry = complete_apply(self.catalog, self.replacements, view)  # finish an interrupted apply
+        assert self.entry.sql is not None
+        self.replacement: ReplacementFollower | None = None  # a staged replacement, hydrated read-only
         self.upstreams = {name: self.catalog.get(name) for name in self.entry.sources}
         self.plan = plan_for(self.catalog, view, self.entry.sql)
         self.operator = ViewOperator(self.plan)
@@ -150,8 +159,9 @@ class ViewConsumer:
             # Epochs the stream never delivered (planned while Redis was wiped): read them now.
             table = pa.concat_tables([self._read_range(source, self._after, first - 1), table],
                                      promote_options="default")
-        if self.operator.reads_one_view and self.backfill is None:  # a backfill routes changes row by row
-            self.apply_columns(table)
+        self._sync_replacement()
+        if self.operator.reads_one_view and self.backfill is None and self.replacement is None:
+            self.apply_columns(table)  # a backfill or a replacement takes the changes row by row
             return
         epochs: EpochChanges = {}
         changes_from_arrow(table, self.upstreams[source], epochs)
@@ -163,6 +173,7 @@ class ViewConsumer:
         self.apply_epochs(epochs)
 
     def apply_epochs(self, epochs: EpochChanges) -> None:
+        self._sync_replacement()
         for epoch in sorted(epochs):
             if epoch <= self._after:
                 continue  # applied before a restart (never twice), or before the backfill started
@@ -192,6 +203,8 @@ class ViewConsumer:
     def apply_epoch(self, epoch: int, changes: Mapping[str, Sequence[Change]]) -> None:
         started = time.monotonic()
         inputs = {name: list(changes.get(name, ())) for name in self.entry.sources}
+        if self.replacement is not None and self._follow_replacement(epoch, inputs):
+            return  # the replacement took over at this epoch
         step = self.backfill.prepare(epoch, inputs) if self.backfill is not None else None
         if step is not None:
             inputs = step.changes
@@ -275,6 +288,89 @@ class ViewConsumer:
         self.apply_epochs(epochs)
         return self.mce
 
+    # --- replacement ------------------------------------------------------------------------------
+
+    def _sync_replacement(self) -> None:
+        """Pick up a staged, discarded or apply-requested replacement (once per micro-batch) and bring
+        it to the view's MCE: hydrated from scratch, or caught up after a restart."""
+        record = self.replacements.record(self.entry.name)
+        if record is None or record.status is not Status.STAGED or "error" in (record.fields or {}):
+            self.replacement = None
+            return
+        follower = self.replacement
+        if follower is None or follower.id != record.id:
+            try:
+                plan = plan_replacement(self.catalog, self.entry, record.sql)
+            except (CatalogError, ViewDefinitionError) as error:
+                self._replacement_failed(record.id, error)
+                return
+            follower = self.replacement = ReplacementFollower(record, plan, self.replacements)
+        follower.apply_requested = record.apply_requested
+        if follower.mce is None or follower.mce < self.mce:
+            follower.hydrate(self.mce, self._upstream_history)
+
+    def _upstream_history(self, after: int, upto: int) -> dict[str, list[Change]]:
+        """Each upstream's changes of its epochs in (after, upto], read from its changelog."""
+        epochs: EpochChanges = {}
+        for source in self.entry.sources:
+            changes_from_arrow(self._read_range(source, after, upto), self.upstreams[source], epochs)
+        merged: dict[str, list[Change]] = {source: [] for source in self.entry.sources}
+        for epoch in sorted(epochs):
+            for source, changes in epochs[epoch].items():
+                merged[source].extend(changes)
+        return merged
+
+    def _replacement_failed(self, replacement_id: str, error: BaseException) -> None:
+        """A replacement that cannot be maintained stops; the view itself carries on unchanged."""
+        log.warning("%s: replacement %s stopped: %s", self.entry.name, replacement_id, error)
+        self.replacements.fail(self.entry.name, replacement_id, f"{type(error).__name__}: {error}")
+        self.replacement = None
+
+    def _follow_replacement(self, epoch: int, inputs: Mapping[str, Sequence[Change]]) -> bool:
+        """Feed the epoch to the replacement; cut over to it at this epoch when an apply is pending."""
+        follower = self.replacement
+        assert follower is not None
+        try:
+            follower.follow(epoch, inputs)
+        except Exception as error:  # a broken replacement must not stop the view
+            self._replacement_failed(follower.id, error)
+            return False
+        if follower.stale:
+            self.replacement = None
+            return False
+        if not follower.apply_requested or follower.mce is None or follower.mce < epoch:
+            return False
+        return self._cut_over(epoch, follower)
+
+    def _cut_over(self, epoch: int, follower: ReplacementFollower) -> bool:
+        """Epoch ``epoch``'s changes are diff(view rows at the MCE, replacement rows at ``epoch``), with an
+        apply_replacement mutation on its barriers; then one Redis script moves the replacement's rows
+        and state into the view's and commits the epoch. False (nothing applied) when the apply was
+        withdrawn or discarded meanwhile: the epoch is then redone under the old definition, and readers
+        drop the Kafka attempt by the chain rule, as for any epoch that reached Kafka but not Redis."""
+        view = self.entry.name
+        entry = self.catalog.get(view)  # staging bumped its version
+        version = entry.version + 1
+        _, old_raw, _, new_raw = self.replacements.read_both(view)
+        old = {self.entry.schema.key_of(row): row for row in map(decode_row, old_raw.values())}
+        new = {follower.plan.schema.key_of(row): row for row in map(decode_row, new_raw.values())}
+        changes = diff_rows(old, new, follower.plan.schema)
+        mutation = Mutation(APPLY_MUTATION, view, {"replacement_id": follower.id, "sql": follower.sql,
+                                                   "previous_sql": self.entry.sql, "version": version})
+        committed = self.writer.commit_epoch(epoch, self.mce, changes, mutation=mutation)
+        if not self.replacements.apply(view, follower.id, epoch, committed.index, version):
+            follower.apply_requested = False
+            log.info("%s: replacement %s not applied at epoch %d (withdrawn or discarded)", view, follower.id, epoch)
+            return False
+        self.entry = applied_entry(entry, follower.sql, follower.plan.schema, follower.plan.sources, version)
+        self.catalog.put(self.entry)
+        self.plan, self.operator, self.replacement = follower.plan, follower.operator, None
+        self.mce = self._after = epoch
+        self.epochs_applied += 1
+        log.info("%s: replacement %s applied at epoch %d (%d change(s)), version %d", view, follower.id, epoch,
+                 len(changes), version)
+        return True
+
     # --- running ----------------------------------------------------------------------------------
 
     def start(self) -> StreamingQuery:
@@ -304,4 +400,5 @@ class ViewConsumer:
         if self._checkpoint_dir is not None:
             shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
         self.writer.close()
+        self.catalog.close()  # a cut-over wrote the catalog topic with its producer
 

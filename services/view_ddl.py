@@ -7,6 +7,7 @@ import redis
 from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.topics import delete_topic, ensure_topic
 from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.epoch import EpochClock
@@ -65,6 +66,7 @@ def drop_view(settings: Settings, name: str, *, client: redis.Redis | None = Non
                                   f"drop {them} first")
     catalog.delete(name)
     ViewStore(client, settings.topic_prefix).drop(name, entry.partitions)
+    ReplacementStore(client, settings.topic_prefix).forget(name)
     delete_topic(settings, settings.changelog_topic(name))
     catalog.close()
 

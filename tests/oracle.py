@@ -72,6 +72,16 @@ def rows_at(history: dict[int, dict[Key, Row]], epoch: int) -> dict[Key, Row]:
     return history[max(earlier)] if earlier else {}
 
 
+def definitions(epochs: list[Epoch], current_sql: str) -> list[tuple[int, str]]:
+    """(first epoch, SQL) of each definition a view had, from the apply_replacement mutations of its
+    changelog: epochs before the first cut-over had the definition it replaced."""
+    applied = [(e.epoch, e.mutation.payload) for e in epochs
+               if e.mutation is not None and e.mutation.kind == "apply_replacement"]
+    if not applied:
+        return [(0, current_sql)]
+    return [(0, str(applied[0][1]["previous_sql"]))] + [(epoch, str(payload["sql"])) for epoch, payload in applied]
+
+
 def check_oracle(settings: Settings, client: redis.Redis, names: list[str], spark: Any | None = None) -> int:
     """Assert I1 at every committed epoch of every view; returns the number of (view, epoch) checked."""
     catalog = CatalogStore(settings, client)
@@ -91,15 +101,18 @@ def check_oracle(settings: Settings, client: redis.Redis, names: list[str], spar
         assert_same_rows(name, served, history[name][mce], entry.schema, "redis vs changelog")
         if entry.kind == "table":
             continue
-        plan = plan_for(catalog, name, entry.sql or "")
+        plans = [(start, plan_for(catalog, name, sql)) for start, sql in definitions(epochs, entry.sql or "")]
+        plan = plans[-1][1]
         # One epoch (and barrier) per upstream epoch, up to the least advanced upstream (a join waits for both).
         reachable = min(max(history[s]) for s in plan.sources)
         upstream_epochs = {e for s in plan.sources for e in history[s] if e <= reachable}
         assert set(history[name]) == upstream_epochs, f"{name}: one epoch (and barrier) per upstream epoch"
         for epoch, rows in history[name].items():
+            plan = next(p for start, p in reversed(plans) if start <= epoch)  # the definition at that epoch
             upstreams = {s: (catalog.get(s).schema, list(rows_at(history[s], epoch).values())) for s in plan.sources}
             assert_same_rows(name, rows, duckdb_view_rows(plan, upstreams), plan.schema, f"epoch {epoch}")
             checked += 1
+        plan = plans[-1][1]
         if spark is not None:
             frames = {}
             for source in plan.sources:

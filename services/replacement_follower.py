@@ -1,0 +1,79 @@
+"""A staged replacement maintained read-only inside its view's consumer.
+
+The view's Spark consumer already reads every upstream epoch the replacement needs, so it also feeds
+them to the replacement's operator: no second reader of the upstream, and the cut-over happens at an
+epoch boundary of the one process that writes the view's changelog (no cross-process handshake).
+Per epoch the replacement commits first (its own Redis keys, see
+:mod:`mvlog.connectors.replacement_store`), then the view: after a crash the replacement is never
+behind the view, so a restarted consumer redoes the view's epoch and skips the replacement's.
+
+Hydration (the replacement's rows at the view's MCE) goes through :data:`UpstreamHistory`, a seam
+that today replays the upstream changelog from its start, as a new view's first catch-up does; a
+backfill that reads the upstream's rows without a changelog can take its place.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+from mvlog.changes import Change
+from mvlog.connectors.replacement_store import ReplacementRecord, ReplacementStore
+from mvlog.connectors.view_store import commit_from_changes
+from mvlog.views import ViewOperator, ViewPlan
+
+log = logging.getLogger(__name__)
+
+#: ``history(after, upto)``: each upstream's changes of its epochs in ``(after, upto]``, in one list
+#: per upstream (netting them in one operator step is exact: the operator sums signed rows per key).
+UpstreamHistory = Callable[[int, int], Mapping[str, Sequence[Change]]]
+
+
+class _ReplacementState:
+    """The replacement's operator state in Redis (the ``StateReader`` protocol)."""
+
+    def __init__(self, store: ReplacementStore, view: str) -> None:
+        self._store, self._view = store, view
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        return self._store.get_state(self._view, keys)
+
+
+class ReplacementFollower:
+    """Hydrates and maintains one staged replacement of ``plan.name``; writes only its own keys."""
+
+    def __init__(self, record: ReplacementRecord, plan: ViewPlan, store: ReplacementStore) -> None:
+        self.id = record.id
+        self.sql = record.sql
+        self.plan = plan
+        self.operator = ViewOperator(plan)
+        self.store = store
+        self.view = plan.name
+        self.mce = record.mce  # None until hydrated
+        self.apply_requested = record.apply_requested
+        self.stale = False  # discarded (or replaced) under us: the consumer drops this follower
+        self._state = _ReplacementState(store, self.view)
+
+    def hydrate(self, upto: int, history: UpstreamHistory) -> None:
+        """Bring the replacement to epoch ``upto`` (from scratch, or from where it stopped)."""
+        after = self.mce or 0
+        changes = history(after, upto) if upto > after else {}
+        self._commit(upto, {name: list(c) for name, c in changes.items()})
+        log.info("%s: replacement %s hydrated at epoch %d", self.view, self.id, upto)
+
+    def follow(self, epoch: int, inputs: Mapping[str, Sequence[Change]]) -> None:
+        """Apply one upstream epoch (skipped when the replacement is already there)."""
+        if self.mce is not None and epoch > self.mce:
+            self._commit(epoch, inputs)
+
+    def _commit(self, epoch: int, inputs: Mapping[str, Sequence[Change]]) -> None:
+        if self.mce is not None and epoch <= self.mce:
+            return
+        output = self.operator.apply_epoch(dict(inputs), self._state)
+        rows = commit_from_changes(self.plan.schema.primary_key, epoch, output.changes, {})
+        puts = {k: v for k, v in output.state_writes.items() if v is not None}
+        deletes = [k for k, v in output.state_writes.items() if v is None]
+        if self.store.commit(self.view, self.id, epoch, rows.row_puts, rows.row_deletes, puts, deletes):
+            self.mce = epoch
+        else:
+            self.stale = True

@@ -1,0 +1,63 @@
+"""``view_runner`` that SIGKILLs itself at a chosen moment of a replacement's life (fault injection).
+
+Usage: python -m tests.integration.processes.replacement_runner SETTINGS_JSON KILL_AT VIEW [VIEW ...]
+
+KILL_AT is one of:
+
+- ``none``: run until killed from outside;
+- ``hydrate``: after reading the upstream history, before the replacement's first commit;
+- ``cutover_kafka``: after the cut-over epoch (diff + apply_replacement barriers) committed to Kafka,
+  before the Redis cut-over;
+- ``cutover_redis``: after the Redis cut-over, before the view's catalog entry is rewritten.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mvlog.changes import Change, IndexEntry
+from mvlog.connectors.replacement_store import ReplacementStore
+from mvlog.services.replacement_follower import ReplacementFollower
+
+from .view_runner import main
+
+
+def _die() -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install(kill_at: str) -> None:
+    if kill_at == "hydrate":
+        commit = ReplacementFollower._commit
+
+        def die_on_hydration(self: ReplacementFollower, epoch: int, inputs: Mapping[str, Sequence[Change]]) -> None:
+            if self.mce is None:
+                _die()
+            commit(self, epoch, inputs)
+
+        ReplacementFollower._commit = die_on_hydration  # type: ignore[method-assign]
+    elif kill_at in ("cutover_kafka", "cutover_redis"):
+        apply = ReplacementStore.apply
+
+        def die_around_cutover(self: ReplacementStore, view: str, replacement_id: str, epoch: int,
+                               index: Mapping[int, IndexEntry], version: int) -> Any:
+            if kill_at == "cutover_kafka":
+                _die()
+            applied = apply(self, view, replacement_id, epoch, index, version)
+            if applied:
+                _die()
+            return applied
+
+        ReplacementStore.apply = die_around_cutover  # type: ignore[method-assign]
+    elif kill_at != "none":
+        raise SystemExit(f"unknown kill point {kill_at!r}")
+
+
+if __name__ == "__main__":
+    install(sys.argv.pop(2))
+    main()

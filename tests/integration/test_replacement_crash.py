@@ -1,0 +1,151 @@
+"""SIGKILL during a replacement's hydration and at each step of its cut-over: applied exactly once.
+
+The consumers of t1 -> mv1 -> mv2, mv3 run in a child process that SIGKILLs itself at a chosen point
+(``processes/replacement_runner.py``) while the upstream keeps writing: during hydration, after the
+cut-over epoch reached Kafka but not Redis, and after Redis but before the catalog. Each restart carries
+on from what was durable; at the end the changelog holds exactly one committed apply_replacement epoch
+(the killed attempts are dropped by the chain rule), the oracle holds at every epoch of every view, and
+the catalog has the new definition.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.replacement_store import ReplacementRecord, ReplacementStore
+from mvlog.connectors.view_store import ViewStore
+from mvlog.replacement import Status
+from mvlog.services.replacements import request_apply, stage_replacement, wait_for_apply
+from mvlog.services.table_writer import Table
+from mvlog.services.view_ddl import create_view
+
+from ..oracle import check_oracle
+from .independent_consumer import read_topic
+from .test_replacement import changelog
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]  # 4 Spark processes
+
+ROOT = Path(__file__).resolve().parents[2]
+VIEWS = ["mv1", "mv2", "mv3"]
+NEW = "SELECT * FROM t1 WHERE deleted = false AND v1 > 0"
+
+
+def _runner(settings: Settings, kill_at: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+    return subprocess.Popen([sys.executable, "-m", "tests.integration.processes.replacement_runner",
+                             settings.model_dump_json(), kill_at, *VIEWS],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
+
+
+def _until(condition: Callable[[], object], what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _killed(child: subprocess.Popen[str], timeout: float = 120.0) -> None:
+    """Wait for the child to SIGKILL itself at its kill point."""
+    try:
+        code = child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        raise AssertionError("the consumer process did not reach its kill point") from None
+    assert code == -9, f"the consumer process exited with {code}, not by its SIGKILL"
+
+
+def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
+    settings = make_settings(barrier_interval_ms=300)
+    table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"], client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
+    create_view(settings, "mv2", "SELECT sum(v1) AS s FROM mv1", client=redis_client)
+    create_view(settings, "mv3", "SELECT count(v1) AS c FROM mv1", client=redis_client)
+    views, replacements = ViewStore(redis_client, settings.topic_prefix), ReplacementStore(redis_client,
+                                                                                         settings.topic_prefix)
+    catalog = CatalogStore(settings, redis_client)
+    stop = threading.Event()
+    rng = random.Random(3)
+
+    def workload() -> None:  # the upstream keeps writing through every kill
+        while not stop.is_set():
+            table.upsert([{"id": rng.randrange(100), "v1": rng.randrange(-20, 20), "deleted": rng.random() < 0.3}
+                          for _ in range(20)])
+            table.delete([rng.randrange(100)])
+            stop.wait(0.05)
+
+    def record() -> ReplacementRecord:
+        found = replacements.record("mv1")
+        assert found is not None
+        return found
+
+    writer = threading.Thread(target=workload)
+    writer.start()
+    child: subprocess.Popen[str] | None = None
+    try:
+        # 1. Killed while hydrating: nothing of the replacement is committed, the view is untouched.
+        child = _runner(settings, "hydrate")
+        _until(lambda: (views.mce("mv1") or 0) > 0, "mv1's first epochs")
+        staged = stage_replacement(settings, "mv1", NEW, client=redis_client)
+        _killed(child)
+        assert not record().hydrated and record().status is Status.STAGED
+
+        # 2. Killed after the cut-over epoch reached Kafka, before Redis: not applied (yet).
+        child = _runner(settings, "cutover_kafka")
+        _until(lambda: record().hydrated, "hydration after the restart")
+        request_apply(settings, "mv1", client=redis_client)
+        _killed(child)
+        assert record().status is Status.STAGED and record().apply_requested
+        entry = catalog.get("mv1")
+        attempts = [b for entries in read_topic(settings.bootstrap_servers, settings.changelog_topic("mv1"),
+                                                entry.partitions, idle=1.5)[0].barriers.values()
+                    for _, b in entries if b["mutation"] is not None]
+        assert len(attempts) == 1  # the killed attempt is in Kafka, uncommitted for readers
+
+        # 3. Killed after the Redis cut-over, before the catalog entry: applied; the catalog lags.
+        child = _runner(settings, "cutover_redis")
+        _killed(child)
+        assert record().status is Status.APPLIED
+        assert catalog.get("mv1").sql != NEW
+
+        # 4. A clean restart rolls the catalog forward and the chain carries on under the new definition.
+        child = _runner(settings, "none")
+        applied = wait_for_apply(settings, "mv1", staged.id, timeout=60, client=redis_client)
+        assert catalog.get("mv1").sql == NEW
+    finally:
+        stop.set()
+        writer.join()
+    last = table.flush()
+    table.close()
+    assert child is not None
+    try:
+        _until(lambda: all((views.mce(v) or 0) >= last for v in VIEWS), "every view at the last epoch", 180)
+    finally:
+        child.kill()
+        child.wait()
+
+    assert check_oracle(settings, redis_client, ["t1", *VIEWS]) > 0
+    committed = [(e.epoch, e.mutation.payload["replacement_id"]) for e in changelog(settings, redis_client, "mv1")
+                 if e.mutation is not None]
+    assert committed == [(applied.epoch, staged.id)]
+    logs = read_topic(settings.bootstrap_servers, settings.changelog_topic("mv1"), catalog.get("mv1").partitions,
+                      idle=1.5)
+    for partition, log in logs.items():
+        mutated = [(epoch, offset) for epoch, entries in log.barriers.items() for offset, b in entries
+                   if b["mutation"] is not None]
+        assert len(mutated) == 2, (partition, mutated)  # step 2's killed attempt and step 3's kept one
+        index = views.index.at("mv1", partition, applied.epoch)
+        assert index is not None and (applied.epoch, index.offset) in mutated
+    assert (catalog.get("mv1").version, applied.version) == (3, 3)
