@@ -38,15 +38,17 @@ from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.retention import has_records
 from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
+from mvlog.key_order import order_member
 from mvlog.replacement import APPLY_MUTATION, Status, applied_entry, diff_rows
 from mvlog.row_schema import Row
-from mvlog.schemas.codec import decode_row
+from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.backfill import ChunkedBackfill, backfill_needed
 from mvlog.services.replacement_follower import ReplacementFollower
 from mvlog.services.replacements import complete_apply, plan_replacement
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import EpochOutput, ViewDefinitionError, ViewOperator
+from mvlog.vnode import vnode_of
 
 log = logging.getLogger(__name__)
 
@@ -358,7 +360,13 @@ class ViewConsumer:
         mutation = Mutation(APPLY_MUTATION, view, {"replacement_id": follower.id, "sql": follower.sql,
                                                    "previous_sql": self.entry.sql, "version": version})
         committed = self.writer.commit_epoch(epoch, self.mce, changes, mutation=mutation)
-        if not self.replacements.apply(view, follower.id, epoch, committed.index, version):
+        # The key-order index (backfills of views built on this one read it) follows the diff.
+        members: dict[Op, list[bytes]] = {}
+        for change in changes:
+            key = encode_key(self.entry.key_columns, change.key)
+            members.setdefault(change.op, []).append(order_member(vnode_of(key), change.key, key))
+        added, removed = members.get(Op.CREATE, []), members.get(Op.DELETE, [])
+        if not self.replacements.apply(view, follower.id, epoch, committed.index, version, added, removed):
             follower.apply_requested = False
             log.info("%s: replacement %s not applied at epoch %d (withdrawn or discarded)", view, follower.id, epoch)
             return False
