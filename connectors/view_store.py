@@ -44,7 +44,7 @@ local current = redis.call('HGET', meta, 'mce_hex')
 if current and current >= ARGV[1] then
   return 0
 end
-if ARGV[8] ~= '' and (current or 'none') ~= ARGV[8] then
+if ARGV[13] ~= '' and (current or 'none') ~= ARGV[13] then
   return -1
 end
 -- ARGV[first .. first + count * width - 1] in calls of at most 512 items (Lua's stack is small).
