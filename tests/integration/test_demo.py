@@ -102,10 +102,12 @@ def test_demo_runs_the_chain_and_ends_consistent(settings: Settings, redis_clien
             try:
                 check_dashboard_answers(url)
             except urllib.error.URLError:
-                if process.poll() is not None:  # the demo ended (and its dashboard with it): say why
-                    raise AssertionError(f"the demo exited {process.returncode} while its dashboard was "
-                                         f"checked:\n{err_path.read_text()[-4000:]}") from None
-                raise
+                try:  # a demo that fails stops its dashboard first, then Spark: wait, then say why
+                    process.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    raise
+                raise AssertionError(f"the demo exited {process.returncode} while its dashboard was "
+                                     f"checked:\n{err_path.read_text()[-4000:]}") from None
             process.wait(timeout=480)
         finally:
             if process.poll() is None:
