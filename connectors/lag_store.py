@@ -16,7 +16,7 @@ with its lag, which is bounded by the log cache's backpressure where it matters.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import cast
 
 import redis
@@ -135,7 +135,3 @@ class LagStore:
     def lease_holder(self) -> str | None:
         value = cast(bytes | None, self.redis.get(self.lease_key))
         return value.decode() if value is not None else None
-
-
-def decode_fields(raw: Mapping[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in raw.items()}
