@@ -7,6 +7,7 @@ same code reaches a real Kafka cluster and Redis by changing settings only.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from functools import lru_cache
@@ -113,6 +114,12 @@ class Settings(BaseSettings):
     def __repr_args__(self) -> Any:
         for name, value in super().__repr_args__():
             yield name, (redact_url(value) if name == "redis_url" and isinstance(value, str) else value)
+
+    def to_env(self) -> dict[str, str]:
+        """``MVLOG_*`` variables that give a child process exactly these settings (secrets included)."""
+        data = json.loads(self.to_executor_json())
+        return {f"MVLOG_{name.upper()}": value if isinstance(value, str) else json.dumps(value)
+                for name, value in data.items() if value is not None}
 
     def to_executor_json(self) -> str:
         """The settings with their secrets, for Spark executors (which connect to Kafka themselves);

@@ -11,15 +11,18 @@ What it does, in order:
    existing table or view of that prefix is reused): ``t1(id, v1, deleted)``, ``mv1`` (t1's rows not
    deleted), ``mv2`` (sum of v1 over mv1), ``mv3`` (count of v1 over mv1), ``t2(id, name)`` and the
    join ``mvj`` of mv1 and t2.
-3. **The pipeline**: one Spark session in local mode running a :class:`ViewConsumer` per view, and a
-   workload thread writing inserts, updates and deletes into t1 and t2 (``--rate`` changes/s).
+3. **The pipeline**: a Faust log-cache worker (``mvlog cache-worker``, a child process) caching the
+   upstreams' recent epochs, one Spark session in local mode running a :class:`ViewConsumer` per view
+   (reading the cache first, Kafka otherwise), and a workload thread writing inserts, updates and
+   deletes into t1 and t2 (``--rate`` changes/s). 15 s into the workload (or at half ``--duration``)
+   ``mv4`` is created online on the live mv1 with a chunked backfill, and maintained from then on.
 4. **Progress**: the lag dashboard (web page, ``/metrics``, with the lag sampler) on 127.0.0.1
    (``--dashboard-port``; a free port when that one is taken), whose address is printed; and every
    ``--interval`` seconds a table of every table and view: state, MCE, lag in epochs behind its
    upstreams' MCE, rows, and the aggregates' values.
 5. **Stopping** after ``--duration`` seconds or on SIGINT/SIGTERM (a second signal aborts): the workload
    stops, the views catch up with the last writes, the final contents are checked (mv1 against t1, mv2
-   and mv3 against mv1, mvj against mv1 and t2) and summarized (``--output json``: one JSON line on
+   and mv3 against mv1, mvj against mv1 and t2, mv4 against mv1) and summarized (``--output json``: one JSON line on
    standard output), then the consumers, the tables and the stack (only when the demo started it) stop.
 """
 
@@ -28,10 +31,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -78,6 +84,10 @@ VIEWS: dict[str, str] = {
     "mv3": "SELECT count(v1) AS n FROM mv1",
     "mvj": "SELECT a.id, a.v1, b.name FROM mv1 a JOIN t2 b ON a.id = b.id",
 }
+#: The view created online, with a chunked backfill, while the workload runs (MV-on-MV: over mv1).
+ONLINE_VIEW = ("mv4", "SELECT id, v1 * 2 AS v2 FROM mv1 WHERE v1 >= 500")
+#: Seconds into the workload when it is created (or half the --duration when that is shorter).
+ONLINE_VIEW_AFTER_S = 15.0
 #: What the progress table shows in its "value" column: view -> column of its single row.
 AGGREGATES = {"mv2": "total", "mv3": "n"}
 
@@ -240,6 +250,8 @@ def snapshot(settings: Settings, client: redis.Redis) -> list[dict[str, Any]]:
     store = ViewStore(client, settings.topic_prefix)
     index = EpochIndex(client, settings.topic_prefix)
     names = [*TABLES, *VIEWS]
+    if catalog.find(ONLINE_VIEW[0]) is not None:
+        names.append(ONLINE_VIEW[0])
     entries = {name: catalog.get(name) for name in names}
     mces = store.mce_many(names)
     records = []
@@ -289,9 +301,10 @@ def check_contents(settings: Settings, client: redis.Redis) -> dict[str, Any]:
     catalog = CatalogStore(settings, client)
     store = ViewStore(client, settings.topic_prefix)
     rows: dict[str, list[dict[str, Any]]] = {}
-    for name in [*TABLES, *VIEWS]:
-        entry = catalog.get(name)
-        rows[name] = [_visible(entry, row) for row in read_rows(store, entry, None)[1]]
+    for name in [*TABLES, *VIEWS, ONLINE_VIEW[0]]:
+        entry = catalog.find(name)
+        if entry is not None:
+            rows[name] = [_visible(entry, row) for row in read_rows(store, entry, None)[1]]
     t1 = {r["id"]: r for r in rows["t1"]}
     t2 = {r["id"]: r for r in rows["t2"]}
     mv1 = {r["id"]: r for r in rows["mv1"]}
@@ -307,6 +320,10 @@ def check_contents(settings: Settings, client: redis.Redis) -> dict[str, Any]:
         "mv3.n = count(v1) over mv1": (n or 0) == len(v1s),
         "mvj = mv1 join t2 on id": join == expected_join,
     }
+    if ONLINE_VIEW[0] in rows:  # created online, backfilled from mv1's rows while they changed
+        online = sorted((r["id"], r["v2"]) for r in rows[ONLINE_VIEW[0]])
+        checks[f"{ONLINE_VIEW[0]} = mv1 rows with v1 >= 500, v1 * 2"] = online == sorted(
+            (k, r["v1"] * 2) for k, r in mv1.items() if r["v1"] >= 500)
     return {"t1_rows": len(t1), "t2_rows": len(t2), "mv1_rows": len(mv1), "mv1_sum_v1": sum(v1s),
             "mv1_count_v1": len(v1s), "mv2_total": total, "mv3_n": n, "mvj_rows": len(join),
             "checks": checks, "consistent": all(checks.values())}
@@ -327,15 +344,44 @@ def start_dashboard(settings: Settings, port: int | None) -> DashboardServer:
         return server
 
 
-def start_companions(settings: Settings, dashboard_port: int | None) -> list[Callable[[], None]]:
-    """Services that run beside the pipeline for the whole demo; returns their stops (called in reverse).
+@dataclass
+class CacheWorkerProcess:
+    """The Faust log-cache worker (``mvlog cache-worker``) as a child process, logging to the stack dir."""
 
-    The seam for the rest of the full demo: the Faust log-cache worker starts here too, and the view
-    created online with backfill while the workload runs is created from the main loop below.
-    """
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    @classmethod
+    def start(cls, settings: Settings) -> CacheWorkerProcess:
+        port = settings.cache_port if not port_in_use(settings.cache_port) else free_port()
+        log_path = Path(settings.stack_dir) / f"cache-worker-{settings.topic_prefix}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")}, **settings.to_env()}
+        with log_path.open("ab") as log:
+            command = [sys.executable, "-m", "mvlog.services.cli", "cache-worker", "--port", str(port)]
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return cls(process, f"http://{settings.bind_host}:{port}/", log_path)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_companions(settings: Settings, dashboard_port: int | None) -> list[Callable[[], None]]:
+    """Services that run beside the pipeline for the whole demo; returns their stops (called in reverse):
+    the Faust log-cache worker (the views' consumers read recent epochs from it, Kafka otherwise) and
+    the lag dashboard with its sampler."""
+    worker = CacheWorkerProcess.start(settings)
+    click.echo(f"Log-cache worker (Faust): {worker.url}  (log: {worker.log_path})", err=True)
     dashboard = start_dashboard(settings, dashboard_port)
     click.echo(f"Lag dashboard: {dashboard.url}  (Prometheus: {dashboard.url}metrics)", err=True)
-    return [dashboard.stop]
+    return [worker.stop, dashboard.stop]
 
 
 # ---------------------------------------------------------------------------------------------- command
@@ -444,11 +490,22 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                                f"{until}.", err=True)
                 started = time.monotonic()
                 end = None if duration is None else started + duration
+                online_at = started + min(ONLINE_VIEW_AFTER_S, duration / 2 if duration is not None else 1e9)
                 next_print = started
                 while not stop.requested.is_set():
                     now = time.monotonic()
                     if end is not None and now >= end:
                         break
+                    if now >= online_at and len(consumers) == len(VIEWS):
+                        name, sql = ONLINE_VIEW
+                        if CatalogStore(settings, client).find(name) is None:
+                            create_view(settings, name, sql, client=client, backfill="chunked")
+                        click.echo(f"Created {name} = {sql} online, on the live mv1: it backfills in chunks while "
+                                   "the workload runs.", err=True)
+                        consumer = ViewConsumer(settings, name, spark=spark, client=client,
+                                                trigger_interval="500 milliseconds")
+                        consumers.append(consumer)
+                        queries.append(consumer.start())
                     if (failure := _failed_query(consumers, queries)) is not None:
                         break
                     if workload.error is not None:
@@ -470,7 +527,7 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     # join needs to move past the other side's last epoch.
                     last = {table.entry.name: table.flush() for table in tables}
                     targets = {"mv1": last["t1"], "mv2": last["t1"], "mv3": last["t1"],
-                               "mvj": max(last["t1"], last["t2"])}
+                               "mvj": max(last["t1"], last["t2"]), ONLINE_VIEW[0]: last["t1"]}
                     click.echo("Waiting for the views to catch up with the last writes...", err=True)
                     caught_up = _wait_caught_up(consumers, queries, targets, DRAIN_TIMEOUT_S)
                     # The tables stop here; the views then follow them to their last (empty) epochs.
@@ -479,7 +536,8 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     if caught_up:
                         final = ViewStore(client, settings.topic_prefix).mce_many(list(TABLES))
                         _wait_caught_up(consumers, queries, {"mv1": final["t1"] or 0, "mv2": final["t1"] or 0,
-                                                             "mv3": final["t1"] or 0, "mvj": 0}, 15.0)
+                                                             "mv3": final["t1"] or 0, "mvj": 0,
+                                                             ONLINE_VIEW[0]: final["t1"] or 0}, 15.0)
                     failure = _failed_query(consumers, queries)
                     records = snapshot(settings, client)
                     print_progress(records, f"mvlog demo [{settings.topic_prefix}] final")

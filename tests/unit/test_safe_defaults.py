@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,18 @@ def test_token_middleware_on_a_real_aiohttp_server() -> None:
             await server.close()
 
     assert asyncio.run(scenario()) == [200, 401, 401, 200]
+
+
+def test_to_env_gives_a_child_process_the_same_settings_secrets_included(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(topic_prefix="envtest", partitions=7, backfill_target_share=0.5,
+                        kafka={"security.protocol": "SASL_SSL", "sasl.password": "hunter2"},
+                        redis_url="redis://:pw@127.0.0.1:1/0", stack_dir=Path("/tmp/x"))
+    for name in list(os.environ):
+        if name.startswith("MVLOG_"):
+            monkeypatch.delenv(name)
+    for name, value in settings.to_env().items():
+        monkeypatch.setenv(name, value)
+    child = Settings()
+    assert child == settings
+    assert child.kafka_secrets["sasl.password"].get_secret_value() == "hunter2"
+    assert child.redis_url == "redis://:pw@127.0.0.1:1/0"
