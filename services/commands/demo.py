@@ -354,7 +354,7 @@ class CacheWorkerProcess:
 
     @classmethod
     def start(cls, settings: Settings) -> CacheWorkerProcess:
-        port = settings.cache_port if not port_in_use(settings.cache_port) else free_port()
+        port = free_port() if port_in_use(settings.bind_host, settings.cache_port) else settings.cache_port
         log_path = Path(settings.stack_dir) / f"cache-worker-{settings.topic_prefix}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")}, **settings.to_env()}
