@@ -45,6 +45,7 @@ import redis
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
+from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.view_store import Lifecycle, ViewStore
@@ -544,6 +545,9 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     summary["caught_up"] = caught_up
                     summary["views"] = {r["name"]: {k: r[k] for k in ("kind", "state", "mce", "lag_epochs", "rows",
                                                                       "value")} for r in records}
+                    registry = CacheRegistry(client, settings.topic_prefix)
+                    reads = {name: registry.reads(name) for name in (*TABLES, "mv1")}
+                    summary["read_from_cache"] = {name: {"cache": c, "kafka": k} for name, (c, k) in reads.items()}
                     if caught_up:
                         summary.update(check_contents(settings, client))
                     elif failure is None:
@@ -579,6 +583,9 @@ def _print_summary(summary: dict[str, Any], output: str) -> None:
         return
     click.echo(f"Wrote {summary['changes_written']} changes in {summary['seconds']} s under prefix "
                f"{summary['prefix']!r}.")
+    if cached := summary.get("read_from_cache"):
+        shares = ", ".join(f"{name} {r['cache']}/{r['cache'] + r['kafka']}" for name, r in cached.items())
+        click.echo(f"Partition-epochs the consumers read from the log cache (of all they read): {shares}.")
     if "checks" in summary:
         click.echo(f"mv2.total = {summary['mv2_total']} (sum of v1 over mv1's {summary['mv1_rows']} rows: "
                    f"{summary['mv1_sum_v1']}); mv3.n = {summary['mv3_n']}; mvj: {summary['mvj_rows']} rows.")
