@@ -81,6 +81,8 @@ class CatalogStore:
 
     def all(self) -> list[CatalogEntry]:
         entries = sorted(cast(dict[bytes, bytes], self.redis.hgetall(self.key)).items())
+        if not entries and self.wiped() and self.rebuild_from_topic():  # Redis was wiped: reload it
+            entries = sorted(cast(dict[bytes, bytes], self.redis.hgetall(self.key)).items())
         return [CatalogEntry.from_record(decode_catalog_entry(value)) for _, value in entries]
 
     def dependents(self, name: str) -> list[str]:

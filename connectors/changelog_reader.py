@@ -125,7 +125,7 @@ class ChangelogReader:
             return self.aligner.add_barrier(partition, record.barrier, offset)
         if self.dead_letters is None:
             raise ChangelogReadError(record.reason)
-        self.dead_letters.send(record, message.key(), message.value())
+        self.dead_letters.send(record, message.key(), message.value(), message.headers())
         if record.announced_change:
             self.aligner.add_poison(partition)
         return []

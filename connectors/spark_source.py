@@ -123,7 +123,7 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> I
                 record = decode_record(part.view, part.key_columns, topic, part.partition, offset, message.key(),
                                        message.value(), message.headers(), settings.max_record_bytes)
                 if isinstance(record, PoisonRecord):  # to the dead-letter topic; the read goes on
-                    dead_letters.send(record, message.key(), message.value())
+                    dead_letters.send(record, message.key(), message.value(), message.headers())
                     poison += record.announced_change
                     continue
                 if isinstance(record, ChangeRecord):

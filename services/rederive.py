@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -329,6 +329,3 @@ class RedisRebuildSink:
                                    "of the view is running: stop it before rebuilding")
         return len(rows)
 
-
-def describe_sources(plan: DerivationPlan) -> Sequence[str]:
-    return [f"{u.name} up to {u.upto} ({u.records} change events)" for u in plan.upstreams]

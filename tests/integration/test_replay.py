@@ -138,8 +138,9 @@ def test_derive_into_topic_and_dry_run(settings: Settings, redis_client: redis.R
 
 def test_rebuild_restores_serving_state_and_the_pipeline_carries_on(settings: Settings, redis_client: redis.Redis,
                                                                     spark: Any) -> None:
-    """After the view's rows and operator state are lost, `replay derive --rebuild --execute` restores both
-    exactly; a dry run does nothing; the view then keeps up with new epochs and the oracle holds."""
+    """After the view's rows and operator state are lost, `replay derive --rebuild --execute --engine spark`
+    restores both exactly; a dry run does nothing; the view then keeps up with new epochs and the oracle
+    holds."""
     consumers = build(settings, redis_client, spark, epochs=5)
     stop(consumers)
     store = ViewStore(redis_client, settings.topic_prefix)
@@ -149,7 +150,7 @@ def test_rebuild_restores_serving_state_and_the_pipeline_carries_on(settings: Se
     redis_client.delete(rows_key, state_key)
     ok(mvlog(settings, "replay", "derive", "mvg", "--rebuild"))
     assert not redis_client.exists(rows_key), "a dry run changes nothing"
-    out = ok(mvlog(settings, "replay", "derive", "mvg", "--rebuild", "--execute")).stdout
+    out = ok(mvlog(settings, "replay", "derive", "mvg", "--rebuild", "--execute", "--engine", "spark")).stdout
     assert "Rebuilt mvg" in out
     assert redis_client.hgetall(rows_key) == rows
     assert redis_client.hgetall(state_key) == state
