@@ -1,8 +1,9 @@
 """One upstream's records, as a worker's Faust stream delivers them, turned into cacheable epochs.
 
 A worker starts reading its partitions wherever its consumer group left off (or at the start), which
-may be in the middle of an epoch. So a partition's records before its first barrier are skipped, and
-once every held partition has shown a barrier, alignment starts above the highest of those epochs:
+may be in the middle of an epoch. So a partition's records before its first barrier are skipped (unless
+it starts at offset 0, the log's start), and once every held partition has shown where it is whole,
+alignment starts above the highest of those epochs:
 every epoch after it is complete in every partition. From there on the :class:`EpochAligner` does the
 work, with the commit rule (an epoch enters the cache when the next barrier names it as
 ``prev_epoch``, or when the epoch index has it, see :meth:`UpstreamFeed.confirm`).
@@ -69,9 +70,12 @@ class UpstreamFeed:
         if self.aligner is not None:
             return self._feed(self.aligner, record)
         if record.partition not in self._first_barrier:
-            if record.kind == TYPE_BARRIER:
-                self._first_barrier[record.partition] = decode_barrier(record.value).epoch
-            return []
+            if record.offset == 0:
+                self._first_barrier[record.partition] = 0  # the log's start: every epoch is whole
+            else:
+                if record.kind == TYPE_BARRIER:
+                    self._first_barrier[record.partition] = decode_barrier(record.value).epoch
+                return []
         self._warmup.append(record)
         if len(self._first_barrier) < len(self.partitions):
             return []
