@@ -33,23 +33,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import redis
-from confluent_kafka import Consumer, TopicPartition
-
 from _common import REPO_ROOT, fmt_rate, machine_info
+from confluent_kafka import Consumer, TopicPartition
 
 sys.path.insert(0, str(REPO_ROOT))
 
-from mvlog.config import Settings  # noqa: E402
-from mvlog.connectors.cache_registry import CacheRegistry  # noqa: E402
-from mvlog.connectors.catalog_store import CatalogStore  # noqa: E402
-from mvlog.connectors.spark_source import _Planner, read_partition_from_kafka  # noqa: E402
-from mvlog.connectors.view_store import ViewStore  # noqa: E402
-from mvlog.infra.local_stack import LocalStack, free_ports  # noqa: E402
-from mvlog.services.spark_session import spark_session  # noqa: E402
-from mvlog.services.table_writer import Table  # noqa: E402
-from mvlog.services.view_consumer import ViewConsumer  # noqa: E402
-from mvlog.services.view_ddl import create_view  # noqa: E402
-from tests.integration.processes.cache_worker import CacheWorkerProcess  # noqa: E402
+from mvlog.config import Settings
+from mvlog.connectors.cache_registry import CacheRegistry
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.spark_source import _Planner, read_partition_from_kafka
+from mvlog.connectors.view_store import ViewStore
+from mvlog.infra.local_stack import LocalStack, free_ports
+from mvlog.services.spark_session import spark_session
+from mvlog.services.table_writer import Table
+from mvlog.services.view_consumer import ViewConsumer
+from mvlog.services.view_ddl import create_view
+from tests.integration.processes.cache_worker import CacheWorkerProcess
 
 COLUMNS = {"id": "int", "v1": "int", "deleted": "boolean", "pad": "string"}
 PAD = "x" * 200
