@@ -44,7 +44,7 @@ from mvlog.connectors.change_rows import arrow_schema
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.log_cache_client import ARROW_STREAM
 from mvlog.log_cache import CacheError, LogCache, RangeStatus
-from mvlog.schemas.codec import DecodeError, record_type
+from mvlog.schemas.codec import TYPE_BARRIER, DecodeError, record_type
 from mvlog.services.log_cache.feed import FeedError, RawRecord, UpstreamFeed, serve_range
 
 log = logging.getLogger(__name__)
@@ -143,14 +143,14 @@ class LogCacheWorker:
         async def fetch(stream: Any) -> AsyncIterator[None]:
             async for event in stream.events():
                 message = event.message
-                self._on_record(upstream, RawRecord(message.partition, message.offset,
+                await self._on_record(upstream, RawRecord(message.partition, message.offset,
                                                     record_type(message.headers), message.key or b"",
                                                     message.value or b""))
                 yield None
         fetch.__name__ = f"cache_{upstream}"
         return fetch
 
-    def _on_record(self, upstream: str, record: RawRecord) -> None:
+    async def _on_record(self, upstream: str, record: RawRecord) -> None:
         feed = self.feeds.get(upstream)
         if feed is None or record.partition not in feed.partitions:
             feed = self._reset(upstream, self._held_partitions(upstream) | {record.partition})
@@ -163,19 +163,21 @@ class LogCacheWorker:
             self._reset(upstream, feed.partitions)
             return
         for epoch in committed:
-            self.cache.put(upstream, feed.admit(epoch))
+            self.cache.put(upstream, feed.to_cached(epoch))
+        if record.kind == TYPE_BARRIER:  # only a barrier changes which partitions are ahead
+            await self._sync_pauses(upstream)
 
     async def _sync_pauses(self, upstream: str) -> None:
-        """Pause every partition of ``upstream`` under backpressure, resume them after it.
+        """Pause every partition of ``upstream`` under backpressure, else those a whole epoch ahead of
+        the others (so alignment buffers about one epoch per partition); resume the rest.
 
-        Faust drops the records it had already fetched for a partition paused meanwhile (its getmany
-        filters them out, and the fetch position has moved past them), so a resume rewinds the feed:
-        each partition is sought back to just after the cache's tail epoch, and nothing is lost.
+        A resumed partition is first sought back to just after the last record the feed took
+        (:meth:`UpstreamFeed.resume_offsets`): Faust drops what it had fetched for it meanwhile.
         """
         feed = self.feeds.get(upstream)
         if feed is None:
             return
-        wanted = set(feed.partitions) if self.stats[upstream].paused else set()
+        wanted = set(feed.partitions) if self.stats[upstream].paused else feed.partitions_ahead()
         current = self._paused.get(upstream, set())
         if wanted == current:
             return
@@ -183,7 +185,7 @@ class LogCacheWorker:
         if pause := wanted - current:
             self.app.consumer.pause_partitions({TP(topic, p) for p in pause})
         if resume := current - wanted:
-            for partition, offset in feed.rewind().items():
+            for partition, offset in feed.resume_offsets(resume).items():
                 await self.app.consumer.seek(TP(topic, partition), offset)
             self.app.consumer.resume_partitions({TP(topic, p) for p in resume})
         self._paused[upstream] = wanted
@@ -231,7 +233,7 @@ class LogCacheWorker:
             entry = await asyncio.to_thread(self.index.at, upstream, partition, epoch)
             if entry is not None and self.feeds.get(upstream) is feed:
                 for committed in feed.confirm(epoch, partition, entry.offset):
-                    self.cache.put(upstream, feed.admit(committed))
+                    self.cache.put(upstream, feed.to_cached(committed))
 
     async def _apply_backpressure(self) -> None:
         for upstream in list(self.feeds):
