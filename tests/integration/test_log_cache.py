@@ -185,7 +185,7 @@ def test_fan_out_three_views_share_one_fetch_stream(settings: Settings, redis_cl
                 consumer.stop()
         logs = read_topic(settings.bootstrap_servers, settings.changelog_topic("t1"), settings.partitions, idle=1.5)
         in_topic = sum(len(log.order) for log in logs.values())
-        _until(lambda: worker.upstream("t1")["records_fetched"] >= in_topic, 10, "the worker to fetch every record")
+        _until(lambda: worker.upstream("t1")["records_fetched"] >= in_topic, 60, "the worker to fetch every record")
         stats = worker.upstream("t1")
     assert stats["records_fetched"] == in_topic, "one fetch stream: each record fetched once"
     from_cache, from_kafka = CacheRegistry(redis_client, settings.topic_prefix).reads("t1")
