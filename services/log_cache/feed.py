@@ -103,10 +103,6 @@ class UpstreamFeed:
         """
         return {p: self._next_offset[p] for p in partitions if p in self._next_offset}
 
-    def partitions_ahead(self) -> set[int]:
-        """Partitions a whole epoch ahead of another: pausing them bounds what alignment buffers (I4)."""
-        return self.aligner.partitions_to_pause() if self.aligner is not None else set()
-
     def held(self) -> tuple[int, int] | None:
         """The complete epoch waiting for confirmation and its barrier offset in the first partition."""
         if self.aligner is None or self.aligner.held_epoch is None:

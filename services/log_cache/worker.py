@@ -44,7 +44,7 @@ from mvlog.connectors.change_rows import arrow_schema
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.log_cache_client import ARROW_STREAM
 from mvlog.log_cache import CacheError, LogCache, RangeStatus
-from mvlog.schemas.codec import TYPE_BARRIER, DecodeError, record_type
+from mvlog.schemas.codec import DecodeError, record_type
 from mvlog.services.log_cache.feed import FeedError, RawRecord, UpstreamFeed, serve_range
 
 log = logging.getLogger(__name__)
@@ -164,20 +164,20 @@ class LogCacheWorker:
             return
         for epoch in committed:
             self.cache.put(upstream, feed.to_cached(epoch))
-        if record.kind == TYPE_BARRIER:  # only a barrier changes which partitions are ahead
-            await self._sync_pauses(upstream)
 
     async def _sync_pauses(self, upstream: str) -> None:
-        """Pause every partition of ``upstream`` under backpressure, else those a whole epoch ahead of
-        the others (so alignment buffers about one epoch per partition); resume the rest.
+        """Pause every partition of ``upstream`` under backpressure, resume them after it.
 
         A resumed partition is first sought back to just after the last record the feed took
         (:meth:`UpstreamFeed.resume_offsets`): Faust drops what it had fetched for it meanwhile.
+        Partitions an epoch ahead of the others are *not* paused (as ChangelogReader does): with Faust
+        every pause costs a seek back and a refetch, which cut the worker's throughput several times
+        over in ``bench/cache.py``; the aligner buffers what the ahead partitions deliver instead.
         """
         feed = self.feeds.get(upstream)
         if feed is None:
             return
-        wanted = set(feed.partitions) if self.stats[upstream].paused else feed.partitions_ahead()
+        wanted = set(feed.partitions) if self.stats[upstream].paused else set()
         current = self._paused.get(upstream, set())
         if wanted == current:
             return
