@@ -32,6 +32,7 @@ from typing import Any
 import faust
 import pyarrow as pa
 import redis
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from faust.web import Request, Response, View
 
@@ -51,7 +52,32 @@ log = logging.getLogger(__name__)
 
 CONFIRM_INTERVAL_S = 0.05  # how often held epochs are checked against the epoch index
 BACKPRESSURE_INTERVAL_S = 0.1
-FETCH_BYTES = 256 * 1024  # per partition and fetch: what the worker holds in flight besides the cache (I4)
+FETCH_BYTES = 1024 * 1024  # per fetch: what the worker holds in flight besides the cache (I4)
+
+
+class _BoundedFetchThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Sets aiokafka's ``fetch_max_bytes`` (not a Faust setting; 50 MB by default). Tansu ignores the
+    per-partition limit (``consumer_max_fetch_size``), so without it a worker with a backlog holds up to
+    50 MB of records per fetch, several times that as Python objects (I4)."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_bytes = FETCH_BYTES  # read by the fetcher aiokafka creates at start()
+        return consumer
+
+
+class _BoundedFetchConsumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return _BoundedFetchThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _BoundedFetchTransport(faust_aiokafka.Transport):
+    Consumer = _BoundedFetchConsumer
+
+
+class _CacheApp(faust.App):
+    def _new_transport(self) -> Any:
+        return _BoundedFetchTransport(self.conf.broker_consumer, self)
 
 
 @dataclass
@@ -100,7 +126,7 @@ class LogCacheWorker:
 
     def _build_app(self) -> faust.App:
         settings = self.settings
-        app = faust.App(
+        app = _CacheApp(
             f"{settings.topic_prefix}-log-cache",
             broker=[f"kafka://{server}" for server in settings.bootstrap_servers.split(",")],
             store="memory://",
@@ -110,7 +136,7 @@ class LogCacheWorker:
             broker_heartbeat_interval=min(1.0, settings.session_timeout_ms / 3000),
             broker_commit_interval=1.0,
             consumer_auto_offset_reset="earliest",
-            consumer_max_fetch_size=FETCH_BYTES,
+            consumer_max_fetch_size=FETCH_BYTES // 4,
             stream_buffer_maxsize=256,
             broker_max_poll_records=500,
             topic_disable_leader=True,
