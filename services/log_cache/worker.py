@@ -312,7 +312,8 @@ class LogCacheWorker:
                 "epochs_cached": self.cache.epoch_count(name), "floor": self.cache.floor(name),
                 "tail": self.cache.tail(name), "served_epochs": stats.served_epochs,
                 "evicted_replies": stats.evicted_replies, "not_yet_replies": stats.not_yet_replies,
-                "paused": stats.paused, "errors": stats.errors}
+                "paused": stats.paused, "errors": stats.errors,
+                "aligning_changes": feed.aligner.buffered_changes() if feed and feed.aligner else 0}
         return {"worker_id": self.worker_id, "url": self.url, "pid": os.getpid(),
                 "cache_bytes": self.cache.nbytes, "cache_max_bytes": self.cache.max_bytes,
                 "evicted_epochs": self.cache.evicted_epochs,
