@@ -43,13 +43,16 @@ from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change
 from mvlog.config import Settings, load_settings
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.change_rows import SignedRowBuilder
+from mvlog.connectors.change_rows import SignedRowBuilder, arrow_schema
 from mvlog.connectors.changelog_reader import ChangelogReadError, reader_consumer
 from mvlog.connectors.changelog_records import ChangeRecord, PoisonRecord, decode_record
 from mvlog.connectors.dead_letter import DeadLetterQueue
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.log_cache_client import read_with_cache
 from mvlog.row_schema import RowSchema
+
+__all__ = ["EpochRangeError", "MvlogDataSource", "PartitionRange", "arrow_schema", "read_partition_from_kafka",
+           "read_partition_range", "spark_schema_ddl"]  # arrow_schema: re-exported from change_rows
 
 _META_DDL = "_epoch BIGINT, _change_type STRING, _weight INT, _partition INT, _offset BIGINT, _key BINARY"
 

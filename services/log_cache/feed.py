@@ -1,8 +1,9 @@
 """One upstream's records, as a worker's Faust stream delivers them, turned into cacheable epochs.
 
 A worker starts reading its partitions wherever its consumer group left off (or at the start), which
-may be in the middle of an epoch. So a partition's records before its first barrier are skipped, and
-once every held partition has shown a barrier, alignment starts above the highest of those epochs:
+may be in the middle of an epoch. So a partition's records before its first barrier are skipped (unless
+it starts at offset 0, the log's start), and once every held partition has shown where it is whole,
+alignment starts above the highest of those epochs:
 every epoch after it is complete in every partition. From there on the :class:`EpochAligner` does the
 work, with the commit rule (an epoch enters the cache when the next barrier names it as
 ``prev_epoch``, or when the epoch index has it, see :meth:`UpstreamFeed.confirm`).
@@ -52,9 +53,7 @@ class UpstreamFeed:
         self._warmup: list[RawRecord] = []
         self.records = 0  # records fetched from Kafka (for the fan-out count)
         self.bytes = 0
-        self.last_epoch: int | None = None  # the last epoch admitted to the cache
-        self._last_offsets: dict[int, int] = {}  # its barrier offset in each partition
-        self._min_offset: dict[int, int] = {}  # records below are stale (before a rewind's seek)
+        self._next_offset: dict[int, int] = {}  # per partition: the offset after the last record taken
 
     @property
     def ready(self) -> bool:
@@ -62,16 +61,20 @@ class UpstreamFeed:
 
     def add(self, record: RawRecord) -> list[Epoch]:
         """Feed one record; returns the epochs it commits (in order)."""
-        if record.offset < self._min_offset.get(record.partition, 0):
-            return []
+        if record.offset < self._next_offset.get(record.partition, 0):
+            return []  # fetched again after a seek back (see resume_offsets)
+        self._next_offset[record.partition] = record.offset + 1
         self.records += 1
         self.bytes += len(record.key) + len(record.value)
         if self.aligner is not None:
             return self._feed(self.aligner, record)
         if record.partition not in self._first_barrier:
-            if record.kind == TYPE_BARRIER:
-                self._first_barrier[record.partition] = decode_barrier(record.value).epoch
-            return []
+            if record.offset == 0:
+                self._first_barrier[record.partition] = 0  # the log's start: every epoch is whole
+            else:
+                if record.kind == TYPE_BARRIER:
+                    self._first_barrier[record.partition] = decode_barrier(record.value).epoch
+                return []
         self._warmup.append(record)
         if len(self._first_barrier) < len(self.partitions):
             return []
@@ -91,16 +94,14 @@ class UpstreamFeed:
         raise FeedError(f"{self.entry.name} partition {record.partition} offset {record.offset}: "
                         f"not an mvlog changelog record (header mvlog.type is {record.kind!r})")
 
-    def rewind(self) -> dict[int, int]:
-        """Restart alignment right after the last admitted epoch; returns the offset to seek each
-        partition to. Used when Faust resumes paused partitions: it drops records it had fetched for a
-        partition paused meanwhile, so the feed re-reads everything after the cache's tail."""
-        if self.aligner is None or self.last_epoch is None:
-            self.aligner, self._first_barrier, self._warmup = None, {}, []
-            return {}
-        self.aligner = EpochAligner(self.entry.name, self.partitions, after_epoch=self.last_epoch)
-        self._min_offset = {p: offset + 1 for p, offset in self._last_offsets.items()}
-        return dict(self._min_offset)
+    def resume_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Where to seek ``partitions`` before resuming them: right after the last record taken.
+
+        Faust drops the records it had fetched for a partition that was paused meanwhile (its getmany
+        filters them out, yet the fetch position has moved past them), so a paused partition must be
+        sought back before it resumes; records taken already are skipped if they come again.
+        """
+        return {p: self._next_offset[p] for p in partitions if p in self._next_offset}
 
     def held(self) -> tuple[int, int] | None:
         """The complete epoch waiting for confirmation and its barrier offset in the first partition."""
@@ -114,9 +115,8 @@ class UpstreamFeed:
             return []
         return self.aligner.confirm(epoch, {partition: barrier_offset})
 
-    def admit(self, epoch: Epoch) -> CachedEpoch[pa.RecordBatch]:
-        """``epoch`` goes into the cache: remember it as the feed's position, and make its batches."""
-        self.last_epoch, self._last_offsets = epoch.epoch, dict(epoch.offsets)
+    def to_cached(self, epoch: Epoch) -> CachedEpoch[pa.RecordBatch]:
+        """``epoch`` as the cache holds it: one record batch per partition in the data source's shape."""
         builders = {p: SignedRowBuilder(self.entry.schema, p) for p in self.partitions}
         for change, origin in zip(epoch.changes, epoch.origins, strict=True):
             builders[origin.partition].add_change(epoch.epoch, origin.offset, origin.key, change)

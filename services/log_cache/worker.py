@@ -32,6 +32,7 @@ from typing import Any
 import faust
 import pyarrow as pa
 import redis
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from faust.web import Request, Response, View
 
@@ -51,7 +52,32 @@ log = logging.getLogger(__name__)
 
 CONFIRM_INTERVAL_S = 0.05  # how often held epochs are checked against the epoch index
 BACKPRESSURE_INTERVAL_S = 0.1
-FETCH_BYTES = 256 * 1024  # per partition and fetch: what the worker holds in flight besides the cache (I4)
+FETCH_BYTES = 1024 * 1024  # per fetch: what the worker holds in flight besides the cache (I4)
+
+
+class _BoundedFetchThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Sets aiokafka's ``fetch_max_bytes`` (not a Faust setting; 50 MB by default). Tansu ignores the
+    per-partition limit (``consumer_max_fetch_size``), so without it a worker with a backlog holds up to
+    50 MB of records per fetch, several times that as Python objects (I4)."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_bytes = FETCH_BYTES  # read by the fetcher aiokafka creates at start()
+        return consumer
+
+
+class _BoundedFetchConsumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return _BoundedFetchThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _BoundedFetchTransport(faust_aiokafka.Transport):
+    Consumer = _BoundedFetchConsumer
+
+
+class _CacheApp(faust.App):
+    def _new_transport(self) -> Any:
+        return _BoundedFetchTransport(self.conf.broker_consumer, self)
 
 
 @dataclass
@@ -100,7 +126,7 @@ class LogCacheWorker:
 
     def _build_app(self) -> faust.App:
         settings = self.settings
-        app = faust.App(
+        app = _CacheApp(
             f"{settings.topic_prefix}-log-cache",
             broker=[f"kafka://{server}" for server in settings.bootstrap_servers.split(",")],
             store="memory://",
@@ -110,7 +136,7 @@ class LogCacheWorker:
             broker_heartbeat_interval=min(1.0, settings.session_timeout_ms / 3000),
             broker_commit_interval=1.0,
             consumer_auto_offset_reset="earliest",
-            consumer_max_fetch_size=FETCH_BYTES,
+            consumer_max_fetch_size=FETCH_BYTES // 4,
             stream_buffer_maxsize=256,
             broker_max_poll_records=500,
             topic_disable_leader=True,
@@ -143,14 +169,14 @@ class LogCacheWorker:
         async def fetch(stream: Any) -> AsyncIterator[None]:
             async for event in stream.events():
                 message = event.message
-                self._on_record(upstream, RawRecord(message.partition, message.offset,
+                await self._on_record(upstream, RawRecord(message.partition, message.offset,
                                                     record_type(message.headers), message.key or b"",
                                                     message.value or b""))
                 yield None
         fetch.__name__ = f"cache_{upstream}"
         return fetch
 
-    def _on_record(self, upstream: str, record: RawRecord) -> None:
+    async def _on_record(self, upstream: str, record: RawRecord) -> None:
         feed = self.feeds.get(upstream)
         if feed is None or record.partition not in feed.partitions:
             feed = self._reset(upstream, self._held_partitions(upstream) | {record.partition})
@@ -163,14 +189,16 @@ class LogCacheWorker:
             self._reset(upstream, feed.partitions)
             return
         for epoch in committed:
-            self.cache.put(upstream, feed.admit(epoch))
+            self.cache.put(upstream, feed.to_cached(epoch))
 
     async def _sync_pauses(self, upstream: str) -> None:
         """Pause every partition of ``upstream`` under backpressure, resume them after it.
 
-        Faust drops the records it had already fetched for a partition paused meanwhile (its getmany
-        filters them out, and the fetch position has moved past them), so a resume rewinds the feed:
-        each partition is sought back to just after the cache's tail epoch, and nothing is lost.
+        A resumed partition is first sought back to just after the last record the feed took
+        (:meth:`UpstreamFeed.resume_offsets`): Faust drops what it had fetched for it meanwhile.
+        Partitions an epoch ahead of the others are *not* paused (as ChangelogReader does): with Faust
+        every pause costs a seek back and a refetch, which cut the worker's throughput several times
+        over in ``bench/cache.py``; the aligner buffers what the ahead partitions deliver instead.
         """
         feed = self.feeds.get(upstream)
         if feed is None:
@@ -183,7 +211,7 @@ class LogCacheWorker:
         if pause := wanted - current:
             self.app.consumer.pause_partitions({TP(topic, p) for p in pause})
         if resume := current - wanted:
-            for partition, offset in feed.rewind().items():
+            for partition, offset in feed.resume_offsets(resume).items():
                 await self.app.consumer.seek(TP(topic, partition), offset)
             self.app.consumer.resume_partitions({TP(topic, p) for p in resume})
         self._paused[upstream] = wanted
@@ -231,7 +259,7 @@ class LogCacheWorker:
             entry = await asyncio.to_thread(self.index.at, upstream, partition, epoch)
             if entry is not None and self.feeds.get(upstream) is feed:
                 for committed in feed.confirm(epoch, partition, entry.offset):
-                    self.cache.put(upstream, feed.admit(committed))
+                    self.cache.put(upstream, feed.to_cached(committed))
 
     async def _apply_backpressure(self) -> None:
         for upstream in list(self.feeds):
@@ -284,7 +312,8 @@ class LogCacheWorker:
                 "epochs_cached": self.cache.epoch_count(name), "floor": self.cache.floor(name),
                 "tail": self.cache.tail(name), "served_epochs": stats.served_epochs,
                 "evicted_replies": stats.evicted_replies, "not_yet_replies": stats.not_yet_replies,
-                "paused": stats.paused, "errors": stats.errors}
+                "paused": stats.paused, "errors": stats.errors,
+                "aligning_changes": feed.aligner.buffered_changes() if feed and feed.aligner else 0}
         return {"worker_id": self.worker_id, "url": self.url, "pid": os.getpid(),
                 "cache_bytes": self.cache.nbytes, "cache_max_bytes": self.cache.max_bytes,
                 "evicted_epochs": self.cache.evicted_epochs,

@@ -185,7 +185,7 @@ def test_fan_out_three_views_share_one_fetch_stream(settings: Settings, redis_cl
                 consumer.stop()
         logs = read_topic(settings.bootstrap_servers, settings.changelog_topic("t1"), settings.partitions, idle=1.5)
         in_topic = sum(len(log.order) for log in logs.values())
-        _until(lambda: worker.upstream("t1")["records_fetched"] >= in_topic, 10, "the worker to fetch every record")
+        _until(lambda: worker.upstream("t1")["records_fetched"] >= in_topic, 60, "the worker to fetch every record")
         stats = worker.upstream("t1")
     assert stats["records_fetched"] == in_topic, "one fetch stream: each record fetched once"
     from_cache, from_kafka = CacheRegistry(redis_client, settings.topic_prefix).reads("t1")
@@ -326,3 +326,40 @@ def test_worker_memory_stays_within_the_cache_bound_plus_one_batch(
     assert stats["evicted_epochs"] > 0, "the bound was reached"
     assert stats["cache_bytes"] <= bound
     assert growth <= bound + BATCH_ALLOWANCE
+
+
+def test_two_workers_share_the_partitions_through_faust_group_assignment(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """Two workers of one app split the upstream's partitions between them (Faust's assignor), each claims
+    its own in Redis, and a reader of every partition finds a worker that serves it."""
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1", client=redis_client)
+    workers = [CacheWorkerProcess(settings, "t1"), CacheWorkerProcess(settings, "t1")]
+    registry = CacheRegistry(redis_client, settings.topic_prefix)
+    try:
+        with _writing(table):
+            def split() -> bool:
+                try:
+                    held = [set(w.upstream("t1")["partitions"]) for w in workers]
+                except OSError:  # a web server not up yet
+                    return False
+                return all(held) and not held[0] & held[1] and held[0] | held[1] == set(range(settings.partitions))
+
+            _until(split, 90, "the two workers to split the partitions")
+            owners = {w.url: set(w.upstream("t1")["partitions"]) for w in workers}
+            _until(lambda: all(registry.worker_for("t1", p) is not None and p in owners[registry.worker_for("t1", p)
+                                                                                      or ""]
+                               for p in range(settings.partitions)), 30, "both workers' claims in Redis")
+            _until(lambda: all(w.upstream("t1")["tail"] is not None for w in workers), 30, "both to align")
+        last = table.flush()
+        _until(lambda: all((w.upstream("t1")["tail"] or 0) >= last for w in workers), 30, "the last epoch")
+        planner = _Planner(settings, CatalogStore(settings, redis_client).get("t1"))
+        floor = max(w.upstream("t1")["floor"] for w in workers)
+        for part in planner.plan(floor, last):
+            cached = pa.Table.from_batches(list(read_partition_range(part)))
+            assert cached.equals(pa.Table.from_batches(list(read_partition_from_kafka(part))))
+        assert all(w.upstream("t1")["served_epochs"] > 0 for w in workers)
+    finally:
+        for worker in workers:
+            worker.stop()
+    table.close()
