@@ -248,9 +248,10 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
     last = table.flush()
     child = _runner(settings, ["mv1"])
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 240
         while (store.mce("mv1") or 0) < last or store.lifecycle("mv1") != Lifecycle.LIVE:
-            assert time.monotonic() < deadline and child.poll() is None, store.backfill_progress("mv1")
+            assert time.monotonic() < deadline and child.poll() is None, (
+                store.backfill_progress("mv1"), store.mce("mv1"), store.mce("t1"))
             time.sleep(0.2)
         last = table.flush()
         while (store.mce("mv1") or 0) < last:
