@@ -227,9 +227,12 @@ class BatchSizer:
 
     def observe(self, interval_s: float, rows: int) -> int:
         """An epoch with a chunk of ``rows`` rows took ``interval_s``: adapt the size."""
-        spare = self.target_s - self.overhead_s  # what the chunk may add to an epoch's fixed cost
+        # What the chunk may add to an epoch's fixed cost; when the fixed cost alone exceeds the target
+        # (a loaded machine), a quarter of the target still: shrinking further would only stall the
+        # backfill, since the upstream never waits for this view's barriers.
+        spare = max(self.target_s - self.overhead_s, self.target_s / 4)
         used = interval_s - self.overhead_s
-        factor = spare / used if used > 0 and spare > 0 else (0.25 if spare <= 0 else self.growth)
+        factor = spare / used if used > 0 else self.growth
         factor = min(self.growth, max(0.25, factor))
         if factor < 1 or rows >= self.size // 2:  # only a chunk that used its size says it could be larger
             self.size = min(self.maximum, max(self.minimum, int(self.size * factor)))
