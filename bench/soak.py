@@ -47,20 +47,11 @@ sys.path.insert(0, str(REPO_ROOT))
 from mvlog.config import Settings
 from mvlog.connectors.view_store import ViewStore
 from mvlog.infra.local_stack import LocalStack, free_ports
+from mvlog.services.commands.demo import TABLES, VIEWS  # the demo's pipeline, under chaos
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 from tests.oracle import oracle_report
 
-TABLES: dict[str, tuple[dict[str, str], list[str]]] = {
-    "t1": ({"id": "int", "v1": "int", "deleted": "boolean"}, ["id"]),
-    "t2": ({"id": "int", "name": "string"}, ["id"]),
-}
-VIEWS: dict[str, str] = {
-    "mv1": "SELECT * FROM t1 WHERE deleted = false",
-    "mv2": "SELECT sum(v1) AS total FROM mv1",
-    "mv3": "SELECT count(v1) AS n FROM mv1",
-    "mvj": "SELECT a.id, a.v1, b.name FROM mv1 a JOIN t2 b ON a.id = b.id",
-}
 CONSUMERS: dict[str, list[str]] = {"consumer-a": ["mv1"], "consumer-b": ["mv2", "mv3", "mvj"]}
 KEYS = 500
 NAMES = ("ada", "bob", "cy", "dee", "eve")
@@ -166,15 +157,9 @@ class Soak:
             self.processes[name] = Process(
                 name, [sys.executable, "-m", "mvlog.services.cli", "run-view", *views, "--progress-interval", "0"],
                 self.workdir / f"{name}.log")
-        os.environ.update(self._env())
+        os.environ.update(self.settings.to_env())
         for process in self.processes.values():
             process.start()
-
-    def _env(self) -> dict[str, str]:
-        s = self.settings
-        return {"MVLOG_BOOTSTRAP_SERVERS": s.bootstrap_servers, "MVLOG_REDIS_URL": s.redis_url,
-                "MVLOG_TOPIC_PREFIX": s.topic_prefix, "MVLOG_PARTITIONS": str(s.partitions),
-                "MVLOG_BARRIER_INTERVAL_MS": str(s.barrier_interval_ms)}
 
     def chaos(self, seconds: float, kill_every: float) -> None:
         rng = random.Random(self.seed)
