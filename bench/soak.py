@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -56,6 +57,7 @@ CONSUMERS: dict[str, list[str]] = {"consumer-a": ["mv1"], "consumer-b": ["mv2", 
 KEYS = 500
 NAMES = ("ada", "bob", "cy", "dee", "eve")
 CATCH_UP_TIMEOUT_S = 300.0
+READY = "ready"
 
 
 # ------------------------------------------------------------------------------------ the writer role
@@ -73,6 +75,7 @@ def run_writer(settings: Settings, rate: float, seed: int) -> None:
     signal.signal(signal.SIGTERM, stop)
     client = redis.Redis.from_url(settings.redis_url)
     t1, t2 = Table.open(settings, "t1", client), Table.open(settings, "t2", client)
+    print(READY, flush=True)  # from here on a SIGTERM ends the run with a clean flush
     batch = max(1, int(rate / 20))
     while not stopping:
         t1.upsert({"id": rng.randrange(KEYS), "v1": rng.randrange(-100, 100), "deleted": rng.random() < 0.2}
@@ -115,6 +118,25 @@ class Process:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.child.pid, signal.SIGKILL)
         self.child.wait()
+
+    def wait_for_line(self, expected: str, timeout: float = 120.0) -> None:
+        """Read standard output until the process prints ``expected``, dies, or the time is up.
+
+        A process killed and restarted just before the end may not have installed its SIGTERM handler
+        yet; the supervisor waits for it to say so instead of guessing how long that takes.
+        """
+        assert self.child is not None and self.child.stdout is not None
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([self.child.stdout], [], [], left)
+            if not readable:
+                break
+            line = self.child.stdout.readline()
+            if line.strip() == expected:
+                return
+            if not line:
+                raise SystemExit(f"{self.name} exited before printing {expected!r}; see {self.log}")
+        raise SystemExit(f"{self.name} did not print {expected!r} within {timeout:.0f} s; see {self.log}")
 
     def terminate(self, timeout: float = 60.0) -> str:
         """SIGTERM, wait; what it printed on standard output."""
@@ -182,7 +204,9 @@ class Soak:
 
     def finish(self) -> dict[str, int]:
         """Stop the writer cleanly and wait for every view to reach its upstreams' last epochs."""
-        out = self.processes["writer"].terminate()
+        writer = self.processes["writer"]
+        writer.wait_for_line(READY)
+        out = writer.terminate()
         if not out.strip():
             raise SystemExit(f"the writer did not stop cleanly; see {self.processes['writer'].log}")
         final: dict[str, int] = json.loads(out.strip().splitlines()[-1])
