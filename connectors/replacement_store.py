@@ -28,6 +28,7 @@ import redis
 
 from mvlog.changes import IndexEntry
 from mvlog.connectors.epoch_index import EpochIndex, epoch_hex, index_member
+from mvlog.connectors.lua_prelude import EACH_CHUNK
 from mvlog.replacement import Status
 
 _STAGE_SCRIPT = """
@@ -40,22 +41,12 @@ return false
 
 # KEYS: record, rows, opstate. ARGV: id, epoch hex, epoch, ts, #row puts, #row deletes, #state puts,
 # #state deletes, then the items.
-_COMMIT_SCRIPT = """
+_COMMIT_SCRIPT = EACH_CHUNK + """
 if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'status') ~= 'staged' then
   return 0
 end
 local current = redis.call('HGET', KEYS[1], 'mce_hex')
 if current and current >= ARGV[2] then return 0 end
-local function each_chunk(command, key, first, count, width)
-  local last = first + count * width - 1
-  local i = first
-  while i <= last do
-    local j = math.min(i + 512 * width - 1, last)
-    redis.call(command, key, unpack(ARGV, i, j))
-    i = j + 1
-  end
-  return last + 1
-end
 local i = 9
 i = each_chunk('HSET', KEYS[2], i, tonumber(ARGV[5]), 2)
 i = each_chunk('HDEL', KEYS[2], i, tonumber(ARGV[6]), 1)

@@ -22,6 +22,7 @@ import redis
 from mvlog.changes import Change
 from mvlog.connectors.changelog_writer import EncodedEpoch
 from mvlog.connectors.epoch_index import EpochIndex, IndexEntry, epoch_hex, index_member
+from mvlog.connectors.lua_prelude import EACH_CHUNK
 from mvlog.key_order import order_member
 from mvlog.schemas.codec import encode_key, encode_row
 from mvlog.vnode import vnode_of
@@ -38,7 +39,7 @@ class Lifecycle(StrEnum):
 
 JOURNAL_LIMIT = 100_000  # committed backfill chunks kept per view (the I5 audit trail, newest last)
 
-_COMMIT_SCRIPT = """
+_COMMIT_SCRIPT = EACH_CHUNK + """
 local meta = KEYS[1]
 local current = redis.call('HGET', meta, 'mce_hex')
 if current and current >= ARGV[1] then
@@ -46,17 +47,6 @@ if current and current >= ARGV[1] then
 end
 if ARGV[13] ~= '' and (current or 'none') ~= ARGV[13] then
   return -1
-end
--- ARGV[first .. first + count * width - 1] in calls of at most 512 items (Lua's stack is small).
-local function each_chunk(command, key, first, count, width)
-  local last = first + count * width - 1
-  local i = first
-  while i <= last do
-    local j = math.min(i + 512 * width - 1, last)
-    redis.call(command, key, unpack(ARGV, i, j))
-    i = j + 1
-  end
-  return last + 1
 end
 -- ZADD of members with score 0, 256 members per call.
 local function zadd_all(key, first, count)

@@ -20,8 +20,6 @@ from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.infra.local_stack import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
-_FORWARDED = ("bootstrap_servers", "redis_url", "topic_prefix", "stack_dir", "cache_max_bytes", "cache_max_epochs",
-              "cache_heartbeat_ms", "session_timeout_ms", "partitions")
 
 
 class CacheWorkerProcess:
@@ -30,7 +28,7 @@ class CacheWorkerProcess:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")}
-        env.update({f"MVLOG_{name.upper()}": str(getattr(settings, name)) for name in _FORWARDED})
+        env.update(settings.to_env())
         args = [sys.executable, "-m", "mvlog.services.cli", "cache-worker", "--port", str(self.port)]
         for upstream in upstreams:
             args += ["--upstream", upstream]
