@@ -109,7 +109,23 @@ class ViewStatus:
     backfill: BackfillProgress | None = None
     cache: dict[str, CacheOccupancy] = field(default_factory=dict)  # upstream -> its cache
     backpressure: Backpressure | None = None
-    replacement: dict[str, str] | None = None
+    replacement: dict[str, str] | None = None  # the staged replacement's record (connectors/replacement_store.py)
+
+    @property
+    def replacement_summary(self) -> str | None:
+        """One phrase for the view's replacement, None when there is none to show (none, or discarded)."""
+        record = self.replacement
+        if not record or record.get("status") == "discarded":
+            return None
+        if record.get("status") == "applied":
+            return f"applied at epoch {record.get('applied_epoch', '?')}"
+        if error := record.get("error"):
+            return f"staged, stopped: {error}"
+        if record.get("apply_requested"):
+            return "staged, apply waiting"
+        if mce := record.get("mce"):
+            return f"staged, hydrated to epoch {mce}"
+        return "staged, hydrating"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -123,4 +139,5 @@ class ViewStatus:
             "cache": {name: c.to_json() for name, c in self.cache.items()} or None,
             "backpressure": self.backpressure.to_json() if self.backpressure is not None else None,
             "replacement": self.replacement,
+            "replacement_summary": self.replacement_summary,
         }

@@ -86,7 +86,7 @@ def status_table(snapshot: PipelineSnapshot) -> Table:
     table = Table(title=f"mvlog status, prefix {snapshot.prefix}; lag sampler: {snapshot.sampler or 'none'}",
                   title_justify="left")
     for name in ("view", "kind", "state", "MCE", "committed", "lag epochs", "lag s", "lag records", "status",
-                 "backfill", "cache", "backpressure"):
+                 "backfill", "cache", "backpressure", "replacement"):
         numeric = name in ("MCE", "lag epochs", "lag s", "lag records")
         table.add_column(name, justify="right" if numeric else "left", no_wrap=True)
     for v in snapshot.views:
@@ -96,7 +96,7 @@ def status_table(snapshot: PipelineSnapshot) -> Table:
             str(v.mce) if v.mce is not None else "-", age(v.mce_committed_ts_ms, now_ms) or "-",
             str(lag.epochs) if lag else "-", fmt_seconds(lag.seconds) if lag else "-",
             str(lag.records) if lag else "-", _status_cell(v), describe_backfill(v), describe_cache(v),
-            describe_backpressure(v))
+            describe_backpressure(v), v.replacement_summary or "-")
     return table
 
 

@@ -139,11 +139,12 @@ def test_dashboard_shows_redis_numbers_and_turns_a_stalled_view_red(
         # What the backfill, the log cache and a replacement publish appears in mv1's row.
         redis_client.hset(store.key("mv1", "backfill"), mapping={"rows_done": 30, "rows_total": 120, "rate": 10})
         redis_client.hset(f"{settings.topic_prefix}:cache:t1", mapping={"bytes": 2048, "max_bytes": 4096})
-        redis_client.hset(store.key("mv1", "replacement"), mapping={"state": "hydrating"})
+        redis_client.hset(store.key("mv1", "replacement"), mapping={"id": "r1", "status": "staged"})
         cells = poll(lambda: page.evaluate(CELLS_JS, "mv1") if "ETA" in page.evaluate(CELLS_JS, "mv1")[0] else None,
                      10, "mv1's backfill progress")
         assert cells == ["25% (30/120) · ETA 9.0s", "t1 2.0kB", "-"], cells
-        assert "replacement: hydrating" in page.locator('#views tr[data-view="mv1"] [data-field="state"]').inner_text()
+        state = page.locator('#views tr[data-view="mv1"] [data-field="state"]').inner_text()
+        assert "replacement: staged, hydrating" in state, state
         for view, upstream in (("mv1", "t1"), ("mv2", "mv1")):
             check_row_against_redis(page.evaluate(ROW_JS, view), view, upstream, settings.partitions, index, store)
         poll(lambda: page.locator("#chart path[data-series]").count() == 2, 10, "a lag series per view")

@@ -52,3 +52,31 @@ def test_metrics_of_a_snapshot_follow_the_conventions() -> None:
     assert values["mvlog_view_status", (("status", "ok"), ("view", "j"))] == 0
     assert ("mvlog_view_status", (("status", "ok"), ("view", "a"))) not in values  # a table has no status
     assert values["mvlog_view_state", (("state", "live"), ("view", "a"))] == 1
+
+
+def test_a_replacement_is_summed_up_in_one_phrase_through_its_life() -> None:
+    def summary(record: dict[str, str] | None) -> str | None:
+        return ViewStatus("mv1", "view", ("t1",), "live", None, 1, None, 0, replacement=record).replacement_summary
+
+    staged = {"id": "r1", "status": "staged", "staged_ts_ms": "1"}
+    assert summary(None) is None
+    assert summary(staged) == "staged, hydrating"
+    assert summary({**staged, "mce": "42"}) == "staged, hydrated to epoch 42"
+    assert summary({**staged, "mce": "42", "apply_requested": "5"}) == "staged, apply waiting"
+    assert summary({**staged, "error": "upstream dropped"}) == "staged, stopped: upstream dropped"
+    assert summary({**staged, "status": "applied", "applied_epoch": "43"}) == "applied at epoch 43"
+    assert summary({**staged, "status": "discarded"}) is None
+
+
+def test_the_status_table_has_a_replacement_column() -> None:
+    from rich.console import Console
+
+    from mvlog.services.commands.status import status_table
+
+    view = ViewStatus("mv1", "view", ("t1",), "live", None, 7, None, 0,
+                      replacement={"id": "r1", "status": "staged", "mce": "7"})
+    snapshot = PipelineSnapshot(prefix="p", ts_ms=0, views=[view], sampler=None)
+    console = Console(width=400, record=True)
+    console.print(status_table(snapshot))
+    text = console.export_text()
+    assert "replacement" in text and "staged, hydrated to epoch 7" in text

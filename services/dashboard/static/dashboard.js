@@ -172,7 +172,7 @@ function renderTable(doc) {
     }
     const lagTitle = lag ? lag.upstreams.map((u) =>
       `${u.upstream} (MCE ${u.upstream_mce}): ${u.epochs} epochs, ${fmtSeconds(u.seconds)}, ${u.records} records`).join("\n") : "";
-    const replacing = v.replacement ? ` <span class="tag" title="staged replacement">replacement: ${v.replacement.state || "staged"}</span>` : "";
+    const replacing = v.replacement_summary ? ` <span class="tag" title="replacement">replacement: ${v.replacement_summary}</span>` : "";
     const state = (v.state || "-") + (v.reason ? ` (${v.reason})` : "") + replacing;
     const statusCell = s ? `<span class="status ${s}" title="${(v.status && v.status.reason) || ""}">${s}</span>`
       : "<span class='dim'>-</span>";
