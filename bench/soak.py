@@ -208,7 +208,7 @@ class Soak:
         writer.wait_for_line(READY)
         out = writer.terminate()
         if not out.strip():
-            raise SystemExit(f"the writer did not stop cleanly; see {self.processes['writer'].log}")
+            raise SystemExit(f"the writer did not stop cleanly; see {writer.log}")
         final: dict[str, int] = json.loads(out.strip().splitlines()[-1])
         client = redis.Redis.from_url(self.settings.redis_url)
         store = ViewStore(client, self.settings.topic_prefix)

@@ -14,6 +14,7 @@ from typing import Any
 from mvlog.epoch import epoch_millis
 from mvlog.lag import LagSample
 from mvlog.lag_status import Verdict
+from mvlog.replacement import Status as ReplacementStatus
 
 
 def _float(value: str | None) -> float | None:
@@ -115,9 +116,9 @@ class ViewStatus:
     def replacement_summary(self) -> str | None:
         """One phrase for the view's replacement, None when there is none to show (none, or discarded)."""
         record = self.replacement
-        if not record or record.get("status") == "discarded":
+        if not record or record.get("status") == ReplacementStatus.DISCARDED:
             return None
-        if record.get("status") == "applied":
+        if record.get("status") == ReplacementStatus.APPLIED:
             return f"applied at epoch {record.get('applied_epoch', '?')}"
         if error := record.get("error"):
             return f"staged, stopped: {error}"
