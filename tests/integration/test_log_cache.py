@@ -262,11 +262,14 @@ def test_lagged_consumer_replays_from_kafka_then_rejoins_the_cache(
 
 
 class _SlowConsumer(ViewConsumer):
-    """A downstream that takes 0.5 s per epoch (an artificial delay), so it falls ever further behind."""
+    """A downstream that takes 0.5 s per epoch (an artificial delay), so it falls ever further behind.
 
-    def apply_epoch(self, epoch: int, changes: Any) -> None:
+    The delay is in ``_commit``, which every path of the consumer (row by row or columnar) goes through.
+    """
+
+    def _commit(self, epoch: int, output: Any, extra: Any = None) -> None:
         time.sleep(0.5)
-        super().apply_epoch(epoch, changes)
+        super()._commit(epoch, output, extra)
 
 
 def test_isolation_stopped_and_slow_downstreams_do_not_slow_the_upstream(
