@@ -115,9 +115,8 @@ class ChunkedBackfill:
         stored = store.backfill_state(self.view)
         self.positions = load_positions(stored, self.sources)
         self.rows_done = int(stored.get(b"rows_done", b"0"))
-        committed_start = int(stored.get(b"start_epoch", b"0"))
-        if committed_start:
-            self.start_epoch = committed_start
+        if b"start_epoch" in stored:  # resuming: 0 too is a start (an upstream with a single epoch then)
+            self.start_epoch = int(stored[b"start_epoch"])
         else:  # nothing committed yet: start just below the upstreams' current epoch
             self.start_epoch = min(self._epoch_before_mce(s) for s in self.sources)
         self._first_commit = True
