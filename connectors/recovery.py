@@ -1,7 +1,9 @@
 """Rolling a view's Redis state forward from its own changelog.
 
 Kafka is the source of truth: when a process died between committing an epoch to Kafka and applying it
-to Redis, or Redis was wiped, the epochs above Redis' MCE are read back from the changelog and applied.
+to Redis, or Redis was wiped, the epochs above Redis' MCE are read back from the changelog and applied:
+rows, epoch index and MCE, and, for an epoch of a chunked backfill, the positions, counters and journal
+it committed (from the ``backfill_progress`` mutation on its barriers, :mod:`mvlog.backfill_record`).
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from mvlog.backfill_record import BACKFILL_MUTATION, BackfillReplay, load_positions
 from mvlog.catalog import CatalogEntry
+from mvlog.changes import Epoch
 from mvlog.config import Settings
 from mvlog.connectors.changelog_reader import ChangelogReader
-from mvlog.connectors.view_store import ViewStore, commit_from_changes
+from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +38,9 @@ def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle
     applied = 0
     with ChangelogReader(settings, entry.name, entry.key_columns, entry.partitions, store.index,
                          after_epoch=mce) as reader:
+        backfill = BackfillReplay(entry.sources, load_positions(store.backfill_state(entry.name), entry.sources))
         for epoch in reader.epochs(idle_timeout=idle_timeout):
-            store.commit(entry.name, commit_from_changes(entry.key_columns, epoch.epoch, epoch.changes, epoch.index))
+            store.commit(entry.name, _commit_of(entry, epoch, backfill))
             last = epoch.epoch
             applied += 1
         max_seen = max(reader.max_seen_epoch, last)
@@ -43,3 +48,13 @@ def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle
         log.info("%s: rolled Redis forward by %d epoch(s) to %d", entry.name, applied, last)
     return LogTail(last, max_seen)
 
+
+def _commit_of(entry: CatalogEntry, epoch: Epoch, backfill: BackfillReplay) -> EpochCommit:
+    """What the epoch committed to Redis when it was written, as far as its changelog says."""
+    mutation = epoch.mutation
+    if mutation is None or mutation.kind != BACKFILL_MUTATION:
+        return commit_from_changes(entry.key_columns, epoch.epoch, epoch.changes, epoch.index)
+    fields, journal = backfill.apply(epoch.epoch, mutation.payload)
+    lifecycle = Lifecycle.LIVE if backfill.done else Lifecycle.BACKFILLING
+    return commit_from_changes(entry.key_columns, epoch.epoch, epoch.changes, epoch.index, backfill=fields,
+                               journal=journal, lifecycle=lifecycle.value)

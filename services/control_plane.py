@@ -5,11 +5,12 @@ that notices rebuilds it, under a Redis lock so several processes noticing at on
 
 1. the catalog, from the compacted catalog topic;
 2. per table and view, in dependency order: rows, epoch index and MCE, by rolling the (empty) serving
-   state forward over the object's own changelog;
+   state forward over the object's own changelog, and a chunked backfill's positions, counters and
+   journal from the ``backfill_progress`` mutations on its barriers;
 3. per view, its operator state, which no changelog holds: re-derived from the upstreams' changelogs
-   at the view's MCE (see :mod:`mvlog.services.rederive`), then swapped in with the rows;
-4. every step registered with :func:`register_rebuild_step` (e.g. backfill positions, which their
-   owner keeps in Kafka), in registration order;
+   at the view's MCE (see :mod:`mvlog.services.rederive`), then swapped in with the rows; for a view
+   still backfilling, from the upstream keys its positions cover only (what its rows hold);
+4. every step registered with :func:`register_rebuild_step`, in registration order;
 5. the control-plane marker, whose absence is how a wipe is recognised.
 
 Who notices: a table writer or view consumer whose epoch commit finds Redis no longer at its MCE
@@ -27,6 +28,7 @@ from graphlib import TopologicalSorter
 
 import redis
 
+from mvlog.backfill_record import load_positions
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import IndexEntry
 from mvlog.config import Settings
@@ -34,6 +36,7 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.view_store import ViewStore
 from mvlog.replay import ReplayRangeError
+from mvlog.row_schema import Key
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +71,24 @@ def restore_view_state(settings: Settings, client: redis.Redis, entry: CatalogEn
         raise ViewNotRestorableError(f"{entry.name}: operator state not restorable at {mce} yet: {exc}") from exc
     if plan.last != mce:
         raise ViewNotRestorableError(f"{entry.name}: its upstreams reach epoch {plan.last}, below its MCE {mce}")
-    derivation = Derivation(settings, client, plan)
+    derivation = Derivation(settings, client, plan, covers=_backfill_coverage(store, entry, client, settings))
     for _ in derivation.epochs():
         pass
     RedisRebuildSink(store, entry).finish(derivation)
     return mce
+
+
+def _backfill_coverage(store: ViewStore, entry: CatalogEntry, client: redis.Redis,
+                       settings: Settings) -> Callable[[str, Key], bool] | None:
+    """For a view whose chunked backfill was still running at its MCE (positions just rolled forward
+    from its changelog): which upstream keys it covers; None when it holds its whole upstream."""
+    from mvlog.services.backfill import backfill_needed, coverage
+
+    if not backfill_needed(store, entry):
+        return None
+    catalog = CatalogStore(settings, client)
+    upstreams = {name: catalog.get(name) for name in entry.sources}
+    return coverage(load_positions(store.backfill_state(entry.name), entry.sources), upstreams)
 
 
 def restore(settings: Settings, client: redis.Redis, entry: CatalogEntry,

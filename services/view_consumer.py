@@ -213,7 +213,10 @@ class ViewConsumer:
         output = self._compute(epoch, lambda: self.operator.apply_epoch(inputs, self._state))
         if output is None:
             return
-        self._commit(epoch, output, step.commit_fields() if step else {})
+        if step is None:
+            self._commit(epoch, output)
+        else:
+            self._commit(epoch, output, step.commit_fields(), step.mutation(self.entry.name))
         if self.backfill is not None and step is not None:
             self.backfill.committed(step, time.monotonic() - started)
             if self.backfill.done:
@@ -233,11 +236,12 @@ class ViewConsumer:
             output = compute()
         return output
 
-    def _commit(self, epoch: int, output: EpochOutput, extra: Mapping[str, Any] | None = None) -> None:
-        """The epoch's changes and barriers to Kafka in one transaction, then rows, state, MCE (and the
-        backfill's positions, ``extra``) to Redis in one script."""
+    def _commit(self, epoch: int, output: EpochOutput, extra: Mapping[str, Any] | None = None,
+                mutation: Mutation | None = None) -> None:
+        """The epoch's changes and barriers (with ``mutation``: the backfill's progress) to Kafka in one
+        transaction, then rows, state, MCE (and the backfill's positions, ``extra``) to Redis in one script."""
         encoded = encode_epoch(self.entry.key_columns, output.changes)  # each key and row encoded once
-        committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes)
+        committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes, mutation=mutation)
         self._last_committed = committed.index
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]

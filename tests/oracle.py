@@ -1,13 +1,16 @@
 """The independent oracle: a view evaluated in full by DuckDB (or Spark SQL) over its upstreams' rows.
 
 Invariant I1 says rows(d, e) = Q(rows(u, e)) for every committed epoch e of d; the tests fold each
-changelog up to every barrier and compare with this evaluation.
+changelog up to every barrier and compare with this evaluation. Q is the view's definition at e (a
+replacement applied at epoch a defines it from a on, read from the apply_replacement mutations of its
+changelog); while a view created online still backfills, rows(u, e) is restricted to the upstream keys
+its positions cover at e (from the backfill_progress mutations on its barriers).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +18,9 @@ import duckdb
 import pyarrow as pa
 import redis
 
+from mvlog.backfill import BackfillPositions
+from mvlog.backfill_record import BACKFILL_MUTATION, BackfillReplay
+from mvlog.catalog import CatalogEntry
 from mvlog.changes import Epoch, apply_changes
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
@@ -22,6 +28,7 @@ from mvlog.connectors.changelog_reader import ChangelogReader
 from mvlog.connectors.view_store import ViewStore
 from mvlog.row_schema import ColumnType, Key, Row, RowSchema
 from mvlog.schemas.codec import decode_row
+from mvlog.services.backfill import coverage
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ViewPlan, to_duckdb_sql, to_spark_sql
 
@@ -82,6 +89,35 @@ def definitions(epochs: list[Epoch], current_sql: str) -> list[tuple[int, str]]:
     return [(0, str(applied[0][1]["previous_sql"]))] + [(epoch, str(payload["sql"])) for epoch, payload in applied]
 
 
+def coverage_by_epoch(epochs: list[Epoch], upstreams: Mapping[str, CatalogEntry]
+                      ) -> dict[int, Callable[[str, Key], bool]]:
+    """For a view created with a chunked backfill: epoch -> which upstream keys it covered at that epoch,
+    from the ``backfill_progress`` mutations on its own barriers (epochs once the backfill is done, and
+    epochs of any other view, are absent: the view then holds its whole upstream)."""
+    replay = BackfillReplay(upstreams)
+    out: dict[int, Callable[[str, Key], bool]] = {}
+    for epoch in epochs:
+        mutation = epoch.mutation
+        if mutation is None or mutation.kind != BACKFILL_MUTATION or replay.done:
+            continue
+        replay.apply(epoch.epoch, mutation.payload)
+        if not replay.done:
+            out[epoch.epoch] = coverage(BackfillPositions(upstreams, dict(replay.positions.items())), upstreams)
+    return out
+
+
+def upstream_rows_at(catalog: CatalogStore, history: Mapping[str, dict[int, dict[Key, Row]]], plan: ViewPlan,
+                     epoch: int, covers: Callable[[str, Key], bool] | None = None
+                     ) -> dict[str, tuple[RowSchema, list[Row]]]:
+    """Each upstream's rows at ``epoch`` (only the keys ``covers`` names, when given): the oracle's input."""
+    out = {}
+    for source in plan.sources:
+        rows = rows_at(history[source], epoch)
+        kept = [row for key, row in rows.items() if covers is None or covers(source, key)]
+        out[source] = (catalog.get(source).schema, kept)
+    return out
+
+
 def check_oracle(settings: Settings, client: redis.Redis, names: list[str], spark: Any | None = None) -> int:
     """Assert I1 at every committed epoch of every view; returns the number of (view, epoch) checked."""
     catalog = CatalogStore(settings, client)
@@ -105,11 +141,17 @@ def check_oracle(settings: Settings, client: redis.Redis, names: list[str], spar
         plan = plans[-1][1]
         # One epoch (and barrier) per upstream epoch, up to the least advanced upstream (a join waits for both).
         reachable = min(max(history[s]) for s in plan.sources)
-        upstream_epochs = {e for s in plan.sources for e in history[s] if e <= reachable}
-        assert set(history[name]) == upstream_epochs, f"{name}: one epoch (and barrier) per upstream epoch"
+        # A view backfilled online starts at its upstreams' epoch of its creation, not at their start.
+        first = min(history[name]) if entry.options.get("backfill") == "chunked" else 0
+        upstream_epochs = {e for s in plan.sources for e in history[s] if first <= e <= reachable}
+        assert set(history[name]) == upstream_epochs, (
+            f"{name}: one epoch (and barrier) per upstream epoch; upstream epochs missing: "
+            f"{sorted(upstream_epochs - set(history[name]))}, epochs no upstream has: "
+            f"{sorted(set(history[name]) - upstream_epochs)}")
+        covered = coverage_by_epoch(epochs, {s: catalog.get(s) for s in plan.sources})
         for epoch, rows in history[name].items():
             plan = next(p for start, p in reversed(plans) if start <= epoch)  # the definition at that epoch
-            upstreams = {s: (catalog.get(s).schema, list(rows_at(history[s], epoch).values())) for s in plan.sources}
+            upstreams = upstream_rows_at(catalog, history, plan, epoch, covered.get(epoch))
             assert_same_rows(name, rows, duckdb_view_rows(plan, upstreams), plan.schema, f"epoch {epoch}")
             checked += 1
         plan = plans[-1][1]
