@@ -9,11 +9,12 @@ it committed (from the ``backfill_progress`` mutation on its barriers, :mod:`mvl
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mvlog.backfill_record import BACKFILL_MUTATION, BackfillReplay, load_positions
 from mvlog.catalog import CatalogEntry
-from mvlog.changes import Epoch
+from mvlog.changes import Epoch, IndexEntry
 from mvlog.config import Settings
 from mvlog.connectors.changelog_reader import ChangelogReader
 from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
@@ -27,17 +28,22 @@ class LogTail:
     max_seen: int  # the highest epoch in the log, abandoned ones included: new epochs must be above it
 
 
-def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle_timeout: float = 1.5) -> LogTail:
+def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle_timeout: float = 1.5,
+                 proven: Mapping[int, IndexEntry] | None = None) -> LogTail:
     """Apply every committed epoch above the MCE to Redis.
 
     The end of the log is where the reader goes idle for ``idle_timeout`` seconds; callers make sure no
     writer of this changelog is running (a new transactional producer has fenced the old one).
+    ``proven``: the barriers of the last epoch the caller (the changelog's live writer) committed, which
+    the epoch index may have lost. It is used as proof while reading, never put in the index first:
+    the index is only ever extended in epoch order, so no reader of a half-rebuilt index sees that last
+    epoch alone and skips the ones before it.
     """
     mce = store.mce(entry.name) or 0
     last = mce
     applied = 0
     with ChangelogReader(settings, entry.name, entry.key_columns, entry.partitions, store.index,
-                         after_epoch=mce) as reader:
+                         after_epoch=mce, proven=proven) as reader:
         backfill = BackfillReplay(entry.sources, load_positions(store.backfill_state(entry.name), entry.sources))
         for epoch in reader.epochs(idle_timeout=idle_timeout):
             store.commit(entry.name, _commit_of(entry, epoch, backfill))

@@ -15,15 +15,18 @@ that notices rebuilds it, under a Redis lock so several processes noticing at on
 
 Who notices: a table writer or view consumer whose epoch commit finds Redis no longer at its MCE
 (``ServingStateLostError``, or an MCE that went missing), and ``CatalogStore.get`` for the catalog.
-A live process first puts its own last committed epoch back in the epoch index: on a broker that
-delivers aborted records (Tansu), the index is what proves a changelog's last epoch committed.
+A live process passes the barriers of its own last committed epoch as proof to the roll-forward: on a
+broker that delivers aborted records (Tansu), the index or a later barrier is what proves a changelog's
+last epoch committed. The proof is never put in the index ahead of the roll-forward, which extends the
+index in epoch order: a reader meeting a half-rebuilt index with the last epoch alone in it would plan
+that epoch next and skip the ones before it (a view two epochs or more behind would lose those).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from graphlib import TopologicalSorter
 
 import redis
@@ -95,24 +98,25 @@ def restore(settings: Settings, client: redis.Redis, entry: CatalogEntry,
             own_last: dict[int, IndexEntry] | None = None, derive_state: bool | None = None) -> int | None:
     """Bring one table or view's serving state back from Kafka; returns its MCE.
 
-    ``own_last``: the index entries of the last epoch the caller (the object's writer) committed.
+    ``own_last``: the index entries of the last epoch the caller (the object's writer) committed: the
+    proof that it committed, for the roll-forward (see :func:`~mvlog.connectors.recovery.roll_forward`).
     ``derive_state``: re-derive a view's operator state (default: when Redis had no MCE for it).
     """
     store = ViewStore(client, settings.topic_prefix)
-    if own_last:
-        store.index.add(entry.name, own_last)
     before = store.mce(entry.name)
-    after = roll_forward(settings, store, entry).last_committed
+    after = roll_forward(settings, store, entry, proven=own_last).last_committed
     if entry.kind == "view" and after and (derive_state or (derive_state is None and before is None)):
         restore_view_state(settings, client, entry)
     return store.mce(entry.name)
 
 
-def ensure_control_plane(settings: Settings, client: redis.Redis) -> bool:
+def ensure_control_plane(settings: Settings, client: redis.Redis,
+                         proven: Mapping[str, dict[int, IndexEntry] | None] | None = None) -> bool:
     """Rebuild everything from Kafka if Redis was wiped; True if this call rebuilt it.
 
     Objects whose state cannot be restored yet (a view whose upstream is behind it) are left to their
-    own process, which restores them with :func:`restore` once its upstream is back.
+    own process, which restores them with :func:`restore` once its upstream is back. ``proven``: per
+    table or view, the barriers of the last epoch the caller committed to it (see :func:`restore`).
     """
     catalog = CatalogStore(settings, client)
     if not catalog.wiped():
@@ -129,7 +133,7 @@ def ensure_control_plane(settings: Settings, client: redis.Redis) -> bool:
         for name in order.static_order():
             entry = entries[name]
             try:
-                restore(settings, client, entry)
+                restore(settings, client, entry, (proven or {}).get(name))
             except ViewNotRestorableError as exc:
                 log.warning("rebuild: %s", exc)
             for step in _REBUILD_STEPS:
@@ -143,12 +147,10 @@ def ensure_control_plane(settings: Settings, client: redis.Redis) -> bool:
 
 def recover_after_wipe(settings: Settings, client: redis.Redis, entry: CatalogEntry,
                        own_last: dict[int, IndexEntry] | None, timeout: float = 120.0) -> int | None:
-    """What a live writer does on finding Redis wiped: put its last epoch back in the index, make sure the
-    control plane is rebuilt, then restore its own state (retrying while its upstream catches up)."""
-    store = ViewStore(client, settings.topic_prefix)
-    if own_last:
-        store.index.add(entry.name, own_last)
-    ensure_control_plane(settings, client)
+    """What a live writer does on finding Redis wiped: make sure the control plane is rebuilt (its own
+    last epoch proven committed by ``own_last``), then restore its own state (retrying while its upstream
+    catches up)."""
+    ensure_control_plane(settings, client, {entry.name: own_last})
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -120,6 +120,8 @@ class ViewConsumer:
 
             recover_after_wipe(settings, self._redis, self.entry, None)  # Redis was wiped: rebuild from Kafka
         self.mce = self.store.mce(view) or 0
+        # Proof that the MCE committed, should Redis be wiped before this consumer commits an epoch.
+        self._last_committed = self.store.index.entries_at(view, self.entry.partitions, self.mce or None)
         # A view created with --backfill chunked starts at its upstreams' current epoch and reads their
         # rows from Redis in chunks; otherwise it replays the upstream changelog from its start.
         self.backfill: ChunkedBackfill | None = None
@@ -374,6 +376,7 @@ class ViewConsumer:
             follower.apply_requested = False
             log.info("%s: replacement %s not applied at epoch %d (withdrawn or discarded)", view, follower.id, epoch)
             return False
+        self._last_committed = committed.index
         self.entry = applied_entry(entry, follower.sql, follower.plan.schema, follower.plan.sources, version)
         self.catalog.put(self.entry)
         self.plan, self.operator, self.replacement = follower.plan, follower.operator, None
