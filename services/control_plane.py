@@ -24,12 +24,16 @@ that epoch next and skip the ones before it (a view two epochs or more behind wo
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from graphlib import TopologicalSorter
 
 import redis
+from redis.exceptions import LockError
 
 from mvlog.backfill_record import load_positions
 from mvlog.catalog import CatalogEntry
@@ -45,7 +49,41 @@ log = logging.getLogger(__name__)
 
 RebuildStep = Callable[[Settings, redis.Redis, CatalogEntry], None]
 _REBUILD_STEPS: list[RebuildStep] = []
-LOCK_TIMEOUT_S = 600.0
+LOCK_TIMEOUT_S = 600.0  # how long a process waits for another one's rebuild
+LOCK_LEASE_S = 15.0  # the rebuild lock's lease, renewed while the rebuild runs
+
+
+@contextmanager
+def _rebuild_lock(client: redis.Redis, name: str) -> Iterator[None]:
+    """The lock of one rebuild, its lease renewed every third of :data:`LOCK_LEASE_S` while held.
+
+    A rebuild takes seconds to minutes (it reads every changelog), and the process running it may be
+    killed half-way: a lease as long as the longest rebuild would then keep every other process waiting
+    that long. With a short renewed lease the next process takes over within ``LOCK_LEASE_S``, and
+    finishes the rebuild (each step starts from what Redis holds, epoch commits are atomic).
+    """
+    lock = client.lock(name, timeout=LOCK_LEASE_S, blocking_timeout=LOCK_TIMEOUT_S, thread_local=False)
+    if not lock.acquire():
+        raise LockError(f"{name}: another process has been rebuilding for more than {LOCK_TIMEOUT_S:.0f} s")
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(LOCK_LEASE_S / 3):
+            try:
+                lock.extend(LOCK_LEASE_S, replace_ttl=True)
+            except (LockError, redis.RedisError) as exc:  # lost it: the rebuild goes on, the next one redoes it
+                log.warning("rebuild lock %s: %s", name, exc)
+                return
+
+    renewer = threading.Thread(target=renew, name="mvlog-rebuild-lock", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join()
+        with contextlib.suppress(LockError):
+            lock.release()
 
 
 def register_rebuild_step(step: RebuildStep) -> RebuildStep:
@@ -121,9 +159,7 @@ def ensure_control_plane(settings: Settings, client: redis.Redis,
     catalog = CatalogStore(settings, client)
     if not catalog.wiped():
         return False
-    lock = client.lock(f"{settings.topic_prefix}:control-plane:rebuild", timeout=LOCK_TIMEOUT_S,
-                       blocking_timeout=LOCK_TIMEOUT_S)
-    with lock:
+    with _rebuild_lock(client, f"{settings.topic_prefix}:control-plane:rebuild"):
         if not catalog.wiped():
             return False  # another process rebuilt it while we waited
         started = time.monotonic()
@@ -132,8 +168,8 @@ def ensure_control_plane(settings: Settings, client: redis.Redis,
         order = TopologicalSorter({name: [s for s in e.sources if s in entries] for name, e in entries.items()})
         for name in order.static_order():
             entry = entries[name]
-            try:
-                restore(settings, client, entry, (proven or {}).get(name))
+            try:  # a view's state always: a rebuilder killed half-way may have left its rows without it
+                restore(settings, client, entry, (proven or {}).get(name), derive_state=True)
             except ViewNotRestorableError as exc:
                 log.warning("rebuild: %s", exc)
             for step in _REBUILD_STEPS:

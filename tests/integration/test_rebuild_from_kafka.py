@@ -18,8 +18,10 @@ import redis
 
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.view_store import ViewStore
 from mvlog.infra.local_stack import find_redis_server, free_port, redis_answers
+from mvlog.services import control_plane
 from mvlog.services.table_writer import Table
 from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import alter_view, create_view
@@ -212,3 +214,53 @@ def test_flushall_during_a_chunked_backfill(make_settings: Callable[..., Setting
     assert checked >= 10, "the oracle held at every epoch: on the covered keys while backfilling, in full after"
     client.close()
 
+
+def test_a_rebuild_killed_half_way_is_taken_over_within_one_lease(make_settings: Callable[..., Settings],
+                                                                  own_redis: str, spark: Any) -> None:
+    """A process killed while it rebuilds leaves the rebuild lock behind and Redis half rebuilt (here: t1
+    restored, mv1's rows rolled forward without its operator state). The next process waits for the
+    lock's lease (renewed only while its holder lives), not for the longest rebuild, and finishes it."""
+    settings = make_settings(redis_url=own_redis)
+    client = redis.Redis.from_url(own_redis)
+    store = ViewStore(client, settings.topic_prefix)
+    rng = random.Random(11)
+    t1 = Table.create(settings, "t1", {"id": "int", "v1": "int", "k": "string"}, ["id"], client=client,
+                      auto_commit=False)
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE v1 > 0", client=client)
+    create_view(settings, "mv2", "SELECT k, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi "
+                "FROM mv1 GROUP BY k", client=client)
+    consumers = [ViewConsumer(settings, name, spark=spark, client=client) for name in ("mv1", "mv2")]
+    try:
+        for _ in range(5):
+            t1.upsert([{"id": rng.randrange(15), "v1": rng.randrange(-2, 9), "k": rng.choice("abc")}
+                       for _ in range(5)])
+            t1.delete([rng.randrange(15)])
+            t1.flush()
+            for consumer in consumers:
+                consumer.catch_up()
+        before = snapshot(client, settings)
+        # What the live processes would prove about their last epochs (see control_plane.restore).
+        proofs = {name: store.index.entries_at(name, 3, store.mce(name)) for name in NAMES}
+        catalog = CatalogStore(settings, client)
+        entries = {name: catalog.get(name) for name in NAMES}
+
+        client.flushall()
+        dead = client.lock(f"{settings.topic_prefix}:control-plane:rebuild", timeout=control_plane.LOCK_LEASE_S,
+                           thread_local=False)
+        assert dead.acquire(blocking=False)  # ... and its holder is killed: nobody renews or releases it
+        catalog.rebuild_from_topic()
+        control_plane.restore(settings, client, entries["t1"], proofs["t1"])
+        roll_forward(settings, store, entries["mv1"], proven=proofs["mv1"])  # rows, no operator state yet
+        assert store.mce("mv1") == before["mv1:mce"] and not client.exists(f"{settings.topic_prefix}:{{mv2}}:meta")
+
+        started = time.monotonic()
+        assert control_plane.ensure_control_plane(settings, client, proofs)
+        assert time.monotonic() - started < control_plane.LOCK_LEASE_S + 60, "waited for more than one lease"
+        assert snapshot(client, settings) == before
+        assert not catalog.wiped()
+        catalog.close()
+    finally:
+        for consumer in consumers:
+            consumer.stop()
+        t1.close()
+    client.close()
