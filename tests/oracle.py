@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import duckdb
@@ -36,15 +37,24 @@ ARROW = {ColumnType.INT: pa.int64(), ColumnType.FLOAT: pa.float64(), ColumnType.
          ColumnType.BOOLEAN: pa.bool_(), ColumnType.BYTES: pa.binary()}
 
 
+@cache
+def _duckdb() -> duckdb.DuckDBPyConnection:
+    """One in-memory DuckDB per process: connecting costs ten times what a check's query does."""
+    return duckdb.connect()
+
+
 def duckdb_view_rows(plan: ViewPlan, upstreams: Mapping[str, tuple[RowSchema, list[Row]]]) -> dict[Key, Row]:
     """Q(rows(u)) computed from scratch by DuckDB, keyed by the view's key."""
-    con = duckdb.connect()
-    for name, (schema, rows) in upstreams.items():
-        arrow_schema = pa.schema([(c.name, ARROW[c.type]) for c in schema.columns])
-        con.register(name, pa.Table.from_pylist([schema.normalize(r) for r in rows], arrow_schema))
-    result = con.execute(to_duckdb_sql(plan, {s: s for s in plan.sources}))
-    names = [d[0] for d in result.description]
-    rows = [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+    con = _duckdb().cursor()  # a cursor of its own: registered tables never leak into another check
+    try:
+        for name, (schema, rows) in upstreams.items():
+            arrow_schema = pa.schema([(c.name, ARROW[c.type]) for c in schema.columns])
+            con.register(name, pa.Table.from_pylist([schema.normalize(r) for r in rows], arrow_schema))
+        result = con.execute(to_duckdb_sql(plan, {s: s for s in plan.sources}))
+        names = [d[0] for d in result.description]
+        rows = [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+    finally:
+        con.close()
     by_key = {plan.schema.key_of(row): row for row in rows}
     assert len(by_key) == len(rows), f"{plan.name}: the view's key is not unique in the oracle's result"
     return by_key
@@ -177,6 +187,10 @@ class OracleReport:
     rows_lost: int = 0  # rows the oracle has at an epoch that the view lacks (or holds with other values)
     rows_doubled: int = 0  # rows the view has at an epoch that the oracle lacks (or holds with other values)
     problems: list[str] = field(default_factory=list)
+    # Views that changed definition: (first epoch, SQL) of each, as checked.
+    definitions: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    # Views checked while their chunked backfill ran: (first, last) epoch checked on the covered keys.
+    backfilled: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -228,18 +242,28 @@ def oracle_report(settings: Settings, client: redis.Redis, names: list[str]) -> 
         _count_differences(report, f"{name} redis vs changelog", served, history[name][mce], entry.schema)
         if entry.kind == "table":
             continue
-        plan = plan_for(catalog, name, entry.sql or "")
-        if any(s not in history for s in plan.sources):
+        # The definition at each epoch (a replacement applied at epoch e defines the view from e on).
+        plans = [(start, plan_for(catalog, name, sql)) for start, sql in definitions(epochs, entry.sql or "")]
+        sources = sorted({s for _, p in plans for s in p.sources})
+        if any(s not in history for s in sources):
             report.problems.append(f"{name}: an upstream could not be read")
             continue
-        reachable = min(max(history[s]) for s in plan.sources)
-        upstream_epochs = {e for s in plan.sources for e in history[s] if e <= reachable}
+        reachable = min(max(history[s]) for s in sources)
+        # A view backfilled online starts at its upstreams' epoch of its creation, not at their start.
+        first = min(history[name]) if entry.options.get("backfill") == "chunked" else 0
+        upstream_epochs = {e for s in sources for e in history[s] if first <= e <= reachable}
         if missing := upstream_epochs - set(history[name]) - {e for e in upstream_epochs if e > mce}:
             report.problems.append(f"{name}: {len(missing)} upstream epoch(s) without an epoch of its own")
         if extra := set(history[name]) - upstream_epochs:
             report.problems.append(f"{name}: {len(extra)} epoch(s) that no upstream has")
+        covered = coverage_by_epoch(epochs, {s: catalog.get(s) for s in sources})
         for epoch, rows in history[name].items():
-            upstreams = {s: (catalog.get(s).schema, list(rows_at(history[s], epoch).values())) for s in plan.sources}
+            plan = next(p for start, p in reversed(plans) if start <= epoch)
+            upstreams = upstream_rows_at(catalog, history, plan, epoch, covered.get(epoch))
             _count_differences(report, f"{name} epoch {epoch}", rows, duckdb_view_rows(plan, upstreams), plan.schema)
             report.epochs_checked += 1
+        if len(plans) > 1:
+            report.definitions[name] = definitions(epochs, entry.sql or "")
+        if covered:
+            report.backfilled[name] = (min(covered), max(covered))
     return report
