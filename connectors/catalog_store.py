@@ -86,7 +86,11 @@ class CatalogStore:
         return [CatalogEntry.from_record(decode_catalog_entry(value)) for _, value in entries]
 
     def dependents(self, name: str) -> list[str]:
-        return [e.name for e in self.all() if name in e.sources]
+        return [e.name for e in self.views_reading(name)]
+
+    def views_reading(self, name: str) -> list[CatalogEntry]:
+        """The views whose definition reads table or view ``name``."""
+        return [e for e in self.all() if name in e.sources]
 
     def rebuild_from_topic(self, idle_timeout: float = 2.0) -> int:
         """Reload Redis from the compacted topic (after Redis was wiped); returns the entries loaded."""

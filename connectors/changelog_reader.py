@@ -100,6 +100,11 @@ class ChangelogReader:
                 yield epoch
             self._apply_pauses()
 
+    def release_held(self) -> Epoch | None:
+        """The complete epoch still waiting for confirmation at the end of the log, released on the
+        caller's proof that it committed (see :meth:`EpochAligner.release_held`)."""
+        return self.aligner.release_held()
+
     def _confirm_from_index(self) -> list[Epoch]:
         """Release a complete epoch without waiting for its successor when the index has it."""
         held = self.aligner.held_epoch

@@ -9,7 +9,7 @@ it committed (from the ``backfill_progress`` mutation on its barriers, :mod:`mvl
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mvlog.backfill_record import BACKFILL_MUTATION, BackfillReplay, load_positions
@@ -29,7 +29,8 @@ class LogTail:
 
 
 def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle_timeout: float = 1.5,
-                 proven: Mapping[int, IndexEntry] | None = None) -> LogTail:
+                 proven: Mapping[int, IndexEntry] | None = None,
+                 downstreams: Sequence[CatalogEntry] = ()) -> LogTail:
     """Apply every committed epoch above the MCE to Redis.
 
     The end of the log is where the reader goes idle for ``idle_timeout`` seconds; callers make sure no
@@ -38,6 +39,12 @@ def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle
     the epoch index may have lost. It is used as proof while reading, never put in the index first:
     the index is only ever extended in epoch order, so no reader of a half-rebuilt index sees that last
     epoch alone and skips the ones before it.
+
+    ``downstreams``: the views that read this changelog. When Redis had nothing of it (wiped) and the
+    log's last complete epoch is proven neither by the index nor by a later barrier (its writer was not
+    running to say so), a view that has an epoch of that number proves it committed: a view only ever
+    computes an upstream epoch it saw committed. Without that proof the epoch is abandoned, as the
+    chain rule requires; with it, no view is left holding an epoch its upstream dropped.
     """
     mce = store.mce(entry.name) or 0
     last = mce
@@ -49,10 +56,32 @@ def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle
             store.commit(entry.name, _commit_of(entry, epoch, backfill))
             last = epoch.epoch
             applied += 1
+        held = reader.aligner.held_epoch
+        if mce == 0 and held is not None and built_upon(settings, downstreams, held, idle_timeout):
+            released = reader.release_held()
+            assert released is not None
+            store.commit(entry.name, _commit_of(entry, released, backfill))
+            last = released.epoch
+            applied += 1
+            log.warning("%s: its last epoch %d is proven committed by a view built on it", entry.name, last)
         max_seen = max(reader.max_seen_epoch, last)
     if applied:
         log.info("%s: rolled Redis forward by %d epoch(s) to %d", entry.name, applied, last)
     return LogTail(last, max_seen)
+
+
+def built_upon(settings: Settings, views: Sequence[CatalogEntry], epoch: int, idle_timeout: float = 1.5) -> bool:
+    """Whether one of ``views`` has a complete epoch ``epoch`` in its changelog, committed or not."""
+    for view in views:
+        with ChangelogReader(settings, view.name, view.key_columns, view.partitions, None) as reader:
+            for found in reader.epochs(idle_timeout=idle_timeout):
+                if found.epoch == epoch:
+                    return True
+                if found.epoch > epoch:
+                    break
+            if epoch in reader.aligner.abandoned or reader.aligner.held_epoch == epoch:
+                return True
+    return False
 
 
 def _commit_of(entry: CatalogEntry, epoch: Epoch, backfill: BackfillReplay) -> EpochCommit:

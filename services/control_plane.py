@@ -142,7 +142,8 @@ def restore(settings: Settings, client: redis.Redis, entry: CatalogEntry,
     """
     store = ViewStore(client, settings.topic_prefix)
     before = store.mce(entry.name)
-    after = roll_forward(settings, store, entry, proven=own_last).last_committed
+    downstreams = CatalogStore(settings, client).views_reading(entry.name)
+    after = roll_forward(settings, store, entry, proven=own_last, downstreams=downstreams).last_committed
     if entry.kind == "view" and after and (derive_state or (derive_state is None and before is None)):
         restore_view_state(settings, client, entry)
     return store.mce(entry.name)

@@ -113,7 +113,12 @@ class Table:
         # The writer's init_transactions fences any earlier writer before we read the log's tail.
         self._writer = ChangelogWriter(settings, entry.name, entry.key_columns, entry.partitions)
         # A table created a moment ago has an empty changelog: nothing to roll forward.
-        self._clock = EpochClock(roll_forward(settings, self.store, entry).max_seen if recover else 0)
+        # A view built on the table's last epoch proves it committed, should Redis have lost it (wiped).
+        if recover:
+            views = CatalogStore(settings, self._redis).views_reading(entry.name)
+            self._clock = EpochClock(roll_forward(settings, self.store, entry, downstreams=views).max_seen)
+        else:
+            self._clock = EpochClock(0)
         # The next barrier names the last *committed* epoch, abandoning any epoch a killed writer left.
         self._prev_epoch = self.store.mce(entry.name) or 0
         # Proof that the last epoch committed, should Redis be wiped before this writer commits one.

@@ -264,3 +264,36 @@ def test_a_rebuild_killed_half_way_is_taken_over_within_one_lease(make_settings:
             consumer.stop()
         t1.close()
     client.close()
+
+
+def test_a_table_epoch_a_view_read_survives_a_wipe_while_the_writer_is_down(make_settings: Callable[..., Settings],
+                                                                            own_redis: str, spark: Any) -> None:
+    """Redis is wiped while t1 has no writer. Nothing in Kafka says t1's last epoch committed (on Tansu
+    aborted records are delivered too, and no later barrier names it), but mv1 was built on it, which it
+    only does with committed epochs: the next writer keeps that epoch instead of abandoning it under mv1."""
+    settings = make_settings(redis_url=own_redis)
+    client = redis.Redis.from_url(own_redis)
+    store = ViewStore(client, settings.topic_prefix)
+    t1 = Table.create(settings, "t1", {"id": "int", "v1": "int", "k": "string"}, ["id"], client=client,
+                      auto_commit=False)
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE v1 > 0", client=client)
+    consumer = ViewConsumer(settings, "mv1", spark=spark, client=client)
+    try:
+        for i in range(4):
+            t1.upsert([{"id": i, "v1": i - 1, "k": "a"}, {"id": i + 10, "v1": 5, "k": "b"}])
+            last = t1.flush()
+        assert consumer.catch_up() == last
+        t1.close()  # the writer is down when Redis is wiped
+
+        client.flushall()
+        t1 = Table.open(settings, "t1", client, auto_commit=False)
+        assert store.mce("t1") == last, "t1's last epoch, which mv1 read, was abandoned"
+        t1.upsert([{"id": 1, "v1": 7, "k": "c"}])
+        t1.delete([2])
+        after = t1.flush()
+        assert consumer.catch_up() == after
+    finally:
+        consumer.stop()
+        t1.close()
+    assert check_oracle(settings, client, ["t1", "mv1"]) >= 5
+    client.close()
