@@ -30,11 +30,13 @@ class LogTail:
 
 def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle_timeout: float = 1.5,
                  proven: Mapping[int, IndexEntry] | None = None,
-                 downstreams: Sequence[CatalogEntry] = ()) -> LogTail:
+                 downstreams: Sequence[CatalogEntry] = (), upto_epoch: int | None = None) -> LogTail:
     """Apply every committed epoch above the MCE to Redis.
 
-    The end of the log is where the reader goes idle for ``idle_timeout`` seconds; callers make sure no
-    writer of this changelog is running (a new transactional producer has fenced the old one).
+    The end of the log is where the reader goes idle for ``idle_timeout`` seconds, or ``upto_epoch``:
+    a changelog whose writer is running never goes idle, so a caller that is not that writer (a rebuild
+    of everything) stops at the epoch of its start, and the live writer rolls itself forward from there
+    when its next commit finds Redis behind it.
     ``proven``: the barriers of the last epoch the caller (the changelog's live writer) committed, which
     the epoch index may have lost. It is used as proof while reading, never put in the index first:
     the index is only ever extended in epoch order, so no reader of a half-rebuilt index sees that last
@@ -50,14 +52,15 @@ def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle
     last = mce
     applied = 0
     with ChangelogReader(settings, entry.name, entry.key_columns, entry.partitions, store.index,
-                         after_epoch=mce, proven=proven) as reader:
+                         after_epoch=mce, upto_epoch=upto_epoch, proven=proven) as reader:
         backfill = BackfillReplay(entry.sources, load_positions(store.backfill_state(entry.name), entry.sources))
         for epoch in reader.epochs(idle_timeout=idle_timeout):
             store.commit(entry.name, _commit_of(entry, epoch, backfill))
             last = epoch.epoch
             applied += 1
         held = reader.aligner.held_epoch
-        if mce == 0 and held is not None and built_upon(settings, downstreams, held, idle_timeout):
+        if mce == 0 and held is not None and held <= (upto_epoch or held) \
+                and built_upon(settings, downstreams, held, idle_timeout):
             released = reader.release_held()
             assert released is not None
             store.commit(entry.name, _commit_of(entry, released, backfill))

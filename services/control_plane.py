@@ -42,6 +42,7 @@ from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.view_store import ViewStore
+from mvlog.epoch import SEQUENCE_MASK, epoch_from_millis
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key
 
@@ -133,17 +134,20 @@ def _backfill_coverage(store: ViewStore, entry: CatalogEntry, client: redis.Redi
 
 
 def restore(settings: Settings, client: redis.Redis, entry: CatalogEntry,
-            own_last: dict[int, IndexEntry] | None = None, derive_state: bool | None = None) -> int | None:
+            own_last: dict[int, IndexEntry] | None = None, derive_state: bool | None = None,
+            upto_epoch: int | None = None) -> int | None:
     """Bring one table or view's serving state back from Kafka; returns its MCE.
 
     ``own_last``: the index entries of the last epoch the caller (the object's writer) committed: the
     proof that it committed, for the roll-forward (see :func:`~mvlog.connectors.recovery.roll_forward`).
     ``derive_state``: re-derive a view's operator state (default: when Redis had no MCE for it).
+    ``upto_epoch``: roll forward no further (the object's writer may be running; see ``roll_forward``).
     """
     store = ViewStore(client, settings.topic_prefix)
     before = store.mce(entry.name)
     downstreams = CatalogStore(settings, client).views_reading(entry.name)
-    after = roll_forward(settings, store, entry, proven=own_last, downstreams=downstreams).last_committed
+    after = roll_forward(settings, store, entry, proven=own_last, downstreams=downstreams,
+                         upto_epoch=upto_epoch).last_committed
     if entry.kind == "view" and after and (derive_state or (derive_state is None and before is None)):
         restore_view_state(settings, client, entry)
     return store.mce(entry.name)
@@ -164,21 +168,28 @@ def ensure_control_plane(settings: Settings, client: redis.Redis,
         if not catalog.wiped():
             return False  # another process rebuilt it while we waited
         started = time.monotonic()
+        # Writers of the other objects may be running (a table writer restarted meanwhile, say): their
+        # changelogs never go idle, so each is rolled forward up to the epochs opened before now.
+        upto = epoch_from_millis(time.time_ns() // 1_000_000, SEQUENCE_MASK)
         loaded = catalog.rebuild_from_topic()
         entries = {e.name: e for e in catalog.all()}
         order = TopologicalSorter({name: [s for s in e.sources if s in entries] for name, e in entries.items()})
+        took: dict[str, float] = {}
         for name in order.static_order():
             entry = entries[name]
+            took[name] = time.monotonic()
             try:  # a view's state always: a rebuilder killed half-way may have left its rows without it
-                restore(settings, client, entry, (proven or {}).get(name), derive_state=True)
+                own = (proven or {}).get(name)
+                restore(settings, client, entry, own, derive_state=True, upto_epoch=None if own else upto)
             except ViewNotRestorableError as exc:
                 log.warning("rebuild: %s", exc)
             for step in _REBUILD_STEPS:
                 step(settings, client, entry)
+            took[name] = time.monotonic() - took[name]
         catalog.mark_rebuilt()
         catalog.close()
-    log.warning("Redis was wiped: rebuilt %d catalog entries and their state from Kafka in %.1f s",
-                loaded, time.monotonic() - started)
+    log.warning("Redis was wiped: rebuilt %d catalog entries and their state from Kafka in %.1f s (%s)",
+                loaded, time.monotonic() - started, ", ".join(f"{n} {s:.1f} s" for n, s in took.items()))
     return True
 
 

@@ -297,3 +297,35 @@ def test_a_table_epoch_a_view_read_survives_a_wipe_while_the_writer_is_down(make
         t1.close()
     assert check_oracle(settings, client, ["t1", "mv1"]) >= 5
     client.close()
+
+
+def test_a_rebuild_ends_while_a_table_writer_keeps_writing(make_settings: Callable[..., Settings],
+                                                           own_redis: str) -> None:
+    """A table writer started after the wipe rolls its own table forward and writes on (its MCE is back;
+    the rebuild of everything else is not its job). Another process then rebuilds the control plane:
+    the table's changelog never goes idle, so the rebuild rolls it forward up to its own start and ends."""
+    settings = make_settings(redis_url=own_redis)
+    client = redis.Redis.from_url(own_redis)
+    store = ViewStore(client, settings.topic_prefix)
+    t1 = Table.create(settings, "t1", {"id": "int", "v1": "int", "k": "string"}, ["id"], client=client,
+                      auto_commit=False)
+    for i in range(3):
+        t1.upsert([{"id": i, "v1": i, "k": "a"}])
+        t1.flush()
+    t1.close()
+    client.flushall()
+    writer = Table.open(settings, "t1", redis.Redis.from_url(own_redis))  # commits an epoch every 200 ms
+    try:
+        writer.upsert([{"id": 9, "v1": 9, "k": "b"}])
+        before = store.mce("t1") or 0
+        wait_for(lambda: (store.mce("t1") or 0) > before, "the new writer's first epoch")
+        assert CatalogStore(settings, client).wiped()
+        started = time.monotonic()
+        assert control_plane.ensure_control_plane(settings, client)
+        assert time.monotonic() - started < 60, "the rebuild followed the live changelog"
+        mce = store.mce("t1") or 0
+        wait_for(lambda: (store.mce("t1") or 0) > mce, "the writer to carry on after the rebuild")
+    finally:
+        writer.close()
+    assert check_oracle(settings, client, ["t1"]) == 0  # a table: its Redis rows equal its changelog
+    client.close()
