@@ -116,7 +116,10 @@ def restore_view_state(settings: Settings, client: redis.Redis, entry: CatalogEn
     derivation = Derivation(settings, client, plan, covers=_backfill_coverage(store, entry, client, settings))
     for _ in derivation.epochs():
         pass
-    RedisRebuildSink(store, entry).finish(derivation)
+    try:
+        RedisRebuildSink(store, entry).finish(derivation)
+    except ReplayRangeError as exc:  # its live consumer committed meanwhile: it restores itself (derive_state)
+        raise ViewNotRestorableError(str(exc)) from exc
     return mce
 
 

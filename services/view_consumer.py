@@ -115,10 +115,12 @@ class ViewConsumer:
         self.writer = ChangelogWriter(settings, view, self.entry.key_columns, self.entry.partitions)
         self._last_committed: dict[int, IndexEntry] | None = None
         topic = settings.changelog_topic(view)
-        if self.store.mce(view) is None and has_records(settings, topic, self.entry.partitions):
+        if (self.store.mce(view) is None or self.catalog.wiped()) and has_records(settings, topic,
+                                                                                   self.entry.partitions):
             from mvlog.services.control_plane import recover_after_wipe
 
-            recover_after_wipe(settings, self._redis, self.entry, None)  # Redis was wiped: rebuild from Kafka
+            # Redis was wiped (and maybe is being rebuilt by another process): rebuild from Kafka, or wait.
+            recover_after_wipe(settings, self._redis, self.entry, None)
         self.mce = self.store.mce(view) or 0
         # Proof that the MCE committed, should Redis be wiped before this consumer commits an epoch.
         self._last_committed = self.store.index.entries_at(view, self.entry.partitions, self.mce or None)
@@ -251,8 +253,11 @@ class ViewConsumer:
                                      state_deletes=deletes, follows=self.mce, **(extra or {}))
         try:
             applied = self.store.commit(self.entry.name, commit)
+            lost = self.catalog.wiped()  # committed, or refused, into a Redis that another process rebuilds
         except ServingStateLostError:
-            self._recover()  # rolls Redis forward over this epoch too
+            applied, lost = False, True
+        if lost:
+            self._recover()  # waits for the rebuild, rolls Redis forward over this epoch too, derives the state
             applied = self.mce == epoch
         if not applied:
             raise RuntimeError(f"{self.entry.name}: epoch {epoch} is at or below the MCE in Redis; "
@@ -261,8 +266,12 @@ class ViewConsumer:
         self.epochs_applied += 1
 
     def _ensure_serving_state(self) -> bool:
-        """True when Redis had lost this view's state (wiped) and it was rebuilt from Kafka."""
-        if self.store.mce(self.entry.name) == (self.mce or None):
+        """True when Redis had lost this view's state (wiped) and it was rebuilt from Kafka.
+
+        The control-plane marker must be there too: while another process rebuilds Redis, this view's
+        MCE may already be back with its operator state not re-derived yet; the consumer waits for the
+        rebuild (its lock) instead of computing an epoch from that state."""
+        if self.store.mce(self.entry.name) == (self.mce or None) and not self.catalog.wiped():
             return False
         self._recover()
         return True
@@ -277,7 +286,7 @@ class ViewConsumer:
                                f"below this consumer's {self.mce}")
         self.mce = mce
         self._after = max(self._after, mce)
-        self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
+        self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE)
 
     def catch_up(self, upto: int | None = None) -> int:
         """Apply every committed upstream epoch above the MCE with batch reads; returns the new MCE.
