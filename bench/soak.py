@@ -22,8 +22,8 @@ pause. Meanwhile, once each, at a fixed share of the chaos time:
 
 * at 20 %: ``mv4`` (the demo's online view, its filter adapted to the workload's values) is created on
   the live mv1 with a chunked backfill, and ``consumer-c`` starts;
-* at 45 %: Redis is wiped (FLUSHALL); the running processes notice and rebuild it from Kafka, nobody
-  is told;
+* at 45 %, once mv4's backfill has committed some rows: Redis is wiped (FLUSHALL); the running
+  processes notice and rebuild it from Kafka, nobody is told;
 * at 60 %: a replacement of mv1 (a narrower filter) is staged and its apply requested; mv1's consumer
   hydrates it read-only and cuts over at an epoch, under mv2, mv3, mvj and mv4.
 
@@ -269,7 +269,7 @@ class Soak:
         # (due, ready, event), in order: each waits for its time, for the one before, and for its condition.
         self.scheduled = [
             (started + CREATE_AT * seconds, self.mv1_has_rows, lambda: self.create_online_view(seconds)),
-            (started + WIPE_AT * seconds, lambda: True, self.wipe_redis),
+            (started + WIPE_AT * seconds, self.mv4_backfilled_some, self.wipe_redis),
             (started + REPLACE_AT * seconds, lambda: self.events.rebuilt_after_s is not None, self.replace_view),
         ]
         next_kill = started + rng.uniform(0.5 * kill_every, 1.5 * kill_every)
@@ -305,6 +305,11 @@ class Soak:
     def mv1_has_rows(self) -> bool:
         """mv1 is live (its consumer started, on this loaded machine, and committed some rows)."""
         return self.store.row_count("mv1") > 0
+
+    def mv4_backfilled_some(self) -> bool:
+        """mv4's backfill has committed rows (or finished): the wipe then meets positions to restore."""
+        state = self.store.backfill_state(ONLINE_VIEW[0])
+        return b"done" in state or int(state.get(b"rows_done", 0)) > 0
 
     def create_online_view(self, seconds: float) -> None:
         """mv4 on the live mv1, backfilled in chunks at a rate that spreads it over ``BACKFILL_SHARE``."""

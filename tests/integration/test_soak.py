@@ -18,7 +18,7 @@ SUMMARY = re.compile(r"soak: ([\d.]+) minutes, (\d+) kills survived, (\d+) epoch
 #: The events the soak prints when they happen, and what the oracle says it checked of them.
 EVENTS = {
     "view created online": re.compile(r"^soak: view mv4 created at .* with a chunked backfill", re.M),
-    "redis wiped": re.compile(r"^soak: redis wiped \(FLUSHALL\) at .*, mv4 backfilling \(", re.M),
+    "redis wiped": re.compile(r"^soak: redis wiped \(FLUSHALL\) at .*, mv4 (backfilling \([1-9]|backfill done)", re.M),
     "rebuilt from kafka": re.compile(r"^soak: redis rebuilt from Kafka [\d.]+ s after the wipe", re.M),
     "view replaced": re.compile(r"^soak: view mv1 replaced at .* applied at epoch \d+", re.M),
     "oracle under both definitions": re.compile(r"^  oracle: mv1 checked under 2 definitions", re.M),
