@@ -151,9 +151,7 @@ class Derivation:
     hold the view's rows and operator state as of the plan's last epoch."""
 
     def __init__(self, settings: Settings, client: redis.Redis, plan: DerivationPlan, engine: str = "local",
-                 spark: SparkSession | None = None, covers: Callable[[str, Key], bool] | None = None) -> None:
-        """``covers(upstream, key)``: only the upstream keys a running chunked backfill has reached take
-        part (the view then holds Q of those rows alone); None: every key."""
+                 spark: SparkSession | None = None) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
         self.settings = settings
@@ -167,7 +165,6 @@ class Derivation:
         self.index = EpochIndex(client, settings.topic_prefix)
         self.state = InMemoryState()
         self.rows: dict[Key, Row] = {}
-        self._covers = covers
 
     def epochs(self) -> Iterator[DerivedEpoch]:
         prefix, upstream_range = (self._spark_read() if self.engine == "spark" else self._local_read())
@@ -177,8 +174,6 @@ class Derivation:
         for epoch, changes in upstream_range():
             if epoch not in wanted:
                 continue
-            if (covers := self._covers) is not None:
-                changes = {name: [c for c in found if covers(name, c.key)] for name, found in changes.items()}
             output = self.operator.apply_epoch(changes, self.state)
             self.state.apply(output.state_writes)
             apply_changes(self.rows, output.changes)
@@ -189,8 +184,6 @@ class Derivation:
         """The operator's state and the view's rows as of the epoch before the range."""
         changes = {name: [Change(Op.READ, self.upstreams[name].schema.key_of(row), None, row) for row in found]
                    for name, found in rows.items()}
-        if (covers := self._covers) is not None:
-            changes = {name: [c for c in found if covers(name, c.key)] for name, found in changes.items()}
         output = self.operator.apply_epoch(changes, self.state)
         self.state.apply(output.state_writes)
         apply_changes(self.rows, output.changes)

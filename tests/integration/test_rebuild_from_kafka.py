@@ -329,3 +329,25 @@ def test_a_rebuild_ends_while_a_table_writer_keeps_writing(make_settings: Callab
         writer.close()
     assert check_oracle(settings, client, ["t1"]) == 0  # a table: its Redis rows equal its changelog
     client.close()
+
+
+def test_a_view_created_during_a_wipe_leaves_the_wipe_for_the_rebuild(make_settings: Callable[..., Settings],
+                                                                     own_redis: str) -> None:
+    """DDL into a wiped Redis reloads the catalog and does not put the control-plane marker back: the
+    processes that have not noticed the wipe yet still do, and rebuild the rest."""
+    settings = make_settings(redis_url=own_redis)
+    client = redis.Redis.from_url(own_redis)
+    catalog = CatalogStore(settings, client)
+    t1 = Table.create(settings, "t1", {"id": "int", "v1": "int", "k": "string"}, ["id"], client=client,
+                      auto_commit=False)
+    t1.upsert([{"id": 1, "v1": 3, "k": "a"}])
+    epoch = t1.flush()
+    t1.close()
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE v1 > 0", client=client)
+    client.flushall()
+    create_view(settings, "mv2", "SELECT count(*) AS n FROM mv1", client=client)
+    assert catalog.wiped() and catalog.names() == ["mv1", "mv2", "t1"]
+    assert control_plane.ensure_control_plane(settings, client)
+    assert not catalog.wiped() and ViewStore(client, settings.topic_prefix).mce("t1") in (epoch, None)
+    catalog.close()
+    client.close()
