@@ -18,6 +18,7 @@ from mvlog.changes import Epoch, IndexEntry
 from mvlog.config import Settings
 from mvlog.connectors.changelog_reader import ChangelogReader
 from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
+from mvlog.epoch import MAX_EPOCH
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 class LogTail:
     last_committed: int  # the view's MCE after rolling forward (0 if none)
     max_seen: int  # the highest epoch in the log, abandoned ones included: new epochs must be above it
+    # The log's last complete epoch, which nothing proved committed (not applied; see commit_held).
+    held: Epoch | None = None
+    seen: frozenset[int] = frozenset()  # every complete epoch read, committed or not (evidence for upstreams)
+    backfill: BackfillReplay | None = None  # the backfill state after the last applied epoch
 
 
 def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle_timeout: float = 1.5,
@@ -46,7 +51,9 @@ def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle
     log's last complete epoch is proven neither by the index nor by a later barrier (its writer was not
     running to say so), a view that has an epoch of that number proves it committed: a view only ever
     computes an upstream epoch it saw committed. Without that proof the epoch is abandoned, as the
-    chain rule requires; with it, no view is left holding an epoch its upstream dropped.
+    chain rule requires; with it, no view is left holding an epoch its upstream dropped. That epoch is
+    returned as ``held``: a caller that rolls the views forward afterwards (a rebuild of everything)
+    finds the proof in their ``seen`` epochs without reading their changelogs twice (:func:`commit_held`).
     """
     mce = store.mce(entry.name) or 0
     last = mce
@@ -54,23 +61,35 @@ def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle
     with ChangelogReader(settings, entry.name, entry.key_columns, entry.partitions, store.index,
                          after_epoch=mce, upto_epoch=upto_epoch, proven=proven) as reader:
         backfill = BackfillReplay(entry.sources, load_positions(store.backfill_state(entry.name), entry.sources))
+        seen: set[int] = set()
         for epoch in reader.epochs(idle_timeout=idle_timeout):
             store.commit(entry.name, _commit_of(entry, epoch, backfill))
             last = epoch.epoch
             applied += 1
-        held = reader.aligner.held_epoch
-        if mce == 0 and held is not None and held <= (upto_epoch or held) \
-                and built_upon(settings, downstreams, held, idle_timeout):
-            released = reader.release_held()
-            assert released is not None
-            store.commit(entry.name, _commit_of(entry, released, backfill))
-            last = released.epoch
-            applied += 1
-            log.warning("%s: its last epoch %d is proven committed by a view built on it", entry.name, last)
+            seen.add(epoch.epoch)
+        seen.update(reader.aligner.abandoned)
+        held = reader.release_held() if (reader.aligner.held_epoch or 0) <= (upto_epoch or MAX_EPOCH) else None
+        if held is not None:
+            seen.add(held.epoch)
+            if mce == 0 and built_upon(settings, downstreams, held.epoch, idle_timeout):
+                store.commit(entry.name, _commit_of(entry, held, backfill))
+                last = held.epoch
+                applied += 1
+                held = None
+                log.warning("%s: its last epoch %d is proven committed by a view built on it", entry.name, last)
         max_seen = max(reader.max_seen_epoch, last)
     if applied:
         log.info("%s: rolled Redis forward by %d epoch(s) to %d", entry.name, applied, last)
-    return LogTail(last, max_seen)
+    return LogTail(last, max_seen, held, frozenset(seen), backfill)
+
+
+def commit_held(store: ViewStore, entry: CatalogEntry, tail: LogTail) -> int:
+    """Apply the epoch ``tail`` held back, on the caller's proof that it committed (a view built on it,
+    found after this roll-forward); returns it."""
+    assert tail.held is not None and tail.backfill is not None
+    store.commit(entry.name, _commit_of(entry, tail.held, tail.backfill))
+    log.warning("%s: its last epoch %d is proven committed by a view built on it", entry.name, tail.held.epoch)
+    return tail.held.epoch
 
 
 def built_upon(settings: Settings, views: Sequence[CatalogEntry], epoch: int, idle_timeout: float = 1.5) -> bool:

@@ -7,9 +7,10 @@ that notices rebuilds it, under a Redis lock so several processes noticing at on
 2. per table and view, in dependency order: rows, epoch index and MCE, by rolling the (empty) serving
    state forward over the object's own changelog, and a chunked backfill's positions, counters and
    journal from the ``backfill_progress`` mutations on its barriers;
-3. per view, its operator state, which no changelog holds: re-derived from the upstreams' changelogs
-   at the view's MCE (see :mod:`mvlog.services.rederive`), then swapped in with the rows; for a view
-   still backfilling, from the upstream keys its positions cover only (what its rows hold);
+3. per view, its operator state, which no changelog holds: re-derived from the upstreams' rows at the
+   view's MCE, just restored (see :mod:`mvlog.services.state_rebuild`), then swapped in with the rows;
+   for a view still backfilling, from the upstream keys its positions cover only (what its rows hold);
+   an object's last epoch that nothing proved committed is applied once a view built on it turns up;
 4. every step registered with :func:`register_rebuild_step`, in registration order;
 5. the control-plane marker, whose absence is how a wipe is recognised.
 
@@ -35,16 +36,14 @@ from graphlib import TopologicalSorter
 import redis
 from redis.exceptions import LockError
 
-from mvlog.backfill_record import load_positions
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import IndexEntry
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.recovery import roll_forward
+from mvlog.connectors.recovery import LogTail, commit_held, roll_forward
 from mvlog.connectors.view_store import ViewStore
 from mvlog.epoch import SEQUENCE_MASK, epoch_from_millis
-from mvlog.replay import ReplayRangeError
-from mvlog.row_schema import Key
+from mvlog.services.state_rebuild import ViewNotRestorableError, restore_view_state
 
 log = logging.getLogger(__name__)
 
@@ -95,47 +94,6 @@ def register_rebuild_step(step: RebuildStep) -> RebuildStep:
     return step
 
 
-class ViewNotRestorableError(RuntimeError):
-    """A view's operator state cannot be re-derived yet (its upstream is behind it in Redis)."""
-
-
-def restore_view_state(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> int | None:
-    """Re-derive ``entry``'s operator state (and rows) at its MCE from its upstreams and swap them in."""
-    from mvlog.services.rederive import Derivation, RedisRebuildSink, plan_derivation
-
-    store = ViewStore(client, settings.topic_prefix)
-    mce = store.mce(entry.name)
-    if mce is None:
-        return None
-    try:
-        plan = plan_derivation(settings, client, entry.name, mce, mce)
-    except ReplayRangeError as exc:
-        raise ViewNotRestorableError(f"{entry.name}: operator state not restorable at {mce} yet: {exc}") from exc
-    if plan.last != mce:
-        raise ViewNotRestorableError(f"{entry.name}: its upstreams reach epoch {plan.last}, below its MCE {mce}")
-    derivation = Derivation(settings, client, plan, covers=_backfill_coverage(store, entry, client, settings))
-    for _ in derivation.epochs():
-        pass
-    try:
-        RedisRebuildSink(store, entry).finish(derivation)
-    except ReplayRangeError as exc:  # its live consumer committed meanwhile: it restores itself (derive_state)
-        raise ViewNotRestorableError(str(exc)) from exc
-    return mce
-
-
-def _backfill_coverage(store: ViewStore, entry: CatalogEntry, client: redis.Redis,
-                       settings: Settings) -> Callable[[str, Key], bool] | None:
-    """For a view whose chunked backfill was still running at its MCE (positions just rolled forward
-    from its changelog): which upstream keys it covers; None when it holds its whole upstream."""
-    from mvlog.services.backfill import backfill_needed, coverage
-
-    if not backfill_needed(store, entry):
-        return None
-    catalog = CatalogStore(settings, client)
-    upstreams = {name: catalog.get(name) for name in entry.sources}
-    return coverage(load_positions(store.backfill_state(entry.name), entry.sources), upstreams)
-
-
 def restore(settings: Settings, client: redis.Redis, entry: CatalogEntry,
             own_last: dict[int, IndexEntry] | None = None, derive_state: bool | None = None,
             upto_epoch: int | None = None) -> int | None:
@@ -148,7 +106,7 @@ def restore(settings: Settings, client: redis.Redis, entry: CatalogEntry,
     """
     store = ViewStore(client, settings.topic_prefix)
     before = store.mce(entry.name)
-    downstreams = CatalogStore(settings, client).views_reading(entry.name)
+    downstreams = CatalogStore(settings, client).views_reading(entry.name) if before is None else []
     after = roll_forward(settings, store, entry, proven=own_last, downstreams=downstreams,
                          upto_epoch=upto_epoch).last_committed
     if entry.kind == "view" and after and (derive_state or (derive_state is None and before is None)):
@@ -178,14 +136,24 @@ def ensure_control_plane(settings: Settings, client: redis.Redis,
         entries = {e.name: e for e in catalog.all()}
         order = TopologicalSorter({name: [s for s in e.sources if s in entries] for name, e in entries.items()})
         took: dict[str, float] = {}
+        held: dict[str, LogTail] = {}  # objects whose last epoch awaits a view built on it as proof
+        store = ViewStore(client, settings.topic_prefix)
         for name in order.static_order():
             entry = entries[name]
             took[name] = time.monotonic()
-            try:  # a view's state always: a rebuilder killed half-way may have left its rows without it
-                own = (proven or {}).get(name)
-                restore(settings, client, entry, own, derive_state=True, upto_epoch=None if own else upto)
-            except ViewNotRestorableError as exc:
-                log.warning("rebuild: %s", exc)
+            own = (proven or {}).get(name)
+            tail = roll_forward(settings, store, entry, proven=own, upto_epoch=None if own else upto)
+            if tail.held is not None:
+                held[name] = tail
+            for source in entry.sources:  # this view's epochs prove its upstreams' last ones committed
+                waiting = held.get(source)
+                if waiting is not None and waiting.held is not None and (
+                        waiting.held.epoch in tail.seen or store.index.at(name, 0, waiting.held.epoch)):
+                    commit_held(store, entries[source], held.pop(source))
+                    if entries[source].kind == "view":
+                        _restore_state(settings, client, entries[source])
+            if entry.kind == "view":  # always: a rebuilder killed half-way may have left rows without it
+                _restore_state(settings, client, entry)
             for step in _REBUILD_STEPS:
                 step(settings, client, entry)
             took[name] = time.monotonic() - took[name]
@@ -194,6 +162,13 @@ def ensure_control_plane(settings: Settings, client: redis.Redis,
     log.warning("Redis was wiped: rebuilt %d catalog entries and their state from Kafka in %.1f s (%s)",
                 loaded, time.monotonic() - started, ", ".join(f"{n} {s:.1f} s" for n, s in took.items()))
     return True
+
+
+def _restore_state(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> None:
+    try:
+        restore_view_state(settings, client, entry)
+    except ViewNotRestorableError as exc:  # left to the view's consumer, which restores itself
+        log.warning("rebuild: %s", exc)
 
 
 def recover_after_wipe(settings: Settings, client: redis.Redis, entry: CatalogEntry,
