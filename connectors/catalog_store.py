@@ -16,6 +16,7 @@ from mvlog.config import Settings
 from mvlog.connectors.changelog_reader import reader_consumer
 from mvlog.connectors.changelog_records import PoisonRecord
 from mvlog.connectors.dead_letter import DeadLetterQueue
+from mvlog.connectors.retention import has_records
 from mvlog.connectors.topics import ensure_topic
 from mvlog.schemas.codec import DecodeError, decode_catalog_entry, encode_catalog_entry
 
@@ -38,14 +39,28 @@ class CatalogStore:
         return self._producer
 
     def put(self, entry: CatalogEntry) -> None:
+        """Write ``entry`` to the topic, then to Redis.
+
+        The first write of a new catalog leaves the control-plane marker. One into a wiped Redis (the
+        marker gone, the topic not empty) reloads the catalog first and leaves the marker gone: only
+        the rebuild of everything else may say Redis holds the control plane again (a DDL statement
+        during a wipe would otherwise hide it from every process still to notice it).
+        """
         data = encode_catalog_entry(entry.to_record())
         producer = self._topic_producer()
+        new_catalog = False
+        if self.wiped():
+            if has_records(self.settings, self.settings.catalog_topic, 1):
+                self.rebuild_from_topic()
+            else:
+                new_catalog = True
         producer.produce(self.settings.catalog_topic, data, entry.name.encode())
         if producer.flush(30) != 0:
             raise CatalogError(f"catalog entry {entry.name} was not written to {self.settings.catalog_topic}")
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self.key, entry.name, data)
-        pipe.hsetnx(self.marker_key, "since_ms", str(int(time.time() * 1000)))
+        if new_catalog:
+            pipe.hsetnx(self.marker_key, "since_ms", str(int(time.time() * 1000)))
         pipe.execute()
 
     def wiped(self) -> bool:
@@ -86,7 +101,11 @@ class CatalogStore:
         return [CatalogEntry.from_record(decode_catalog_entry(value)) for _, value in entries]
 
     def dependents(self, name: str) -> list[str]:
-        return [e.name for e in self.all() if name in e.sources]
+        return [e.name for e in self.views_reading(name)]
+
+    def views_reading(self, name: str) -> list[CatalogEntry]:
+        """The views whose definition reads table or view ``name``."""
+        return [e for e in self.all() if name in e.sources]
 
     def rebuild_from_topic(self, idle_timeout: float = 2.0) -> int:
         """Reload Redis from the compacted topic (after Redis was wiped); returns the entries loaded."""

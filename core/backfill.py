@@ -114,6 +114,10 @@ class BackfillPositions:
     def get(self, source: str, vnode: int) -> Position:
         return self._positions[source][vnode]
 
+    def set(self, source: str, vnode: int, position: Position) -> None:
+        """Put a position as committed (a rebuild from the view's changelog; no ordering check)."""
+        self._positions[source][vnode] = position
+
     def covers(self, source: str, vnode: int, member: bytes) -> bool:
         return self._positions[source][vnode].covers(member)
 

@@ -111,6 +111,11 @@ class EpochAligner:
             return []
         return [self._release()]
 
+    def release_held(self) -> Epoch | None:
+        """Release the complete epoch held for confirmation on the caller's own proof that it committed
+        (e.g. a downstream view was built on it); None when no epoch is held."""
+        return self._release() if self._held is not None else None
+
     def partitions_to_pause(self) -> set[int]:
         """Partitions holding a sealed epoch that some other partition has not sealed yet."""
         if all(b.sealed for b in self._buffers.values()):

@@ -79,6 +79,7 @@ class Mutation:
     """A control-plane change carried by a barrier, applied by every reader at that epoch."""
 
     kind: str  # add_downstream | drop_downstream | pause | resume | apply_replacement | schema_change
+    #   | backfill_progress (a chunked backfill's committed positions, see mvlog.backfill_record)
     target: str
     payload: Mapping[str, Any] = field(default_factory=dict)
 

@@ -46,12 +46,14 @@ from mvlog.backfill import (
     VnodeChunk,
     route_epoch,
 )
+from mvlog.backfill_record import BACKFILL_MUTATION, journal_line, load_positions, position_field, progress_payload
 from mvlog.catalog import CatalogEntry
-from mvlog.changes import Change
+from mvlog.changes import Change, Mutation
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.key_order import order_member
+from mvlog.row_schema import Key
 from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.view_ddl import view_option
 from mvlog.vnode import vnode_of
@@ -60,25 +62,6 @@ log = logging.getLogger(__name__)
 
 RATE_LIMIT_REFRESH_S = 1.0
 PROGRESS_EVERY_S = 0.5
-
-
-def _position_field(source: str, vnode: int) -> str:
-    return f"pos:{source}:{vnode}"
-
-
-def load_positions(stored: Mapping[bytes, bytes], sources: Sequence[str]) -> BackfillPositions:
-    positions: dict[tuple[str, int], Position] = {}
-    for name, value in stored.items():
-        text = name.decode()
-        if text.startswith("pos:"):
-            source, _, vnode = text[4:].rpartition(":")
-            if source in sources:
-                positions[(source, int(vnode))] = Position.decode(value)
-    return BackfillPositions(sources, positions)
-
-
-def _hex(position: Position) -> str:
-    return "done" if position.done else "-" if position.last is None else position.last.hex()
 
 
 @dataclass
@@ -98,6 +81,10 @@ class BackfillStep:
         """Keyword arguments of :class:`~mvlog.connectors.view_store.EpochCommit` for this step."""
         return {"backfill": self.fields, "journal": self.journal, "lifecycle": self.lifecycle}
 
+    def mutation(self, view: str) -> Mutation:
+        """The same fields on the epoch's barriers, so a rebuild from Kafka restores them (I6)."""
+        return Mutation(BACKFILL_MUTATION, view, progress_payload(self.fields))
+
 
 class ChunkedBackfill:
     """Backfills view ``entry`` from its upstreams' serving state, resuming from committed positions."""
@@ -115,9 +102,8 @@ class ChunkedBackfill:
         stored = store.backfill_state(self.view)
         self.positions = load_positions(stored, self.sources)
         self.rows_done = int(stored.get(b"rows_done", b"0"))
-        committed_start = int(stored.get(b"start_epoch", b"0"))
-        if committed_start:
-            self.start_epoch = committed_start
+        if b"start_epoch" in stored:  # resuming: 0 too is a start (an upstream with a single epoch then)
+            self.start_epoch = int(stored[b"start_epoch"])
         else:  # nothing committed yet: start just below the upstreams' current epoch
             self.start_epoch = min(self._epoch_before_mce(s) for s in self.sources)
         self._first_commit = True
@@ -164,12 +150,12 @@ class ChunkedBackfill:
         self.rows_done += routed.inserted
         step = BackfillStep(epoch, routed.changes, inserted=routed.inserted, forwarded=routed.forwarded,
                             dropped=routed.dropped)
-        step.fields = {_position_field(s, v): p.encode() for (s, v), p in routed.moved.items()}
+        step.fields = {position_field(s, v): p.encode() for (s, v), p in routed.moved.items()}
         step.fields["rows_done"] = self.rows_done
         step.fields["start_epoch"] = self.start_epoch
         for chunk in chunks:
             self.snapshot_epoch = chunk.snapshot_epoch
-            step.journal += [f"{epoch} {chunk.source} {p.vnode} {_hex(p.start)} {_hex(p.end)}" for p in chunk.vnodes]
+            step.journal += [journal_line(epoch, chunk.source, p.vnode, p.start, p.end) for p in chunk.vnodes]
         if self.positions.done:
             step.fields["done"] = 1
             step.lifecycle = Lifecycle.LIVE.value
@@ -256,6 +242,18 @@ class ChunkedBackfill:
         if self.on_chunk_read is not None:
             self.on_chunk_read(chunk)
         return chunk
+
+
+def coverage(positions: BackfillPositions, upstreams: Mapping[str, CatalogEntry]) -> Callable[[str, Key], bool]:
+    """``covers(upstream, key)``: whether the backfill at ``positions`` has reached the upstream key."""
+    columns = {name: entry.key_columns for name, entry in upstreams.items()}
+
+    def covers(source: str, key: Key) -> bool:
+        encoded = encode_key(columns[source], key)
+        vnode = vnode_of(encoded)
+        return positions.covers(source, vnode, order_member(vnode, key, encoded))
+
+    return covers
 
 
 def backfill_needed(store: ViewStore, entry: CatalogEntry) -> bool:

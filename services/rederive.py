@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -319,13 +319,17 @@ class RedisRebuildSink:
         self.entry = entry
 
     def finish(self, derivation: Derivation) -> int:
+        return self.swap(derivation.rows, derivation.state.data, derivation.plan.last)
+
+    def swap(self, view_rows: Mapping[Key, Row], state: Mapping[bytes, bytes], epoch: int) -> int:
+        """Put ``view_rows`` and ``state``, both as of ``epoch``, in place of the view's (one script; refused
+        when the MCE is no longer ``epoch``); returns the number of rows."""
         columns = self.entry.key_columns
-        keys = {key: encode_key(columns, key) for key in derivation.rows}
-        rows = {keys[key]: encode_row(row) for key, row in derivation.rows.items()}
+        keys = {key: encode_key(columns, key) for key in view_rows}
+        rows = {keys[key]: encode_row(row) for key, row in view_rows.items()}
         order = [order_member(vnode_of(kb), key, kb) for key, kb in keys.items()]
-        if not self.store.replace_state(self.entry.name, derivation.plan.last, rows, derivation.state.data,
-                                        order):
-            raise ReplayRangeError(f"{self.entry.name}: its MCE is no longer {derivation.plan.last}; a consumer "
+        if not self.store.replace_state(self.entry.name, epoch, rows, state, order):
+            raise ReplayRangeError(f"{self.entry.name}: its MCE is no longer {epoch}; a consumer "
                                    "of the view is running: stop it before rebuilding")
         return len(rows)
 

@@ -21,7 +21,6 @@ from mvlog.config import Settings
 from mvlog.connectors.backpressure import Backpressure
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, EncodedChange
-from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.topics import ensure_topic
 from mvlog.connectors.view_store import EpochCommit, Lifecycle, ServingStateLostError, ViewStore
@@ -114,10 +113,16 @@ class Table:
         # The writer's init_transactions fences any earlier writer before we read the log's tail.
         self._writer = ChangelogWriter(settings, entry.name, entry.key_columns, entry.partitions)
         # A table created a moment ago has an empty changelog: nothing to roll forward.
-        self._clock = EpochClock(roll_forward(settings, self.store, entry).max_seen if recover else 0)
+        # A view built on the table's last epoch proves it committed, should Redis have lost it (wiped).
+        if recover:
+            views = CatalogStore(settings, self._redis).views_reading(entry.name)
+            self._clock = EpochClock(roll_forward(settings, self.store, entry, downstreams=views).max_seen)
+        else:
+            self._clock = EpochClock(0)
         # The next barrier names the last *committed* epoch, abandoning any epoch a killed writer left.
         self._prev_epoch = self.store.mce(entry.name) or 0
-        self._last_committed: dict[int, IndexEntry] | None = None
+        # Proof that the last epoch committed, should Redis be wiped before this writer commits one.
+        self._last_committed = self.store.index.entries_at(entry.name, entry.partitions, self._prev_epoch or None)
         self._epochs_written = 0
         self._pending: dict[Key, Row | None] = {}
         self._lock = threading.Lock()

@@ -115,11 +115,15 @@ class ViewConsumer:
         self.writer = ChangelogWriter(settings, view, self.entry.key_columns, self.entry.partitions)
         self._last_committed: dict[int, IndexEntry] | None = None
         topic = settings.changelog_topic(view)
-        if self.store.mce(view) is None and has_records(settings, topic, self.entry.partitions):
+        if (self.store.mce(view) is None or self.catalog.wiped()) and has_records(settings, topic,
+                                                                                   self.entry.partitions):
             from mvlog.services.control_plane import recover_after_wipe
 
-            recover_after_wipe(settings, self._redis, self.entry, None)  # Redis was wiped: rebuild from Kafka
+            # Redis was wiped (and maybe is being rebuilt by another process): rebuild from Kafka, or wait.
+            recover_after_wipe(settings, self._redis, self.entry, None)
         self.mce = self.store.mce(view) or 0
+        # Proof that the MCE committed, should Redis be wiped before this consumer commits an epoch.
+        self._last_committed = self.store.index.entries_at(view, self.entry.partitions, self.mce or None)
         # A view created with --backfill chunked starts at its upstreams' current epoch and reads their
         # rows from Redis in chunks; otherwise it replays the upstream changelog from its start.
         self.backfill: ChunkedBackfill | None = None
@@ -213,7 +217,10 @@ class ViewConsumer:
         output = self._compute(epoch, lambda: self.operator.apply_epoch(inputs, self._state))
         if output is None:
             return
-        self._commit(epoch, output, step.commit_fields() if step else {})
+        if step is None:
+            self._commit(epoch, output)
+        else:
+            self._commit(epoch, output, step.commit_fields(), step.mutation(self.entry.name))
         if self.backfill is not None and step is not None:
             self.backfill.committed(step, time.monotonic() - started)
             if self.backfill.done:
@@ -233,11 +240,12 @@ class ViewConsumer:
             output = compute()
         return output
 
-    def _commit(self, epoch: int, output: EpochOutput, extra: Mapping[str, Any] | None = None) -> None:
-        """The epoch's changes and barriers to Kafka in one transaction, then rows, state, MCE (and the
-        backfill's positions, ``extra``) to Redis in one script."""
+    def _commit(self, epoch: int, output: EpochOutput, extra: Mapping[str, Any] | None = None,
+                mutation: Mutation | None = None) -> None:
+        """The epoch's changes and barriers (with ``mutation``: the backfill's progress) to Kafka in one
+        transaction, then rows, state, MCE (and the backfill's positions, ``extra``) to Redis in one script."""
         encoded = encode_epoch(self.entry.key_columns, output.changes)  # each key and row encoded once
-        committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes)
+        committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes, mutation=mutation)
         self._last_committed = committed.index
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
@@ -245,8 +253,11 @@ class ViewConsumer:
                                      state_deletes=deletes, follows=self.mce, **(extra or {}))
         try:
             applied = self.store.commit(self.entry.name, commit)
+            lost = self.catalog.wiped()  # committed, or refused, into a Redis that another process rebuilds
         except ServingStateLostError:
-            self._recover()  # rolls Redis forward over this epoch too
+            applied, lost = False, True
+        if lost:
+            self._recover()  # waits for the rebuild, rolls Redis forward over this epoch too, derives the state
             applied = self.mce == epoch
         if not applied:
             raise RuntimeError(f"{self.entry.name}: epoch {epoch} is at or below the MCE in Redis; "
@@ -255,8 +266,12 @@ class ViewConsumer:
         self.epochs_applied += 1
 
     def _ensure_serving_state(self) -> bool:
-        """True when Redis had lost this view's state (wiped) and it was rebuilt from Kafka."""
-        if self.store.mce(self.entry.name) == (self.mce or None):
+        """True when Redis had lost this view's state (wiped) and it was rebuilt from Kafka.
+
+        The control-plane marker must be there too: while another process rebuilds Redis, this view's
+        MCE may already be back with its operator state not re-derived yet; the consumer waits for the
+        rebuild (its lock) instead of computing an epoch from that state."""
+        if self.store.mce(self.entry.name) == (self.mce or None) and not self.catalog.wiped():
             return False
         self._recover()
         return True
@@ -271,7 +286,7 @@ class ViewConsumer:
                                f"below this consumer's {self.mce}")
         self.mce = mce
         self._after = max(self._after, mce)
-        self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
+        self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE)
 
     def catch_up(self, upto: int | None = None) -> int:
         """Apply every committed upstream epoch above the MCE with batch reads; returns the new MCE.
@@ -370,6 +385,7 @@ class ViewConsumer:
             follower.apply_requested = False
             log.info("%s: replacement %s not applied at epoch %d (withdrawn or discarded)", view, follower.id, epoch)
             return False
+        self._last_committed = committed.index
         self.entry = applied_entry(entry, follower.sql, follower.plan.schema, follower.plan.sources, version)
         self.catalog.put(self.entry)
         self.plan, self.operator, self.replacement = follower.plan, follower.operator, None
