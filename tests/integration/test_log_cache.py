@@ -267,9 +267,9 @@ class _SlowConsumer(ViewConsumer):
     The delay is in ``_commit``, which every path of the consumer (row by row or columnar) goes through.
     """
 
-    def _commit(self, epoch: int, output: Any, extra: Any = None) -> None:
+    def _commit(self, epoch: int, output: Any, extra: Any = None, mutation: Any = None) -> None:
         time.sleep(0.5)
-        super()._commit(epoch, output, extra)
+        super()._commit(epoch, output, extra, mutation)
 
 
 def test_isolation_stopped_and_slow_downstreams_do_not_slow_the_upstream(
