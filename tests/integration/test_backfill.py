@@ -10,16 +10,13 @@ Once the backfill is done, every key is covered and this is I1 itself.
 from __future__ import annotations
 
 import itertools
-import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,10 +39,10 @@ from mvlog.services.view_ddl import alter_view, create_view, plan_for
 from mvlog.vnode import vnode_of
 
 from ..oracle import assert_same_rows, duckdb_view_rows, rows_at, rows_by_epoch
+from .processes.view_runner import spawn as spawn_view_runner
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-ROOT = Path(__file__).resolve().parents[2]
 KEYS = 1500
 KILLS = 3
 COLUMNS = {"id": "int", "v1": "int", "deleted": "boolean"}
@@ -191,13 +188,6 @@ def test_view_created_on_a_busy_upstream_is_exact_at_every_epoch(
     assert min(epochs) >= 5, epochs  # the backfill spanned epochs while the upstream wrote
 
 
-def _runner(settings: Settings, views: list[str]) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
-    return subprocess.Popen([sys.executable, "-m", "tests.integration.processes.view_runner",
-                             settings.model_dump_json(), *views],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
-
-
 def _read_until(child: subprocess.Popen[str], prefix: str, timeout: float, sink: list[str]) -> None:
     assert child.stdout is not None
     deadline = time.monotonic() + timeout
@@ -227,7 +217,7 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
     kills = 0
     with _busy(table, seed=rng.randrange(1 << 30)):
         while kills < KILLS:
-            child = _runner(settings, ["mv1"])
+            child = spawn_view_runner(settings, ["mv1"])
             out: list[str] = []
             try:
                 _read_until(child, "ready", 120, out)
@@ -246,7 +236,7 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
     # The table stays open: its writer commits an (empty) epoch every interval, and the backfill moves
     # one chunk per upstream epoch.
     last = table.flush()
-    child = _runner(settings, ["mv1"])
+    child = spawn_view_runner(settings, ["mv1"])
     try:
         deadline = time.monotonic() + 240
         while (store.mce("mv1") or 0) < last or store.lifecycle("mv1") != Lifecycle.LIVE:

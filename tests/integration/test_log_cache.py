@@ -4,6 +4,7 @@ epochs, backpressure, isolation (I3), bounded memory (I4) and a SIGKILLed worker
 from __future__ import annotations
 
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,8 +25,10 @@ from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import alter_view, create_view
 
 from ..oracle import check_oracle
+from .barrier_check import assert_barriers_once
 from .independent_consumer import read_topic
 from .processes.cache_worker import CacheWorkerProcess
+from .processes.view_runner import spawn as spawn_view_runner
 
 pytestmark = [pytest.mark.integration]
 
@@ -74,19 +77,6 @@ def _worker(settings: Settings, *upstreams: str, partitions: int) -> Iterator[Ca
         yield worker
     finally:
         worker.stop()
-
-
-def _barriers_once(settings: Settings, client: redis.Redis, view: str, last: int) -> None:
-    """Each committed epoch's barrier is in each partition of ``view``'s changelog exactly once."""
-    store = ViewStore(client, settings.topic_prefix)
-    entry = CatalogStore(settings, client).get(view)
-    logs = read_topic(settings.bootstrap_servers, settings.changelog_topic(view), entry.partitions, idle=1.5)
-    for partition in range(entry.partitions):
-        indexed = store.index.between(view, partition, 0, last)
-        assert indexed
-        for item in indexed:
-            attempts = logs[partition].barriers.get(item.epoch, [])
-            assert [offset for offset, _ in attempts] == [item.offset], (view, partition, item.epoch, attempts)
 
 
 def _consumer(settings: Settings, spark: Any, view: str, client: redis.Redis) -> ViewConsumer:
@@ -226,7 +216,7 @@ def test_sigkilled_worker_consumers_fall_back_and_the_restarted_worker_refills(
         if second is not None:
             second.stop()
     assert check_oracle(settings, redis_client, ["t1", "mv1"]) > 0
-    _barriers_once(settings, redis_client, "mv1", last)
+    assert_barriers_once(settings, redis_client, "mv1", last)
 
 
 def test_lagged_consumer_replays_from_kafka_then_rejoins_the_cache(
@@ -258,7 +248,7 @@ def test_lagged_consumer_replays_from_kafka_then_rejoins_the_cache(
     assert consumer.catch_up() == last  # the last epochs, from Kafka (no worker now)
     consumer.stop()
     assert check_oracle(settings, redis_client, ["t1", "mv1"]) > 0
-    _barriers_once(settings, redis_client, "mv1", last)
+    assert_barriers_once(settings, redis_client, "mv1", last)
 
 
 class _SlowConsumer(ViewConsumer):
@@ -272,23 +262,62 @@ class _SlowConsumer(ViewConsumer):
         super()._commit(epoch, output, extra, mutation)
 
 
-def test_isolation_stopped_and_slow_downstreams_do_not_slow_the_upstream(
+class _CrashLoop:
+    """A downstream that crash-loops: its consumer process is SIGKILLed each time it commits an epoch and
+    started again at once, as a supervisor would, until :meth:`stop`."""
+
+    def __init__(self, settings: Settings, view: str) -> None:
+        self.settings = settings
+        self.view = view
+        self.kills = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.errors: list[str] = []
+
+    def __enter__(self) -> _CrashLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            child = spawn_view_runner(self.settings, [self.view])
+            try:
+                assert child.stdout is not None
+                for line in child.stdout:  # "mce VIEW EPOCH" once an epoch is committed: the crash point
+                    if line.startswith("mce ") or self._stop.is_set():
+                        break
+                else:
+                    self.errors.append(f"the consumer exited by itself ({child.poll()})")
+            finally:
+                child.send_signal(signal.SIGKILL)
+                child.wait()
+            self.kills += 1
+
+
+def test_isolation_stopped_slow_and_crash_looping_downstreams_do_not_slow_the_upstream(
         settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
-    """I3: t1 has a stopped downstream (mv1) and a slow one (mv2), t0 has none; both write at once for
-    the same seconds with the worker caching t1. Their epoch rates match."""
+    """I3: t1 has a stopped downstream (mv1), a slow one (mv2) and a crash-looping one (mv3); t0 has none.
+    Both write at once for the same seconds with the worker caching t1: their epoch rates match. Then the
+    three downstreams run normally, replay what they lagged, and the oracle holds at every epoch."""
     t0 = Table.create(settings, "t0", COLUMNS, ["id"], client=redis_client)
     t1 = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
     create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
     create_view(settings, "mv2", "SELECT sum(v1) AS s FROM t1", client=redis_client)
+    create_view(settings, "mv3", "SELECT count(v1) AS c FROM t1", client=redis_client)
     store = ViewStore(redis_client, settings.topic_prefix)
     with _worker(settings, "t1", partitions=settings.partitions):
         slow = _SlowConsumer(settings, "mv2", spark=spark, client=redis_client, max_epochs_per_trigger=5)
-        slow.start()
         try:
-            with _writing(t0, seed=1), _writing(t1, seed=2):
+            with _writing(t0, seed=1), _writing(t1, seed=2), _CrashLoop(settings, "mv3") as crashing:
+                _until(lambda: crashing.kills >= 1, 120, "the crash-looping consumer's first crash")
+                slow.start()
                 _until(lambda: (store.mce("mv2") or 0) > 0, 60, "the slow consumer to start")
                 start = {t: store.mce(t) for t in ("t0", "t1")}
-                time.sleep(4)
+                time.sleep(4)  # the measurement window: epochs each table commits in these 4 s
                 epochs = {t: store.index.count_after(t, start[t]) for t in ("t0", "t1")}
             lag = store.index.count_after("t1", store.mce("mv2"))
         finally:
@@ -296,10 +325,19 @@ def test_isolation_stopped_and_slow_downstreams_do_not_slow_the_upstream(
     t0.close()
     t1.close()
     ratio = epochs["t1"] / epochs["t0"]
-    print(f"I3: t1 (one stopped, one slow downstream) {epochs['t1']} epochs in 4 s, t0 (none) {epochs['t0']}: "
-          f"ratio {ratio:.2f}; mv2 lags {lag} epochs")
+    print(f"I3: t1 (stopped, slow and crash-looping downstreams) {epochs['t1']} epochs in 4 s, t0 (none) "
+          f"{epochs['t0']}: ratio {ratio:.2f}; mv2 lags {lag} epochs; mv3 crashed {crashing.kills} times")
+    assert not crashing.errors, crashing.errors
     assert lag > 3, "the slow downstream really fell behind"
     assert ratio >= 0.8
+    last = store.mce("t1") or 0
+    for view in ("mv1", "mv2", "mv3"):  # restarted: each replays its lagged epochs and catches up
+        consumer = ViewConsumer(settings, view, spark=spark, client=redis_client, max_epochs_per_trigger=1000)
+        assert consumer.catch_up() == last
+        consumer.stop()
+    assert check_oracle(settings, redis_client, ["t1", "mv1", "mv2", "mv3"]) > 0
+    for view in ("mv1", "mv2", "mv3"):
+        assert_barriers_once(settings, redis_client, view, last)
 
 
 def test_worker_memory_stays_within_the_cache_bound_plus_one_batch(

@@ -7,12 +7,25 @@ Prints ``ready`` once the streaming queries run, then ``mce <view> <epoch>`` as 
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 from mvlog.backfill import Chunk
 from mvlog.config import Settings
 from mvlog.services.view_consumer import ViewConsumer
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def spawn(settings: Settings, views: list[str]) -> subprocess.Popen[str]:
+    """This runner in a child process for ``views``; its stdout is a pipe of the lines above."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+    return subprocess.Popen([sys.executable, "-m", "tests.integration.processes.view_runner",
+                             settings.model_dump_json(), *views],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
 
 
 def _print_chunk(chunk: Chunk) -> None:
