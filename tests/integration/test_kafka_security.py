@@ -360,8 +360,8 @@ def test_a_refused_scram_login_fails_at_once_and_never_shows_the_password(
         protocol: str, sasl_broker: tuple[TlsTerminator, Broker], certificates: Certificates,
         make_settings: Callable[..., Settings], redis_client: redis.Redis,
         caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> None:
-    """Tansu refuses the login (it keeps no SCRAM users, see the module docstring): the table writer fails
-    within seconds with the broker's reason, and the password shows nowhere."""
+    """Tansu refuses the login (it keeps no SCRAM users, see the module docstring): the table writer and
+    the changelog reader fail within seconds with the broker's reason, and the password shows nowhere."""
     terminator, broker = sasl_broker
     caplog.set_level(logging.DEBUG)
     tls = protocol == "SASL_SSL"
@@ -375,9 +375,15 @@ def test_a_refused_scram_login_fails_at_once_and_never_shows_the_password(
     message = str(refused.value)
     assert f"{protocol.lower()}://" in message and "SASL SCRAM authentication failed" in message, message
     assert (terminator.handshakes > handshakes) == tls  # SASL_SSL: the SCRAM exchange ran inside TLS
+    started = time.monotonic()
+    with ChangelogReader(settings, "t1", ("id",), settings.partitions) as reader, \
+            pytest.raises(KafkaAccessError, match="SASL SCRAM authentication failed") as reader_refused:
+        list(reader.epochs(idle_timeout=3 * REFUSAL_BOUND_S))  # idling out is not the refusal
+    assert time.monotonic() - started < REFUSAL_BOUND_S
     output = "".join(capfd.readouterr())
     assert "SASL authentication error" in output  # librdkafka's own log is captured, so checked too
-    _assert_no_secret(error=message, caplog=caplog.text, output=output, broker_log=broker.log.read_text())
+    _assert_no_secret(error=message, reader_error=str(reader_refused.value), caplog=caplog.text, output=output,
+                      broker_log=broker.log.read_text())
 
 
 def test_the_authenticating_broker_drops_clients_without_sasl(sasl_broker: tuple[TlsTerminator, Broker]) -> None:
