@@ -425,3 +425,20 @@ def test_faust_credentials_carry_scram_to_the_broker_and_its_refusal_back(
     assert time.monotonic() - started < REFUSAL_BOUND_S
     assert terminator.handshakes > handshakes
     _assert_no_secret(error=repr(refused.value), caplog=caplog.text)
+
+
+def test_tansu_limits_that_shape_this_module(certificates: Certificates,
+                                             sasl_broker: tuple[TlsTerminator, Broker]) -> None:
+    """Canaries for the module docstring: when a Tansu upgrade makes one fail, drop the TLS terminator
+    (serve TLS from Tansu) or add a test of a successful SCRAM login."""
+    _, broker = sasl_broker
+    tansu = str(find_tansu())
+    env = {"PATH": os.environ.get("PATH", ""), "NO_COLOR": "1"}
+    both = subprocess.run([tansu, "broker", "--listener-url", f"tcp://{LOOPBACK}:{free_port()}",
+                           "--cert", str(certificates.server_cert), "--key", str(certificates.server_key)],
+                          env=env, capture_output=True, text=True, timeout=10)
+    assert both.returncode != 0 and "cannot be used with" in both.stderr, both.stderr
+    create = subprocess.run([tansu, "user", "create", "mvlog", PASSWORD, "--mechanism", "scram512",
+                             "--broker", f"tcp://{LOOPBACK}:{broker.port}"],
+                            env=env, capture_output=True, text=True, timeout=10)
+    assert create.returncode != 0, "an authenticating Tansu accepted `tansu user create`"
