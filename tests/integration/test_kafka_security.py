@@ -45,6 +45,7 @@ from pydantic import SecretStr
 
 from mvlog.config import Settings
 from mvlog.connectors.changelog_reader import ChangelogReader
+from mvlog.connectors.changelog_writer import ChangelogWriter
 from mvlog.connectors.kafka_security import KafkaAccessError, faust_broker_credentials
 from mvlog.connectors.view_store import ViewStore
 from mvlog.infra.local_stack import _die_with_parent, find_tansu, free_port
@@ -361,8 +362,9 @@ def test_a_refused_scram_login_fails_at_once_and_never_shows_the_password(
         protocol: str, sasl_broker: tuple[TlsTerminator, Broker], certificates: Certificates,
         make_settings: Callable[..., Settings], redis_client: redis.Redis,
         caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> None:
-    """Tansu refuses the login (it keeps no SCRAM users, see the module docstring): the table writer and
-    the changelog reader fail within seconds with the broker's reason, and the password shows nowhere."""
+    """Tansu refuses the login (it keeps no SCRAM users, see the module docstring): the table writer (at
+    topic creation, and its transactional producer alone, as ``Table.open`` builds it) and the changelog
+    reader fail within seconds with the broker's reason, and the password shows nowhere."""
     terminator, broker = sasl_broker
     caplog.set_level(logging.DEBUG)
     tls = protocol == "SASL_SSL"
@@ -377,13 +379,18 @@ def test_a_refused_scram_login_fails_at_once_and_never_shows_the_password(
     assert f"{protocol.lower()}://" in message and "SASL SCRAM authentication failed" in message, message
     assert (terminator.handshakes > handshakes) == tls  # SASL_SSL: the SCRAM exchange ran inside TLS
     started = time.monotonic()
+    with pytest.raises(KafkaAccessError, match="SASL SCRAM authentication failed") as writer_refused:
+        ChangelogWriter(settings, "t1", ("id",), settings.partitions)
+    assert time.monotonic() - started < REFUSAL_BOUND_S
+    started = time.monotonic()
     with ChangelogReader(settings, "t1", ("id",), settings.partitions) as reader, \
             pytest.raises(KafkaAccessError, match="SASL SCRAM authentication failed") as reader_refused:
         list(reader.epochs(idle_timeout=3 * REFUSAL_BOUND_S))  # idling out is not the refusal
     assert time.monotonic() - started < REFUSAL_BOUND_S
     output = "".join(capfd.readouterr())
     assert "SASL authentication error" in output  # librdkafka's own log is captured, so checked too
-    _assert_no_secret(error=message, reader_error=str(reader_refused.value), caplog=caplog.text, output=output,
+    _assert_no_secret(error=message, writer_error=str(writer_refused.value),
+                      reader_error=str(reader_refused.value), caplog=caplog.text, output=output,
                       broker_log=broker.log.read_text())
 
 
