@@ -23,6 +23,7 @@ from mvlog.config import Settings
 from mvlog.connectors.changelog_records import BarrierRecord, ChangeRecord, decode_record
 from mvlog.connectors.dead_letter import DeadLetterQueue
 from mvlog.connectors.epoch_index import EpochIndex
+from mvlog.connectors.kafka_security import RefusalWatch
 
 
 class ChangelogReadError(RuntimeError):
@@ -65,7 +66,9 @@ class ChangelogReader:
         self._max_bytes = settings.max_record_bytes
         self.dead_letters = DeadLetterQueue(settings, view) if dead_letter else None
         self.max_seen_epoch = after_epoch  # including epochs abandoned by a killed writer
-        self._consumer = reader_consumer(settings)
+        # A refused login or TLS handshake reaches only error_cb: without it the reader would idle, not fail.
+        self._refusals = RefusalWatch(settings.bootstrap_servers)
+        self._consumer = reader_consumer(settings, {"error_cb": self._refusals})
         self._paused: set[int] = set()
         self._consumer.assign([TopicPartition(self.topic, p, self._start_offset(index, p, after_epoch))
                                for p in range(partitions)])
@@ -84,14 +87,17 @@ class ChangelogReader:
         return self.upto_epoch is not None and self.aligner.last_epoch >= self.upto_epoch
 
     def epochs(self, idle_timeout: float | None = None, poll_timeout: float = 0.2) -> Iterator[Epoch]:
-        """Yield complete epochs; stop at ``upto_epoch``, or after ``idle_timeout`` s without a record."""
+        """Yield complete epochs; stop at ``upto_epoch``, or after ``idle_timeout`` s without a record.
+        Raises :class:`~mvlog.connectors.kafka_security.KafkaAccessError` if the broker refuses the reader."""
         last_record = time.monotonic()
         while not self.done():
             messages = self._consumer.consume(num_messages=2000, timeout=poll_timeout)
             if messages:
                 last_record = time.monotonic()
-            elif idle_timeout is not None and time.monotonic() - last_record >= idle_timeout:
-                return
+            else:
+                self._refusals.check()
+                if idle_timeout is not None and time.monotonic() - last_record >= idle_timeout:
+                    return
             committed = [e for message in messages for e in self._handle(message)]
             committed += self._confirm_from_index()
             for epoch in committed:

@@ -4,14 +4,70 @@ confluent-kafka clients take ``Settings.kafka_client_config()`` as is (``securit
 ``sasl.*``, ``ssl.*`` from ``MVLOG_KAFKA``, secrets from ``kafka_secrets``/``MVLOG_KAFKA_PASSWORD``).
 Faust (aiokafka) wants credential objects instead: :func:`faust_broker_credentials` builds them from
 the same settings, so one configuration secures every client.
+
+librdkafka reports a refused login or TLS handshake only to its log and ``error_cb``; a caller waiting
+for metadata sees a generic timeout. :class:`RefusalWatch` keeps that reason so mvlog fails at once with
+:class:`KafkaAccessError`, naming it (never a secret).
 """
 
 from __future__ import annotations
 
 import ssl
+import time
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ClusterMetadata  # type: ignore[attr-defined]
+
 from mvlog.config import Settings
+
+#: librdkafka errors that retrying cannot cure: the broker refused the credentials or the TLS handshake.
+_REFUSALS = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
+
+
+class KafkaAccessError(RuntimeError):
+    """The broker refused mvlog's SASL credentials or TLS handshake; waiting longer will not help."""
+
+
+class RefusalWatch:
+    """``error_cb`` of a librdkafka client that remembers the first authentication or TLS refusal."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.refusal: KafkaError | None = None
+
+    def __call__(self, error: KafkaError) -> None:
+        if self.refusal is None and error.code() in _REFUSALS:
+            self.refusal = error
+
+    def check(self) -> None:
+        """Raise :class:`KafkaAccessError` if the broker refused this client."""
+        if self.refusal is not None:
+            raise KafkaAccessError(
+                f"Kafka at {self.bootstrap_servers} refused the connection: {self.refusal.str()}. Check "
+                f"security.protocol, sasl.* and ssl.* in MVLOG_KAFKA and the password (MVLOG_KAFKA_PASSWORD)")
+
+
+def watched_admin(settings: Settings) -> tuple[AdminClient, RefusalWatch]:
+    """An admin client whose refusals :func:`cluster_metadata` reports (instead of a metadata timeout)."""
+    watch = RefusalWatch(settings.bootstrap_servers)
+    config: dict[str, Any] = {**settings.kafka_client_config(), "error_cb": watch}
+    return AdminClient(config), watch
+
+
+def cluster_metadata(admin: AdminClient, watch: RefusalWatch, topic: str | None = None,
+                     timeout: float = 30.0) -> ClusterMetadata:
+    """``admin.list_topics`` that raises :class:`KafkaAccessError` as soon as the broker refuses the client."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            return admin.list_topics(topic, timeout=max(0.1, min(1.0, remaining)))
+        except KafkaException:
+            admin.poll(0)  # serves error_cb
+            watch.check()
+            if remaining <= 1.0:
+                raise
 
 
 def faust_broker_credentials(settings: Settings) -> Any | None:

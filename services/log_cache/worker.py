@@ -43,6 +43,7 @@ from mvlog.connectors.cache_registry import HEARTBEATS_TO_EXPIRE, CacheRegistry
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import arrow_schema
 from mvlog.connectors.epoch_index import EpochIndex
+from mvlog.connectors.kafka_security import faust_broker_credentials
 from mvlog.connectors.log_cache_client import ARROW_STREAM
 from mvlog.log_cache import CacheError, LogCache, RangeStatus
 from mvlog.schemas.codec import DecodeError, record_type
@@ -129,6 +130,7 @@ class LogCacheWorker:
         app = _CacheApp(
             f"{settings.topic_prefix}-log-cache",
             broker=[f"kafka://{server}" for server in settings.bootstrap_servers.split(",")],
+            broker_credentials=faust_broker_credentials(settings),  # SASL/TLS from the same settings
             store="memory://",
             datadir=str(Path(settings.stack_dir) / "faust" / self.worker_id),
             web_port=self.port, web_bind=settings.bind_host, web_host=settings.bind_host,

@@ -155,3 +155,18 @@ def test_to_env_gives_a_child_process_the_same_settings_secrets_included(monkeyp
     assert child == settings
     assert child.kafka_secrets["sasl.password"].get_secret_value() == "hunter2"
     assert child.redis_url == "redis://:pw@127.0.0.1:1/0"
+
+
+def test_refusal_watch_keeps_only_what_retrying_cannot_cure() -> None:
+    """Transport errors come and go while a broker starts: only a refused login or TLS handshake is final."""
+    from confluent_kafka import KafkaError
+
+    from mvlog.connectors.kafka_security import KafkaAccessError, RefusalWatch
+
+    watch = RefusalWatch("broker:9093")
+    watch(KafkaError(KafkaError._TRANSPORT, "connection refused"))
+    watch.check()  # not a refusal: no error
+    watch(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: unknown-user"))
+    watch(KafkaError(KafkaError._SSL, "certificate verify failed"))
+    with pytest.raises(KafkaAccessError, match=r"broker:9093 refused the connection: SASL authentication error"):
+        watch.check()  # the first refusal is the one reported
