@@ -12,7 +12,10 @@ committed epoch. Changes are matched to their barrier by epoch and transaction i
 an aborted transaction never count towards a committed epoch, even a redone one with the same number.
 
 A partition a whole epoch ahead of the slowest should be paused by the caller
-(:meth:`EpochAligner.partitions_to_pause`), so the aligner buffers about one epoch per partition.
+(:meth:`EpochAligner.partitions_to_pause`), so the aligner buffers about one epoch per partition. A
+caller with a memory budget may stop keeping an epoch's changes (:meth:`EpochAligner.drop`,
+:meth:`EpochAligner.count_change`): the epoch still aligns and commits, with ``Epoch.dropped`` saying
+how many of its changes were counted but not kept.
 """
 
 from __future__ import annotations
@@ -34,12 +37,14 @@ class _Segment:
     offset: int
     changes: list[Change]
     origins: list[ChangeOrigin]
+    dropped: int = 0
 
 
 @dataclass
 class _PartitionBuffer:
     open_changes: dict[tuple[int, str], list[Change]] = field(default_factory=dict)  # (epoch, txn) -> changes
     open_origins: dict[tuple[int, str], list[ChangeOrigin]] = field(default_factory=dict)  # same keys, if given
+    open_dropped: dict[tuple[int, str], int] = field(default_factory=dict)  # same keys: counted, not kept
     sealed: deque[_Segment] = field(default_factory=deque)
     poison: int = 0  # change events dead-lettered since the partition's last barrier
 
@@ -74,6 +79,25 @@ class EpochAligner:
             if origin is not None:
                 buffer.open_origins.setdefault((epoch, txn), []).append(origin)
 
+    def count_change(self, partition: int, epoch: int, txn: str = "") -> None:
+        """A change of ``(epoch, txn)`` that is counted towards its barrier but not kept."""
+        if epoch > self.after_epoch:
+            dropped = self._buffers[partition].open_dropped
+            dropped[(epoch, txn)] = dropped.get((epoch, txn), 0) + 1
+
+    def drop(self, epoch: int, txn: str = "") -> None:
+        """Stop keeping the changes of ``(epoch, txn)`` read so far, in every partition, open or sealed;
+        they still count towards its barriers, and later ones go to :meth:`count_change`."""
+        for buffer in self._buffers.values():
+            kept = buffer.open_changes.pop((epoch, txn), [])
+            buffer.open_origins.pop((epoch, txn), None)
+            if kept:
+                buffer.open_dropped[(epoch, txn)] = buffer.open_dropped.get((epoch, txn), 0) + len(kept)
+            for segment in buffer.sealed:
+                if (segment.barrier.epoch, segment.barrier.txn) == (epoch, txn) and segment.changes:
+                    segment.dropped += len(segment.changes)
+                    segment.changes, segment.origins = [], []
+
     def add_poison(self, partition: int) -> None:
         """A record announced as a change event could not be decoded (it went to the dead-letter topic):
         the next barrier of the partition may count it, so it may be that many changes short."""
@@ -85,20 +109,24 @@ class EpochAligner:
         poison, buffer.poison = buffer.poison, 0
         changes = buffer.open_changes.pop((barrier.epoch, barrier.txn), [])
         origins = buffer.open_origins.pop((barrier.epoch, barrier.txn), [])
+        dropped = buffer.open_dropped.pop((barrier.epoch, barrier.txn), 0)
         # Changes of older epochs (or of another attempt at this one) whose barrier never came here
         # belong to abandoned transactions.
         for stale in [a for a in buffer.open_changes if a[0] <= barrier.epoch]:
             del buffer.open_changes[stale]
             buffer.open_origins.pop(stale, None)
+        for stale in [a for a in buffer.open_dropped if a[0] <= barrier.epoch]:
+            del buffer.open_dropped[stale]
         if barrier.epoch <= self.after_epoch:
             return []
-        if not len(changes) <= barrier.records <= len(changes) + poison:
+        read = len(changes) + dropped
+        if not read <= barrier.records <= read + poison:
             raise AlignmentError(
                 f"{self.view} partition {partition}: epoch {barrier.epoch} barrier at offset {offset} "
-                f"announces {barrier.records} change(s) but {len(changes)} were read; the log before it "
+                f"announces {barrier.records} change(s) but {read} were read; the log before it "
                 "is incomplete (deleted by retention, or not written by an mvlog writer)"
                 + (f"; {poison} undecodable change(s) went to the dead-letter topic" if poison else ""))
-        buffer.sealed.append(_Segment(barrier, offset, changes, origins))
+        buffer.sealed.append(_Segment(barrier, offset, changes, origins, dropped))
         return self._pop_complete()
 
     def confirm(self, epoch: int, barrier_offsets: Mapping[int, int]) -> list[Epoch]:
@@ -151,7 +179,8 @@ class EpochAligner:
                           changes=[c for p in sorted(heads) for c in heads[p].changes],
                           barriers={p: s.barrier for p, s in heads.items()},
                           offsets={p: s.offset for p, s in heads.items()},
-                          origins=[o for p in sorted(heads) for o in heads[p].origins])
+                          origins=[o for p in sorted(heads) for o in heads[p].origins],
+                          dropped=sum(s.dropped for s in heads.values()))
             if self._held is not None:
                 if epoch.prev_epoch == self._held.epoch:
                     committed.append(self._release())

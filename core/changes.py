@@ -125,6 +125,7 @@ class Epoch:
     barriers: dict[int, Barrier]  # partition -> barrier
     offsets: dict[int, int] = field(default_factory=dict)  # partition -> offset of its barrier
     origins: list[ChangeOrigin] = field(default_factory=list)  # parallel to ``changes`` when the reader kept them
+    dropped: int = 0  # changes counted but not kept (a reader over its memory budget): ``changes`` is partial
 
     @property
     def checkpoint(self) -> bool:

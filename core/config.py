@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     # task waits for a committed epoch the worker has not aligned yet before reading Kafka instead.
     cache_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     cache_max_epochs: int = Field(default=1000, ge=1)
+    # The largest epoch (encoded bytes of its changes) a cache worker holds to cache; a larger one is
+    # skipped (read from Kafka), since it is held decoded, several times that size, until it commits.
+    cache_max_epoch_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     cache_port: int = Field(default=8322, ge=0, le=65535)
     cache_heartbeat_ms: int = Field(default=1000, ge=50)
     cache_wait_ms: int = Field(default=2000, ge=0)

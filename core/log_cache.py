@@ -81,14 +81,9 @@ class LogCache(Generic[T]):
         An epoch larger than the whole byte bound is not kept: the run is emptied and restarts after it,
         so readers of it go to Kafka and the bound holds.
         """
-        run = self._runs.setdefault(upstream, _Run())
-        tail = run.numbers[-1] if run.numbers else run.floor
-        if tail is not None and epoch.prev_epoch != tail:
-            raise CacheError(f"{upstream}: epoch {epoch.epoch} follows {epoch.prev_epoch}, the cache's tail is {tail}")
+        run = self._check_follows(upstream, epoch.epoch, epoch.prev_epoch)
         if epoch.nbytes > self.max_bytes:
-            self._drop_run(upstream)
-            self._runs[upstream] = _Run(floor=epoch.epoch)
-            self.evicted_epochs += 1
+            self.skip(upstream, epoch.epoch, epoch.prev_epoch)
             return
         if run.floor is None:
             run.floor = epoch.prev_epoch
@@ -100,6 +95,21 @@ class LogCache(Generic[T]):
             self._evict_oldest(upstream)
         while self.nbytes > self.max_bytes:
             self._evict_oldest(self._oldest_upstream())
+
+    def skip(self, upstream: str, epoch: int, prev_epoch: int) -> None:
+        """The next committed epoch of ``upstream`` is not kept (too large): the run is emptied and
+        restarts after it, so its readers go to Kafka."""
+        self._check_follows(upstream, epoch, prev_epoch)
+        self._drop_run(upstream)
+        self._runs[upstream] = _Run(floor=epoch)
+        self.evicted_epochs += 1
+
+    def _check_follows(self, upstream: str, epoch: int, prev_epoch: int) -> _Run[T]:
+        run = self._runs.setdefault(upstream, _Run())
+        tail = run.numbers[-1] if run.numbers else run.floor
+        if tail is not None and prev_epoch != tail:
+            raise CacheError(f"{upstream}: epoch {epoch} follows {prev_epoch}, the cache's tail is {tail}")
+        return run
 
     def reset(self, upstream: str) -> None:
         """Forget an upstream (its partitions were reassigned: the next epoch starts a new run)."""

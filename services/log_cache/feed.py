@@ -10,6 +10,10 @@ work, with the commit rule (an epoch enters the cache when the next barrier name
 
 Each committed epoch becomes one Arrow record batch per partition in the data source's row shape
 (:class:`~mvlog.connectors.change_rows.SignedRowBuilder`), so serving it is a copy into an IPC stream.
+
+An epoch is held decoded (a few times its encoded size) until it commits, so a feed keeps the changes of
+an epoch only up to ``max_epoch_bytes`` of records (I4): past that, the epoch still aligns and commits
+but comes out with ``Epoch.dropped`` set, and the cache skips it (its readers go to Kafka).
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ class RawRecord:
 class UpstreamFeed:
     """Alignment state of one upstream over the partitions this worker holds."""
 
-    def __init__(self, entry: CatalogEntry, partitions: Iterable[int]) -> None:
+    def __init__(self, entry: CatalogEntry, partitions: Iterable[int], max_epoch_bytes: int | None = None) -> None:
         self.entry = entry
+        self.max_epoch_bytes = max_epoch_bytes
         self.partitions = sorted(set(partitions))
         if not self.partitions:
             raise ValueError(f"{entry.name}: a feed needs at least one partition")
@@ -54,6 +59,9 @@ class UpstreamFeed:
         self.records = 0  # records fetched from Kafka (for the fan-out count)
         self.bytes = 0
         self._next_offset: dict[int, int] = {}  # per partition: the offset after the last record taken
+        self._open_bytes: dict[tuple[int, str], int] = {}  # (epoch, txn) -> bytes of the changes kept
+        self._over_budget: set[tuple[int, str]] = set()
+        self._last_barrier: dict[int, int] = {}  # partition -> epoch of its last barrier
 
     @property
     def ready(self) -> bool:
@@ -86,13 +94,46 @@ class UpstreamFeed:
     def _feed(self, aligner: EpochAligner, record: RawRecord) -> list[Epoch]:
         if record.kind == TYPE_CHANGE:
             change, source = decode_change(decode_key(self.entry.key_columns, record.key), record.value)
-            aligner.add_change(record.partition, source["epoch"], change, source["txn"],
-                               ChangeOrigin(record.partition, record.offset, record.key))
+            attempt: tuple[int, str] = (source["epoch"], source["txn"])
+            if self._within_budget(aligner, attempt, len(record.key) + len(record.value)):
+                aligner.add_change(record.partition, source["epoch"], change, source["txn"],
+                                   ChangeOrigin(record.partition, record.offset, record.key))
+            else:
+                aligner.count_change(record.partition, *attempt)
             return []
         if record.kind == TYPE_BARRIER:
-            return aligner.add_barrier(record.partition, decode_barrier(record.value), record.offset)
+            barrier = decode_barrier(record.value)
+            committed = aligner.add_barrier(record.partition, barrier, record.offset)
+            self._forget_sealed(record.partition, barrier.epoch)
+            return committed
         raise FeedError(f"{self.entry.name} partition {record.partition} offset {record.offset}: "
                         f"not an mvlog changelog record (header mvlog.type is {record.kind!r})")
+
+    def _within_budget(self, aligner: EpochAligner, attempt: tuple[int, str], size: int) -> bool:
+        """Whether a change of ``attempt`` (epoch, txn) is kept; the first one past the budget drops
+        the attempt's changes kept so far."""
+        if self.max_epoch_bytes is None:
+            return True
+        if attempt in self._over_budget:
+            return False
+        total = self._open_bytes.get(attempt, 0) + size
+        if total <= self.max_epoch_bytes:
+            self._open_bytes[attempt] = total
+            return True
+        aligner.drop(*attempt)
+        self._open_bytes.pop(attempt, None)
+        self._over_budget.add(attempt)
+        return False
+
+    def _forget_sealed(self, partition: int, epoch: int) -> None:
+        """Budget bookkeeping of the epochs every partition has sealed is no longer needed."""
+        self._last_barrier[partition] = epoch
+        if len(self._last_barrier) < len(self.partitions):
+            return
+        floor = min(self._last_barrier.values())
+        for attempt in [a for a in self._open_bytes if a[0] <= floor]:
+            del self._open_bytes[attempt]
+        self._over_budget = {a for a in self._over_budget if a[0] > floor}
 
     def resume_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
         """Where to seek ``partitions`` before resuming them: right after the last record taken.

@@ -37,6 +37,7 @@ from faust.types import TP
 from faust.web import Request, Response, View
 
 from mvlog.catalog import CatalogEntry
+from mvlog.changes import Epoch
 from mvlog.config import Settings
 from mvlog.connectors.backpressure import Backpressure
 from mvlog.connectors.cache_registry import HEARTBEATS_TO_EXPIRE, CacheRegistry
@@ -191,6 +192,12 @@ class LogCacheWorker:
             self._reset(upstream, feed.partitions)
             return
         for epoch in committed:
+            self._cache_epoch(upstream, feed, epoch)
+
+    def _cache_epoch(self, upstream: str, feed: UpstreamFeed, epoch: Epoch) -> None:
+        if epoch.dropped:  # over the feed's budget: not kept, so the cache skips it
+            self.cache.skip(upstream, epoch.epoch, epoch.prev_epoch)
+        else:
             self.cache.put(upstream, feed.to_cached(epoch))
 
     async def _sync_pauses(self, upstream: str) -> None:
@@ -221,7 +228,8 @@ class LogCacheWorker:
     def _reset(self, upstream: str, partitions: set[int] | list[int]) -> UpstreamFeed:
         """A new feed (and an empty cache) for ``upstream`` over ``partitions``."""
         self.cache.reset(upstream)
-        feed = UpstreamFeed(self.entries[upstream], partitions)
+        feed = UpstreamFeed(self.entries[upstream], partitions,
+                            max_epoch_bytes=min(self.settings.cache_max_epoch_bytes, self.settings.cache_max_bytes))
         self.feeds[upstream] = feed
         return feed
 
@@ -261,7 +269,7 @@ class LogCacheWorker:
             entry = await asyncio.to_thread(self.index.at, upstream, partition, epoch)
             if entry is not None and self.feeds.get(upstream) is feed:
                 for committed in feed.confirm(epoch, partition, entry.offset):
-                    self.cache.put(upstream, feed.to_cached(committed))
+                    self._cache_epoch(upstream, feed, committed)
 
     async def _apply_backpressure(self) -> None:
         for upstream in list(self.feeds):
