@@ -151,7 +151,7 @@ def _wait_for_mces(store: ViewStore, views: list[str], epoch: int, timeout: floa
 
 
 def test_fan_out_three_views_share_one_fetch_stream(settings: Settings, redis_client: redis.Redis,
-                                                    spark: Any) -> None:
+                                                    spark: Any, report: Callable[[str], None]) -> None:
     """Three views on one upstream: the worker fetches each upstream record once (not three times),
     serves the views' reads from memory, and every view equals its oracle at every epoch."""
     table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
@@ -180,7 +180,7 @@ def test_fan_out_three_views_share_one_fetch_stream(settings: Settings, redis_cl
     assert stats["records_fetched"] == in_topic, "one fetch stream: each record fetched once"
     from_cache, from_kafka = CacheRegistry(redis_client, settings.topic_prefix).reads("t1")
     share = from_cache / (from_cache + from_kafka)
-    print(f"fan-out: {in_topic} records in t1, {stats['records_fetched']} fetched by the worker for "
+    report(f"fan-out: {in_topic} records in t1, {stats['records_fetched']} fetched by the worker for "
           f"{len(views)} views; {share:.1%} of {from_cache + from_kafka} partition-epochs read from the cache")
     assert share >= 0.9
     assert check_oracle(settings, redis_client, ["t1", *views]) > 0
@@ -299,7 +299,7 @@ class _CrashLoop:
 
 
 def test_isolation_stopped_slow_and_crash_looping_downstreams_do_not_slow_the_upstream(
-        settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
+        settings: Settings, redis_client: redis.Redis, spark: Any, report: Callable[[str], None]) -> None:
     """I3: t1 has a stopped downstream (mv1), a slow one (mv2) and a crash-looping one (mv3); t0 has none.
     Both write at once for the same seconds with the worker caching t1: their epoch rates match. Then the
     three downstreams run normally, replay what they lagged, and the oracle holds at every epoch."""
@@ -325,7 +325,7 @@ def test_isolation_stopped_slow_and_crash_looping_downstreams_do_not_slow_the_up
     t0.close()
     t1.close()
     ratio = epochs["t1"] / epochs["t0"]
-    print(f"I3: t1 (stopped, slow and crash-looping downstreams) {epochs['t1']} epochs in 4 s, t0 (none) "
+    report(f"I3: t1 (stopped, slow and crash-looping downstreams) {epochs['t1']} epochs in 4 s, t0 (none) "
           f"{epochs['t0']}: ratio {ratio:.2f}; mv2 lags {lag} epochs; mv3 crashed {crashing.kills} times")
     assert not crashing.errors, crashing.errors
     assert lag > 3, "the slow downstream really fell behind"
@@ -341,7 +341,7 @@ def test_isolation_stopped_slow_and_crash_looping_downstreams_do_not_slow_the_up
 
 
 def test_worker_memory_stays_within_the_cache_bound_plus_one_batch(
-        make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, report: Callable[[str], None]) -> None:
     """I4 at a small scale: a 2 MiB cache, the upstream writing as fast as it can, no consumer. The
     worker's peak RSS grows by at most the bound plus one batch (in-flight fetches, one decoded epoch and
     allocator slack: :data:`BATCH_ALLOWANCE`) above its idle RSS, and the cache itself never exceeds it."""
@@ -362,7 +362,7 @@ def test_worker_memory_stays_within_the_cache_bound_plus_one_batch(
         _until(lambda: worker.upstream("t1")["tail"] == last, 120, "the worker to align every epoch")
         stats = worker.stats()
     growth = (stats["peak_rss_kib"] - idle_kib) * 1024
-    print(f"I4: idle RSS {idle_kib / 1024:.0f} MiB, peak growth {growth / 2**20:.1f} MiB for a "
+    report(f"I4: idle RSS {idle_kib / 1024:.0f} MiB, peak growth {growth / 2**20:.1f} MiB for a "
           f"{bound / 2**20:.0f} MiB cache ({written} rows written, {stats['evicted_epochs']} epochs evicted)")
     assert stats["evicted_epochs"] > 0, "the bound was reached"
     assert stats["cache_bytes"] <= bound

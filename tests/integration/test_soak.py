@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,14 +29,13 @@ EVENTS = {
 KILLED = re.compile(r"SIGKILL (\S+) \(kill \d+\)")
 
 
-def test_short_soak_loses_and_doubles_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+def test_short_soak_loses_and_doubles_nothing(report: Callable[[str], None]) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "soak.py"), "--minutes", "2", "--kill-every", "12"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     found = SUMMARY.search(done.stdout)
     assert found, f"no summary line (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    with capsys.disabled():  # the soak's events and line go to the CI log
-        print("\n" + "\n".join(line for line in done.stdout.splitlines()
-                               if line.startswith(("soak: ", "  oracle: ", "  read from"))))
+    report("\n".join(line for line in done.stdout.splitlines()  # the soak's line goes to the CI log
+                      if line.startswith(("soak: ", "  oracle: ", "  read from"))))
     _minutes, kills, epochs, lost, doubled = found.groups()
     assert (int(lost), int(doubled)) == (0, 0), done.stdout
     assert int(kills) >= 5 and int(epochs) >= 100, done.stdout
