@@ -24,7 +24,7 @@ from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
 from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.view_store import Lifecycle, ViewStore
-from mvlog.services.snapshot_compaction import check_changelog_after
+from mvlog.services.snapshot_compaction import check_changelog_after, read_snapshot
 from mvlog.snapshot_plan import SnapshotError, SnapshotRecord
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class SnapshotBackfill:
         self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING)
         self.publish(0)
         columns = [f"`{c}`" for c in self.upstream.schema.names]
-        table = spark.read.parquet(self.record.path).select(*columns).toArrow()
+        table = read_snapshot(spark, self.upstream, self.record.path).select(*columns).toArrow()
         log.info("%s: read %d rows of %s's snapshot at epoch %d", self.entry.name, len(table),
                  self.upstream.name, self.record.epoch)
         return table

@@ -19,12 +19,13 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import redis
-from pyspark.sql import DataFrame, DataFrameReader, SparkSession
+from pyspark.sql import DataFrame, DataFrameReader, Row, SparkSession
 from pyspark.sql import functions as sf
 
 from mvlog.catalog import CatalogEntry
@@ -43,6 +44,7 @@ from mvlog.snapshot_plan import (
     snapshots_to_drop,
     uncovered_partitions,
 )
+from mvlog.views.evaluate import arrow_type
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,66 @@ def _source(spark: SparkSession, settings: Settings, view: str) -> DataFrameRead
             .option("redisUrl", settings.redis_url).option("topicPrefix", settings.topic_prefix))
 
 
+def snapshot_schema_ddl(entry: CatalogEntry) -> str:
+    """The columns of a snapshot's files: the view's, then ``_key`` (the folder names give ``_vnode``)."""
+    columns = ", ".join(f"`{c.name}` {c.type.spark_sql}" for c in entry.schema.columns)
+    return f"{columns}, `{KEY_COLUMN}` BINARY" if columns else f"`{KEY_COLUMN}` BINARY"
+
+
+def read_snapshot(spark: SparkSession, entry: CatalogEntry, path: str) -> DataFrame:
+    """A snapshot's rows (an empty snapshot has no files: the schema is given, not inferred)."""
+    return spark.read.schema(snapshot_schema_ddl(entry)).parquet(path)
+
+
+def snapshot_arrow_schema(entry: CatalogEntry) -> pa.Schema:
+    return pa.schema([*((c.name, arrow_type(c.type)) for c in entry.schema.columns), (KEY_COLUMN, pa.binary())])
+
+
+def vnode_file_writer(folder: str, schema: pa.Schema, batch_rows: int = 8192
+                      ) -> Callable[[Iterable[Row]], Iterator[tuple[int, int]]]:
+    """A task's writer: its rows arrive sorted by (vnode, key); it streams them into
+    ``folder/_vnode=N/part-<task>.parquet`` (one file per vnode it holds, at most ``batch_rows`` rows in
+    memory) and yields (vnode, rows) per file. Executors write; the driver only collects the counts."""
+    names = schema.names
+
+    def write(rows: Iterable[Row]) -> Iterator[tuple[int, int]]:
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        task = f"{context.partitionId() if context else 0:05d}-{uuid.uuid4().hex[:8]}"
+        writer: pq.ParquetWriter | None = None
+        current, count = -1, 0
+        pending: list[Row] = []
+
+        def flush() -> None:
+            if pending and writer is not None:
+                writer.write_table(pa.table({n: [r[n] for r in pending] for n in names}, schema=schema))
+                pending.clear()
+
+        for row in rows:
+            vnode = row[VNODE_COLUMN]
+            if vnode != current:
+                flush()
+                if writer is not None:
+                    writer.close()
+                    yield current, count
+                directory = Path(folder) / f"{VNODE_COLUMN}={vnode}"
+                directory.mkdir(parents=True, exist_ok=True)
+                writer = pq.ParquetWriter(str(directory / f"part-{task}.parquet"), schema)
+                current, count = vnode, 0
+            pending.append(row)
+            count += 1
+            if len(pending) >= batch_rows:
+                flush()
+        flush()
+        if writer is not None:
+            writer.close()
+            yield current, count
+
+    return write
+
+
 def snapshot_frame(spark: SparkSession, settings: Settings, entry: CatalogEntry, base: SnapshotRecord | None,
                    epoch: int) -> DataFrame:
     """rows(view, epoch) as a DataFrame (the view's columns, ``_key``, ``_vnode``): ``base`` + the
@@ -98,7 +160,7 @@ def snapshot_frame(spark: SparkSession, settings: Settings, entry: CatalogEntry,
                .where(sf.col("_change_type") != "barrier")
                .select(*columns, KEY_COLUMN, "_epoch", "_offset", "_weight"))
     if base is not None:
-        rows = spark.read.parquet(base.path).select(
+        rows = read_snapshot(spark, entry, base.path).select(
             *columns, KEY_COLUMN, sf.lit(base.epoch).cast("bigint").alias("_epoch"),
             sf.lit(-1).cast("bigint").alias("_offset"), sf.lit(1).cast("int").alias("_weight"))
         changes = rows.unionByName(changes)
@@ -145,12 +207,13 @@ def build_snapshot(settings: Settings, view: str, spark: SparkSession, *, client
     final.parent.mkdir(parents=True, exist_ok=True)
     temporary = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     stage("writing Parquet")
-    (frame.repartition(VNODE_COLUMN).sortWithinPartitions(VNODE_COLUMN, *entry.key_columns)
-     .write.partitionBy(VNODE_COLUMN).parquet(str(temporary)))
+    temporary.mkdir()
+    sorted_rows = frame.repartition(VNODE_COLUMN).sortWithinPartitions(VNODE_COLUMN, *entry.key_columns)
+    written = sorted_rows.rdd.mapPartitions(vnode_file_writer(str(temporary), snapshot_arrow_schema(entry))).collect()
+    rows = sum(count for _, count in written)
     if final.exists():
         shutil.rmtree(final)  # a snapshot rebuilt from scratch at an epoch that had one
     temporary.rename(final)
-    rows = spark.read.parquet(str(final)).count()
     record = SnapshotRecord(view, epoch, str(final), rows, base.epoch if base else 0, int(time.time() * 1000))
     snapshots.record(record)
     stage("pruning old snapshots")

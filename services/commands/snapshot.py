@@ -50,6 +50,9 @@ def snapshot(settings: Settings, view: str, from_scratch: bool, keep: int | None
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                       transient=True) as progress:
             task = progress.add_task(f"snapshot of {view}: starting Spark", total=None)
+            from pyspark.sql import SparkSession
+
+            embedded = SparkSession.getActiveSession() is not None  # called from a process that has one
             spark = spark_session(settings, app_name=f"mvlog-snapshot-{view}")
             try:
                 def stage(text: str) -> None:
@@ -60,7 +63,8 @@ def snapshot(settings: Settings, view: str, from_scratch: bool, keep: int | None
             except SnapshotError as error:
                 raise click.ClickException(str(error)) from error
             finally:
-                spark.stop()
+                if not embedded:
+                    spark.stop()
     if result.warning is not None:
         click.echo(f"Warning: {result.warning}", err=True)
     record = result.record
