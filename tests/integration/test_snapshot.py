@@ -6,30 +6,37 @@ barrier and from the DuckDB oracle (tests/oracle.py), never from the code under 
 
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 import redis
+from click.testing import CliRunner, Result
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_reader import ChangelogReader
 from mvlog.connectors.snapshot_store import SnapshotStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.topics import ensure_topic
+from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row, encode_key
+from mvlog.services.cli import main
 from mvlog.services.snapshot_compaction import build_snapshot, snapshot_frame
 from mvlog.services.table_writer import Table
 from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view, plan_for
 from mvlog.vnode import vnode_of
 
-from ..oracle import assert_same_rows, duckdb_view_rows, rows_at, rows_by_epoch
+from ..oracle import assert_same_rows, check_oracle, duckdb_view_rows, oracle_report, rows_at, rows_by_epoch
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -128,3 +135,132 @@ def test_incremental_snapshot_equals_one_from_scratch_and_the_view(
     assert [r.epoch for r in SnapshotStore(redis_client, settings.topic_prefix).all("mv1")] == [e2]
     assert not Path(first.record.path).exists() and Path(fourth.record.path).exists()
     assert_same_rows("mv1", _parquet_rows(entry, fourth.record.path), incremental, entry.schema, "rebuilt")
+
+
+def _env(settings: Settings, **extra: str) -> dict[str, str]:
+    return {"MVLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "MVLOG_REDIS_URL": settings.redis_url,
+            "MVLOG_TOPIC_PREFIX": settings.topic_prefix, "MVLOG_PARTITIONS": str(settings.partitions),
+            "MVLOG_BARRIER_INTERVAL_MS": str(settings.barrier_interval_ms),
+            "MVLOG_STACK_DIR": str(settings.stack_dir), "MVLOG_SNAPSHOT_DIR": str(settings.snapshot_root), **extra}
+
+
+def _mvlog(settings: Settings, *args: str, **env: str) -> Result:
+    result = CliRunner().invoke(main, list(args), env=_env(settings, **env), catch_exceptions=False)
+    assert result.exit_code == 0, f"exit {result.exit_code}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    return result
+
+
+@contextmanager
+def _busy(table: Table, seed: int, per_tick: int = 20) -> Iterator[None]:
+    """Inserts, updates and deletes across the key range every 20 ms until the block ends."""
+    stop = threading.Event()
+    rng = random.Random(seed)
+
+    def write() -> None:
+        while not stop.is_set():
+            table.upsert([_row(rng, rng.randrange(KEYS)) for _ in range(per_tick)])
+            table.delete([rng.randrange(KEYS) for _ in range(per_tick // 3)])
+            stop.wait(0.02)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _poll(condition: Callable[[], bool], timeout: float, what: Callable[[], object]) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what()
+        time.sleep(0.05)
+
+
+def test_view_backfilled_from_a_snapshot_of_a_busy_table_is_exact_at_every_epoch(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any, tmp_path: Path) -> None:
+    settings = make_settings(snapshot_dir=tmp_path / "snapshots", barrier_interval_ms=300)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    catalog = CatalogStore(settings, redis_client)
+    rng = random.Random(5)
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    table.upsert([_row(rng, k) for k in range(KEYS)])
+    table.flush()
+    # --backfill auto (d): no snapshot yet -> chunked.
+    assert "Backfill: chunked (t1 has no snapshot)" in _mvlog(
+        settings, "create-view", "auto1", "--backfill", "auto", "AS", "SELECT * FROM t1").stdout
+    consumers: list[ViewConsumer] = []
+    try:
+        with _busy(table, seed=7):
+            snapshot = build_snapshot(settings, "t1", spark, client=redis_client)
+            epoch = snapshot.record.epoch
+            assert snapshot.built and snapshot.record.rows > 500
+            # The table moves on: the views have epochs after the snapshot to replay.
+            _poll(lambda: store.index.count_after("t1", epoch) >= 3, 30, lambda: store.mce("t1"))
+            # auto (d): a snapshot and more rows than the threshold -> snapshot; a higher threshold -> chunked.
+            chosen = _mvlog(settings, "create-view", "auto2", "--backfill", "auto", "AS", "SELECT * FROM t1",
+                            MVLOG_SNAPSHOT_BACKFILL_MIN_ROWS="500").stdout
+            assert f"Backfill: snapshot (t1 has a snapshot at epoch {epoch} and " in chosen, chosen
+            assert "Backfill: chunked (t1 has " in _mvlog(
+                settings, "create-view", "auto3", "--backfill", "auto", "AS", "SELECT * FROM t1",
+                MVLOG_SNAPSHOT_BACKFILL_MIN_ROWS=str(10**6)).stdout
+            assert [catalog.get(v).options["backfill"] for v in ("auto1", "auto2", "auto3")] == \
+                ["chunked", "snapshot", "chunked"]
+            # (b) two views from the snapshot while the table keeps writing.
+            create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client,
+                        backfill="snapshot")
+            create_view(settings, "mv2", "SELECT deleted, count(*) AS c, sum(v1) AS s, min(v1) AS lo FROM t1 "
+                        "GROUP BY deleted", client=redis_client, backfill="snapshot")
+            consumers = [ViewConsumer(settings, v, spark=spark, client=redis_client, max_epochs_per_trigger=20,
+                                      trigger_interval="100 milliseconds") for v in ("mv1", "mv2")]
+            for consumer in consumers:
+                consumer.start()
+            for consumer in consumers:  # loaded at E, then live on the upstream's later epochs
+                consumer.wait_for_epoch(epoch + 1, timeout=60)
+            live_at = store.mce("t1") or 0
+            for consumer in consumers:
+                consumer.wait_for_epoch(live_at, timeout=60)
+        last = table.flush()
+        table.close()  # no epoch after ``last``: the views can reach the table's MCE
+        for consumer in consumers:
+            consumer.wait_for_epoch(last, timeout=60)
+    finally:
+        for consumer in consumers:
+            consumer.stop()
+        table.close()
+    for view in ("mv1", "mv2"):
+        assert store.lifecycle(view) == Lifecycle.LIVE
+        progress = store.backfill_progress(view)
+        assert progress["method"] == "snapshot" and progress["snapshot_epoch"] == str(epoch)
+        assert progress["rows_done"] == progress["rows_total"] == str(snapshot.record.rows)
+        with ChangelogReader(settings, view, catalog.get(view).key_columns, catalog.get(view).partitions,
+                             store.index, upto_epoch=store.mce(view)) as reader:
+            epochs = [e.epoch for e in reader.epochs(idle_timeout=10.0)]
+        assert epochs[0] == epoch and epochs[-1] >= last, (view, epochs[:3], epoch)
+    # I1 at every committed epoch of both views, from E on (the oracle recomputes each in DuckDB).
+    checked = check_oracle(settings, redis_client, ["t1", "mv1", "mv2"])
+    assert checked >= 2 * 6, checked
+    report = oracle_report(settings, redis_client, ["t1", "mv1", "mv2"])
+    assert report.ok and report.epochs_checked == checked, report
+
+
+def test_retention_shorter_than_the_snapshot_interval_is_warned_about(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any, tmp_path: Path) -> None:
+    settings = make_settings(snapshot_dir=tmp_path / "snapshots")
+    for name, retention_ms in (("t2", 60_000), ("t3", 2 * 3_600_000)):
+        ensure_topic(settings, settings.changelog_topic(name), settings.partitions, {"retention.ms": str(retention_ms)})
+        with Table.create(settings, name, COLUMNS, ["id"], client=redis_client) as table:
+            table.upsert([{"id": i, "v1": i, "deleted": False} for i in range(50)])
+            table.flush()
+    short = _mvlog(settings, "snapshot", "t2")  # the default interval is 1 h
+    topic = settings.changelog_topic("t2")
+    assert f"Warning: Kafka retention of {topic} (1 min) is shorter than the snapshot interval (1 h)" in short.stderr
+    assert "Wrote snapshot of t2 at epoch" in short.stdout and "50 rows" in short.stdout
+    long = _mvlog(settings, "snapshot", "t3")
+    assert "Warning" not in long.stderr and "Wrote snapshot of t3" in long.stdout
+    # The same topic with snapshots every 30 s: retention covers it.
+    again = _mvlog(settings, "snapshot", "t2", "--from-scratch", MVLOG_SNAPSHOT_INTERVAL_MS="30000")
+    assert "Warning" not in again.stderr and "Wrote snapshot of t2" in again.stdout
+    listed = _mvlog(settings, "snapshot", "t2", "--list", "--output", "json").stdout
+    assert [r["rows"] for r in json.loads(listed)] == [50]
