@@ -35,3 +35,9 @@ class SnapshotStore:
         """The newest snapshot (at or before an epoch when given)."""
         found = [r for r in self.all(view) if at_or_before is None or r.epoch <= at_or_before]
         return found[-1] if found else None
+
+    def drop(self, view: str) -> list[SnapshotRecord]:
+        """Forget every snapshot of ``view``; returns them (the caller deletes their folders)."""
+        records = self.all(view)
+        self.redis.delete(self.key(view))
+        return records

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import redis
 
 from mvlog.catalog import CatalogEntry, CatalogError
@@ -75,7 +77,7 @@ def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis 
 
 
 def drop_view(settings: Settings, name: str, *, client: redis.Redis | None = None) -> None:
-    """Drop a view (refused while other views read it, naming them)."""
+    """Drop a view (refused while other views read it, naming them), with its snapshots."""
     client = client or redis.Redis.from_url(settings.redis_url)
     catalog = CatalogStore(settings, client)
     entry = catalog.get(name)
@@ -86,6 +88,8 @@ def drop_view(settings: Settings, name: str, *, client: redis.Redis | None = Non
     catalog.delete(name)
     ViewStore(client, settings.topic_prefix).drop(name, entry.partitions)
     ReplacementStore(client, settings.topic_prefix).forget(name)
+    for snapshot in SnapshotStore(client, settings.topic_prefix).drop(name):
+        shutil.rmtree(snapshot.path, ignore_errors=True)
     delete_topic(settings, settings.changelog_topic(name))
     catalog.close()
 
