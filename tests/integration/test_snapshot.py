@@ -33,7 +33,7 @@ from mvlog.services.cli import main
 from mvlog.services.snapshot_compaction import build_snapshot, snapshot_frame
 from mvlog.services.table_writer import Table
 from mvlog.services.view_consumer import ViewConsumer
-from mvlog.services.view_ddl import create_view, plan_for
+from mvlog.services.view_ddl import create_view, drop_view, plan_for
 from mvlog.vnode import vnode_of
 
 from ..oracle import assert_same_rows, check_oracle, duckdb_view_rows, rows_at, rows_by_epoch
@@ -135,6 +135,8 @@ def test_incremental_snapshot_equals_one_from_scratch_and_the_view(
     assert [r.epoch for r in SnapshotStore(redis_client, settings.topic_prefix).all("mv1")] == [e2]
     assert not Path(first.record.path).exists() and Path(fourth.record.path).exists()
     assert_same_rows("mv1", _parquet_rows(entry, fourth.record.path), incremental, entry.schema, "rebuilt")
+    drop_view(settings, "mv1", client=redis_client)  # a dropped view's snapshots go with it
+    assert not Path(fourth.record.path).exists() and not SnapshotStore(redis_client, settings.topic_prefix).all("mv1")
 
 
 def _env(settings: Settings, **extra: str) -> dict[str, str]:
