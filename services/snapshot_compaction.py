@@ -31,6 +31,7 @@ from pyspark.sql import functions as sf
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.checkpoints import latest_checkpoint
 from mvlog.connectors.retention import low_watermarks, starts_the_log, topic_config
 from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.view_store import ViewStore
@@ -174,7 +175,8 @@ def snapshot_frame(spark: SparkSession, settings: Settings, entry: CatalogEntry,
 def build_snapshot(settings: Settings, view: str, spark: SparkSession, *, client: redis.Redis | None = None,
                    epoch: int | None = None, from_scratch: bool = False, keep: int | None = None,
                    on_stage: Callable[[str], None] | None = None) -> SnapshotResult:
-    """Write and record a snapshot of ``view`` (a table or a view) at ``epoch`` (default: its MCE)."""
+    """Write and record a snapshot of ``view`` (a table or a view) at ``epoch`` (default: its newest
+    checkpoint epoch, the MCE itself unless barriers are checkpoints only every Nth epoch)."""
     stage = on_stage or (lambda _: None)
     client = client or redis.Redis.from_url(settings.redis_url)
     catalog = CatalogStore(settings, client)
@@ -184,7 +186,10 @@ def build_snapshot(settings: Settings, view: str, spark: SparkSession, *, client
     mce = store.mce(view)
     if mce is None:
         raise SnapshotError(f"{view} has no committed epoch yet: nothing to snapshot")
-    epoch = mce if epoch is None else epoch
+    if epoch is None:  # the newest checkpoint (the MCE itself with the default checkpoint frequency)
+        epoch = latest_checkpoint(settings, store.index, view, mce)
+        if epoch is None:
+            raise SnapshotError(f"{view} has no committed checkpoint epoch yet: nothing to snapshot")
     if epoch > mce or store.index.at(view, 0, epoch) is None:
         raise SnapshotError(f"{view}: epoch {epoch} is not a committed epoch (its MCE is {mce})")
     last = snapshots.latest(view, at_or_before=epoch)

@@ -1,4 +1,4 @@
-"""``mvlog snapshot VIEW``: write a Parquet snapshot of a table or view at its MCE (Spark job).
+"""``mvlog snapshot VIEW``: write a Parquet snapshot of a table or view at its newest checkpoint epoch.
 
 Built from the view's last snapshot plus its changelog since (or from the changelog's start with
 ``--from-scratch``), recorded in Redis, older snapshots beyond ``--keep`` deleted. A warning (standard
@@ -31,7 +31,7 @@ from mvlog.snapshot_plan import SnapshotError
 @pass_settings
 def snapshot(settings: Settings, view: str, from_scratch: bool, keep: int | None, list_only: bool,
              output: str) -> None:
-    """Write a snapshot of VIEW (a table or a view) at its MCE under the snapshot folder
+    """Write a snapshot of VIEW (a table or a view) at its newest checkpoint epoch under the snapshot folder
     (MVLOG_SNAPSHOT_DIR, default <stack_dir>/snapshots): Parquet, one folder per vnode, sorted by key."""
     client = connect_redis(settings)
     if list_only:

@@ -24,6 +24,7 @@ from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_reader import ChangelogReader
+from mvlog.connectors.checkpoints import latest_checkpoint
 from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.topics import ensure_topic
 from mvlog.connectors.view_store import Lifecycle, ViewStore
@@ -264,3 +265,26 @@ def test_retention_shorter_than_the_snapshot_interval_is_warned_about(
     assert "Warning" not in again.stderr and "Wrote snapshot of t2" in again.stdout
     listed = _mvlog(settings, "snapshot", "t2", "--list", "--output", "json").stdout
     assert [r["rows"] for r in json.loads(listed)] == [50]
+
+
+def test_snapshot_is_taken_at_the_newest_checkpoint_epoch(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any, tmp_path: Path) -> None:
+    settings = make_settings(snapshot_dir=tmp_path / "snapshots", checkpoint_frequency=3)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    with Table.create(settings, "t4", COLUMNS, ["id"], client=redis_client) as table:
+        for i in range(5):
+            table.upsert([{"id": i, "v1": i, "deleted": False}])
+            table.flush()
+    entry = CatalogStore(settings, redis_client).get("t4")
+    mce = store.mce("t4")
+    with ChangelogReader(settings, "t4", entry.key_columns, entry.partitions, store.index, upto_epoch=mce) as reader:
+        epochs = list(reader.epochs(idle_timeout=10.0))
+    checkpoints = [e.epoch for e in epochs if e.checkpoint]
+    assert checkpoints and len(checkpoints) < len(epochs), "some epochs are not checkpoints"
+    for epoch in (e.epoch for e in epochs):  # from every epoch, checkpoint or not, back to the newest checkpoint
+        expected_checkpoint = max((c for c in checkpoints if c <= epoch), default=None)
+        assert latest_checkpoint(settings, store.index, "t4", epoch) == expected_checkpoint, epoch
+    result = build_snapshot(settings, "t4", spark, client=redis_client)
+    assert result.record.epoch == checkpoints[-1]
+    expected = rows_by_epoch(epochs)[checkpoints[-1]]
+    assert_same_rows("t4", _parquet_rows(entry, result.record.path), expected, entry.schema, "at the checkpoint")
