@@ -33,7 +33,7 @@ from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.checkpoints import latest_checkpoint
 from mvlog.connectors.retention import low_watermarks, starts_the_log, topic_config
-from mvlog.connectors.snapshot_store import SnapshotStore
+from mvlog.connectors.snapshot_store import MANIFEST, SnapshotStore
 from mvlog.connectors.view_store import ViewStore
 from mvlog.snapshot_plan import (
     RetentionCheck,
@@ -182,7 +182,7 @@ def build_snapshot(settings: Settings, view: str, spark: SparkSession, *, client
     catalog = CatalogStore(settings, client)
     entry = catalog.get(view)
     store = ViewStore(client, settings.topic_prefix)
-    snapshots = SnapshotStore(client, settings.topic_prefix)
+    snapshots = SnapshotStore.of(settings, client)
     mce = store.mce(view)
     if mce is None:
         raise SnapshotError(f"{view} has no committed epoch yet: nothing to snapshot")
@@ -216,10 +216,12 @@ def build_snapshot(settings: Settings, view: str, spark: SparkSession, *, client
     sorted_rows = frame.repartition(VNODE_COLUMN).sortWithinPartitions(VNODE_COLUMN, *entry.key_columns)
     written = sorted_rows.rdd.mapPartitions(vnode_file_writer(str(temporary), snapshot_arrow_schema(entry))).collect()
     rows = sum(count for _, count in written)
+    record = SnapshotRecord(view, epoch, str(final), rows, base.epoch if base else 0, int(time.time() * 1000))
+    (temporary / MANIFEST).write_text(record.to_json())
     if final.exists():
+        snapshots.forget(view, epoch)
         shutil.rmtree(final)  # a snapshot rebuilt from scratch at an epoch that had one
     temporary.rename(final)
-    record = SnapshotRecord(view, epoch, str(final), rows, base.epoch if base else 0, int(time.time() * 1000))
     snapshots.record(record)
     stage("pruning old snapshots")
     dropped = snapshots_to_drop(snapshots.all(view), keep or settings.snapshot_keep)

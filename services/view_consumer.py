@@ -136,7 +136,7 @@ class ViewConsumer:
         self.snapshot_backfill: SnapshotBackfill | None = None
         if self.backfill is None and snapshot_backfill_needed(self.store, self.entry):
             self.snapshot_backfill = SnapshotBackfill(settings, self.store,
-                                                      SnapshotStore(self._redis, settings.topic_prefix),
+                                                      SnapshotStore.of(settings, self._redis),
                                                       self.entry, self.upstreams[self.entry.sources[0]])
         self._after = max(self.mce, self.backfill.start_epoch if self.backfill is not None else 0)
         self._state = _ViewState(self.store, view)

@@ -44,7 +44,7 @@ BACKFILL_METHODS: tuple[str, ...] = ("chunked", "changelog", "snapshot", "auto")
 def resolve_backfill(settings: Settings, client: redis.Redis, sources: tuple[str, ...],
                      requested: str) -> BackfillChoice:
     """The concrete backfill method for a view over ``sources`` (see :func:`mvlog.snapshot_plan.choose_backfill`)."""
-    snapshots = SnapshotStore(client, settings.topic_prefix)
+    snapshots = SnapshotStore.of(settings, client)
     store = ViewStore(client, settings.topic_prefix)
     try:
         return choose_backfill(requested, sources, {s: snapshots.latest(s) for s in sources},
@@ -88,7 +88,7 @@ def drop_view(settings: Settings, name: str, *, client: redis.Redis | None = Non
     catalog.delete(name)
     ViewStore(client, settings.topic_prefix).drop(name, entry.partitions)
     ReplacementStore(client, settings.topic_prefix).forget(name)
-    for snapshot in SnapshotStore(client, settings.topic_prefix).drop(name):
+    for snapshot in SnapshotStore.of(settings, client).drop(name):
         shutil.rmtree(snapshot.path, ignore_errors=True)
     delete_topic(settings, settings.changelog_topic(name))
     catalog.close()

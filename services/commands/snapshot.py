@@ -35,7 +35,7 @@ def snapshot(settings: Settings, view: str, from_scratch: bool, keep: int | None
     (MVLOG_SNAPSHOT_DIR, default <stack_dir>/snapshots): Parquet, one folder per vnode, sorted by key."""
     client = connect_redis(settings)
     if list_only:
-        records = SnapshotStore(client, settings.topic_prefix).all(view)
+        records = SnapshotStore.of(settings, client).all(view)
         if output == "json":
             click.echo(json.dumps([json.loads(r.to_json()) for r in records]))
         for record in records if output == "text" else []:

@@ -263,8 +263,14 @@ def test_retention_shorter_than_the_snapshot_interval_is_warned_about(
     # The same topic with snapshots every 30 s: retention covers it.
     again = _mvlog(settings, "snapshot", "t2", "--from-scratch", MVLOG_SNAPSHOT_INTERVAL_MS="30000")
     assert "Warning" not in again.stderr and "Wrote snapshot of t2" in again.stdout
-    listed = _mvlog(settings, "snapshot", "t2", "--list", "--output", "json").stdout
-    assert [r["rows"] for r in json.loads(listed)] == [50]
+    listed = json.loads(_mvlog(settings, "snapshot", "t2", "--list", "--output", "json").stdout)
+    assert [r["rows"] for r in listed] == [50]
+    # Redis loses the records (a wipe): the next look-up registers them again from the snapshot folder.
+    snapshots = SnapshotStore.of(settings, redis_client)
+    redis_client.delete(snapshots.key("t2"))
+    assert not redis_client.exists(snapshots.key("t2"))
+    assert json.loads(_mvlog(settings, "snapshot", "t2", "--list", "--output", "json").stdout) == listed
+    assert redis_client.hlen(snapshots.key("t2")) == 1
 
 
 def test_snapshot_is_taken_at_the_newest_checkpoint_epoch(
