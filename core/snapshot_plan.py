@@ -113,6 +113,7 @@ class RetentionCheck:
     retention_ms: int | None  # the topic's retention.ms; None: unlimited (-1)
     interval_ms: int  # the configured snapshot interval
     since_last_ms: int | None = None  # time since the last snapshot's epoch (None: no snapshot yet)
+    unknown: str = ""  # why the topic's retention could not be read ("" when it was)
 
     @property
     def needed_ms(self) -> int:
@@ -120,6 +121,9 @@ class RetentionCheck:
 
     def warning(self) -> str | None:
         """A message saying what goes wrong and what to do, or None when retention is long enough."""
+        if self.unknown:
+            return (f"could not read the Kafka retention of {self.topic} ({self.unknown}): make sure it covers "
+                    f"the snapshot interval ({_duration(self.interval_ms)})")
         if self.retention_ms is None or self.retention_ms >= self.needed_ms:
             return None
         what = (f"the snapshot interval ({_duration(self.interval_ms)})" if self.needed_ms == self.interval_ms

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import redis
+from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, DataFrameReader, Row, SparkSession
 from pyspark.sql import functions as sf
 
@@ -69,8 +70,11 @@ def retention_check(settings: Settings, view: str, last: SnapshotRecord | None, 
     """The view's changelog retention against the configured interval and the time since ``last``."""
     topic = settings.changelog_topic(view)
     since = snapshot_age_ms(last.epoch, epoch) if last is not None else None
-    return RetentionCheck(topic, retention_ms_of(topic_config(settings, topic)), settings.snapshot_interval_ms,
-                          since)
+    try:
+        config = topic_config(settings, topic)
+    except KafkaException as error:  # e.g. no DescribeConfigs permission: say so, do not fail the snapshot
+        return RetentionCheck(topic, None, settings.snapshot_interval_ms, since, unknown=f"{error}")
+    return RetentionCheck(topic, retention_ms_of(config), settings.snapshot_interval_ms, since)
 
 
 def check_changelog_after(settings: Settings, store: ViewStore, entry: CatalogEntry, epoch: int) -> None:

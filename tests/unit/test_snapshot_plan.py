@@ -77,6 +77,8 @@ def test_retention_warning_when_retention_is_shorter_than_the_interval() -> None
     # Long enough for the interval, but the last snapshot is older than retention.
     late = RetentionCheck("p.t1.changelog", 2 * hour, hour, since_last_ms=3 * hour).warning()
     assert late is not None and "since the last snapshot (3 h)" in late
+    unread = RetentionCheck("p.t1.changelog", None, hour, unknown="denied").warning()
+    assert unread is not None and "could not read" in unread and "denied" in unread
 
 
 def test_retention_of_a_topic_config() -> None:
