@@ -8,6 +8,7 @@ use here; the end of an epoch is always taken from its barrier.
 from __future__ import annotations
 
 from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from mvlog.config import Settings
 from mvlog.connectors.changelog_reader import reader_consumer
@@ -55,3 +56,11 @@ def starts_the_log(settings: Settings, index: EpochIndex, view: str) -> bool:
             return False
     finally:
         consumer.close()
+
+
+def topic_config(settings: Settings, topic: str, timeout: float = 10.0) -> dict[str, str]:
+    """The settings a topic has of its own (broker defaults are not listed by every broker)."""
+    admin = AdminClient(settings.kafka_client_config())
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entries = admin.describe_configs([resource])[resource].result(timeout)
+    return {name: entry.value for name, entry in entries.items() if entry.value is not None}

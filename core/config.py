@@ -89,6 +89,13 @@ class Settings(BaseSettings):
     backfill_batch_rows: int = Field(default=1000, ge=1)
     backfill_max_batch_rows: int = Field(default=200_000, ge=1)
     backfill_target_share: float = Field(default=0.8, gt=0, le=4)
+    # Snapshots (`mvlog snapshot`): their folder (default: <stack_dir>/snapshots), how many per view are
+    # kept, how often they are expected to be taken (Kafka retention must cover it), and the upstream size
+    # above which `--backfill auto` backfills from a snapshot rather than in chunks.
+    snapshot_dir: Path | None = None
+    snapshot_keep: int = Field(default=3, ge=1)
+    snapshot_interval_ms: int = Field(default=3_600_000, ge=1)
+    snapshot_backfill_min_rows: int = Field(default=100_000, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -135,6 +142,11 @@ class Settings(BaseSettings):
         if not value or any(not (c.isalnum() or c in "._-") for c in value):
             raise ValueError(f"topic_prefix {value!r} may only hold letters, digits, '.', '_' and '-'")
         return value
+
+    @property
+    def snapshot_root(self) -> Path:
+        """Where snapshots are written: ``snapshot_dir``, else the local stack's data folder."""
+        return self.snapshot_dir if self.snapshot_dir is not None else self.stack_dir / "snapshots"
 
     def changelog_topic(self, view: str) -> str:
         return f"{self.topic_prefix}.{view}.changelog"

@@ -46,6 +46,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "replacement": "mvlog.services.commands.replacement:replacement",
     "replay": "mvlog.services.commands.replay:replay",
     "run-view": "mvlog.services.commands.run_view:run_view",
+    "snapshot": "mvlog.services.commands.snapshot:snapshot",
     "status": "mvlog.services.commands.status:status",
     "views": "mvlog.services.commands.listing:views",
 }

@@ -37,6 +37,7 @@ from mvlog.connectors.changelog_writer import ChangelogWriter, encode_epoch
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.retention import has_records
+from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
 from mvlog.key_order import order_member
 from mvlog.replacement import APPLY_MUTATION, Status, applied_entry, diff_rows
@@ -45,6 +46,7 @@ from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.backfill import ChunkedBackfill, backfill_needed
 from mvlog.services.replacement_follower import ReplacementFollower
 from mvlog.services.replacements import complete_apply, plan_replacement
+from mvlog.services.snapshot_backfill import SnapshotBackfill, load_from_snapshot, snapshot_backfill_needed
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import EpochOutput, ViewDefinitionError, ViewOperator
@@ -129,6 +131,13 @@ class ViewConsumer:
         self.backfill: ChunkedBackfill | None = None
         if backfill_needed(self.store, self.entry):
             self.backfill = ChunkedBackfill(settings, self.store, self.catalog, self.entry, self.upstreams)
+        # A view created with --backfill snapshot starts at its upstream's snapshot epoch E: the snapshot's
+        # rows are its epoch E (loaded by start() or catch_up()), then the upstream's epochs after E follow.
+        self.snapshot_backfill: SnapshotBackfill | None = None
+        if self.backfill is None and snapshot_backfill_needed(self.store, self.entry):
+            self.snapshot_backfill = SnapshotBackfill(settings, self.store,
+                                                      SnapshotStore.of(settings, self._redis),
+                                                      self.entry, self.upstreams[self.entry.sources[0]])
         self._after = max(self.mce, self.backfill.start_epoch if self.backfill is not None else 0)
         self._state = _ViewState(self.store, view)
         self._query: StreamingQuery | None = None
@@ -293,6 +302,7 @@ class ViewConsumer:
 
         The streaming query does the same continuously; this is the one-shot form (tests, replay).
         """
+        self.load_snapshot()
         committed = self.store.mce_many(list(self.entry.sources))
         end = min(m or 0 for m in committed.values())
         if upto is not None:
@@ -304,6 +314,22 @@ class ViewConsumer:
             changes_from_arrow(self._read_range(source, self._after, end), self.upstreams[source], epochs)
         self.apply_epochs(epochs)
         return self.mce
+
+    def load_snapshot(self) -> None:
+        """Commit the upstream snapshot's rows as the view's first epoch (a view created with
+        ``--backfill snapshot`` that has none yet); the upstream's later epochs then follow."""
+        if self.snapshot_backfill is None:
+            return
+
+        def commit(epoch: int, rows: pa.Table) -> None:
+            weights = pa.repeat(pa.scalar(1, pa.int64()), len(rows))
+            output = self._compute(epoch, partial(self.operator.apply_signed, rows, weights, self._state))
+            if output is not None:
+                self._commit(epoch, output, {"lifecycle": Lifecycle.LIVE.value})
+
+        epoch = load_from_snapshot(self.snapshot_backfill, self.spark, commit)
+        log.info("%s: loaded from %s's snapshot at epoch %d", self.entry.name, self.entry.sources[0], epoch)
+        self.snapshot_backfill = None
 
     # --- replacement ------------------------------------------------------------------------------
 
@@ -398,6 +424,7 @@ class ViewConsumer:
     # --- running ----------------------------------------------------------------------------------
 
     def start(self) -> StreamingQuery:
+        self.load_snapshot()
         self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE)
         self._checkpoint_dir = tempfile.mkdtemp(prefix=f"mvlog-{self.entry.name}-")
         self._query = (self.stream().writeStream.foreachBatch(self.process_batch)

@@ -151,8 +151,9 @@ def check_oracle(settings: Settings, client: redis.Redis, names: list[str], spar
         plan = plans[-1][1]
         # One epoch (and barrier) per upstream epoch, up to the least advanced upstream (a join waits for both).
         reachable = min(max(history[s]) for s in plan.sources)
-        # A view backfilled online starts at its upstreams' epoch of its creation, not at their start.
-        first = min(history[name]) if entry.options.get("backfill") == "chunked" else 0
+        # A view backfilled online (chunked, or from a snapshot at E) starts at its upstreams' epoch of its
+        # creation (or at E), not at their start.
+        first = min(history[name]) if entry.options.get("backfill") in ("chunked", "snapshot") else 0
         upstream_epochs = {e for s in plan.sources for e in history[s] if first <= e <= reachable}
         assert set(history[name]) == upstream_epochs, (
             f"{name}: one epoch (and barrier) per upstream epoch; upstream epochs missing: "
@@ -249,8 +250,9 @@ def oracle_report(settings: Settings, client: redis.Redis, names: list[str]) -> 
             report.problems.append(f"{name}: an upstream could not be read")
             continue
         reachable = min(max(history[s]) for s in sources)
-        # A view backfilled online starts at its upstreams' epoch of its creation, not at their start.
-        first = min(history[name]) if entry.options.get("backfill") == "chunked" else 0
+        # A view backfilled online (chunked, or from a snapshot at E) starts at its upstreams' epoch of its
+        # creation (or at E), not at their start.
+        first = min(history[name]) if entry.options.get("backfill") in ("chunked", "snapshot") else 0
         upstream_epochs = {e for s in sources for e in history[s] if first <= e <= reachable}
         if missing := upstream_epochs - set(history[name]) - {e for e in upstream_epochs if e > mce}:
             report.problems.append(f"{name}: {len(missing)} upstream epoch(s) without an epoch of its own")

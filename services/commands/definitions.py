@@ -41,7 +41,10 @@ def definition_sql(words: tuple[str, ...], sql_file: IO[str] | None) -> str:
               help="Partitions of the view's changelog topic (default: settings' partitions).")
 @click.option("--backfill", type=click.Choice(BACKFILL_METHODS), default="chunked", show_default=True,
               help="How the view gets the upstreams' existing rows: 'chunked' reads them online from their "
-                   "serving state while they keep writing; 'changelog' replays their changelogs from the start.")
+                   "serving state while they keep writing; 'changelog' replays their changelogs from the start; "
+                   "'snapshot' starts from the upstream's latest snapshot (mvlog snapshot) and replays the "
+                   "epochs after it; 'auto' picks snapshot when the upstream has one and holds more than "
+                   "MVLOG_SNAPSHOT_BACKFILL_MIN_ROWS rows, else chunked.")
 @pass_settings
 def create_view_command(settings: Settings, name: str, definition: tuple[str, ...], sql_file: IO[str] | None,
                         partitions: int | None, backfill: str) -> None:
@@ -69,8 +72,12 @@ def create_view_command(settings: Settings, name: str, definition: tuple[str, ..
                     for c in entry.schema.primary_key) or "(none: one row)"
     click.echo(f"Created view {name} over {sources}: {describe_schema(entry.schema)}; key {key}; "
                f"{entry.partitions} partition(s), changelog topic {settings.changelog_topic(name)}.")
-    how = ("backfills online from the upstreams' rows" if backfill == "chunked"
-           else "replays the upstreams' changelogs from their start")
+    method = entry.options.get("backfill", "changelog")
+    how = {"chunked": "backfills online from the upstreams' rows",
+           "snapshot": f"starts from {sources}'s latest snapshot, then replays the epochs after it",
+           }.get(method, "replays the upstreams' changelogs from their start")
+    if backfill == "auto":
+        click.echo(f"Backfill: {method} ({entry.options.get('backfill_auto', '')}).")
     click.echo(f"Its state is 'creating' until a consumer maintains it ({how}): mvlog run-view {name}")
 
 

@@ -151,6 +151,9 @@ def run_view(settings: Settings, names: tuple[str, ...], progress_interval: floa
                         break
                     consumer = ViewConsumer(settings, name, spark=spark, client=client)
                     consumers.append(consumer)
+                    if (snapshot := consumer.snapshot_backfill) is not None:
+                        click.echo(f"{name}: loading {snapshot.upstream.name}'s snapshot at "
+                                   f"{describe_epoch(snapshot.epoch)} ({snapshot.record.rows:,} rows)...", err=True)
                     queries.append(consumer.start())
                     start = f"above {describe_epoch(consumer.mce)}" if consumer.mce else "from the start"
                     if consumer.backfill is not None:
