@@ -28,6 +28,7 @@ What it does, in order:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -95,6 +96,7 @@ AGGREGATES = {"mv2": "total", "mv3": "n"}
 NAMES = ("ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal", "ivy", "jo")
 KEY_SPACE = 2000
 DRAIN_TIMEOUT_S = 120.0
+RESTARTS = 3  # per view: how often the demo restarts a view whose query failed
 
 
 # ------------------------------------------------------------------------------------------- the stack
@@ -401,6 +403,35 @@ def _wait_caught_up(consumers: list[ViewConsumer], queries: list[StreamingQuery]
     return False
 
 
+def _restart_failed(settings: Settings, spark: Any, client: Any, consumers: list[ViewConsumer],
+                    queries: list[StreamingQuery], restarts: dict[str, int]) -> str | None:
+    """Restart a view whose query failed, as a supervisor would, up to :data:`RESTARTS` times per view;
+    the failure once a view is out of restarts.
+
+    A restart is safe at any point: the consumer carries on from its MCE (epochs are applied once). It
+    is what keeps the demo going through a transient error, such as a Spark Python worker that did not
+    connect back in time on an overloaded machine.
+    """
+    from mvlog.services.view_consumer import ViewConsumer
+
+    for i, (consumer, query) in enumerate(zip(consumers, queries, strict=True)):
+        error = query.exception()
+        if error is None and query.isActive:
+            continue
+        name = consumer.entry.name
+        if restarts.get(name, 0) >= RESTARTS:
+            return _failed_query([consumer], [query])
+        restarts[name] = restarts.get(name, 0) + 1
+        reason = _short(error) if error is not None else "the streaming query stopped"
+        click.echo(f"view {name} failed ({reason}); restarting it ({restarts[name]}/{RESTARTS})", err=True)
+        with contextlib.suppress(Exception):  # a failed query raises its error again on stop
+            consumer.stop()
+        consumers[i] = ViewConsumer(settings, name, spark=spark, client=client,
+                                    trigger_interval="500 milliseconds")
+        queries[i] = consumers[i].start()
+    return None
+
+
 def _failed_query(consumers: list[ViewConsumer], queries: list[StreamingQuery]) -> str | None:
     for consumer, query in zip(consumers, queries, strict=True):
         error = query.exception()
@@ -472,6 +503,7 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
         queries: list[StreamingQuery] = []
         tables: list[Table] = []
         workload: Workload | None = None
+        restarts: dict[str, int] = {}
         try:
             with _StopOnSignal() as stop:
                 stops = start_companions(settings, dashboard_port)
@@ -507,7 +539,8 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                                                 trigger_interval="500 milliseconds")
                         consumers.append(consumer)
                         queries.append(consumer.start())
-                    if (failure := _failed_query(consumers, queries)) is not None:
+                    if (failure := _restart_failed(settings, spark, client, consumers, queries,
+                                                   restarts)) is not None:
                         break
                     if workload.error is not None:
                         failure = f"the workload stopped: {workload.error}"
