@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import resource
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.kafka_security import faust_broker_credentials
 from mvlog.connectors.log_cache_client import ARROW_STREAM
 from mvlog.log_cache import CacheError, LogCache, RangeStatus
+from mvlog.process_memory import peak_rss_kib
 from mvlog.schemas.codec import DecodeError, record_type
 from mvlog.services.log_cache.feed import FeedError, RawRecord, UpstreamFeed, serve_range
 
@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 CONFIRM_INTERVAL_S = 0.05  # how often held epochs are checked against the epoch index
 BACKPRESSURE_INTERVAL_S = 0.1
+COMMIT_INTERVAL_S = 1.0  # how often the feeds' positions are committed for the consumer group
 FETCH_BYTES = 1024 * 1024  # per fetch: what the worker holds in flight besides the cache (I4)
 
 
@@ -122,6 +123,7 @@ class LogCacheWorker:
         self.backpressure = Backpressure(settings, redis.Redis.from_url(settings.redis_url))
         self._claimed: dict[str, list[int]] = {}
         self._paused: dict[str, set[int]] = {}  # upstream -> partitions paused on the Faust consumer
+        self._committed: dict[TP, int] = {}  # the positions last committed for the consumer group
         self.app = self._build_app()
 
     # --- the Faust app ----------------------------------------------------------------------------
@@ -148,11 +150,12 @@ class LogCacheWorker:
         )
         for topic_name, upstream in self._topics.items():
             topic = app.topic(topic_name, key_type=bytes, value_type=bytes, key_serializer="raw",
-                              value_serializer="raw", allow_empty=True)
+                              value_serializer="raw", allow_empty=True, acks=False)
             app.agent(topic, name=f"cache-{upstream}")(self._agent_for(upstream))
         app.timer(CONFIRM_INTERVAL_S)(self._confirm_held_epochs)
         app.timer(BACKPRESSURE_INTERVAL_S)(self._apply_backpressure)
         app.timer(settings.cache_heartbeat_ms / 1000)(self._heartbeat)
+        app.timer(COMMIT_INTERVAL_S)(self._commit_positions)
         app.on_partitions_assigned.connect(self._on_assigned)
         worker = self
 
@@ -284,6 +287,24 @@ class LogCacheWorker:
                 stats.paused = bool(blocking)
             await self._sync_pauses(upstream)
 
+    async def _commit_positions(self) -> None:
+        """Commit, for the consumer group, where each feed got to.
+
+        Faust's own acks are off for changelog topics: its list of acked offsets only shrinks up to the
+        first gap, and a transactional topic has a gap (the commit marker) after every epoch, so the
+        list grew with every record (I4). A worker that takes over a partition starts after the last
+        record taken, mid-epoch at worst, and its feed skips to the next barrier.
+        """
+        offsets = {TP(self.settings.changelog_topic(upstream), partition): offset
+                   for upstream, feed in list(self.feeds.items())
+                   for partition, offset in feed.resume_offsets(feed.partitions).items()}
+        held = self.app.consumer.assignment()
+        offsets = {tp: offset for tp, offset in offsets.items() if tp in held}
+        if offsets and offsets != self._committed:
+            consumer: Any = self.app.consumer  # the driver's commit of given offsets; commit() takes acked ones
+            await consumer._commit(offsets)
+            self._committed = offsets
+
     async def _heartbeat(self) -> None:
         held = {u: f.partitions for u, f in self.feeds.items()}
         ttl_ms = self.settings.cache_heartbeat_ms * HEARTBEATS_TO_EXPIRE
@@ -327,7 +348,7 @@ class LogCacheWorker:
         return {"worker_id": self.worker_id, "url": self.url, "pid": os.getpid(),
                 "cache_bytes": self.cache.nbytes, "cache_max_bytes": self.cache.max_bytes,
                 "evicted_epochs": self.cache.evicted_epochs,
-                "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "upstreams": upstreams}
+                "peak_rss_kib": peak_rss_kib(), "upstreams": upstreams}
 
     # --- running ----------------------------------------------------------------------------------
 
