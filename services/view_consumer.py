@@ -36,7 +36,7 @@ from mvlog.connectors.change_rows import epoch_slices, one_change_per_key
 from mvlog.connectors.changelog_writer import ChangelogWriter, encode_epoch
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.retention import has_records
+from mvlog.connectors.retention import has_records, starts_the_log
 from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
 from mvlog.key_order import order_member
@@ -349,8 +349,19 @@ class ViewConsumer:
                 return
             follower = self.replacement = ReplacementFollower(record, plan, self.replacements)
         follower.apply_requested = record.apply_requested
+        if follower.mce is None and (trimmed := self._trimmed_upstreams()):
+            # Hydration replays the upstreams' changelogs from their start: a trimmed one would give
+            # the replacement wrong rows, and its apply a wrong diff.
+            self._replacement_failed(record.id, CatalogError(
+                f"cannot hydrate: the changelog of {', '.join(trimmed)} no longer starts at its first epoch "
+                "(Kafka retention); a replacement replays its upstreams' changelogs from their start"))
+            return
         if follower.mce is None or follower.mce < self.mce:
             follower.hydrate(self.mce, self._upstream_history)
+
+    def _trimmed_upstreams(self) -> list[str]:
+        return [source for source in self.entry.sources
+                if not starts_the_log(self.settings, self.store.index, source)]
 
     def _upstream_history(self, after: int, upto: int) -> dict[str, list[Change]]:
         """Each upstream's changes of its epochs in (after, upto], read from its changelog."""

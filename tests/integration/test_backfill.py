@@ -13,10 +13,8 @@ import itertools
 import random
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -39,6 +37,7 @@ from mvlog.services.view_ddl import alter_view, create_view, plan_for
 from mvlog.vnode import vnode_of
 
 from ..oracle import assert_same_rows, duckdb_view_rows, rows_at, rows_by_epoch
+from .busy_table import busy
 from .processes.view_runner import spawn as spawn_view_runner
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -46,31 +45,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 KEYS = 1500
 KILLS = 3
 COLUMNS = {"id": "int", "v1": "int", "deleted": "boolean"}
-
-
-def _random_row(rng: random.Random) -> dict[str, Any]:
-    return {"id": rng.randrange(KEYS), "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.2}
-
-
-@contextmanager
-def _busy(table: Table, seed: int, per_tick: int = 30) -> Iterator[None]:
-    """Inserts, updates and deletes across the whole key range, every 20 ms, until the block ends."""
-    stop = threading.Event()
-    rng = random.Random(seed)
-
-    def write() -> None:
-        while not stop.is_set():
-            table.upsert([_random_row(rng) for _ in range(per_tick)])
-            table.delete([rng.randrange(KEYS) for _ in range(per_tick // 3)])
-            stop.wait(0.02)
-
-    thread = threading.Thread(target=write)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _epochs(settings: Settings, store: ViewStore, entry: CatalogEntry, upto: int) -> list[Epoch]:
@@ -148,7 +122,7 @@ def test_view_created_on_a_busy_upstream_is_exact_at_every_epoch(
     table.upsert([{"id": i, "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.2} for i in range(KEYS)])
     table.flush()
     store = ViewStore(redis_client, settings.topic_prefix)
-    with _busy(table, seed=7):
+    with busy(table, seed=7, keys=KEYS, per_tick=30):
         time.sleep(0.5)  # the upstream has moved on before the views exist
         create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client,
                     backfill="chunked")
@@ -215,7 +189,7 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
     reads: list[tuple[int, str]] = []  # (run, chunk line) of every chunk read by every run
     sampled: list[dict[bytes, bytes]] = []
     kills = 0
-    with _busy(table, seed=rng.randrange(1 << 30)):
+    with busy(table, seed=rng.randrange(1 << 30), keys=KEYS, per_tick=30):
         while kills < KILLS:
             child = spawn_view_runner(settings, ["mv1"])
             out: list[str] = []

@@ -17,6 +17,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 VIEWS = ("mv1", "mv2", "mv3", "mvj")
+RESTARTED = re.compile(r"^view (\w+) failed \(.*\); restarting it", re.M)
 
 
 def progress_tables(stdout: str) -> list[dict[str, list[str]]]:
@@ -96,7 +98,7 @@ def check_dashboard_answers(url: str) -> None:
 
 @pytest.mark.timeout(900)  # the clone's setup (a venv and its packages) comes first
 def test_demo_runs_the_chain_and_ends_consistent(settings: Settings, redis_client: redis.Redis,
-                                                 tmp_path: Path) -> None:
+                                                 tmp_path: Path, report: Callable[[str], None]) -> None:
     clone = clean_clone(tmp_path / "mvlog")
     # Nothing of this process's environment may help the clone: no Spark Python, no make state, no settings
     # but the ones pointing it at the test stack.
@@ -128,7 +130,11 @@ def test_demo_runs_the_chain_and_ends_consistent(settings: Settings, redis_clien
     result = subprocess.CompletedProcess(process.args, process.returncode, out_path.read_text(),
                                          err_path.read_text())
     assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    assert "Traceback" not in result.stderr
+    # No traceback of mvlog's own. A view whose Spark query failed (a Python worker that did not connect
+    # back in time on a loaded machine) is restarted by the demo: Spark prints the worker's traceback.
+    restarts = RESTARTED.findall(result.stderr)
+    assert result.stderr.count("Traceback") <= len(restarts), result.stderr[-4000:]
+    report(f"demo: {len(restarts)} view restart(s) {restarts}")
     assert "Using the running stack" in result.stderr  # the test stack, not a new one
     assert not (tmp_path / "stack" / "stack.json").exists()
     with pytest.raises(urllib.error.URLError):  # the dashboard stopped with the demo

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,7 @@ from mvlog.services.view_ddl import create_view, drop_view, plan_for
 from mvlog.vnode import vnode_of
 
 from ..oracle import assert_same_rows, check_oracle, duckdb_view_rows, rows_at, rows_by_epoch
+from .busy_table import busy
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -153,27 +152,6 @@ def _mvlog(settings: Settings, *args: str, **env: str) -> Result:
     return result
 
 
-@contextmanager
-def _busy(table: Table, seed: int, per_tick: int = 20) -> Iterator[None]:
-    """Inserts, updates and deletes across the key range every 20 ms until the block ends."""
-    stop = threading.Event()
-    rng = random.Random(seed)
-
-    def write() -> None:
-        while not stop.is_set():
-            table.upsert([_row(rng, rng.randrange(KEYS)) for _ in range(per_tick)])
-            table.delete([rng.randrange(KEYS) for _ in range(per_tick // 3)])
-            stop.wait(0.02)
-
-    thread = threading.Thread(target=write)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
 def _poll(condition: Callable[[], bool], timeout: float, what: Callable[[], object]) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -195,7 +173,7 @@ def test_view_backfilled_from_a_snapshot_of_a_busy_table_is_exact_at_every_epoch
         settings, "create-view", "auto1", "--backfill", "auto", "AS", "SELECT * FROM t1").stdout
     consumers: list[ViewConsumer] = []
     try:
-        with _busy(table, seed=7):
+        with busy(table, seed=7, keys=KEYS, per_tick=20):
             snapshot = build_snapshot(settings, "t1", spark, client=redis_client)
             epoch = snapshot.record.epoch
             assert snapshot.built and snapshot.record.rows > 500
