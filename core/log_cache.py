@@ -81,10 +81,10 @@ class LogCache(Generic[T]):
         An epoch larger than the whole byte bound is not kept: the run is emptied and restarts after it,
         so readers of it go to Kafka and the bound holds.
         """
-        run = self._check_follows(upstream, epoch.epoch, epoch.prev_epoch)
         if epoch.nbytes > self.max_bytes:
             self.skip(upstream, epoch.epoch, epoch.prev_epoch)
             return
+        run = self._check_follows(upstream, epoch.epoch, epoch.prev_epoch)
         if run.floor is None:
             run.floor = epoch.prev_epoch
         run.epochs.append(epoch)

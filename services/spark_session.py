@@ -9,8 +9,7 @@ from pyspark.sql import SparkSession
 
 from mvlog.config import Settings
 from mvlog.connectors.spark_source import MvlogDataSource
-
-LOOPBACK = "127.0.0.1"
+from mvlog.infra.local_stack import LOOPBACK
 
 
 def spark_session(settings: Settings, app_name: str = "mvlog") -> SparkSession:

@@ -403,6 +403,13 @@ def _wait_caught_up(consumers: list[ViewConsumer], queries: list[StreamingQuery]
     return False
 
 
+def _view_consumer(settings: Settings, name: str, spark: Any, client: Any) -> ViewConsumer:
+    """The consumer of view ``name``, configured as the demo runs each of its views (not started)."""
+    from mvlog.services.view_consumer import ViewConsumer
+
+    return ViewConsumer(settings, name, spark=spark, client=client, trigger_interval="500 milliseconds")
+
+
 def _restart_failed(settings: Settings, spark: Any, client: Any, consumers: list[ViewConsumer],
                     queries: list[StreamingQuery], restarts: dict[str, int]) -> str | None:
     """Restart a view whose query failed, as a supervisor would, up to :data:`RESTARTS` times per view;
@@ -412,8 +419,6 @@ def _restart_failed(settings: Settings, spark: Any, client: Any, consumers: list
     is what keeps the demo going through a transient error, such as a Spark Python worker that did not
     connect back in time on an overloaded machine.
     """
-    from mvlog.services.view_consumer import ViewConsumer
-
     for i, (consumer, query) in enumerate(zip(consumers, queries, strict=True)):
         error = query.exception()
         if error is None and query.isActive:
@@ -426,8 +431,7 @@ def _restart_failed(settings: Settings, spark: Any, client: Any, consumers: list
         click.echo(f"view {name} failed ({reason}); restarting it ({restarts[name]}/{RESTARTS})", err=True)
         with contextlib.suppress(Exception):  # a failed query raises its error again on stop
             consumer.stop()
-        consumers[i] = ViewConsumer(settings, name, spark=spark, client=client,
-                                    trigger_interval="500 milliseconds")
+        consumers[i] = _view_consumer(settings, name, spark, client)
         queries[i] = consumers[i].start()
     return None
 
@@ -496,7 +500,6 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
             click.echo(f"  {name} = {sql}", err=True)
         click.echo("Starting Spark (local mode) and the views' consumers...", err=True)
         from mvlog.services.spark_session import spark_session
-        from mvlog.services.view_consumer import ViewConsumer
 
         spark = spark_session(settings, app_name=f"mvlog-demo-{settings.topic_prefix}")
         consumers: list[ViewConsumer] = []
@@ -510,8 +513,7 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                 for name in VIEWS:
                     if stop.requested.is_set():
                         break
-                    consumer = ViewConsumer(settings, name, spark=spark, client=client,
-                                            trigger_interval="500 milliseconds")
+                    consumer = _view_consumer(settings, name, spark, client)
                     consumers.append(consumer)
                     queries.append(consumer.start())
                 tables = [Table.open(settings, name) for name in TABLES]
@@ -535,8 +537,7 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                             create_view(settings, name, sql, client=client, backfill="chunked")
                         click.echo(f"Created {name} = {sql} online, on the live mv1: it backfills in chunks while "
                                    "the workload runs.", err=True)
-                        consumer = ViewConsumer(settings, name, spark=spark, client=client,
-                                                trigger_interval="500 milliseconds")
+                        consumer = _view_consumer(settings, name, spark, client)
                         consumers.append(consumer)
                         queries.append(consumer.start())
                     if (failure := _restart_failed(settings, spark, client, consumers, queries,
