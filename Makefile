@@ -26,6 +26,9 @@ PACKAGE_FILES := pyproject.toml $(shell find core connectors services infra sche
 	\( -name '*.py' -o -name '*.avsc' -o -name '*.yml' -o -name '*.conf' -o -name '*.html' -o -name '*.js' \
 	-o -name '*.css' \) -not -path '*/__pycache__/*')
 TEST_TIMEOUT ?= 600
+# The suite mostly waits (brokers, JVM starts, epochs): two pytest-xdist workers, one test file each at a
+# time, halve its time. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
 .PHONY: help setup system-deps lint test demo bench up down clean
@@ -36,7 +39,8 @@ help:
 setup: system-deps $(STAMP)
 
 # Debian packages the stack needs: redis-server (the local stack's Redis), a Java runtime >= 17 (Spark),
-# python3-venv (only when the interpreter cannot make a venv). Installed only when missing.
+# python3-venv (only when the interpreter cannot make a venv), chromium and chromium-driver (the
+# dashboard's browser test drives Debian's headless Chromium). Installed only when missing.
 system-deps:
 	@if [ -z "$(PYTHON)" ]; then \
 		echo "mvlog needs Python >= 3.11 (python3, python3.12 or python3.11 on PATH)," \
@@ -44,6 +48,8 @@ system-deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	"$(PYTHON)" -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 		if ! command -v apt-get >/dev/null 2>&1; then \
@@ -83,7 +89,7 @@ lint: setup
 test: setup lint
 	@# pytest exits 5 when it collects no test: make fails then, as on any other non-zero exit.
 	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
-		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) $(PYTEST_ARGS)
+		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The demo reuses the stack of `make up` when it runs, else starts one (and stops it at the end).
 # DEMO_ARGS: e.g. make demo DEMO_ARGS="--duration 60".

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import resource
-import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -32,9 +30,10 @@ def machine_info() -> str:
 
 
 def peak_rss_mib() -> float:
-    """Peak resident set size of this process so far, in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+    """Peak resident set size of this program so far, in MiB."""
+    from mvlog.process_memory import peak_rss_kib
+
+    return peak_rss_kib() / 1024
 
 
 def sample_row(i: int) -> dict[str, object]:

@@ -2,6 +2,7 @@
 
 The reader seeks each partition to just after the barrier of the last epoch before its start (looked up
 in the epoch index), aligns barriers across partitions and yields :class:`~mvlog.changes.Epoch` objects.
+Records it cannot use go to the view's dead-letter topic (see :mod:`mvlog.connectors.dead_letter`).
 It never uses the broker's high watermark to decide where an epoch ends: barriers do that (Tansu
 reports the watermark of the last batch's base offset, not of the log's end). An epoch is handed out
 once it is committed: named by its successor's barrier, or present in the epoch index.
@@ -11,24 +12,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from mvlog.barrier_alignment import EpochAligner
-from mvlog.changes import Epoch
+from mvlog.changes import Epoch, IndexEntry
 from mvlog.config import Settings
+from mvlog.connectors.changelog_records import BarrierRecord, ChangeRecord, decode_record
+from mvlog.connectors.dead_letter import DeadLetterQueue
 from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.schemas.codec import (
-    TYPE_BARRIER,
-    TYPE_CHANGE,
-    DecodeError,
-    decode_barrier,
-    decode_change,
-    decode_key,
-)
-from mvlog.schemas.codec import record_type as header_type
+from mvlog.connectors.kafka_security import RefusalWatch
 
 
 class ChangelogReadError(RuntimeError):
@@ -55,15 +50,25 @@ class ChangelogReader:
     """Complete epochs of one changelog after ``after_epoch`` up to ``upto_epoch`` (inclusive)."""
 
     def __init__(self, settings: Settings, view: str, key_columns: Sequence[str], partitions: int,
-                 index: EpochIndex | None = None, after_epoch: int = 0, upto_epoch: int | None = None) -> None:
+                 index: EpochIndex | None = None, after_epoch: int = 0, upto_epoch: int | None = None,
+                 dead_letter: bool = True, proven: Mapping[int, IndexEntry] | None = None) -> None:
+        """``dead_letter``: poison records go to the view's dead-letter topic and reading goes on; when
+        False the first one raises :class:`ChangelogReadError` (naming topic, partition and offset).
+        ``proven``: the barriers (partition -> index entry) of an epoch known to be committed otherwise
+        than by the index (its live writer committed it), confirmed as if the index had it."""
         self.view = view
         self.topic = settings.changelog_topic(view)
         self.key_columns = tuple(key_columns)
         self.upto_epoch = upto_epoch
         self.aligner = EpochAligner(view, range(partitions), after_epoch)
         self._index = index
+        self._proven = dict(proven or {})
+        self._max_bytes = settings.max_record_bytes
+        self.dead_letters = DeadLetterQueue(settings, view) if dead_letter else None
         self.max_seen_epoch = after_epoch  # including epochs abandoned by a killed writer
-        self._consumer = reader_consumer(settings)
+        # A refused login or TLS handshake reaches only error_cb: without it the reader would idle, not fail.
+        self._refusals = RefusalWatch(settings.bootstrap_servers)
+        self._consumer = reader_consumer(settings, {"error_cb": self._refusals})
         self._paused: set[int] = set()
         self._consumer.assign([TopicPartition(self.topic, p, self._start_offset(index, p, after_epoch))
                                for p in range(partitions)])
@@ -82,14 +87,17 @@ class ChangelogReader:
         return self.upto_epoch is not None and self.aligner.last_epoch >= self.upto_epoch
 
     def epochs(self, idle_timeout: float | None = None, poll_timeout: float = 0.2) -> Iterator[Epoch]:
-        """Yield complete epochs; stop at ``upto_epoch``, or after ``idle_timeout`` s without a record."""
+        """Yield complete epochs; stop at ``upto_epoch``, or after ``idle_timeout`` s without a record.
+        Raises :class:`~mvlog.connectors.kafka_security.KafkaAccessError` if the broker refuses the reader."""
         last_record = time.monotonic()
         while not self.done():
             messages = self._consumer.consume(num_messages=2000, timeout=poll_timeout)
             if messages:
                 last_record = time.monotonic()
-            elif idle_timeout is not None and time.monotonic() - last_record >= idle_timeout:
-                return
+            else:
+                self._refusals.check()
+                if idle_timeout is not None and time.monotonic() - last_record >= idle_timeout:
+                    return
             committed = [e for message in messages for e in self._handle(message)]
             committed += self._confirm_from_index()
             for epoch in committed:
@@ -98,13 +106,20 @@ class ChangelogReader:
                 yield epoch
             self._apply_pauses()
 
+    def release_held(self) -> Epoch | None:
+        """The complete epoch still waiting for confirmation at the end of the log, released on the
+        caller's proof that it committed (see :meth:`EpochAligner.release_held`)."""
+        return self.aligner.release_held()
+
     def _confirm_from_index(self) -> list[Epoch]:
         """Release a complete epoch without waiting for its successor when the index has it."""
         held = self.aligner.held_epoch
-        if held is None or self._index is None:
+        if held is None:
             return []
         partition = self.aligner.partitions[0]
-        entry = self._index.at(self.view, partition, held)
+        entry = self._index.at(self.view, partition, held) if self._index is not None else None
+        if entry is None and (proven := self._proven.get(partition)) is not None and proven.epoch == held:
+            entry = proven
         if entry is None:
             return []
         return self.aligner.confirm(held, {partition: entry.offset})
@@ -116,21 +131,20 @@ class ChangelogReader:
                 return []
             raise ChangelogReadError(f"{self.topic}: {error}")
         partition, offset = message.partition(), message.offset()
-        where = f"{self.topic} partition {partition} offset {offset}"
-        kind = header_type(message.headers())
-        try:
-            if kind == TYPE_CHANGE:
-                key = decode_key(self.key_columns, message.key() or b"")
-                change, source = decode_change(key, message.value() or b"")
-                self.aligner.add_change(partition, source["epoch"], change, source["txn"])
-                return []
-            if kind == TYPE_BARRIER:
-                barrier = decode_barrier(message.value() or b"")
-                self.max_seen_epoch = max(self.max_seen_epoch, barrier.epoch)
-                return self.aligner.add_barrier(partition, barrier, offset)
-        except DecodeError as exc:
-            raise ChangelogReadError(f"{where}: {exc}") from exc
-        raise ChangelogReadError(f"{where}: not an mvlog changelog record (header mvlog.type is {kind!r})")
+        record = decode_record(self.view, self.key_columns, self.topic, partition, offset, message.key(),
+                               message.value(), message.headers(), self._max_bytes)
+        if isinstance(record, ChangeRecord):
+            self.aligner.add_change(partition, record.epoch, record.change, record.txn)
+            return []
+        if isinstance(record, BarrierRecord):
+            self.max_seen_epoch = max(self.max_seen_epoch, record.barrier.epoch)
+            return self.aligner.add_barrier(partition, record.barrier, offset)
+        if self.dead_letters is None:
+            raise ChangelogReadError(record.reason)
+        self.dead_letters.send(record, message.key(), message.value(), message.headers())
+        if record.announced_change:
+            self.aligner.add_poison(partition)
+        return []
 
     def _apply_pauses(self) -> None:
         wanted = self.aligner.partitions_to_pause()
@@ -144,6 +158,8 @@ class ChangelogReader:
 
     def close(self) -> None:
         self._consumer.close()
+        if self.dead_letters is not None:
+            self.dead_letters.close()
 
     def __enter__(self) -> ChangelogReader:
         return self

@@ -19,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 from mvlog.changes import Barrier, Change, Mutation
 from mvlog.config import Settings
 from mvlog.connectors.epoch_index import IndexEntry
+from mvlog.connectors.kafka_security import RefusalWatch
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import (
     HEADER_TYPE,
@@ -28,6 +29,7 @@ from mvlog.schemas.codec import (
     encode_change,
     encode_change_rows,
     encode_key,
+    encode_row,
 )
 from mvlog.vnode import VNODE_COUNT, partition_of_vnode, vnode_of
 
@@ -59,6 +61,36 @@ class EncodedChange(NamedTuple):
     after: bytes | None  # encode_row(after)
 
 
+@dataclass
+class EncodedEpoch:
+    """An epoch's changes encoded once: the change events' keys and rows, and the same bytes for Redis."""
+
+    changes: list[EncodedChange]
+    row_puts: dict[bytes, bytes]  # key -> row after the epoch
+    row_deletes: list[bytes]  # keys without a row after the epoch
+
+
+def encode_epoch(key_columns: Sequence[str], changes: Iterable[Change]) -> EncodedEpoch:
+    """Encode each key and row once (the last change of a key decides its row after the epoch)."""
+    columns = tuple(key_columns)
+    encoded: list[EncodedChange] = []
+    puts: dict[bytes, bytes] = {}
+    deletes: dict[bytes, None] = {}
+    for change in changes:
+        key = encode_key(columns, change.key)
+        before = None if change.before is None else encode_row(change.before)
+        if change.after is None:
+            after = None
+            puts.pop(key, None)
+            deletes[key] = None
+        else:
+            after = encode_row(change.after)
+            deletes.pop(key, None)
+            puts[key] = after
+        encoded.append(EncodedChange(change.op.value, key, before, after))
+    return EncodedEpoch(encoded, puts, list(deletes))
+
+
 Headers = list[tuple[str, str | bytes | None]]
 _CHANGE_HEADERS: Headers = [(HEADER_TYPE, TYPE_CHANGE)]
 _BARRIER_HEADERS: Headers = [(HEADER_TYPE, TYPE_BARRIER)]
@@ -83,12 +115,13 @@ class ChangelogWriter:
             "queue.buffering.max.kbytes": 262144,
         }
         config.update(producer_config or {})
-        self._producer = Producer(config)
+        self._refusals = RefusalWatch(settings.bootstrap_servers)
+        self._producer = Producer({"error_cb": self._refusals, **config})
         self._partition_of_vnode = [partition_of_vnode(v, partitions) for v in range(VNODE_COUNT)]
         self._closed = False
         self._session = uuid.uuid4().hex[:12]
         self._transactions = 0
-        self._run(self._producer.init_transactions, 60.0)
+        self._init_transactions(60.0)
 
     def key_bytes(self, key: Key) -> bytes:
         return encode_key(self.key_columns, key)
@@ -198,6 +231,23 @@ class ChangelogWriter:
     def _abort(self) -> None:
         with contextlib.suppress(KafkaException):
             self._producer.abort_transaction(30.0)
+
+    def _init_transactions(self, timeout: float) -> None:
+        """``init_transactions`` in 1 s slices (librdkafka allows retrying one that timed out), so a broker
+        refusing the login or TLS handshake raises KafkaAccessError at once instead of after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                self._run(self._producer.init_transactions, max(0.1, min(1.0, remaining)))
+                return
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError._TIMED_OUT:
+                    raise
+                self._producer.poll(0)  # serves error_cb
+                self._refusals.check()
+                if remaining <= 1.0:
+                    raise
 
     def _run(self, call: Any, *args: Any) -> Any:
         try:

@@ -47,6 +47,15 @@ class EpochIndex:
                                         f"({epoch_hex(epoch + 1)}", start=0, num=1)
         return _parse(found[0]) if found else None
 
+    def entries_at(self, view: str, partitions: int, epoch: int | None) -> dict[int, IndexEntry] | None:
+        """Every partition's entry of ``epoch`` (None unless all are there): a writer's proof that its last
+        epoch committed, should Redis be wiped before it commits another."""
+        if epoch is None:
+            return None
+        found = {p: self.at(view, p, epoch) for p in range(partitions)}
+        entries = {p: e for p, e in found.items() if e is not None}
+        return entries if len(entries) == partitions else None
+
     def before(self, view: str, partition: int, epoch: int) -> IndexEntry | None:
         """The last indexed epoch strictly below ``epoch``: a reader of ``epoch`` starts after its barrier."""
         found = self._redis.zrevrangebylex(self.key(view, partition), f"({epoch_hex(epoch)}", "-",
@@ -76,18 +85,23 @@ class EpochIndex:
         """Forget epochs below ``epoch`` (after retention deleted them from Kafka)."""
         return int(self._redis.zremrangebylex(self.key(view, partition), "-", f"({epoch_hex(epoch)}"))
 
-    def count_after(self, view: str, epoch: int | None, partition: int = 0) -> int:
+    def count_after(self, view: str, epoch: int | None, partition: int = 0, upto: int | None = None) -> int:
         """How many indexed epochs lie above ``epoch`` (all of them when None): a lag in epochs.
 
         Every partition carries every epoch's barrier, so one partition's index counts them all.
+        ``upto`` bounds the count (inclusive): the lag behind an MCE read before, not behind whatever
+        the upstream committed since.
         """
         low = "-" if epoch is None else f"({epoch_hex(epoch)}:~"
-        return int(self._redis.zlexcount(self.key(view, partition), low, "+"))
+        high = "+" if upto is None else f"({epoch_hex(upto + 1)}"
+        return int(self._redis.zlexcount(self.key(view, partition), low, high))
 
-    def records_after(self, view: str, partitions: int, epoch: int | None) -> int:
-        """Change records of the indexed epochs above ``epoch`` over all partitions: a lag in records."""
+    def records_after(self, view: str, partitions: int, epoch: int | None, upto: int | None = None) -> int:
+        """Change records of the indexed epochs above ``epoch`` (up to ``upto``) over all partitions:
+        a lag in records."""
         low = "-" if epoch is None else f"({epoch_hex(epoch)}:~"
+        high = "+" if upto is None else f"({epoch_hex(upto + 1)}"
         pipe = self._redis.pipeline(transaction=False)
         for partition in range(partitions):
-            pipe.zrangebylex(self.key(view, partition), low, "+")
+            pipe.zrangebylex(self.key(view, partition), low, high)
         return sum(_parse(member).records for found in pipe.execute() for member in found)

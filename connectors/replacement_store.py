@@ -28,6 +28,7 @@ import redis
 
 from mvlog.changes import IndexEntry
 from mvlog.connectors.epoch_index import EpochIndex, epoch_hex, index_member
+from mvlog.connectors.lua_prelude import EACH_CHUNK
 from mvlog.replacement import Status
 
 _STAGE_SCRIPT = """
@@ -40,22 +41,12 @@ return false
 
 # KEYS: record, rows, opstate. ARGV: id, epoch hex, epoch, ts, #row puts, #row deletes, #state puts,
 # #state deletes, then the items.
-_COMMIT_SCRIPT = """
+_COMMIT_SCRIPT = EACH_CHUNK + """
 if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'status') ~= 'staged' then
   return 0
 end
 local current = redis.call('HGET', KEYS[1], 'mce_hex')
 if current and current >= ARGV[2] then return 0 end
-local function each_chunk(command, key, first, count, width)
-  local last = first + count * width - 1
-  local i = first
-  while i <= last do
-    local j = math.min(i + 512 * width - 1, last)
-    redis.call(command, key, unpack(ARGV, i, j))
-    i = j + 1
-  end
-  return last + 1
-end
 local i = 9
 i = each_chunk('HSET', KEYS[2], i, tonumber(ARGV[5]), 2)
 i = each_chunk('HDEL', KEYS[2], i, tonumber(ARGV[6]), 1)
@@ -99,8 +90,9 @@ redis.call('HSET', KEYS[1], 'status', 'discarded', 'discarded_ts_ms', ARGV[1])
 return id
 """
 
-# KEYS: record, rows, opstate, view meta, view rows, view opstate, index keys...
-# ARGV: id, epoch hex, epoch, ts, version, then one index member per index key.
+# KEYS: record, rows, opstate, view meta, view rows, view opstate, view key-order index, index keys...
+# ARGV: id, epoch hex, epoch, ts, version, one index member per index key, then the counts of key-order
+# members added and removed (the diff's inserts and deletes) and those members.
 _APPLY_SCRIPT = """
 local record = KEYS[1]
 if redis.call('HGET', record, 'id') ~= ARGV[1] or redis.call('HGET', record, 'status') ~= 'staged'
@@ -118,7 +110,12 @@ for k = 2, 3 do
     redis.call('DEL', KEYS[k + 3])
   end
 end
-for k = 7, #KEYS do redis.call('ZADD', KEYS[k], 0, ARGV[k - 1]) end
+for k = 8, #KEYS do redis.call('ZADD', KEYS[k], 0, ARGV[k - 2]) end
+local i = #KEYS - 1
+local added, removed = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+i = i + 2
+for j = i, i + added - 1 do redis.call('ZADD', KEYS[7], 0, ARGV[j]) end
+for j = i + added, i + added + removed - 1 do redis.call('ZREM', KEYS[7], ARGV[j]) end
 redis.call('HSET', KEYS[4], 'mce_hex', ARGV[2], 'mce', ARGV[3], 'mce_ts_ms', ARGV[4])
 redis.call('HDEL', record, 'apply_requested', 'mce', 'mce_hex', 'mce_ts_ms')
 redis.call('HSET', record, 'status', 'applied', 'applied_epoch', ARGV[3], 'applied_version', ARGV[5],
@@ -257,13 +254,14 @@ class ReplacementStore:
     # --- the cut-over ------------------------------------------------------------------------------
 
     def apply(self, view: str, replacement_id: str, epoch: int, index: Mapping[int, IndexEntry],
-              version: int) -> bool:
+              version: int, order_added: Sequence[bytes] = (), order_removed: Sequence[bytes] = ()) -> bool:
         """Make the replacement's rows and state the view's at ``epoch`` and commit the view's epoch,
         in one script; False (nothing changed) when the replacement was discarded, its apply withdrawn,
         it has not reached ``epoch``, or the view is already at ``epoch``."""
         partitions = sorted(index)
-        keys = self._keys(view) + [self._view_key(view, w) for w in ("meta", "rows", "opstate")]
+        keys = self._keys(view) + [self._view_key(view, w) for w in ("meta", "rows", "opstate", "keyorder")]
         keys += [self.index.key(view, p) for p in partitions]
-        args: list[str | int] = [replacement_id, epoch_hex(epoch), epoch, _now_ms(), version]
+        args: list[str | int | bytes] = [replacement_id, epoch_hex(epoch), epoch, _now_ms(), version]
         args += [index_member(epoch, index[p].offset, index[p].records) for p in partitions]
+        args += [len(order_added), len(order_removed), *order_added, *order_removed]
         return bool(self._apply(keys=keys, args=args))

@@ -2,8 +2,10 @@
 
 Batch reads take an epoch range; streaming reads use epochs as offsets, so a micro-batch always holds
 whole committed epochs. The driver only plans: it looks up, in the epoch index, where each planned
-epoch's barrier sits in every partition. Each Spark task then reads one Kafka partition itself
-(``assign()``, no consumer group) from the barrier before the range to the range's last barrier.
+epoch's barrier sits in every partition. Each Spark task then reads one partition's part of the
+range itself: from the Faust log cache when a worker holds those epochs (found through Redis, fetched
+over HTTP as Arrow IPC), else from Kafka (``assign()``, no consumer group) from the barrier before the
+range to the range's last barrier.
 
 Options (modelled on Spark's Kafka source):
 
@@ -41,16 +43,18 @@ from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change
 from mvlog.config import Settings, load_settings
 from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.change_rows import SignedRowBuilder, arrow_schema
 from mvlog.connectors.changelog_reader import ChangelogReadError, reader_consumer
+from mvlog.connectors.changelog_records import ChangeRecord, PoisonRecord, decode_record
+from mvlog.connectors.dead_letter import DeadLetterQueue
 from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.row_schema import ColumnType, Row, RowSchema
-from mvlog.schemas.codec import TYPE_BARRIER, TYPE_CHANGE, DecodeError, decode_barrier, decode_change, decode_key
-from mvlog.schemas.codec import record_type as header_type
+from mvlog.connectors.log_cache_client import read_with_cache
+from mvlog.row_schema import RowSchema
 
-META_COLUMNS = ("_epoch", "_change_type", "_weight", "_partition", "_offset", "_key")
+__all__ = ["EpochRangeError", "MvlogDataSource", "PartitionRange", "arrow_schema", "read_partition_from_kafka",
+           "read_partition_range", "spark_schema_ddl"]  # arrow_schema: re-exported from change_rows
+
 _META_DDL = "_epoch BIGINT, _change_type STRING, _weight INT, _partition INT, _offset BIGINT, _key BINARY"
-_ARROW_TYPES = {ColumnType.INT: pa.int64(), ColumnType.FLOAT: pa.float64(), ColumnType.STRING: pa.string(),
-                ColumnType.BOOLEAN: pa.bool_(), ColumnType.BYTES: pa.binary()}
 
 
 STALL_TIMEOUT_S = 120.0  # a task reading a committed range that makes no progress this long fails
@@ -63,12 +67,6 @@ class EpochRangeError(ValueError):
 def spark_schema_ddl(schema: RowSchema) -> str:
     columns = ", ".join(f"`{c.name}` {c.type.spark_sql}" for c in schema.columns)
     return f"{_META_DDL}, {columns}" if columns else _META_DDL
-
-
-def arrow_schema(schema: RowSchema) -> pa.Schema:
-    meta = [pa.field("_epoch", pa.int64()), pa.field("_change_type", pa.string()), pa.field("_weight", pa.int32()),
-            pa.field("_partition", pa.int32()), pa.field("_offset", pa.int64()), pa.field("_key", pa.binary())]
-    return pa.schema(meta + [pa.field(c.name, _ARROW_TYPES[c.type]) for c in schema.columns])
 
 
 @dataclass(frozen=True)
@@ -85,58 +83,31 @@ class PartitionRange(InputPartition):
     barriers: tuple[tuple[int, int], ...]  # (epoch, barrier offset) of every planned epoch, ascending
 
 
-def _change_rows(change: Change) -> Iterator[tuple[str, int, Row]]:
-    """A change as signed rows: the retraction of ``before`` and the assertion of ``after``."""
-    if change.before is not None:
-        yield ("update_preimage" if change.after is not None else "delete"), -1, change.before
-    if change.after is not None:
-        yield ("update_postimage" if change.before is not None else "insert"), 1, change.after
-
-
 def read_partition_range(part: PartitionRange, batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
-    """Executor side: one partition's committed epochs of the range, as Arrow record batches.
+    """Executor side: one partition's committed epochs of the range, from the log cache when a worker
+    holds them (:mod:`mvlog.connectors.log_cache_client`), else from Kafka."""
+    yield from read_with_cache(part, read_partition_from_kafka)
+
+
+def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
+    """Executor side: one partition's committed epochs of the range read from Kafka, as record batches.
 
     Changes are buffered per (epoch, transaction) until their barrier: the barrier at the offset the
     epoch index names releases them; any other barrier (an aborted attempt a broker still delivered)
     drops them. So at most one epoch of one partition is buffered.
     """
     settings = Settings.model_validate_json(part.settings_json)
-    schema = RowSchema.from_json(part.schema_json)
-    target = arrow_schema(schema)
-    names = schema.names
+    rows = SignedRowBuilder(RowSchema.from_json(part.schema_json), part.partition)
     planned = dict(part.barriers)  # epoch -> offset of its committed barrier
     last_offset = part.barriers[-1][1]
     topic = settings.changelog_topic(part.view)
     where = f"{topic} partition {part.partition}"
     pending: dict[tuple[int, str], list[tuple[int, bytes, Change]]] = {}
-    columns: dict[str, list[Any]] = {f.name: [] for f in target}
-
-    def append(epoch: int, offset: int, key: bytes, change: Change) -> None:
-        for change_type, weight, row in _change_rows(change):
-            columns["_epoch"].append(epoch)
-            columns["_change_type"].append(change_type)
-            columns["_weight"].append(weight)
-            columns["_partition"].append(part.partition)
-            columns["_offset"].append(offset)
-            columns["_key"].append(key)
-            for name in names:
-                columns[name].append(row.get(name))
-
-    def append_barrier(epoch: int, offset: int) -> None:
-        for name, value in (("_epoch", epoch), ("_change_type", "barrier"), ("_weight", 0),
-                            ("_partition", part.partition), ("_offset", offset), ("_key", b"")):
-            columns[name].append(value)
-        for name in names:
-            columns[name].append(None)
-
-    def flush() -> pa.RecordBatch:
-        batch = pa.RecordBatch.from_pydict(columns, schema=target)
-        for values in columns.values():
-            values.clear()
-        return batch
 
     consumer = reader_consumer(settings)
     consumer.assign([TopicPartition(topic, part.partition, part.start_offset)])
+    dead_letters = DeadLetterQueue(settings, part.view)
+    poison = 0  # change events dead-lettered since the last barrier: that barrier may count them
     try:
         offset = part.start_offset - 1
         last_progress = time.monotonic()
@@ -152,38 +123,39 @@ def read_partition_range(part: PartitionRange, batch_rows: int = 8192) -> Iterat
                 if message.error() is not None:
                     raise ChangelogReadError(f"{where}: {message.error()}")
                 offset = message.offset() or 0
-                kind = header_type(message.headers())
-                try:
-                    if kind == TYPE_CHANGE:
-                        raw_key = message.key() or b""
-                        change, source = decode_change(decode_key(part.key_columns, raw_key), message.value() or b"")
-                        if source["epoch"] in planned:
-                            pending.setdefault((source["epoch"], source["txn"]), []).append((offset, raw_key, change))
-                        continue
-                    if kind != TYPE_BARRIER:
-                        raise ChangelogReadError(f"{where} offset {offset}: not an mvlog changelog record")
-                    barrier = decode_barrier(message.value() or b"")
-                except DecodeError as exc:
-                    raise ChangelogReadError(f"{where} offset {offset}: {exc}") from exc
+                record = decode_record(part.view, part.key_columns, topic, part.partition, offset, message.key(),
+                                       message.value(), message.headers(), settings.max_record_bytes)
+                if isinstance(record, PoisonRecord):  # to the dead-letter topic; the read goes on
+                    dead_letters.send(record, message.key(), message.value(), message.headers())
+                    poison += record.announced_change
+                    continue
+                if isinstance(record, ChangeRecord):
+                    if record.epoch in planned:
+                        pending.setdefault((record.epoch, record.txn), []).append(
+                            (offset, message.key() or b"", record.change))
+                    continue
+                barrier = record.barrier
+                short, poison = poison, 0
                 changes = pending.pop((barrier.epoch, barrier.txn), [])
                 for attempt in [a for a in pending if a[0] <= barrier.epoch]:
                     del pending[attempt]  # aborted attempts whose barrier never came
                 if planned.get(barrier.epoch) != offset:
                     continue  # outside the range, or an aborted attempt's barrier
-                if len(changes) != barrier.records:
+                if not len(changes) <= barrier.records <= len(changes) + short:
                     raise ChangelogReadError(f"{where}: epoch {barrier.epoch} announces {barrier.records} "
-                                             f"change(s), {len(changes)} were read")
+                                             f"change(s), {len(changes)} were read ({short} dead-lettered)")
                 for change_offset, raw_key, change in changes:
-                    append(barrier.epoch, change_offset, raw_key, change)
-                    if len(columns["_epoch"]) >= batch_rows:
-                        yield flush()
-                append_barrier(barrier.epoch, offset)
+                    rows.add_change(barrier.epoch, change_offset, raw_key, change)
+                    if len(rows) >= batch_rows:
+                        yield rows.flush()
+                rows.add_barrier(barrier.epoch, offset)
                 if offset >= last_offset:
                     break
-        if columns["_epoch"]:
-            yield flush()
+        if len(rows):
+            yield rows.flush()
     finally:
         consumer.close()
+        dead_letters.close()
 
 
 class _Planner:
@@ -221,7 +193,7 @@ class _Planner:
                 continue
             start = self.index.before(self.entry.name, partition, entries[0].epoch)
             parts.append(PartitionRange(
-                settings_json=self.settings.model_dump_json(), view=self.entry.name,
+                settings_json=self.settings.to_executor_json(), view=self.entry.name,
                 key_columns=self.entry.key_columns, schema_json=self.entry.schema.to_json(),
                 partition=partition, after_epoch=start.epoch if start else 0,
                 start_offset=start.offset + 1 if start else 0,

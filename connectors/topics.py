@@ -6,6 +6,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from mvlog.config import Settings
+from mvlog.connectors.kafka_security import cluster_metadata, watched_admin
 
 
 class TopicError(RuntimeError):
@@ -14,9 +15,12 @@ class TopicError(RuntimeError):
 
 def ensure_topic(settings: Settings, topic: str, partitions: int, config: dict[str, str] | None = None,
                  timeout: float = 30.0) -> None:
-    """Create ``topic`` unless it exists; an existing topic with another partition count is an error."""
-    admin = AdminClient(settings.kafka_client_config())
-    metadata = admin.list_topics(timeout=timeout)
+    """Create ``topic`` unless it exists; an existing topic with another partition count is an error.
+
+    Usually mvlog's first contact with Kafka: a broker refusing the credentials or the TLS handshake
+    raises :class:`~mvlog.connectors.kafka_security.KafkaAccessError` at once, naming the reason."""
+    admin, watch = watched_admin(settings)
+    metadata = cluster_metadata(admin, watch, timeout=timeout)
     existing = metadata.topics.get(topic)
     if existing is not None and existing.error is None:
         if len(existing.partitions) != partitions:

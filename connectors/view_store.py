@@ -3,21 +3,29 @@
 Rows, operator state, the epoch index and the MCE change together in one Lua script per epoch, which
 also refuses an epoch at or below the MCE: applying an epoch twice is impossible, whoever retries it.
 All keys of a view share the hash tag ``{view}`` so the script also runs on Redis Cluster.
+
+The same script keeps a *key-order index* (a sorted set of order members, :mod:`mvlog.key_order`): a
+backfill scans a vnode's rows in key order after a position with :meth:`ViewStore.read_ordered`, which
+returns them with the MCE they reflect. A view's backfill positions are committed by the script too.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import cast
+from typing import Any, cast
 
 import redis
 
 from mvlog.changes import Change
+from mvlog.connectors.changelog_writer import EncodedEpoch
 from mvlog.connectors.epoch_index import EpochIndex, IndexEntry, epoch_hex, index_member
+from mvlog.connectors.lua_prelude import EACH_CHUNK
+from mvlog.key_order import order_member
 from mvlog.schemas.codec import encode_key, encode_row
+from mvlog.vnode import vnode_of
 
 
 class Lifecycle(StrEnum):
@@ -29,30 +37,99 @@ class Lifecycle(StrEnum):
     FAILED = "failed"
 
 
-_COMMIT_SCRIPT = """
+JOURNAL_LIMIT = 100_000  # committed backfill chunks kept per view (the I5 audit trail, newest last)
+
+_COMMIT_SCRIPT = EACH_CHUNK + """
 local meta = KEYS[1]
 local current = redis.call('HGET', meta, 'mce_hex')
 if current and current >= ARGV[1] then
   return 0
 end
--- ARGV[first .. first + count * width - 1] in calls of at most 512 items (Lua's stack is small).
-local function each_chunk(command, key, first, count, width)
-  local last = first + count * width - 1
-  local i = first
-  while i <= last do
-    local j = math.min(i + 512 * width - 1, last)
-    redis.call(command, key, unpack(ARGV, i, j))
-    i = j + 1
-  end
-  return last + 1
+if ARGV[13] ~= '' and (current or 'none') ~= ARGV[13] then
+  return -1
 end
-local i = 8
+-- ZADD of members with score 0, 256 members per call.
+local function zadd_all(key, first, count)
+  local i = first
+  while i < first + count do
+    local args = {}
+    for j = i, math.min(i + 255, first + count - 1) do
+      args[#args + 1] = 0
+      args[#args + 1] = ARGV[j]
+    end
+    redis.call('ZADD', key, unpack(args))
+    i = i + 256
+  end
+  return first + count
+end
+local i = 14
 i = each_chunk('HSET', KEYS[2], i, tonumber(ARGV[4]), 2)
 i = each_chunk('HDEL', KEYS[2], i, tonumber(ARGV[5]), 1)
 i = each_chunk('HSET', KEYS[3], i, tonumber(ARGV[6]), 2)
 i = each_chunk('HDEL', KEYS[3], i, tonumber(ARGV[7]), 1)
-for k = 4, #KEYS do redis.call('ZADD', KEYS[k], 0, ARGV[i]); i = i + 1 end
+i = zadd_all(KEYS[4], i, tonumber(ARGV[8]))
+i = each_chunk('ZREM', KEYS[4], i, tonumber(ARGV[9]), 1)
+i = each_chunk('HSET', KEYS[5], i, tonumber(ARGV[10]), 2)
+local journal = tonumber(ARGV[11])
+if journal > 0 then
+  i = each_chunk('RPUSH', KEYS[6], i, journal, 1)
+  redis.call('LTRIM', KEYS[6], -JOURNAL_LIMIT, -1)
+end
+for k = 7, #KEYS do redis.call('ZADD', KEYS[k], 0, ARGV[i]); i = i + 1 end
 redis.call('HSET', meta, 'mce_hex', ARGV[1], 'mce', ARGV[2], 'mce_ts_ms', ARGV[3])
+if ARGV[12] ~= '' then
+  redis.call('HSET', meta, 'state', ARGV[12], 'reason', '', 'state_ts_ms', ARGV[3])
+end
+return 1
+""".replace("JOURNAL_LIMIT", str(JOURNAL_LIMIT))
+
+# Rows of some vnodes in key order after given positions, with the MCE they reflect: one script, so the
+# rows and the epoch are read atomically (an epoch commit is one script too). ARGV: the row budget, then
+# (vnode, lower bound, upper bound) triples; vnodes are read in turn until the budget is spent.
+_READ_ORDERED_SCRIPT = """
+local out = {redis.call('HGET', KEYS[1], 'mce') or '', redis.call('HLEN', KEYS[2])}
+local budget = tonumber(ARGV[1])
+local i = 2
+while i <= #ARGV and budget > 0 do
+  local members = redis.call('ZRANGEBYLEX', KEYS[3], ARGV[i + 1], ARGV[i + 2], 'LIMIT', 0, budget)
+  local n = #members
+  out[#out + 1] = ARGV[i]
+  out[#out + 1] = n
+  out[#out + 1] = (n < budget) and 1 or 0
+  local fields = {}
+  for j = 1, n do
+    local m = members[j]
+    local len = string.byte(m, -2) * 256 + string.byte(m, -1)
+    fields[j] = string.sub(m, -2 - len, -3)
+    out[#out + 1] = m
+  end
+  local j = 1
+  while j <= n do
+    local k = math.min(j + 511, n)
+    local values = redis.call('HMGET', KEYS[2], unpack(fields, j, k))
+    for x = 1, k - j + 1 do out[#out + 1] = values[x] end
+    j = k + 1
+  end
+  budget = budget - n
+  i = i + 3
+end
+return out
+"""
+
+
+_REPLACE_SCRIPT = """
+local current = redis.call('HGET', KEYS[1], 'mce_hex')
+if current ~= ARGV[1] then
+  redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
+  return 0
+end
+for i = 0, 2 do
+  if redis.call('EXISTS', KEYS[5 + i]) == 1 then
+    redis.call('RENAME', KEYS[5 + i], KEYS[2 + i])
+  else
+    redis.call('DEL', KEYS[2 + i])
+  end
+end
 return 1
 """
 
@@ -67,6 +144,30 @@ class EpochCommit:
     index: Mapping[int, IndexEntry]  # partition -> barrier entry of this epoch
     state_puts: Mapping[bytes, bytes] | None = None
     state_deletes: Sequence[bytes] = ()
+    # Key-order index (see mvlog.key_order): members of rows put and of rows deleted.
+    order_puts: Sequence[bytes] = ()
+    order_deletes: Sequence[bytes] = ()
+    # Backfill: fields of the view's backfill hash (positions, counters) and journal entries, committed
+    # with the epoch so a resumed backfill starts from exactly what the view's rows reflect.
+    backfill: Mapping[str, bytes | str | int] = field(default_factory=dict)
+    journal: Sequence[str] = ()
+    lifecycle: str = ""  # set the view's lifecycle state with the epoch ('' keeps it)
+    # The MCE this epoch must follow (0: none yet); None skips the check. A writer that knows its last
+    # committed epoch passes it, so a wiped (or rolled back) Redis is detected instead of overwritten.
+    follows: int | None = None
+
+
+class ServingStateLostError(RuntimeError):
+    """Redis no longer holds the MCE an epoch follows: it was wiped (or rolled back); rebuild from Kafka."""
+
+
+@dataclass(frozen=True)
+class OrderedRead:
+    """Rows of some vnodes in key order, as of the upstream's MCE ``epoch``."""
+
+    epoch: int | None
+    row_count: int  # all rows of the view at ``epoch``
+    parts: list[tuple[int, bool, list[tuple[bytes, bytes]]]]  # (vnode, reached its end, [(member, row)])
 
 
 class ViewStore:
@@ -77,30 +178,50 @@ class ViewStore:
         self.prefix = prefix
         self.index = EpochIndex(client, prefix)
         self._commit = client.register_script(_COMMIT_SCRIPT)
+        self._read_ordered = client.register_script(_READ_ORDERED_SCRIPT)
+        self._replace = client.register_script(_REPLACE_SCRIPT)
 
     def _key(self, view: str, what: str) -> str:
         return f"{self.prefix}:{{{view}}}:{what}"
 
+    def key(self, view: str, what: str) -> str:
+        """The Redis key of ``what`` (meta, rows, backfill, ...) of ``view``, under the view's hash tag."""
+        return self._key(view, what)
+
     # --- committed epochs -------------------------------------------------------------------------
 
     def commit(self, view: str, commit: EpochCommit) -> bool:
-        """Apply one epoch atomically; False (and nothing changed) when it is at or below the MCE."""
+        """Apply one epoch atomically; False (and nothing changed) when it is at or below the MCE.
+
+        Raises :class:`ServingStateLostError` (nothing changed) when ``commit.follows`` is not the MCE."""
         state_puts = commit.state_puts or {}
         partitions = sorted(commit.index)
-        keys = [self._key(view, "meta"), self._key(view, "rows"), self._key(view, "opstate")]
+        keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder", "backfill", "journal")]
         keys += [self.index.key(view, p) for p in partitions]
         args: list[bytes | str | int] = [
             epoch_hex(commit.epoch), commit.epoch, int(time.time() * 1000),
             len(commit.row_puts), len(commit.row_deletes), len(state_puts), len(commit.state_deletes),
+            len(commit.order_puts), len(commit.order_deletes), len(commit.backfill), len(commit.journal),
+            commit.lifecycle,
+            "" if commit.follows is None else (epoch_hex(commit.follows) if commit.follows > 0 else "none"),
         ]
-        for field, value in commit.row_puts.items():
-            args += [field, value]
+        for field_, value in commit.row_puts.items():
+            args += [field_, value]
         args += list(commit.row_deletes)
-        for field, value in state_puts.items():
-            args += [field, value]
+        for field_, value in state_puts.items():
+            args += [field_, value]
         args += list(commit.state_deletes)
+        args += list(commit.order_puts)
+        args += list(commit.order_deletes)
+        for name, setting in commit.backfill.items():
+            args += [name, setting]
+        args += list(commit.journal)
         args += [index_member(commit.epoch, commit.index[p].offset, commit.index[p].records) for p in partitions]
-        return bool(self._commit(keys=keys, args=args))
+        result = int(self._commit(keys=keys, args=args))
+        if result < 0:
+            raise ServingStateLostError(f"{view}: epoch {commit.epoch} follows epoch {commit.follows}, but Redis "
+                                        f"holds MCE {self.mce(view)}: the serving state was wiped or rolled back")
+        return result == 1
 
     def mce(self, view: str) -> int | None:
         value = self.redis.hget(self._key(view, "meta"), "mce")
@@ -155,6 +276,17 @@ class ViewStore:
         mce, rows = pipe.execute()
         return (int(mce) if mce is not None else None), list(rows.items())
 
+    def read_many_at_consistent_epoch(self, views: Sequence[str]
+                                      ) -> dict[str, tuple[int | None, list[tuple[bytes, bytes]]]]:
+        """All rows of several views with each one's MCE, in one MULTI (one instant for all of them)."""
+        pipe = self.redis.pipeline(transaction=True)
+        for view in views:
+            pipe.hget(self._key(view, "meta"), "mce")
+            pipe.hgetall(self._key(view, "rows"))
+        replies = pipe.execute()
+        return {view: ((int(mce) if mce is not None else None), list(rows.items()))
+                for view, mce, rows in zip(views, replies[0::2], replies[1::2], strict=True)}
+
     def get_rows_at_consistent_epoch(self, view: str, keys: Sequence[bytes]
                                      ) -> tuple[int | None, dict[bytes, bytes]]:
         """The rows of ``keys`` (those that exist) with the MCE they reflect (one MULTI)."""
@@ -167,24 +299,105 @@ class ViewStore:
         rows = {k: v for k, v in zip(keys, values, strict=True) if v is not None}
         return (int(mce) if mce is not None else None), rows
 
+    # --- key order and backfill -------------------------------------------------------------------
+
+    def read_ordered(self, view: str, vnodes: Sequence[tuple[int, bytes | None]], budget: int) -> OrderedRead:
+        """Up to ``budget`` rows of ``vnodes`` (each: vnode, order member to read after, or None from its
+        start), in key order, vnode after vnode, with the MCE they reflect (one atomic script)."""
+        args: list[bytes | int] = [budget]
+        for vnode, after in vnodes:
+            low = b"(" + after if after is not None else b"[" + bytes((vnode,))
+            high = b"(" + bytes((vnode + 1,)) if vnode < 255 else b"+"
+            args += [vnode, low, high]
+        keys = [self._key(view, "meta"), self._key(view, "rows"), self._key(view, "keyorder")]
+        reply = cast(list[Any], self._read_ordered(keys=keys, args=args))
+        epoch = int(reply[0]) if reply[0] else None
+        parts: list[tuple[int, bool, list[tuple[bytes, bytes]]]] = []
+        i = 2
+        while i < len(reply):
+            vnode, count, exhausted = int(reply[i]), int(reply[i + 1]), bool(int(reply[i + 2]))
+            members = reply[i + 3:i + 3 + count]
+            values = reply[i + 3 + count:i + 3 + 2 * count]
+            if any(v is None for v in values):
+                raise RuntimeError(f"{view}: the key-order index names rows that do not exist (vnode {vnode})")
+            parts.append((vnode, exhausted, list(zip(members, values, strict=True))))
+            i += 3 + 2 * count
+        return OrderedRead(epoch, int(reply[1]), parts)
+
+    def backfill_state(self, view: str) -> dict[bytes, bytes]:
+        """The view's backfill hash as committed with its MCE (positions ``pos:<source>:<vnode>``, counters)."""
+        return cast(dict[bytes, bytes], self.redis.hgetall(self._key(view, "backfill")))
+
+    def backfill_journal(self, view: str) -> list[str]:
+        """Committed chunks, oldest first: ``<epoch> <source> <vnode> <from hex> <to hex>``."""
+        return [e.decode() for e in cast(list[bytes], self.redis.lrange(self._key(view, "journal"), 0, -1))]
+
+    def set_backfill_progress(self, view: str, progress: Mapping[str, str | int | float]) -> None:
+        """The dashboard's view of a running backfill (derived figures: rate, ETA; not a commit)."""
+        mapping: dict[str | bytes, str | int | float] = {k: v for k, v in progress.items()}
+        self.redis.hset(self._key(view, "backfill_progress"), mapping=mapping)  # type: ignore[arg-type]
+
+    def backfill_progress(self, view: str) -> dict[str, str]:
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(self._key(view, "backfill_progress")))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def replace_state(self, view: str, expected_mce: int, rows: Mapping[bytes, bytes],
+                      state: Mapping[bytes, bytes], order: Sequence[bytes] = (), chunk: int = 1000) -> bool:
+        """Replace the view's rows, operator state and key-order index (``order``: the members of
+        ``rows``) with ones rebuilt for epoch ``expected_mce``.
+
+        They are staged under temporary keys and swapped in by one script that checks the MCE is still
+        ``expected_mce``; False (and nothing changed) when it moved (a consumer committed meanwhile).
+        """
+        staged = [self._key(view, w) for w in ("rows.rebuild", "opstate.rebuild", "keyorder.rebuild")]
+        self.redis.delete(*staged)
+        for key, mapping in zip(staged, (rows, state), strict=False):
+            items = list(mapping.items())
+            for start in range(0, len(items), chunk):
+                self.redis.hset(key, mapping=dict(items[start:start + chunk]))
+        members = list(order)
+        for start in range(0, len(members), chunk):
+            self.redis.zadd(staged[2], dict.fromkeys(members[start:start + chunk], 0))
+        keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder")] + staged
+        return bool(self._replace(keys=keys, args=[epoch_hex(expected_mce)]))
+
     def drop(self, view: str, partitions: int) -> None:
-        keys = [self._key(view, w) for w in ("meta", "rows", "opstate")]
+        keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder", "backfill", "journal",
+                                             "backfill_progress")]
         keys += [self.index.key(view, p) for p in range(partitions)]
         self.redis.delete(*keys)
 
 
 def commit_from_changes(key_columns: Sequence[str], epoch: int, changes: Sequence[Change],
-                        index: Mapping[int, IndexEntry]) -> EpochCommit:
-    """The serving-state update of an epoch whose changes are ``changes`` (last change of a key wins)."""
+                        index: Mapping[int, IndexEntry], **extra: Any) -> EpochCommit:
+    """The serving-state update of an epoch whose changes are ``changes`` (last change of a key wins);
+    ``extra`` are further :class:`EpochCommit` fields (operator state, backfill positions)."""
     columns = tuple(key_columns)
     puts: dict[bytes, bytes] = {}
     deletes: dict[bytes, None] = {}
+    members: dict[bytes, bytes] = {}
     for change in changes:
         key = encode_key(columns, change.key)
+        if key not in members:
+            members[key] = order_member(vnode_of(key), change.key, key)
         if change.after is None:
             puts.pop(key, None)
             deletes[key] = None
         else:
             deletes.pop(key, None)
             puts[key] = encode_row(change.after)
-    return EpochCommit(epoch, puts, list(deletes), index)
+    return EpochCommit(epoch, puts, list(deletes), index, order_puts=[members[k] for k in puts],
+                       order_deletes=[members[k] for k in deletes], **extra)
+
+
+def commit_from_encoded(epoch: int, changes: Sequence[Change], encoded: EncodedEpoch,
+                        index: Mapping[int, IndexEntry], **extra: Any) -> EpochCommit:
+    """:func:`commit_from_changes` of changes already encoded for the changelog (``encode_epoch``):
+    the same rows, without encoding any key or row a second time."""
+    members: dict[bytes, bytes] = {}
+    for change, record in zip(changes, encoded.changes, strict=True):
+        if record.key not in members:
+            members[record.key] = order_member(vnode_of(record.key), change.key, record.key)
+    return EpochCommit(epoch, encoded.row_puts, encoded.row_deletes, index,
+                       order_puts=[members[k] for k in encoded.row_puts],
+                       order_deletes=[members[k] for k in encoded.row_deletes], **extra)

@@ -12,7 +12,10 @@ committed epoch. Changes are matched to their barrier by epoch and transaction i
 an aborted transaction never count towards a committed epoch, even a redone one with the same number.
 
 A partition a whole epoch ahead of the slowest should be paused by the caller
-(:meth:`EpochAligner.partitions_to_pause`), so the aligner buffers about one epoch per partition.
+(:meth:`EpochAligner.partitions_to_pause`), so the aligner buffers about one epoch per partition. A
+caller with a memory budget may stop keeping an epoch's changes (:meth:`EpochAligner.drop`,
+:meth:`EpochAligner.count_change`): the epoch still aligns and commits, with ``Epoch.dropped`` saying
+how many of its changes were counted but not kept.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from mvlog.changes import Barrier, Change, Epoch
+from mvlog.changes import Barrier, Change, ChangeOrigin, Epoch
 
 
 class AlignmentError(RuntimeError):
@@ -33,12 +36,17 @@ class _Segment:
     barrier: Barrier
     offset: int
     changes: list[Change]
+    origins: list[ChangeOrigin]
+    dropped: int = 0
 
 
 @dataclass
 class _PartitionBuffer:
     open_changes: dict[tuple[int, str], list[Change]] = field(default_factory=dict)  # (epoch, txn) -> changes
+    open_origins: dict[tuple[int, str], list[ChangeOrigin]] = field(default_factory=dict)  # same keys, if given
+    open_dropped: dict[tuple[int, str], int] = field(default_factory=dict)  # same keys: counted, not kept
     sealed: deque[_Segment] = field(default_factory=deque)
+    poison: int = 0  # change events dead-lettered since the partition's last barrier
 
 
 class EpochAligner:
@@ -62,26 +70,63 @@ class EpochAligner:
     def held_epoch(self) -> int | None:
         return self._held.epoch if self._held is not None else None
 
-    def add_change(self, partition: int, epoch: int, change: Change, txn: str = "") -> None:
+    def add_change(self, partition: int, epoch: int, change: Change, txn: str = "",
+                   origin: ChangeOrigin | None = None) -> None:
+        """Buffer a change until its barrier; ``origin`` (offset, key bytes) is kept for the released epoch."""
         if epoch > self.after_epoch:
-            self._buffers[partition].open_changes.setdefault((epoch, txn), []).append(change)
+            buffer = self._buffers[partition]
+            buffer.open_changes.setdefault((epoch, txn), []).append(change)
+            if origin is not None:
+                buffer.open_origins.setdefault((epoch, txn), []).append(origin)
+
+    def count_change(self, partition: int, epoch: int, txn: str = "") -> None:
+        """A change of ``(epoch, txn)`` that is counted towards its barrier but not kept."""
+        if epoch > self.after_epoch:
+            dropped = self._buffers[partition].open_dropped
+            dropped[(epoch, txn)] = dropped.get((epoch, txn), 0) + 1
+
+    def drop(self, epoch: int, txn: str = "") -> None:
+        """Stop keeping the changes of ``(epoch, txn)`` read so far, in every partition, open or sealed;
+        they still count towards its barriers, and later ones go to :meth:`count_change`."""
+        for buffer in self._buffers.values():
+            kept = buffer.open_changes.pop((epoch, txn), [])
+            buffer.open_origins.pop((epoch, txn), None)
+            if kept:
+                buffer.open_dropped[(epoch, txn)] = buffer.open_dropped.get((epoch, txn), 0) + len(kept)
+            for segment in buffer.sealed:
+                if (segment.barrier.epoch, segment.barrier.txn) == (epoch, txn) and segment.changes:
+                    segment.dropped += len(segment.changes)
+                    segment.changes, segment.origins = [], []
+
+    def add_poison(self, partition: int) -> None:
+        """A record announced as a change event could not be decoded (it went to the dead-letter topic):
+        the next barrier of the partition may count it, so it may be that many changes short."""
+        self._buffers[partition].poison += 1
 
     def add_barrier(self, partition: int, barrier: Barrier, offset: int) -> list[Epoch]:
         """Seal the partition's changes of ``barrier.epoch``; returns the epochs this commits."""
         buffer = self._buffers[partition]
+        poison, buffer.poison = buffer.poison, 0
         changes = buffer.open_changes.pop((barrier.epoch, barrier.txn), [])
+        origins = buffer.open_origins.pop((barrier.epoch, barrier.txn), [])
+        dropped = buffer.open_dropped.pop((barrier.epoch, barrier.txn), 0)
         # Changes of older epochs (or of another attempt at this one) whose barrier never came here
         # belong to abandoned transactions.
         for stale in [a for a in buffer.open_changes if a[0] <= barrier.epoch]:
             del buffer.open_changes[stale]
+            buffer.open_origins.pop(stale, None)
+        for stale in [a for a in buffer.open_dropped if a[0] <= barrier.epoch]:
+            del buffer.open_dropped[stale]
         if barrier.epoch <= self.after_epoch:
             return []
-        if len(changes) != barrier.records:
+        read = len(changes) + dropped
+        if not read <= barrier.records <= read + poison:
             raise AlignmentError(
                 f"{self.view} partition {partition}: epoch {barrier.epoch} barrier at offset {offset} "
-                f"announces {barrier.records} change(s) but {len(changes)} were read; the log before it "
-                "is incomplete (deleted by retention, or not written by an mvlog writer)")
-        buffer.sealed.append(_Segment(barrier, offset, changes))
+                f"announces {barrier.records} change(s) but {read} were read; the log before it "
+                "is incomplete (deleted by retention, or not written by an mvlog writer)"
+                + (f"; {poison} undecodable change(s) went to the dead-letter topic" if poison else ""))
+        buffer.sealed.append(_Segment(barrier, offset, changes, origins, dropped))
         return self._pop_complete()
 
     def confirm(self, epoch: int, barrier_offsets: Mapping[int, int]) -> list[Epoch]:
@@ -93,6 +138,11 @@ class EpochAligner:
         if any(held.offsets.get(p) != offset for p, offset in barrier_offsets.items()):
             return []
         return [self._release()]
+
+    def release_held(self) -> Epoch | None:
+        """Release the complete epoch held for confirmation on the caller's own proof that it committed
+        (e.g. a downstream view was built on it); None when no epoch is held."""
+        return self._release() if self._held is not None else None
 
     def partitions_to_pause(self) -> set[int]:
         """Partitions holding a sealed epoch that some other partition has not sealed yet."""
@@ -128,7 +178,9 @@ class EpochAligner:
             epoch = Epoch(view=self.view, epoch=newest, prev_epoch=first.prev_epoch,
                           changes=[c for p in sorted(heads) for c in heads[p].changes],
                           barriers={p: s.barrier for p, s in heads.items()},
-                          offsets={p: s.offset for p, s in heads.items()})
+                          offsets={p: s.offset for p, s in heads.items()},
+                          origins=[o for p in sorted(heads) for o in heads[p].origins],
+                          dropped=sum(s.dropped for s in heads.values()))
             if self._held is not None:
                 if epoch.prev_epoch == self._held.epoch:
                     committed.append(self._release())

@@ -6,10 +6,10 @@ A change follows the Debezium envelope: ``op`` is ``c`` (create), ``u`` (update)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from mvlog.row_schema import Key, Row
 
@@ -63,11 +63,23 @@ def apply_changes(rows: dict[Key, Row], changes: Iterable[Change]) -> dict[Key, 
     return rows
 
 
+def undo_changes(rows: dict[Key, Row], changes: Sequence[Change]) -> dict[Key, Row]:
+    """Take back ``changes`` (in the order they were applied) from a key -> row map, in place: the rows
+    as they were before them. Reading a view at an epoch below its MCE undoes its later epochs."""
+    for change in reversed(changes):
+        if change.before is None:
+            rows.pop(change.key, None)
+        else:
+            rows[change.key] = change.before
+    return rows
+
+
 @dataclass(frozen=True, slots=True)
 class Mutation:
     """A control-plane change carried by a barrier, applied by every reader at that epoch."""
 
     kind: str  # add_downstream | drop_downstream | pause | resume | apply_replacement | schema_change
+    #   | backfill_progress (a chunked backfill's committed positions, see mvlog.backfill_record)
     target: str
     payload: Mapping[str, Any] = field(default_factory=dict)
 
@@ -94,6 +106,14 @@ class IndexEntry:
     records: int  # change events of the epoch in the partition
 
 
+class ChangeOrigin(NamedTuple):
+    """Where a change event sits in the log, for readers that re-emit it in the log's row shape."""
+
+    partition: int
+    offset: int
+    key: bytes  # the record key as written (Avro-encoded primary key)
+
+
 @dataclass(slots=True)
 class Epoch:
     """One complete epoch of a changelog: all its changes and its barrier on every partition."""
@@ -104,6 +124,8 @@ class Epoch:
     changes: list[Change]
     barriers: dict[int, Barrier]  # partition -> barrier
     offsets: dict[int, int] = field(default_factory=dict)  # partition -> offset of its barrier
+    origins: list[ChangeOrigin] = field(default_factory=list)  # parallel to ``changes`` when the reader kept them
+    dropped: int = 0  # changes counted but not kept (a reader over its memory budget): ``changes`` is partial
 
     @property
     def checkpoint(self) -> bool:

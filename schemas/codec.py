@@ -251,7 +251,13 @@ def encode_barrier(barrier: Barrier) -> bytes:
 def decode_barrier(data: bytes) -> Barrier:
     datum = _read(_BARRIER, data, "barrier")
     raw = datum["mutation"]
-    mutation = Mutation(raw["kind"], raw["target"], json.loads(raw["payload"])) if raw else None
+    try:
+        payload = json.loads(raw["payload"]) if raw else None
+    except ValueError as exc:
+        raise DecodeError(f"barrier mutation payload is not JSON: {exc}") from None
+    if raw and not isinstance(payload, dict):
+        raise DecodeError("barrier mutation payload is not a JSON object")
+    mutation = Mutation(raw["kind"], raw["target"], payload) if raw and payload is not None else None
     return Barrier(datum["view"], datum["epoch"], datum["prev_epoch"], datum["checkpoint"],
                    datum["partition"], datum["records"], datum["ts_ms"], mutation, datum["txn"])
 

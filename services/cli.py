@@ -32,15 +32,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: Commands implemented in other modules: name -> "module:attribute" (a click.Command).
 LAZY_COMMANDS: dict[str, str] = {
     "alter-view": "mvlog.services.commands.definitions:alter_view_command",
+    "cache-worker": "mvlog.services.commands.cache_worker:cache_worker",
     "create-table": "mvlog.services.commands.tables:create_table",
-    "insert": "mvlog.services.commands.tables:insert",
     "create-view": "mvlog.services.commands.definitions:create_view_command",
+    "dashboard": "mvlog.services.commands.dashboard:dashboard",
     "demo": "mvlog.services.commands.demo:demo",
     "drop-view": "mvlog.services.commands.definitions:drop_view_command",
+    "insert": "mvlog.services.commands.tables:insert",
+    "lag": "mvlog.services.commands.status:lag",
+    "lag-sampler": "mvlog.services.commands.status:lag_sampler",
     "read": "mvlog.services.commands.read:read",
     "replace": "mvlog.services.commands.replacement:replace",
     "replacement": "mvlog.services.commands.replacement:replacement",
+    "replay": "mvlog.services.commands.replay:replay",
     "run-view": "mvlog.services.commands.run_view:run_view",
+    "snapshot": "mvlog.services.commands.snapshot:snapshot",
+    "status": "mvlog.services.commands.status:status",
     "views": "mvlog.services.commands.listing:views",
 }
 

@@ -9,6 +9,7 @@ from pyspark.sql import SparkSession
 
 from mvlog.config import Settings
 from mvlog.connectors.spark_source import MvlogDataSource
+from mvlog.infra.local_stack import LOOPBACK
 
 
 def spark_session(settings: Settings, app_name: str = "mvlog") -> SparkSession:
@@ -23,15 +24,19 @@ def spark_session(settings: Settings, app_name: str = "mvlog") -> SparkSession:
     for name, value in (("MVLOG_BOOTSTRAP_SERVERS", settings.bootstrap_servers),
                         ("MVLOG_REDIS_URL", settings.redis_url), ("MVLOG_TOPIC_PREFIX", settings.topic_prefix)):
         os.environ[name] = value
-    spark = (SparkSession.builder.master(settings.spark_master).appName(app_name)
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "4")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-             .config("spark.python.worker.reuse", "true")
-             .getOrCreate())
+    builder = (SparkSession.builder.master(settings.spark_master).appName(app_name)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.python.worker.reuse", "true"))
+    if settings.spark_master.startswith("local"):
+        # Everything on this machine: the JVM binds and resolves only the loopback address. On a
+        # cluster the driver must be reachable by executors: spark-submit's own settings decide.
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+        builder = (builder.config("spark.driver.bindAddress", LOOPBACK)
+                   .config("spark.driver.host", LOOPBACK))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(MvlogDataSource)
     return spark

@@ -18,14 +18,17 @@ import redis
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Op
 from mvlog.config import Settings
+from mvlog.connectors.backpressure import Backpressure
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, EncodedChange
 from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.topics import ensure_topic
-from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore
+from mvlog.connectors.view_store import EpochCommit, Lifecycle, ServingStateLostError, ViewStore
 from mvlog.epoch import EpochClock
+from mvlog.key_order import order_member
 from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType, FieldError, Key, Row, RowSchema
 from mvlog.schemas.codec import decode_row, encode_key, encode_row
+from mvlog.vnode import vnode_of
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +106,23 @@ class Table:
         self.entry = entry
         self.schema: RowSchema = entry.schema
         self._fast_normalize = _plain_row_normalizer(self.schema)
+        # Only string and bytes columns can make a row too large for one Kafka record: checked per row.
+        self._sized_columns = [c.name for c in self.schema.columns if c.type in (ColumnType.STRING, ColumnType.BYTES)]
         self._redis = client or redis.Redis.from_url(settings.redis_url)
         self.store = ViewStore(self._redis, settings.topic_prefix)
         # The writer's init_transactions fences any earlier writer before we read the log's tail.
         self._writer = ChangelogWriter(settings, entry.name, entry.key_columns, entry.partitions)
         # A table created a moment ago has an empty changelog: nothing to roll forward.
-        self._clock = EpochClock(roll_forward(settings, self.store, entry).max_seen if recover else 0)
+        # A view built on the table's last epoch proves it committed, should Redis have lost it (wiped).
+        if recover:
+            views = CatalogStore(settings, self._redis).views_reading(entry.name)
+            self._clock = EpochClock(roll_forward(settings, self.store, entry, downstreams=views).max_seen)
+        else:
+            self._clock = EpochClock(0)
         # The next barrier names the last *committed* epoch, abandoning any epoch a killed writer left.
         self._prev_epoch = self.store.mce(entry.name) or 0
+        # Proof that the last epoch committed, should Redis be wiped before this writer commits one.
+        self._last_committed = self.store.index.entries_at(entry.name, entry.partitions, self._prev_epoch or None)
         self._epochs_written = 0
         self._pending: dict[Key, Row | None] = {}
         self._lock = threading.Lock()
@@ -118,6 +130,7 @@ class Table:
         self._error: BaseException | None = None
         self._closed = threading.Event()
         self._wake = threading.Event()
+        self._backpressure = Backpressure(settings, self._redis)
         self.store.set_lifecycle(entry.name, Lifecycle.LIVE)
         self._thread: threading.Thread | None = None
         if auto_commit:
@@ -166,12 +179,26 @@ class Table:
                     errors.extend(problems)
                     continue
                 normalized = self.schema.normalize(row)
+            if self._sized_columns and (problem := self._too_large(normalized)) is not None:
+                errors.append(FieldError(index, problem[0], problem[1]))
+                continue
             accepted[key_of(normalized)] = normalized
         with self._lock:
             self._pending.update(accepted)
         if errors:
             raise RowValidationError(self.entry.name, errors, len(accepted))
         return len(accepted)
+
+    def _too_large(self, row: Row) -> tuple[str, str] | None:
+        """(column, problem) when the row's strings and bytes alone exceed ``max_record_bytes``: its change
+        event (before and after images) could not be one Kafka record, and readers would dead-letter it."""
+        limit = self.settings.max_record_bytes // 2  # an update carries the row twice
+        sizes = {name: len(value) for name in self._sized_columns if (value := row.get(name)) is not None}
+        if sum(sizes.values()) <= limit:
+            return None
+        largest = max(sizes, key=lambda name: sizes[name])
+        return largest, (f"row too large: {sum(sizes.values())} bytes of text/bytes, above half of max_record_bytes "
+                         f"({self.settings.max_record_bytes}), the largest column being {largest!r}")
 
     def delete(self, keys: Iterable[Any]) -> int:
         """Queue deletes of primary keys (a scalar for a one-column key, else a tuple)."""
@@ -195,6 +222,7 @@ class Table:
     def flush(self) -> int:
         """Commit everything queued so far as one epoch now; returns that epoch."""
         self._raise_background_error()
+        self.wait_for_downstreams()
         committed = self.commit_epoch()
         return committed.epoch
 
@@ -203,7 +231,12 @@ class Table:
         with self._commit_lock:
             with self._lock:
                 pending, self._pending = self._pending, {}
+            # Before-images come from Redis: they must be those of the last committed epoch, so a wiped
+            # Redis is noticed (and rebuilt from Kafka) before the changes are computed, and after.
+            self._ensure_serving_state()
             changes = self._changes(pending)
+            while self._ensure_serving_state():
+                changes = self._changes(pending)
             epoch = self._clock.next()
             self._epochs_written += 1
             checkpoint = self._epochs_written % self.settings.checkpoint_frequency == 0
@@ -211,20 +244,52 @@ class Table:
             # epoch's transaction, so an encoding error aborts the epoch.
             row_puts: dict[bytes, bytes] = {}
             row_deletes: list[bytes] = []
+            order_puts: list[bytes] = []
+            order_deletes: list[bytes] = []
+            key_of = self.schema.key_of
 
             def encoded() -> Iterator[EncodedChange]:
                 for key, op, before, after in changes:
                     after_bytes = None if after is None else encode_row(after)
+                    image = after if after is not None else before
+                    assert image is not None
+                    member = order_member(vnode_of(key), key_of(image), key)
                     if after_bytes is None:
                         row_deletes.append(key)
+                        order_deletes.append(member)
                     else:
                         row_puts[key] = after_bytes
+                        order_puts.append(member)
                     yield EncodedChange(op, key, None if before is None else encode_row(before), after_bytes)
 
-            committed = self._writer.commit_encoded(epoch, self._prev_epoch, encoded(), checkpoint=checkpoint)
+            follows = self._prev_epoch
+            committed = self._writer.commit_encoded(epoch, follows, encoded(), checkpoint=checkpoint)
             self._prev_epoch = epoch
-            self.store.commit(self.entry.name, EpochCommit(epoch, row_puts, row_deletes, committed.index))
+            self._last_committed = committed.index
+            try:
+                self.store.commit(self.entry.name, EpochCommit(epoch, row_puts, row_deletes, committed.index,
+                                                               order_puts=order_puts, order_deletes=order_deletes,
+                                                               follows=follows))
+            except ServingStateLostError:
+                self._recover()  # rolls Redis forward over this epoch too
             return committed
+
+    def _ensure_serving_state(self) -> bool:
+        """True when Redis had lost this table's state (wiped) and it was rebuilt from Kafka."""
+        if self.store.mce(self.entry.name) == (self._prev_epoch or None):
+            return False
+        self._recover()
+        return True
+
+    def _recover(self) -> None:
+        from mvlog.services.control_plane import recover_after_wipe
+
+        log.warning("%s: Redis no longer holds its MCE %d: rebuilding from Kafka", self.entry.name, self._prev_epoch)
+        mce = recover_after_wipe(self.settings, self._redis, self.entry, self._last_committed)
+        if (mce or 0) != self._prev_epoch:
+            raise RuntimeError(f"table {self.entry.name}: Redis is at epoch {mce}, this writer at {self._prev_epoch}; "
+                               "another writer of the table is running")
+        self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
 
     def _changes(self, pending: Mapping[Key, Row | None]) -> list[tuple[bytes, str, Row | None, Row | None]]:
         """(key bytes, op, before, after) of every pending key whose row changes (each key once)."""
@@ -254,13 +319,23 @@ class Table:
             self._wake.clear()
             if self._closed.is_set():
                 return
-            next_tick = time.monotonic() + interval
             try:
+                self.wait_for_downstreams()
+                if self._closed.is_set():
+                    return
+                next_tick = time.monotonic() + interval
                 self.commit_epoch()
             except BaseException as exc:  # surfaced to the caller's next call
                 log.exception("%s: epoch commit failed", self.entry.name)
                 self._error = exc
                 return
+
+    def wait_for_downstreams(self, poll_s: float = 0.02) -> None:
+        """Backpressure: while a downstream that set ``max_epoch_lag`` lags that many epochs behind this
+        table, do not open another epoch (writes keep queueing). Returns as soon as it catches up, or when
+        the table is closed. Without such a downstream this is one cached catalog look-up."""
+        while self._backpressure.blocking(self.entry.name) and not self._closed.wait(poll_s):
+            pass
 
     def _raise_background_error(self) -> None:
         if self._error is not None:

@@ -6,6 +6,10 @@ feeds the epoch's changes to the view's incremental operator, writes the resulti
 epoch's barriers to the view's changelog in one Kafka transaction, then commits rows, operator state,
 epoch index and MCE to Redis in one script. Redis is the commit point: an epoch that reached Kafka but
 not Redis is redone under a new transaction, and readers drop the abandoned attempt (chain rule).
+
+A view created with ``backfill=chunked`` starts at its upstreams' current epoch instead of their log's
+start: a :class:`~mvlog.services.backfill.ChunkedBackfill` turns each upstream epoch into the changes
+at or below its positions plus a chunk of the upstream's rows, and its positions commit with the epoch.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -26,17 +33,25 @@ from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.changes import Change, Mutation, Op
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_writer import ChangelogWriter
+from mvlog.connectors.change_rows import epoch_slices, one_change_per_key
+from mvlog.connectors.changelog_writer import ChangelogWriter, encode_epoch
+from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
+from mvlog.connectors.retention import has_records, starts_the_log
+from mvlog.connectors.snapshot_store import SnapshotStore
+from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
+from mvlog.key_order import order_member
 from mvlog.replacement import APPLY_MUTATION, Status, applied_entry, diff_rows
 from mvlog.row_schema import Row
-from mvlog.schemas.codec import decode_row
+from mvlog.schemas.codec import decode_row, encode_key
+from mvlog.services.backfill import ChunkedBackfill, backfill_needed
 from mvlog.services.replacement_follower import ReplacementFollower
 from mvlog.services.replacements import complete_apply, plan_replacement
+from mvlog.services.snapshot_backfill import SnapshotBackfill, load_from_snapshot, snapshot_backfill_needed
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
-from mvlog.views import ViewDefinitionError, ViewOperator
+from mvlog.views import EpochOutput, ViewDefinitionError, ViewOperator
+from mvlog.vnode import vnode_of
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +107,9 @@ class ViewConsumer:
         self.entry = complete_apply(self.catalog, self.replacements, view)  # finish an interrupted apply
         assert self.entry.sql is not None
         self.replacement: ReplacementFollower | None = None  # a staged replacement, hydrated read-only
-        # Epochs and replacement upkeep never interleave: micro-batches and the idle watcher take turns.
-        self._replacement_lock = threading.Lock()
+        # Epochs and replacement upkeep never interleave: micro-batches and the idle watcher take turns
+        # (re-entrant: a micro-batch holds it across its sync, its choice of path and apply_epochs).
+        self._replacement_lock = threading.RLock()
         self._watcher: threading.Thread | None = None
         self._stopping = threading.Event()
         self.upstreams = {name: self.catalog.get(name) for name in self.entry.sources}
@@ -105,11 +121,35 @@ class ViewConsumer:
         self.trigger_interval = trigger_interval
         # A new transactional producer fences any earlier consumer of this view.
         self.writer = ChangelogWriter(settings, view, self.entry.key_columns, self.entry.partitions)
+        self._last_committed: dict[int, IndexEntry] | None = None
+        topic = settings.changelog_topic(view)
+        if (self.store.mce(view) is None or self.catalog.wiped()) and has_records(settings, topic,
+                                                                                   self.entry.partitions):
+            from mvlog.services.control_plane import recover_after_wipe
+
+            # Redis was wiped (and maybe is being rebuilt by another process): rebuild from Kafka, or wait.
+            recover_after_wipe(settings, self._redis, self.entry, None)
         self.mce = self.store.mce(view) or 0
+        # Proof that the MCE committed, should Redis be wiped before this consumer commits an epoch.
+        self._last_committed = self.store.index.entries_at(view, self.entry.partitions, self.mce or None)
+        # A view created with --backfill chunked starts at its upstreams' current epoch and reads their
+        # rows from Redis in chunks; otherwise it replays the upstream changelog from its start.
+        self.backfill: ChunkedBackfill | None = None
+        if backfill_needed(self.store, self.entry):
+            self.backfill = ChunkedBackfill(settings, self.store, self.catalog, self.entry, self.upstreams)
+        # A view created with --backfill snapshot starts at its upstream's snapshot epoch E: the snapshot's
+        # rows are its epoch E (loaded by start() or catch_up()), then the upstream's epochs after E follow.
+        self.snapshot_backfill: SnapshotBackfill | None = None
+        if self.backfill is None and snapshot_backfill_needed(self.store, self.entry):
+            self.snapshot_backfill = SnapshotBackfill(settings, self.store,
+                                                      SnapshotStore.of(settings, self._redis),
+                                                      self.entry, self.upstreams[self.entry.sources[0]])
+        self._after = max(self.mce, self.backfill.start_epoch if self.backfill is not None else 0)
         self._state = _ViewState(self.store, view)
         self._query: StreamingQuery | None = None
         self._checkpoint_dir: str | None = None
         self.epochs_applied = 0
+        self.backfill_done: ChunkedBackfill | None = None  # the completed backfill (its final progress)
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -119,7 +159,7 @@ class ViewConsumer:
 
     def stream(self) -> DataFrame:
         reader = self.spark.readStream.format("mvlog").options(**self._source_options(self.entry.sources[0]))
-        reader = reader.option("startingEpoch", str(self.mce))
+        reader = reader.option("startingEpoch", str(self._after))
         reader = reader.option("maxEpochsPerTrigger", str(self.max_epochs_per_trigger))
         if len(self.entry.sources) > 1:
             reader = reader.option("alignWith", ",".join(self.entry.sources[1:]))
@@ -133,55 +173,171 @@ class ViewConsumer:
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """foreachBatch: apply every epoch of the micro-batch above the MCE, in order."""
-        epochs: EpochChanges = {}
-        changes_from_arrow(batch.toArrow(), self.upstreams[self.entry.sources[0]], epochs)
-        if not epochs:
-            return
-        end = max(epochs)
-        for other in self.entry.sources[1:]:  # a join reads its other side up to the same epoch
-            changes_from_arrow(self._read_range(other, self.mce, end), self.upstreams[other], epochs)
-        self.apply_epochs(epochs)
+        table = batch.toArrow()
+        source = self.entry.sources[0]
+        first = pc.min(table.column("_epoch")).as_py() if len(table) else None
+        if first is not None and self.store.index.between(source, 0, self._after, first - 1):
+            # Epochs the stream never delivered (planned while Redis was wiped): read them now.
+            table = pa.concat_tables([self._read_range(source, self._after, first - 1), table],
+                                     promote_options="default")
+        with self._replacement_lock:  # the watcher must not stage a follower between the check and the apply
+            self._sync_replacement()
+            if self.operator.reads_one_view and self.backfill is None and self.replacement is None:
+                self.apply_columns(table)  # a backfill or a replacement takes the changes row by row
+                return
+            epochs: EpochChanges = {}
+            changes_from_arrow(table, self.upstreams[source], epochs)
+            if not epochs:
+                return
+            end = max(epochs)
+            for other in self.entry.sources[1:]:  # a join reads its other side up to the same epoch
+                changes_from_arrow(self._read_range(other, self._after, end), self.upstreams[other], epochs)
+            self.apply_epochs(epochs)
 
     def apply_epochs(self, epochs: EpochChanges) -> None:
         with self._replacement_lock:
             self._sync_replacement()
             for epoch in sorted(epochs):
-                if epoch <= self.mce:
-                    continue  # applied before a restart: never twice
+                if epoch <= self._after:
+                    continue  # applied before a restart (never twice), or before the backfill started
                 self.apply_epoch(epoch, epochs[epoch])
 
+    def apply_columns(self, batch: pa.Table) -> None:
+        """Apply the epochs above the MCE of a one-upstream micro-batch, straight from its columns.
+
+        An epoch in which some key changes more than once (no mvlog writer does that, but a changelog
+        may come from elsewhere) takes the row-by-row path, which nets the changes per key first.
+        """
+        upstream = self.upstreams[self.entry.sources[0]]
+        for epoch, rows in epoch_slices(batch):
+            if epoch <= self._after:
+                continue  # applied before a restart: never twice
+            if one_change_per_key(rows):
+                output = self._compute(epoch, partial(self.operator.apply_signed, rows, rows.column("_weight"),
+                                                      self._state))
+            else:
+                epochs: EpochChanges = {}
+                changes_from_arrow(rows, upstream, epochs)
+                inputs = epochs.get(epoch, {})
+                output = self._compute(epoch, partial(self.operator.apply_epoch, inputs, self._state))
+            if output is not None:
+                self._commit(epoch, output)
+
     def apply_epoch(self, epoch: int, changes: Mapping[str, Sequence[Change]]) -> None:
+        started = time.monotonic()
         inputs = {name: list(changes.get(name, ())) for name in self.entry.sources}
         if self.replacement is not None and self._follow_replacement(epoch, inputs):
             return  # the replacement took over at this epoch
-        output = self.operator.apply_epoch(inputs, self._state)
-        committed = self.writer.commit_epoch(epoch, self.mce, output.changes)
-        rows = commit_from_changes(self.entry.key_columns, epoch, output.changes, committed.index)
+        step = self.backfill.prepare(epoch, inputs) if self.backfill is not None else None
+        if step is not None:
+            inputs = step.changes
+        output = self._compute(epoch, lambda: self.operator.apply_epoch(inputs, self._state))
+        if output is None:
+            return
+        if step is None:
+            self._commit(epoch, output)
+        else:
+            self._commit(epoch, output, step.commit_fields(), step.mutation(self.entry.name))
+        if self.backfill is not None and step is not None:
+            self.backfill.committed(step, time.monotonic() - started)
+            if self.backfill.done:
+                log.info("%s: backfill done at epoch %d (%d rows)", self.entry.name, epoch, self.backfill.rows_done)
+                self.backfill_done = self.backfill
+                self.backfill = None
+
+    def _compute(self, epoch: int, compute: Callable[[], EpochOutput]) -> EpochOutput | None:
+        """The operator's output for ``epoch``, from the operator state of the MCE: a wiped Redis is
+        rebuilt from Kafka first (and the epoch recomputed if it was wiped while the operator ran);
+        None when the rebuilt state already holds the epoch."""
+        self._ensure_serving_state()
+        output = compute()
+        while self._ensure_serving_state():
+            if epoch <= self.mce:
+                return None
+            output = compute()
+        return output
+
+    def _commit(self, epoch: int, output: EpochOutput, extra: Mapping[str, Any] | None = None,
+                mutation: Mutation | None = None) -> None:
+        """The epoch's changes and barriers (with ``mutation``: the backfill's progress) to Kafka in one
+        transaction, then rows, state, MCE (and the backfill's positions, ``extra``) to Redis in one script."""
+        encoded = encode_epoch(self.entry.key_columns, output.changes)  # each key and row encoded once
+        committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes, mutation=mutation)
+        self._last_committed = committed.index
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
-        if not self.store.commit(self.entry.name, EpochCommit(epoch, rows.row_puts, rows.row_deletes,
-                                                              rows.index, puts, deletes)):
+        commit = commit_from_encoded(epoch, output.changes, encoded, committed.index, state_puts=puts,
+                                     state_deletes=deletes, follows=self.mce, **(extra or {}))
+        try:
+            applied = self.store.commit(self.entry.name, commit)
+            lost = self.catalog.wiped()  # committed, or refused, into a Redis that another process rebuilds
+        except ServingStateLostError:
+            applied, lost = False, True
+        if lost:
+            self._recover()  # waits for the rebuild, rolls Redis forward over this epoch too, derives the state
+            applied = self.mce == epoch
+        if not applied:
             raise RuntimeError(f"{self.entry.name}: epoch {epoch} is at or below the MCE in Redis; "
                                "another consumer of this view is running")
-        self.mce = epoch
+        self.mce = self._after = epoch
         self.epochs_applied += 1
+
+    def _ensure_serving_state(self) -> bool:
+        """True when Redis had lost this view's state (wiped) and it was rebuilt from Kafka.
+
+        The control-plane marker must be there too: while another process rebuilds Redis, this view's
+        MCE may already be back with its operator state not re-derived yet; the consumer waits for the
+        rebuild (its lock) instead of computing an epoch from that state."""
+        if self.store.mce(self.entry.name) == (self.mce or None) and not self.catalog.wiped():
+            return False
+        self._recover()
+        return True
+
+    def _recover(self) -> None:
+        from mvlog.services.control_plane import recover_after_wipe
+
+        log.warning("%s: Redis no longer holds its MCE %d: rebuilding from Kafka", self.entry.name, self.mce)
+        mce = recover_after_wipe(self.settings, self._redis, self.entry, self._last_committed) or 0
+        if mce < self.mce:
+            raise RuntimeError(f"{self.entry.name}: Redis could only be rebuilt up to epoch {mce}, "
+                               f"below this consumer's {self.mce}")
+        self.mce = mce
+        self._after = max(self._after, mce)
+        self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE)
 
     def catch_up(self, upto: int | None = None) -> int:
         """Apply every committed upstream epoch above the MCE with batch reads; returns the new MCE.
 
         The streaming query does the same continuously; this is the one-shot form (tests, replay).
         """
+        self.load_snapshot()
         committed = self.store.mce_many(list(self.entry.sources))
         end = min(m or 0 for m in committed.values())
         if upto is not None:
             end = min(end, upto)
-        if end <= self.mce:
+        if end <= self._after:
             return self.mce
         epochs: EpochChanges = {}
         for source in self.entry.sources:
-            changes_from_arrow(self._read_range(source, self.mce, end), self.upstreams[source], epochs)
+            changes_from_arrow(self._read_range(source, self._after, end), self.upstreams[source], epochs)
         self.apply_epochs(epochs)
         return self.mce
+
+    def load_snapshot(self) -> None:
+        """Commit the upstream snapshot's rows as the view's first epoch (a view created with
+        ``--backfill snapshot`` that has none yet); the upstream's later epochs then follow."""
+        if self.snapshot_backfill is None:
+            return
+
+        def commit(epoch: int, rows: pa.Table) -> None:
+            weights = pa.repeat(pa.scalar(1, pa.int64()), len(rows))
+            output = self._compute(epoch, partial(self.operator.apply_signed, rows, weights, self._state))
+            if output is not None:
+                self._commit(epoch, output, {"lifecycle": Lifecycle.LIVE.value})
+
+        epoch = load_from_snapshot(self.snapshot_backfill, self.spark, commit)
+        log.info("%s: loaded from %s's snapshot at epoch %d", self.entry.name, self.entry.sources[0], epoch)
+        self.snapshot_backfill = None
 
     # --- replacement ------------------------------------------------------------------------------
 
@@ -201,6 +357,13 @@ class ViewConsumer:
                 return
             follower = self.replacement = ReplacementFollower(record, plan, self.replacements)
         follower.apply_requested = record.apply_requested
+        if follower.mce is None and (trimmed := self._trimmed_upstreams()):
+            # Hydration replays the upstreams' changelogs from their start: a trimmed one would give
+            # the replacement wrong rows, and its apply a wrong diff.
+            self._replacement_failed(record.id, CatalogError(
+                f"cannot hydrate: the changelog of {', '.join(trimmed)} no longer starts at its first epoch "
+                "(Kafka retention); a replacement replays its upstreams' changelogs from their start"))
+            return
         if follower.mce is None or follower.mce < self.mce:
             follower.hydrate(self.mce, self._upstream_history)
 
@@ -212,6 +375,10 @@ class ViewConsumer:
                     self._sync_replacement()
             except Exception as error:  # the next micro-batch retries, and reports a persistent failure
                 log.warning("%s: replacement upkeep failed: %s", self.entry.name, error)
+
+    def _trimmed_upstreams(self) -> list[str]:
+        return [source for source in self.entry.sources
+                if not starts_the_log(self.settings, self.store.index, source)]
 
     def _upstream_history(self, after: int, upto: int) -> dict[str, list[Change]]:
         """Each upstream's changes of its epochs in (after, upto], read from its changelog."""
@@ -262,14 +429,21 @@ class ViewConsumer:
         mutation = Mutation(APPLY_MUTATION, view, {"replacement_id": follower.id, "sql": follower.sql,
                                                    "previous_sql": self.entry.sql, "version": version})
         committed = self.writer.commit_epoch(epoch, self.mce, changes, mutation=mutation)
-        if not self.replacements.apply(view, follower.id, epoch, committed.index, version):
+        # The key-order index (backfills of views built on this one read it) follows the diff.
+        members: dict[Op, list[bytes]] = {}
+        for change in changes:
+            key = encode_key(self.entry.key_columns, change.key)
+            members.setdefault(change.op, []).append(order_member(vnode_of(key), change.key, key))
+        added, removed = members.get(Op.CREATE, []), members.get(Op.DELETE, [])
+        if not self.replacements.apply(view, follower.id, epoch, committed.index, version, added, removed):
             follower.apply_requested = False
             log.info("%s: replacement %s not applied at epoch %d (withdrawn or discarded)", view, follower.id, epoch)
             return False
+        self._last_committed = committed.index
         self.entry = applied_entry(entry, follower.sql, follower.plan.schema, follower.plan.sources, version)
         self.catalog.put(self.entry)
         self.plan, self.operator, self.replacement = follower.plan, follower.operator, None
-        self.mce = epoch
+        self.mce = self._after = epoch
         self.epochs_applied += 1
         log.info("%s: replacement %s applied at epoch %d (%d change(s)), version %d", view, follower.id, epoch,
                  len(changes), version)
@@ -278,7 +452,8 @@ class ViewConsumer:
     # --- running ----------------------------------------------------------------------------------
 
     def start(self) -> StreamingQuery:
-        self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
+        self.load_snapshot()
+        self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE)
         self._checkpoint_dir = tempfile.mkdtemp(prefix=f"mvlog-{self.entry.name}-")
         self._query = (self.stream().writeStream.foreachBatch(self.process_batch)
                        .option("checkpointLocation", self._checkpoint_dir)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
+
 import redis
 
 from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.replacement_store import ReplacementStore
+from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.topics import delete_topic, ensure_topic
 from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.epoch import EpochClock
+from mvlog.snapshot_plan import BackfillChoice, SnapshotError, choose_backfill
 from mvlog.views import ViewPlan, plan_view
 
 
@@ -30,16 +34,41 @@ def plan_for(catalog: CatalogStore, name: str, sql: str) -> ViewPlan:
     return plan_view(name, sql, upstreams)
 
 
+#: How a new view gets its upstreams' existing rows: ``changelog`` replays the upstream changelog from its
+#: start (needs the whole log retained); ``chunked`` backfills online from the upstreams' serving state;
+#: ``snapshot`` starts from the upstream's latest snapshot and replays the epochs after it; ``auto`` picks
+#: snapshot when the upstream has one and holds more than ``snapshot_backfill_min_rows`` rows, else chunked.
+BACKFILL_METHODS: tuple[str, ...] = ("chunked", "changelog", "snapshot", "auto")
+
+
+def resolve_backfill(settings: Settings, client: redis.Redis, sources: tuple[str, ...],
+                     requested: str) -> BackfillChoice:
+    """The concrete backfill method for a view over ``sources`` (see :func:`mvlog.snapshot_plan.choose_backfill`)."""
+    snapshots = SnapshotStore.of(settings, client)
+    store = ViewStore(client, settings.topic_prefix)
+    try:
+        return choose_backfill(requested, sources, {s: snapshots.latest(s) for s in sources},
+                               {s: store.row_count(s) for s in sources}, settings.snapshot_backfill_min_rows)
+    except SnapshotError as error:
+        raise CatalogError(str(error)) from error
+
+
 def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis | None = None,
-                partitions: int | None = None) -> CatalogEntry:
+                partitions: int | None = None, backfill: str = "changelog") -> CatalogEntry:
     """Register view ``name``; nothing is created when the definition is refused."""
+    if backfill not in BACKFILL_METHODS:
+        raise CatalogError(f"unknown backfill method {backfill!r}; known: {', '.join(BACKFILL_METHODS)}")
     client = client or redis.Redis.from_url(settings.redis_url)
     catalog = CatalogStore(settings, client)
     if (existing := catalog.find(name)) is not None:
         raise CatalogError(f"{existing.kind} {name!r} already exists")
     plan = plan_for(catalog, name, sql)
+    choice = resolve_backfill(settings, client, plan.sources, backfill)
+    options = {"backfill": choice.method} if choice.method != "changelog" else {}
+    if backfill == "auto":
+        options["backfill_auto"] = choice.reason  # why auto chose it (shown by create-view)
     entry = CatalogEntry(name, "view", plan.schema, partitions or settings.partitions,
-                         created_epoch=EpochClock().next(), sql=sql, sources=plan.sources)
+                         created_epoch=EpochClock().next(), sql=sql, sources=plan.sources, options=options)
     ensure_topic(settings, settings.changelog_topic(name), entry.partitions)
     catalog.put(entry)
     ViewStore(client, settings.topic_prefix).set_lifecycle(name, Lifecycle.CREATING)
@@ -48,7 +77,7 @@ def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis 
 
 
 def drop_view(settings: Settings, name: str, *, client: redis.Redis | None = None) -> None:
-    """Drop a view (refused while other views read it, naming them)."""
+    """Drop a view (refused while other views read it, naming them), with its snapshots."""
     client = client or redis.Redis.from_url(settings.redis_url)
     catalog = CatalogStore(settings, client)
     entry = catalog.get(name)
@@ -59,6 +88,8 @@ def drop_view(settings: Settings, name: str, *, client: redis.Redis | None = Non
     catalog.delete(name)
     ViewStore(client, settings.topic_prefix).drop(name, entry.partitions)
     ReplacementStore(client, settings.topic_prefix).forget(name)
+    for snapshot in SnapshotStore.of(settings, client).drop(name):
+        shutil.rmtree(snapshot.path, ignore_errors=True)
     delete_topic(settings, settings.changelog_topic(name))
     catalog.close()
 

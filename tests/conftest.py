@@ -63,6 +63,32 @@ def pytest_configure(config: pytest.Config) -> None:
         del os.environ[name]
 
 
+#: The name under which a test records a result line for the CI log (see :func:`report`).
+RESULT_PROPERTY = "result"
+
+
+@pytest.fixture
+def report(record_property: Callable[[str, object], None]) -> Callable[[str], None]:
+    """``report(line)``: a measured result (a ratio, a soak's summary) printed at the end of the run.
+
+    The lines travel with the test's report, so they reach the log when pytest-xdist runs the test in a
+    worker process, whose own output is not shown.
+    """
+    return lambda line: record_property(RESULT_PROPERTY, line)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    lines = [(report.nodeid, value)
+             for outcome in ("passed", "failed")
+             for report in terminalreporter.stats.get(outcome, [])
+             if getattr(report, "when", None) == "call"
+             for name, value in getattr(report, "user_properties", ()) if name == RESULT_PROPERTY]
+    if lines:
+        terminalreporter.section("results")
+        for nodeid, value in sorted(lines):
+            terminalreporter.write_line(f"{nodeid.rsplit('::', 1)[-1]}: {value}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if STACK_FIXTURES.intersection(getattr(item, "fixturenames", ())):

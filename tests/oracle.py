@@ -1,19 +1,27 @@
 """The independent oracle: a view evaluated in full by DuckDB (or Spark SQL) over its upstreams' rows.
 
 Invariant I1 says rows(d, e) = Q(rows(u, e)) for every committed epoch e of d; the tests fold each
-changelog up to every barrier and compare with this evaluation.
+changelog up to every barrier and compare with this evaluation. Q is the view's definition at e (a
+replacement applied at epoch a defines it from a on, read from the apply_replacement mutations of its
+changelog); while a view created online still backfills, rows(u, e) is restricted to the upstream keys
+its positions cover at e (from the backfill_progress mutations on its barriers).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 import redis
 
+from mvlog.backfill import BackfillPositions
+from mvlog.backfill_record import BACKFILL_MUTATION, BackfillReplay
+from mvlog.catalog import CatalogEntry
 from mvlog.changes import Epoch, apply_changes
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
@@ -21,6 +29,7 @@ from mvlog.connectors.changelog_reader import ChangelogReader
 from mvlog.connectors.view_store import ViewStore
 from mvlog.row_schema import ColumnType, Key, Row, RowSchema
 from mvlog.schemas.codec import decode_row
+from mvlog.services.backfill import coverage
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ViewPlan, to_duckdb_sql, to_spark_sql
 
@@ -28,15 +37,24 @@ ARROW = {ColumnType.INT: pa.int64(), ColumnType.FLOAT: pa.float64(), ColumnType.
          ColumnType.BOOLEAN: pa.bool_(), ColumnType.BYTES: pa.binary()}
 
 
+@cache
+def _duckdb() -> duckdb.DuckDBPyConnection:
+    """One in-memory DuckDB per process: connecting costs ten times what a check's query does."""
+    return duckdb.connect()
+
+
 def duckdb_view_rows(plan: ViewPlan, upstreams: Mapping[str, tuple[RowSchema, list[Row]]]) -> dict[Key, Row]:
     """Q(rows(u)) computed from scratch by DuckDB, keyed by the view's key."""
-    con = duckdb.connect()
-    for name, (schema, rows) in upstreams.items():
-        arrow_schema = pa.schema([(c.name, ARROW[c.type]) for c in schema.columns])
-        con.register(name, pa.Table.from_pylist([schema.normalize(r) for r in rows], arrow_schema))
-    result = con.execute(to_duckdb_sql(plan, {s: s for s in plan.sources}))
-    names = [d[0] for d in result.description]
-    rows = [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+    con = _duckdb().cursor()  # a cursor of its own: registered tables never leak into another check
+    try:
+        for name, (schema, rows) in upstreams.items():
+            arrow_schema = pa.schema([(c.name, ARROW[c.type]) for c in schema.columns])
+            con.register(name, pa.Table.from_pylist([schema.normalize(r) for r in rows], arrow_schema))
+        result = con.execute(to_duckdb_sql(plan, {s: s for s in plan.sources}))
+        names = [d[0] for d in result.description]
+        rows = [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+    finally:
+        con.close()
     by_key = {plan.schema.key_of(row): row for row in rows}
     assert len(by_key) == len(rows), f"{plan.name}: the view's key is not unique in the oracle's result"
     return by_key
@@ -81,6 +99,35 @@ def definitions(epochs: list[Epoch], current_sql: str) -> list[tuple[int, str]]:
     return [(0, str(applied[0][1]["previous_sql"]))] + [(epoch, str(payload["sql"])) for epoch, payload in applied]
 
 
+def coverage_by_epoch(epochs: list[Epoch], upstreams: Mapping[str, CatalogEntry]
+                      ) -> dict[int, Callable[[str, Key], bool]]:
+    """For a view created with a chunked backfill: epoch -> which upstream keys it covered at that epoch,
+    from the ``backfill_progress`` mutations on its own barriers (epochs once the backfill is done, and
+    epochs of any other view, are absent: the view then holds its whole upstream)."""
+    replay = BackfillReplay(upstreams)
+    out: dict[int, Callable[[str, Key], bool]] = {}
+    for epoch in epochs:
+        mutation = epoch.mutation
+        if mutation is None or mutation.kind != BACKFILL_MUTATION or replay.done:
+            continue
+        replay.apply(epoch.epoch, mutation.payload)
+        if not replay.done:
+            out[epoch.epoch] = coverage(BackfillPositions(upstreams, dict(replay.positions.items())), upstreams)
+    return out
+
+
+def upstream_rows_at(catalog: CatalogStore, history: Mapping[str, dict[int, dict[Key, Row]]], plan: ViewPlan,
+                     epoch: int, covers: Callable[[str, Key], bool] | None = None
+                     ) -> dict[str, tuple[RowSchema, list[Row]]]:
+    """Each upstream's rows at ``epoch`` (only the keys ``covers`` names, when given): the oracle's input."""
+    out = {}
+    for source in plan.sources:
+        rows = rows_at(history[source], epoch)
+        kept = [row for key, row in rows.items() if covers is None or covers(source, key)]
+        out[source] = (catalog.get(source).schema, kept)
+    return out
+
+
 def check_oracle(settings: Settings, client: redis.Redis, names: list[str], spark: Any | None = None) -> int:
     """Assert I1 at every committed epoch of every view; returns the number of (view, epoch) checked."""
     catalog = CatalogStore(settings, client)
@@ -104,11 +151,18 @@ def check_oracle(settings: Settings, client: redis.Redis, names: list[str], spar
         plan = plans[-1][1]
         # One epoch (and barrier) per upstream epoch, up to the least advanced upstream (a join waits for both).
         reachable = min(max(history[s]) for s in plan.sources)
-        upstream_epochs = {e for s in plan.sources for e in history[s] if e <= reachable}
-        assert set(history[name]) == upstream_epochs, f"{name}: one epoch (and barrier) per upstream epoch"
+        # A view backfilled online (chunked, or from a snapshot at E) starts at its upstreams' epoch of its
+        # creation (or at E), not at their start.
+        first = min(history[name]) if entry.options.get("backfill") in ("chunked", "snapshot") else 0
+        upstream_epochs = {e for s in plan.sources for e in history[s] if first <= e <= reachable}
+        assert set(history[name]) == upstream_epochs, (
+            f"{name}: one epoch (and barrier) per upstream epoch; upstream epochs missing: "
+            f"{sorted(upstream_epochs - set(history[name]))}, epochs no upstream has: "
+            f"{sorted(set(history[name]) - upstream_epochs)}")
+        covered = coverage_by_epoch(epochs, {s: catalog.get(s) for s in plan.sources})
         for epoch, rows in history[name].items():
             plan = next(p for start, p in reversed(plans) if start <= epoch)  # the definition at that epoch
-            upstreams = {s: (catalog.get(s).schema, list(rows_at(history[s], epoch).values())) for s in plan.sources}
+            upstreams = upstream_rows_at(catalog, history, plan, epoch, covered.get(epoch))
             assert_same_rows(name, rows, duckdb_view_rows(plan, upstreams), plan.schema, f"epoch {epoch}")
             checked += 1
         plan = plans[-1][1]
@@ -124,3 +178,94 @@ def check_oracle(settings: Settings, client: redis.Redis, names: list[str], spar
             expected = {plan.schema.key_of(r): r for r in result}
             assert_same_rows(name, history[name][mce], expected, plan.schema, "spark sql at the MCE")
     return checked
+
+
+@dataclass
+class OracleReport:
+    """I1 checked without stopping at the first difference: what a soak prints at its end."""
+
+    epochs_checked: int = 0
+    rows_lost: int = 0  # rows the oracle has at an epoch that the view lacks (or holds with other values)
+    rows_doubled: int = 0  # rows the view has at an epoch that the oracle lacks (or holds with other values)
+    problems: list[str] = field(default_factory=list)
+    # Views that changed definition: (first epoch, SQL) of each, as checked.
+    definitions: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    # Views checked while their chunked backfill ran: (first, last) epoch checked on the covered keys.
+    backfilled: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.rows_lost and not self.rows_doubled
+
+
+def _same_row(mine: Row, theirs: Row, schema: RowSchema) -> bool:
+    for column in schema.columns:
+        a, b = mine.get(column.name), theirs.get(column.name)
+        if column.type is ColumnType.FLOAT and a is not None and b is not None:
+            if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def _count_differences(report: OracleReport, where: str, actual: Mapping[Key, Row],
+                       expected: Mapping[Key, Row], schema: RowSchema) -> None:
+    lost = sum(1 for k, row in expected.items() if k not in actual or not _same_row(actual[k], row, schema))
+    doubled = sum(1 for k, row in actual.items() if k not in expected or not _same_row(row, expected[k], schema))
+    if lost or doubled:
+        report.problems.append(f"{where}: {lost} row(s) lost, {doubled} row(s) doubled or wrong")
+    report.rows_lost += lost
+    report.rows_doubled += doubled
+
+
+def oracle_report(settings: Settings, client: redis.Redis, names: list[str]) -> OracleReport:
+    """I1 at every committed epoch of every view (upstreams first in ``names``), counting differences."""
+    catalog = CatalogStore(settings, client)
+    store = ViewStore(client, settings.topic_prefix)
+    history: dict[str, dict[int, dict[Key, Row]]] = {}
+    report = OracleReport()
+    for name in names:
+        entry = catalog.get(name)
+        mce = store.mce(name)
+        if mce is None:
+            report.problems.append(f"{name}: no committed epoch")
+            continue
+        with ChangelogReader(settings, name, entry.key_columns, entry.partitions, store.index,
+                             upto_epoch=mce) as reader:
+            epochs = list(reader.epochs(idle_timeout=10.0))
+        history[name] = rows_by_epoch(epochs)
+        if not epochs or epochs[-1].epoch != mce:
+            report.problems.append(f"{name}: the changelog ends at {epochs[-1].epoch if epochs else None}, "
+                                   f"not at its MCE {mce}")
+            continue
+        served = {entry.schema.key_of(decode_row(v)): decode_row(v) for _, v in store.scan_rows(name)}
+        _count_differences(report, f"{name} redis vs changelog", served, history[name][mce], entry.schema)
+        if entry.kind == "table":
+            continue
+        # The definition at each epoch (a replacement applied at epoch e defines the view from e on).
+        plans = [(start, plan_for(catalog, name, sql)) for start, sql in definitions(epochs, entry.sql or "")]
+        sources = sorted({s for _, p in plans for s in p.sources})
+        if any(s not in history for s in sources):
+            report.problems.append(f"{name}: an upstream could not be read")
+            continue
+        reachable = min(max(history[s]) for s in sources)
+        # A view backfilled online (chunked, or from a snapshot at E) starts at its upstreams' epoch of its
+        # creation (or at E), not at their start.
+        first = min(history[name]) if entry.options.get("backfill") in ("chunked", "snapshot") else 0
+        upstream_epochs = {e for s in sources for e in history[s] if first <= e <= reachable}
+        if missing := upstream_epochs - set(history[name]) - {e for e in upstream_epochs if e > mce}:
+            report.problems.append(f"{name}: {len(missing)} upstream epoch(s) without an epoch of its own")
+        if extra := set(history[name]) - upstream_epochs:
+            report.problems.append(f"{name}: {len(extra)} epoch(s) that no upstream has")
+        covered = coverage_by_epoch(epochs, {s: catalog.get(s) for s in sources})
+        for epoch, rows in history[name].items():
+            plan = next(p for start, p in reversed(plans) if start <= epoch)
+            upstreams = upstream_rows_at(catalog, history, plan, epoch, covered.get(epoch))
+            _count_differences(report, f"{name} epoch {epoch}", rows, duckdb_view_rows(plan, upstreams), plan.schema)
+            report.epochs_checked += 1
+        if len(plans) > 1:
+            report.definitions[name] = definitions(epochs, entry.sql or "")
+        if covered:
+            report.backfilled[name] = (min(covered), max(covered))
+    return report

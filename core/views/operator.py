@@ -18,12 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from mvlog.changes import Change
 from mvlog.row_schema import Row
 from mvlog.views.aggregate import AggregateStage
 from mvlog.views.batch import WEIGHT, JoinedRow, build_batch, referenced_columns
 from mvlog.views.deltas import SignedRow, consolidate, net_changes
-from mvlog.views.evaluate import evaluate
+from mvlog.views.evaluate import arrow_type, column_field, evaluate
 from mvlog.views.join import JoinStage
 from mvlog.views.plan import ViewPlan
 from mvlog.views.state import StateReader
@@ -65,7 +67,34 @@ class ViewOperator:
             rows = [(weight, (values,)) for weight, values in netted[query.sources[0].view]]
         if not rows and self._aggregate is None:
             return EpochOutput([], writes)
-        batch = build_batch(query, rows, self._columns)
+        return self._apply_batch(build_batch(query, rows, self._columns), state, writes)
+
+    @property
+    def reads_one_view(self) -> bool:
+        """Whether :meth:`apply_signed` applies (a join nets and matches its two sides row by row)."""
+        return self._join is None
+
+    def apply_signed(self, rows: pa.Table, weights: pa.Array, state: StateReader) -> EpochOutput:
+        """:meth:`apply_epoch` of a one-view definition whose input is already signed rows, columnar.
+
+        ``rows`` has the upstream's columns (by name) and ``weights`` the sign of each row: the
+        retraction (-1) of a key's row before the epoch and the assertion (+1) of its row after it, at
+        most one of each per key (what one change per key and epoch gives; the caller checks). This is
+        the path of the Spark consumer, whose input arrives in Arrow: no row becomes a Python object.
+        """
+        if self._join is not None:
+            raise ValueError(f"view {self.plan.name!r} joins two views: use apply_epoch")
+        if len(rows) == 0 and self._aggregate is None:
+            return EpochOutput([], {})
+        source = self.plan.query.sources[0]
+        arrays: dict[str, pa.Array | pa.ChunkedArray] = {
+            column_field(0, c.name): rows.column(c.name).cast(arrow_type(c.type))
+            for c in source.schema.columns if (0, c.name) in self._columns}
+        arrays[WEIGHT] = weights.cast(pa.int64())
+        return self._apply_batch(pa.table(arrays), state, {})
+
+    def _apply_batch(self, batch: pa.Table, state: StateReader, writes: dict[bytes, bytes | None]) -> EpochOutput:
+        query = self.plan.query
         if query.where is not None:
             batch = batch.filter(evaluate(query.where, batch))  # NULL drops the row, as in SQL
         if self._aggregate is not None:

@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 from mvlog.config import Settings
 from mvlog.connectors.changelog_writer import EpochWriteError, WriterFencedError
 from mvlog.connectors.topics import TopicError
+from mvlog.snapshot_plan import SnapshotError
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -107,5 +108,5 @@ def backend_errors(settings: Settings) -> Iterator[None]:
         raise click.ClickException(f"Redis at {redis_address(settings)}: {error}") from error
     except KafkaException as error:
         raise click.ClickException(f"Kafka at {settings.bootstrap_servers}: {_kafka_detail(error)}") from error
-    except (TopicError, WriterFencedError, EpochWriteError) as error:
+    except (TopicError, WriterFencedError, EpochWriteError, SnapshotError) as error:
         raise click.ClickException(str(error)) from error

@@ -12,7 +12,7 @@ from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.names import check_name
 from mvlog.services.commands.output import describe_schema
-from mvlog.services.view_ddl import alter_view, create_view, drop_view
+from mvlog.services.view_ddl import BACKFILL_METHODS, alter_view, create_view, drop_view
 from mvlog.views import ViewDefinitionError
 
 
@@ -39,9 +39,15 @@ def definition_sql(words: tuple[str, ...], sql_file: IO[str] | None) -> str:
               help="Read the SELECT from this file ('-': standard input) instead of the arguments.")
 @click.option("--partitions", type=click.IntRange(1, 256), default=None,
               help="Partitions of the view's changelog topic (default: settings' partitions).")
+@click.option("--backfill", type=click.Choice(BACKFILL_METHODS), default="chunked", show_default=True,
+              help="How the view gets the upstreams' existing rows: 'chunked' reads them online from their "
+                   "serving state while they keep writing; 'changelog' replays their changelogs from the start; "
+                   "'snapshot' starts from the upstream's latest snapshot (mvlog snapshot) and replays the "
+                   "epochs after it; 'auto' picks snapshot when the upstream has one and holds more than "
+                   "MVLOG_SNAPSHOT_BACKFILL_MIN_ROWS rows, else chunked.")
 @pass_settings
 def create_view_command(settings: Settings, name: str, definition: tuple[str, ...], sql_file: IO[str] | None,
-                        partitions: int | None) -> None:
+                        partitions: int | None, backfill: str) -> None:
     """Create view NAME defined by a SELECT over tables and views.
 
     The SQL subset: SELECT expressions FROM one view or an inner equi-join of two, WHERE, GROUP BY with
@@ -58,7 +64,7 @@ def create_view_command(settings: Settings, name: str, definition: tuple[str, ..
     with backend_errors(settings):
         require_kafka(settings)
         try:
-            entry = create_view(settings, name, sql, client=client, partitions=partitions)
+            entry = create_view(settings, name, sql, client=client, partitions=partitions, backfill=backfill)
         except ViewDefinitionError as error:
             raise click.ClickException(f"view {name} refused, nothing created: {error}") from error
     sources = ", ".join(entry.sources)
@@ -66,7 +72,13 @@ def create_view_command(settings: Settings, name: str, definition: tuple[str, ..
                     for c in entry.schema.primary_key) or "(none: one row)"
     click.echo(f"Created view {name} over {sources}: {describe_schema(entry.schema)}; key {key}; "
                f"{entry.partitions} partition(s), changelog topic {settings.changelog_topic(name)}.")
-    click.echo(f"Its state is 'creating' until a consumer maintains it: mvlog run-view {name}")
+    method = entry.options.get("backfill", "changelog")
+    how = {"chunked": "backfills online from the upstreams' rows",
+           "snapshot": f"starts from {sources}'s latest snapshot, then replays the epochs after it",
+           }.get(method, "replays the upstreams' changelogs from their start")
+    if backfill == "auto":
+        click.echo(f"Backfill: {method} ({entry.options.get('backfill_auto', '')}).")
+    click.echo(f"Its state is 'creating' until a consumer maintains it ({how}): mvlog run-view {name}")
 
 
 @click.command("drop-view")

@@ -11,24 +11,34 @@ What it does, in order:
    existing table or view of that prefix is reused): ``t1(id, v1, deleted)``, ``mv1`` (t1's rows not
    deleted), ``mv2`` (sum of v1 over mv1), ``mv3`` (count of v1 over mv1), ``t2(id, name)`` and the
    join ``mvj`` of mv1 and t2.
-3. **The pipeline**: one Spark session in local mode running a :class:`ViewConsumer` per view, and a
-   workload thread writing inserts, updates and deletes into t1 and t2 (``--rate`` changes/s).
-4. **Progress**: every ``--interval`` seconds a table of every table and view: state, MCE, lag in epochs
-   behind its upstreams' MCE, rows, and the aggregates' values.
+3. **The pipeline**: a Faust log-cache worker (``mvlog cache-worker``, a child process) caching the
+   upstreams' recent epochs, one Spark session in local mode running a :class:`ViewConsumer` per view
+   (reading the cache first, Kafka otherwise), and a workload thread writing inserts, updates and
+   deletes into t1 and t2 (``--rate`` changes/s). 15 s into the workload (or at half ``--duration``)
+   ``mv4`` is created online on the live mv1 with a chunked backfill, and maintained from then on.
+4. **Progress**: the lag dashboard (web page, ``/metrics``, with the lag sampler) on 127.0.0.1
+   (``--dashboard-port``; a free port when that one is taken), whose address is printed; and every
+   ``--interval`` seconds a table of every table and view: state, MCE, lag in epochs behind its
+   upstreams' MCE, rows, and the aggregates' values.
 5. **Stopping** after ``--duration`` seconds or on SIGINT/SIGTERM (a second signal aborts): the workload
    stops, the views catch up with the last writes, the final contents are checked (mv1 against t1, mv2
-   and mv3 against mv1, mvj against mv1 and t2) and summarized (``--output json``: one JSON line on
+   and mv3 against mv1, mvj against mv1 and t2, mv4 against mv1) and summarized (``--output json``: one JSON line on
    standard output), then the consumers, the tables and the stack (only when the demo started it) stop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -36,6 +46,7 @@ import redis
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
+from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.view_store import Lifecycle, ViewStore
@@ -54,6 +65,7 @@ from mvlog.services.commands.backends import backend_errors, connect_redis, requ
 from mvlog.services.commands.output import age, cell_text, console, output_option
 from mvlog.services.commands.read import read_rows
 from mvlog.services.commands.run_view import _short, _StopOnSignal, _wait_between_triggers
+from mvlog.services.dashboard.server import DashboardServer
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 
@@ -74,14 +86,17 @@ VIEWS: dict[str, str] = {
     "mv3": "SELECT count(v1) AS n FROM mv1",
     "mvj": "SELECT a.id, a.v1, b.name FROM mv1 a JOIN t2 b ON a.id = b.id",
 }
+#: The view created online, with a chunked backfill, while the workload runs (MV-on-MV: over mv1).
+ONLINE_VIEW = ("mv4", "SELECT id, v1 * 2 AS v2 FROM mv1 WHERE v1 >= 500")
+#: Seconds into the workload when it is created (or half the --duration when that is shorter).
+ONLINE_VIEW_AFTER_S = 15.0
 #: What the progress table shows in its "value" column: view -> column of its single row.
 AGGREGATES = {"mv2": "total", "mv3": "n"}
 
-DASHBOARD_NOTE = ("The lag dashboard (web page) is not built yet (a later issue): the table below is the "
-                  "demo's view of lag.")
 NAMES = ("ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal", "ivy", "jo")
 KEY_SPACE = 2000
 DRAIN_TIMEOUT_S = 120.0
+RESTARTS = 3  # per view: how often the demo restarts a view whose query failed
 
 
 # ------------------------------------------------------------------------------------------- the stack
@@ -238,6 +253,8 @@ def snapshot(settings: Settings, client: redis.Redis) -> list[dict[str, Any]]:
     store = ViewStore(client, settings.topic_prefix)
     index = EpochIndex(client, settings.topic_prefix)
     names = [*TABLES, *VIEWS]
+    if catalog.find(ONLINE_VIEW[0]) is not None:
+        names.append(ONLINE_VIEW[0])
     entries = {name: catalog.get(name) for name in names}
     mces = store.mce_many(names)
     records = []
@@ -287,9 +304,10 @@ def check_contents(settings: Settings, client: redis.Redis) -> dict[str, Any]:
     catalog = CatalogStore(settings, client)
     store = ViewStore(client, settings.topic_prefix)
     rows: dict[str, list[dict[str, Any]]] = {}
-    for name in [*TABLES, *VIEWS]:
-        entry = catalog.get(name)
-        rows[name] = [_visible(entry, row) for row in read_rows(store, entry, None)[1]]
+    for name in [*TABLES, *VIEWS, ONLINE_VIEW[0]]:
+        entry = catalog.find(name)
+        if entry is not None:
+            rows[name] = [_visible(entry, row) for row in read_rows(store, entry, None)[1]]
     t1 = {r["id"]: r for r in rows["t1"]}
     t2 = {r["id"]: r for r in rows["t2"]}
     mv1 = {r["id"]: r for r in rows["mv1"]}
@@ -305,9 +323,68 @@ def check_contents(settings: Settings, client: redis.Redis) -> dict[str, Any]:
         "mv3.n = count(v1) over mv1": (n or 0) == len(v1s),
         "mvj = mv1 join t2 on id": join == expected_join,
     }
+    if ONLINE_VIEW[0] in rows:  # created online, backfilled from mv1's rows while they changed
+        online = sorted((r["id"], r["v2"]) for r in rows[ONLINE_VIEW[0]])
+        checks[f"{ONLINE_VIEW[0]} = mv1 rows with v1 >= 500, v1 * 2"] = online == sorted(
+            (k, r["v1"] * 2) for k, r in mv1.items() if r["v1"] >= 500)
     return {"t1_rows": len(t1), "t2_rows": len(t2), "mv1_rows": len(mv1), "mv1_sum_v1": sum(v1s),
             "mv1_count_v1": len(v1s), "mv2_total": total, "mv3_n": n, "mvj_rows": len(join),
             "checks": checks, "consistent": all(checks.values())}
+
+
+# ------------------------------------------------------------------------------------------ companions
+
+
+def start_dashboard(settings: Settings, port: int | None) -> DashboardServer:
+    """The lag dashboard and its lag sampler, on ``port`` (settings' dashboard_port), else a free port."""
+    wanted = settings.dashboard_port if port is None else port
+    try:
+        return DashboardServer(settings, port=wanted).start()
+    except OSError as error:
+        server = DashboardServer(settings, port=0).start()
+        click.echo(f"Port {wanted} (wanted for the dashboard) is not free ({error.strerror or error}): using "
+                   f"{server.port} instead.", err=True)
+        return server
+
+
+@dataclass
+class CacheWorkerProcess:
+    """The Faust log-cache worker (``mvlog cache-worker``) as a child process, logging to the stack dir."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    @classmethod
+    def start(cls, settings: Settings) -> CacheWorkerProcess:
+        port = free_port() if port_in_use(settings.bind_host, settings.cache_port) else settings.cache_port
+        log_path = Path(settings.stack_dir) / f"cache-worker-{settings.topic_prefix}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")}, **settings.to_env()}
+        with log_path.open("ab") as log:
+            command = [sys.executable, "-m", "mvlog.services.cli", "cache-worker", "--port", str(port)]
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return cls(process, f"http://{settings.bind_host}:{port}/", log_path)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_companions(settings: Settings, dashboard_port: int | None) -> list[Callable[[], None]]:
+    """Services that run beside the pipeline for the whole demo; returns their stops (called in reverse):
+    the Faust log-cache worker (the views' consumers read recent epochs from it, Kafka otherwise) and
+    the lag dashboard with its sampler."""
+    worker = CacheWorkerProcess.start(settings)
+    click.echo(f"Log-cache worker (Faust): {worker.url}  (log: {worker.log_path})", err=True)
+    dashboard = start_dashboard(settings, dashboard_port)
+    click.echo(f"Lag dashboard: {dashboard.url}  (Prometheus: {dashboard.url}metrics)", err=True)
+    return [worker.stop, dashboard.stop]
 
 
 # ---------------------------------------------------------------------------------------------- command
@@ -324,6 +401,39 @@ def _wait_caught_up(consumers: list[ViewConsumer], queries: list[StreamingQuery]
             return False
         time.sleep(0.2)
     return False
+
+
+def _view_consumer(settings: Settings, name: str, spark: Any, client: Any) -> ViewConsumer:
+    """The consumer of view ``name``, configured as the demo runs each of its views (not started)."""
+    from mvlog.services.view_consumer import ViewConsumer
+
+    return ViewConsumer(settings, name, spark=spark, client=client, trigger_interval="500 milliseconds")
+
+
+def _restart_failed(settings: Settings, spark: Any, client: Any, consumers: list[ViewConsumer],
+                    queries: list[StreamingQuery], restarts: dict[str, int]) -> str | None:
+    """Restart a view whose query failed, as a supervisor would, up to :data:`RESTARTS` times per view;
+    the failure once a view is out of restarts.
+
+    A restart is safe at any point: the consumer carries on from its MCE (epochs are applied once). It
+    is what keeps the demo going through a transient error, such as a Spark Python worker that did not
+    connect back in time on an overloaded machine.
+    """
+    for i, (consumer, query) in enumerate(zip(consumers, queries, strict=True)):
+        error = query.exception()
+        if error is None and query.isActive:
+            continue
+        name = consumer.entry.name
+        if restarts.get(name, 0) >= RESTARTS:
+            return _failed_query([consumer], [query])
+        restarts[name] = restarts.get(name, 0) + 1
+        reason = _short(error) if error is not None else "the streaming query stopped"
+        click.echo(f"view {name} failed ({reason}); restarting it ({restarts[name]}/{RESTARTS})", err=True)
+        with contextlib.suppress(Exception):  # a failed query raises its error again on stop
+            consumer.stop()
+        consumers[i] = _view_consumer(settings, name, spark, client)
+        queries[i] = consumers[i].start()
+    return None
 
 
 def _failed_query(consumers: list[ViewConsumer], queries: list[StreamingQuery]) -> str | None:
@@ -349,10 +459,12 @@ def _failed_query(consumers: list[ViewConsumer], queries: list[StreamingQuery]) 
                    "an existing prefix is reused).")
 @click.option("--no-stack", is_flag=True,
               help="Never start a local stack: use the broker and Redis of the settings as they are.")
+@click.option("--dashboard-port", type=click.IntRange(0, 65535), default=None,
+              help="Port of the lag dashboard on 127.0.0.1 (default: settings' dashboard_port, 8321; 0: any).")
 @output_option
 @pass_settings
 def demo(settings: Settings, duration: float | None, interval: float, rate: int, prefix: str | None,
-         no_stack: bool, output: str) -> None:
+         no_stack: bool, dashboard_port: int | None, output: str) -> None:
     """Run the canonical chain of views live on one laptop: t1 -> mv1 -> mv2, mv3 and mv1 JOIN t2 -> mvj.
 
     Starts (or reuses) the local stack, creates the tables and views under a fresh prefix, runs their
@@ -366,17 +478,19 @@ def demo(settings: Settings, duration: float | None, interval: float, rate: int,
     stack = ensure_stack(settings, no_stack)
     try:
         _run_demo(stack.settings.model_copy(update={"topic_prefix": topic_prefix}), duration, interval, rate,
-                  output)
+                  dashboard_port, output)
     finally:
         if stack.started is not None:
             stack.started.stop()
             click.echo(f"Local stack in {stack.started.data_dir} stopped.", err=True)
 
 
-def _run_demo(settings: Settings, duration: float | None, interval: float, rate: int, output: str) -> None:
+def _run_demo(settings: Settings, duration: float | None, interval: float, rate: int,
+              dashboard_port: int | None, output: str) -> None:
     client = connect_redis(settings)
     failure: str | None = None
     summary: dict[str, Any] = {}
+    stops: list[Callable[[], None]] = []
     with backend_errors(settings):
         require_kafka(settings)
         create_definitions(settings, client)
@@ -386,20 +500,20 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
             click.echo(f"  {name} = {sql}", err=True)
         click.echo("Starting Spark (local mode) and the views' consumers...", err=True)
         from mvlog.services.spark_session import spark_session
-        from mvlog.services.view_consumer import ViewConsumer
 
         spark = spark_session(settings, app_name=f"mvlog-demo-{settings.topic_prefix}")
         consumers: list[ViewConsumer] = []
         queries: list[StreamingQuery] = []
         tables: list[Table] = []
         workload: Workload | None = None
+        restarts: dict[str, int] = {}
         try:
             with _StopOnSignal() as stop:
+                stops = start_companions(settings, dashboard_port)
                 for name in VIEWS:
                     if stop.requested.is_set():
                         break
-                    consumer = ViewConsumer(settings, name, spark=spark, client=client,
-                                            trigger_interval="500 milliseconds")
+                    consumer = _view_consumer(settings, name, spark, client)
                     consumers.append(consumer)
                     queries.append(consumer.start())
                 tables = [Table.open(settings, name) for name in TABLES]
@@ -409,15 +523,25 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     until = "until Ctrl-C" if duration is None else f"for {duration:g} s"
                     click.echo(f"Workload: about {rate} inserts/updates/deletes per second into t1 and t2, "
                                f"{until}.", err=True)
-                    click.echo(DASHBOARD_NOTE, err=True)
                 started = time.monotonic()
                 end = None if duration is None else started + duration
+                online_at = started + min(ONLINE_VIEW_AFTER_S, duration / 2 if duration is not None else 1e9)
                 next_print = started
                 while not stop.requested.is_set():
                     now = time.monotonic()
                     if end is not None and now >= end:
                         break
-                    if (failure := _failed_query(consumers, queries)) is not None:
+                    if now >= online_at and len(consumers) == len(VIEWS):
+                        name, sql = ONLINE_VIEW
+                        if CatalogStore(settings, client).find(name) is None:
+                            create_view(settings, name, sql, client=client, backfill="chunked")
+                        click.echo(f"Created {name} = {sql} online, on the live mv1: it backfills in chunks while "
+                                   "the workload runs.", err=True)
+                        consumer = _view_consumer(settings, name, spark, client)
+                        consumers.append(consumer)
+                        queries.append(consumer.start())
+                    if (failure := _restart_failed(settings, spark, client, consumers, queries,
+                                                   restarts)) is not None:
                         break
                     if workload.error is not None:
                         failure = f"the workload stopped: {workload.error}"
@@ -438,7 +562,7 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     # join needs to move past the other side's last epoch.
                     last = {table.entry.name: table.flush() for table in tables}
                     targets = {"mv1": last["t1"], "mv2": last["t1"], "mv3": last["t1"],
-                               "mvj": max(last["t1"], last["t2"])}
+                               "mvj": max(last["t1"], last["t2"]), ONLINE_VIEW[0]: last["t1"]}
                     click.echo("Waiting for the views to catch up with the last writes...", err=True)
                     caught_up = _wait_caught_up(consumers, queries, targets, DRAIN_TIMEOUT_S)
                     # The tables stop here; the views then follow them to their last (empty) epochs.
@@ -447,13 +571,17 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     if caught_up:
                         final = ViewStore(client, settings.topic_prefix).mce_many(list(TABLES))
                         _wait_caught_up(consumers, queries, {"mv1": final["t1"] or 0, "mv2": final["t1"] or 0,
-                                                             "mv3": final["t1"] or 0, "mvj": 0}, 15.0)
+                                                             "mv3": final["t1"] or 0, "mvj": 0,
+                                                             ONLINE_VIEW[0]: final["t1"] or 0}, 15.0)
                     failure = _failed_query(consumers, queries)
                     records = snapshot(settings, client)
                     print_progress(records, f"mvlog demo [{settings.topic_prefix}] final")
                     summary["caught_up"] = caught_up
                     summary["views"] = {r["name"]: {k: r[k] for k in ("kind", "state", "mce", "lag_epochs", "rows",
                                                                       "value")} for r in records}
+                    registry = CacheRegistry(client, settings.topic_prefix)
+                    reads = {name: registry.reads(name) for name in (*TABLES, "mv1")}
+                    summary["read_from_cache"] = {name: {"cache": c, "kafka": k} for name, (c, k) in reads.items()}
                     if caught_up:
                         summary.update(check_contents(settings, client))
                     elif failure is None:
@@ -473,6 +601,8 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
             for table in tables:
                 table.close()
             spark.stop()
+            for stop_companion in reversed(stops):
+                stop_companion()
     if summary:
         _print_summary(summary, output)
     if failure is not None:
@@ -487,9 +617,11 @@ def _print_summary(summary: dict[str, Any], output: str) -> None:
         return
     click.echo(f"Wrote {summary['changes_written']} changes in {summary['seconds']} s under prefix "
                f"{summary['prefix']!r}.")
+    if cached := summary.get("read_from_cache"):
+        shares = ", ".join(f"{name} {r['cache']}/{r['cache'] + r['kafka']}" for name, r in cached.items())
+        click.echo(f"Partition-epochs the consumers read from the log cache (of all they read): {shares}.")
     if "checks" in summary:
         click.echo(f"mv2.total = {summary['mv2_total']} (sum of v1 over mv1's {summary['mv1_rows']} rows: "
                    f"{summary['mv1_sum_v1']}); mv3.n = {summary['mv3_n']}; mvj: {summary['mvj_rows']} rows.")
         for name, passed in summary["checks"].items():
             click.echo(f"  {'ok  ' if passed else 'FAIL'} {name}")
-    click.echo(DASHBOARD_NOTE.split(":")[0] + ".")

@@ -1,4 +1,9 @@
-"""``mvlog read``: a view's (or table's) rows from its serving state, with the epoch they reflect."""
+"""``mvlog read``: a view's (or table's) rows from its serving state, with the epoch they reflect.
+
+``--views a,b`` reads several views at one epoch: the minimum MCE among them. Their rows and MCEs are
+read in one Redis transaction; a view whose MCE is above that epoch is taken back to it by undoing its
+later epochs, read from its own changelog (Kafka is the truth; every change carries its before-image).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,10 @@ from typing import Any
 import click
 
 from mvlog.catalog import CatalogEntry
+from mvlog.changes import Change, undo_changes
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.changelog_reader import ChangelogReader
 from mvlog.connectors.view_store import ViewStore
 from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.schemas.codec import decode_row, encode_key
@@ -49,19 +56,97 @@ def read_rows(store: ViewStore, entry: CatalogEntry, key: Key | None) -> tuple[i
     return epoch, rows
 
 
+class ConsistentReadError(click.ClickException):
+    pass
+
+
+def changes_after(settings: Settings, store: ViewStore, entry: CatalogEntry, after: int, upto: int,
+                  idle_timeout: float = 15.0) -> list[Change]:
+    """The changes of ``entry``'s committed epochs in ``(after, upto]``, in the order they were applied."""
+    changes: list[Change] = []
+    with ChangelogReader(settings, entry.name, entry.key_columns, entry.partitions, store.index,
+                         after_epoch=after, upto_epoch=upto) as reader:
+        for epoch in reader.epochs(idle_timeout=idle_timeout):
+            changes.extend(epoch.changes)
+        if reader.last_epoch < upto:
+            raise ConsistentReadError(f"{entry.name}: its changelog ends at epoch {reader.last_epoch}, below its "
+                                      f"MCE {upto}; cannot take it back to epoch {after}")
+    return changes
+
+
+def read_views_at_common_epoch(settings: Settings, store: ViewStore, entries: Sequence[CatalogEntry]
+                               ) -> tuple[int, dict[str, list[Row]]]:
+    """Rows of every view at the minimum MCE among them (each view sorted by key)."""
+    found = store.read_many_at_consistent_epoch([e.name for e in entries])
+    empty = [name for name, (mce, _) in found.items() if mce is None]
+    if empty:
+        raise ConsistentReadError(f"no committed epoch yet in {', '.join(empty)}: nothing to read consistently")
+    epoch = min(mce for mce, _ in found.values() if mce is not None)
+    result: dict[str, list[Row]] = {}
+    for entry in entries:
+        mce, pairs = found[entry.name]
+        rows = {entry.schema.key_of(row): row for row in (decode_row(value) for _, value in pairs)}
+        if mce is not None and mce > epoch:
+            undo_changes(rows, changes_after(settings, store, entry, epoch, mce))
+        schema = entry.schema
+        result[entry.name] = sorted(rows.values(), key=lambda row: _sort_key(schema, row))
+    return epoch, result
+
+
+def _parse_views(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if len(names) < 1:
+        raise click.BadParameter("give view names separated by commas, e.g. --views mv1,mv2",
+                                 param_hint="--views")
+    if len(set(names)) != len(names):
+        raise click.BadParameter(f"a view is named twice in {text!r}", param_hint="--views")
+    return names
+
+
+def _read_many(settings: Settings, names: list[str], output: str) -> None:
+    client = connect_redis(settings)
+    with backend_errors(settings):
+        catalog = CatalogStore(settings, client)
+        entries = [catalog.get(name) for name in names]
+        store = ViewStore(client, settings.topic_prefix)
+        epoch, rows = read_views_at_common_epoch(settings, store, entries)
+    if output == "json":
+        print_json({"epoch": epoch, "epoch_time": epoch_time(epoch), "views": {
+            e.name: {"kind": e.kind, "columns": e.schema.visible_names,
+                     "rows": [{c: row.get(c) for c in e.schema.visible_names} for row in rows[e.name]]}
+            for e in entries}})
+        return
+    for entry in entries:
+        columns = entry.schema.visible_names
+        print_table(f"{entry.name} at {describe_epoch(epoch)}", columns,
+                    [[row.get(name) for name in columns] for row in rows[entry.name]])
+        click.echo(f"{len(rows[entry.name])} row(s).")
+
+
 @click.command("read")
-@click.argument("view")
+@click.argument("view", required=False)
+@click.option("--views", "views_text", metavar="A,B,...",
+              help="Read several views at one epoch, the minimum MCE among them (instead of VIEW).")
 @click.option("--key", "-k", "key_values", multiple=True, metavar="VALUE",
               help="Read the one row of this key (parsed per the key column's type; bytes as base64). A key "
                    "of several columns: repeat --key in key order. Without --key: every row.")
 @output_option
 @pass_settings
-def read(settings: Settings, view: str, key_values: tuple[str, ...], output: str) -> None:
+def read(settings: Settings, view: str | None, views_text: str | None, key_values: tuple[str, ...],
+         output: str) -> None:
     """Print the rows of VIEW (a view or a table) and the epoch they reflect.
 
     Rows and epoch are read together (one Redis transaction), so the rows are exactly the view at that
-    epoch. Hidden key columns are left out, as in SELECT *.
+    epoch. Hidden key columns are left out, as in SELECT *. With --views, every view is shown at the
+    same epoch, the minimum MCE among them.
     """
+    if views_text is not None:
+        if view is not None or key_values:
+            raise click.UsageError("--views reads whole views: give neither VIEW nor --key with it")
+        _read_many(settings, _parse_views(views_text), output)
+        return
+    if view is None:
+        raise click.UsageError("name a VIEW to read, or several with --views A,B")
     client = connect_redis(settings)
     with backend_errors(settings):
         entry = CatalogStore(settings, client).get(view)

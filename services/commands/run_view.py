@@ -23,6 +23,7 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.view_store import Lifecycle
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
+from mvlog.services.commands.backfill_progress import BackfillBars
 from mvlog.services.commands.output import describe_epoch
 
 if TYPE_CHECKING:  # pyspark is imported when the command runs, so `mvlog --help` stays fast
@@ -70,7 +71,15 @@ def _supervise(consumers: Sequence[ViewConsumer], queries: Sequence[StreamingQue
     """Wait for a stop signal or a failed query; returns the failure (None after a signal)."""
     reported = {c.entry.name: c.mce for c in consumers}
     next_report = time.monotonic() + progress_interval
+    with BackfillBars(consumers) as bars:
+        return _watch(consumers, queries, stop, progress_interval, verbose, reported, next_report, bars)
+
+
+def _watch(consumers: Sequence[ViewConsumer], queries: Sequence[StreamingQuery], stop: _StopOnSignal,
+           progress_interval: float, verbose: bool, reported: dict[str, int], next_report: float,
+           bars: BackfillBars) -> str | None:
     while not stop.requested.wait(0.2):
+        bars.update()
         for consumer, query in zip(consumers, queries, strict=True):
             error = query.exception()
             if error is None and query.isActive:
@@ -85,8 +94,11 @@ def _supervise(consumers: Sequence[ViewConsumer], queries: Sequence[StreamingQue
             for consumer in consumers:
                 if consumer.mce != reported[consumer.entry.name]:
                     reported[consumer.entry.name] = consumer.mce
+                    backfill = consumer.backfill
+                    figures = (f"; backfill {backfill.rows_done:,}/{backfill.rows_total:,} rows, "
+                               f"{backfill.meter.rate():,.0f} rows/s" if backfill is not None else "")
                     click.echo(f"{consumer.entry.name}: {describe_epoch(consumer.mce)}, "
-                               f"{consumer.epochs_applied} epoch(s) applied", err=True)
+                               f"{consumer.epochs_applied} epoch(s) applied{figures}", err=True)
     click.echo(f"{stop.signal_name}: stopping {', '.join(c.entry.name for c in consumers)}...", err=True)
     return None
 
@@ -139,8 +151,15 @@ def run_view(settings: Settings, names: tuple[str, ...], progress_interval: floa
                         break
                     consumer = ViewConsumer(settings, name, spark=spark, client=client)
                     consumers.append(consumer)
+                    if (snapshot := consumer.snapshot_backfill) is not None:
+                        click.echo(f"{name}: loading {snapshot.upstream.name}'s snapshot at "
+                                   f"{describe_epoch(snapshot.epoch)} ({snapshot.record.rows:,} rows)...", err=True)
                     queries.append(consumer.start())
                     start = f"above {describe_epoch(consumer.mce)}" if consumer.mce else "from the start"
+                    if consumer.backfill is not None:
+                        done = consumer.backfill.rows_done
+                        start = (f"backfilling online from {describe_epoch(consumer.backfill.start_epoch)}"
+                                 + (f", resuming after {done:,} row(s)" if done else ""))
                     click.echo(f"{name}: maintaining from {', '.join(consumer.entry.sources)}, {start}", err=True)
                 failure = _supervise(consumers, queries, stop, progress_interval, verbose)
         finally:

@@ -155,9 +155,9 @@ def test_create_and_drop_views(settings: Settings, redis_client: redis.Redis, tm
     # Settings change in the catalog entry (rebuilt from Kafka with it); 0 removes a setting.
     assert "max_epoch_lag=5" in ok(mvlog(settings, "alter-view", "mv1", "--max-epoch-lag", "5")).stdout
     ok(mvlog(settings, "alter-view", "mv1", "--backfill-rate-limit", "100"))
-    assert catalog.get("mv1").options == {"max_epoch_lag": "5", "backfill_rate_limit": "100"}
+    assert catalog.get("mv1").options == {"backfill": "chunked", "max_epoch_lag": "5", "backfill_rate_limit": "100"}
     ok(mvlog(settings, "alter-view", "mv1", "--max-epoch-lag", "0"))
-    assert catalog.get("mv1").options == {"backfill_rate_limit": "100"}
+    assert catalog.get("mv1").options == {"backfill": "chunked", "backfill_rate_limit": "100"}
     assert "'t1' is a table, not a view" in refused(mvlog(settings, "alter-view", "t1", "--max-epoch-lag", "1"))
     assert "nothing to change" in refused(mvlog(settings, "alter-view", "mv1"), code=2)
 

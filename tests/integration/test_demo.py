@@ -1,4 +1,7 @@
-"""``mvlog demo`` as a user runs it: a real process on the test stack, for 40 s of workload.
+"""The demo as a user runs it: the README's ``make demo`` in a clean clone of the repository.
+
+The clone sets itself up (its own ``.venv``, as on a fresh machine) and runs 40 s of workload. While it
+runs, its lag dashboard answers at the address it prints (page, /api/status, /metrics).
 
 The demo reuses the test stack (its ``MVLOG_*`` variables point at it and it answers), runs its chain of
 views under this test's prefix, and must exit 0 with progress tables whose MCEs advance and a final JSON
@@ -9,13 +12,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
-import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
@@ -24,9 +32,9 @@ from mvlog.services.commands.read import read_rows
 
 pytestmark = pytest.mark.integration
 
-_SCRIPT = Path(sys.executable).with_name("mvlog")
-MVLOG = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "mvlog.services.cli"]
+ROOT = Path(__file__).resolve().parents[2]
 VIEWS = ("mv1", "mv2", "mv3", "mvj")
+RESTARTED = re.compile(r"^view (\w+) failed \(.*\); restarting it", re.M)
 
 
 def progress_tables(stdout: str) -> list[dict[str, list[str]]]:
@@ -51,19 +59,86 @@ def visible_rows(settings: Settings, client: redis.Redis, name: str) -> list[dic
     return [{c: row.get(c) for c in entry.schema.visible_names} for row in rows]
 
 
+def clean_clone(target: Path) -> Path:
+    """A clone of the repository's committed state, as CI and a new user get it."""
+    if not (ROOT / ".git").exists():
+        pytest.fail(f"{ROOT} is not a git repository: the demo test runs the README's command in a clone of it")
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(target)], check=True, timeout=120)
+    return target
+
+
+def wait_for_dashboard(err_path: Path, process: subprocess.Popen[str], timeout: float = 600.0) -> str:
+    """The dashboard's address, from the line the demo prints once it serves."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := re.search(r"Lag dashboard: (http://127\.0\.0\.1:\d+/)", err_path.read_text()):
+            return found.group(1)
+        assert process.poll() is None, f"the demo exited early:\n{err_path.read_text()}"
+        time.sleep(0.2)
+    raise AssertionError(f"no dashboard address printed within {timeout}s:\n{err_path.read_text()}")
+
+
+def check_dashboard_answers(url: str) -> None:
+    """While the demo runs, the dashboard serves its page, every view with a lag sample, and /metrics."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert "mvlog" in response.read().decode()
+    deadline = time.monotonic() + 120
+    while True:
+        with urllib.request.urlopen(f"{url}api/status", timeout=10) as response:
+            views = {v["name"]: v for v in json.load(response)["views"]}
+        if all(views.get(v, {}).get("lag") and views[v]["mce"] is not None for v in VIEWS):
+            break
+        assert time.monotonic() < deadline, f"views without lag samples or MCE: {views}"
+        time.sleep(1.0)
+    assert sorted(views["mvj"]["sources"]) == ["mv1", "t2"]  # the view graph: the join reads both
+    with urllib.request.urlopen(f"{url}metrics", timeout=10) as response:
+        families = {f.name for f in text_string_to_metric_families(response.read().decode())}
+    assert {"mvlog_view_epoch_lag", "mvlog_view_lag_seconds", "mvlog_view_max_committed_epoch"} <= families
+
+
+@pytest.mark.timeout(900)  # the clone's setup (a venv and its packages) comes first
 def test_demo_runs_the_chain_and_ends_consistent(settings: Settings, redis_client: redis.Redis,
-                                                 tmp_path: Path) -> None:
-    env = {**os.environ, "MVLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-           "MVLOG_REDIS_URL": settings.redis_url, "MVLOG_STACK_DIR": str(tmp_path / "stack"),
-           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    result = subprocess.run([*MVLOG, "demo", "--duration", "40", "--prefix", settings.topic_prefix,
-                             "--output", "json"], env=env, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=480)
+                                                 tmp_path: Path, report: Callable[[str], None]) -> None:
+    clone = clean_clone(tmp_path / "mvlog")
+    # Nothing of this process's environment may help the clone: no Spark Python, no make state, no settings
+    # but the ones pointing it at the test stack.
+    inherited = ("PYSPARK_", "MVLOG_", "MAKE", "MFLAGS", "VIRTUAL_ENV")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(inherited)}
+    env.update({"MVLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "MVLOG_REDIS_URL": settings.redis_url,
+                "MVLOG_STACK_DIR": str(tmp_path / "stack")})
+    demo_args = f"--duration 40 --prefix {settings.topic_prefix} --dashboard-port 0 --output json"
+    out_path, err_path = tmp_path / "demo.out", tmp_path / "demo.err"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        process = subprocess.Popen(["make", "demo", f"DEMO_ARGS={demo_args}"], env=env, cwd=clone,
+                                   stdout=out, stderr=err, text=True)
+        try:
+            url = wait_for_dashboard(err_path, process)
+            try:
+                check_dashboard_answers(url)
+            except urllib.error.URLError:
+                try:  # a demo that fails stops its dashboard first, then Spark: wait, then say why
+                    process.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    raise
+                raise AssertionError(f"the demo exited {process.returncode} while its dashboard was "
+                                     f"checked:\n{err_path.read_text()[-4000:]}") from None
+            process.wait(timeout=480)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    result = subprocess.CompletedProcess(process.args, process.returncode, out_path.read_text(),
+                                         err_path.read_text())
     assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    assert "Traceback" not in result.stderr
+    # No traceback of mvlog's own. A view whose Spark query failed (a Python worker that did not connect
+    # back in time on a loaded machine) is restarted by the demo: Spark prints the worker's traceback.
+    restarts = RESTARTED.findall(result.stderr)
+    assert result.stderr.count("Traceback") <= len(restarts), result.stderr[-4000:]
+    report(f"demo: {len(restarts)} view restart(s) {restarts}")
     assert "Using the running stack" in result.stderr  # the test stack, not a new one
     assert not (tmp_path / "stack" / "stack.json").exists()
-    assert "dashboard (web page) is not built yet" in result.stderr
+    with pytest.raises(urllib.error.URLError):  # the dashboard stopped with the demo
+        urllib.request.urlopen(f"{url}healthz", timeout=5)
 
     tables = progress_tables(result.stdout)
     assert len(tables) >= 5, result.stdout  # one every 2 s over 40 s, and the final one

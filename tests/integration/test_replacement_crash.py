@@ -43,7 +43,9 @@ NEW = "SELECT * FROM t1 WHERE deleted = false AND v1 > 0"
 
 
 def _runner(settings: Settings, kill_at: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+    # ROOT first for the runner; the caller's PYTHONPATH stays (e.g. a worktree's package over the installed one).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PYSPARK_PYTHON": sys.executable}
     return subprocess.Popen([sys.executable, "-m", "tests.integration.processes.replacement_runner",
                              settings.model_dump_json(), kill_at, *VIEWS],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)

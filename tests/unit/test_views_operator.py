@@ -333,3 +333,50 @@ def test_state_keys_and_values_are_documented_json():
     assert pipeline.states["g"].data == {b'g["x"]': b'{"n":1,"c":[1,0],"s":[4,0],"m":[[[0.5,1]]]}'}
     assert pipeline.states["j"].data == {b"j0[4]": b'[[1,4,0.5,"x",null]]',
                                          b"j1[4]": b'[[3,4,null,"t","AQ=="]]'}
+
+
+# -- the columnar path of the Spark consumer ------------------------------------------------------------
+
+ONE_VIEW_DEFINITIONS = [
+    "SELECT id, v1 + 1 AS x, v2 * 2 AS y, coalesce(v2, v1, 0) AS z FROM t1 WHERE NOT deleted OR v1 IS NULL",
+    "SELECT v1, s FROM t1 WHERE v2 > 0 AND s <> 'c'",
+    "SELECT s, deleted, count(*) AS n, sum(v1) AS sv, min(v2) AS lo, max(s) AS hi, avg(v1) AS av FROM t1 "
+    "GROUP BY s, deleted",
+    "SELECT count(*) AS n, sum(v2) AS total FROM t1 WHERE deleted = false AND v2 > 1",
+]
+
+
+def signed_arrow(changes: Sequence[Change]) -> tuple[pa.Table, pa.Array]:
+    """The changes as the Spark data source delivers them: one signed row per row image, in columns."""
+    signed = [(weight, T1.normalize(row)) for change in changes for weight, row in change.signed_rows()]
+    arrow_schema = pa.schema([(c.name, ARROW[c.type]) for c in T1.columns])
+    return (pa.Table.from_pylist([row for _, row in signed], arrow_schema),
+            pa.array([weight for weight, _ in signed], pa.int32()))
+
+
+@SETTINGS
+@given(epochs("t1"), st.sampled_from(ONE_VIEW_DEFINITIONS))
+def test_signed_columnar_input_gives_what_changes_give(all_epochs, sql):
+    operator = ViewOperator(plan_view("v", sql, BASE))
+    table = Table(T1)
+    by_changes, by_columns = InMemoryState(), InMemoryState()
+    for writes in all_epochs:
+        before = dict(table.rows)
+        table.write(writes["t1"])
+        # One change per key and epoch, as every mvlog changelog carries them.
+        folded = [c for key in sorted({*before, *table.rows})
+                  if (c := change_between(key, before.get(key), table.rows.get(key))) is not None]
+        expected = operator.apply_epoch({"t1": folded}, by_changes)
+        actual = operator.apply_signed(*signed_arrow(folded), by_columns)
+        assert sorted(map(repr, actual.changes)) == sorted(map(repr, expected.changes))
+        assert actual.state_writes == expected.state_writes
+        by_changes.apply(expected.state_writes)
+        by_columns.apply(actual.state_writes)
+
+
+def test_the_columnar_path_refuses_a_join():
+    plan = plan_view("j", "SELECT a.id, b.k FROM t1 a JOIN t2 b ON a.id = b.id", BASE)
+    operator = ViewOperator(plan)
+    assert not operator.reads_one_view
+    with pytest.raises(ValueError, match="joins two views"):
+        operator.apply_signed(*signed_arrow([]), InMemoryState())

@@ -17,7 +17,6 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from mvlog.changes import Change, IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
@@ -45,10 +44,11 @@ def install(kill_at: str) -> None:
         apply = ReplacementStore.apply
 
         def die_around_cutover(self: ReplacementStore, view: str, replacement_id: str, epoch: int,
-                               index: Mapping[int, IndexEntry], version: int) -> Any:
+                               index: Mapping[int, IndexEntry], version: int, order_added: Sequence[bytes] = (),
+                               order_removed: Sequence[bytes] = ()) -> bool:
             if kill_at == "cutover_kafka":
                 _die()
-            applied = apply(self, view, replacement_id, epoch, index, version)
+            applied = apply(self, view, replacement_id, epoch, index, version, order_added, order_removed)
             if applied:
                 _die()
             return applied

@@ -1,16 +1,37 @@
 """Runs Spark consumers of views in their own process, so a test can SIGKILL them at random points.
 
 Usage: python -m tests.integration.processes.view_runner SETTINGS_JSON VIEW [VIEW ...]
-Prints ``ready`` once the streaming queries run, then ``mce <view> <epoch>`` as epochs commit.
+Prints ``ready`` once the streaming queries run, then ``mce <view> <epoch>`` as epochs commit, and
+``chunk <vnode> <start>`` for each vnode of each backfill chunk read (start: the position in hex, ``-``).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
+from mvlog.backfill import Chunk
 from mvlog.config import Settings
 from mvlog.services.view_consumer import ViewConsumer
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def spawn(settings: Settings, views: list[str]) -> subprocess.Popen[str]:
+    """This runner in a child process for ``views``; its stdout is a pipe of the lines above."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+    return subprocess.Popen([sys.executable, "-m", "tests.integration.processes.view_runner",
+                             settings.model_dump_json(), *views],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
+
+
+def _print_chunk(chunk: Chunk) -> None:
+    for part in chunk.vnodes:
+        start = "-" if part.start.last is None else part.start.last.hex()
+        print(f"chunk {part.vnode} {start}", flush=True)
 
 
 def main() -> None:
@@ -21,6 +42,8 @@ def main() -> None:
         consumers.append(ViewConsumer(settings, view, spark=spark, max_epochs_per_trigger=20,
                                       trigger_interval="100 milliseconds"))
     for consumer in consumers:
+        if consumer.backfill is not None:
+            consumer.backfill.on_chunk_read = _print_chunk
         consumer.start()
     print("ready", flush=True)
     reported = {c.entry.name: c.mce for c in consumers}

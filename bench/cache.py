@@ -1,0 +1,219 @@
+"""The Faust log cache: hit share, replay rate, upstream isolation and worker memory.
+
+Starts its own local stack (Tansu + redis-server on free loopback ports) and one log-cache worker
+(``mvlog cache-worker``, a child process) with a ``--cache-mib`` bound (default 64 MiB), then:
+
+* **hit share**: a ``ViewConsumer`` of ``mv1 = SELECT * FROM t1 WHERE deleted = false`` follows ``t1``
+  while ``t1`` commits an epoch every 200 ms for ``--follow-s`` seconds; the share of the partition-epochs
+  its Spark tasks read from the cache rather than Kafka (the readers count both in Redis). Target >= 99%.
+* **replay rate**: every epoch of ``t2`` (``--replay-changes`` changes committed beforehand) read from
+  Kafka the way a lagging consumer replays evicted epochs (``read_partition_from_kafka`` of each
+  partition: seek by the epoch index, decode, align to barriers, Arrow rows), against a raw
+  confluent-kafka read of the same records (``assign()`` from offset 0 to the last barrier, no
+  decoding). Target >= 0.5x.
+* **isolation**: median time of ``Table.flush()`` (one epoch of 200 changes committed to Kafka and
+  Redis) on ``t3``, whose downstream ``mv3`` is stopped and lags ever further, against ``t4`` without
+  downstream; interleaved, same run. Target <= 1.1x.
+* **memory**: the worker's peak RSS above its idle RSS while ``t5`` receives ``--fill-rows`` rows of
+  ~250 bytes and nobody consumes them: first in epochs of ``--fill-epoch-rows`` rows (the cache fills
+  and evicts), then as fast as the writer goes (epochs over ``cache_max_epoch_bytes``, skipped).
+
+    python bench/cache.py [--cache-mib 64] [--follow-s 20] [--replay-changes 60000] [--fill-rows 300000]
+
+The last line holds the three ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import redis
+from _common import REPO_ROOT, fmt_rate, machine_info
+from confluent_kafka import Consumer, TopicPartition
+
+sys.path.insert(0, str(REPO_ROOT))
+
+from mvlog.config import Settings
+from mvlog.connectors.cache_registry import CacheRegistry
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.spark_source import _Planner, read_partition_from_kafka
+from mvlog.connectors.view_store import ViewStore
+from mvlog.infra.local_stack import LocalStack, free_ports
+from mvlog.services.spark_session import spark_session
+from mvlog.services.table_writer import Table
+from mvlog.services.view_consumer import ViewConsumer
+from mvlog.services.view_ddl import create_view
+from tests.integration.processes.cache_worker import CacheWorkerProcess
+
+COLUMNS = {"id": "int", "v1": "int", "deleted": "boolean", "pad": "string"}
+PAD = "x" * 200
+
+
+def rows(start: int, count: int, keys: int) -> list[dict[str, object]]:
+    return [{"id": (start + i) % keys, "v1": start + i, "deleted": (start + i) % 7 == 0, "pad": PAD}
+            for i in range(count)]
+
+
+def wait(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+
+
+def hit_share(settings: Settings, client: redis.Redis, follow_s: float) -> tuple[float, int]:
+    """Share of mv1's partition-epochs read from the cache while it follows t1 (after catching up)."""
+    table = Table.open(settings, "t1", client=client)
+    consumer = ViewConsumer(settings, "mv1", client=client, spark=spark_session(settings),
+                            trigger_interval="100 milliseconds")
+    store = ViewStore(client, settings.topic_prefix)
+    consumer.start()
+    consumer.wait_for_epoch(store.mce("t1") or 0, timeout=120)
+    registry = CacheRegistry(client, settings.topic_prefix)
+    before = registry.reads("t1")
+    written, end = 0, time.monotonic() + follow_s
+    while time.monotonic() < end:
+        table.upsert(rows(written, 20, 20_000))  # 400 changes/s: well within a worker's pace
+        written += 20
+        time.sleep(0.05)
+    table.close()
+    wait(lambda: (store.mce("mv1") or 0) >= (store.mce("t1") or 0), 120, "mv1 to catch up")
+    consumer.stop()
+    after = registry.reads("t1")
+    cache, kafka = after[0] - before[0], after[1] - before[1]
+    return cache / max(1, cache + kafka), cache + kafka
+
+
+def replay_rate(settings: Settings, client: redis.Redis, changes: int) -> tuple[float, float, int]:
+    table = Table.open(settings, "t2", client=client, auto_commit=False)
+    for start in range(0, changes, 5000):
+        table.upsert(rows(start, 5000, changes))
+        table.flush()
+    table.close()
+    planner = _Planner(settings, CatalogStore(settings, client).get("t2"))
+    last = planner.latest_epoch()
+    parts = planner.plan(0, last)
+    records = sum(e.records + 1 for p in range(settings.partitions) for e in planner.index.between("t2", p, 0, last))
+    started = time.perf_counter()
+    read = sum(batch.num_rows for part in parts for batch in read_partition_from_kafka(part))
+    mvlog_s = time.perf_counter() - started
+    assert read >= changes
+    consumer = Consumer({**settings.kafka_client_config(), "group.id": "bench-raw", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    ends = {part.partition: part.barriers[-1][1] for part in parts}
+    consumer.assign([TopicPartition(settings.changelog_topic("t2"), p, 0) for p in ends])
+    started, seen, done = time.perf_counter(), 0, set()
+    while len(done) < len(ends):
+        for message in consumer.consume(2000, timeout=0.05):
+            seen += 1
+            if message.offset() >= ends[message.partition()]:
+                done.add(message.partition())
+    raw_s = time.perf_counter() - started
+    consumer.close()
+    return records / mvlog_s, seen / raw_s, records
+
+
+def flush_latency(settings: Settings, client: redis.Redis, epochs: int) -> tuple[float, float]:
+    stalled = Table.open(settings, "t3", client=client, auto_commit=False)
+    alone = Table.open(settings, "t4", client=client, auto_commit=False)
+    times: dict[str, list[float]] = {"t3": [], "t4": []}
+    for i in range(epochs):
+        for table in (stalled, alone) if i % 2 else (alone, stalled):
+            table.upsert(rows(i * 200, 200, 10_000))
+            started = time.perf_counter()
+            table.flush()
+            times[table.entry.name].append(time.perf_counter() - started)
+    stalled.close()
+    alone.close()
+    return statistics.median(times["t3"]), statistics.median(times["t4"])
+
+
+def memory(settings: Settings, client: redis.Redis, worker: CacheWorkerProcess, fill_rows: int,
+           epoch_rows: int | None) -> float:
+    """The worker's peak RSS (MiB) once it has aligned ``fill_rows`` rows of t5, committed in epochs of
+    ``epoch_rows`` (None: whatever the writer's barrier interval gathers while it writes flat out)."""
+    table = Table.open(settings, "t5", client=client, auto_commit=epoch_rows is None)
+    for start in range(0, fill_rows, 2000):
+        table.upsert(rows(start, 2000, fill_rows))
+        if epoch_rows is not None and (start + 2000) % epoch_rows == 0:
+            table.flush()
+    table.close()
+    last = ViewStore(client, settings.topic_prefix).mce("t5")
+    wait(lambda: worker.upstream("t5")["tail"] == last, 900, "the worker to align every epoch of t5")
+    peak_mib: float = worker.stats()["peak_rss_kib"] / 1024
+    return peak_mib
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache-mib", type=int, default=64)
+    parser.add_argument("--follow-s", type=float, default=20)
+    parser.add_argument("--replay-changes", type=int, default=60_000)
+    parser.add_argument("--fill-rows", type=int, default=300_000)
+    parser.add_argument("--fill-epoch-rows", type=int, default=6000)
+    parser.add_argument("--latency-epochs", type=int, default=40)
+    args = parser.parse_args(argv)
+    print(machine_info(), flush=True)
+    with tempfile.TemporaryDirectory(prefix="mvlog-bench-cache-") as tmp:
+        kafka_port, redis_port = free_ports(2)
+        stack = LocalStack(data_dir=Path(tmp) / "stack", kafka_port=kafka_port, redis_port=redis_port,
+                           die_with_parent=True)
+        stack.start()
+        worker: CacheWorkerProcess | None = None
+        try:
+            settings = stack.settings(topic_prefix="bench", partitions=3, barrier_interval_ms=200,
+                                      stack_dir=Path(tmp) / "mvlog", cache_max_bytes=args.cache_mib * 2**20)
+            client = redis.Redis.from_url(settings.redis_url)
+            for name in ("t1", "t2", "t3", "t4", "t5"):
+                table = Table.create(settings, name, COLUMNS, ["id"], client=client, auto_commit=False)
+                table.flush()  # a first (empty) epoch, so the worker has something to align
+                table.close()
+            for view, upstream in (("mv1", "t1"), ("mv2", "t2"), ("mv3", "t3"), ("mv5", "t5")):
+                create_view(settings, view, f"SELECT * FROM {upstream} WHERE deleted = false", client=client)
+            worker = CacheWorkerProcess(settings, "t1", "t2", "t3", "t5")
+            worker.wait_ready("t1", settings.partitions, timeout=120)
+
+            share, reads = hit_share(settings, client, args.follow_s)
+            t1 = worker.upstream("t1")
+            print(f"hit share: {share:.2%} of {reads} partition-epochs read by mv1's Spark tasks came from the "
+                  f"cache (t1 committing every 200 ms for {args.follow_s:.0f} s; worker replies: "
+                  f"{t1['not_yet_replies']} not yet, {t1['evicted_replies']} evicted)", flush=True)
+            mvlog_rate, raw_rate, records = replay_rate(settings, client, args.replay_changes)
+            print(f"replay: {records} records of t2 from Kafka: mvlog {fmt_rate(mvlog_rate)} records/s "
+                  f"(seek, decode, align, Arrow rows), raw confluent-kafka {fmt_rate(raw_rate)} records/s "
+                  f"(no decoding): {mvlog_rate / raw_rate:.2f}x", flush=True)
+            stalled_s, alone_s = flush_latency(settings, client, args.latency_epochs)
+            lag = ViewStore(client, settings.topic_prefix).index.count_after("t3", None)
+            print(f"isolation: median epoch commit (flush of 200 changes) {stalled_s * 1000:.1f} ms on t3 "
+                  f"(mv3 stopped, {lag} epochs behind) vs {alone_s * 1000:.1f} ms on t4 (no downstream): "
+                  f"{stalled_s / alone_s:.2f}x", flush=True)
+            idle = worker.stats()["peak_rss_kib"] / 1024
+            # Epochs the cache keeps first (it fills and evicts), then the writer flat out (epochs too
+            # large to cache: the worker counts their changes without holding them). Peak RSS only grows,
+            # so the second figure covers both.
+            for epoch_rows in (args.fill_epoch_rows, None):
+                peak = memory(settings, client, worker, args.fill_rows, epoch_rows)
+                stats = worker.stats()
+                shape = f"epochs of {epoch_rows} rows" if epoch_rows else "the writer flat out"
+                print(f"memory ({shape}): worker idle RSS {idle:.0f} MiB, peak {peak:.0f} MiB "
+                      f"(+{peak - idle:.0f} MiB) with a {args.cache_mib} MiB cache bound; cache "
+                      f"{stats['cache_bytes'] / 2**20:.1f} MiB, {stats['evicted_epochs']} epochs evicted or "
+                      f"skipped so far, {args.fill_rows} rows of t5 unconsumed", flush=True)
+            print(f"ratios: hit share {share:.3f} (>= 0.99), replay {mvlog_rate / raw_rate:.2f}x (>= 0.5), "
+                  f"commit latency with a stalled downstream {stalled_s / alone_s:.2f}x (<= 1.1)")
+        finally:
+            if worker is not None:
+                worker.stop()
+            stack.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,523 @@
+"""Chaos soak: the demo pipeline under random SIGKILLs, a Redis wipe, a view created and a view replaced
+while it runs; then the oracle at every committed epoch of every table and view.
+
+The pipeline is the demo's (``t1 -> mv1 -> mv2, mv3``, ``t2``, and the join ``mvj`` of mv1 and t2) on a
+local stack (Tansu + redis-server on free loopback ports, in a temporary folder), each part in its own
+process group so it can be killed alone:
+
+* ``writer``: a workload of inserts, updates and deletes across the whole key range of t1 and t2;
+* ``cache-worker``: ``mvlog cache-worker``, the Faust log cache the consumers read recent epochs from
+  (Kafka when it is dead or does not hold them);
+* ``lag-sampler``: ``mvlog lag-sampler``, the one control-plane process mvlog has besides the writers
+  and consumers (there is no separate coordinator process: DDL runs in the caller, epochs are the
+  writers', progress commits with each epoch);
+* ``consumer-a``: ``mvlog run-view mv1`` (a Spark session in local mode), which also hydrates and cuts
+  over mv1's replacement;
+* ``consumer-b``: ``mvlog run-view mv2 mv3 mvj``;
+* ``consumer-c``: ``mvlog run-view mv4``, from the moment mv4 is created.
+
+Every ``--kill-every`` seconds (a random interval around it) one of them, picked at random, is killed
+with SIGKILL (the whole process group: the JVM dies with its driver) and restarted after a short random
+pause. Meanwhile, once each, at a fixed share of the chaos time:
+
+* at 20 %: ``mv4`` (the demo's online view, its filter adapted to the workload's values) is created on
+  the live mv1 with a chunked backfill, and ``consumer-c`` starts;
+* at 45 %, once mv4's backfill has committed some rows: Redis is wiped (FLUSHALL); the running
+  processes notice and rebuild it from Kafka, nobody is told;
+* at 60 %: a replacement of mv1 (a narrower filter) is staged and its apply requested; mv1's consumer
+  hydrates it read-only and cuts over at an epoch, under mv2, mv3, mvj and mv4.
+
+At the end the writer stops cleanly, the views catch up with its last epoch, and every view is compared
+with DuckDB's evaluation of its definition over its upstreams' rows at every committed epoch (the
+oracle of ``tests/oracle.py``: mv1 under its old definition before the cut-over and the new one from
+it, mv4 on the upstream keys its backfill covered until it finished). Events print as they happen
+(``soak: view mv4 created ...``, ``soak: redis wiped ...``, ``soak: view mv1 replaced ...``); the last
+line reads::
+
+    soak: 3.0 minutes, 9 kills survived, 1234 epochs checked, rows lost 0, rows doubled 0
+
+and the exit code is non-zero when a row was lost or doubled, an event did not happen, or a check failed.
+
+    .venv/bin/python bench/soak.py --minutes 2 --kill-every 12  # the CI's short run (tests/integration/test_soak.py)
+    .venv/bin/python bench/soak.py --minutes 20 --seed 7        # the README's reliability run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO_ROOT, machine_info
+
+sys.path.insert(0, str(REPO_ROOT))
+from mvlog.config import Settings
+from mvlog.connectors.cache_registry import CacheRegistry
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.replacement_store import ReplacementStore
+from mvlog.connectors.view_store import ViewStore
+from mvlog.infra.local_stack import LocalStack, free_ports
+from mvlog.replacement import Status
+from mvlog.services.commands.demo import TABLES, VIEWS  # the demo's pipeline, under chaos
+from mvlog.services.replacements import complete_apply, request_apply, stage_replacement
+from mvlog.services.table_writer import Table
+from mvlog.services.view_ddl import alter_view, create_view
+from tests.oracle import OracleReport, oracle_report
+
+CONSUMERS: dict[str, list[str]] = {"consumer-a": ["mv1"], "consumer-b": ["mv2", "mv3", "mvj"]}
+#: The demo's online view (MV-on-MV over mv1), its filter adapted to the writer's v1 in [-100, 100).
+ONLINE_VIEW = ("mv4", "SELECT id, v1 * 2 AS v2 FROM mv1 WHERE v1 >= 50")
+ONLINE_CONSUMER = "consumer-c"
+#: mv1's replacement: a compatible definition (same columns and key), a narrower filter.
+REPLACEMENT = ("mv1", "SELECT * FROM t1 WHERE deleted = false AND v1 > -90")
+#: When the events happen, as shares of the chaos time.
+CREATE_AT, WIPE_AT, REPLACE_AT = 0.2, 0.45, 0.6
+#: The online view's backfill is rate-limited to last about this share of the chaos time, so the wipe
+#: meets it half-way (the limit is lifted at the end).
+BACKFILL_SHARE = 0.4
+KEYS = 500
+NAMES = ("ada", "bob", "cy", "dee", "eve")
+CATCH_UP_TIMEOUT_S = 300.0
+EVENT_TIMEOUT_S = 300.0  # how long the end waits for an event still under way (a replacement's cut-over)
+READY = "ready"
+
+
+def clock() -> str:
+    return time.strftime("%H:%M:%S")
+
+
+# ------------------------------------------------------------------------------------ the writer role
+
+
+def run_writer(settings: Settings, rate: float, seed: int) -> None:
+    """Write random changes into t1 and t2 until SIGTERM, then commit what is pending and exit."""
+    rng = random.Random(seed)
+    stopping = False
+
+    def stop(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    client = redis.Redis.from_url(settings.redis_url)
+    t1, t2 = Table.open(settings, "t1", client), Table.open(settings, "t2", client)
+    print(READY, flush=True)  # from here on a SIGTERM ends the run with a clean flush
+    batch = max(1, int(rate / 20))
+    while not stopping:
+        t1.upsert({"id": rng.randrange(KEYS), "v1": rng.randrange(-100, 100), "deleted": rng.random() < 0.2}
+                  for _ in range(batch))
+        t1.delete([rng.randrange(KEYS) for _ in range(max(1, batch // 10))])
+        t2.upsert([{"id": rng.randrange(KEYS), "name": rng.choice(NAMES)}])
+        if rng.random() < 0.1:
+            t2.delete([rng.randrange(KEYS)])
+        time.sleep(0.05)
+    final = {"t1": t1.flush(), "t2": t2.flush()}
+    t1.close()
+    t2.close()
+    print(json.dumps(final), flush=True)
+
+
+# ----------------------------------------------------------------------------------- the supervisor
+
+
+@dataclass
+class Process:
+    """One killable part of the pipeline, in its own process group."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    child: subprocess.Popen[str] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO_ROOT)}
+        with self.log.open("a") as log:
+            log.write(f"--- start {self.starts} at {clock()}\n")
+            log.flush()
+            self.child = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=log, text=True,
+                                          cwd=REPO_ROOT, env=env, start_new_session=True)
+
+    def kill(self) -> None:
+        assert self.child is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, signal.SIGKILL)
+        self.child.wait()
+
+    def wait_for_line(self, expected: str, timeout: float = 120.0) -> None:
+        """Read standard output until the process prints ``expected``, dies, or the time is up.
+
+        A process killed and restarted just before the end may not have installed its SIGTERM handler
+        yet; the supervisor waits for it to say so instead of guessing how long that takes.
+        """
+        assert self.child is not None and self.child.stdout is not None
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([self.child.stdout], [], [], left)
+            if not readable:
+                break
+            line = self.child.stdout.readline()
+            if line.strip() == expected:
+                return
+            if not line:
+                raise SystemExit(f"{self.name} exited before printing {expected!r}; see {self.log}")
+        raise SystemExit(f"{self.name} did not print {expected!r} within {timeout:.0f} s; see {self.log}")
+
+    def terminate(self, timeout: float = 60.0) -> str:
+        """SIGTERM, wait; what it printed on standard output."""
+        assert self.child is not None
+        if self.child.poll() is None:
+            os.killpg(self.child.pid, signal.SIGTERM)
+        try:
+            out, _ = self.child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return ""
+        return out or ""
+
+    def alive(self) -> bool:
+        return self.child is not None and self.child.poll() is None
+
+
+def mvlog_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mvlog.services.cli", *args]
+
+
+@dataclass
+class Events:
+    """The once-only events of the run and what they led to."""
+
+    created_epoch: int | None = None  # mv1's MCE when mv4 was created
+    backfill_rate: int | None = None
+    limit_lifted: bool = False
+    wipe_started: float | None = None
+    wipe_mces: dict[str, int] = field(default_factory=dict)  # every table and view's MCE before the wipe
+    rebuilt_after_s: float | None = None
+    replacement_id: str | None = None
+    applied_epoch: int | None = None
+    failures: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Soak:
+    settings: Settings
+    seed: int
+    rate: float
+    workdir: Path
+    processes: dict[str, Process] = field(default_factory=dict)
+    kills: int = 0
+    notes: list[str] = field(default_factory=list)
+    events: Events = field(default_factory=Events)
+    scheduled: list[tuple[float, Callable[[], bool], Callable[[], None]]] = field(default_factory=list)
+    client: redis.Redis = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = redis.Redis.from_url(self.settings.redis_url)
+
+    @property
+    def store(self) -> ViewStore:
+        return ViewStore(self.client, self.settings.topic_prefix)
+
+    def names(self) -> list[str]:
+        """Every table and view, upstreams first."""
+        return [*TABLES, *VIEWS, *([ONLINE_VIEW[0]] if self.events.created_epoch is not None else [])]
+
+    def setup(self) -> None:
+        for name, (columns, key) in TABLES.items():
+            Table.create(self.settings, name, columns, key, client=self.client, auto_commit=False).close()
+        for name, sql in VIEWS.items():
+            create_view(self.settings, name, sql, client=self.client)
+        config = self.settings.model_dump_json()
+        self.processes["writer"] = Process(
+            "writer", [sys.executable, __file__, "--role", "writer", "--settings", config,
+                       "--rate", str(self.rate), "--seed", str(self.seed)], self.workdir / "writer.log")
+        (cache_port,) = free_ports(1)
+        self.processes["cache-worker"] = Process(
+            "cache-worker", mvlog_argv("cache-worker", "--port", str(cache_port)), self.workdir / "cache-worker.log")
+        self.processes["lag-sampler"] = Process("lag-sampler", mvlog_argv("lag-sampler"),
+                                                self.workdir / "lag-sampler.log")
+        for name, views in CONSUMERS.items():
+            self.processes[name] = Process(name, mvlog_argv("run-view", *views, "--progress-interval", "0"),
+                                           self.workdir / f"{name}.log")
+        os.environ.update(self.settings.to_env())
+        for process in self.processes.values():
+            process.start()
+
+    # --- chaos ------------------------------------------------------------------------------------
+
+    def chaos(self, seconds: float, kill_every: float) -> None:
+        """Kill a random part every ~``kill_every`` s; run each event once at its share of the time."""
+        rng = random.Random(self.seed)
+        started = time.monotonic()
+        deadline = started + seconds
+        # (due, ready, event), in order: each waits for its time, for the one before, and for its condition.
+        self.scheduled = [
+            (started + CREATE_AT * seconds, self.mv1_has_rows, lambda: self.create_online_view(seconds)),
+            (started + WIPE_AT * seconds, self.mv4_backfilled_some, self.wipe_redis),
+            (started + REPLACE_AT * seconds, lambda: self.events.rebuilt_after_s is not None, self.replace_view),
+        ]
+        next_kill = started + rng.uniform(0.5 * kill_every, 1.5 * kill_every)
+        while (now := time.monotonic()) < deadline:
+            self.restart_dead()
+            self.run_due_event(now)
+            self.follow_events()
+            if now >= next_kill:
+                victim = self.processes[rng.choice(sorted(self.processes))]
+                victim.kill()
+                self.kills += 1
+                time.sleep(rng.uniform(0, 2.0))  # the victim stays down for a random while
+                victim.start()
+                print(f"  {clock()} SIGKILL {victim.name} (kill {self.kills})", flush=True)
+                next_kill = time.monotonic() + rng.uniform(0.5 * kill_every, 1.5 * kill_every)
+            time.sleep(0.2)
+
+    def run_due_event(self, now: float) -> None:
+        if self.scheduled and self.scheduled[0][0] <= now and self.scheduled[0][1]():
+            _, _, event = self.scheduled.pop(0)
+            event()
+
+    def restart_dead(self, when: str = "", *, writer: bool = True) -> None:
+        """Restart a part that died by itself (a finding, noted; not a kill), the writer only if asked."""
+        for process in self.processes.values():
+            if (writer or process.name != "writer") and not process.alive():
+                code = process.child.returncode if process.child else None
+                self.notes.append(f"{process.name} exited by itself{when} (exit code {code}) at {clock()}")
+                process.start()
+
+    # --- the events -------------------------------------------------------------------------------
+
+    def mv1_has_rows(self) -> bool:
+        """mv1 is live (its consumer started, on this loaded machine, and committed some rows)."""
+        return self.store.row_count("mv1") > 0
+
+    def mv4_backfilled_some(self) -> bool:
+        """mv4's backfill has committed rows (or finished): the wipe then meets positions to restore."""
+        state = self.store.backfill_state(ONLINE_VIEW[0])
+        return b"done" in state or int(state.get(b"rows_done", 0)) > 0
+
+    def create_online_view(self, seconds: float) -> None:
+        """mv4 on the live mv1, backfilled in chunks at a rate that spreads it over ``BACKFILL_SHARE``."""
+        name, sql = ONLINE_VIEW
+        upstream_mce = self.store.mce("mv1") or 0
+        rows = self.store.row_count("mv1")
+        create_view(self.settings, name, sql, client=self.client, backfill="chunked")
+        rate = max(1, math.ceil(rows / (BACKFILL_SHARE * seconds)))
+        alter_view(self.settings, name, client=self.client, backfill_rate_limit=rate)
+        self.events.created_epoch, self.events.backfill_rate = upstream_mce, rate
+        self.processes[ONLINE_CONSUMER] = Process(
+            ONLINE_CONSUMER, mvlog_argv("run-view", name, "--progress-interval", "0"),
+            self.workdir / f"{ONLINE_CONSUMER}.log")
+        self.processes[ONLINE_CONSUMER].start()
+        print(f"soak: view {name} created at {clock()} on mv1 at epoch {upstream_mce} ({rows} rows), online with a "
+              f"chunked backfill limited to {rate} rows/s: {sql}", flush=True)
+
+    def wipe_redis(self) -> None:
+        """FLUSHALL, telling nobody: the processes must notice and rebuild from Kafka by themselves."""
+        self.events.wipe_mces = {n: m or 0 for n, m in self.store.mce_many(self.names()).items()}
+        backfill = self.store.backfill_state(ONLINE_VIEW[0])
+        self.client.flushall()
+        self.events.wipe_started = time.monotonic()
+        state = ("not created yet" if self.events.created_epoch is None else "backfill done" if b"done" in backfill
+                 else f"backfilling ({int(backfill.get(b'rows_done', 0))} rows done)")
+        print(f"soak: redis wiped (FLUSHALL) at {clock()}, t1 at epoch {self.events.wipe_mces['t1']}, "
+              f"{ONLINE_VIEW[0]} {state}", flush=True)
+
+    def replace_view(self) -> None:
+        """Stage mv1's replacement and ask for its cut-over at once: mv1's consumer hydrates it first."""
+        view, sql = REPLACEMENT
+        record = stage_replacement(self.settings, view, sql, client=self.client)
+        request_apply(self.settings, view, client=self.client)
+        self.events.replacement_id = record.id
+        print(f"soak: replacement {record.id} of {view} staged at {clock()}, apply requested: {sql}", flush=True)
+
+    def follow_events(self) -> None:
+        """Note when the rebuild after the wipe is complete and when the replacement is applied."""
+        events = self.events
+        if events.wipe_started is not None and events.rebuilt_after_s is None:
+            mces = self.store.mce_many(list(events.wipe_mces))
+            if not CatalogStore(self.settings, self.client).wiped() and all(
+                    (mces[n] or 0) > before for n, before in events.wipe_mces.items() if before):
+                events.rebuilt_after_s = time.monotonic() - events.wipe_started
+                print(f"soak: redis rebuilt from Kafka {events.rebuilt_after_s:.1f} s after the wipe: control plane "
+                      f"back, every table and view past its epoch before the wipe", flush=True)
+        if events.replacement_id is not None and events.applied_epoch is None:
+            view = REPLACEMENT[0]
+            replacements = ReplacementStore(self.client, self.settings.topic_prefix)
+            record = replacements.record(view)
+            if record is None or record.id != events.replacement_id or record.status is Status.DISCARDED:
+                self._fail(f"the replacement {events.replacement_id} of {view} is gone: {record}")
+            elif record.fields and record.fields.get("error"):
+                self._fail(f"the replacement {events.replacement_id} of {view} failed: {record.fields['error']}")
+            elif record.status is Status.APPLIED and record.applied_epoch is not None:
+                complete_apply(CatalogStore(self.settings, self.client), replacements, view)
+                events.applied_epoch = record.applied_epoch
+                print(f"soak: view {view} replaced at {clock()}: replacement {record.id} applied at epoch "
+                      f"{record.applied_epoch} (version {record.applied_version})", flush=True)
+
+    def _fail(self, reason: str) -> None:
+        if reason not in self.events.failures:
+            self.events.failures.append(reason)
+            print(f"  {clock()} FAILED: {reason}", flush=True)
+
+    def events_under_way(self) -> bool:
+        events = self.events
+        rebuilding = events.wipe_started is not None and events.rebuilt_after_s is None
+        applying = events.replacement_id is not None and events.applied_epoch is None
+        backfilling = (events.created_epoch is not None
+                       and self.store.backfill_state(ONLINE_VIEW[0]).get(b"done") is None)
+        return not events.failures and (bool(self.scheduled) or rebuilding or applying or backfilling)
+
+    # --- the end ----------------------------------------------------------------------------------
+
+    def finish(self) -> dict[str, int]:
+        """Let the events still to come or under way finish (without kills; the backfill's rate limit
+        lifted), stop the writer cleanly and wait for every view to reach its upstreams' last epochs."""
+        if self.scheduled:
+            self.notes.append(f"{len(self.scheduled)} event(s) came after the chaos (a slow start)")
+        deadline = time.monotonic() + EVENT_TIMEOUT_S
+        while self.events_under_way():
+            if time.monotonic() > deadline:
+                self._fail(f"events still under way {EVENT_TIMEOUT_S:.0f} s after the chaos: {self.events}")
+                break
+            self.restart_dead(" after the chaos")
+            self.run_due_event(time.monotonic())
+            if self.events.created_epoch is not None and not self.events.limit_lifted:
+                alter_view(self.settings, ONLINE_VIEW[0], client=self.client, backfill_rate_limit=None)
+                self.events.limit_lifted = True
+            self.follow_events()
+            time.sleep(0.2)
+        writer = self.processes["writer"]
+        writer.wait_for_line(READY)
+        out = writer.terminate()
+        if not out.strip():
+            raise SystemExit(f"the writer did not stop cleanly; see {writer.log}")
+        final: dict[str, int] = json.loads(out.strip().splitlines()[-1])
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+        # A view has one epoch per upstream epoch; a join's last one is its least advanced upstream's.
+        expected = {name: final["t1"] for name in self.names() if name not in TABLES}
+        expected["mvj"] = min(final.values())
+        while True:
+            behind = {v: (self.store.mce(v) or 0, e) for v, e in expected.items() if (self.store.mce(v) or 0) < e}
+            if not behind:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"views did not catch up within {CATCH_UP_TIMEOUT_S:.0f} s: {behind}")
+            self.restart_dead(" while catching up", writer=False)
+            time.sleep(0.5)
+        for name in self.processes:
+            if name != "writer":
+                self.processes[name].terminate()
+        return final
+
+    def check_events(self, report: OracleReport) -> list[str]:
+        """What the oracle must have seen of the events: each happened, and was checked."""
+        problems = list(self.events.failures)
+        events = self.events
+        if events.created_epoch is None:
+            problems.append(f"{ONLINE_VIEW[0]} was not created")
+        if events.wipe_started is None or events.rebuilt_after_s is None:
+            problems.append("Redis was not wiped, or not rebuilt from Kafka")
+        if events.applied_epoch is None:
+            problems.append(f"the replacement of {REPLACEMENT[0]} was not applied")
+        elif [sql for _, sql in report.definitions.get(REPLACEMENT[0], [])][-1:] != [REPLACEMENT[1]]:
+            problems.append(f"the oracle did not check {REPLACEMENT[0]} under its new definition")
+        return problems
+
+
+def cache_reads(settings: Settings, client: redis.Redis) -> str:
+    """Partition-epochs the consumers read from the log cache and from Kafka (counted since the wipe)."""
+    registry = CacheRegistry(client, settings.topic_prefix)
+    parts = []
+    for upstream in ("t1", "t2", "mv1"):
+        cached, kafka = registry.reads(upstream)
+        parts.append(f"{upstream} {cached}/{cached + kafka}")
+    return ", ".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=3.0, help="minutes of chaos (default 3)")
+    parser.add_argument("--kill-every", type=float, default=15.0,
+                        help="mean seconds between two kills (default 15)")
+    parser.add_argument("--rate", type=float, default=200.0, help="changes/s the writer aims at (default 200)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) after the run")
+    parser.add_argument("--role", choices=("supervisor", "writer"), default="supervisor", help=argparse.SUPPRESS)
+    parser.add_argument("--settings", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+
+    if args.role == "writer":
+        run_writer(Settings.model_validate_json(args.settings), args.rate, seed)
+        return 0
+
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="mvlog-soak-"))
+    kafka_port, redis_port = free_ports(2)
+    stack = LocalStack(data_dir=workdir / "stack", kafka_port=kafka_port, redis_port=redis_port,
+                       die_with_parent=True)
+    stack.start()
+    print(f"soak: seed {seed}, {args.minutes:g} minute(s) of chaos, a kill every ~{args.kill_every:g} s, "
+          f"logs in {workdir}", flush=True)
+    print(machine_info(), flush=True)
+    soak = Soak(stack.settings(topic_prefix="soak", barrier_interval_ms=500, partitions=3), seed, args.rate,
+                workdir)
+    try:
+        soak.setup()
+        soak.chaos(args.minutes * 60, args.kill_every)
+        chaos_done = time.monotonic()
+        final = soak.finish()
+        finished = time.monotonic()
+        reads = cache_reads(soak.settings, soak.client)
+        report = oracle_report(soak.settings, soak.client, soak.names())
+        checked = time.monotonic()
+        event_problems = soak.check_events(report)
+    finally:
+        for process in soak.processes.values():
+            if process.alive():
+                process.kill()
+        soak.client.close()
+        stack.stop()
+    for note in soak.notes:
+        print(f"  note: {note}")
+    for problem in [*event_problems, *report.problems][:20]:
+        print(f"  PROBLEM: {problem}")
+    for view, defined in report.definitions.items():
+        print(f"  oracle: {view} checked under {len(defined)} definitions: "
+              + "; ".join(f"from epoch {start or 'its first'}: {sql}" for start, sql in defined))
+    for view, (first, last) in report.backfilled.items():
+        print(f"  oracle: {view} checked on the upstream keys its backfill covered at epochs {first}..{last}, "
+              "in full after")
+    print(f"  read from the log cache (partition-epochs, of all read since the wipe): {reads}")
+    print(f"  last epochs: t1 {final['t1']}, t2 {final['t2']}; restarts: "
+          f"{', '.join(f'{p.name} {p.starts - 1}' for p in soak.processes.values())}")
+    print(f"  time: chaos {(chaos_done - started) / 60:.1f} min (with the stack's start), end of events and "
+          f"catch-up {finished - chaos_done:.0f} s, oracle {checked - finished:.0f} s")
+    minutes = (time.monotonic() - started) / 60
+    print(f"soak: {minutes:.1f} minutes, {soak.kills} kills survived, {report.epochs_checked} epochs checked, "
+          f"rows lost {report.rows_lost}, rows doubled {report.rows_doubled}")
+    ok = report.ok and not event_problems
+    if ok and not args.keep:
+        import shutil
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

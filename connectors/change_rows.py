@@ -1,0 +1,110 @@
+"""The signed-row shape of a changelog in Arrow: what the ``mvlog`` data source and the log cache serve.
+
+Both the Kafka read path of the Spark data source and the Faust log-cache worker build the same record
+batches with :class:`SignedRowBuilder`, so a reader cannot tell where an epoch came from. Columns:
+``_epoch``, ``_change_type`` (Delta change-data-feed names, plus one ``barrier`` row per partition and
+epoch), ``_weight`` (+1 / -1, 0 for barriers), ``_partition``, ``_offset``, ``_key`` (the Avro key
+bytes), then the view's columns (null on barrier rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mvlog.changes import Change
+from mvlog.row_schema import ColumnType, Row, RowSchema
+
+META_COLUMNS = ("_epoch", "_change_type", "_weight", "_partition", "_offset", "_key")
+BARRIER = "barrier"
+_ARROW_TYPES = {ColumnType.INT: pa.int64(), ColumnType.FLOAT: pa.float64(), ColumnType.STRING: pa.string(),
+                ColumnType.BOOLEAN: pa.bool_(), ColumnType.BYTES: pa.binary()}
+
+
+def arrow_schema(schema: RowSchema) -> pa.Schema:
+    meta = [pa.field("_epoch", pa.int64()), pa.field("_change_type", pa.string()), pa.field("_weight", pa.int32()),
+            pa.field("_partition", pa.int32()), pa.field("_offset", pa.int64()), pa.field("_key", pa.binary())]
+    return pa.schema(meta + [pa.field(c.name, _ARROW_TYPES[c.type]) for c in schema.columns])
+
+
+def change_rows(change: Change) -> Iterator[tuple[str, int, Row]]:
+    """A change as signed rows: the retraction of ``before`` and the assertion of ``after``."""
+    if change.before is not None:
+        yield ("update_preimage" if change.after is not None else "delete"), -1, change.before
+    if change.after is not None:
+        yield ("update_postimage" if change.before is not None else "insert"), 1, change.after
+
+
+class SignedRowBuilder:
+    """Accumulates one partition's signed rows column by column; :meth:`flush` makes a record batch."""
+
+    def __init__(self, schema: RowSchema, partition: int) -> None:
+        self.target = arrow_schema(schema)
+        self.partition = partition
+        self._names = schema.names
+        self._columns: dict[str, list[Any]] = {f.name: [] for f in self.target}
+
+    def __len__(self) -> int:
+        return len(self._columns["_epoch"])
+
+    def add_change(self, epoch: int, offset: int, key: bytes, change: Change) -> None:
+        columns = self._columns
+        for change_type, weight, row in change_rows(change):
+            columns["_epoch"].append(epoch)
+            columns["_change_type"].append(change_type)
+            columns["_weight"].append(weight)
+            columns["_partition"].append(self.partition)
+            columns["_offset"].append(offset)
+            columns["_key"].append(key)
+            for name in self._names:
+                columns[name].append(row.get(name))
+
+    def add_barrier(self, epoch: int, offset: int) -> None:
+        columns = self._columns
+        for name, value in (("_epoch", epoch), ("_change_type", BARRIER), ("_weight", 0),
+                            ("_partition", self.partition), ("_offset", offset), ("_key", b"")):
+            columns[name].append(value)
+        for name in self._names:
+            columns[name].append(None)
+
+    def flush(self) -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_pydict(self._columns, schema=self.target)
+        for values in self._columns.values():
+            values.clear()
+        return batch
+
+
+# --- micro-batches of signed rows, cut into their epochs without leaving Arrow --------------------------
+#
+# An epoch whose barriers are its only rows still has to be committed (its barrier goes into the
+# view's changelog), so every epoch is yielded.
+
+
+def epoch_slices(batch: pa.Table) -> Iterator[tuple[int, pa.Table]]:
+    """(epoch, its change rows), epochs ascending; barrier rows are dropped."""
+    if len(batch) == 0:
+        return
+    ordered = batch.sort_by("_epoch")
+    counts = pc.value_counts(ordered.column("_epoch"))  # in order of appearance: ascending
+    start = 0
+    for epoch, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True):
+        rows = ordered.slice(start, count)
+        start += count
+        yield epoch, rows.filter(pc.not_equal(rows.column("_change_type"), BARRIER))
+
+
+def one_change_per_key(rows: pa.Table) -> bool:
+    """Whether no key changes twice in these rows (then each key has at most one signed row per sign).
+
+    The rows of one change share its partition and offset, and a key always lives in one partition,
+    so there is one change per key exactly when there are as many distinct keys as distinct changes.
+    """
+    if len(rows) == 0:
+        return True
+    changes = pc.add(pc.multiply(rows.column("_partition").cast(pa.int64()), 1 << 40), rows.column("_offset"))
+    distinct_changes: int = pc.count_distinct(changes).as_py()
+    distinct_keys: int = pc.count_distinct(rows.column("_key")).as_py()
+    return distinct_changes == distinct_keys

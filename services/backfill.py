@@ -1,0 +1,261 @@
+"""Chunked backfill of a view on a live upstream: the I/O around :mod:`mvlog.backfill`.
+
+A :class:`ChunkedBackfill` sits between a view's upstream epochs and its operator. For every upstream
+epoch, :meth:`ChunkedBackfill.prepare` returns the operator's input (the upstream changes at or below
+the positions, then at most one chunk per upstream read from the upstream's serving state in Redis)
+and the fields the caller must commit *with that epoch* (positions, rows done, lifecycle);
+:meth:`ChunkedBackfill.committed` is called once that commit succeeded. It writes nothing itself, so
+the same object hydrates a view that writes its changelog (``ViewConsumer``) or one that only fills
+its Redis state (a staged replacement): the caller is the sink.
+
+Chunks: ``read_ordered`` returns up to ``size`` rows of the unfinished vnodes in key order together
+with the upstream MCE ``S`` they reflect. A chunk is emitted in epoch ``S`` itself: when the view is
+still behind ``S`` the chunk waits (one per upstream, so memory stays at one batch) while the earlier
+epochs' changes to its keys are dropped. The batch size follows the measured epoch time
+(:class:`~mvlog.backfill.BatchSizer`), capped by the view's ``backfill_rate_limit`` option (rows/s),
+which is re-read from the catalog every second, so ``mvlog alter-view`` applies while it runs.
+
+Redis (``<prefix>:{view}:...``), for ``mvlog status`` and the dashboard:
+
+* ``backfill`` (hash, committed with each epoch): ``pos:<upstream>:<vnode>`` = order member of the last
+  backfilled key (empty: vnode done; absent: not started), ``rows_done``, ``start_epoch``, ``done``.
+* ``journal`` (list, committed with each epoch): ``<epoch> <upstream> <vnode> <from> <to>`` per chunk
+  part (members in hex, ``-`` = start, ``done``).
+* ``backfill_progress`` (hash, written after each commit, at most twice a second): ``state``
+  (backfilling|live), ``method``, ``rows_done``, ``rows_total`` (estimate: the upstreams' row counts at
+  the last read), ``vnodes_done``, ``vnodes_total``, ``rate_rows_s``, ``eta_s`` (empty when unknown),
+  ``batch_size``, ``rate_limit`` (empty: none), ``snapshot_epoch`` (S of the last chunk), ``mce``,
+  ``started_ms``, ``updated_ms``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from mvlog.backfill import (
+    DONE,
+    BackfillPositions,
+    BatchSizer,
+    Chunk,
+    Position,
+    RateLimit,
+    RateMeter,
+    VnodeChunk,
+    route_epoch,
+)
+from mvlog.backfill_record import BACKFILL_MUTATION, journal_line, load_positions, position_field, progress_payload
+from mvlog.catalog import CatalogEntry
+from mvlog.changes import Change, Mutation
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.key_order import order_member
+from mvlog.row_schema import Key
+from mvlog.schemas.codec import decode_row, encode_key
+from mvlog.services.view_ddl import view_option
+from mvlog.vnode import vnode_of
+
+log = logging.getLogger(__name__)
+
+RATE_LIMIT_REFRESH_S = 1.0
+PROGRESS_EVERY_S = 0.5
+
+
+@dataclass
+class BackfillStep:
+    """One epoch of the backfill: the operator's input and what to commit with the epoch."""
+
+    epoch: int
+    changes: dict[str, list[Change]]
+    fields: dict[str, bytes | str | int] = field(default_factory=dict)
+    journal: list[str] = field(default_factory=list)
+    lifecycle: str = ""
+    inserted: int = 0
+    forwarded: int = 0
+    dropped: int = 0
+
+    def commit_fields(self) -> dict[str, object]:
+        """Keyword arguments of :class:`~mvlog.connectors.view_store.EpochCommit` for this step."""
+        return {"backfill": self.fields, "journal": self.journal, "lifecycle": self.lifecycle}
+
+    def mutation(self, view: str) -> Mutation:
+        """The same fields on the epoch's barriers, so a rebuild from Kafka restores them (I6)."""
+        return Mutation(BACKFILL_MUTATION, view, progress_payload(self.fields))
+
+
+class ChunkedBackfill:
+    """Backfills view ``entry`` from its upstreams' serving state, resuming from committed positions."""
+
+    def __init__(self, settings: Settings, store: ViewStore, catalog: CatalogStore, entry: CatalogEntry,
+                 upstreams: Mapping[str, CatalogEntry], *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.store = store
+        self.catalog = catalog
+        self.entry = entry
+        self.view = entry.name
+        self.upstreams = dict(upstreams)
+        self.sources = list(entry.sources)
+        self._clock = clock
+        stored = store.backfill_state(self.view)
+        self.positions = load_positions(stored, self.sources)
+        self.rows_done = int(stored.get(b"rows_done", b"0"))
+        if b"start_epoch" in stored:  # resuming: 0 too is a start (an upstream with a single epoch then)
+            self.start_epoch = int(stored[b"start_epoch"])
+        else:  # nothing committed yet: start just below the upstreams' current epoch
+            self.start_epoch = min(self._epoch_before_mce(s) for s in self.sources)
+        self._first_commit = True
+        self.sizer = BatchSizer(target_s=settings.barrier_interval_ms / 1000 * settings.backfill_target_share,
+                                size=settings.backfill_batch_rows, maximum=settings.backfill_max_batch_rows)
+        now = clock()
+        self.limit = RateLimit(view_option(entry, "backfill_rate_limit"), now)
+        self._limit_checked = now
+        self.meter = RateMeter()
+        self._pending: dict[str, Chunk] = {}
+        self._totals: dict[str, int] = {}
+        self.snapshot_epoch = 0
+        self.chunks_read = 0
+        self._progress_at = 0.0
+        self._started_ms = int(time.time() * 1000)
+        self.on_chunk_read: Callable[[Chunk], None] | None = None  # observers (tests, progress bars)
+
+    @property
+    def done(self) -> bool:
+        return self.positions.done
+
+    @property
+    def rows_total(self) -> int:
+        return max(self.rows_done, sum(self._totals.values()))
+
+    # --- per epoch --------------------------------------------------------------------------------
+
+    def prepare(self, epoch: int, changes: Mapping[str, Sequence[Change]]) -> BackfillStep:
+        """The view's input for upstream epoch ``epoch`` (positions advance; commit ``commit_fields``)."""
+        self._refresh_rate_limit()
+        chunks: list[Chunk] = []
+        for source in self.sources:
+            chunk = self._pending.pop(source, None)
+            if chunk is None or chunk.snapshot_epoch < epoch:
+                chunk = self._read_chunk(source, epoch)
+            if chunk is None:
+                continue
+            if chunk.snapshot_epoch > epoch:
+                self._pending[source] = chunk  # emitted in epoch S; earlier changes to its keys are dropped
+            else:
+                chunks.append(chunk)
+        routed = route_epoch(self.positions, epoch, {s: self._with_members(s, c) for s, c in changes.items()},
+                             chunks)
+        self.rows_done += routed.inserted
+        step = BackfillStep(epoch, routed.changes, inserted=routed.inserted, forwarded=routed.forwarded,
+                            dropped=routed.dropped)
+        step.fields = {position_field(s, v): p.encode() for (s, v), p in routed.moved.items()}
+        step.fields["rows_done"] = self.rows_done
+        step.fields["start_epoch"] = self.start_epoch
+        for chunk in chunks:
+            self.snapshot_epoch = chunk.snapshot_epoch
+            step.journal += [journal_line(epoch, chunk.source, p.vnode, p.start, p.end) for p in chunk.vnodes]
+        if self.positions.done:
+            step.fields["done"] = 1
+            step.lifecycle = Lifecycle.LIVE.value
+        elif self._first_commit:
+            step.lifecycle = Lifecycle.BACKFILLING.value
+        return step
+
+    def committed(self, step: BackfillStep, busy_s: float) -> None:
+        """``step`` is committed: adapt the batch size to the epoch's time and publish progress."""
+        self._first_commit = False
+        if step.inserted:
+            self.sizer.observe(busy_s, step.inserted)
+        else:
+            self.sizer.observe_without_chunk(busy_s)
+        now = self._clock()
+        self.meter.add(now, self.rows_done)
+        if self.done or now - self._progress_at >= PROGRESS_EVERY_S:
+            self._progress_at = now
+            self.store.set_backfill_progress(self.view, self.progress(step.epoch))
+
+    def progress(self, mce: int) -> dict[str, str | int | float]:
+        remaining = self.rows_total - self.rows_done
+        eta = self.meter.eta_s(remaining) if not self.done else 0.0
+        return {
+            "state": Lifecycle.LIVE.value if self.done else Lifecycle.BACKFILLING.value, "method": "chunked",
+            "rows_done": self.rows_done, "rows_total": self.rows_total,
+            "vnodes_done": self.positions.vnodes_done(), "vnodes_total": self.positions.vnodes_total(),
+            "rate_rows_s": round(self.meter.rate(), 1), "eta_s": "" if eta is None else round(eta, 1),
+            "batch_size": self.sizer.size, "rate_limit": self.limit.rows_per_s or "",
+            "snapshot_epoch": self.snapshot_epoch, "mce": mce, "started_ms": self._started_ms,
+            "updated_ms": int(time.time() * 1000),
+        }
+
+    # --- internals --------------------------------------------------------------------------------
+
+    def _epoch_before_mce(self, source: str) -> int:
+        """The upstream's committed epoch before its MCE: starting there, the view has at least one
+        upstream epoch (the MCE) to emit a first chunk in, even when the upstream writes nothing more."""
+        mce = self.store.mce(source)
+        if mce is None:
+            return 0
+        before = self.store.index.before(source, 0, mce)
+        return before.epoch if before is not None else 0
+
+    def _with_members(self, source: str, changes: Sequence[Change]) -> list[tuple[int, bytes, Change]]:
+        columns = self.upstreams[source].key_columns
+        out = []
+        for change in changes:
+            key = encode_key(columns, change.key)
+            vnode = vnode_of(key)
+            out.append((vnode, order_member(vnode, change.key, key), change))
+        return out
+
+    def _refresh_rate_limit(self) -> None:
+        now = self._clock()
+        if now - self._limit_checked >= RATE_LIMIT_REFRESH_S:
+            self._limit_checked = now
+            entry = self.catalog.find(self.view)
+            if entry is not None:
+                self.limit.set_rate(view_option(entry, "backfill_rate_limit"), now)
+
+    def _read_chunk(self, source: str, epoch: int) -> Chunk | None:
+        unfinished = self.positions.unfinished(source)
+        if not unfinished:
+            return None
+        budget = self.sizer.size
+        allowance = self.limit.allowance(self._clock())
+        if allowance is not None:
+            budget = min(budget, allowance)
+        if budget <= 0:
+            return None
+        read = self.store.read_ordered(source, [(v, p.last) for v, p in unfinished], budget)
+        if read.epoch is None or read.epoch < epoch:
+            return None  # the upstream's serving state is behind the epoch at hand: try the next one
+        self._totals[source] = read.row_count
+        parts = []
+        for vnode, exhausted, rows in read.parts:
+            start = self.positions.get(source, vnode)
+            end = DONE if exhausted else Position(False, rows[-1][0])
+            parts.append(VnodeChunk(vnode, start, end, tuple((m, decode_row(v)) for m, v in rows)))
+        chunk = Chunk(source, read.epoch, tuple(parts), read.row_count)
+        self.limit.spend(chunk.row_count, self._clock())
+        self.chunks_read += 1
+        if self.on_chunk_read is not None:
+            self.on_chunk_read(chunk)
+        return chunk
+
+
+def coverage(positions: BackfillPositions, upstreams: Mapping[str, CatalogEntry]) -> Callable[[str, Key], bool]:
+    """``covers(upstream, key)``: whether the backfill at ``positions`` has reached the upstream key."""
+    columns = {name: entry.key_columns for name, entry in upstreams.items()}
+
+    def covers(source: str, key: Key) -> bool:
+        encoded = encode_key(columns[source], key)
+        vnode = vnode_of(encoded)
+        return positions.covers(source, vnode, order_member(vnode, key, encoded))
+
+    return covers
+
+
+def backfill_needed(store: ViewStore, entry: CatalogEntry) -> bool:
+    """A view created with ``--backfill chunked`` whose backfill has not completed."""
+    return entry.options.get("backfill") == "chunked" and store.backfill_state(entry.name).get(b"done") is None

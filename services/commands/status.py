@@ -1,0 +1,217 @@
+"""``mvlog status``, ``mvlog lag`` and ``mvlog lag-sampler``: how every view keeps up, for operators.
+
+``status`` is one line per table and view (state, MCE, lag in epochs / seconds / records, health,
+backfill progress, backpressure); ``lag`` is one line per view and upstream. Both take their lag and
+health from the lag sampler when one runs (the dashboard runs one), else measure lag on the spot;
+``--watch`` refreshes and judges health over its own window of samples.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+import redis
+from rich.live import Live
+from rich.table import Table
+
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.services.cli import pass_settings
+from mvlog.services.commands.backends import backend_errors, connect_redis
+from mvlog.services.commands.output import age, console, output_option, print_json
+from mvlog.services.lag_sampler import LagMonitor, LagSampler
+from mvlog.services.status_snapshot import PipelineSnapshot, take_snapshot
+from mvlog.view_status import ViewStatus
+
+STATUS_STYLE = {"ok": "green", "lagging": "yellow", "stalled": "bold red", "stopped": "red", "unknown": "dim"}
+
+
+def fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 60:
+        return f"{value:.1f}s"
+    if value < 3600:
+        return f"{value / 60:.1f}m"
+    return f"{value / 3600:.1f}h"
+
+
+def fmt_count(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{unit}"
+    return f"{value:g}"
+
+
+def describe_backfill(view: ViewStatus) -> str:
+    progress = view.backfill
+    if progress is None:
+        return "-"
+    done = fmt_count(progress.rows_done)
+    if progress.fraction is None:
+        return f"{done} rows"
+    eta = f", ETA {fmt_seconds(progress.eta_seconds)}" if progress.eta_seconds is not None else ""
+    return f"{progress.fraction:.0%} ({done}/{fmt_count(progress.rows_total)}){eta}"
+
+
+def describe_backpressure(view: ViewStatus) -> str:
+    bp = view.backpressure
+    if bp is None:
+        return "-"
+    bound = f"max {bp.max_epoch_lag}" if bp.max_epoch_lag is not None else "no bound"
+    return f"{bound}, holding upstream" if bp.holding else bound
+
+
+def describe_cache(view: ViewStatus) -> str:
+    parts = [f"{name} {c.fraction:.0%}" if c.fraction is not None else f"{name} {fmt_count(c.bytes)}B"
+             for name, c in view.cache.items()]
+    return ", ".join(parts) or "-"
+
+
+def _status_cell(view: ViewStatus) -> str:
+    if view.verdict is None:
+        return "-"
+    status = view.verdict.status.value
+    return f"[{STATUS_STYLE[status]}]{status}[/]"
+
+
+def status_table(snapshot: PipelineSnapshot) -> Table:
+    now_ms = snapshot.ts_ms
+    table = Table(title=f"mvlog status, prefix {snapshot.prefix}; lag sampler: {snapshot.sampler or 'none'}",
+                  title_justify="left")
+    for name in ("view", "kind", "state", "MCE", "committed", "lag epochs", "lag s", "lag records", "status",
+                 "backfill", "cache", "backpressure", "replacement"):
+        numeric = name in ("MCE", "lag epochs", "lag s", "lag records")
+        table.add_column(name, justify="right" if numeric else "left", no_wrap=True)
+    for v in snapshot.views:
+        lag = v.lag
+        table.add_row(
+            v.name, v.kind, (v.state or "-") + (f" ({v.reason})" if v.reason else ""),
+            str(v.mce) if v.mce is not None else "-", age(v.mce_committed_ts_ms, now_ms) or "-",
+            str(lag.epochs) if lag else "-", fmt_seconds(lag.seconds) if lag else "-",
+            str(lag.records) if lag else "-", _status_cell(v), describe_backfill(v), describe_cache(v),
+            describe_backpressure(v), v.replacement_summary or "-")
+    return table
+
+
+def lag_rows(snapshot: PipelineSnapshot, only: tuple[str, ...]) -> list[dict[str, Any]]:
+    rows = []
+    for v in snapshot.views:
+        if v.lag is None or (only and v.name not in only):
+            continue
+        for up in v.lag.upstreams:
+            rows.append({"view": v.name, "upstream": up.upstream, "view_mce": v.lag.mce,
+                         "upstream_mce": up.upstream_mce, "epochs": up.epochs, "seconds": up.seconds,
+                         "records": up.records, "ts_ms": v.lag.ts_ms,
+                         "status": v.verdict.status.value if v.verdict else None,
+                         "reason": v.verdict.reason if v.verdict else None})
+    return rows
+
+
+def lag_table(snapshot: PipelineSnapshot, only: tuple[str, ...]) -> Table:
+    table = Table(title=f"mvlog lag, prefix {snapshot.prefix}", title_justify="left")
+    for name in ("view", "upstream", "view MCE", "upstream MCE", "epochs", "seconds", "records", "status",
+                 "why"):
+        numeric = name in ("view MCE", "upstream MCE", "epochs", "seconds", "records")
+        table.add_column(name, justify="right" if numeric else "left", no_wrap=name != "why")
+    for r in lag_rows(snapshot, only):
+        status = r["status"] or "unknown"
+        table.add_row(r["view"], r["upstream"], str(r["view_mce"] or "-"), str(r["upstream_mce"] or "-"),
+                      str(r["epochs"]), fmt_seconds(r["seconds"]), str(r["records"]),
+                      f"[{STATUS_STYLE[status]}]{status}[/]", r["reason"] or "")
+    return table
+
+
+def _run(settings: Settings, watch: float | None, output: str, render: Callable[[PipelineSnapshot], Table],
+         document: Callable[[PipelineSnapshot], Any]) -> None:
+    client = connect_redis(settings)
+    if watch is None:
+        with backend_errors(settings):
+            snapshot = take_snapshot(settings, client)
+        if output == "json":
+            print_json(document(snapshot))
+        else:
+            console().print(render(snapshot))
+        return
+    monitor = LagMonitor(settings, client)
+    with backend_errors(settings):
+        monitor.preload()
+        try:
+            if output == "json":  # one JSON document per line and refresh
+                while True:
+                    click.echo(_compact(document(take_snapshot(settings, client, monitor))))
+                    time.sleep(watch)
+            with Live(render(take_snapshot(settings, client, monitor)), console=console(),
+                      auto_refresh=False) as live:
+                while True:
+                    time.sleep(watch)
+                    live.update(render(take_snapshot(settings, client, monitor)), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+def _compact(document: Any) -> str:
+    return json.dumps(document, separators=(",", ":"), default=str)
+
+
+_watch_option = click.option(
+    "--watch", "-w", type=float, default=None, is_flag=False, flag_value=1.0, metavar="[SECONDS]",
+    help="Refresh every SECONDS (default 1) until Ctrl-C, judging health over this command's own samples.")
+
+
+@click.command("status")
+@_watch_option
+@output_option
+@pass_settings
+def status(settings: Settings, watch: float | None, output: str) -> None:
+    """Every table and view: state, MCE, lag (epochs, seconds, records), health, backfill, backpressure.
+
+    Health follows Burrow-like rules over the last samples: ok, lagging (lag grew at every sample),
+    stalled (MCE stuck while the upstream moves), stopped (paused, failed, or nothing moves).
+    """
+    _run(settings, watch, output, status_table, lambda s: s.to_json())
+
+
+@click.command("lag")
+@click.argument("views", nargs=-1)
+@_watch_option
+@output_option
+@pass_settings
+def lag(settings: Settings, views: tuple[str, ...], watch: float | None, output: str) -> None:
+    """Lag of each view (or VIEWS) behind each of its upstreams, in epochs, seconds and records."""
+    if views:
+        client = connect_redis(settings)
+        with backend_errors(settings):
+            catalog = CatalogStore(settings, client)
+            for name in views:
+                if catalog.get(name).kind != "view":
+                    raise click.ClickException(f"{name} is a table: only views lag behind an upstream")
+    _run(settings, watch, output, lambda s: lag_table(s, views), lambda s: lag_rows(s, views))
+
+
+@click.command("lag-sampler")
+@pass_settings
+def lag_sampler(settings: Settings) -> None:
+    """Sample every view's lag into Redis until Ctrl-C (the dashboard runs one itself).
+
+    Only one sampler writes at a time (a lease in Redis); a second one waits and takes over when the
+    first stops.
+    """
+    client = connect_redis(settings)
+    sampler = LagSampler(settings, client)
+    click.echo(f"Sampling lag every {sampler.interval_s:g}s under prefix {settings.topic_prefix!r} "
+               f"(history: {settings.lag_history} samples per view). Ctrl-C stops.", err=True)
+    try:
+        sampler.run()
+    except KeyboardInterrupt:
+        pass
+    except redis.RedisError as error:
+        raise click.ClickException(f"Redis: {error}") from error
+    finally:
+        sampler.stop()

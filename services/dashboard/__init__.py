@@ -1,0 +1,1 @@
+"""The lag dashboard: a read-only web page, its JSON API and Prometheus ``/metrics``."""

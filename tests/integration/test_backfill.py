@@ -1,0 +1,287 @@
+"""Chunked backfill on a live upstream (issue 5): exact at every epoch, resumable after SIGKILL (I1, I5).
+
+The checks read only Kafka and Redis: the upstream's rows at every epoch are its changelog summed up to
+that barrier; which keys the view covers at epoch e comes from the backfill journal (committed with
+each epoch). At every committed epoch of the view, its changelog summed up to e must equal
+Q(upstream rows at e restricted to covered keys): a lost change or a doubled one breaks the equality.
+Once the backfill is done, every key is covered and this is I1 itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from mvlog.backfill import DONE, START, Position
+from mvlog.catalog import CatalogEntry
+from mvlog.changes import Epoch
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.changelog_reader import ChangelogReader
+from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.key_order import order_member
+from mvlog.row_schema import Key, Row
+from mvlog.schemas.codec import encode_key
+from mvlog.services.backfill import ChunkedBackfill
+from mvlog.services.table_writer import Table
+from mvlog.services.view_consumer import ViewConsumer
+from mvlog.services.view_ddl import alter_view, create_view, plan_for
+from mvlog.vnode import vnode_of
+
+from ..oracle import assert_same_rows, duckdb_view_rows, rows_at, rows_by_epoch
+from .busy_table import busy
+from .processes.view_runner import spawn as spawn_view_runner
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+KEYS = 1500
+KILLS = 3
+COLUMNS = {"id": "int", "v1": "int", "deleted": "boolean"}
+
+
+def _epochs(settings: Settings, store: ViewStore, entry: CatalogEntry, upto: int) -> list[Epoch]:
+    with ChangelogReader(settings, entry.name, entry.key_columns, entry.partitions, store.index,
+                         upto_epoch=upto) as reader:
+        return list(reader.epochs(idle_timeout=10.0))
+
+
+def _journal(store: ViewStore, view: str) -> list[tuple[int, str, int, Position, Position]]:
+    def position(text: str) -> Position:
+        return DONE if text == "done" else START if text == "-" else Position(False, bytes.fromhex(text))
+
+    entries = []
+    for line in store.backfill_journal(view):
+        epoch, source, vnode, start, end = line.split()
+        entries.append((int(epoch), source, int(vnode), position(start), position(end)))
+    return entries
+
+
+def check_journal(store: ViewStore, view: str) -> dict[tuple[str, int], list[tuple[int, Position]]]:
+    """I5 from the committed chunks: per vnode, each chunk starts where the previous one ended and moves
+    forward (nothing committed twice, nothing skipped); returns each vnode's positions by epoch."""
+    history: dict[tuple[str, int], list[tuple[int, Position]]] = {}
+    for epoch, source, vnode, start, end in _journal(store, view):
+        steps = history.setdefault((source, vnode), [])
+        previous = steps[-1][1] if steps else START
+        assert start == previous, f"{source} vnode {vnode}: a chunk at epoch {epoch} restarts at {start}"
+        assert end.is_after(start) or (end.done and start.done), f"{source} vnode {vnode} moved back"
+        steps.append((epoch, end))
+    return history
+
+
+def check_backfilled_view(settings: Settings, client: redis.Redis, view: str) -> int:
+    """The view at every committed epoch = Q(upstream at that epoch restricted to covered keys)."""
+    catalog = CatalogStore(settings, client)
+    store = ViewStore(client, settings.topic_prefix)
+    entry = catalog.get(view)
+    (source,) = entry.sources
+    upstream = catalog.get(source)
+    plan = plan_for(catalog, view, entry.sql or "")
+    mce = store.mce(view)
+    assert mce is not None
+    view_epochs = _epochs(settings, store, entry, mce)
+    assert view_epochs and view_epochs[-1].epoch == mce
+    upstream_history = rows_by_epoch(_epochs(settings, store, upstream, mce))
+    assert set(e.epoch for e in view_epochs) == {e for e in upstream_history if view_epochs[0].epoch <= e <= mce}, \
+        "one view epoch per upstream epoch from the backfill's start"
+    positions = check_journal(store, view)
+    columns = upstream.key_columns
+
+    def covered(key: Key, epoch: int) -> bool:
+        key_bytes = encode_key(columns, key)
+        vnode = vnode_of(key_bytes)
+        steps = [p for e, p in positions.get((source, vnode), []) if e <= epoch]
+        return bool(steps) and steps[-1].covers(order_member(vnode, key, key_bytes))
+
+    history = rows_by_epoch(view_epochs)
+    for epoch, rows in history.items():
+        visible: list[Row] = [r for k, r in rows_at(upstream_history, epoch).items() if covered(k, epoch)]
+        expected = duckdb_view_rows(plan, {source: (upstream.schema, visible)})
+        assert_same_rows(view, rows, expected, plan.schema, f"epoch {epoch}")
+    # Once live, every key is covered: I1 on the whole upstream at the MCE.
+    assert all(steps[-1][1].done for steps in positions.values()) and len(positions) == 256
+    full = duckdb_view_rows(plan, {source: (upstream.schema, list(rows_at(upstream_history, mce).values()))})
+    assert_same_rows(view, history[mce], full, plan.schema, "at the MCE")
+    return len(history)
+
+
+def test_view_created_on_a_busy_upstream_is_exact_at_every_epoch(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any) -> None:
+    # Small chunks and 400 ms epochs: a backfill over several epochs, with few epochs to check.
+    settings = make_settings(barrier_interval_ms=400, backfill_batch_rows=100, backfill_max_batch_rows=300)
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    rng = random.Random(5)
+    table.upsert([{"id": i, "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.2} for i in range(KEYS)])
+    table.flush()
+    store = ViewStore(redis_client, settings.topic_prefix)
+    with busy(table, seed=7, keys=KEYS, per_tick=30):
+        time.sleep(0.5)  # the upstream has moved on before the views exist
+        create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client,
+                    backfill="chunked")
+        create_view(settings, "mv2", "SELECT deleted, count(*) AS c, sum(v1) AS s FROM t1 GROUP BY deleted",
+                    client=redis_client, backfill="chunked")
+        consumers = [ViewConsumer(settings, v, spark=spark, client=redis_client, max_epochs_per_trigger=10,
+                                  trigger_interval="100 milliseconds") for v in ("mv1", "mv2")]
+        for consumer in consumers:
+            consumer.start()
+        try:
+            deadline = time.monotonic() + 150
+            seen_backfilling = False
+            while any(store.lifecycle(v) != Lifecycle.LIVE for v in ("mv1", "mv2")):
+                seen_backfilling |= store.lifecycle("mv1") == Lifecycle.BACKFILLING
+                assert time.monotonic() < deadline, store.backfill_progress("mv1")
+                time.sleep(0.1)
+            assert seen_backfilling
+            progress = store.backfill_progress("mv1")
+            assert progress["state"] == "live" and int(progress["rows_done"]) > 0
+            assert progress["vnodes_done"] == progress["vnodes_total"] == "256"
+            live_at = store.mce("mv1") or 0
+            for consumer in consumers:  # keep running live for a few epochs under the same writes
+                consumer.wait_for_epoch(live_at + 1)
+        except BaseException:
+            for consumer in consumers:
+                consumer.stop()
+            raise
+    last = table.flush()
+    table.close()
+    try:
+        for consumer in consumers:
+            consumer.wait_for_epoch(last)
+    finally:
+        for consumer in consumers:
+            consumer.stop()
+    epochs = [check_backfilled_view(settings, redis_client, v) for v in ("mv1", "mv2")]
+    assert min(epochs) >= 5, epochs  # the backfill spanned epochs while the upstream wrote
+
+
+def _read_until(child: subprocess.Popen[str], prefix: str, timeout: float, sink: list[str]) -> None:
+    assert child.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if not line:
+            raise AssertionError(f"the consumer process exited ({child.poll()}) before printing {prefix!r}")
+        sink.append(line.rstrip("\n"))
+        if line.startswith(prefix):
+            return
+    raise AssertionError(f"no {prefix!r} within {timeout}s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # four Spark driver start-ups on a shared 2-core machine
+def test_backfill_killed_at_random_points_resumes_from_its_positions(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
+    settings = make_settings(barrier_interval_ms=400, backfill_batch_rows=40, backfill_max_batch_rows=80)
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    rng = random.Random()
+    table.upsert([{"id": i, "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.2} for i in range(0, KEYS, 2)])
+    table.flush()
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client, backfill="chunked")
+    store = ViewStore(redis_client, settings.topic_prefix)
+    reads: list[tuple[int, str]] = []  # (run, chunk line) of every chunk read by every run
+    sampled: list[dict[bytes, bytes]] = []
+    kills = 0
+    with busy(table, seed=rng.randrange(1 << 30), keys=KEYS, per_tick=30):
+        while kills < KILLS:
+            child = spawn_view_runner(settings, ["mv1"])
+            out: list[str] = []
+            try:
+                _read_until(child, "ready", 120, out)
+                for _ in range(rng.randrange(1, 4)):
+                    _read_until(child, "mce", 60, out)
+                time.sleep(rng.uniform(0, 0.3))
+            finally:
+                child.send_signal(signal.SIGKILL)
+                child.wait()
+            assert child.stdout is not None
+            out += child.stdout.read().splitlines()  # what it printed before the kill
+            reads += [(kills, line) for line in out if line.startswith("chunk ")]
+            sampled.append(store.backfill_state("mv1"))
+            kills += 1
+            assert store.lifecycle("mv1") != Lifecycle.LIVE, "the backfill finished before the kills"
+    # The table stays open: its writer commits an (empty) epoch every interval, and the backfill moves
+    # one chunk per upstream epoch.
+    last = table.flush()
+    child = spawn_view_runner(settings, ["mv1"])
+    try:
+        deadline = time.monotonic() + 240
+        while (store.mce("mv1") or 0) < last or store.lifecycle("mv1") != Lifecycle.LIVE:
+            assert time.monotonic() < deadline and child.poll() is None, (
+                store.backfill_progress("mv1"), store.mce("mv1"), store.mce("t1"))
+            time.sleep(0.2)
+        last = table.flush()
+        while (store.mce("mv1") or 0) < last:
+            assert time.monotonic() < deadline and child.poll() is None, store.backfill_progress("mv1")
+            time.sleep(0.2)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        table.close()
+
+    # I5: sampled positions never move backwards across the kills.
+    for before, after in itertools.pairwise(sampled):
+        for name, value in before.items():
+            if name.startswith(b"pos:"):
+                assert name in after and (Position.decode(after[name]) == Position.decode(value)
+                                          or Position.decode(after[name]).is_after(Position.decode(value)))
+    # Each run resumes from the positions committed before it started, and of the chunks a killed run
+    # read, only its last one per vnode (the one in flight) is read again by a later run.
+    runs: dict[int, dict[int, list[str]]] = {}
+    for run, line in reads:
+        _, vnode_text, start = line.split()
+        runs.setdefault(run, {}).setdefault(int(vnode_text), []).append(start)
+    redone = 0
+    for run, by_vnode in runs.items():
+        committed = sampled[run - 1] if run else {}
+        for vnode, starts in by_vnode.items():
+            stored = committed.get(f"pos:t1:{vnode}".encode())
+            assert starts[0] == (stored.hex() if stored else "-"), f"run {run} vnode {vnode} did not resume"
+            assert len(set(starts)) == len(starts), f"run {run} read a chunk of vnode {vnode} twice"
+            later = {s for r, v in runs.items() if r > run for s in v.get(vnode, [])}
+            again = [s for s in starts if s in later]
+            assert again in ([], [starts[-1]]), f"run {run} vnode {vnode}: chunks redone {again}"
+            redone += len(again)
+    assert redone <= len(sampled) * 256
+    assert check_backfilled_view(settings, redis_client, "mv1") > 0
+
+
+def test_rate_limit_caps_the_backfill_and_changes_while_it_runs(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
+    """``alter-view --backfill-rate-limit`` applies to a running backfill within a second (no Spark:
+    the backfill is driven with the upstream's epochs as they commit)."""
+    settings = make_settings(backfill_batch_rows=10_000, backfill_max_batch_rows=10_000)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    with Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client) as table:
+        table.upsert([{"id": i, "v1": i, "deleted": False} for i in range(20_000)])
+        table.flush()
+        create_view(settings, "mv1", "SELECT * FROM t1", client=redis_client, backfill="chunked")
+        alter_view(settings, "mv1", client=redis_client, backfill_rate_limit=1000)
+        catalog = CatalogStore(settings, redis_client)
+        backfill = ChunkedBackfill(settings, store, catalog, catalog.get("mv1"), {"t1": catalog.get("t1")})
+
+        def rows_in(seconds: float) -> int:
+            done, seen = backfill.rows_done, 0
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                epoch = store.mce("t1") or 0
+                if epoch > seen:
+                    seen = epoch
+                    backfill.committed(backfill.prepare(epoch, {}), 0.0)
+                time.sleep(0.02)
+            return backfill.rows_done - done
+
+        slow = rows_in(3.0)
+        assert 0 < slow <= 1000 * 3 + 1000, slow  # the rate, plus at most one second of burst
+        alter_view(settings, "mv1", client=redis_client, backfill_rate_limit=4000)
+        rows_in(1.2)  # the new limit is read within a second
+        fast = rows_in(3.0)
+        assert fast > 2 * slow and fast <= 4000 * 3 + 4000, (slow, fast)
+        assert store.backfill_progress("mv1")["rate_limit"] == "4000"

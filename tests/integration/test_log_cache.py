@@ -1,0 +1,424 @@
+"""The Faust log cache against the real broker, Redis and Spark: serving, fan-out, replay of lagged
+epochs, backpressure, isolation (I3), bounded memory (I4) and a SIGKILLed worker."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import redis
+
+from mvlog.config import Settings
+from mvlog.connectors.cache_registry import CacheRegistry
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.spark_source import _Planner, read_partition_from_kafka, read_partition_range
+from mvlog.connectors.view_store import ViewStore
+from mvlog.services.table_writer import Table
+from mvlog.services.view_consumer import ViewConsumer
+from mvlog.services.view_ddl import alter_view, create_view
+
+from ..oracle import check_oracle
+from .barrier_check import assert_barriers_once
+from .independent_consumer import read_topic
+from .processes.cache_worker import CacheWorkerProcess
+from .processes.view_runner import spawn as spawn_view_runner
+
+pytestmark = [pytest.mark.integration]
+
+COLUMNS = {"id": "int", "v1": "int", "deleted": "boolean"}
+# I4's "one batch" for a worker: its in-flight fetches (1 MiB in all), Faust's stream buffers, the epoch
+# being aligned, decoded into Python rows (~1 KiB per change; ~1000-change epochs here), and the one-time
+# warm-up of the data path (Arrow, IPC, aiokafka's buffers, the allocators' arenas). Measured with VmHWM:
+# 19-22 MiB above idle for a 2 MiB cache. Once warm, more data costs nothing more than allocator noise:
+# +2.6 MiB for 90000 more rows, then flat for 270000 more (before Faust's acks were turned off, its acked
+# offsets grew with every record: +11 to +15 MiB per 90000 rows).
+BATCH_ALLOWANCE = 32 * 1024 * 1024
+NO_GROWTH = 8 * 1024 * 1024
+
+
+def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.05)
+
+
+@contextmanager
+def _writing(table: Table, seed: int = 0, rows: int = 20, pause: float = 0.03) -> Iterator[threading.Event]:
+    """A background workload of upserts and deletes on ``table`` until the block ends."""
+    stop = threading.Event()
+    rng = random.Random(seed)
+
+    def run() -> None:
+        while not stop.is_set():
+            table.upsert([{"id": rng.randrange(300), "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.3}
+                          for _ in range(rows)])
+            table.delete([rng.randrange(300)])
+            stop.wait(pause)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield stop
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextmanager
+def _worker(settings: Settings, *upstreams: str, partitions: int) -> Iterator[CacheWorkerProcess]:
+    worker = CacheWorkerProcess(settings, *upstreams)
+    try:
+        worker.wait_ready(upstreams[0], partitions)
+        yield worker
+    finally:
+        worker.stop()
+
+
+def _consumer(settings: Settings, spark: Any, view: str, client: redis.Redis) -> ViewConsumer:
+    return ViewConsumer(settings, view, spark=spark, client=client, max_epochs_per_trigger=20,
+                        trigger_interval="100 milliseconds")
+
+
+def test_cache_serves_exactly_the_rows_kafka_gives(settings: Settings, redis_client: redis.Redis) -> None:
+    """Every partition's range read through the cache equals the same range read from Kafka, and came
+    from the worker's memory."""
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1", client=redis_client)
+    with _worker(settings, "t1", partitions=settings.partitions) as worker:
+        with _writing(table):
+            _until(lambda: worker.upstream("t1")["epochs_cached"] >= 10, 30, "10 cached epochs")
+        last = table.flush()
+        _until(lambda: (worker.upstream("t1")["tail"] or 0) >= last, 10, "the worker to align the last epoch")
+        planner = _Planner(settings, CatalogStore(settings, redis_client).get("t1"))
+        floor = worker.upstream("t1")["floor"]
+        parts = planner.plan(floor, last)
+        assert len(parts) == settings.partitions
+        for part in parts:
+            cached = pa.Table.from_batches(list(read_partition_range(part)))
+            kafka = pa.Table.from_batches(list(read_partition_from_kafka(part)))
+            assert cached.num_rows > len(part.barriers)
+            assert cached.equals(kafka), f"partition {part.partition}"
+        epochs = len(planner.committed_epochs(floor, last))
+        assert worker.upstream("t1")["served_epochs"] == epochs * settings.partitions
+    table.close()
+
+
+def test_backpressure_holds_the_lag_and_the_writer_resumes(make_settings: Callable[..., Settings],
+                                                           redis_client: redis.Redis, spark: Any) -> None:
+    """max_epoch_lag=5 and a stalled consumer: the lag never exceeds 5, the worker pauses the upstream,
+    and the writer resumes by itself once the consumer catches up."""
+    settings = make_settings(barrier_interval_ms=100)
+    Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client).close()
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
+    alter_view(settings, "mv1", client=redis_client, max_epoch_lag=5)
+    table = Table.open(settings, "t1", client=redis_client)  # its writer knows the setting from the start
+    store = ViewStore(redis_client, settings.topic_prefix)
+    lags: list[int] = []
+
+    def lag() -> int:
+        value = store.index.count_after("t1", store.mce("mv1"))
+        lags.append(value)
+        return value
+
+    with _worker(settings, "t1", partitions=settings.partitions) as worker, _writing(table):
+        _until(lambda: lag() >= 5, 30, "the lag to reach 5")
+        _until(lambda: worker.upstream("t1")["paused"], 10, "the worker to pause t1")
+        stalled_at = store.mce("t1") or 0
+        for _ in range(30):  # 1.5 s: ~15 barrier intervals with no new epoch
+            assert lag() <= 5
+            time.sleep(0.05)
+        assert store.mce("t1") == stalled_at, "the writer opened an epoch past max_epoch_lag"
+        consumer = _consumer(settings, spark, "mv1", redis_client)
+        consumer.start()
+        try:
+            _until(lambda: lag() < 5 and (store.mce("t1") or 0) > stalled_at, 60, "the writer to resume")
+            resumed_at = store.mce("t1") or 0
+            _until(lambda: lag() <= 5 and (store.mce("t1") or 0) > resumed_at + 5, 60, "the writer to keep going")
+        finally:
+            consumer.stop()
+    table.close()
+    assert max(lags) <= 5, max(lags)
+
+
+
+def _wait_for_mces(store: ViewStore, views: list[str], epoch: int, timeout: float = 120.0) -> None:
+    _until(lambda: all((store.mce(v) or 0) >= epoch for v in views), timeout, f"{views} to reach {epoch}")
+
+
+def test_fan_out_three_views_share_one_fetch_stream(settings: Settings, redis_client: redis.Redis,
+                                                    spark: Any, report: Callable[[str], None]) -> None:
+    """Three views on one upstream: the worker fetches each upstream record once (not three times),
+    serves the views' reads from memory, and every view equals its oracle at every epoch."""
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    views = {"mv1": "SELECT * FROM t1 WHERE deleted = false", "mv2": "SELECT sum(v1) AS s FROM t1",
+             "mv3": "SELECT deleted, count(v1) AS c FROM t1 GROUP BY deleted"}
+    for name, sql in views.items():
+        create_view(settings, name, sql, client=redis_client)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    with _worker(settings, "t1", partitions=settings.partitions) as worker:
+        consumers = [_consumer(settings, spark, v, redis_client) for v in views]
+        for consumer in consumers:
+            consumer.start()
+        try:
+            with _writing(table):
+                time.sleep(4)  # the workload runs while the consumers follow
+            table.close()  # no more (empty) epochs: the topic's record count is final
+            last = store.mce("t1") or 0
+            _wait_for_mces(store, list(views), last)
+        finally:
+            for consumer in consumers:
+                consumer.stop()
+        logs = read_topic(settings.bootstrap_servers, settings.changelog_topic("t1"), settings.partitions, idle=1.5)
+        in_topic = sum(len(log.order) for log in logs.values())
+        _until(lambda: worker.upstream("t1")["records_fetched"] >= in_topic, 60, "the worker to fetch every record")
+        stats = worker.upstream("t1")
+    assert stats["records_fetched"] == in_topic, "one fetch stream: each record fetched once"
+    from_cache, from_kafka = CacheRegistry(redis_client, settings.topic_prefix).reads("t1")
+    share = from_cache / (from_cache + from_kafka)
+    report(f"fan-out: {in_topic} records in t1, {stats['records_fetched']} fetched by the worker for "
+          f"{len(views)} views; {share:.1%} of {from_cache + from_kafka} partition-epochs read from the cache")
+    assert share >= 0.9
+    assert check_oracle(settings, redis_client, ["t1", *views]) > 0
+
+
+def test_sigkilled_worker_consumers_fall_back_and_the_restarted_worker_refills(
+        settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    consumer = _consumer(settings, spark, "mv1", redis_client)
+    first = CacheWorkerProcess(settings, "t1")
+    second: CacheWorkerProcess | None = None
+    try:
+        first.wait_ready("t1", settings.partitions)
+        consumer.start()
+        with _writing(table):
+            _until(lambda: first.upstream("t1")["served_epochs"] > 0, 60, "reads from the cache")
+            first.kill()
+            killed_at = store.mce("t1") or 0
+            # With the worker dead (its Redis claims still name it for a few seconds) mv1 keeps up.
+            _wait_for_mces(store, ["mv1"], killed_at + 1, timeout=60)
+            second = CacheWorkerProcess(settings, "t1")
+            second.wait_ready("t1", settings.partitions)
+            _until(lambda: second is not None and second.upstream("t1")["served_epochs"] > 0, 60,
+                   "the restarted worker to serve")
+        table.close()
+        last = store.mce("t1") or 0
+        _wait_for_mces(store, ["mv1"], last)
+    finally:
+        consumer.stop()
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert check_oracle(settings, redis_client, ["t1", "mv1"]) > 0
+    assert_barriers_once(settings, redis_client, "mv1", last)
+
+
+def test_lagged_consumer_replays_from_kafka_then_rejoins_the_cache(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any) -> None:
+    """A consumer stopped until the cache evicted its next epochs replays them from Kafka, then reads
+    the cache again: the oracle holds at every epoch and each barrier is in mv1's changelog once."""
+    settings = make_settings(cache_max_epochs=5)
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    with _worker(settings, "t1", partitions=settings.partitions) as worker, _writing(table):
+        consumer = _consumer(settings, spark, "mv1", redis_client)
+        consumer.start()
+        _until(lambda: worker.upstream("t1")["served_epochs"] > 0, 60, "reads from the cache")
+        consumer.stop()
+        stopped_at = store.mce("mv1") or 0
+        _until(lambda: (worker.upstream("t1")["floor"] or 0) > stopped_at, 30, "the cache to evict mv1's next epochs")
+        before = worker.upstream("t1")
+        consumer = _consumer(settings, spark, "mv1", redis_client)
+        consumer.start()
+        try:
+            _until(lambda: worker.upstream("t1")["evicted_replies"] > before["evicted_replies"], 60, "a replay")
+            _until(lambda: worker.upstream("t1")["served_epochs"] > before["served_epochs"], 60, "rejoining the cache")
+        finally:
+            consumer.stop()
+    table.close()
+    last = store.mce("t1") or 0
+    consumer = _consumer(settings, spark, "mv1", redis_client)
+    assert consumer.catch_up() == last  # the last epochs, from Kafka (no worker now)
+    consumer.stop()
+    assert check_oracle(settings, redis_client, ["t1", "mv1"]) > 0
+    assert_barriers_once(settings, redis_client, "mv1", last)
+
+
+class _SlowConsumer(ViewConsumer):
+    """A downstream that takes 0.5 s per epoch (an artificial delay), so it falls ever further behind.
+
+    The delay is in ``_commit``, which every path of the consumer (row by row or columnar) goes through.
+    """
+
+    def _commit(self, epoch: int, output: Any, extra: Any = None, mutation: Any = None) -> None:
+        time.sleep(0.5)
+        super()._commit(epoch, output, extra, mutation)
+
+
+class _CrashLoop:
+    """A downstream that crash-loops: its consumer process is SIGKILLed each time it commits an epoch and
+    started again at once, as a supervisor would, until :meth:`stop`."""
+
+    def __init__(self, settings: Settings, view: str) -> None:
+        self.settings = settings
+        self.view = view
+        self.kills = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.errors: list[str] = []
+
+    def __enter__(self) -> _CrashLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            child = spawn_view_runner(self.settings, [self.view])
+            try:
+                assert child.stdout is not None
+                for line in child.stdout:  # "mce VIEW EPOCH" once an epoch is committed: the crash point
+                    if line.startswith("mce ") or self._stop.is_set():
+                        break
+                else:
+                    self.errors.append(f"the consumer exited by itself ({child.poll()})")
+            finally:
+                child.send_signal(signal.SIGKILL)
+                child.wait()
+            self.kills += 1
+
+
+def test_isolation_stopped_slow_and_crash_looping_downstreams_do_not_slow_the_upstream(
+        settings: Settings, redis_client: redis.Redis, spark: Any, report: Callable[[str], None]) -> None:
+    """I3: t1 has a stopped downstream (mv1), a slow one (mv2) and a crash-looping one (mv3); t0 has none.
+    Both write at once for the same seconds with the worker caching t1: their epoch rates match. Then the
+    three downstreams run normally, replay what they lagged, and the oracle holds at every epoch."""
+    t0 = Table.create(settings, "t0", COLUMNS, ["id"], client=redis_client)
+    t1 = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
+    create_view(settings, "mv2", "SELECT sum(v1) AS s FROM t1", client=redis_client)
+    create_view(settings, "mv3", "SELECT count(v1) AS c FROM t1", client=redis_client)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    with _worker(settings, "t1", partitions=settings.partitions):
+        slow = _SlowConsumer(settings, "mv2", spark=spark, client=redis_client, max_epochs_per_trigger=5)
+        try:
+            with _writing(t0, seed=1), _writing(t1, seed=2), _CrashLoop(settings, "mv3") as crashing:
+                _until(lambda: crashing.kills >= 1, 120, "the crash-looping consumer's first crash")
+                slow.start()
+                _until(lambda: (store.mce("mv2") or 0) > 0, 60, "the slow consumer to start")
+                start = {t: store.mce(t) for t in ("t0", "t1")}
+                time.sleep(4)  # the measurement window: epochs each table commits in these 4 s
+                epochs = {t: store.index.count_after(t, start[t]) for t in ("t0", "t1")}
+            lag = store.index.count_after("t1", store.mce("mv2"))
+        finally:
+            slow.stop()
+    t0.close()
+    t1.close()
+    ratio = epochs["t1"] / epochs["t0"]
+    report(f"I3: t1 (stopped, slow and crash-looping downstreams) {epochs['t1']} epochs in 4 s, t0 (none) "
+          f"{epochs['t0']}: ratio {ratio:.2f}; mv2 lags {lag} epochs; mv3 crashed {crashing.kills} times")
+    assert not crashing.errors, crashing.errors
+    assert lag > 3, "the slow downstream really fell behind"
+    assert ratio >= 0.8
+    last = store.mce("t1") or 0
+    for view in ("mv1", "mv2", "mv3"):  # restarted: each replays its lagged epochs and catches up
+        consumer = ViewConsumer(settings, view, spark=spark, client=redis_client, max_epochs_per_trigger=1000)
+        assert consumer.catch_up() == last
+        consumer.stop()
+    assert check_oracle(settings, redis_client, ["t1", "mv1", "mv2", "mv3"]) > 0
+    for view in ("mv1", "mv2", "mv3"):
+        assert_barriers_once(settings, redis_client, view, last)
+
+
+def test_worker_memory_stays_within_the_cache_bound_plus_one_batch(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, report: Callable[[str], None]) -> None:
+    """I4 at a small scale: a 2 MiB cache, the upstream writing as fast as it can, no consumer. The
+    worker's peak RSS (``VmHWM``, its own) grows by at most the bound plus one batch above its idle RSS
+    while the first rows go through (:data:`BATCH_ALLOWANCE`: in-flight fetches, one decoded epoch, the
+    data path's allocator warm-up), and by no more than :data:`NO_GROWTH` while three times as many rows
+    follow: its memory does not grow with the data. The cache itself never exceeds the bound."""
+    bound = 2 * 1024 * 1024
+    settings = make_settings(barrier_interval_ms=100, cache_max_bytes=bound)
+    table = Table.create(settings, "t1", {**COLUMNS, "pad": "string"}, ["id"], client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1", client=redis_client)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    pad = "x" * 200
+    written = 0
+
+    def write(rows: int) -> dict[str, Any]:
+        """``rows`` more rows (~1000 per epoch); the worker's stats once it has aligned all of them."""
+        nonlocal written
+        target = written + rows
+        while written < target:
+            table.upsert([{"id": written + j, "v1": j, "deleted": False, "pad": pad} for j in range(500)])
+            written += 500
+            time.sleep(0.05)
+        last = table.flush()  # the table keeps committing (empty) epochs after it
+        _until(lambda: (worker.upstream("t1")["tail"] or 0) >= last, 120, "the worker to align every epoch")
+        stats: dict[str, Any] = worker.stats()
+        return stats
+
+    with _worker(settings, "t1", partitions=settings.partitions) as worker:
+        idle_kib = worker.stats()["peak_rss_kib"]
+        first = write(30_000)  # ~8 MB of rows, four times the bound
+        then = write(90_000)
+    table.close()
+    growth = (first["peak_rss_kib"] - idle_kib) * 1024
+    later = (then["peak_rss_kib"] - first["peak_rss_kib"]) * 1024
+    report(f"I4: idle RSS {idle_kib / 1024:.0f} MiB; peak growth {growth / 2**20:.1f} MiB after 30000 rows, "
+           f"then {later / 2**20:.1f} MiB more after 90000 more, for a {bound / 2**20:.0f} MiB cache "
+           f"({then['evicted_epochs']} epochs evicted; {store.index.count_after('t1', None)} epochs)")
+    assert then["evicted_epochs"] > 0, "the bound was reached"
+    assert first["cache_bytes"] <= bound and then["cache_bytes"] <= bound
+    assert growth <= bound + BATCH_ALLOWANCE
+    assert later <= NO_GROWTH, "the worker's memory grows with the data it caches"
+
+
+def test_two_workers_share_the_partitions_through_faust_group_assignment(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """Two workers of one app split the upstream's partitions between them (Faust's assignor), each claims
+    its own in Redis, and a reader of every partition finds a worker that serves it."""
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    create_view(settings, "mv1", "SELECT * FROM t1", client=redis_client)
+    workers = [CacheWorkerProcess(settings, "t1"), CacheWorkerProcess(settings, "t1")]
+    registry = CacheRegistry(redis_client, settings.topic_prefix)
+    try:
+        with _writing(table):
+            def split() -> bool:
+                try:
+                    held = [set(w.upstream("t1")["partitions"]) for w in workers]
+                except OSError:  # a web server not up yet
+                    return False
+                return all(held) and not held[0] & held[1] and held[0] | held[1] == set(range(settings.partitions))
+
+            _until(split, 90, "the two workers to split the partitions")
+            owners = {w.url: set(w.upstream("t1")["partitions"]) for w in workers}
+            _until(lambda: all(registry.worker_for("t1", p) is not None and p in owners[registry.worker_for("t1", p)
+                                                                                      or ""]
+                               for p in range(settings.partitions)), 30, "both workers' claims in Redis")
+            _until(lambda: all(w.upstream("t1")["tail"] is not None for w in workers), 30, "both to align")
+        last = table.flush()
+        _until(lambda: all((w.upstream("t1")["tail"] or 0) >= last for w in workers), 30, "the last epoch")
+        planner = _Planner(settings, CatalogStore(settings, redis_client).get("t1"))
+        floor = max(w.upstream("t1")["floor"] for w in workers)
+        for part in planner.plan(floor, last):
+            cached = pa.Table.from_batches(list(read_partition_range(part)))
+            assert cached.equals(pa.Table.from_batches(list(read_partition_from_kafka(part))))
+        assert all(w.upstream("t1")["served_epochs"] > 0 for w in workers)
+    finally:
+        for worker in workers:
+            worker.stop()
+    table.close()

@@ -1,0 +1,272 @@
+"""``mvlog replay`` on the real stack: re-derived epochs equal the original changelog, re-delivery moves a
+consumer group to exactly an epoch's first record, dry runs change nothing, bad input is refused clearly."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from mvlog.changes import Change, Epoch
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.changelog_reader import ChangelogReader
+from mvlog.connectors.view_store import ViewStore
+from mvlog.epoch import epoch_millis
+from mvlog.schemas.codec import TYPE_BARRIER, decode_barrier, record_type
+from mvlog.services.rederive import Derivation, plan_derivation
+from mvlog.services.table_writer import Table
+from mvlog.services.view_consumer import ViewConsumer
+from mvlog.services.view_ddl import create_view
+
+from ..oracle import check_oracle
+from .test_cli_views import mvlog, ok, refused
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+VIEWS = [
+    ("mv1", "SELECT * FROM t1 WHERE deleted = false"),
+    ("mv2", "SELECT sum(v1) AS s FROM mv1"),
+    ("mvg", "SELECT k, count(*) AS n, min(v1) AS lo, max(v1) AS hi, avg(v1) AS a FROM mv1 GROUP BY k"),
+    ("mvj", "SELECT a.id, a.v1, b.w FROM mv1 a JOIN t2 b ON a.v1 = b.id"),
+]
+
+
+def build(settings: Settings, client: redis.Redis, spark: Any, epochs: int = 8, seed: int = 7) -> list[ViewConsumer]:
+    """t1 -> mv1 -> mv2, mvg; mv1 JOIN t2 -> mvj, with ``epochs`` epochs of inserts, updates and deletes."""
+    rng = random.Random(seed)
+    t1 = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean", "k": "string"}, ["id"],
+                      client=client, auto_commit=False)
+    t2 = Table.create(settings, "t2", {"id": "int", "w": "int"}, ["id"], client=client, auto_commit=False)
+    for name, sql in VIEWS:
+        create_view(settings, name, sql, client=client)
+    consumers = [ViewConsumer(settings, name, spark=spark, client=client) for name, _ in VIEWS]
+    for _ in range(epochs):
+        for _ in range(6):
+            if rng.random() < 0.25:
+                t1.delete([rng.randrange(12)])
+            else:
+                t1.upsert([{"id": rng.randrange(12), "v1": rng.randrange(-3, 5), "deleted": rng.random() < 0.2,
+                            "k": rng.choice("ab")}])
+        t2.upsert([{"id": rng.randrange(-3, 5), "w": rng.randrange(4)}])
+        t1.flush()
+        t2.flush()
+    t1.close()
+    t2.close()
+    for consumer in consumers:
+        consumer.catch_up()
+    return consumers
+
+
+def read_log(settings: Settings, client: redis.Redis, name: str) -> list[Epoch]:
+    entry = CatalogStore(settings, client).get(name)
+    store = ViewStore(client, settings.topic_prefix)
+    with ChangelogReader(settings, name, entry.key_columns, entry.partitions, store.index,
+                         upto_epoch=store.mce(name)) as reader:
+        return list(reader.epochs(idle_timeout=10.0))
+
+
+def as_bag(changes: list[Change]) -> Counter[str]:
+    return Counter(json.dumps([c.op.value, c.key, c.before, c.after], sort_keys=True, default=str) for c in changes)
+
+
+def stop(consumers: list[ViewConsumer]) -> None:
+    for consumer in consumers:
+        consumer.stop()
+
+
+def test_rederived_epochs_equal_the_original_changelog(settings: Settings, redis_client: redis.Redis,
+                                                       spark: Any) -> None:
+    """Every view (filter, global sum, GROUP BY with min/max/avg, join): the epochs re-derived from the
+    upstreams for a range in the middle of the log equal the view's changelog, change for change, with
+    the same prev_epoch chain; the Spark engine agrees with the local one."""
+    consumers = build(settings, redis_client, spark)
+    try:
+        for name, _ in VIEWS:
+            original = read_log(settings, redis_client, name)
+            first, last = original[3].epoch, original[-2].epoch
+            plan = plan_derivation(settings, redis_client, name, first, last)
+            expected = [e for e in original if first <= e.epoch <= last]
+            assert plan.epochs == [e.epoch for e in expected]
+            for engine in ("local", "spark") if name in ("mvg", "mvj") else ("local",):
+                derived = list(Derivation(settings, redis_client, plan, engine, spark=spark).epochs())
+                assert [d.epoch for d in derived] == [e.epoch for e in expected], (name, engine)
+                assert [d.prev_epoch for d in derived] == [e.prev_epoch for e in expected], (name, engine)
+                for mine, theirs in zip(derived, expected, strict=True):
+                    assert as_bag(mine.changes) == as_bag(theirs.changes), (name, engine, mine.epoch)
+    finally:
+        stop(consumers)
+
+
+def test_derive_into_topic_and_dry_run(settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
+    """The CLI's dry run lists the epochs and offsets and creates nothing; --execute writes a new changelog
+    whose epochs (read back as any changelog) equal the view's."""
+    consumers = build(settings, redis_client, spark, epochs=5)
+    stop(consumers)
+    original = read_log(settings, redis_client, "mvg")
+    first = original[1].epoch
+    dry = json.loads(ok(mvlog(settings, "replay", "derive", "mvg", "--from-epoch", str(first), "--into-topic",
+                              "--topic-name", "mvg.inspect", "--output", "json")).stdout)
+    assert dry["dry_run"] and not dry["executed"] and dry["epochs"] == len(original) - 1
+    assert dry["upstreams"][0]["view"] == "mv1" and dry["upstreams"][0]["partitions"]
+    topics = AdminClient({"bootstrap.servers": settings.bootstrap_servers}).list_topics(timeout=10).topics
+    assert settings.changelog_topic("mvg.inspect") not in topics, "a dry run creates no topic"
+    done = json.loads(ok(mvlog(settings, "replay", "derive", "mvg", "--from-epoch", str(first), "--into-topic",
+                               "--topic-name", "mvg.inspect", "--execute", "--output", "json")).stdout)
+    assert done["executed"] and done["epochs_written"] == len(original) - 1
+    entry = CatalogStore(settings, redis_client).get("mvg")
+    store = ViewStore(redis_client, settings.topic_prefix)
+    with ChangelogReader(settings, "mvg.inspect", entry.key_columns, entry.partitions, store.index,
+                         upto_epoch=original[-1].epoch) as reader:
+        copied = list(reader.epochs(idle_timeout=10.0))
+    assert [e.epoch for e in copied] == [e.epoch for e in original[1:]]
+    for mine, theirs in zip(copied, original[1:], strict=True):
+        assert as_bag(mine.changes) == as_bag(theirs.changes)
+    # Never into a view's own changelog, nor twice into the same one.
+    assert "mv1 is an existing table or view" in refused(mvlog(settings, "replay", "derive", "mvg", "--into-topic",
+                                                               "--topic-name", "mv1"))
+    assert "already holds re-derived epochs" in refused(mvlog(settings, "replay", "derive", "mvg", "--into-topic",
+                                                              "--topic-name", "mvg.inspect", "--execute"))
+
+
+def test_rebuild_restores_serving_state_and_the_pipeline_carries_on(settings: Settings, redis_client: redis.Redis,
+                                                                    spark: Any) -> None:
+    """After the view's rows and operator state are lost, `replay derive --rebuild --execute --engine spark`
+    restores both exactly; a dry run does nothing; the view then keeps up with new epochs and the oracle
+    holds."""
+    consumers = build(settings, redis_client, spark, epochs=5)
+    stop(consumers)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    rows_key, state_key = f"{settings.topic_prefix}:{{mvg}}:rows", f"{settings.topic_prefix}:{{mvg}}:opstate"
+    rows, state = redis_client.hgetall(rows_key), redis_client.hgetall(state_key)
+    assert rows and state
+    redis_client.delete(rows_key, state_key)
+    ok(mvlog(settings, "replay", "derive", "mvg", "--rebuild"))
+    assert not redis_client.exists(rows_key), "a dry run changes nothing"
+    out = ok(mvlog(settings, "replay", "derive", "mvg", "--rebuild", "--execute", "--engine", "spark")).stdout
+    assert "Rebuilt mvg" in out
+    assert redis_client.hgetall(rows_key) == rows
+    assert redis_client.hgetall(state_key) == state
+    with Table.open(settings, "t1", client=redis_client, auto_commit=False) as t1:
+        t1.upsert([{"id": 1, "v1": -9, "deleted": False, "k": "a"}, {"id": 2, "v1": 40, "deleted": False, "k": "b"}])
+        t1.flush()
+    for name in ("mv1", "mvg"):
+        consumer = ViewConsumer(settings, name, spark=spark, client=redis_client)
+        consumer.catch_up()
+        consumer.stop()
+    assert store.mce("mvg") == store.mce("t1")
+    assert check_oracle(settings, redis_client, ["t1", "mv1", "mvg"]) > 0
+
+
+def _consume_all(settings: Settings, client: redis.Redis, view: str, group: str) -> list[tuple[int, int, int]]:
+    """(partition, offset, epoch) of everything the group receives up to the last committed barrier."""
+    entry = CatalogStore(settings, client).get(view)
+    store = ViewStore(client, settings.topic_prefix)
+    ends = {p: e.offset for p in range(entry.partitions) if (e := store.index.latest(view, p)) is not None}
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group,
+                         "session.timeout.ms": 6000, "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    consumer.subscribe([settings.changelog_topic(view)])
+    seen: list[tuple[int, int, int]] = []
+    position: dict[int, int] = {}
+    deadline = time.monotonic() + 60
+    try:
+        while any(position.get(p, -1) < end for p, end in ends.items()):
+            assert time.monotonic() < deadline, f"group {group} did not reach the end: {position} < {ends}"
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                continue
+            partition, offset = message.partition() or 0, message.offset() or 0
+            epoch = (decode_barrier(message.value() or b"").epoch if record_type(message.headers()) == TYPE_BARRIER
+                     else 0)
+            seen.append((partition, offset, epoch))
+            position[partition] = offset
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    return seen
+
+
+def test_redeliver_from_an_epoch(settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
+    """A dry run moves nothing; --execute moves the group to the first record of epoch e on every partition,
+    and the group then receives exactly the records from there to the end; --to-datetime gives the same."""
+    consumers = build(settings, redis_client, spark, epochs=6)
+    stop(consumers)
+    group = f"{settings.topic_prefix}.g"
+    everything = _consume_all(settings, redis_client, "mv1", group)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    epochs = [e.epoch for e in store.index.between("mv1", 0, 0, store.mce("mv1") or 0)]
+    target = epochs[3]
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    topic = settings.changelog_topic("mv1")
+
+    def committed() -> dict[int, int]:
+        request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(3)])
+        return {tp.partition: tp.offset for tp in admin.list_consumer_group_offsets([request])[group].result(10)
+                .topic_partitions}
+
+    before = committed()
+    dry = json.loads(ok(mvlog(settings, "replay", "redeliver", "mv1", "--group", group, "--to-epoch", str(target),
+                              "--output", "json")).stdout)
+    assert dry["dry_run"] and dry["epoch"] == target and committed() == before
+    starts = {p: store.index.before("mv1", p, target).offset + 1 for p in range(3)}  # type: ignore[union-attr]
+    assert {p["partition"]: p["offset"] for p in dry["partitions"]} == starts
+    assert all(p["epochs"] == len(epochs) - 3 for p in dry["partitions"])
+    table = ok(mvlog(settings, "replay", "redeliver", "mv1", "--group", group, "--to-epoch", str(target),
+                     "--execute")).stdout
+    assert "moved" in table and committed() == starts
+    again = _consume_all(settings, redis_client, "mv1", group)
+    expected = [(p, o) for p, o, _ in everything if o >= starts[p]]
+    assert sorted((p, o) for p, o, _ in again) == sorted(expected), "exactly the records from e's first record on"
+    assert min(e for _, _, e in again if e) == target
+    # The same reset by time: the first epoch opened at or after the target's millisecond.
+    millis = epoch_millis(target)
+    iso = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(millis // 1000)) + f".{millis % 1000:03d}"
+    by_time = json.loads(ok(mvlog(settings, "replay", "redeliver", "mv1", "--group", group, "--to-datetime", iso,
+                                  "--output", "json")).stdout)
+    assert by_time["epoch"] == target
+
+
+def test_replay_refuses_bad_input(settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
+    """Unknown view, epochs outside the retained range (naming the oldest retained epoch), a time before
+    retention, and an active consumer group (naming its state and members) are refused in one line."""
+    consumers = build(settings, redis_client, spark, epochs=4)
+    stop(consumers)
+    group = f"{settings.topic_prefix}.busy"
+    assert "unknown table or view 'nope'" in refused(mvlog(settings, "replay", "redeliver", "nope", "-g", group,
+                                                           "--to-earliest"))
+    assert "unknown table or view 'nope'" in refused(mvlog(settings, "replay", "derive", "nope", "--rebuild"))
+    store = ViewStore(redis_client, settings.topic_prefix)
+    epochs = [e.epoch for e in store.index.between("mv1", 0, 0, store.mce("mv1") or 0)]
+    for p in range(3):  # retention deleted the first two epochs (the index forgets them with Kafka)
+        store.index.trim_before("mv1", p, epochs[2])
+    error = refused(mvlog(settings, "replay", "redeliver", "mv1", "-g", group, "--to-epoch", str(epochs[0])))
+    assert f"oldest retained epoch {epochs[2]}" in error
+    error = refused(mvlog(settings, "replay", "derive", "mv2", "--from-epoch", "1", "--into-topic"))
+    assert "oldest retained epoch" in error
+    error = refused(mvlog(settings, "replay", "redeliver", "mv1", "-g", group, "--to-epoch", str(epochs[-1] + 1)))
+    assert "above the last committed epoch" in error
+    error = refused(mvlog(settings, "replay", "redeliver", "mv1", "-g", group, "--to-datetime", "2001-01-01T00:00"))
+    assert "before retention" in error and str(epochs[2]) in error
+    error = refused(mvlog(settings, "replay", "derive", "mv2", "--into-topic", "--execute"))
+    assert "mv1: re-deriving needs its changelog from its first epoch" in error
+    # An active group: a member is consuming.
+    member = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group, "session.timeout.ms": 6000,
+                       "client.id": "replay-test-member"})
+    member.subscribe([settings.changelog_topic("mv1")])
+    try:
+        deadline = time.monotonic() + 30
+        while not member.assignment():
+            assert time.monotonic() < deadline
+            member.poll(0.2)
+        error = refused(mvlog(settings, "replay", "redeliver", "mv1", "-g", group, "--to-latest", "--execute"))
+        assert f"consumer group {group} is active" in error and "members:" in error
+    finally:
+        member.close()
