@@ -37,15 +37,16 @@ from mvlog.connectors.change_rows import epoch_slices, one_change_per_key
 from mvlog.connectors.changelog_writer import ChangelogWriter, encode_epoch
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.retention import has_records, starts_the_log
+from mvlog.connectors.retention import has_records
 from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
 from mvlog.key_order import order_member
-from mvlog.replacement import APPLY_MUTATION, Status, applied_entry, diff_rows
+from mvlog.replacement import APPLY_MUTATION, ReplacementError, Status, applied_entry, diff_rows
 from mvlog.row_schema import Row
 from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.backfill import ChunkedBackfill, backfill_needed
 from mvlog.services.replacement_follower import ReplacementFollower
+from mvlog.services.replacement_hydration import first_inputs, hydration_start
 from mvlog.services.replacements import complete_apply, plan_replacement
 from mvlog.services.snapshot_backfill import SnapshotBackfill, load_from_snapshot, snapshot_backfill_needed
 from mvlog.services.spark_session import spark_session
@@ -357,13 +358,20 @@ class ViewConsumer:
                 return
             follower = self.replacement = ReplacementFollower(record, plan, self.replacements)
         follower.apply_requested = record.apply_requested
-        if follower.mce is None and (trimmed := self._trimmed_upstreams()):
-            # Hydration replays the upstreams' changelogs from their start: a trimmed one would give
+        if follower.mce is None:
+            # Each upstream from its snapshot or its whole changelog: a trimmed changelog alone would give
             # the replacement wrong rows, and its apply a wrong diff.
-            self._replacement_failed(record.id, CatalogError(
-                f"cannot hydrate: the changelog of {', '.join(trimmed)} no longer starts at its first epoch "
-                "(Kafka retention); a replacement replays its upstreams' changelogs from their start"))
-            return
+            try:
+                start = hydration_start(self.settings, self.store, SnapshotStore.of(self.settings, self._redis),
+                                        self.upstreams, self.mce)
+            except ReplacementError as error:
+                self._replacement_failed(record.id, error)
+                return
+            follower.start(start.epoch, first_inputs(start, self.spark, self.upstreams, self._upstream_changes),
+                           start.describe())
+            if follower.stale:
+                self.replacement = None
+                return
         if follower.mce is None or follower.mce < self.mce:
             follower.hydrate(self.mce, self._upstream_history)
 
@@ -376,20 +384,15 @@ class ViewConsumer:
             except Exception as error:  # the next micro-batch retries, and reports a persistent failure
                 log.warning("%s: replacement upkeep failed: %s", self.entry.name, error)
 
-    def _trimmed_upstreams(self) -> list[str]:
-        return [source for source in self.entry.sources
-                if not starts_the_log(self.settings, self.store.index, source)]
-
     def _upstream_history(self, after: int, upto: int) -> dict[str, list[Change]]:
         """Each upstream's changes of its epochs in (after, upto], read from its changelog."""
+        return {source: self._upstream_changes(source, after, upto) for source in self.entry.sources}
+
+    def _upstream_changes(self, source: str, after: int, upto: int) -> list[Change]:
+        """One upstream's changes of its epochs in (after, upto], in epoch order."""
         epochs: EpochChanges = {}
-        for source in self.entry.sources:
-            changes_from_arrow(self._read_range(source, after, upto), self.upstreams[source], epochs)
-        merged: dict[str, list[Change]] = {source: [] for source in self.entry.sources}
-        for epoch in sorted(epochs):
-            for source, changes in epochs[epoch].items():
-                merged[source].extend(changes)
-        return merged
+        changes_from_arrow(self._read_range(source, after, upto), self.upstreams[source], epochs)
+        return [change for epoch in sorted(epochs) for change in epochs[epoch].get(source, [])]
 
     def _replacement_failed(self, replacement_id: str, error: BaseException) -> None:
         """A replacement that cannot be maintained stops; the view itself carries on unchanged."""
