@@ -11,6 +11,7 @@ no longer covers the snapshot either, staging is stopped with the reason while m
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import pytest
@@ -140,3 +141,34 @@ def test_replacement_hydrates_from_the_upstream_snapshot(settings: Settings, red
         t1.close()
         for consumer in consumers:
             consumer.writer.close()
+
+
+def test_replacement_staged_while_the_upstream_is_idle_hydrates_from_the_snapshot(
+        settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
+    """No micro-batch comes while t1 writes nothing: the running consumer's watcher hydrates the
+    replacement (reading the snapshot on its own thread), and mv1 stays at its epoch meanwhile."""
+    rng = random.Random(13)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    t1 = Table.create(settings, "t1", T1, ["id"], client=redis_client, auto_commit=False)
+    create_view(settings, "mv1", OLD, client=redis_client)
+    consumer = ViewConsumer(settings, "mv1", spark=spark, client=redis_client, trigger_interval="100 milliseconds")
+    try:
+        consumer.start()
+        for _ in range(3):
+            t1.upsert([{"id": rng.randrange(40), "v1": rng.randrange(-3, 4), "deleted": rng.random() < 0.3,
+                        "k": rng.choice("ab")} for _ in range(15)])
+            last = t1.flush()
+        consumer.wait_for_epoch(last, timeout=120)
+        snapshot = build_snapshot(settings, "t1", spark, client=redis_client).record
+        assert snapshot.epoch == last
+        stage_replacement(settings, "mv1", NEW, client=redis_client)
+        replacements = ReplacementStore(redis_client, settings.topic_prefix)
+        deadline = time.monotonic() + 60
+        while not (record := replacements.record("mv1")) or not record.hydrated:
+            assert time.monotonic() < deadline, f"not hydrated while the upstream is idle: {record}"
+            time.sleep(0.1)
+        assert (record.mce, record.hydration_epoch, store.mce("mv1"), store.mce("t1")) == (last, last, last, last)
+        _replacement_matches_oracle(settings, redis_client, "mv1", last)
+    finally:
+        consumer.stop()
+        t1.close()
