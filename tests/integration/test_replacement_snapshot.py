@@ -10,6 +10,7 @@ no longer covers the snapshot either, staging is stopped with the reason while m
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from typing import Any
@@ -38,6 +39,7 @@ from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import assert_same_rows, check_oracle, duckdb_view_rows
+from .test_cli_views import mvlog, ok
 from .test_replacement import _canonical, changelog
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -101,6 +103,9 @@ def test_replacement_hydrates_from_the_upstream_snapshot(settings: Settings, red
         assert hydrated.hydration_epoch == snapshot.epoch < at
         assert hydrated.fields is not None and \
             hydrated.fields["hydrated_from"] == f"t1: snapshot at epoch {snapshot.epoch}"
+        listed = json.loads(ok(mvlog(settings, "replacement", "list", "--output", "json")).stdout)
+        assert [(r["view"], r["hydration_epoch"], r["hydrated_from"]) for r in listed] == [
+            ("mv1", snapshot.epoch, f"t1: snapshot at epoch {snapshot.epoch}")]
         request_apply(settings, "mv1", client=redis_client)
         cut_over = write_epoch()
         applied = wait_for_apply(settings, "mv1", staged.id, timeout=30, client=redis_client)
