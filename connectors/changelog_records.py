@@ -18,7 +18,6 @@ from mvlog.schemas.codec import (
     DecodeError,
     decode_barrier,
     decode_change,
-    decode_key,
     record_type,
 )
 
