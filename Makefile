@@ -83,8 +83,8 @@ lint: setup
 	echo "mypy -p mvlog (from $$tree)"; \
 	(cd "$$tree" && "$(CURDIR)/$(VENV)/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" -p mvlog) \
 		| sed -E -e 's#^mvlog/(schemas|connectors|services|infra)/#\1/#' -e 's#^mvlog/#core/#'; \
-	echo "mypy tests"; \
-	MYPYPATH="$$tree" $(VENV)/bin/mypy --explicit-package-bases tests
+	echo "mypy tests bench"; \
+	MYPYPATH="$$tree" $(VENV)/bin/mypy --explicit-package-bases tests bench
 
 test: setup lint
 	@# pytest exits 5 when it collects no test: make fails then, as on any other non-zero exit.
