@@ -83,13 +83,13 @@ lint: setup
 	echo "mypy -p mvlog (from $$tree)"; \
 	(cd "$$tree" && "$(CURDIR)/$(VENV)/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" -p mvlog) \
 		| sed -E -e 's#^mvlog/(schemas|connectors|services|infra)/#\1/#' -e 's#^mvlog/#core/#'; \
-	echo "mypy tests"; \
-	MYPYPATH="$$tree" $(VENV)/bin/mypy --explicit-package-bases tests
+	echo "mypy tests bench"; \
+	MYPYPATH="$$tree" $(VENV)/bin/mypy --explicit-package-bases tests bench
 
 test: setup lint
 	@# pytest exits 5 when it collects no test: make fails then, as on any other non-zero exit.
 	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
-		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist loadfile --durations=12 $(PYTEST_ARGS)
 
 # The demo reuses the stack of `make up` when it runs, else starts one (and stops it at the end).
 # DEMO_ARGS: e.g. make demo DEMO_ARGS="--duration 60".

@@ -109,12 +109,13 @@ def replay_rate(settings: Settings, client: redis.Redis, changes: int) -> tuple[
                          "isolation.level": "read_committed"})
     ends = {part.partition: part.barriers[-1][1] for part in parts}
     consumer.assign([TopicPartition(settings.changelog_topic("t2"), p, 0) for p in ends])
-    started, seen, done = time.perf_counter(), 0, set()
+    started, seen, done = time.perf_counter(), 0, set[int]()
     while len(done) < len(ends):
         for message in consumer.consume(2000, timeout=0.05):
             seen += 1
-            if message.offset() >= ends[message.partition()]:
-                done.add(message.partition())
+            partition, offset = message.partition(), message.offset()
+            if partition is not None and offset is not None and offset >= ends[partition]:
+                done.add(partition)
     raw_s = time.perf_counter() - started
     consumer.close()
     return records / mvlog_s, seen / raw_s, records

@@ -18,7 +18,6 @@ from mvlog.schemas.codec import (
     DecodeError,
     decode_barrier,
     decode_change,
-    decode_key,
     record_type,
 )
 
@@ -74,7 +73,7 @@ def decode_record(view: str, key_columns: tuple[str, ...], topic: str, partition
         if value is None:
             return poison("change event without a value", True)
         try:
-            change, source = decode_change(decode_key(key_columns, key), value)
+            change, source = decode_change(key_columns, key, value)
         except DecodeError as exc:
             return poison(f"not a change event of the expected schema: {exc}", True)
         if source.get("view") != view:

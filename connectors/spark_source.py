@@ -14,6 +14,8 @@ Options (modelled on Spark's Kafka source):
 ``startingEpoch``  ``earliest`` (default), ``latest``, or an epoch: the range starts *after* it
 ``endingEpoch``    batch only: ``latest`` (default) or an epoch (inclusive)
 ``maxEpochsPerTrigger`` streaming only: at most this many epochs per micro-batch
+``maxRecordsPerTrigger`` streaming only: at most this many change events per micro-batch (summed over
+                   the partitions from the epoch index), but always at least one whole epoch
 ``alignWith``      streaming only: other views (comma-separated); a micro-batch never ends past the
                    minimum of their latest committed epochs, so a join can read them up to the same epoch
 ``bootstrapServers`` / ``redisUrl`` / ``topicPrefix``: override the mvlog settings
@@ -50,6 +52,7 @@ from mvlog.connectors.dead_letter import DeadLetterQueue
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.log_cache_client import read_with_cache
 from mvlog.row_schema import RowSchema
+from mvlog.trigger_limit import last_admitted
 
 __all__ = ["EpochRangeError", "MvlogDataSource", "PartitionRange", "arrow_schema", "read_partition_from_kafka",
            "read_partition_range", "spark_schema_ddl"]  # arrow_schema: re-exported from change_rows
@@ -179,6 +182,14 @@ class _Planner:
         """Committed epochs in ``(after, upto]``, from partition 0's index (every partition has them all)."""
         return [e.epoch for e in self.index.between(self.entry.name, 0, after, upto)]
 
+    def epoch_records(self, after: int, upto: int) -> list[tuple[int, int]]:
+        """(epoch, change events in all partitions) of the committed epochs in ``(after, upto]``."""
+        records: dict[int, int] = {}
+        for partition in range(self.entry.partitions):
+            for entry in self.index.between(self.entry.name, partition, after, upto):
+                records[entry.epoch] = records.get(entry.epoch, 0) + entry.records
+        return sorted(records.items())
+
     def latest_epoch(self) -> int:
         latest = self.index.latest(self.entry.name, 0)
         return latest.epoch if latest is not None else 0
@@ -199,6 +210,19 @@ class _Planner:
                 start_offset=start.offset + 1 if start else 0,
                 barriers=tuple((e.epoch, e.offset) for e in entries)))
         return parts
+
+
+def _positive_int(options: Any, name: str) -> int | None:
+    value = options.get(name)
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"option {name} must be a positive integer, not {value!r}")
+    return number
 
 
 def _parse_epoch(value: str | None, default: str, latest: int) -> int:
@@ -263,8 +287,8 @@ class _StreamReader(DataSourceStreamReader):
     def __init__(self, settings: Settings, entry: CatalogEntry, options: Any) -> None:
         self._planner = _Planner(settings, entry)
         self._start = _parse_epoch(options.get("startingEpoch"), "latest", self._planner.latest_epoch())
-        limit = options.get("maxEpochsPerTrigger")
-        self._max_epochs = int(limit) if limit else None
+        self._max_epochs = _positive_int(options, "maxEpochsPerTrigger")
+        self._max_records = _positive_int(options, "maxRecordsPerTrigger")
         client = redis.Redis.from_url(settings.redis_url)
         catalog = CatalogStore(settings, client)
         self._aligned = [_Planner(settings, catalog.get(v.strip()))
@@ -277,12 +301,13 @@ class _StreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:  # noqa: N802
         after = (start or {"epoch": self._start})["epoch"]
         latest = min([self._planner.latest_epoch()] + [p.latest_epoch() for p in self._aligned])
-        if self._max_epochs is not None and latest > after:
-            epochs = self._planner.committed_epochs(after, latest)[: self._max_epochs]
-            latest = epochs[-1] if epochs else after
-        elif latest > after:
-            epochs = self._planner.committed_epochs(after, latest)  # end on one of this view's epochs
-            latest = epochs[-1] if epochs else after
+        if latest > after:  # end on one of this view's epochs, within the trigger's limits
+            if self._max_records is not None:
+                epochs = self._planner.epoch_records(after, latest)
+            else:
+                epochs = [(epoch, 0) for epoch in self._planner.committed_epochs(after, latest)]
+            admitted = last_admitted(epochs, self._max_epochs, self._max_records)
+            latest = admitted if admitted is not None else after
         return {"epoch": max(latest, after)}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:

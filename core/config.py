@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     # skipped (read from Kafka), since it is held decoded, several times that size, until it commits.
     cache_max_epoch_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     cache_port: int = Field(default=8322, ge=0, le=65535)
+    # A view consumer's micro-batch: at most this many upstream epochs and change events (one epoch at
+    # least, whatever its size), so catching up after a long stop does not hold the whole lag at once.
+    max_epochs_per_trigger: int = Field(default=50, ge=1)
+    max_records_per_trigger: int = Field(default=100_000, ge=1)
     cache_heartbeat_ms: int = Field(default=1000, ge=50)
     cache_wait_ms: int = Field(default=2000, ge=0)
     # Lag sampling (dashboard, `mvlog lag-sampler`): every interval, each view's lag is measured and kept

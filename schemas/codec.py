@@ -226,11 +226,25 @@ def encode_change_rows(view: str, epoch: int, vnode: int, op: str, before: bytes
                      _NULL_ROW if after is None else _SOME_ROW, after or b"", tail))
 
 
-def decode_change(key: Key, data: bytes) -> tuple[Change, dict[str, Any]]:
-    """The change and its ``source`` block (view, epoch, vnode, txn)."""
+def decode_change(key_columns: tuple[str, ...], key: bytes, data: bytes) -> tuple[Change, dict[str, Any]]:
+    """The change and its ``source`` block (view, epoch, vnode, txn).
+
+    The primary key is taken from the row image, which holds the key columns, and checked against the
+    Kafka key by encoding it (decoding the Kafka key would cost as much as the rest). Only an image
+    without the key columns, or a mismatch, takes the Kafka key's decoding, which then names the problem.
+    """
     datum = _read(_CHANGE, data, "change event")
+    image = datum["after"] if datum["after"] is not None else datum["before"]
+    row_key: Key | None = None
+    if image is not None and all(c in image for c in key_columns):
+        row_key = tuple(image[c] for c in key_columns)
+    if row_key is None or encode_key(key_columns, row_key) != key:
+        kafka_key = decode_key(key_columns, key)
+        if row_key is not None and kafka_key != row_key:
+            raise DecodeError(f"the record's key {kafka_key!r} is not its row's key {row_key!r}")
+        row_key = kafka_key
     try:
-        change = Change(Op(datum["op"]), key, datum["before"], datum["after"])
+        change = Change(Op(datum["op"]), row_key, datum["before"], datum["after"])
     except ValueError as exc:
         raise DecodeError(f"invalid change event: {exc}") from None
     return change, datum["source"]

@@ -96,7 +96,7 @@ class ViewConsumer:
     """Maintains view ``view`` from its upstream changelog(s)."""
 
     def __init__(self, settings: Settings, view: str, *, spark: SparkSession | None = None,
-                 client: redis.Redis | None = None, max_epochs_per_trigger: int = 50,
+                 client: redis.Redis | None = None, max_epochs_per_trigger: int | None = None,
                  trigger_interval: str = "200 milliseconds") -> None:
         self.settings = settings
         self._redis = client or redis.Redis.from_url(settings.redis_url)
@@ -118,7 +118,7 @@ class ViewConsumer:
         self.operator = ViewOperator(self.plan)
         self.store = ViewStore(self._redis, settings.topic_prefix)
         self.spark = spark or spark_session(settings, app_name=f"mvlog-{view}")
-        self.max_epochs_per_trigger = max_epochs_per_trigger
+        self.max_epochs_per_trigger = max_epochs_per_trigger or settings.max_epochs_per_trigger
         self.trigger_interval = trigger_interval
         # A new transactional producer fences any earlier consumer of this view.
         self.writer = ChangelogWriter(settings, view, self.entry.key_columns, self.entry.partitions)
@@ -162,6 +162,7 @@ class ViewConsumer:
         reader = self.spark.readStream.format("mvlog").options(**self._source_options(self.entry.sources[0]))
         reader = reader.option("startingEpoch", str(self._after))
         reader = reader.option("maxEpochsPerTrigger", str(self.max_epochs_per_trigger))
+        reader = reader.option("maxRecordsPerTrigger", str(self.settings.max_records_per_trigger))
         if len(self.entry.sources) > 1:
             reader = reader.option("alignWith", ",".join(self.entry.sources[1:]))
         return reader.load()

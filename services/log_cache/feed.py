@@ -28,7 +28,7 @@ from mvlog.catalog import CatalogEntry
 from mvlog.changes import ChangeOrigin, Epoch
 from mvlog.connectors.change_rows import SignedRowBuilder
 from mvlog.log_cache import CachedEpoch
-from mvlog.schemas.codec import TYPE_BARRIER, TYPE_CHANGE, decode_barrier, decode_change, decode_key
+from mvlog.schemas.codec import TYPE_BARRIER, TYPE_CHANGE, decode_barrier, decode_change
 
 
 class FeedError(RuntimeError):
@@ -93,7 +93,7 @@ class UpstreamFeed:
 
     def _feed(self, aligner: EpochAligner, record: RawRecord) -> list[Epoch]:
         if record.kind == TYPE_CHANGE:
-            change, source = decode_change(decode_key(self.entry.key_columns, record.key), record.value)
+            change, source = decode_change(self.entry.key_columns, record.key, record.value)
             attempt: tuple[int, str] = (source["epoch"], source["txn"])
             if self._within_budget(aligner, attempt, len(record.key) + len(record.value)):
                 aligner.add_change(record.partition, source["epoch"], change, source["txn"],

@@ -94,7 +94,7 @@ def test_a_barrier_whose_mutation_payload_is_not_json_is_poison() -> None:
 
 
 DECODERS: list[Callable[[bytes], Any]] = [
-    lambda data: decode_change((1,), data), lambda data: decode_key(KEY, data), decode_row, decode_barrier,
+    lambda data: decode_change(KEY, data, data), lambda data: decode_key(KEY, data), decode_row, decode_barrier,
     decode_catalog_entry]
 
 

@@ -65,11 +65,19 @@ values = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1),
 rows = st.dictionaries(st.text(min_size=1, max_size=8), values, max_size=6)
 
 
-@given(st.sampled_from(list(Op)), rows, rows, st.integers(0, 2**62), st.integers(0, 255))
-def test_change_roundtrip(op: Op, before: dict, after: dict, epoch: int, vnode: int) -> None:
-    change = Change(op, (1,), before if op in (Op.UPDATE, Op.DELETE) else None,
+@given(st.sampled_from(list(Op)), rows, rows, st.integers(0, 2**62), st.integers(0, 255),
+       st.integers(-(2**63), 2**63 - 1), st.booleans())
+def test_change_roundtrip(op: Op, before: dict, after: dict, epoch: int, vnode: int, key_id: int,
+                          images_hold_the_key: bool) -> None:
+    """The key comes from the row image when it holds the key columns, else from the Kafka key."""
+    for image in (before, after):
+        image.pop("id", None)
+        if images_hold_the_key:
+            image["id"] = key_id
+    change = Change(op, (key_id,), before if op in (Op.UPDATE, Op.DELETE) else None,
                     after if op != Op.DELETE else None)
-    decoded, source = decode_change((1,), encode_change("v", epoch, vnode, change, 0))
+    kafka_key = encode_key(("id",), (key_id,))
+    decoded, source = decode_change(("id",), kafka_key, encode_change("v", epoch, vnode, change, 0))
     assert decoded == change
     assert source == {"view": "v", "epoch": epoch, "vnode": vnode, "txn": ""}
 
@@ -82,7 +90,7 @@ def test_barrier_and_key_roundtrip() -> None:
 
 @given(st.binary(max_size=64))
 def test_decoders_refuse_garbage_with_decode_error(data: bytes) -> None:
-    for decode in (lambda: decode_change((1,), data), lambda: decode_barrier(data)):
+    for decode in (lambda: decode_change(("id",), data, data), lambda: decode_barrier(data)):
         with contextlib.suppress(DecodeError):
             decode()
 

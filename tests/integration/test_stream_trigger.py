@@ -1,0 +1,71 @@
+"""Streaming reads of ``format("mvlog")`` bound each micro-batch in epochs and change events."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import redis
+from pyspark.sql.functions import expr
+
+from mvlog.config import Settings
+from mvlog.services.table_writer import Table
+
+
+def _micro_batches(spark: Any, settings: Settings, view: str, options: dict[str, str],
+                   expect_epochs: int) -> list[list[tuple[int, int]]]:
+    """(epoch, change events) of each non-empty micro-batch, until ``expect_epochs`` epochs were read."""
+    batches: list[list[tuple[int, int]]] = []
+    seen = threading.Event()
+
+    def collect(frame: Any, _batch_id: int) -> None:
+        counted = frame.groupBy("_epoch").agg(
+            expr("count_if(_change_type NOT IN ('barrier', 'update_preimage')) AS changes")).collect()
+        changes = {row["_epoch"]: row["changes"] for row in counted}
+        if changes:
+            batches.append(sorted(changes.items()))
+        if sum(len(b) for b in batches) >= expect_epochs:
+            seen.set()
+
+    reader = spark.readStream.format("mvlog").option("view", view).option("startingEpoch", "earliest")
+    reader = reader.option("bootstrapServers", settings.bootstrap_servers).option("redisUrl", settings.redis_url)
+    reader = reader.option("topicPrefix", settings.topic_prefix).options(**options)
+    query = reader.load().writeStream.foreachBatch(collect).trigger(processingTime="100 milliseconds").start()
+    try:
+        deadline = time.monotonic() + 120
+        while not seen.wait(0.2):
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, f"only {batches} read in 120 s"
+    finally:
+        query.stop()
+    return batches
+
+
+def test_max_records_per_trigger_bounds_micro_batches_but_never_splits_an_epoch(
+        settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
+    table = Table.create(settings, "t1", {"id": "int", "v": "int"}, ["id"], client=redis_client, auto_commit=False)
+    sizes = [30, 30, 30, 200, 10, 10]
+    epochs = []
+    for i, size in enumerate(sizes):
+        table.upsert({"id": i * 1000 + j, "v": j} for j in range(size))
+        epochs.append(table.flush())
+    table.close()
+
+    batches = _micro_batches(spark, settings, "t1", {"maxRecordsPerTrigger": "70"}, len(sizes))
+
+    assert [e for batch in batches for e, _ in batch] == epochs  # every epoch once, in order
+    assert [[n for _, n in batch] for batch in batches] == [[30, 30], [30], [200], [10, 10]]
+
+
+def test_max_epochs_and_records_per_trigger_together(settings: Settings, redis_client: redis.Redis,
+                                                     spark: Any) -> None:
+    table = Table.create(settings, "t1", {"id": "int", "v": "int"}, ["id"], client=redis_client, auto_commit=False)
+    for i in range(5):
+        table.upsert({"id": i * 1000 + j, "v": j} for j in range(10))
+        table.flush()
+    table.close()
+
+    batches = _micro_batches(spark, settings, "t1", {"maxRecordsPerTrigger": "1000", "maxEpochsPerTrigger": "2"}, 5)
+
+    assert [len(batch) for batch in batches] == [2, 2, 1]
