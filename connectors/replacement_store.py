@@ -4,9 +4,12 @@ Keys (``P`` = topic prefix, ``V`` = view):
 
 - ``P:{V}:replacement``: hash, the replacement's record: ``id``, ``sql``, ``status`` (staged, applied,
   discarded), ``staged_ts_ms``; once hydrated ``mce`` (the upstream epoch its rows reflect),
-  ``mce_hex``, ``mce_ts_ms``; ``apply_requested`` (ms) while an apply waits; after the cut-over
-  ``applied_epoch``, ``applied_version``, ``applied_ts_ms``; after a discard ``discarded_ts_ms``;
-  ``error`` when its consumer had to stop maintaining it (it stays staged until discarded).
+  ``mce_hex``, ``mce_ts_ms``, and where hydration started: ``hydration_epoch`` (the epoch of its
+  first commit: an upstream snapshot's, or the view's MCE when it replayed the whole changelog) and
+  ``hydrated_from`` (which snapshot or changelog each upstream came from); ``apply_requested`` (ms)
+  while an apply waits; after the cut-over ``applied_epoch``, ``applied_version``, ``applied_ts_ms``;
+  after a discard ``discarded_ts_ms``; ``error`` when its consumer had to stop maintaining it (it
+  stays staged until discarded).
 - ``P:{V}:replacement:rows`` and ``P:{V}:replacement:opstate``: its rows and operator state, encoded
   like the view's own (``P:{V}:rows``, ``P:{V}:opstate``).
 
@@ -40,7 +43,7 @@ return false
 """
 
 # KEYS: record, rows, opstate. ARGV: id, epoch hex, epoch, ts, #row puts, #row deletes, #state puts,
-# #state deletes, then the items.
+# #state deletes, then the items, then record fields to set with the commit (name, value pairs).
 _COMMIT_SCRIPT = EACH_CHUNK + """
 if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'status') ~= 'staged' then
   return 0
@@ -53,6 +56,7 @@ i = each_chunk('HDEL', KEYS[2], i, tonumber(ARGV[6]), 1)
 i = each_chunk('HSET', KEYS[3], i, tonumber(ARGV[7]), 2)
 i = each_chunk('HDEL', KEYS[3], i, tonumber(ARGV[8]), 1)
 redis.call('HSET', KEYS[1], 'mce_hex', ARGV[2], 'mce', ARGV[3], 'mce_ts_ms', ARGV[4])
+if i <= #ARGV then redis.call('HSET', KEYS[1], unpack(ARGV, i, #ARGV)) end
 return 1
 """
 
@@ -85,7 +89,8 @@ _DISCARD_SCRIPT = """
 if redis.call('HGET', KEYS[1], 'status') ~= 'staged' then return false end
 local id = redis.call('HGET', KEYS[1], 'id')
 redis.call('DEL', KEYS[2], KEYS[3])
-redis.call('HDEL', KEYS[1], 'apply_requested', 'mce', 'mce_hex', 'mce_ts_ms', 'error')
+redis.call('HDEL', KEYS[1], 'apply_requested', 'mce', 'mce_hex', 'mce_ts_ms', 'error', 'hydration_epoch',
+           'hydrated_from')
 redis.call('HSET', KEYS[1], 'status', 'discarded', 'discarded_ts_ms', ARGV[1])
 return id
 """
@@ -141,6 +146,12 @@ class ReplacementRecord:
     @property
     def hydrated(self) -> bool:
         return self.mce is not None
+
+    @property
+    def hydration_epoch(self) -> int | None:
+        """The epoch hydration computed the replacement's first state at (None: not hydrated yet)."""
+        value = (self.fields or {}).get("hydration_epoch")
+        return int(value) if value is not None else None
 
 
 def _now_ms() -> int:
@@ -215,9 +226,10 @@ class ReplacementStore:
 
     def commit(self, view: str, replacement_id: str, epoch: int, row_puts: Mapping[bytes, bytes],
                row_deletes: Sequence[bytes], state_puts: Mapping[bytes, bytes],
-               state_deletes: Sequence[bytes]) -> bool:
-        """The replacement's rows and state at ``epoch``, atomically; False (nothing changed) when the
-        replacement is no longer staged under ``replacement_id`` or is already at ``epoch``."""
+               state_deletes: Sequence[bytes], fields: Mapping[str, str | int] | None = None) -> bool:
+        """The replacement's rows and state at ``epoch`` (and record ``fields``), atomically; False
+        (nothing changed) when the replacement is no longer staged under ``replacement_id`` or is
+        already at ``epoch``."""
         args: list[bytes | str | int] = [replacement_id, epoch_hex(epoch), epoch, _now_ms(), len(row_puts),
                                          len(row_deletes), len(state_puts), len(state_deletes)]
         for field, value in row_puts.items():
@@ -226,6 +238,8 @@ class ReplacementStore:
         for field, value in state_puts.items():
             args += [field, value]
         args += list(state_deletes)
+        for name, setting in (fields or {}).items():
+            args += [name, str(setting)]
         return bool(self._commit(keys=self._keys(view), args=args))
 
     def rows(self, view: str) -> dict[bytes, bytes]:

@@ -7,9 +7,10 @@ Per epoch the replacement commits first (its own Redis keys, see
 :mod:`mvlog.connectors.replacement_store`), then the view: after a crash the replacement is never
 behind the view, so a restarted consumer redoes the view's epoch and skips the replacement's.
 
-Hydration (the replacement's rows at the view's MCE) goes through :data:`UpstreamHistory`, a seam
-that today replays the upstream changelog from its start, as a new view's first catch-up does; a
-backfill that reads the upstream's rows without a changelog can take its place.
+Hydration (the replacement's rows at the view's MCE) starts with :meth:`ReplacementFollower.start`:
+the replacement's first state at an epoch F, from each upstream's snapshot or whole changelog (chosen
+by :mod:`mvlog.services.replacement_hydration`); :meth:`~ReplacementFollower.hydrate` then catches up
+over the upstream changelog's epochs after F through :data:`UpstreamHistory`.
 """
 
 from __future__ import annotations
@@ -54,8 +55,14 @@ class ReplacementFollower:
         self.stale = False  # discarded (or replaced) under us: the consumer drops this follower
         self._state = _ReplacementState(store, self.view)
 
+    def start(self, epoch: int, inputs: Mapping[str, Sequence[Change]], origin: str) -> None:
+        """The replacement's first state, at ``epoch``: ``inputs`` are its upstreams' rows there as
+        changes; ``origin`` (which snapshot or changelog each came from) is recorded with it."""
+        self._commit(epoch, inputs, {"hydration_epoch": epoch, "hydrated_from": origin})
+        log.info("%s: replacement %s started at epoch %d (%s)", self.view, self.id, epoch, origin)
+
     def hydrate(self, upto: int, history: UpstreamHistory) -> None:
-        """Bring the replacement to epoch ``upto`` (from scratch, or from where it stopped)."""
+        """Bring a started replacement to epoch ``upto`` (e.g. after a restart)."""
         after = self.mce or 0
         changes = history(after, upto) if upto > after else {}
         self._commit(upto, {name: list(c) for name, c in changes.items()})
@@ -66,14 +73,15 @@ class ReplacementFollower:
         if self.mce is not None and epoch > self.mce:
             self._commit(epoch, inputs)
 
-    def _commit(self, epoch: int, inputs: Mapping[str, Sequence[Change]]) -> None:
+    def _commit(self, epoch: int, inputs: Mapping[str, Sequence[Change]],
+                fields: Mapping[str, str | int] | None = None) -> None:
         if self.mce is not None and epoch <= self.mce:
             return
         output = self.operator.apply_epoch(dict(inputs), self._state)
         rows = commit_from_changes(self.plan.schema.primary_key, epoch, output.changes, {})
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
-        if self.store.commit(self.view, self.id, epoch, rows.row_puts, rows.row_deletes, puts, deletes):
+        if self.store.commit(self.view, self.id, epoch, rows.row_puts, rows.row_deletes, puts, deletes, fields):
             self.mce = epoch
         else:
             self.stale = True

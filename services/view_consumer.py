@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -36,15 +37,16 @@ from mvlog.connectors.change_rows import epoch_slices, one_change_per_key
 from mvlog.connectors.changelog_writer import ChangelogWriter, encode_epoch
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.retention import has_records, starts_the_log
+from mvlog.connectors.retention import has_records
 from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
 from mvlog.key_order import order_member
-from mvlog.replacement import APPLY_MUTATION, Status, applied_entry, diff_rows
+from mvlog.replacement import APPLY_MUTATION, ReplacementError, Status, applied_entry, diff_rows
 from mvlog.row_schema import Row
 from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.backfill import ChunkedBackfill, backfill_needed
 from mvlog.services.replacement_follower import ReplacementFollower
+from mvlog.services.replacement_hydration import first_inputs, hydration_start
 from mvlog.services.replacements import complete_apply, plan_replacement
 from mvlog.services.snapshot_backfill import SnapshotBackfill, load_from_snapshot, snapshot_backfill_needed
 from mvlog.services.spark_session import spark_session
@@ -106,6 +108,11 @@ class ViewConsumer:
         self.entry = complete_apply(self.catalog, self.replacements, view)  # finish an interrupted apply
         assert self.entry.sql is not None
         self.replacement: ReplacementFollower | None = None  # a staged replacement, hydrated read-only
+        # Epochs and replacement upkeep never interleave: micro-batches and the idle watcher take turns
+        # (re-entrant: a micro-batch holds it across its sync, its choice of path and apply_epochs).
+        self._replacement_lock = threading.RLock()
+        self._watcher: threading.Thread | None = None
+        self._stopping = threading.Event()
         self.upstreams = {name: self.catalog.get(name) for name in self.entry.sources}
         self.plan = plan_for(self.catalog, view, self.entry.sql)
         self.operator = ViewOperator(self.plan)
@@ -175,25 +182,27 @@ class ViewConsumer:
             # Epochs the stream never delivered (planned while Redis was wiped): read them now.
             table = pa.concat_tables([self._read_range(source, self._after, first - 1), table],
                                      promote_options="default")
-        self._sync_replacement()
-        if self.operator.reads_one_view and self.backfill is None and self.replacement is None:
-            self.apply_columns(table)  # a backfill or a replacement takes the changes row by row
-            return
-        epochs: EpochChanges = {}
-        changes_from_arrow(table, self.upstreams[source], epochs)
-        if not epochs:
-            return
-        end = max(epochs)
-        for other in self.entry.sources[1:]:  # a join reads its other side up to the same epoch
-            changes_from_arrow(self._read_range(other, self._after, end), self.upstreams[other], epochs)
-        self.apply_epochs(epochs)
+        with self._replacement_lock:  # the watcher must not stage a follower between the check and the apply
+            self._sync_replacement()
+            if self.operator.reads_one_view and self.backfill is None and self.replacement is None:
+                self.apply_columns(table)  # a backfill or a replacement takes the changes row by row
+                return
+            epochs: EpochChanges = {}
+            changes_from_arrow(table, self.upstreams[source], epochs)
+            if not epochs:
+                return
+            end = max(epochs)
+            for other in self.entry.sources[1:]:  # a join reads its other side up to the same epoch
+                changes_from_arrow(self._read_range(other, self._after, end), self.upstreams[other], epochs)
+            self.apply_epochs(epochs)
 
     def apply_epochs(self, epochs: EpochChanges) -> None:
-        self._sync_replacement()
-        for epoch in sorted(epochs):
-            if epoch <= self._after:
-                continue  # applied before a restart (never twice), or before the backfill started
-            self.apply_epoch(epoch, epochs[epoch])
+        with self._replacement_lock:
+            self._sync_replacement()
+            for epoch in sorted(epochs):
+                if epoch <= self._after:
+                    continue  # applied before a restart (never twice), or before the backfill started
+                self.apply_epoch(epoch, epochs[epoch])
 
     def apply_columns(self, batch: pa.Table) -> None:
         """Apply the epochs above the MCE of a one-upstream micro-batch, straight from its columns.
@@ -350,30 +359,41 @@ class ViewConsumer:
                 return
             follower = self.replacement = ReplacementFollower(record, plan, self.replacements)
         follower.apply_requested = record.apply_requested
-        if follower.mce is None and (trimmed := self._trimmed_upstreams()):
-            # Hydration replays the upstreams' changelogs from their start: a trimmed one would give
+        if follower.mce is None:
+            # Each upstream from its snapshot or its whole changelog: a trimmed changelog alone would give
             # the replacement wrong rows, and its apply a wrong diff.
-            self._replacement_failed(record.id, CatalogError(
-                f"cannot hydrate: the changelog of {', '.join(trimmed)} no longer starts at its first epoch "
-                "(Kafka retention); a replacement replays its upstreams' changelogs from their start"))
-            return
+            try:
+                start = hydration_start(self.settings, self.store, SnapshotStore.of(self.settings, self._redis),
+                                        self.upstreams, self.mce)
+            except ReplacementError as error:
+                self._replacement_failed(record.id, error)
+                return
+            follower.start(start.epoch, first_inputs(start, self.spark, self.upstreams, self._upstream_changes),
+                           start.describe())
+            if follower.stale:
+                self.replacement = None
+                return
         if follower.mce is None or follower.mce < self.mce:
             follower.hydrate(self.mce, self._upstream_history)
 
-    def _trimmed_upstreams(self) -> list[str]:
-        return [source for source in self.entry.sources
-                if not starts_the_log(self.settings, self.store.index, source)]
+    def _watch_replacement(self, interval: float = 1.0) -> None:
+        """Hydrate a newly staged replacement while the upstream is idle (no micro-batch comes then)."""
+        while not self._stopping.wait(interval):
+            try:
+                with self._replacement_lock:
+                    self._sync_replacement()
+            except Exception as error:  # the next micro-batch retries, and reports a persistent failure
+                log.warning("%s: replacement upkeep failed: %s", self.entry.name, error)
 
     def _upstream_history(self, after: int, upto: int) -> dict[str, list[Change]]:
         """Each upstream's changes of its epochs in (after, upto], read from its changelog."""
+        return {source: self._upstream_changes(source, after, upto) for source in self.entry.sources}
+
+    def _upstream_changes(self, source: str, after: int, upto: int) -> list[Change]:
+        """One upstream's changes of its epochs in (after, upto], in epoch order."""
         epochs: EpochChanges = {}
-        for source in self.entry.sources:
-            changes_from_arrow(self._read_range(source, after, upto), self.upstreams[source], epochs)
-        merged: dict[str, list[Change]] = {source: [] for source in self.entry.sources}
-        for epoch in sorted(epochs):
-            for source, changes in epochs[epoch].items():
-                merged[source].extend(changes)
-        return merged
+        changes_from_arrow(self._read_range(source, after, upto), self.upstreams[source], epochs)
+        return [change for epoch in sorted(epochs) for change in epochs[epoch].get(source, [])]
 
     def _replacement_failed(self, replacement_id: str, error: BaseException) -> None:
         """A replacement that cannot be maintained stops; the view itself carries on unchanged."""
@@ -444,6 +464,9 @@ class ViewConsumer:
                        .trigger(processingTime=self.trigger_interval)
                        .queryName(f"mvlog_{self.settings.topic_prefix}_{self.entry.name}".replace(".", "_"))
                        .start())
+        self._watcher = threading.Thread(target=self._watch_replacement, name=f"replacement-{self.entry.name}",
+                                         daemon=True)
+        self._watcher.start()
         return self._query
 
     def wait_for_epoch(self, epoch: int, timeout: float = 120.0) -> None:
@@ -457,6 +480,10 @@ class ViewConsumer:
             time.sleep(0.1)
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=30)
+            self._watcher = None
         if self._query is not None:
             self._query.stop()
             self._query = None

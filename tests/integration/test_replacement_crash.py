@@ -43,20 +43,22 @@ NEW = "SELECT * FROM t1 WHERE deleted = false AND v1 > 0"
 
 
 def _runner(settings: Settings, kill_at: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+    # ROOT first for the runner; the caller's PYTHONPATH stays (e.g. a worktree's package over the installed one).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PYSPARK_PYTHON": sys.executable}
     return subprocess.Popen([sys.executable, "-m", "tests.integration.processes.replacement_runner",
                              settings.model_dump_json(), kill_at, *VIEWS],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
 
 
-def _until(condition: Callable[[], object], what: str, timeout: float = 120.0) -> None:
+def _until(condition: Callable[[], object], what: str, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
 
 
-def _killed(child: subprocess.Popen[str], timeout: float = 120.0) -> None:
+def _killed(child: subprocess.Popen[str], timeout: float = 300.0) -> None:
     """Wait for the child to SIGKILL itself at its kill point."""
     try:
         code = child.wait(timeout)
@@ -66,9 +68,10 @@ def _killed(child: subprocess.Popen[str], timeout: float = 120.0) -> None:
     assert code == -9, f"the consumer process exited with {code}, not by its SIGKILL"
 
 
+@pytest.mark.timeout(1500)  # four Spark process starts; the oracle checks every epoch of three views
 def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
         make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
-    settings = make_settings(barrier_interval_ms=300)
+    settings = make_settings(barrier_interval_ms=1000)  # fewer epochs for the oracle to check
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"], client=redis_client)
     create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
     create_view(settings, "mv2", "SELECT sum(v1) AS s FROM mv1", client=redis_client)
@@ -124,6 +127,11 @@ def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
         child = _runner(settings, "none")
         applied = wait_for_apply(settings, "mv1", staged.id, timeout=60, client=redis_client)
         assert catalog.get("mv1").sql == NEW
+    except BaseException:
+        if child is not None and child.poll() is None:  # a failed step leaves no consumer running
+            child.kill()
+            child.wait()
+        raise
     finally:
         stop.set()
         writer.join()

@@ -34,10 +34,11 @@ def install(kill_at: str) -> None:
     if kill_at == "hydrate":
         commit = ReplacementFollower._commit
 
-        def die_on_hydration(self: ReplacementFollower, epoch: int, inputs: Mapping[str, Sequence[Change]]) -> None:
+        def die_on_hydration(self: ReplacementFollower, epoch: int, inputs: Mapping[str, Sequence[Change]],
+                             fields: Mapping[str, str | int] | None = None) -> None:
             if self.mce is None:
                 _die()
-            commit(self, epoch, inputs)
+            commit(self, epoch, inputs, fields)
 
         ReplacementFollower._commit = die_on_hydration  # type: ignore[method-assign]
     elif kill_at in ("cutover_kafka", "cutover_redis"):
