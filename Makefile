@@ -89,7 +89,7 @@ lint: setup
 test: setup lint
 	@# pytest exits 5 when it collects no test: make fails then, as on any other non-zero exit.
 	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
-		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist loadfile --durations=12 $(PYTEST_ARGS)
+		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 $(PYTEST_ARGS)
 
 # The demo reuses the stack of `make up` when it runs, else starts one (and stops it at the end).
 # DEMO_ARGS: e.g. make demo DEMO_ARGS="--duration 60".

@@ -89,10 +89,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(f"{nodeid.rsplit('::', 1)[-1]}: {value}")
 
 
+# The test files that take longest (CI's "slowest durations"), longest first. They are collected first, so
+# pytest-xdist (``--dist loadfile --no-loadscope-reorder``) hands them out before everything else and the
+# short files fill the gaps, instead of the long ones starting last and running on alone.
+LONGEST_FIRST = tuple(f"tests/integration/{name}.py" for name in (
+    "test_views_exactly_once", "test_soak", "test_replacement_crash", "test_backfill", "test_demo",
+    "test_log_cache", "test_rebuild_from_kafka", "test_replacement_join", "test_replacement",
+))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if STACK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
 
 
 @dataclass(frozen=True)
