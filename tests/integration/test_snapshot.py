@@ -284,3 +284,26 @@ def test_snapshot_is_taken_at_the_newest_checkpoint_epoch(
     assert result.record.epoch == checkpoints[-1]
     expected = rows_by_epoch(epochs)[checkpoints[-1]]
     assert_same_rows("t4", _parquet_rows(entry, result.record.path), expected, entry.schema, "at the checkpoint")
+
+
+def test_a_join_is_refused_a_snapshot_backfill_with_the_reason(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, tmp_path: Path) -> None:
+    """A join's state holds both sides at one epoch, which one upstream's snapshot cannot seed: refused
+    at create time (nothing created), and ``auto`` picks chunked, saying why."""
+    settings = make_settings(snapshot_dir=tmp_path / "snapshots")
+    for name in ("t5", "t6"):
+        with Table.create(settings, name, COLUMNS, ["id"], client=redis_client) as table:
+            table.upsert([{"id": i, "v1": i % 7, "deleted": False} for i in range(20)])
+            table.flush()
+    catalog = CatalogStore(settings, redis_client)
+    joins = ("SELECT a.id, b.v1 FROM t5 a JOIN t6 b ON a.v1 = b.id",
+             "SELECT a.id, b.deleted FROM t5 a JOIN t5 b ON a.v1 = b.id")  # a self-join reads one upstream
+    for sql in joins:
+        refused = CliRunner().invoke(main, ["create-view", "j1", "--backfill", "snapshot", "AS", sql],
+                                     env=_env(settings))
+        assert refused.exit_code != 0, refused.output
+        assert "cannot backfill a join" in refused.output and "use chunked" in refused.output, refused.output
+        assert catalog.find("j1") is None
+    for number, sql in enumerate(joins):
+        chosen = _mvlog(settings, "create-view", f"j{number + 2}", "--backfill", "auto", "AS", sql).stdout
+        assert "Backfill: chunked (a join: snapshot backfill seeds a view from one upstream's snapshot)" in chosen
