@@ -49,6 +49,11 @@ log = logging.getLogger(__name__)
 #: Under ``<snapshot_root>/<prefix>``: the views at their snapshot epoch while they are being loaded.
 LOADS_FOLDER = ".loads"
 
+#: librdkafka's send queue while loading: the driver produces faster than a broker takes the records, so
+#: the queue is what holds the load's records in memory; a bound this size (and not the writer's
+#: default 256 MiB, sized for live epochs) keeps the driver flat (I4): produce waits while it is full.
+LOAD_PRODUCER_QUEUE = {"queue.buffering.max.kbytes": 16384, "queue.buffering.max.messages": 50_000}
+
 
 def snapshot_backfill_needed(store: ViewStore, entry: CatalogEntry) -> bool:
     """A view created with ``--backfill snapshot`` that has committed no epoch yet."""

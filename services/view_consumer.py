@@ -48,7 +48,7 @@ from mvlog.services.backfill import ChunkedBackfill, backfill_needed
 from mvlog.services.replacement_follower import ReplacementFollower
 from mvlog.services.replacement_hydration import first_inputs, hydration_start
 from mvlog.services.replacements import complete_apply, plan_replacement
-from mvlog.services.snapshot_backfill import SnapshotBackfill, snapshot_backfill_needed
+from mvlog.services.snapshot_backfill import LOAD_PRODUCER_QUEUE, SnapshotBackfill, snapshot_backfill_needed
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import EpochOutput, ViewDefinitionError, ViewOperator
@@ -341,7 +341,7 @@ class ViewConsumer:
         self.writer.close()
         timeout = max(self.settings.transaction_timeout_ms, self.settings.snapshot_load_transaction_timeout_ms)
         writer = ChangelogWriter(self.settings, self.entry.name, self.entry.key_columns, self.entry.partitions,
-                                 producer_config={"transaction.timeout.ms": timeout})
+                                 producer_config={"transaction.timeout.ms": timeout, **LOAD_PRODUCER_QUEUE})
         try:
             loaded = backfill.load(self.spark, writer)
         finally:
