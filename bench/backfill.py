@@ -315,6 +315,7 @@ def snapshot_runs(settings: Settings, client: redis.Redis, spark, rate: int, tab
             start = time.perf_counter()
             consumer.start()  # computes and writes the view at the snapshot's epoch, then streams on
             loaded = time.perf_counter() - start
+        view_rows = int(store.backfill_progress(view).get("view_rows") or 0)
         upstream_mce = store.mce(TABLE) or 0
         consumer.wait_for_epoch(upstream_mce, timeout=600)
         caught_up = time.perf_counter() - start
@@ -322,7 +323,7 @@ def snapshot_runs(settings: Settings, client: redis.Redis, spark, rate: int, tab
         writer.stop()
         rate_rows = record.rows / loaded
         print(f"snapshot backfill {view} at {rate:,} changes/s: {record.rows:,} snapshot rows -> "
-              f"{store.row_count(view):,} view rows at epoch {record.epoch} in {loaded:.1f} s = "
+              f"{view_rows:,} view rows at epoch {record.epoch} in {loaded:.1f} s = "
               f"{fmt_rate(rate_rows)} rows/s ({rate_rows / raw_rate:.2f}x the raw parquet read, "
               f"{rate_rows / mvlog_rate:.2f}x the raw format(\"mvlog\") read); live at the upstream's MCE "
               f"after {caught_up:.1f} s", flush=True)

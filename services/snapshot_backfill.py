@@ -148,9 +148,10 @@ class SnapshotBackfill:
                  self.upstream.name, self.record.rows)
         return LoadedEpoch(self.record.epoch, committed.index, staged)
 
-    def publish(self, rows_done: int, done: bool = False) -> None:
+    def publish(self, rows_done: int, done: bool = False, view_rows: int | None = None) -> None:
         """``backfill_progress`` as the chunked backfill publishes it (status, dashboard, progress bars):
-        rows of the snapshot done, in proportion of the computed view written."""
+        rows of the snapshot done, in proportion of the computed view written (``view_rows``: the
+        view's rows at E, once written)."""
         now = int(time.time() * 1000)
         self.rows_done = rows_done
         seconds = max(0.001, (now - self._started_ms) / 1000)
@@ -162,4 +163,5 @@ class SnapshotBackfill:
             "vnodes_total": 256, "rate_rows_s": round(rate, 1) if rows_done else "", "eta_s": eta,
             "batch_size": self.settings.snapshot_load_batch_rows, "rate_limit": "",
             "snapshot_epoch": self.record.epoch, "mce": self.record.epoch if done else "",
-            "started_ms": self._started_ms, "updated_ms": now})
+            "started_ms": self._started_ms, "updated_ms": now,
+            **({"view_rows": view_rows} if view_rows is not None else {})})

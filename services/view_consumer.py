@@ -350,7 +350,7 @@ class ViewConsumer:
                                           self.entry.partitions)
         self._commit_redis(loaded.epoch, loaded.index, partial(
             self.store.commit_load, self.entry.name, loaded.epoch, loaded.index, loaded.rows, Lifecycle.LIVE.value))
-        backfill.publish(backfill.record.rows, done=True)
+        backfill.publish(backfill.record.rows, done=True, view_rows=loaded.rows)
         log.info("%s: loaded %d rows from %s's snapshot at epoch %d", self.entry.name, loaded.rows,
                  self.entry.sources[0], loaded.epoch)
         self.snapshot_backfill = None

@@ -234,6 +234,8 @@ def test_view_backfilled_from_a_snapshot_of_a_busy_table_is_exact_at_every_epoch
                              store.index, upto_epoch=store.mce(view)) as reader:
             epochs = [e.epoch for e in reader.epochs(idle_timeout=10.0)]
         assert epochs[0] == epoch and epochs[-1] >= last, (view, epochs[:3], epoch)
+        at_e = _history(settings, store, catalog.get(view), epoch)[epoch]
+        assert int(progress["view_rows"]) == len(at_e) > 0, (view, progress)
         assert not any(redis_client.exists(store.key(view, w)) for w in ("rows.load", "opstate.load",
                                                                             "keyorder.load"))
     assert not list((settings.snapshot_root / settings.topic_prefix / LOADS_FOLDER).iterdir())
