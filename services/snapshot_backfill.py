@@ -112,10 +112,13 @@ class SnapshotBackfill:
             spark.catalog.dropTempView(table)
         return folder
 
-    def batches(self, folder: Path) -> Iterator[pa.RecordBatch]:
-        """The computed view, at most ``snapshot_load_batch_rows`` rows per batch, file after file."""
+    def batches(self, folder: Path, decoder: SeedDecoder) -> Iterator[pa.RecordBatch]:
+        """The computed view, file after file, in batches of at most ``snapshot_load_batch_rows`` rows
+        plus min/max multiset entries."""
+        budget = self.settings.snapshot_load_batch_rows
         for file in sorted(folder.rglob("*.parquet")):
-            yield from pq.ParquetFile(file).iter_batches(batch_size=self.settings.snapshot_load_batch_rows)
+            for batch in pq.ParquetFile(file).iter_batches(batch_size=budget):
+                yield from decoder.split(batch, budget)
 
     def load(self, spark: SparkSession, writer: ChangelogWriter) -> LoadedEpoch:
         """Compute the view at E and write it as the view's epoch E: Kafka committed, Redis staged."""
@@ -129,7 +132,7 @@ class SnapshotBackfill:
 
             def changes() -> Iterator[EncodedChange]:
                 nonlocal staged
-                for batch in self.batches(folder):
+                for batch in self.batches(folder, decoder):
                     part = decoder.decode(batch)
                     keys = [self.plan.schema.key_of(row) for row in part.rows]
                     encoded = encode_epoch(key_columns, [Change(Op.READ, key, None, row)

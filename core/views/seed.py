@@ -21,9 +21,11 @@ Pure: builds SQL text with sqlglot and turns Arrow record batches into rows and 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from sqlglot import exp
 
 from mvlog.row_schema import Row
@@ -135,6 +137,26 @@ class SeedDecoder:
         self.plan = plan
         self.names = plan.schema.names
         self._stage = AggregateStage(plan.query) if plan.is_aggregate else None
+        self._multisets = [multiset_column(i) for i in range(len(self._stage.extremes))] if self._stage else []
+
+    def split(self, batch: pa.RecordBatch, budget: int) -> Iterator[pa.RecordBatch]:
+        """``batch`` in slices of at most ``budget`` rows plus min/max multiset entries (a group whose
+        multisets alone exceed it is a slice of its own): what :meth:`decode` turns into Python objects
+        at once stays bounded however many distinct values a group has (Arrow holds them compactly)."""
+        if not self._multisets or batch.num_rows == 0:
+            yield batch
+            return
+        weights = pa.array([1] * batch.num_rows, pa.int64())
+        for name in self._multisets:
+            lengths = pc.fill_null(pc.list_value_length(batch.column(name)), 0)
+            weights = pc.add(weights, pc.cast(lengths, pa.int64()))
+        start, load = 0, 0
+        for position, weight in enumerate(weights.to_pylist()):
+            if position > start and load + weight > budget:
+                yield batch.slice(start, position - start)
+                start, load = position, 0
+            load += weight
+        yield batch.slice(start)
 
     def decode(self, batch: pa.RecordBatch | pa.Table) -> SeedBatch:
         columns = batch.to_pydict()

@@ -62,10 +62,32 @@ def _seed(plan: Any, rows: dict[int, dict[str, Any]], batch_rows: int) -> tuple[
     out: list[Row] = []
     state = InMemoryState()
     for batch in result.to_batches(max_chunksize=batch_rows):
-        part = decoder.decode(batch)
-        out.extend(part.rows)
-        state.apply(part.state)
+        for piece in decoder.split(batch, batch_rows):
+            part = decoder.decode(piece)
+            out.extend(part.rows)
+            state.apply(part.state)
     return out, state
+
+
+def test_a_seed_is_decoded_in_slices_of_rows_plus_multiset_entries() -> None:
+    """What one decode turns into Python objects is bounded by rows plus min/max values, not by rows:
+    a group with many distinct values is a slice of its own."""
+    plan = plan_view("mv", "SELECT v1, min(id) AS lo, max(s) AS hi FROM t1 GROUP BY v1", {"t1": T1})
+    rows = {k: {"v1": 0 if k < 40 else k % 3, "v2": None, "s": f"s{k % 11}", "deleted": None} for k in range(60)}
+    con = duckdb.connect()
+    try:
+        con.register("snap", _table(rows))
+        result = con.sql(seed_sql(plan, "snap", "duckdb")).to_arrow_table().combine_chunks().to_batches()[0]
+    finally:
+        con.close()
+    decoder = SeedDecoder(plan)
+    pieces = list(decoder.split(result, 12))
+    assert sum(p.num_rows for p in pieces) == result.num_rows == 3
+    for piece in pieces:
+        entries = sum(len(m or ()) for name in ("_m0", "_m1") for m in piece.column(name).to_pylist())
+        assert piece.num_rows + entries <= 12 or piece.num_rows == 1, (piece.num_rows, entries)
+    assert len(pieces) >= 2  # group 0 alone has 40 ids
+    assert list(decoder.split(result, 10**6)) == [result]
 
 
 def _same(actual: list[Row], expected: list[Row], schema: RowSchema) -> None:
