@@ -3,13 +3,14 @@
 The view at the snapshot's epoch E is computed by Spark SQL over the snapshot's Parquet files
 (:func:`~mvlog.views.seed.seed_sql`: the view itself, or for GROUP BY the group totals its operator
 state needs) and written back as Parquet by the executors; nothing of it passes through the driver
-yet. The driver then streams that result, ``snapshot_load_batch_rows`` rows at a time, into the view's
-epoch E: each batch's changes go into one Kafka transaction (the epoch's, with its barriers at the
-end) and its rows, operator state and key-order members into staged Redis keys, which one script swaps
-in with the MCE once the transaction committed. The driver thus holds one batch, however large the
-snapshot (I4), and the view's history starts at E with exactly ``Q(rows(upstream, E))``. The consumer
-then reads the upstream's epochs after E from Kafka (the changelog must still hold them: checked
-first) and goes live.
+yet. The driver then streams that result, ``snapshot_load_batch_rows`` rows (for a GROUP BY: groups
+plus their min/max multiset entries) at a time, into the view's epoch E: each batch's changes go into
+one Kafka transaction (the epoch's, with its barriers at the end) and its rows, operator state and
+key-order members into staged Redis keys, which one script swaps in with the MCE once the transaction
+committed. The driver thus holds one batch and a bounded producer queue, however large the snapshot
+(I4), and the view's history starts at E with exactly ``Q(rows(upstream, E))``. The consumer then
+reads the upstream's epochs after E from Kafka (the changelog must still hold them: checked first)
+and goes live.
 
 A crash before the Kafka commit redoes the load (the staged keys are cleared first); a crash after it
 finds the epoch in Kafka but not in Redis and rolls Redis forward from the view's changelog, as after
