@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,7 @@ from mvlog.vnode import vnode_of
 
 from ..oracle import assert_same_rows, check_oracle, duckdb_view_rows, rows_at, rows_by_epoch
 from .busy_table import busy
+from .processes.view_runner import spawn as spawn_view_runner
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -315,3 +317,61 @@ def test_a_join_is_refused_a_snapshot_backfill_with_the_reason(
     for number, sql in enumerate(joins):
         chosen = _mvlog(settings, "create-view", f"j{number + 2}", "--backfill", "auto", "AS", sql).stdout
         assert "Backfill: chunked (a join: snapshot backfill seeds a view from one upstream's snapshot)" in chosen
+
+
+@pytest.mark.slow
+def test_a_snapshot_backfill_killed_while_it_writes_the_view_is_redone_exactly(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any, tmp_path: Path) -> None:
+    """SIGKILL of the consumer process while it streams the view at E (its Kafka transaction open, rows
+    staged in Redis): the next consumer redoes the load (the killed transaction is fenced and aborted,
+    the staged keys cleared) and the view is exact at every epoch, its history starting at E once."""
+    settings = make_settings(snapshot_dir=tmp_path / "snapshots", barrier_interval_ms=500,
+                             snapshot_load_batch_rows=5)  # ~200 batches: a window to kill in
+    store = ViewStore(redis_client, settings.topic_prefix)
+    catalog = CatalogStore(settings, redis_client)
+    rng = random.Random(9)
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
+    table.upsert([_row(rng, k) for k in range(KEYS)])
+    table.flush()
+    consumers: list[ViewConsumer] = []
+    try:
+        with busy(table, seed=3, keys=KEYS, per_tick=10):
+            epoch = build_snapshot(settings, "t1", spark, client=redis_client).record.epoch
+            create_view(settings, "mv1", "SELECT deleted, count(*) AS c, sum(v1) AS s, min(v1) AS lo, "
+                        "max(v1) AS hi FROM t1 GROUP BY deleted", client=redis_client, backfill="snapshot")
+            create_view(settings, "mv2", "SELECT id, v1 FROM t1 WHERE deleted = false", client=redis_client,
+                        backfill="snapshot")
+            child = spawn_view_runner(settings, ["mv2"])
+            try:
+                _poll(lambda: int(store.backfill_progress("mv2").get("rows_done") or 0) > 0, 120,
+                      lambda: store.backfill_progress("mv2"))
+                child.send_signal(signal.SIGKILL)
+                child.wait(30)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+            assert store.mce("mv2") is None, "killed after the load committed: the window was missed"
+            assert redis_client.exists(store.key("mv2", "rows.load")), "nothing was staged yet"
+            consumers = [ViewConsumer(settings, v, spark=spark, client=redis_client, max_epochs_per_trigger=20,
+                                      trigger_interval="100 milliseconds") for v in ("mv2", "mv1")]
+            for consumer in consumers:
+                consumer.start()
+            live_at = store.mce("t1") or 0
+            for consumer in consumers:
+                consumer.wait_for_epoch(live_at, timeout=120)
+        last = table.flush()
+        table.close()
+        for consumer in consumers:
+            consumer.wait_for_epoch(last, timeout=60)
+    finally:
+        for consumer in consumers:
+            consumer.stop()
+        table.close()
+    entry = catalog.get("mv2")
+    with ChangelogReader(settings, "mv2", entry.key_columns, entry.partitions, store.index,
+                         upto_epoch=store.mce("mv2")) as reader:
+        epochs = [e.epoch for e in reader.epochs(idle_timeout=10.0)]
+    assert epochs[0] == epoch and epochs.count(epoch) == 1, epochs[:3]
+    assert not redis_client.exists(store.key("mv2", "rows.load"))
+    checked = check_oracle(settings, redis_client, ["t1", "mv1", "mv2"])
+    assert checked >= 2 * 3, checked
