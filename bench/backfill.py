@@ -1,4 +1,4 @@
-"""Chunked backfill of a view on a large live upstream: throughput, memory and isolation.
+"""Chunked and snapshot backfill of a view on a large live upstream: throughput, memory and isolation.
 
 A local stack (Tansu + redis-server on free loopback ports, in a temporary folder) and one Spark
 session (``local[2]``). Root table ``t1(id PK, k, v1, deleted)`` is loaded with ``--rows`` rows (default
@@ -20,9 +20,20 @@ session (``local[2]``). Root table ``t1(id PK, k, v1, deleted)`` is loaded with 
 Bounded memory (I4) shows as peaks that do not grow with the rate or the backfill's length: a chunk
 holds at most ``backfill_max_batch_rows`` rows and the stream is never buffered.
 
+**Snapshot backfill** (``--methods`` includes ``snapshot``): a Parquet snapshot of t1 is built (timed),
+then a raw Spark read of the same rows, ``spark.read.parquet`` of the snapshot's files into the ``noop``
+sink (every column read and decoded, nothing written), rows/s. Then, while the writer process changes
+t1 at the first rate, each of ``SELECT * FROM t1`` and ``SELECT k, count(*), sum(v1), min(v1), max(v1),
+avg(v1) FROM t1 GROUP BY k`` is created with ``backfill=snapshot`` and loaded by a ``ViewConsumer``:
+timed from ``start()`` until the view is live at the snapshot's epoch (Spark SQL computes the view at
+E over the snapshot, the driver writes it in batches of ``snapshot_load_batch_rows``), then until it
+has replayed the upstream's epochs since. Printed: snapshot rows / load seconds and its ratio to both
+raw reads, and the peak RSS of every process during the load, with the driver's RSS before it.
+
 Run from the repository root::
 
-    PYSPARK_PYTHON=.venv/bin/python .venv/bin/python bench/backfill.py [--rows 1000000] [--rates 1000,5000]
+    PYSPARK_PYTHON=.venv/bin/python .venv/bin/python bench/backfill.py [--rows 1000000] [--rates 1000,5000] \
+        [--methods chunked,snapshot]
 
 The last line holds the ratios.
 """
@@ -50,6 +61,7 @@ from _common import REPO_ROOT, fmt_rate, machine_info
 from mvlog.config import Settings
 from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.infra.local_stack import LocalStack, free_ports
+from mvlog.services.snapshot_compaction import build_snapshot
 from mvlog.services.spark_session import spark_session
 from mvlog.services.table_writer import Table
 from mvlog.services.view_consumer import ViewConsumer
@@ -183,8 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--barrier-ms", type=int, default=200, help="the upstream's barrier interval (default 200)")
     parser.add_argument("--window", type=float, default=10.0, help="seconds to measure the upstream alone")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--methods", default="chunked,snapshot", help="backfills to run (default chunked,snapshot)")
+    parser.add_argument("--load-batch", type=int, default=20_000,
+                        help="snapshot backfill: rows the driver writes at a time (default 20000)")
     args = parser.parse_args(argv)
     rates = [int(r) for r in args.rates.split(",")]
+    methods = args.methods.split(",")
+    if not set(methods) <= {"chunked", "snapshot"}:
+        parser.error(f"unknown method in --methods {args.methods}")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     logging.basicConfig(level=logging.WARNING)
     print(machine_info(), flush=True)
@@ -194,14 +212,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                            die_with_parent=True)
         stack.start()
         try:
-            return run(args, rates, stack)
+            return run(args, rates, methods, stack, Path(tmp))
         finally:
             stack.stop()
 
 
-def run(args: argparse.Namespace, rates: list[int], stack: LocalStack) -> int:
+def run(args: argparse.Namespace, rates: list[int], methods: list[str], stack: LocalStack, tmp: Path) -> int:
     settings = stack.settings(topic_prefix="bench", partitions=args.partitions, spark_master=args.master,
-                              barrier_interval_ms=args.barrier_ms)
+                              barrier_interval_ms=args.barrier_ms, snapshot_dir=tmp / "snapshots",
+                              snapshot_load_batch_rows=args.load_batch)
     client = redis.Redis.from_url(settings.redis_url)
     store = ViewStore(client, settings.topic_prefix)
     rng = random.Random(1)
@@ -227,10 +246,23 @@ def run(args: argparse.Namespace, rates: list[int], stack: LocalStack) -> int:
     print(f"upstream alone at {rates[0]:,} changes/s: {alone:.2f} epochs/s", flush=True)
 
     ratios: list[str] = []
+    if "chunked" in methods:
+        ratios += chunked_runs(settings, client, spark, rates, args.rows, raw_rate, alone, stack_pids)
+    if "snapshot" in methods:
+        ratios += snapshot_runs(settings, client, spark, rates[0], args.rows, raw_rate, stack_pids)
+    spark.stop()
+    print("ratios: " + "; ".join(ratios))
+    return 0
+
+
+def chunked_runs(settings: Settings, client: redis.Redis, spark, rates: list[int], table_rows: int,
+                 raw_rate: float, alone: float, stack_pids: list[int]) -> list[str]:
+    store = ViewStore(client, settings.topic_prefix)
+    ratios: list[str] = []
     for rate in rates:
         view = f"bf{rate}"
         create_view(settings, view, f"SELECT * FROM {TABLE}", client=client, backfill="chunked")
-        writer = Writer(settings, args.rows, rate)
+        writer = Writer(settings, table_rows, rate)
         consumer = ViewConsumer(settings, view, spark=spark, client=client)
         epochs_before = store.index.count_after(TABLE, None)
         with RssSampler([*stack_pids, writer.child.pid]) as sampler:
@@ -249,11 +281,58 @@ def run(args: argparse.Namespace, rates: list[int], stack: LocalStack) -> int:
               f"upstream {during:.2f} epochs/s ({during / alone:.2f}x alone)", flush=True)
         for name, kib in sorted(sampler.peaks.items()):
             print(f"  peak RSS {name:<24} {kib / 1024:8.1f} MiB")
-        ratios.append(f"{rate}/s: backfill {rows / seconds / raw_rate:.2f}x raw read, upstream epochs "
+        ratios.append(f"chunked at {rate}/s: backfill {rows / seconds / raw_rate:.2f}x raw read, upstream epochs "
                       f"{during / alone:.2f}x")
-    spark.stop()
-    print("ratios: " + "; ".join(ratios))
-    return 0
+    return ratios
+
+
+SNAPSHOT_VIEWS = {"snap_all": f"SELECT * FROM {TABLE}",
+                  "snap_groups": f"SELECT k, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi, "
+                                 f"avg(v1) AS mean FROM {TABLE} GROUP BY k"}
+
+
+def snapshot_runs(settings: Settings, client: redis.Redis, spark, rate: int, table_rows: int, mvlog_rate: float,
+                  stack_pids: list[int]) -> list[str]:
+    """Snapshot backfill of each of SNAPSHOT_VIEWS while the upstream takes ``rate`` changes/s, against a
+    raw ``spark.read.parquet`` of the snapshot."""
+    store = ViewStore(client, settings.topic_prefix)
+    start = time.perf_counter()
+    record = build_snapshot(settings, TABLE, spark, client=client).record
+    print(f"snapshot of {TABLE} at epoch {record.epoch}: {record.rows:,} rows in {time.perf_counter() - start:.1f} s",
+          flush=True)
+    start = time.perf_counter()
+    spark.read.parquet(record.path).write.format("noop").mode("overwrite").save()
+    raw_rate = record.rows / (time.perf_counter() - start)
+    print(f"baseline: raw spark.read.parquet of the snapshot's {record.rows:,} rows: {fmt_rate(raw_rate)} rows/s",
+          flush=True)
+    ratios: list[str] = []
+    for view, sql in SNAPSHOT_VIEWS.items():
+        create_view(settings, view, sql, client=client, backfill="snapshot")
+        writer = Writer(settings, table_rows, rate)
+        consumer = ViewConsumer(settings, view, spark=spark, client=client)
+        before_kib = _rss_kib(os.getpid())
+        with RssSampler([*stack_pids, writer.child.pid]) as sampler:
+            start = time.perf_counter()
+            consumer.start()  # computes and writes the view at the snapshot's epoch, then streams on
+            loaded = time.perf_counter() - start
+        view_rows = int(store.backfill_progress(view).get("view_rows") or 0)
+        upstream_mce = store.mce(TABLE) or 0
+        consumer.wait_for_epoch(upstream_mce, timeout=600)
+        caught_up = time.perf_counter() - start
+        consumer.stop()
+        writer.stop()
+        rate_rows = record.rows / loaded
+        print(f"snapshot backfill {view} at {rate:,} changes/s: {record.rows:,} snapshot rows -> "
+              f"{view_rows:,} view rows at epoch {record.epoch} in {loaded:.1f} s = "
+              f"{fmt_rate(rate_rows)} rows/s ({rate_rows / raw_rate:.2f}x the raw parquet read, "
+              f"{rate_rows / mvlog_rate:.2f}x the raw format(\"mvlog\") read); live at the upstream's MCE "
+              f"after {caught_up:.1f} s", flush=True)
+        print(f"  driver RSS before the load {before_kib / 1024:8.1f} MiB")
+        for name, kib in sorted(sampler.peaks.items()):
+            print(f"  peak RSS {name:<24} {kib / 1024:8.1f} MiB")
+        ratios.append(f"snapshot {view}: {rate_rows / raw_rate:.2f}x raw parquet read, "
+                      f"{rate_rows / mvlog_rate:.2f}x raw mvlog read")
+    return ratios
 
 
 if __name__ == "__main__":

@@ -134,6 +134,35 @@ return 1
 """
 
 
+# A snapshot backfill's first epoch: rows, operator state and key-order index staged under ``*.load`` keys
+# (batch by batch, so no process holds them all) are swapped in with the MCE and the epoch index, in one
+# script. Refused (0) when the view has an MCE already; -1 when the staged rows are not all there (Redis
+# was wiped or flushed meanwhile): the caller then rolls Redis forward from Kafka instead.
+_COMMIT_LOAD_SCRIPT = """
+if redis.call('HEXISTS', KEYS[1], 'mce_hex') == 1 then
+  return 0
+end
+if redis.call('HLEN', KEYS[5]) ~= tonumber(ARGV[5]) or redis.call('ZCARD', KEYS[7]) ~= tonumber(ARGV[5]) then
+  return -1
+end
+for i = 0, 2 do
+  if redis.call('EXISTS', KEYS[5 + i]) == 1 then
+    redis.call('RENAME', KEYS[5 + i], KEYS[2 + i])
+  else
+    redis.call('DEL', KEYS[2 + i])
+  end
+end
+for k = 8, #KEYS do redis.call('ZADD', KEYS[k], 0, ARGV[k - 2]) end
+redis.call('HSET', KEYS[1], 'mce_hex', ARGV[1], 'mce', ARGV[2], 'mce_ts_ms', ARGV[3])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[1], 'state', ARGV[4], 'reason', '', 'state_ts_ms', ARGV[3])
+end
+return 1
+"""
+
+_LOAD_KEYS = ("rows.load", "opstate.load", "keyorder.load")
+
+
 @dataclass(frozen=True)
 class EpochCommit:
     """What one epoch changes in a view's serving state."""
@@ -180,6 +209,7 @@ class ViewStore:
         self._commit = client.register_script(_COMMIT_SCRIPT)
         self._read_ordered = client.register_script(_READ_ORDERED_SCRIPT)
         self._replace = client.register_script(_REPLACE_SCRIPT)
+        self._commit_load = client.register_script(_COMMIT_LOAD_SCRIPT)
 
     def _key(self, view: str, what: str) -> str:
         return f"{self.prefix}:{{{view}}}:{what}"
@@ -361,9 +391,46 @@ class ViewStore:
         keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder")] + staged
         return bool(self._replace(keys=keys, args=[epoch_hex(expected_mce)]))
 
+    # --- a snapshot backfill's first epoch, staged --------------------------------------------------
+
+    def clear_load(self, view: str) -> None:
+        """Forget what an interrupted load staged."""
+        self.redis.delete(*(self._key(view, w) for w in _LOAD_KEYS))
+
+    def stage_load(self, view: str, rows: Mapping[bytes, bytes], state: Mapping[bytes, bytes],
+                   order: Sequence[bytes]) -> None:
+        """Add one batch of the first epoch's rows, operator state and key-order members (invisible to
+        readers until :meth:`commit_load`)."""
+        rows_key, state_key, order_key = (self._key(view, w) for w in _LOAD_KEYS)
+        pipe = self.redis.pipeline(transaction=False)
+        if rows:
+            pipe.hset(rows_key, mapping=dict(rows))  # type: ignore[arg-type]
+        if state:
+            pipe.hset(state_key, mapping=dict(state))  # type: ignore[arg-type]
+        if order:
+            pipe.zadd(order_key, dict.fromkeys(order, 0))
+        pipe.execute()
+
+    def commit_load(self, view: str, epoch: int, index: Mapping[int, IndexEntry], rows: int,
+                    lifecycle: str = "") -> bool:
+        """Make the staged rows (``rows`` of them), state and key order the view's, at MCE ``epoch``, in
+        one script; False (nothing changed) when the view has an MCE already.
+
+        Raises :class:`ServingStateLostError` when the staged rows are not all there (Redis was wiped)."""
+        partitions = sorted(index)
+        keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder")]
+        keys += [self._key(view, w) for w in _LOAD_KEYS] + [self.index.key(view, p) for p in partitions]
+        args: list[bytes | str | int] = [epoch_hex(epoch), epoch, int(time.time() * 1000), lifecycle, rows]
+        args += [index_member(epoch, index[p].offset, index[p].records) for p in partitions]
+        result = int(self._commit_load(keys=keys, args=args))
+        if result < 0:
+            raise ServingStateLostError(f"{view}: the {rows} rows staged for epoch {epoch} are no longer all in "
+                                        "Redis: it was wiped while the snapshot backfill ran")
+        return result == 1
+
     def drop(self, view: str, partitions: int) -> None:
         keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder", "backfill", "journal",
-                                             "backfill_progress")]
+                                             "backfill_progress", *_LOAD_KEYS)]
         keys += [self.index.key(view, p) for p in range(partitions)]
         self.redis.delete(*keys)
 

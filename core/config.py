@@ -100,6 +100,11 @@ class Settings(BaseSettings):
     snapshot_keep: int = Field(default=3, ge=1)
     snapshot_interval_ms: int = Field(default=3_600_000, ge=1)
     snapshot_backfill_min_rows: int = Field(default=100_000, ge=0)
+    # Snapshot backfill: rows of the view's first epoch the driver holds at a time while it writes them
+    # (I4), and the Kafka transaction timeout of that epoch, which holds the whole view at the snapshot's
+    # epoch (Kafka brokers cap it with transaction.max.timeout.ms, 15 min by default).
+    snapshot_load_batch_rows: int = Field(default=20_000, ge=1)
+    snapshot_load_transaction_timeout_ms: int = Field(default=900_000, ge=1000)
 
     @model_validator(mode="before")
     @classmethod

@@ -154,21 +154,22 @@ class BackfillChoice:
 
 
 def choose_backfill(requested: str, sources: Sequence[str], snapshots: Mapping[str, SnapshotRecord | None],
-                    upstream_rows: Mapping[str, int], threshold: int) -> BackfillChoice:
+                    upstream_rows: Mapping[str, int], threshold: int, *, join: bool = False) -> BackfillChoice:
     """The backfill method of a new view: as requested, or for ``auto`` snapshot when its one upstream
     has a snapshot and holds more than ``threshold`` rows, else chunked.
 
-    ``snapshot`` itself is refused when it cannot work (a join, or no snapshot of the upstream)."""
+    ``snapshot`` itself is refused when it cannot work: a join (of two views, or of one view with
+    itself: its state holds both sides, which one snapshot does not seed), or no snapshot of the upstream."""
     if requested not in (*CONCRETE_BACKFILLS, "auto"):
         raise SnapshotError(f"unknown backfill method {requested!r}; known: "
                             f"{', '.join((*CONCRETE_BACKFILLS, 'auto'))}")
     if requested in ("chunked", "changelog"):
         return BackfillChoice(requested, "requested")
-    if len(sources) != 1:
+    if len(sources) != 1 or join:
         if requested == "snapshot":
-            raise SnapshotError("--backfill snapshot needs a view over one upstream (a join reads two); "
-                                "use chunked")
-        return BackfillChoice("chunked", "a join: snapshot backfill reads one upstream")
+            raise SnapshotError("--backfill snapshot cannot backfill a join (its state holds both sides at one "
+                                "epoch; snapshot backfill seeds a view from one upstream's snapshot): use chunked")
+        return BackfillChoice("chunked", "a join: snapshot backfill seeds a view from one upstream's snapshot")
     (source,) = sources
     snapshot = snapshots.get(source)
     if snapshot is None:

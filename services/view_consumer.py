@@ -48,7 +48,7 @@ from mvlog.services.backfill import ChunkedBackfill, backfill_needed
 from mvlog.services.replacement_follower import ReplacementFollower
 from mvlog.services.replacement_hydration import first_inputs, hydration_start
 from mvlog.services.replacements import complete_apply, plan_replacement
-from mvlog.services.snapshot_backfill import SnapshotBackfill, load_from_snapshot, snapshot_backfill_needed
+from mvlog.services.snapshot_backfill import LOAD_PRODUCER_QUEUE, SnapshotBackfill, snapshot_backfill_needed
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import EpochOutput, ViewDefinitionError, ViewOperator
@@ -144,7 +144,7 @@ class ViewConsumer:
         if self.backfill is None and snapshot_backfill_needed(self.store, self.entry):
             self.snapshot_backfill = SnapshotBackfill(settings, self.store,
                                                       SnapshotStore.of(settings, self._redis),
-                                                      self.entry, self.upstreams[self.entry.sources[0]])
+                                                      self.entry, self.upstreams[self.entry.sources[0]], self.plan)
         self._after = max(self.mce, self.backfill.start_epoch if self.backfill is not None else 0)
         self._state = _ViewState(self.store, view)
         self._query: StreamingQuery | None = None
@@ -265,13 +265,18 @@ class ViewConsumer:
         transaction, then rows, state, MCE (and the backfill's positions, ``extra``) to Redis in one script."""
         encoded = encode_epoch(self.entry.key_columns, output.changes)  # each key and row encoded once
         committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes, mutation=mutation)
-        self._last_committed = committed.index
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
         commit = commit_from_encoded(epoch, output.changes, encoded, committed.index, state_puts=puts,
                                      state_deletes=deletes, follows=self.mce, **(extra or {}))
+        self._commit_redis(epoch, committed.index, partial(self.store.commit, self.entry.name, commit))
+
+    def _commit_redis(self, epoch: int, index: dict[int, IndexEntry], commit: Callable[[], bool]) -> None:
+        """Commit an epoch that is in Kafka (``index``: its barriers) to Redis with ``commit``; when Redis
+        was wiped meanwhile, roll it forward from Kafka instead."""
+        self._last_committed = index
         try:
-            applied = self.store.commit(self.entry.name, commit)
+            applied = commit()
             lost = self.catalog.wiped()  # committed, or refused, into a Redis that another process rebuilds
         except ServingStateLostError:
             applied, lost = False, True
@@ -328,17 +333,26 @@ class ViewConsumer:
     def load_snapshot(self) -> None:
         """Commit the upstream snapshot's rows as the view's first epoch (a view created with
         ``--backfill snapshot`` that has none yet); the upstream's later epochs then follow."""
-        if self.snapshot_backfill is None:
+        backfill = self.snapshot_backfill
+        if backfill is None:
             return
-
-        def commit(epoch: int, rows: pa.Table) -> None:
-            weights = pa.repeat(pa.scalar(1, pa.int64()), len(rows))
-            output = self._compute(epoch, partial(self.operator.apply_signed, rows, weights, self._state))
-            if output is not None:
-                self._commit(epoch, output, {"lifecycle": Lifecycle.LIVE.value})
-
-        epoch = load_from_snapshot(self.snapshot_backfill, self.spark, commit)
-        log.info("%s: loaded from %s's snapshot at epoch %d", self.entry.name, self.entry.sources[0], epoch)
+        # The epoch holds the whole view at E: its transaction gets a timeout of its own, on a writer of
+        # its own (same transactional id: it fences the consumer's writer, which is made again after).
+        self.writer.close()
+        timeout = max(self.settings.transaction_timeout_ms, self.settings.snapshot_load_transaction_timeout_ms)
+        writer = ChangelogWriter(self.settings, self.entry.name, self.entry.key_columns, self.entry.partitions,
+                                 producer_config={"transaction.timeout.ms": timeout, **LOAD_PRODUCER_QUEUE})
+        try:
+            loaded = backfill.load(self.spark, writer)
+        finally:
+            writer.close()
+            self.writer = ChangelogWriter(self.settings, self.entry.name, self.entry.key_columns,
+                                          self.entry.partitions)
+        self._commit_redis(loaded.epoch, loaded.index, partial(
+            self.store.commit_load, self.entry.name, loaded.epoch, loaded.index, loaded.rows, Lifecycle.LIVE.value))
+        backfill.publish(backfill.record.rows, done=True, view_rows=loaded.rows)
+        log.info("%s: loaded %d rows from %s's snapshot at epoch %d", self.entry.name, loaded.rows,
+                 self.entry.sources[0], loaded.epoch)
         self.snapshot_backfill = None
 
     # --- replacement ------------------------------------------------------------------------------

@@ -42,13 +42,14 @@ BACKFILL_METHODS: tuple[str, ...] = ("chunked", "changelog", "snapshot", "auto")
 
 
 def resolve_backfill(settings: Settings, client: redis.Redis, sources: tuple[str, ...],
-                     requested: str) -> BackfillChoice:
+                     requested: str, *, join: bool = False) -> BackfillChoice:
     """The concrete backfill method for a view over ``sources`` (see :func:`mvlog.snapshot_plan.choose_backfill`)."""
     snapshots = SnapshotStore.of(settings, client)
     store = ViewStore(client, settings.topic_prefix)
     try:
         return choose_backfill(requested, sources, {s: snapshots.latest(s) for s in sources},
-                               {s: store.row_count(s) for s in sources}, settings.snapshot_backfill_min_rows)
+                               {s: store.row_count(s) for s in sources}, settings.snapshot_backfill_min_rows,
+                               join=join)
     except SnapshotError as error:
         raise CatalogError(str(error)) from error
 
@@ -63,7 +64,7 @@ def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis 
     if (existing := catalog.find(name)) is not None:
         raise CatalogError(f"{existing.kind} {name!r} already exists")
     plan = plan_for(catalog, name, sql)
-    choice = resolve_backfill(settings, client, plan.sources, backfill)
+    choice = resolve_backfill(settings, client, plan.sources, backfill, join=plan.is_join)
     options = {"backfill": choice.method} if choice.method != "changelog" else {}
     if backfill == "auto":
         options["backfill_auto"] = choice.reason  # why auto chose it (shown by create-view)

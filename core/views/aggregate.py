@@ -216,6 +216,41 @@ class AggregateStage:
                 return max(multiset) if multiset else None
         raise AssertionError(call.function)
 
+    # -- seeding from a full computation (snapshot backfill) ------------------------------------------
+
+    def seeded(self, group_values: Sequence[Any], rows: int, counts: Sequence[int | None], sums: Sequence[Any],
+               multisets: Sequence[Sequence[tuple[Any, int]] | None]) -> tuple[Key, GroupState]:
+        """A group and its state from totals computed elsewhere (Spark SQL over a snapshot).
+
+        ``counts``/``sums`` are per aggregate call (None where the call keeps none, or SQL's NULL sum over
+        no values); ``multisets`` are per distinct min/max argument, as (value, count) pairs.
+        """
+        state = self.empty()
+        state.rows = rows
+        for index, call in enumerate(self.calls):
+            if call.function in _COUNTED and call.arg is not None:
+                state.counts[index] = counts[index] or 0
+            if call.function in _SUMMED and sums[index] is not None:
+                state.sums[index] = sums[index]
+        for index, pairs in enumerate(multisets):
+            kind = self.extremes[index].type
+            multiset = state.multisets[index]
+            for value, count in pairs or ():
+                folded = key_value(value, kind)
+                multiset[folded] = multiset.get(folded, 0) + count
+        group = self._group_key(group_values)
+        if not state.is_consistent():
+            raise InconsistentChanges(f"group {group!r}: seeded state {state!r} has impossible counts")
+        return group, state
+
+    def rows_of(self, groups: list[tuple[Key, GroupState]]) -> list[Row]:
+        """The view rows of groups in these states: what the operator emits for them."""
+        return self._rows(groups)
+
+    def state_entry(self, group: Key, state: GroupState) -> tuple[bytes, bytes]:
+        """The operator-state key and value of a group, as :meth:`apply` stores them."""
+        return encode_key(GROUP_TAG, group, self.group_types), self._encode(state)
+
     # -- state encoding -----------------------------------------------------------------------------
 
     def _encode(self, state: GroupState) -> bytes:

@@ -52,6 +52,11 @@ _AGGREGATES: dict[AggregateFunction, type[exp.AggFunc]] = {
 }
 
 
+def sql_type(kind: ColumnType) -> str:
+    """The SQL type mvlog renders a column type as (the same on Spark and DuckDB)."""
+    return _SQL_TYPES[kind]
+
+
 def to_spark_sql(plan: ViewPlan, table_names: Mapping[str, str]) -> str:
     """The whole view as a Spark SQL query; ``table_names`` maps each upstream view to a table (or
     temporary view) holding its rows, with the upstream schema's columns."""
@@ -72,53 +77,54 @@ def to_sql(plan: ViewPlan, table_names: Mapping[str, str], dialect: str) -> str:
 
 
 def _select(query: Query, table_names: Mapping[str, str], dialect: str) -> exp.Select:
-    items = [exp.alias_(_render(o.expr, query), o.name, quoted=True) for o in query.outputs]
+    items = [exp.alias_(render_expr(o.expr, query), o.name, quoted=True) for o in query.outputs]
     select = exp.select(*items)
     tables = [exp.alias_(exp.to_table(table_names[s.view], dialect=dialect), s.alias, table=True, quoted=True)
               for s in query.sources]
     select = select.from_(tables[0])
     if len(tables) == 2:
-        conditions = [exp.EQ(this=_render(c.left, query), expression=_render(c.right, query))
+        conditions = [exp.EQ(this=render_expr(c.left, query), expression=render_expr(c.right, query))
                       for c in query.join]
         select = select.join(tables[1], on=exp.and_(*conditions), join_type="INNER")
     if query.where is not None:
-        select = select.where(_render(query.where, query))
+        select = select.where(render_expr(query.where, query))
     if query.group_by:
-        select = select.group_by(*(_render(g, query) for g in query.group_by))
+        select = select.group_by(*(render_expr(g, query) for g in query.group_by))
     return select
 
 
-def _render(expr: Expr, query: Query) -> exp.Expr:
+def render_expr(expr: Expr, query: Query) -> exp.Expr:
+    """One plan expression as a sqlglot node (columns qualified by their source's alias)."""
     match expr:
         case ColumnRef(side=side, column=column):
             return exp.column(column, table=query.sources[side].alias, quoted=True)
         case GroupRef(index=index):
-            return _render(query.group_by[index], query)
+            return render_expr(query.group_by[index], query)
         case AggregateRef(index=index):
             return _aggregate(query.aggregates[index], query)
         case Literal(value=value, type=kind):
             return _literal(value, kind)
         case Cast(operand=operand, type=kind):
-            return exp.cast(_render(operand, query), _SQL_TYPES[kind])
+            return exp.cast(render_expr(operand, query), _SQL_TYPES[kind])
         case Binary(op=BinaryOp.DIV, left=left, right=right):
-            divisor = exp.Nullif(this=_render(right, query), expression=exp.Literal.number(0))
-            return exp.Div(this=_paren(_render(left, query)), expression=divisor)
+            divisor = exp.Nullif(this=render_expr(right, query), expression=exp.Literal.number(0))
+            return exp.Div(this=_paren(render_expr(left, query)), expression=divisor)
         case Binary(op=op, left=left, right=right):
-            return _BINARY[op](this=_paren(_render(left, query)), expression=_paren(_render(right, query)))
+            return _BINARY[op](this=_paren(render_expr(left, query)), expression=_paren(render_expr(right, query)))
         case Not(operand=operand):
-            return exp.Not(this=_paren(_render(operand, query)))
+            return exp.Not(this=_paren(render_expr(operand, query)))
         case Negate(operand=operand):
-            return exp.Neg(this=_paren(_render(operand, query)))
+            return exp.Neg(this=_paren(render_expr(operand, query)))
         case IsNull(operand=operand, negated=negated):
-            test = exp.Is(this=_paren(_render(operand, query)), expression=exp.Null())
+            test = exp.Is(this=_paren(render_expr(operand, query)), expression=exp.Null())
             return exp.Not(this=exp.Paren(this=test)) if negated else test
         case Case(whens=whens, default=default):
             case = exp.Case()
             for condition, result in whens:
-                case = case.when(_render(condition, query), _render(result, query))
-            return case.else_(_render(default, query))
+                case = case.when(render_expr(condition, query), render_expr(result, query))
+            return case.else_(render_expr(default, query))
         case Coalesce(args=args):
-            first, *rest = (_render(a, query) for a in args)
+            first, *rest = (render_expr(a, query) for a in args)
             return exp.Coalesce(this=first, expressions=rest)
     raise TypeError(f"cannot render {expr!r}")  # unreachable for plans made by plan_view
 
@@ -127,7 +133,7 @@ def _aggregate(call: AggregateCall, query: Query) -> exp.Expr:
     if call.function is AggregateFunction.COUNT_ROWS:
         return exp.Count(this=exp.Star())
     assert call.arg is not None
-    return _AGGREGATES[call.function](this=_render(call.arg, query))
+    return _AGGREGATES[call.function](this=render_expr(call.arg, query))
 
 
 def _literal(value: object, kind: ColumnType | None) -> exp.Expr:

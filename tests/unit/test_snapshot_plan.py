@@ -108,7 +108,11 @@ def test_auto_picks_snapshot_only_for_a_large_upstream_with_a_snapshot() -> None
     assert choose_backfill("changelog", ("t1",), {}, {}, 100).method == "changelog"
     with pytest.raises(SnapshotError, match="no snapshot"):
         choose_backfill("snapshot", ("t1",), {"t1": None}, {"t1": 1}, 100)
-    with pytest.raises(SnapshotError, match="one upstream"):
+    with pytest.raises(SnapshotError, match="cannot backfill a join"):
         choose_backfill("snapshot", ("t1", "t2"), snap, {}, 100)
+    # A self-join reads one upstream, but its state holds two sides: never from a snapshot.
+    with pytest.raises(SnapshotError, match=r"cannot backfill a join .* use chunked"):
+        choose_backfill("snapshot", ("t1",), snap, {"t1": 10**6}, 100, join=True)
+    assert choose_backfill("auto", ("t1",), snap, {"t1": 10**6}, 100, join=True).method == "chunked"
     with pytest.raises(SnapshotError, match="unknown"):
         choose_backfill("fast", ("t1",), snap, {}, 100)

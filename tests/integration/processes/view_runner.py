@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def spawn(settings: Settings, views: list[str]) -> subprocess.Popen[str]:
     """This runner in a child process for ``views``; its stdout is a pipe of the lines above."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+    # ROOT first for the runner; the caller's PYTHONPATH stays (e.g. a worktree's package over the installed one).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PYSPARK_PYTHON": sys.executable}
     return subprocess.Popen([sys.executable, "-m", "tests.integration.processes.view_runner",
                              settings.model_dump_json(), *views],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
