@@ -141,6 +141,7 @@ class LogCacheWorker:
         self._claimed: dict[str, list[int]] = {}
         self._paused: dict[str, set[int]] = {}  # upstream -> partitions paused on the Faust consumer
         self._committed: dict[TP, int] = {}  # the positions last committed for the consumer group
+        self.largest_epoch_bytes = 0  # the largest epoch put in the cache (Arrow bytes)
         self.app = self._build_app()
 
     # --- the Faust app ----------------------------------------------------------------------------
@@ -218,7 +219,9 @@ class LogCacheWorker:
         if epoch.dropped:  # over the feed's budget: not kept, so the cache skips it
             self.cache.skip(upstream, epoch.epoch, epoch.prev_epoch)
         else:
-            self.cache.put(upstream, feed.to_cached(epoch))
+            cached = feed.to_cached(epoch)
+            self.largest_epoch_bytes = max(self.largest_epoch_bytes, cached.nbytes)
+            self.cache.put(upstream, cached)
 
     async def _sync_pauses(self, upstream: str) -> None:
         """Pause every partition of ``upstream`` under backpressure, resume them after it.
@@ -351,6 +354,19 @@ class LogCacheWorker:
         stats.not_yet_replies += 1
         return view.json(detail, status=425)
 
+    def batch_bytes(self) -> int:
+        """I4's "one batch" of this worker, from what it measured so far: what it holds besides the cache.
+
+        * the records in flight: one fetch (:data:`FETCH_BYTES`);
+        * the records held while aligning (:attr:`UpstreamFeed.peak_held_bytes`: the open epochs'
+          records and their objects, at most ``cache_max_epoch_bytes`` of records per epoch), over all
+          upstreams, as if each peaked at once;
+        * the largest epoch while it is built (its changes decoded into the builders' columns, then its
+          Arrow batches), next to a full cache until its put evicts: counted twice its Arrow bytes.
+        """
+        held = sum(feed.peak_held_bytes for feed in self.feeds.values())
+        return FETCH_BYTES + held + 2 * self.largest_epoch_bytes
+
     def describe(self) -> dict[str, Any]:
         upstreams = {}
         for name, stats in self.stats.items():
@@ -361,10 +377,13 @@ class LogCacheWorker:
                 "tail": self.cache.tail(name), "served_epochs": stats.served_epochs,
                 "evicted_replies": stats.evicted_replies, "not_yet_replies": stats.not_yet_replies,
                 "paused": stats.paused, "errors": stats.errors,
-                "aligning_changes": feed.aligner.buffered_changes() if feed and feed.aligner else 0}
+                "aligning_changes": feed.aligner.buffered_changes() if feed and feed.aligner else 0,
+                "held_bytes": feed.held_bytes if feed else 0,
+                "peak_held_bytes": feed.peak_held_bytes if feed else 0}
         return {"worker_id": self.worker_id, "url": self.url, "pid": os.getpid(),
                 "cache_bytes": self.cache.nbytes, "cache_max_bytes": self.cache.max_bytes,
-                "arrow_allocated_bytes": pa.total_allocated_bytes(),
+                "arrow_allocated_bytes": pa.total_allocated_bytes(), "fetch_bytes": FETCH_BYTES,
+                "largest_epoch_bytes": self.largest_epoch_bytes, "batch_bytes": self.batch_bytes(),
                 "arrow_memory_pool": pa.default_memory_pool().backend_name,
                 "evicted_epochs": self.cache.evicted_epochs,
                 "peak_rss_kib": peak_rss_kib(), "upstreams": upstreams}
