@@ -46,7 +46,7 @@ from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.kafka_security import faust_broker_credentials
 from mvlog.connectors.log_cache_client import ARROW_STREAM
 from mvlog.log_cache import CacheError, LogCache, RangeStatus
-from mvlog.process_memory import peak_rss_kib
+from mvlog.process_memory import peak_rss_kib, rss_kib
 from mvlog.schemas.codec import DecodeError, record_type
 from mvlog.services.log_cache.feed import FeedError, RawRecord, UpstreamFeed, serve_range
 
@@ -386,7 +386,7 @@ class LogCacheWorker:
                 "largest_epoch_bytes": self.largest_epoch_bytes, "batch_bytes": self.batch_bytes(),
                 "arrow_memory_pool": pa.default_memory_pool().backend_name,
                 "evicted_epochs": self.cache.evicted_epochs,
-                "peak_rss_kib": peak_rss_kib(), "upstreams": upstreams}
+                "peak_rss_kib": peak_rss_kib(), "rss_kib": rss_kib(), "upstreams": upstreams}
 
     # --- running ----------------------------------------------------------------------------------
 
