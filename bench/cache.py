@@ -16,7 +16,10 @@ Starts its own local stack (Tansu + redis-server on free loopback ports) and one
   downstream; interleaved, same run. Target <= 1.1x.
 * **memory**: the worker's peak RSS above its idle RSS while ``t5`` receives ``--fill-rows`` rows of
   ~250 bytes and nobody consumes them: first in epochs of ``--fill-epoch-rows`` rows (the cache fills
-  and evicts), then as fast as the writer goes (epochs over ``cache_max_epoch_bytes``, skipped).
+  and evicts), then as fast as the writer goes (epochs over ``cache_max_epoch_bytes``, skipped). The
+  idle RSS is the worker's peak after the phases above (its data path is warm). Printed with the
+  "one batch" the worker measured (``batch_bytes`` in its /stats/: one fetch, the records it held
+  while aligning, twice its largest epoch) and the I4 check: peak growth <= cache bound + batch.
 
     python bench/cache.py [--cache-mib 64] [--follow-s 20] [--replay-changes 60000] [--fill-rows 300000]
 

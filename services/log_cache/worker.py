@@ -230,7 +230,12 @@ class LogCacheWorker:
         (:meth:`UpstreamFeed.resume_offsets`): Faust drops what it had fetched for it meanwhile.
         Partitions an epoch ahead of the others are *not* paused (as ChangelogReader does): with Faust
         every pause costs a seek back and a refetch, which cut the worker's throughput several times
-        over in ``bench/cache.py``; the aligner buffers what the ahead partitions deliver instead.
+        over in ``bench/cache.py``; the aligner buffers what the ahead partitions deliver instead. So a
+        worker reading a backlog holds several epochs of the partitions ahead (up to 15 MiB of records, five
+        6000-row epochs, in ``bench/cache.py``; counted in its measured batch, see :meth:`batch_bytes`).
+        Pausing them only once a feed held more than its epoch budget cut that to 8.8 MiB (bench peak
+        growth +75 instead of +82 MiB), but the pause/seek/refetch churn made the RSS drift 11-14 MiB
+        over 90000 rows in the I4 test (0-5 MiB without), so it is not done.
         """
         feed = self.feeds.get(upstream)
         if feed is None:
