@@ -18,7 +18,7 @@ transaction), then again by :meth:`UpstreamFeed.to_cached`, straight into Arrow 
 the changes of an epoch only up to ``max_epoch_bytes`` of records (I4): past that, the epoch still aligns
 and commits but comes out with ``Epoch.dropped`` set, and the cache skips it (its readers go to Kafka).
 :attr:`UpstreamFeed.held_bytes` is what the feed holds now (records and their objects' overhead),
-:attr:`UpstreamFeed.peak_held_bytes` its peak: the "batch" of I4 besides the fetch buffer.
+:attr:`UpstreamFeed.peak_held_bytes` its peak, part of the worker's measured I4 batch.
 """
 
 from __future__ import annotations
