@@ -16,7 +16,10 @@ Starts its own local stack (Tansu + redis-server on free loopback ports) and one
   downstream; interleaved, same run. Target <= 1.1x.
 * **memory**: the worker's peak RSS above its idle RSS while ``t5`` receives ``--fill-rows`` rows of
   ~250 bytes and nobody consumes them: first in epochs of ``--fill-epoch-rows`` rows (the cache fills
-  and evicts), then as fast as the writer goes (epochs over ``cache_max_epoch_bytes``, skipped).
+  and evicts), then as fast as the writer goes (epochs over ``cache_max_epoch_bytes``, skipped). The
+  idle RSS is the worker's peak after the phases above (its data path is warm). Printed with the
+  "one batch" the worker measured (``batch_bytes`` in its /stats/: one fetch, the records it held
+  while aligning, twice its largest epoch) and the I4 check: peak growth <= cache bound + batch.
 
     python bench/cache.py [--cache-mib 64] [--follow-s 20] [--replay-changes 60000] [--fill-rows 300000]
 
@@ -195,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"isolation: median epoch commit (flush of 200 changes) {stalled_s * 1000:.1f} ms on t3 "
                   f"(mv3 stopped, {lag} epochs behind) vs {alone_s * 1000:.1f} ms on t4 (no downstream): "
                   f"{stalled_s / alone_s:.2f}x", flush=True)
-            idle = worker.stats()["peak_rss_kib"] / 1024
+            idle_stats = worker.stats()
+            idle = idle_stats["peak_rss_kib"] / 1024
             # Epochs the cache keeps first (it fills and evicts), then the writer flat out (epochs too
             # large to cache: the worker counts their changes without holding them). Peak RSS only grows,
             # so the second figure covers both.
@@ -203,10 +207,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 peak = memory(settings, client, worker, args.fill_rows, epoch_rows)
                 stats = worker.stats()
                 shape = f"epochs of {epoch_rows} rows" if epoch_rows else "the writer flat out"
+                batch = stats["batch_bytes"] / 2**20
+                t5 = stats["upstreams"]["t5"]
                 print(f"memory ({shape}): worker idle RSS {idle:.0f} MiB, peak {peak:.0f} MiB "
                       f"(+{peak - idle:.0f} MiB) with a {args.cache_mib} MiB cache bound; cache "
-                      f"{stats['cache_bytes'] / 2**20:.1f} MiB, {stats['evicted_epochs']} epochs evicted or "
-                      f"skipped so far, {args.fill_rows} rows of t5 unconsumed", flush=True)
+                      f"{stats['cache_bytes'] / 2**20:.1f} MiB (Arrow allocated "
+                      f"{stats['arrow_allocated_bytes'] / 2**20:.1f} MiB, {stats['arrow_memory_pool']}), "
+                      f"{stats['evicted_epochs']} epochs evicted or skipped so far, {args.fill_rows} rows of t5 "
+                      f"unconsumed", flush=True)
+                print(f"  one batch {batch:.1f} MiB = fetch {stats['fetch_bytes'] / 2**20:.1f} + records held "
+                      f"while aligning (peak, all upstreams; t5 {t5['peak_held_bytes'] / 2**20:.1f}) + 2 x largest "
+                      f"epoch {stats['largest_epoch_bytes'] / 2**20:.1f} (built next to a full cache); "
+                      f"I4: peak growth {peak - idle:.1f} <= cache bound {args.cache_mib} + batch {batch:.1f} = "
+                      f"{args.cache_mib + batch:.1f} MiB: {'yes' if peak - idle <= args.cache_mib + batch else 'NO'}",
+                      flush=True)
             print(f"ratios: hit share {share:.3f} (>= 0.99), replay {mvlog_rate / raw_rate:.2f}x (>= 0.5), "
                   f"commit latency with a stalled downstream {stalled_s / alone_s:.2f}x (<= 1.1)")
         finally:

@@ -14,6 +14,17 @@ from pathlib import Path
 _STATUS = Path("/proc/self/status")
 
 
+def rss_kib() -> int:
+    """Resident set size of this process now, in KiB (0 where ``/proc`` is missing)."""
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def peak_rss_kib() -> int:
     """Peak resident set size of this program so far, in KiB."""
     try:

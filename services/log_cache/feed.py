@@ -11,9 +11,14 @@ work, with the commit rule (an epoch enters the cache when the next barrier name
 Each committed epoch becomes one Arrow record batch per partition in the data source's row shape
 (:class:`~mvlog.connectors.change_rows.SignedRowBuilder`), so serving it is a copy into an IPC stream.
 
-An epoch is held decoded (a few times its encoded size) until it commits, so a feed keeps the changes of
-an epoch only up to ``max_epoch_bytes`` of records (I4): past that, the epoch still aligns and commits
-but comes out with ``Epoch.dropped`` set, and the cache skips it (its readers go to Kafka).
+Until an epoch commits, its changes are held as the records' encoded bytes, not decoded: a decoded
+change is about 3.6 times its record (5.2 MiB of Python objects for a 1.45 MiB epoch of 6000 rows of
+``bench/cache.py``). A record is decoded once as it arrives (to check it and learn its epoch and
+transaction), then again by :meth:`UpstreamFeed.to_cached`, straight into Arrow columns. A feed keeps
+the changes of an epoch only up to ``max_epoch_bytes`` of records (I4): past that, the epoch still aligns
+and commits but comes out with ``Epoch.dropped`` set, and the cache skips it (its readers go to Kafka).
+:attr:`UpstreamFeed.held_bytes` is what the feed holds now (records and their objects' overhead),
+:attr:`UpstreamFeed.peak_held_bytes` its peak, part of the worker's measured I4 batch.
 """
 
 from __future__ import annotations
@@ -25,10 +30,16 @@ import pyarrow as pa
 
 from mvlog.barrier_alignment import EpochAligner
 from mvlog.catalog import CatalogEntry
-from mvlog.changes import ChangeOrigin, Epoch
+from mvlog.changes import Change, ChangeOrigin, Epoch, Op
 from mvlog.connectors.change_rows import SignedRowBuilder
 from mvlog.log_cache import CachedEpoch
 from mvlog.schemas.codec import TYPE_BARRIER, TYPE_CHANGE, decode_barrier, decode_change
+
+# What the aligner buffers for a change held as its record's bytes (see UpstreamFeed.to_cached).
+HELD = Change(Op.CREATE, (), None, {})
+# Python's overhead for a held record besides its bytes: two bytes objects, the origin tuple, dict entries.
+HELD_RECORD_OVERHEAD = 256
+RELEASED_KEPT = 4  # committed epochs whose records wait for to_cached (the worker calls it at once)
 
 
 class FeedError(RuntimeError):
@@ -62,6 +73,12 @@ class UpstreamFeed:
         self._open_bytes: dict[tuple[int, str], int] = {}  # (epoch, txn) -> bytes of the changes kept
         self._over_budget: set[tuple[int, str]] = set()
         self._last_barrier: dict[int, int] = {}  # partition -> epoch of its last barrier
+        # (epoch, txn) -> (partition, offset) -> the change record's value, until the epoch commits
+        self._held: dict[tuple[int, str], dict[tuple[int, int], bytes]] = {}
+        self._held_sizes: dict[tuple[int, str], int] = {}
+        self._released: dict[int, dict[tuple[int, int], bytes]] = {}  # committed epoch -> values, for to_cached
+        self.held_bytes = 0
+        self.peak_held_bytes = 0
 
     @property
     def ready(self) -> bool:
@@ -75,7 +92,7 @@ class UpstreamFeed:
         self.records += 1
         self.bytes += len(record.key) + len(record.value)
         if self.aligner is not None:
-            return self._feed(self.aligner, record)
+            return self._release(self._feed(self.aligner, record))
         if record.partition not in self._first_barrier:
             if record.offset == 0:
                 self._first_barrier[record.partition] = 0  # the log's start: every epoch is whole
@@ -89,14 +106,18 @@ class UpstreamFeed:
         aligner = EpochAligner(self.entry.name, self.partitions, after_epoch=max(self._first_barrier.values()))
         self.aligner = aligner
         warmup, self._warmup = self._warmup, []
-        return [epoch for r in warmup for epoch in self._feed(aligner, r)]
+        return self._release([epoch for r in warmup for epoch in self._feed(aligner, r)])
 
     def _feed(self, aligner: EpochAligner, record: RawRecord) -> list[Epoch]:
         if record.kind == TYPE_CHANGE:
             change, source = decode_change(self.entry.key_columns, record.key, record.value)
             attempt: tuple[int, str] = (source["epoch"], source["txn"])
+            if source["epoch"] <= aligner.after_epoch:
+                return []
+            del change  # held as the record's bytes until the epoch commits (decoded: ~3.6x larger)
             if self._within_budget(aligner, attempt, len(record.key) + len(record.value)):
-                aligner.add_change(record.partition, source["epoch"], change, source["txn"],
+                self._hold(attempt, record)
+                aligner.add_change(record.partition, source["epoch"], HELD, source["txn"],
                                    ChangeOrigin(record.partition, record.offset, record.key))
             else:
                 aligner.count_change(record.partition, *attempt)
@@ -121,9 +142,35 @@ class UpstreamFeed:
             self._open_bytes[attempt] = total
             return True
         aligner.drop(*attempt)
+        self._unhold(attempt)
         self._open_bytes.pop(attempt, None)
         self._over_budget.add(attempt)
         return False
+
+    def _hold(self, attempt: tuple[int, str], record: RawRecord) -> None:
+        self._held.setdefault(attempt, {})[(record.partition, record.offset)] = record.value
+        size = len(record.key) + len(record.value) + HELD_RECORD_OVERHEAD
+        self._held_sizes[attempt] = self._held_sizes.get(attempt, 0) + size
+        self.held_bytes += size
+        self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
+
+    def _unhold(self, attempt: tuple[int, str]) -> dict[tuple[int, int], bytes]:
+        self.held_bytes -= self._held_sizes.pop(attempt, 0)
+        return self._held.pop(attempt, {})
+
+    def _release(self, committed: list[Epoch]) -> list[Epoch]:
+        """The committed epochs' records go to :meth:`to_cached`; attempts at or below the last committed
+        epoch that are still held were aborted (their barriers never came, or the chain rule dropped them)."""
+        for epoch in committed:
+            txn = next(iter(epoch.barriers.values())).txn
+            values = self._unhold((epoch.epoch, txn))
+            if values:
+                self._released[epoch.epoch] = values
+            while len(self._released) > RELEASED_KEPT:  # a caller that never built them (not the worker)
+                del self._released[min(self._released)]
+            for stale in [a for a in self._held if a[0] <= epoch.epoch]:
+                self._unhold(stale)
+        return committed
 
     def _forget_sealed(self, partition: int, epoch: int) -> None:
         """Budget bookkeeping of the epochs every partition has sealed is no longer needed."""
@@ -154,12 +201,20 @@ class UpstreamFeed:
         """The epoch index has ``epoch`` with its barrier at ``barrier_offset`` in ``partition``."""
         if self.aligner is None:
             return []
-        return self.aligner.confirm(epoch, {partition: barrier_offset})
+        return self._release(self.aligner.confirm(epoch, {partition: barrier_offset}))
 
     def to_cached(self, epoch: Epoch) -> CachedEpoch[pa.RecordBatch]:
-        """``epoch`` as the cache holds it: one record batch per partition in the data source's shape."""
+        """``epoch`` as the cache holds it: one record batch per partition in the data source's shape.
+
+        Its changes are decoded here from the records held since they arrived (one at a time, straight
+        into the builders' columns); ``epoch`` must be one that the last :meth:`add` or :meth:`confirm`
+        committed."""
+        values = self._released.pop(epoch.epoch, {})
+        key_columns = self.entry.key_columns
         builders = {p: SignedRowBuilder(self.entry.schema, p) for p in self.partitions}
         for change, origin in zip(epoch.changes, epoch.origins, strict=True):
+            if change is HELD:
+                change = decode_change(key_columns, origin.key, values[(origin.partition, origin.offset)])[0]
             builders[origin.partition].add_change(epoch.epoch, origin.offset, origin.key, change)
         for partition, builder in builders.items():
             builder.add_barrier(epoch.epoch, epoch.offsets[partition])

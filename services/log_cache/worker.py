@@ -46,7 +46,7 @@ from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.kafka_security import faust_broker_credentials
 from mvlog.connectors.log_cache_client import ARROW_STREAM
 from mvlog.log_cache import CacheError, LogCache, RangeStatus
-from mvlog.process_memory import peak_rss_kib
+from mvlog.process_memory import peak_rss_kib, rss_kib
 from mvlog.schemas.codec import DecodeError, record_type
 from mvlog.services.log_cache.feed import FeedError, RawRecord, UpstreamFeed, serve_range
 
@@ -56,6 +56,23 @@ CONFIRM_INTERVAL_S = 0.05  # how often held epochs are checked against the epoch
 BACKPRESSURE_INTERVAL_S = 0.1
 COMMIT_INTERVAL_S = 1.0  # how often the feeds' positions are committed for the consumer group
 FETCH_BYTES = 1024 * 1024  # per fetch: what the worker holds in flight besides the cache (I4)
+
+
+def use_returning_memory_pool() -> str:
+    """Make Arrow allocate from a pool that gives freed memory back, for this process (I4).
+
+    pyarrow's default pool is mimalloc, which keeps much of what a worker frees (the builders' transient
+    buffers, evicted epochs) in its segments: ``bench/cache.py`` measured the worker's peak RSS 130 MiB
+    above idle for a 64 MiB cache with mimalloc, 96 MiB with jemalloc or the system allocator (Arrow's
+    own count was 64 MiB in every case). jemalloc with decay 0 purges freed pages at once.
+    """
+    try:
+        pool = pa.jemalloc_memory_pool()
+        pa.jemalloc_set_decay_ms(0)
+    except NotImplementedError:  # a pyarrow built without jemalloc
+        pool = pa.system_memory_pool()
+    pa.set_memory_pool(pool)
+    return str(pool.backend_name)
 
 
 class _BoundedFetchThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -124,6 +141,7 @@ class LogCacheWorker:
         self._claimed: dict[str, list[int]] = {}
         self._paused: dict[str, set[int]] = {}  # upstream -> partitions paused on the Faust consumer
         self._committed: dict[TP, int] = {}  # the positions last committed for the consumer group
+        self.largest_epoch_bytes = 0  # the largest epoch put in the cache (Arrow bytes)
         self.app = self._build_app()
 
     # --- the Faust app ----------------------------------------------------------------------------
@@ -201,7 +219,9 @@ class LogCacheWorker:
         if epoch.dropped:  # over the feed's budget: not kept, so the cache skips it
             self.cache.skip(upstream, epoch.epoch, epoch.prev_epoch)
         else:
-            self.cache.put(upstream, feed.to_cached(epoch))
+            cached = feed.to_cached(epoch)
+            self.largest_epoch_bytes = max(self.largest_epoch_bytes, cached.nbytes)
+            self.cache.put(upstream, cached)
 
     async def _sync_pauses(self, upstream: str) -> None:
         """Pause every partition of ``upstream`` under backpressure, resume them after it.
@@ -210,7 +230,12 @@ class LogCacheWorker:
         (:meth:`UpstreamFeed.resume_offsets`): Faust drops what it had fetched for it meanwhile.
         Partitions an epoch ahead of the others are *not* paused (as ChangelogReader does): with Faust
         every pause costs a seek back and a refetch, which cut the worker's throughput several times
-        over in ``bench/cache.py``; the aligner buffers what the ahead partitions deliver instead.
+        over in ``bench/cache.py``; the aligner buffers what the ahead partitions deliver instead. So a
+        worker reading a backlog holds several epochs of the partitions ahead (up to 15 MiB of records, five
+        6000-row epochs, in ``bench/cache.py``; counted in its measured batch, see :meth:`batch_bytes`).
+        Pausing them only once a feed held more than its epoch budget cut that to 8.8 MiB (bench peak
+        growth +75 instead of +82 MiB), but the pause/seek/refetch churn made the RSS drift 11-14 MiB
+        over 90000 rows in the I4 test (0-5 MiB without), so it is not done.
         """
         feed = self.feeds.get(upstream)
         if feed is None:
@@ -334,6 +359,19 @@ class LogCacheWorker:
         stats.not_yet_replies += 1
         return view.json(detail, status=425)
 
+    def batch_bytes(self) -> int:
+        """I4's "one batch" of this worker, from what it measured so far: what it holds besides the cache.
+
+        * the records in flight: one fetch (:data:`FETCH_BYTES`);
+        * the records held while aligning (:attr:`UpstreamFeed.peak_held_bytes`: the open epochs'
+          records and their objects, at most ``cache_max_epoch_bytes`` of records per epoch), over all
+          upstreams, as if each peaked at once;
+        * the largest epoch while it is built (its changes decoded into the builders' columns, then its
+          Arrow batches), next to a full cache until its put evicts: counted twice its Arrow bytes.
+        """
+        held = sum(feed.peak_held_bytes for feed in self.feeds.values())
+        return FETCH_BYTES + held + 2 * self.largest_epoch_bytes
+
     def describe(self) -> dict[str, Any]:
         upstreams = {}
         for name, stats in self.stats.items():
@@ -344,16 +382,22 @@ class LogCacheWorker:
                 "tail": self.cache.tail(name), "served_epochs": stats.served_epochs,
                 "evicted_replies": stats.evicted_replies, "not_yet_replies": stats.not_yet_replies,
                 "paused": stats.paused, "errors": stats.errors,
-                "aligning_changes": feed.aligner.buffered_changes() if feed and feed.aligner else 0}
+                "aligning_changes": feed.aligner.buffered_changes() if feed and feed.aligner else 0,
+                "held_bytes": feed.held_bytes if feed else 0,
+                "peak_held_bytes": feed.peak_held_bytes if feed else 0}
         return {"worker_id": self.worker_id, "url": self.url, "pid": os.getpid(),
                 "cache_bytes": self.cache.nbytes, "cache_max_bytes": self.cache.max_bytes,
+                "arrow_allocated_bytes": pa.total_allocated_bytes(), "fetch_bytes": FETCH_BYTES,
+                "largest_epoch_bytes": self.largest_epoch_bytes, "batch_bytes": self.batch_bytes(),
+                "arrow_memory_pool": pa.default_memory_pool().backend_name,
                 "evicted_epochs": self.cache.evicted_epochs,
-                "peak_rss_kib": peak_rss_kib(), "upstreams": upstreams}
+                "peak_rss_kib": peak_rss_kib(), "rss_kib": rss_kib(), "upstreams": upstreams}
 
     # --- running ----------------------------------------------------------------------------------
 
     def run(self, loglevel: str = "warning") -> None:
         """Run until SIGINT/SIGTERM (Faust's worker: consumer, agents, timers, web server)."""
+        use_returning_memory_pool()
         Path(self.app.conf.datadir).parent.mkdir(parents=True, exist_ok=True)
         worker = faust.Worker(self.app, loglevel=loglevel, quiet=True)
         try:

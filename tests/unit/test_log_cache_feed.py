@@ -77,3 +77,30 @@ def test_aligner_counts_dropped_changes_towards_the_barrier() -> None:
     aligner.add_barrier(1, Barrier("v", 10, 0, True, 1, 2, 0, txn="a"), offset=2)
     (epoch,) = aligner.confirm(10, {0: 2, 1: 2})
     assert (epoch.changes, epoch.dropped) == ([], 4)
+
+
+def test_a_feed_holds_records_undecoded_until_the_epoch_commits_and_forgets_aborted_ones() -> None:
+    """Changes wait as their records' bytes (I4: a decoded change is ~3.6x its record); the cached
+    batches are decoded from them at commit, and what an aborted attempt left is let go."""
+    log = _Log()
+    feed = UpstreamFeed(ENTRY, [0, 1], max_epoch_bytes=1 << 20)
+    committed: list[Epoch] = []
+    epoch_one = log.epoch(1, 6, pad=10)
+    aborted = [RawRecord(0, log.offsets[0], TYPE_CHANGE, encode_key(("id",), (99,)),
+                         encode_change("t1", 2, 0, Change(Op.CREATE, (99,), None, {"id": 99, "pad": "y"}), 0,
+                                       txn="aborted"))]
+    log.offsets[0] += 1
+    for record in epoch_one + aborted:
+        committed += feed.add(record)
+    assert committed == [] and feed.held_bytes > 0  # epoch 1 is complete, held for confirmation
+    held = feed.held_bytes
+    for record in log.epoch(2, 4, pad=10):
+        committed += feed.add(record)
+    assert [e.epoch for e in committed] == [1]  # epoch 2 names it: committed
+    assert feed.peak_held_bytes >= held and 0 < feed.held_bytes < held
+    batches = feed.to_cached(committed[0]).parts
+    rows = sorted(r["id"] for b in batches.values() for r in b.to_pylist() if r["_change_type"] == "insert")
+    assert rows == [1000 + i for i in range(6)]
+    assert (epoch2 := feed.confirm(2, 0, log.offsets[0] - 1)) and epoch2[0].epoch == 2
+    assert feed.held_bytes == 0 and not feed._held  # epoch 2 released, the aborted attempt at 2 let go
+    assert sum(b.num_rows for b in feed.to_cached(epoch2[0]).parts.values()) == 4 + 2
