@@ -21,7 +21,8 @@ from ..oracle import check_oracle
 from .barrier_check import assert_barriers_once
 from .processes.view_runner import spawn as spawn_view_runner
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
+              pytest.mark.timeout(1200)]  # ten Spark start-ups: 6 min idle, over 10 min beside the soak under load
 
 KILLS = 10
 
