@@ -14,24 +14,26 @@ from pathlib import Path
 _STATUS = Path("/proc/self/status")
 
 
-def rss_kib() -> int:
-    """Resident set size of this process now, in KiB (0 where ``/proc`` is missing)."""
+def _status_kib(field: str) -> int | None:
+    """A ``/proc/self/status`` figure in KiB (None where ``/proc`` is missing)."""
     try:
         for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1])
     except OSError:
         pass
-    return 0
+    return None
+
+
+def rss_kib() -> int:
+    """Resident set size of this process now, in KiB (0 where ``/proc`` is missing)."""
+    return _status_kib("VmRSS:") or 0
 
 
 def peak_rss_kib() -> int:
     """Peak resident set size of this program so far, in KiB."""
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
+    peak_kib = _status_kib("VmHWM:")
+    if peak_kib is not None:
+        return peak_kib
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # no /proc: not Linux
     return peak // 1024 if sys.platform == "darwin" else peak
