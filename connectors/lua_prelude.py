@@ -21,3 +21,17 @@ local function each_chunk(command, key, first, count, width)
   return last + 1
 end
 """
+
+#: ``swap_staged(staged, live, count)``: for i in 0 .. count - 1, ``KEYS[staged + i]`` replaces
+#: ``KEYS[live + i]`` (RENAME), or ``KEYS[live + i]`` is deleted when nothing was staged for it.
+SWAP_STAGED = """
+local function swap_staged(staged, live, count)
+  for i = 0, count - 1 do
+    if redis.call('EXISTS', KEYS[staged + i]) == 1 then
+      redis.call('RENAME', KEYS[staged + i], KEYS[live + i])
+    else
+      redis.call('DEL', KEYS[live + i])
+    end
+  end
+end
+"""

@@ -22,7 +22,7 @@ import redis
 from mvlog.changes import Change
 from mvlog.connectors.changelog_writer import EncodedEpoch
 from mvlog.connectors.epoch_index import EpochIndex, IndexEntry, epoch_hex, index_member
-from mvlog.connectors.lua_prelude import EACH_CHUNK
+from mvlog.connectors.lua_prelude import EACH_CHUNK, SWAP_STAGED
 from mvlog.key_order import order_member
 from mvlog.schemas.codec import encode_key, encode_row
 from mvlog.vnode import vnode_of
@@ -117,19 +117,13 @@ return out
 """
 
 
-_REPLACE_SCRIPT = """
+_REPLACE_SCRIPT = SWAP_STAGED + """
 local current = redis.call('HGET', KEYS[1], 'mce_hex')
 if current ~= ARGV[1] then
   redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
   return 0
 end
-for i = 0, 2 do
-  if redis.call('EXISTS', KEYS[5 + i]) == 1 then
-    redis.call('RENAME', KEYS[5 + i], KEYS[2 + i])
-  else
-    redis.call('DEL', KEYS[2 + i])
-  end
-end
+swap_staged(5, 2, 3)
 return 1
 """
 
@@ -138,20 +132,14 @@ return 1
 # (batch by batch, so no process holds them all) are swapped in with the MCE and the epoch index, in one
 # script. Refused (0) when the view has an MCE already; -1 when the staged rows are not all there (Redis
 # was wiped or flushed meanwhile): the caller then rolls Redis forward from Kafka instead.
-_COMMIT_LOAD_SCRIPT = """
+_COMMIT_LOAD_SCRIPT = SWAP_STAGED + """
 if redis.call('HEXISTS', KEYS[1], 'mce_hex') == 1 then
   return 0
 end
 if redis.call('HLEN', KEYS[5]) ~= tonumber(ARGV[5]) or redis.call('ZCARD', KEYS[7]) ~= tonumber(ARGV[5]) then
   return -1
 end
-for i = 0, 2 do
-  if redis.call('EXISTS', KEYS[5 + i]) == 1 then
-    redis.call('RENAME', KEYS[5 + i], KEYS[2 + i])
-  else
-    redis.call('DEL', KEYS[2 + i])
-  end
-end
+swap_staged(5, 2, 3)
 for k = 8, #KEYS do redis.call('ZADD', KEYS[k], 0, ARGV[k - 2]) end
 redis.call('HSET', KEYS[1], 'mce_hex', ARGV[1], 'mce', ARGV[2], 'mce_ts_ms', ARGV[3])
 if ARGV[4] ~= '' then
