@@ -40,14 +40,10 @@ from mvlog.services.view_ddl import create_view
 
 from ..oracle import assert_same_rows, check_oracle, duckdb_view_rows
 from .test_cli_views import mvlog, ok
-from .test_replacement import _canonical, changelog
+from .test_replacement import NEW, OLD, T1, WIDER, _canonical, changelog
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-T1 = {"id": "int", "v1": "int", "deleted": "boolean", "k": "string"}
-OLD = "SELECT * FROM t1 WHERE deleted = false"
-NEW = "SELECT * FROM t1 WHERE deleted = false AND v1 > 0"
-WIDER = "SELECT id, v1, deleted, k, v1 * 2 AS doubled FROM t1 WHERE deleted = false AND v1 > 0"
 VIEWS = [("mv1", OLD), ("mv2", "SELECT sum(v1) AS s, count(*) AS n FROM mv1"), ("ref", OLD)]
 
 

@@ -52,6 +52,15 @@ def _row(rng: random.Random, key: int) -> dict[str, Any]:
     return {"id": key, "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.2}
 
 
+def _loaded_table(settings: Settings, client: redis.Redis, seed: int) -> Table:
+    """t1 (auto-committing) with KEYS random rows committed in one epoch."""
+    rng = random.Random(seed)
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=client)
+    table.upsert([_row(rng, k) for k in range(KEYS)])
+    table.flush()
+    return table
+
+
 def _history(settings: Settings, store: ViewStore, entry: CatalogEntry, upto: int) -> dict[int, dict[Key, Row]]:
     with ChangelogReader(settings, entry.name, entry.key_columns, entry.partitions, store.index,
                          upto_epoch=upto) as reader:
@@ -170,10 +179,7 @@ def test_view_backfilled_from_a_snapshot_of_a_busy_table_is_exact_at_every_epoch
                              snapshot_load_batch_rows=97)
     store = ViewStore(redis_client, settings.topic_prefix)
     catalog = CatalogStore(settings, redis_client)
-    rng = random.Random(5)
-    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
-    table.upsert([_row(rng, k) for k in range(KEYS)])
-    table.flush()
+    table = _loaded_table(settings, redis_client, seed=5)
     # --backfill auto (d): no snapshot yet -> chunked.
     assert "Backfill: chunked (t1 has no snapshot)" in _mvlog(
         settings, "create-view", "auto1", "--backfill", "auto", "AS", "SELECT * FROM t1").stdout
@@ -329,10 +335,7 @@ def test_a_snapshot_backfill_killed_while_it_writes_the_view_is_redone_exactly(
                              snapshot_load_batch_rows=5)  # ~200 batches: a window to kill in
     store = ViewStore(redis_client, settings.topic_prefix)
     catalog = CatalogStore(settings, redis_client)
-    rng = random.Random(9)
-    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
-    table.upsert([_row(rng, k) for k in range(KEYS)])
-    table.flush()
+    table = _loaded_table(settings, redis_client, seed=9)
     consumers: list[ViewConsumer] = []
     try:
         with busy(table, seed=3, keys=KEYS, per_tick=10):
