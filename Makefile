@@ -23,7 +23,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mvlog-installed
 # Strict editable installs link each file at install time: a new module needs a re-install.
 PACKAGE_FILES := pyproject.toml $(shell find core connectors services infra schemas -type f \
-	\( -name '*.py' -o -name '*.avsc' -o -name '*.yml' -o -name '*.conf' -o -name '*.html' -o -name '*.js' \
+	\( -name '*.py' -o -name '*.pyx' -o -name '*.pyi' -o -name '*.avsc' -o -name '*.yml' -o -name '*.conf' -o -name '*.html' -o -name '*.js' \
 	-o -name '*.css' \) -not -path '*/__pycache__/*')
 TEST_TIMEOUT ?= 600
 # The suite mostly waits (brokers, JVM starts, epochs): two pytest-xdist workers, one test file each at a
@@ -79,7 +79,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	@# mypy checks the installed package (the mvlog.* names) through the editable link tree, then the
 	@# tests; paths in its messages are mapped back to the repository's folders.
-	@tree=$$(ls -d build/__editable__.mvlog-*-py3-none-any | tail -1); \
+	@tree=$$(ls -td build/__editable__.mvlog-* | head -1); \
 	echo "mypy -p mvlog (from $$tree)"; \
 	(cd "$$tree" && "$(CURDIR)/$(VENV)/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" -p mvlog) \
 		| sed -E -e 's#^mvlog/(schemas|connectors|services|infra)/#\1/#' -e 's#^mvlog/#core/#'; \

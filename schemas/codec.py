@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import io
 import json
-import struct
+import sys
 from collections.abc import Mapping
 from importlib.resources import files
+from types import ModuleType
 from typing import Any
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -55,108 +56,49 @@ def _read(schema: Any, data: bytes, what: str) -> Any:
 
 # --- the hot path: rows, keys and change events -----------------------------------------------------
 #
-# Rows and keys are Avro maps of a union of scalars (value.avsc). fastavro resolves that union value by
-# value, which costs about 0.7 us per column; the writers encode every row of every epoch, so plain
-# dicts of plain scalars are encoded here directly, byte for byte as fastavro does (checked when this
-# module loads, see _fast_path_matches). Anything else (other mapping or value types, ints beyond 64
-# bits, a schema that changed) goes through fastavro as before.
+# Rows and keys are Avro maps of a union of scalars (value.avsc), which fastavro resolves value by value
+# through its generic schema dispatch: several microseconds per row, on every row every writer encodes
+# and every reader decodes. The compiled module ``native_codec`` does these few fixed shapes directly,
+# byte for byte as fastavro (checked when this module loads, see _native_matches). Where it is not built
+# (no C compiler at install time) or the check fails, fastavro does everything, only slower.
+
+_native_module: ModuleType | None
+try:
+    from mvlog.schemas import native_codec as _native_module
+except ImportError:  # pragma: no cover - the extension is optional at install time
+    _native_module = None
 
 _VALUE_BRANCHES = ["null", "boolean", "long", "double", "string", "bytes"]
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-_pack_double = struct.Struct("<d").pack
-_VARINTS = [bytes([i]) for i in range(128)]
-_LABELS: dict[str, bytes] = {}  # column name -> its encoded map key
-_NULL, _TRUE, _FALSE = b"\x00", b"\x02\x01", b"\x02\x00"
-_LONG, _DOUBLE, _STRING, _BYTES = b"\x04", b"\x06", b"\x08", b"\x0a"
-_ONE_ENTRY = b"\x02"  # a map block of one entry
-
-
-def _varint(n: int) -> bytes:
-    """Avro's variable-length encoding of a non-negative (already zigzagged) number."""
-    if n < 0x80:
-        return _VARINTS[n]
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _label(name: str) -> bytes:
-    label = _LABELS.get(name)
-    if label is None:
-        data = name.encode()
-        label = _varint(len(data) << 1) + data
-        if len(_LABELS) < 10_000:
-            _LABELS[name] = label
-    return label
-
-
-def _fast_value_map(datum: Any, _labels: dict[str, bytes] = _LABELS, _small: list[bytes] = _VARINTS) -> bytes | None:
-    """value.avsc bytes of a dict of str -> None/bool/int/float/str/bytes; None for anything else."""
-    if type(datum) is not dict:
-        return None
-    if not datum:
-        return _NULL
-    parts = [_varint(len(datum) << 1)]  # one block: its count (a long), the entries, then 0
-    append = parts.append
-    for name, value in datum.items():
-        label = _labels.get(name)
-        if label is None:
-            if type(name) is not str:
-                return None
-            label = _label(name)
-        append(label)
-        kind = type(value)
-        if kind is int:
-            if not _INT64_MIN <= value <= _INT64_MAX:
-                return None
-            append(_LONG)
-            number = (value << 1) ^ (value >> 63)
-            append(_small[number] if number < 128 else _varint(number))
-        elif kind is str:
-            data = value.encode()
-            append(_STRING)
-            append(_small[len(data) << 1] if len(data) < 64 else _varint(len(data) << 1))
-            append(data)
-        elif kind is float:
-            append(_DOUBLE)
-            append(_pack_double(value))
-        elif value is None:
-            append(_NULL)
-        elif kind is bool:
-            append(_TRUE if value else _FALSE)
-        elif kind is bytes:
-            append(_BYTES)
-            append(_varint(len(value) << 1))
-            append(value)
-        else:
-            return None
-    append(_NULL)
-    return b"".join(parts)
+_native: Any = None  # the native module once _native_matches() accepted it
 
 
 def _value_map(datum: Any) -> bytes:
-    return (_fast_value_map(datum) if _FAST else None) or _write(_VALUE, datum)
+    encoded = _native.encode_value_map(datum) if _native is not None else None
+    return encoded if encoded is not None else _write(_VALUE, datum)
 
 
 def encode_key(key_columns: tuple[str, ...], key: Key) -> bytes:
     """Deterministic bytes of a primary key: the Kafka key, the vnode hash input and the Redis field."""
-    if _FAST and len(key) == 1 and len(key_columns) == 1:  # the usual key: one int or string column
-        value, kind = key[0], type(key[0])
-        label = _LABELS.get(key_columns[0])
-        if label is not None:
-            if kind is int and _INT64_MIN <= value <= _INT64_MAX:
-                return b"".join((_ONE_ENTRY, label, _LONG, _varint((value << 1) ^ (value >> 63)), _NULL))
-            if kind is str:
-                data = value.encode()
-                return b"".join((_ONE_ENTRY, label, _STRING, _varint(len(data) << 1), data, _NULL))
-    return _value_map(dict(zip(key_columns, key, strict=True)))
+    if _native is not None:
+        encoded: bytes | None = _native.encode_key(tuple(key_columns), tuple(key))
+        if encoded is not None:
+            return encoded
+    return _write(_VALUE, dict(zip(key_columns, key, strict=True)))
+
+
+def _read_value_map(data: bytes, what: str) -> dict[str, Any]:
+    if _native is None:
+        values: dict[str, Any] = _read(_VALUE, data, what)
+        return values
+    try:
+        native_values: dict[str, Any] = _native.decode_value_map(data)
+    except (ValueError, TypeError) as exc:
+        raise DecodeError(f"malformed {what}: {exc}") from None
+    return native_values
 
 
 def decode_key(key_columns: tuple[str, ...], data: bytes) -> Key:
-    values = _read(_VALUE, data, "key")
+    values = _read_value_map(data, "key")
     try:
         return tuple(values[c] for c in key_columns)
     except KeyError as exc:
@@ -168,8 +110,7 @@ def encode_row(row: Row) -> bytes:
 
 
 def decode_row(data: bytes) -> Row:
-    row: Row = _read(_VALUE, data, "row")
-    return row
+    return _read_value_map(data, "row")
 
 
 def _change_tail_schema() -> Any:
@@ -233,7 +174,15 @@ def decode_change(key_columns: tuple[str, ...], key: bytes, data: bytes) -> tupl
     Kafka key by encoding it (decoding the Kafka key would cost as much as the rest). Only an image
     without the key columns, or a mismatch, takes the Kafka key's decoding, which then names the problem.
     """
-    datum = _read(_CHANGE, data, "change event")
+    if _native is not None:
+        try:
+            before, after, op, view, epoch, vnode, txn, ts_ms = _native.decode_change_event(data)
+        except (ValueError, TypeError) as exc:
+            raise DecodeError(f"malformed change event: {exc}") from None
+        datum = {"before": before, "after": after, "op": op,
+                 "source": {"view": view, "epoch": epoch, "vnode": vnode, "txn": txn}, "ts_ms": ts_ms}
+    else:
+        datum = _read(_CHANGE, data, "change event")
     image = datum["after"] if datum["after"] is not None else datum["before"]
     row_key: Key | None = None
     if image is not None and all(c in image for c in key_columns):
@@ -294,22 +243,32 @@ def record_type(headers: Any) -> bytes | None:
     return None
 
 
-def _fast_path_matches() -> bool:
-    """Whether the direct encoders give fastavro's bytes for every value type (else fastavro is used)."""
-    if load_schema("value").get("values") != _VALUE_BRANCHES:
+def _native_matches() -> bool:
+    """Whether the native codec gives fastavro's bytes and values for every value type and the change
+    event's layout (before, after, op, source {view, epoch, vnode, txn}, ts_ms) is still the schema's."""
+    if _native_module is None or load_schema("value").get("values") != _VALUE_BRANCHES:
         return False
-    samples: list[Row] = [{}, {"i": 0, "n": -(1 << 63), "x": (1 << 63) - 1, "f": -1.5, "s": "é" * 70, "t": True,
-                               "u": False, "z": None, "b": b"\x00" * 200, "w": 1 << 40}]
-    if any(_fast_value_map(row) != _write(_VALUE, row) for row in samples):
+    if _CHANGE_TAIL is None or sys.byteorder != "little":
         return False
-    for key in [(-5,), ("é",), (1 << 63,), (None,)]:
-        encode_key(("k",), key)  # the second call takes the one-column path
-        if encode_key(("k",), key) != _write(_VALUE, {"k": key[0]}):
+    fields = json.loads(files("mvlog.schemas").joinpath("change_event.avsc").read_text())["fields"][2:]
+    tail = [(f["name"], f["type"] if isinstance(f["type"], str) else [(g["name"], g["type"])
+                                                                      for g in f["type"]["fields"]]) for f in fields]
+    if tail != [("op", "string"), ("source", [("view", "string"), ("epoch", "long"), ("vnode", "int"),
+                                              ("txn", "string")]), ("ts_ms", "long")]:
+        return False
+    rows: list[Row] = [{}, {"i": 0, "n": -(1 << 63), "x": (1 << 63) - 1, "f": -1.5, "s": "é" * 70, "t": True,
+                            "u": False, "z": None, "b": b"\x00" * 200, "w": 1 << 40, "long": "x" * 600}]
+    for row in rows:
+        data = _write(_VALUE, row)
+        if _native_module.encode_value_map(row) != data or _native_module.decode_value_map(data) != row:
             return False
-    change = Change(Op.UPDATE, (0,), samples[0], samples[1])
-    return encode_change("v", 1 << 60, 255, change, 1, "t") == _write(_CHANGE, {
-        "before": change.before, "after": change.after, **_change_tail("v", 1 << 60, 255, "u", 1, "t")})
+    for key in [(-5,), ("é",), (1 << 62, "a")]:
+        columns = ("k", "l")[:len(key)]
+        if _native_module.encode_key(columns, key) != _write(_VALUE, dict(zip(columns, key, strict=True))):
+            return False
+    event = {"before": rows[0], "after": rows[1], **_change_tail("v", 1 << 60, 255, "u", 1, "t")}
+    decoded = _native_module.decode_change_event(_write(_CHANGE, event))
+    return bool(decoded == (rows[0], rows[1], "u", "v", 1 << 60, 255, "t", 1))
 
 
-_FAST = True
-_FAST = _fast_path_matches()
+_native = _native_module if _native_matches() else None

@@ -1,0 +1,363 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled encoding and decoding of mvlog's rows, keys and change events (schemaless Avro binary).
+
+fastavro resolves each value of a map of unions (value.avsc) one by one through generic schema
+dispatch, which costs several microseconds per row; every writer encodes and every reader decodes every
+change, so these few fixed shapes are done here directly. The bytes are fastavro's: ``mvlog.schemas.codec``
+checks this when it loads (and uses fastavro alone when the check fails or this module is not built).
+
+Encoders return None for any value they do not handle exactly (another mapping type, an int beyond
+64 bits, ...), and the caller then takes fastavro's path. Decoders raise ValueError on malformed input.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_Next, PyDict_SetItem, PyDict_Size
+from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_FromDouble
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong
+from cpython.ref cimport PyObject
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
+from libc.stdint cimport int64_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcmp, memcpy
+
+# Branches of the value union: ["null", "boolean", "long", "double", "string", "bytes"].
+cdef enum:
+    NULL_BRANCH = 0
+    BOOLEAN_BRANCH = 1
+    LONG_BRANCH = 2
+    DOUBLE_BRANCH = 3
+    STRING_BRANCH = 4
+    BYTES_BRANCH = 5
+    STACK_BYTES = 512  # encoded rows fit on the stack; longer ones move to the heap
+
+
+# --- encoding ---------------------------------------------------------------------------------------
+
+cdef struct Buffer:
+    char* data
+    Py_ssize_t size
+    Py_ssize_t capacity
+    bint on_heap
+    char[STACK_BYTES] stack
+
+
+cdef inline void buffer_init(Buffer* buf) noexcept:
+    buf.data = buf.stack
+    buf.size = 0
+    buf.capacity = STACK_BYTES
+    buf.on_heap = False
+
+
+cdef inline void buffer_free(Buffer* buf) noexcept:
+    if buf.on_heap:
+        free(buf.data)
+
+
+cdef int buffer_reserve(Buffer* buf, Py_ssize_t extra) except -1:
+    cdef Py_ssize_t needed = buf.size + extra
+    cdef Py_ssize_t capacity
+    cdef char* grown
+    if needed <= buf.capacity:
+        return 0
+    capacity = buf.capacity * 2
+    while capacity < needed:
+        capacity *= 2
+    if buf.on_heap:
+        grown = <char*>realloc(buf.data, capacity)
+    else:
+        grown = <char*>malloc(capacity)
+        if grown != NULL:
+            memcpy(grown, buf.data, buf.size)
+    if grown == NULL:
+        raise MemoryError()
+    buf.data = grown
+    buf.capacity = capacity
+    buf.on_heap = True
+    return 0
+
+
+cdef inline int put_byte(Buffer* buf, char byte) except -1:
+    if buf.size + 1 > buf.capacity:
+        buffer_reserve(buf, 1)
+    buf.data[buf.size] = byte
+    buf.size += 1
+    return 0
+
+
+cdef inline int put_varint(Buffer* buf, uint64_t n) except -1:
+    """Avro's variable-length encoding of an (already zigzagged) number."""
+    if buf.size + 10 > buf.capacity:
+        buffer_reserve(buf, 10)
+    while n >= 0x80:
+        buf.data[buf.size] = <char>((n & 0x7F) | 0x80)
+        buf.size += 1
+        n >>= 7
+    buf.data[buf.size] = <char>n
+    buf.size += 1
+    return 0
+
+
+cdef inline int put_raw(Buffer* buf, const char* data, Py_ssize_t length) except -1:
+    """A string's or bytes' length, then its bytes."""
+    put_varint(buf, (<uint64_t>length) << 1)
+    if buf.size + length > buf.capacity:
+        buffer_reserve(buf, length)
+    memcpy(buf.data + buf.size, data, length)
+    buf.size += length
+    return 0
+
+
+cdef inline uint64_t zigzag(int64_t value) noexcept:
+    return ((<uint64_t>value) << 1) ^ <uint64_t>(value >> 63)
+
+
+cdef int put_value(Buffer* buf, object value) except -1:
+    """One union value; 1 when written, 0 when the value is not of an exact handled type."""
+    cdef type kind = type(value)
+    cdef int overflow = 0
+    cdef long long number
+    cdef Py_ssize_t length
+    cdef const char* text
+    cdef double real
+    if value is None:
+        put_byte(buf, NULL_BRANCH)
+    elif kind is int:
+        number = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if overflow != 0:
+            return 0
+        put_byte(buf, LONG_BRANCH << 1)
+        put_varint(buf, zigzag(number))
+    elif kind is str:
+        text = PyUnicode_AsUTF8AndSize(value, &length)
+        put_byte(buf, STRING_BRANCH << 1)
+        put_raw(buf, text, length)
+    elif kind is float:
+        real = PyFloat_AS_DOUBLE(value)
+        put_byte(buf, DOUBLE_BRANCH << 1)
+        if buf.size + 8 > buf.capacity:
+            buffer_reserve(buf, 8)
+        memcpy(buf.data + buf.size, &real, 8)  # little-endian hosts only (checked at import)
+        buf.size += 8
+    elif kind is bool:
+        put_byte(buf, BOOLEAN_BRANCH << 1)
+        put_byte(buf, 1 if value is True else 0)
+    elif kind is bytes:
+        put_byte(buf, BYTES_BRANCH << 1)
+        put_raw(buf, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+    else:
+        return 0
+    return 1
+
+
+cdef inline int put_label(Buffer* buf, object name) except -1:
+    cdef Py_ssize_t length
+    cdef const char* text
+    if type(name) is not str:
+        return 0
+    text = PyUnicode_AsUTF8AndSize(name, &length)
+    put_raw(buf, text, length)
+    return 1
+
+
+def encode_value_map(object datum):
+    """value.avsc bytes of a dict of str -> None/bool/int/float/str/bytes; None for anything else."""
+    cdef Buffer buf
+    cdef Py_ssize_t position = 0
+    cdef PyObject* name
+    cdef PyObject* value
+    cdef Py_ssize_t count
+    if type(datum) is not dict:
+        return None
+    count = PyDict_Size(datum)
+    buffer_init(&buf)
+    try:
+        if count:
+            put_varint(&buf, (<uint64_t>count) << 1)  # one block: its count, the entries, then 0
+            while PyDict_Next(datum, &position, &name, &value):
+                if not put_label(&buf, <object>name) or not put_value(&buf, <object>value):
+                    return None
+        put_byte(&buf, 0)
+        return PyBytes_FromStringAndSize(buf.data, buf.size)
+    finally:
+        buffer_free(&buf)
+
+
+def encode_key(tuple columns, tuple key):
+    """The value map {column: value} of a primary key, columns in key order; None when not handled."""
+    cdef Buffer buf
+    cdef Py_ssize_t count = len(columns)
+    cdef Py_ssize_t i
+    if len(key) != count:
+        return None
+    buffer_init(&buf)
+    try:
+        if count:
+            put_varint(&buf, (<uint64_t>count) << 1)
+            for i in range(count):
+                if not put_label(&buf, columns[i]) or not put_value(&buf, key[i]):
+                    return None
+        put_byte(&buf, 0)
+        return PyBytes_FromStringAndSize(buf.data, buf.size)
+    finally:
+        buffer_free(&buf)
+
+
+# --- decoding ---------------------------------------------------------------------------------------
+
+cdef struct Reader:
+    const unsigned char* position
+    const unsigned char* end
+
+
+cdef int64_t read_long(Reader* r) except? -1:
+    cdef uint64_t n = 0
+    cdef int shift = 0
+    cdef unsigned char byte
+    while True:
+        if r.position >= r.end:
+            raise ValueError("unexpected end of data in a varint")
+        byte = r.position[0]
+        r.position += 1
+        if shift == 63 and byte > 1:
+            raise ValueError("varint longer than 64 bits")
+        n |= (<uint64_t>(byte & 0x7F)) << shift
+        if byte < 0x80:
+            break
+        shift += 7
+    return <int64_t>(n >> 1) ^ -<int64_t>(n & 1)
+
+
+cdef const unsigned char* read_span(Reader* r, Py_ssize_t* length) except NULL:
+    cdef int64_t size = read_long(r)
+    cdef const unsigned char* start = r.position
+    if size < 0 or size > r.end - r.position:
+        raise ValueError(f"length {size} beyond the data")
+    r.position += size
+    length[0] = <Py_ssize_t>size
+    return start
+
+
+cdef object read_string(Reader* r):
+    cdef Py_ssize_t length
+    cdef const unsigned char* start = read_span(r, &length)
+    return PyUnicode_DecodeUTF8(<const char*>start, length, NULL)
+
+
+# The column names met at each position of a map: rows of one view repeat the same names in the same
+# order, so the i-th name is usually the i-th name of the previous row, and that str object is reused.
+cdef list _seen_encoded = []
+cdef list _seen_names = []
+cdef enum:
+    SEEN_POSITIONS = 256
+
+
+cdef object read_name(Reader* r, Py_ssize_t index):
+    cdef Py_ssize_t length
+    cdef const unsigned char* start = read_span(r, &length)
+    cdef bytes seen
+    if index < len(_seen_encoded):
+        seen = <bytes>_seen_encoded[index]
+        if PyBytes_GET_SIZE(seen) == length and memcmp(PyBytes_AS_STRING(seen), start, length) == 0:
+            return _seen_names[index]
+    name = PyUnicode_DecodeUTF8(<const char*>start, length, NULL)
+    if index < len(_seen_encoded):
+        _seen_encoded[index] = PyBytes_FromStringAndSize(<const char*>start, length)
+        _seen_names[index] = name
+    elif index == len(_seen_encoded) and index < SEEN_POSITIONS:
+        _seen_encoded.append(PyBytes_FromStringAndSize(<const char*>start, length))
+        _seen_names.append(name)
+    return name
+
+
+cdef object read_value(Reader* r):
+    cdef int64_t branch = read_long(r)
+    cdef Py_ssize_t length
+    cdef const unsigned char* start
+    cdef double real
+    if branch == LONG_BRANCH:
+        return PyLong_FromLongLong(read_long(r))
+    if branch == STRING_BRANCH:
+        return read_string(r)
+    if branch == DOUBLE_BRANCH:
+        if r.end - r.position < 8:
+            raise ValueError("unexpected end of data in a double")
+        memcpy(&real, r.position, 8)
+        r.position += 8
+        return PyFloat_FromDouble(real)
+    if branch == NULL_BRANCH:
+        return None
+    if branch == BOOLEAN_BRANCH:
+        if r.position >= r.end:
+            raise ValueError("unexpected end of data in a boolean")
+        real = r.position[0]
+        r.position += 1
+        return real != 0
+    if branch == BYTES_BRANCH:
+        start = read_span(r, &length)
+        return PyBytes_FromStringAndSize(<const char*>start, length)
+    raise ValueError(f"union branch {branch} out of range")
+
+
+cdef dict read_map(Reader* r):
+    cdef dict out = {}
+    cdef int64_t count
+    cdef Py_ssize_t index = 0
+    while True:
+        count = read_long(r)
+        if count == 0:
+            return out
+        if count < 0:  # a block with its size in bytes after the count
+            count = -count
+            read_long(r)
+        while count > 0:
+            name = read_name(r, index)
+            PyDict_SetItem(out, name, read_value(r))
+            index += 1
+            count -= 1
+
+
+cdef object read_optional_map(Reader* r):
+    cdef int64_t branch = read_long(r)
+    if branch == 0:
+        return None
+    if branch == 1:
+        return read_map(r)
+    raise ValueError(f"union branch {branch} out of range")
+
+
+cdef inline void reader_init(Reader* r, bytes data) noexcept:
+    r.position = <const unsigned char*>PyBytes_AS_STRING(data)
+    r.end = r.position + PyBytes_GET_SIZE(data)
+
+
+cdef inline int expect_end(Reader* r) except -1:
+    if r.position != r.end:
+        raise ValueError(f"{r.end - r.position} trailing bytes")
+    return 0
+
+
+def decode_value_map(bytes data):
+    """A row or key (value.avsc) as a dict."""
+    cdef Reader r
+    reader_init(&r, data)
+    out = read_map(&r)
+    expect_end(&r)
+    return out
+
+
+def decode_change_event(bytes data):
+    """A change event (change_event.avsc) as (before, after, op, view, epoch, vnode, txn, ts_ms)."""
+    cdef Reader r
+    reader_init(&r, data)
+    before = read_optional_map(&r)
+    after = read_optional_map(&r)
+    op = read_string(&r)
+    view = read_string(&r)
+    epoch = read_long(&r)
+    vnode = read_long(&r)
+    if not -2147483648 <= vnode <= 2147483647:
+        raise ValueError(f"vnode {vnode} is not an Avro int")
+    txn = read_string(&r)
+    ts_ms = read_long(&r)
+    expect_end(&r)
+    return before, after, op, view, epoch, vnode, txn, ts_ms

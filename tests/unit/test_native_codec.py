@@ -1,0 +1,125 @@
+"""The compiled codec against fastavro: the same bytes out, the same values back, errors on bad bytes.
+
+The writers and readers use ``mvlog.schemas.native_codec`` only when it was built and agreed with
+fastavro on a few samples at import; these tests hold it to fastavro on generated rows, keys and change
+events, and check that malformed input of any shape raises ``ValueError`` (never crashes or reads past
+the data).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fastavro import schemaless_reader, schemaless_writer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mvlog.schemas import codec, load_schema
+
+native = pytest.importorskip("mvlog.schemas.native_codec")
+
+VALUE = load_schema("value")
+CHANGE = load_schema("change_event")
+
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 63) - 1),
+    st.floats(allow_nan=False), st.text(max_size=80), st.binary(max_size=80),
+)
+rows = st.dictionaries(st.text(max_size=20), scalars, max_size=12)
+
+
+def fastavro_bytes(schema: Any, datum: Any) -> bytes:
+    buffer = io.BytesIO()
+    schemaless_writer(buffer, schema, datum)
+    return buffer.getvalue()
+
+
+def fastavro_value(schema: Any, data: bytes) -> Any:
+    return schemaless_reader(io.BytesIO(data), schema, None)
+
+
+def test_the_codec_uses_the_native_module() -> None:
+    assert codec._native is native  # it was built and agreed with fastavro at import
+
+
+@given(rows)
+def test_rows_encode_as_fastavro_and_decode_back(row: dict[str, Any]) -> None:
+    data = native.encode_value_map(row)
+    assert data == fastavro_bytes(VALUE, row)
+    assert native.decode_value_map(data) == row == fastavro_value(VALUE, data)
+
+
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=10), scalars), min_size=1, max_size=4, unique_by=lambda c: c[0]))
+def test_keys_encode_as_the_map_of_their_columns(columns: list[tuple[str, Any]]) -> None:
+    names, values = tuple(c[0] for c in columns), tuple(c[1] for c in columns)
+    assert native.encode_key(names, values) == fastavro_bytes(VALUE, dict(columns))
+
+
+@pytest.mark.parametrize("datum", [
+    {"a": 1 << 63}, {"a": -(1 << 63) - 1},  # beyond Avro's long
+    {"a": 1.5j}, {"a": bytearray(b"x")}, {"a": [1]}, {1: 2},  # not a value the schema's union takes as is
+])
+def test_values_it_does_not_handle_are_left_to_fastavro(datum: dict[Any, Any]) -> None:
+    assert native.encode_value_map(datum) is None
+    assert native.encode_key(tuple(datum), tuple(datum.values())) is None
+
+
+def test_a_mapping_that_is_not_a_plain_dict_is_left_to_fastavro() -> None:
+    class Row(dict[str, int]):
+        pass
+
+    assert native.encode_value_map(Row(a=1)) is None
+    assert native.encode_key(("a",), (1, 2)) is None  # as many values as columns, or nothing
+
+
+@given(st.one_of(st.none(), rows), st.one_of(st.none(), rows), st.sampled_from("cudr"), st.text(max_size=30),
+       st.integers(0, (1 << 63) - 1), st.integers(-(1 << 31), (1 << 31) - 1), st.text(max_size=30),
+       st.integers(-(1 << 63), (1 << 63) - 1))
+def test_change_events_decode_as_fastavro(before: Any, after: Any, op: str, view: str, epoch: int, vnode: int,
+                                          txn: str, ts_ms: int) -> None:
+    event = {"before": before, "after": after, "op": op,
+             "source": {"view": view, "epoch": epoch, "vnode": vnode, "txn": txn}, "ts_ms": ts_ms}
+    data = fastavro_bytes(CHANGE, event)
+    assert native.decode_change_event(data) == (before, after, op, view, epoch, vnode, txn, ts_ms)
+
+
+def test_map_blocks_with_a_byte_size_decode() -> None:
+    # Avro writers may emit a block as -count, its size in bytes, then the entries (fastavro never does).
+    entries = b"\x02a\x04\x02" + b"\x02b\x00"  # "a": long 1, "b": null
+    assert native.decode_value_map(b"\x03" + bytes([len(entries) << 1]) + entries + b"\x00") == {"a": 1, "b": None}
+
+
+@pytest.mark.parametrize("data, problem", [
+    (b"", "unexpected end"),
+    (b"\x02\x02a\x0e\x00\x00", "union branch 7 out of range"),
+    (b"\x02\x02a\x04", "unexpected end"),
+    (b"\x02\x7fa\x00\x00", "beyond the data"),
+    (b"\x02\x02a\x06\x00\x00", "unexpected end of data in a double"),
+    (b"\x00\x00", "1 trailing bytes"),
+    (b"\x02" + b"\xff" * 10 + b"\x01", "longer than 64 bits"),
+    (b"\x02\x04\xff\xfe\x00\x00", "can't decode"),  # a column name that is not UTF-8
+])
+def test_malformed_rows_raise_value_error_naming_the_problem(data: bytes, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        native.decode_value_map(data)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=200))
+def test_random_bytes_decode_as_fastavro_does_or_raise_value_error(data: bytes) -> None:
+    decoders: list[tuple[Callable[[bytes], Any], Any]] = [(native.decode_value_map, VALUE),
+                                                          (native.decode_change_event, CHANGE)]
+    for decode, schema in decoders:
+        try:
+            value = decode(data)
+        except ValueError:
+            continue
+        buffer = io.BytesIO(data)
+        read: Any = schemaless_reader(buffer, schema, None)  # whatever the native side read, fastavro reads too
+        assert buffer.tell() == len(data)
+        expected = read if schema is VALUE else (read["before"], read["after"], read["op"],
+                                                 *read["source"].values(), read["ts_ms"])
+        assert repr(value) == repr(expected)  # repr: a NaN double equals itself
