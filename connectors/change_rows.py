@@ -17,6 +17,10 @@ import pyarrow.compute as pc
 
 from mvlog.changes import Change
 from mvlog.row_schema import ColumnType, Row, RowSchema
+from mvlog.schemas.codec import native_module
+
+_native = native_module()  # appends a change's signed rows in one call; None: the loop below does
+_DICT_OR_NONE = (dict, type(None))
 
 META_COLUMNS = ("_epoch", "_change_type", "_weight", "_partition", "_offset", "_key")
 BARRIER = "barrier"
@@ -44,13 +48,18 @@ class SignedRowBuilder:
     def __init__(self, schema: RowSchema, partition: int) -> None:
         self.target = arrow_schema(schema)
         self.partition = partition
-        self._names = schema.names
+        self._names = tuple(schema.names)
         self._columns: dict[str, list[Any]] = {f.name: [] for f in self.target}
+        self._lists = list(self._columns.values())  # in the target's order: the meta columns, then the names
 
     def __len__(self) -> int:
         return len(self._columns["_epoch"])
 
     def add_change(self, epoch: int, offset: int, key: bytes, change: Change) -> None:
+        before, after = change.before, change.after
+        if _native is not None and type(before) in _DICT_OR_NONE and type(after) in _DICT_OR_NONE:
+            _native.append_signed_rows(self._lists, self._names, epoch, self.partition, offset, key, before, after)
+            return
         columns = self._columns
         for change_type, weight, row in change_rows(change):
             columns["_epoch"].append(epoch)

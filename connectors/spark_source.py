@@ -115,8 +115,9 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> I
         offset = part.start_offset - 1
         last_progress = time.monotonic()
         while offset < last_offset:
-            # A short poll: consume() waits its whole timeout when fewer records than asked are left.
-            messages = consumer.consume(num_messages=2000, timeout=0.05)
+            # consume() waits its whole timeout when fewer records than asked are queued: take what is
+            # queued without waiting, and only when nothing is, wait for the next record alone.
+            messages = consumer.consume(num_messages=2000, timeout=0) or consumer.consume(num_messages=1, timeout=0.05)
             if messages:
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > STALL_TIMEOUT_S:

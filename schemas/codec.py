@@ -176,27 +176,34 @@ def decode_change(key_columns: tuple[str, ...], key: bytes, data: bytes) -> tupl
     """
     if _native is not None:
         try:
-            before, after, op, view, epoch, vnode, txn, ts_ms = _native.decode_change_event(data)
+            before, after, op, view, epoch, vnode, txn, _ = _native.decode_change_event(data)
         except (ValueError, TypeError) as exc:
             raise DecodeError(f"malformed change event: {exc}") from None
-        datum = {"before": before, "after": after, "op": op,
-                 "source": {"view": view, "epoch": epoch, "vnode": vnode, "txn": txn}, "ts_ms": ts_ms}
+        source = {"view": view, "epoch": epoch, "vnode": vnode, "txn": txn}
     else:
         datum = _read(_CHANGE, data, "change event")
-    image = datum["after"] if datum["after"] is not None else datum["before"]
+        before, after, op, source = datum["before"], datum["after"], datum["op"], datum["source"]
+    image = after if after is not None else before
     row_key: Key | None = None
-    if image is not None and all(c in image for c in key_columns):
-        row_key = tuple(image[c] for c in key_columns)
+    if image is not None:
+        if len(key_columns) == 1:  # the usual key
+            if key_columns[0] in image:
+                row_key = (image[key_columns[0]],)
+        elif all(c in image for c in key_columns):
+            row_key = tuple(image[c] for c in key_columns)
     if row_key is None or encode_key(key_columns, row_key) != key:
         kafka_key = decode_key(key_columns, key)
         if row_key is not None and kafka_key != row_key:
             raise DecodeError(f"the record's key {kafka_key!r} is not its row's key {row_key!r}")
         row_key = kafka_key
     try:
-        change = Change(Op(datum["op"]), row_key, datum["before"], datum["after"])
-    except ValueError as exc:
+        change = Change(_OPS[op], row_key, before, after)
+    except (KeyError, ValueError) as exc:
         raise DecodeError(f"invalid change event: {exc}") from None
-    return change, datum["source"]
+    return change, source
+
+
+_OPS = {op.value: op for op in Op}
 
 
 def encode_barrier(barrier: Barrier) -> bytes:
@@ -272,3 +279,8 @@ def _native_matches() -> bool:
 
 
 _native = _native_module if _native_matches() else None
+
+
+def native_module() -> Any:
+    """The compiled codec when it is built and agrees with fastavro, else None (for other fast paths)."""
+    return _native

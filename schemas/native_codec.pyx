@@ -11,7 +11,7 @@ Encoders return None for any value they do not handle exactly (another mapping t
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_Next, PyDict_SetItem, PyDict_Size
+from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem, PyDict_Size
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_FromDouble
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong
 from cpython.ref cimport PyObject
@@ -361,3 +361,34 @@ def decode_change_event(bytes data):
     ts_ms = read_long(&r)
     expect_end(&r)
     return before, after, op, view, epoch, vnode, txn, ts_ms
+
+
+# --- signed rows ------------------------------------------------------------------------------------
+
+cdef int append_row(list columns, tuple names, object epoch, str change_type, object weight, object partition,
+                    object offset, object key, dict row) except -1:
+    cdef PyObject* value
+    cdef Py_ssize_t i
+    (<list>columns[0]).append(epoch)
+    (<list>columns[1]).append(change_type)
+    (<list>columns[2]).append(weight)
+    (<list>columns[3]).append(partition)
+    (<list>columns[4]).append(offset)
+    (<list>columns[5]).append(key)
+    for i in range(len(names)):
+        value = PyDict_GetItem(row, names[i])
+        (<list>columns[6 + i]).append(<object>value if value != NULL else None)
+    return 0
+
+
+def append_signed_rows(list columns, tuple names, object epoch, object partition, object offset, object key,
+                       object before, object after):
+    """A change as signed rows appended to the column lists of ``mvlog.connectors.change_rows``: the
+    retraction of ``before`` (weight -1), then the assertion of ``after`` (+1); columns are the six meta
+    columns, then ``names``. Rows must be dicts (as decoded)."""
+    if before is not None:
+        append_row(columns, names, epoch, "update_preimage" if after is not None else "delete", -1, partition,
+                   offset, key, <dict?>before)
+    if after is not None:
+        append_row(columns, names, epoch, "update_postimage" if before is not None else "insert", 1, partition,
+                   offset, key, <dict?>after)
