@@ -36,10 +36,14 @@ def arrow_schema(schema: RowSchema) -> pa.Schema:
 
 def change_rows(change: Change) -> Iterator[tuple[str, int, Row]]:
     """A change as signed rows: the retraction of ``before`` and the assertion of ``after``."""
-    if change.before is not None:
-        yield ("update_preimage" if change.after is not None else "delete"), -1, change.before
-    if change.after is not None:
-        yield ("update_postimage" if change.before is not None else "insert"), 1, change.after
+    return _signed_images(change.before, change.after)
+
+
+def _signed_images(before: Row | None, after: Row | None) -> Iterator[tuple[str, int, Row]]:
+    if before is not None:
+        yield ("update_preimage" if after is not None else "delete"), -1, before
+    if after is not None:
+        yield ("update_postimage" if before is not None else "insert"), 1, after
 
 
 class SignedRowBuilder:
@@ -56,12 +60,15 @@ class SignedRowBuilder:
         return len(self._columns["_epoch"])
 
     def add_change(self, epoch: int, offset: int, key: bytes, change: Change) -> None:
-        before, after = change.before, change.after
+        self.add_images(epoch, offset, key, change.before, change.after)
+
+    def add_images(self, epoch: int, offset: int, key: bytes, before: Row | None, after: Row | None) -> None:
+        """A change given by its row images: the retraction of ``before``, then the assertion of ``after``."""
         if _native is not None and type(before) in _DICT_OR_NONE and type(after) in _DICT_OR_NONE:
             _native.append_signed_rows(self._lists, self._names, epoch, self.partition, offset, key, before, after)
             return
         columns = self._columns
-        for change_type, weight, row in change_rows(change):
+        for change_type, weight, row in _signed_images(before, after):
             columns["_epoch"].append(epoch)
             columns["_change_type"].append(change_type)
             columns["_weight"].append(weight)

@@ -12,12 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from mvlog.changes import Barrier, Change
+from mvlog.row_schema import Row
 from mvlog.schemas.codec import (
+    HEADER_TYPE,
     TYPE_BARRIER,
     TYPE_CHANGE,
     DecodeError,
     decode_barrier,
     decode_change,
+    native_module,
     record_type,
 )
 
@@ -93,3 +96,27 @@ def decode_record(view: str, key_columns: tuple[str, ...], topic: str, partition
         return BarrierRecord(barrier)
     shown = "absent" if kind is None else repr(kind)
     return poison(f"not an mvlog changelog record (header mvlog.type is {shown})")
+
+
+_native = native_module()
+_CHANGE_HEADERS = [(HEADER_TYPE, TYPE_CHANGE)]
+
+
+def decode_change_images(view: str, key_columns: tuple[str, ...], key: bytes | None, value: bytes | None,
+                         headers: Any, max_bytes: int) -> tuple[int, str, Row | None, Row | None] | None:
+    """(epoch, txn, before, after) of a well-formed change event of ``view``, in one compiled call.
+
+    Readers try this first on every record: None means "not that simple" (a barrier, poison, or no
+    compiled codec), and :func:`decode_record` then classifies the record and names any problem. It
+    accepts exactly the change events that :func:`decode_record` returns as a :class:`ChangeRecord`
+    whose key is its row image's.
+    """
+    if _native is None or headers != _CHANGE_HEADERS or key is None or value is None:
+        return None
+    if len(value) + len(key) > max_bytes:
+        return None
+    try:
+        images: tuple[int, str, Row | None, Row | None] = _native.decode_change_record(value, key, key_columns, view)
+    except ValueError:
+        return None
+    return images

@@ -42,16 +42,15 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from mvlog.catalog import CatalogEntry
-from mvlog.changes import Change
 from mvlog.config import Settings, load_settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import SignedRowBuilder, arrow_schema
 from mvlog.connectors.changelog_reader import ChangelogReadError, reader_consumer
-from mvlog.connectors.changelog_records import ChangeRecord, PoisonRecord, decode_record
+from mvlog.connectors.changelog_records import ChangeRecord, PoisonRecord, decode_change_images, decode_record
 from mvlog.connectors.dead_letter import DeadLetterQueue
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.log_cache_client import read_with_cache
-from mvlog.row_schema import RowSchema
+from mvlog.row_schema import Row, RowSchema
 from mvlog.trigger_limit import last_admitted
 
 __all__ = ["EpochRangeError", "MvlogDataSource", "PartitionRange", "arrow_schema", "read_partition_from_kafka",
@@ -105,7 +104,8 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> I
     last_offset = part.barriers[-1][1]
     topic = settings.changelog_topic(part.view)
     where = f"{topic} partition {part.partition}"
-    pending: dict[tuple[int, str], list[tuple[int, bytes, Change]]] = {}
+    pending: dict[tuple[int, str], list[tuple[int, bytes, Row | None, Row | None]]] = {}
+    max_bytes = settings.max_record_bytes
 
     consumer = reader_consumer(settings)
     consumer.assign([TopicPartition(topic, part.partition, part.start_offset)])
@@ -127,16 +127,22 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> I
                 if message.error() is not None:
                     raise ChangelogReadError(f"{where}: {message.error()}")
                 offset = message.offset() or 0
-                record = decode_record(part.view, part.key_columns, topic, part.partition, offset, message.key(),
-                                       message.value(), message.headers(), settings.max_record_bytes)
+                key, value, headers = message.key(), message.value(), message.headers()
+                images = decode_change_images(part.view, part.key_columns, key, value, headers, max_bytes)
+                if images is not None:  # the usual record: a well-formed change event
+                    if images[0] in planned:
+                        pending.setdefault((images[0], images[1]), []).append((offset, key or b"", *images[2:]))
+                    continue
+                record = decode_record(part.view, part.key_columns, topic, part.partition, offset, key, value,
+                                       headers, max_bytes)
                 if isinstance(record, PoisonRecord):  # to the dead-letter topic; the read goes on
-                    dead_letters.send(record, message.key(), message.value(), message.headers())
+                    dead_letters.send(record, key, value, headers)
                     poison += record.announced_change
                     continue
                 if isinstance(record, ChangeRecord):
                     if record.epoch in planned:
                         pending.setdefault((record.epoch, record.txn), []).append(
-                            (offset, message.key() or b"", record.change))
+                            (offset, key or b"", record.change.before, record.change.after))
                     continue
                 barrier = record.barrier
                 short, poison = poison, 0
@@ -148,8 +154,8 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> I
                 if not len(changes) <= barrier.records <= len(changes) + short:
                     raise ChangelogReadError(f"{where}: epoch {barrier.epoch} announces {barrier.records} "
                                              f"change(s), {len(changes)} were read ({short} dead-lettered)")
-                for change_offset, raw_key, change in changes:
-                    rows.add_change(barrier.epoch, change_offset, raw_key, change)
+                for change_offset, raw_key, before, after in changes:
+                    rows.add_images(barrier.epoch, change_offset, raw_key, before, after)
                     if len(rows) >= batch_rows:
                         yield rows.flush()
                 rows.add_barrier(barrier.epoch, offset)

@@ -12,3 +12,6 @@ def append_signed_rows(
     columns: list[list[Any]], names: tuple[str, ...], epoch: int, partition: int, offset: int, key: bytes,
     before: dict[str, Any] | None, after: dict[str, Any] | None,
 ) -> None: ...
+def decode_change_record(
+    data: bytes, kafka_key: bytes, key_columns: tuple[str, ...], view: str,
+) -> tuple[int, str, dict[str, Any] | None, dict[str, Any] | None]: ...

@@ -392,3 +392,56 @@ def append_signed_rows(list columns, tuple names, object epoch, object partition
     if after is not None:
         append_row(columns, names, epoch, "update_postimage" if before is not None else "insert", 1, partition,
                    offset, key, <dict?>after)
+
+
+# --- a changelog record, checked --------------------------------------------------------------------
+
+cdef bint key_matches(tuple key_columns, object image, bytes kafka_key) except -1:
+    """Whether the key columns of the row image encode to the record's Kafka key."""
+    cdef Buffer buf
+    cdef Py_ssize_t count = len(key_columns)
+    cdef Py_ssize_t i
+    cdef PyObject* value
+    if image is None or not count:
+        return False
+    buffer_init(&buf)
+    try:
+        put_varint(&buf, (<uint64_t>count) << 1)
+        for i in range(count):
+            value = PyDict_GetItem(<dict>image, key_columns[i])
+            if value == NULL or not put_label(&buf, key_columns[i]) or not put_value(&buf, <object>value):
+                return False
+        put_byte(&buf, 0)
+        return buf.size == PyBytes_GET_SIZE(kafka_key) and memcmp(buf.data, PyBytes_AS_STRING(kafka_key), buf.size) == 0
+    finally:
+        buffer_free(&buf)
+
+
+def decode_change_record(bytes data, bytes kafka_key, tuple key_columns, str view):
+    """(epoch, txn, before, after) of a change event of ``view`` whose row image holds its Kafka key and
+    whose op fits its images; ValueError for anything else (the caller then says exactly what is wrong)."""
+    cdef Reader r
+    reader_init(&r, data)
+    before = read_optional_map(&r)
+    after = read_optional_map(&r)
+    op = read_string(&r)
+    if read_string(&r) != view:
+        raise ValueError("another view")
+    epoch = read_long(&r)
+    vnode = read_long(&r)
+    if not -2147483648 <= vnode <= 2147483647:
+        raise ValueError(f"vnode {vnode} is not an Avro int")
+    txn = read_string(&r)
+    read_long(&r)
+    expect_end(&r)
+    if op == "u":
+        valid = before is not None and after is not None
+    elif op == "c" or op == "r":
+        valid = before is None and after is not None
+    elif op == "d":
+        valid = before is not None and after is None
+    else:
+        valid = False
+    if not valid or not key_matches(key_columns, after if after is not None else before, kafka_key):
+        raise ValueError("op, images or key to be checked in full")
+    return epoch, txn, before, after
