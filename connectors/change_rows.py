@@ -78,6 +78,14 @@ class SignedRowBuilder:
             for name in self._names:
                 columns[name].append(row.get(name))
 
+    def add_changes(self, epoch: int, changes: list[tuple[int, bytes, Row | None, Row | None]]) -> None:
+        """:meth:`add_images` of each ``(offset, key, before, after)`` of one epoch's changes."""
+        if _native is not None and all(type(c[2]) in _DICT_OR_NONE and type(c[3]) in _DICT_OR_NONE for c in changes):
+            _native.append_changes(self._lists, self._names, epoch, self.partition, changes)
+            return
+        for offset, key, before, after in changes:
+            self.add_images(epoch, offset, key, before, after)
+
     def add_barrier(self, epoch: int, offset: int) -> None:
         columns = self._columns
         for name, value in (("_epoch", epoch), ("_change_type", BARRIER), ("_weight", 0),
@@ -85,6 +93,12 @@ class SignedRowBuilder:
             columns[name].append(value)
         for name in self._names:
             columns[name].append(None)
+
+    def flush_batches(self, max_rows: int) -> Iterator[pa.RecordBatch]:
+        """:meth:`flush` cut into record batches of at most ``max_rows`` rows."""
+        batch = self.flush()
+        for start in range(0, batch.num_rows, max_rows):
+            yield batch.slice(start, max_rows)
 
     def flush(self) -> pa.RecordBatch:
         batch = pa.RecordBatch.from_pydict(self._columns, schema=self.target)

@@ -102,21 +102,18 @@ _native = native_module()
 _CHANGE_HEADERS = [(HEADER_TYPE, TYPE_CHANGE)]
 
 
-def decode_change_images(view: str, key_columns: tuple[str, ...], key: bytes | None, value: bytes | None,
-                         headers: Any, max_bytes: int) -> tuple[int, str, Row | None, Row | None] | None:
-    """(epoch, txn, before, after) of a well-formed change event of ``view``, in one compiled call.
+def decode_change_run(view: str, key_columns: tuple[str, ...], messages: list[Any], start: int, max_bytes: int
+                      ) -> tuple[int | None, str | None, list[tuple[int, bytes, Row | None, Row | None]], int]:
+    """The run of well-formed change events of one (epoch, txn) at ``messages[start:]``, in one compiled call.
 
-    Readers try this first on every record: None means "not that simple" (a barrier, poison, or no
-    compiled codec), and :func:`decode_record` then classifies the record and names any problem. It
-    accepts exactly the change events that :func:`decode_record` returns as a :class:`ChangeRecord`
-    whose key is its row image's.
+    Returns ``(epoch, txn, [(offset, key, before, after), ...], end)`` for ``messages[start:end]``. The
+    run stops before the first record that is not such an event of ``view`` (a barrier, an error, poison,
+    another epoch or transaction, a change whose key is not its row image's): readers hand that one to
+    :func:`decode_record`, which classifies it and names any problem. Without the compiled codec every
+    run is empty.
     """
-    if _native is None or headers != _CHANGE_HEADERS or key is None or value is None:
-        return None
-    if len(value) + len(key) > max_bytes:
-        return None
-    try:
-        images: tuple[int, str, Row | None, Row | None] = _native.decode_change_record(value, key, key_columns, view)
-    except ValueError:
-        return None
-    return images
+    if _native is None:
+        return None, None, [], start
+    run: tuple[int | None, str | None, list[tuple[int, bytes, Row | None, Row | None]], int] = \
+        _native.decode_change_run(messages, start, key_columns, view, max_bytes, _CHANGE_HEADERS)
+    return run

@@ -46,7 +46,7 @@ from mvlog.config import Settings, load_settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import SignedRowBuilder, arrow_schema
 from mvlog.connectors.changelog_reader import ChangelogReadError, reader_consumer
-from mvlog.connectors.changelog_records import ChangeRecord, PoisonRecord, decode_change_images, decode_record
+from mvlog.connectors.changelog_records import ChangeRecord, PoisonRecord, decode_change_run, decode_record
 from mvlog.connectors.dead_letter import DeadLetterQueue
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.log_cache_client import read_with_cache
@@ -123,16 +123,21 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> I
             elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
                 raise ChangelogReadError(f"{where}: no record for {STALL_TIMEOUT_S:.0f} s at offset {offset}, "
                                          f"expected up to the barrier at offset {last_offset}")
-            for message in messages:
+            i, count = 0, len(messages)
+            while i < count:
+                # The usual records, a run of well-formed change events of one epoch, in one compiled call.
+                epoch, txn, run, i = decode_change_run(part.view, part.key_columns, messages, i, max_bytes)
+                if run:
+                    offset = run[-1][0]
+                    if epoch in planned and txn is not None:
+                        pending.setdefault((epoch, txn), []).extend(run)
+                    continue
+                message = messages[i]
+                i += 1
                 if message.error() is not None:
                     raise ChangelogReadError(f"{where}: {message.error()}")
                 offset = message.offset() or 0
                 key, value, headers = message.key(), message.value(), message.headers()
-                images = decode_change_images(part.view, part.key_columns, key, value, headers, max_bytes)
-                if images is not None:  # the usual record: a well-formed change event
-                    if images[0] in planned:
-                        pending.setdefault((images[0], images[1]), []).append((offset, key or b"", *images[2:]))
-                    continue
                 record = decode_record(part.view, part.key_columns, topic, part.partition, offset, key, value,
                                        headers, max_bytes)
                 if isinstance(record, PoisonRecord):  # to the dead-letter topic; the read goes on
@@ -154,15 +159,14 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> I
                 if not len(changes) <= barrier.records <= len(changes) + short:
                     raise ChangelogReadError(f"{where}: epoch {barrier.epoch} announces {barrier.records} "
                                              f"change(s), {len(changes)} were read ({short} dead-lettered)")
-                for change_offset, raw_key, before, after in changes:
-                    rows.add_images(barrier.epoch, change_offset, raw_key, before, after)
-                    if len(rows) >= batch_rows:
-                        yield rows.flush()
+                rows.add_changes(barrier.epoch, changes)
                 rows.add_barrier(barrier.epoch, offset)
+                if len(rows) >= batch_rows:
+                    yield from rows.flush_batches(batch_rows)
                 if offset >= last_offset:
                     break
         if len(rows):
-            yield rows.flush()
+            yield from rows.flush_batches(batch_rows)
     finally:
         consumer.close()
         dead_letters.close()

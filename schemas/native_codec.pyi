@@ -15,3 +15,11 @@ def append_signed_rows(
 def decode_change_record(
     data: bytes, kafka_key: bytes, key_columns: tuple[str, ...], view: str,
 ) -> tuple[int, str, dict[str, Any] | None, dict[str, Any] | None]: ...
+def decode_change_run(
+    messages: list[Any], start: int, key_columns: tuple[str, ...], view: str, max_bytes: int,
+    change_headers: list[tuple[str, bytes]],
+) -> tuple[int | None, str | None, list[tuple[int, bytes, dict[str, Any] | None, dict[str, Any] | None]], int]: ...
+def append_changes(
+    columns: list[list[Any]], names: tuple[str, ...], epoch: int, partition: int,
+    changes: list[tuple[int, bytes, dict[str, Any] | None, dict[str, Any] | None]],
+) -> None: ...

@@ -445,3 +445,52 @@ def decode_change_record(bytes data, bytes kafka_key, tuple key_columns, str vie
     if not valid or not key_matches(key_columns, after if after is not None else before, kafka_key):
         raise ValueError("op, images or key to be checked in full")
     return epoch, txn, before, after
+
+
+cdef tuple decode_checked(bytes data, bytes kafka_key, tuple key_columns, str view):
+    """decode_change_record, or None instead of ValueError."""
+    try:
+        return decode_change_record(data, kafka_key, key_columns, view)
+    except ValueError:
+        return None
+
+
+def decode_change_run(list messages, Py_ssize_t start, tuple key_columns, str view, Py_ssize_t max_bytes,
+                      list change_headers):
+    """The run of well-formed change events of one epoch and transaction at ``messages[start:]``.
+
+    Returns ``(epoch, txn, [(offset, key, before, after), ...], end)``: the run is ``messages[start:end]``.
+    It stops before the first record that is not such an event (a barrier, an error, poison, another
+    epoch or transaction), which the caller then handles; an empty run when ``messages[start]`` is one.
+    """
+    cdef Py_ssize_t i = start
+    cdef Py_ssize_t count = len(messages)
+    cdef list run = []
+    epoch = txn = None
+    while i < count:
+        message = messages[i]
+        if message.error() is not None:
+            break
+        key = message.key()
+        value = message.value()
+        if type(key) is not bytes or type(value) is not bytes or message.headers() != change_headers:
+            break
+        if PyBytes_GET_SIZE(key) + PyBytes_GET_SIZE(value) > max_bytes:
+            break
+        decoded = decode_checked(value, key, key_columns, view)
+        if decoded is None:
+            break
+        if epoch is None:
+            epoch, txn = decoded[0], decoded[1]
+        elif decoded[0] != epoch or decoded[1] != txn:
+            break
+        run.append((message.offset(), key, decoded[2], decoded[3]))
+        i += 1
+    return epoch, txn, run, i
+
+
+def append_changes(list columns, tuple names, object epoch, object partition, list changes):
+    """append_signed_rows of each ``(offset, key, before, after)`` of an epoch's changes."""
+    cdef tuple change
+    for change in changes:
+        append_signed_rows(columns, names, epoch, partition, change[0], change[1], change[2], change[3])

@@ -123,3 +123,61 @@ def test_random_bytes_decode_as_fastavro_does_or_raise_value_error(data: bytes) 
         expected = read if schema is VALUE else (read["before"], read["after"], read["op"],
                                                  *read["source"].values(), read["ts_ms"])
         assert repr(value) == repr(expected)  # repr: a NaN double equals itself
+
+
+class Record:
+    """What the run decoder reads of a confluent-kafka Message (a plain stand-in: the decoder is pure)."""
+
+    def __init__(self, offset: int, key: bytes | None, value: bytes | None, kind: bytes = b"change",
+                 error: object = None) -> None:
+        self._offset, self._key, self._value, self._kind, self._error = offset, key, value, kind, error
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(codec.HEADER_TYPE, self._kind)]
+
+    def error(self) -> object:
+        return self._error
+
+
+def change_record(offset: int, key: int, epoch: int = 7, txn: str = "t", view: str = "v", op: str = "c",
+                  row_key: int | None = None) -> Record:
+    row = {"id": key if row_key is None else row_key, "x": "a" * offset}
+    before, after = (row, None) if op == "d" else (None, row)
+    event = {"before": before, "after": after, "op": op,
+             "source": {"view": view, "epoch": epoch, "vnode": 0, "txn": txn}, "ts_ms": 1}
+    return Record(offset, codec.encode_key(("id",), (key,)), fastavro_bytes(CHANGE, event))
+
+
+@pytest.mark.parametrize("stopper, reason", [
+    (Record(3, None, b"\x00", kind=b"barrier"), "a barrier"),
+    (change_record(3, 3, view="w"), "another view's event"),
+    (change_record(3, 3, row_key=4), "a key that is not its row's"),
+    (change_record(3, 3, op="u"), "an op its images do not fit"),
+    (Record(3, b"k", b"\x00\x01"), "malformed bytes"),
+    (Record(3, None, None, error="broker error"), "an error"),
+    (change_record(3, 3, view="v" * 300), "a record over the size limit"),
+])
+def test_a_run_of_change_events_stops_before_any_other_record(stopper: Record, reason: str) -> None:
+    records: list[Any] = [change_record(1, 1), change_record(2, 2, op="d"), stopper, change_record(4, 4)]
+    epoch, txn, run, end = native.decode_change_run(records, 0, ("id",), "v", 400, [(codec.HEADER_TYPE, b"change")])
+    assert end == 2, reason
+    assert (epoch, txn) == (7, "t")
+    assert run == [(1, records[0].key(), None, {"id": 1, "x": "a"}), (2, records[1].key(), {"id": 2, "x": "aa"}, None)]
+    assert native.decode_change_run(records, 2, ("id",), "v", 400, [(codec.HEADER_TYPE, b"change")])[2:] == ([], 2)
+
+
+@pytest.mark.parametrize("epoch, txn", [(8, "t"), (7, "other")])
+def test_a_run_holds_one_epoch_of_one_transaction(epoch: int, txn: str) -> None:
+    records: list[Any] = [change_record(1, 1), change_record(2, 2, epoch=epoch, txn=txn), change_record(3, 3)]
+    headers = [(codec.HEADER_TYPE, b"change")]
+    assert [native.decode_change_run(records, i, ("id",), "v", 400, headers)[::3] for i in range(3)] == [
+        (7, 1), (epoch, 2), (7, 3)]
