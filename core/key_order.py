@@ -22,6 +22,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from mvlog.row_schema import Key
+from mvlog.schemas.codec import native_module
+
+_native = native_module()  # the compiled order_member; None: the Python one below
 
 _NULL, _FALSE_TRUE, _INT, _FLOAT, _STRING, _BYTES = 0x00, 0x01, 0x02, 0x03, 0x04, 0x05
 _INT_BIAS = 1 << 63
@@ -98,6 +101,10 @@ def decode_ordered_key(data: bytes) -> Key:
 
 def order_member(vnode: int, key: Sequence[Any], avro_key: bytes) -> bytes:
     """The key-order index member of a row (see the module docstring)."""
+    if _native is not None and type(key) is tuple and type(avro_key) is bytes:
+        member: bytes | None = _native.order_member(vnode, key, avro_key)
+        if member is not None:
+            return member
     if len(avro_key) > _MAX_AVRO_KEY:
         raise KeyOrderError(f"a key of {len(avro_key)} bytes is too long for the key-order index")
     return bytes((vnode,)) + ordered_key(key) + avro_key + len(avro_key).to_bytes(2, "big")

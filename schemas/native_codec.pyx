@@ -494,3 +494,94 @@ def append_changes(list columns, tuple names, object epoch, object partition, li
     cdef tuple change
     for change in changes:
         append_signed_rows(columns, names, epoch, partition, change[0], change[1], change[2], change[3])
+
+
+# --- key-order members (mvlog.key_order) -------------------------------------------------------------
+
+cdef int put_big_endian(Buffer* buf, uint64_t bits) except -1:
+    cdef int shift
+    if buf.size + 8 > buf.capacity:
+        buffer_reserve(buf, 8)
+    for shift in range(56, -8, -8):
+        buf.data[buf.size] = <char>((bits >> shift) & 0xFF)
+        buf.size += 1
+    return 0
+
+
+cdef int put_escaped(Buffer* buf, const char* data, Py_ssize_t length) except -1:
+    """Bytes with 0x00 escaped as 0x00 0xFF, terminated by 0x00 0x00."""
+    cdef Py_ssize_t i
+    if buf.size + 2 * length + 2 > buf.capacity:
+        buffer_reserve(buf, 2 * length + 2)
+    for i in range(length):
+        buf.data[buf.size] = data[i]
+        buf.size += 1
+        if data[i] == 0:
+            buf.data[buf.size] = <char>0xFF
+            buf.size += 1
+    buf.data[buf.size] = 0
+    buf.data[buf.size + 1] = 0
+    buf.size += 2
+    return 0
+
+
+cdef int put_ordered(Buffer* buf, object value) except -1:
+    """One value's order-preserving encoding; 0 when its type is not handled here."""
+    cdef type kind = type(value)
+    cdef int overflow = 0
+    cdef long long number
+    cdef double real
+    cdef uint64_t bits
+    cdef Py_ssize_t length
+    cdef const char* text
+    if value is None:
+        put_byte(buf, 0x00)
+    elif kind is bool:
+        put_byte(buf, 0x01)
+        put_byte(buf, 1 if value is True else 0)
+    elif kind is int:
+        number = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if overflow != 0:
+            return 0
+        put_byte(buf, 0x02)
+        put_big_endian(buf, (<uint64_t>number) ^ (<uint64_t>1 << 63))
+    elif kind is float:
+        real = PyFloat_AS_DOUBLE(value)
+        memcpy(&bits, &real, 8)
+        bits = ~bits if bits >> 63 else bits | (<uint64_t>1 << 63)
+        put_byte(buf, 0x03)
+        put_big_endian(buf, bits)
+    elif kind is str:
+        text = PyUnicode_AsUTF8AndSize(value, &length)
+        put_byte(buf, 0x04)
+        put_escaped(buf, text, length)
+    elif kind is bytes:
+        put_byte(buf, 0x05)
+        put_escaped(buf, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+    else:
+        return 0
+    return 1
+
+
+def order_member(int vnode, tuple key, bytes avro_key):
+    """vnode byte + the key's ordered encoding + the Avro key + its length (2 bytes, big-endian); None
+    when a value or the sizes are not handled here (the Python path then says why)."""
+    cdef Buffer buf
+    cdef Py_ssize_t length = PyBytes_GET_SIZE(avro_key)
+    if not 0 <= vnode <= 255 or length > 0xFFFF:
+        return None
+    buffer_init(&buf)
+    try:
+        put_byte(&buf, <char>vnode)
+        for value in key:
+            if not put_ordered(&buf, value):
+                return None
+        if buf.size + length + 2 > buf.capacity:
+            buffer_reserve(&buf, length + 2)
+        memcpy(buf.data + buf.size, PyBytes_AS_STRING(avro_key), length)
+        buf.size += length
+        put_byte(&buf, <char>(length >> 8))
+        put_byte(&buf, <char>(length & 0xFF))
+        return PyBytes_FromStringAndSize(buf.data, buf.size)
+    finally:
+        buffer_free(&buf)

@@ -17,6 +17,7 @@ from fastavro import schemaless_reader, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mvlog.key_order import order_member, ordered_key
 from mvlog.schemas import codec, load_schema
 
 native = pytest.importorskip("mvlog.schemas.native_codec")
@@ -181,3 +182,20 @@ def test_a_run_holds_one_epoch_of_one_transaction(epoch: int, txn: str) -> None:
     headers = [(codec.HEADER_TYPE, b"change")]
     assert [native.decode_change_run(records, i, ("id",), "v", 400, headers)[::3] for i in range(3)] == [
         (7, 1), (epoch, 2), (7, 3)]
+
+
+key_values = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 63) - 1),
+                       st.floats(allow_nan=False), st.text(max_size=20), st.binary(max_size=20))
+
+
+@given(st.integers(0, 255), st.lists(key_values, min_size=1, max_size=3), st.binary(max_size=40))
+def test_order_members_are_the_python_encoding(vnode: int, key: list[Any], avro_key: bytes) -> None:
+    expected = bytes((vnode,)) + ordered_key(key) + avro_key + len(avro_key).to_bytes(2, "big")
+    assert native.order_member(vnode, tuple(key), avro_key) == expected == order_member(vnode, tuple(key), avro_key)
+
+
+def test_order_members_it_does_not_handle_are_left_to_python() -> None:
+    assert native.order_member(0, (1 << 63,), b"k") is None
+    assert native.order_member(0, (bytearray(b"x"),), b"k") is None
+    assert native.order_member(256, (1,), b"k") is None
+    assert native.order_member(0, (1,), b"k" * 0x10000) is None
