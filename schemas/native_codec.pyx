@@ -594,3 +594,80 @@ def order_member(int vnode, tuple key, bytes avro_key):
         return PyBytes_FromStringAndSize(buf.data, buf.size)
     finally:
         buffer_free(&buf)
+
+
+# --- rows written to a table (mvlog.services.table_writer) ------------------------------------------
+
+cdef enum:
+    INT_COLUMN = 0
+    FLOAT_COLUMN = 1
+    STRING_COLUMN = 2
+    BOOLEAN_COLUMN = 3
+    BYTES_COLUMN = 4
+
+
+def normalize_row(object row, tuple columns, tuple key_positions):
+    """``(normalized row, key, characters of its text and bytes)`` of a plain row that is valid at a
+    glance, else None (the schema then names each problem, or normalizes what this does not take).
+
+    ``columns``: ``(name, kind, nullable)`` per column in schema order (kinds as the enum above). Valid at
+    a glance: a dict holding only column names, each value None where nullable or of exactly its column's
+    type (an int for a float column too, made a float; no NaN; ints within 64 bits). The normalized row
+    has every column, in schema order, absent ones None.
+    """
+    cdef dict out = {}
+    cdef Py_ssize_t found = 0
+    cdef Py_ssize_t text = 0
+    cdef int overflow = 0
+    cdef PyObject* slot
+    cdef tuple column
+    cdef int kind
+    cdef type vtype
+    cdef double real
+    if type(row) is not dict:
+        return None
+    for column in columns:
+        slot = PyDict_GetItem(<dict>row, column[0])
+        if slot == NULL:
+            value = None
+        else:
+            value = <object>slot
+            found += 1
+        if value is None:
+            if not column[2]:
+                return None
+        else:
+            kind = column[1]
+            vtype = type(value)
+            if kind == INT_COLUMN:
+                if vtype is not int:
+                    return None
+                PyLong_AsLongLongAndOverflow(value, &overflow)
+                if overflow != 0:
+                    return None
+            elif kind == FLOAT_COLUMN:
+                if vtype is int:
+                    value = float(value)
+                elif vtype is not float:
+                    return None
+                real = PyFloat_AS_DOUBLE(value)
+                if real != real:  # NaN
+                    return None
+            elif kind == STRING_COLUMN:
+                if vtype is not str:
+                    return None
+                text += len(<str>value)
+            elif kind == BOOLEAN_COLUMN:
+                if vtype is not bool:
+                    return None
+            elif kind == BYTES_COLUMN:
+                if vtype is not bytes and vtype is not bytearray:
+                    return None
+                text += len(value)
+            else:
+                return None
+        PyDict_SetItem(out, column[0], value)
+    if found != PyDict_Size(<dict>row):  # a key that is not a column
+        return None
+    key = tuple([out[columns[i][0]] for i in key_positions])
+    return out, key, text

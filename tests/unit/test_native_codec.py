@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mvlog.key_order import order_member, ordered_key
+from mvlog.row_schema import RowSchema
 from mvlog.schemas import codec, load_schema
 
 native = pytest.importorskip("mvlog.schemas.native_codec")
@@ -199,3 +200,33 @@ def test_order_members_it_does_not_handle_are_left_to_python() -> None:
     assert native.order_member(0, (bytearray(b"x"),), b"k") is None
     assert native.order_member(256, (1,), b"k") is None
     assert native.order_member(0, (1,), b"k" * 0x10000) is None
+
+
+TABLE = RowSchema.of({"id": "int", "name": "string", "x": "float", "ok": "boolean", "blob": "bytes"}, ["id", "name"])
+NATIVE_COLUMNS = tuple((c.name, ["int", "float", "string", "boolean", "bytes"].index(c.type.value), c.nullable)
+                       for c in TABLE.columns)
+any_value = st.one_of(scalars, st.floats(), st.integers(), st.builds(bytearray, st.binary(max_size=4)),
+                      st.lists(st.integers(), max_size=2))
+loose_rows = st.dictionaries(st.sampled_from(["id", "name", "x", "ok", "blob", "other"]), any_value, max_size=6)
+
+
+@settings(max_examples=400)
+@given(loose_rows)
+def test_normalize_row_is_the_schemas_validate_and_normalize(row: dict[str, Any]) -> None:
+    plain = native.normalize_row(row, NATIVE_COLUMNS, (0, 1))
+    if plain is None:  # left to the schema: only rows it refuses or normalizes otherwise
+        assert TABLE.validate(row) or any(type(v) not in (type(None), int, float, str, bool, bytes, bytearray)
+                                          or (type(v) is float and v != v) for v in row.values())
+        return
+    assert TABLE.validate(row) == []
+    normalized = TABLE.normalize(row)
+    assert plain[0] == normalized and list(plain[0]) == TABLE.names
+    assert plain[1] == TABLE.key_of(normalized)
+    assert plain[2] == sum(len(v) for k, v in normalized.items() if k in ("name", "blob") and v is not None)
+
+
+@given(st.fixed_dictionaries({"id": st.integers(-(1 << 63), (1 << 63) - 1), "name": st.text()},
+                             optional={"x": st.one_of(st.none(), st.integers(-10, 10), st.floats(allow_nan=False)),
+                                       "ok": st.booleans(), "blob": st.binary()}))
+def test_valid_plain_rows_are_normalized_in_one_call(row: dict[str, Any]) -> None:
+    assert native.normalize_row(row, NATIVE_COLUMNS, (0, 1)) is not None
