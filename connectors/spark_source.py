@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +100,7 @@ def _next_records(consumer: Consumer) -> list[Message]:
     return consumer.consume(num_messages=2000, timeout=0) or consumer.consume(num_messages=1, timeout=0.05)
 
 
-def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
+def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> Generator[pa.RecordBatch, None, None]:
     """Executor side: one partition's committed epochs of the range read from Kafka, as record batches.
 
     Changes are buffered per (epoch, transaction) until their barrier: the barrier at the offset the
