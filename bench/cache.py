@@ -118,7 +118,7 @@ def replay_rate(settings: Settings, client: redis.Redis, changes: int, repeat: i
 
 
 def raw_read(settings: Settings, ends: dict[int, int]) -> float:
-    """Seconds for a plain read_committed consumer to read t2's partitions up to their last barriers."""
+    """Seconds for a new plain read_committed consumer to read t2's partitions up to their last barriers."""
     consumer = Consumer({**settings.kafka_client_config(), "group.id": "bench-raw", "enable.auto.commit": False,
                          "isolation.level": "read_committed"})
     consumer.assign([TopicPartition(settings.changelog_topic("t2"), p, 0) for p in ends])

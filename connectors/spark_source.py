@@ -45,9 +45,8 @@ from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings, load_settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import SignedRowBuilder, arrow_schema
-from mvlog.connectors.changelog_reader import ChangelogReadError
+from mvlog.connectors.changelog_reader import ChangelogReadError, reader_consumer
 from mvlog.connectors.changelog_records import ChangeRecord, PoisonRecord, decode_change_run, decode_record
-from mvlog.connectors.consumer_pool import reader_pool
 from mvlog.connectors.dead_letter import DeadLetterQueue
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.log_cache_client import read_with_cache
@@ -116,65 +115,66 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> G
     pending: dict[tuple[int, str], list[tuple[int, bytes, Row | None, Row | None]]] = {}
     max_bytes = settings.max_record_bytes
 
+    consumer = reader_consumer(settings)
+    consumer.assign([TopicPartition(topic, part.partition, part.start_offset)])
     dead_letters = DeadLetterQueue(settings, part.view)
     poison = 0  # change events dead-lettered since the last barrier: that barrier may count them
     try:
-        with reader_pool.lease(settings) as consumer:
-            consumer.assign([TopicPartition(topic, part.partition, part.start_offset)])
-            offset = part.start_offset - 1
-            last_progress = time.monotonic()
-            while offset < last_offset:
-                messages = _next_records(consumer)
-                if messages:
-                    last_progress = time.monotonic()
-                elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
-                    raise ChangelogReadError(f"{where}: no record for {STALL_TIMEOUT_S:.0f} s at offset {offset}, "
-                                             f"expected up to the barrier at offset {last_offset}")
-                i, count = 0, len(messages)
-                while i < count:
-                    # The usual records, a run of well-formed change events of one epoch, in one compiled call.
-                    epoch, txn, run, i = decode_change_run(part.view, part.key_columns, messages, i, max_bytes)
-                    if run:
-                        offset = run[-1][0]
-                        if epoch in planned and txn is not None:
-                            pending.setdefault((epoch, txn), []).extend(run)
-                        continue
-                    message = messages[i]
-                    i += 1
-                    if message.error() is not None:
-                        raise ChangelogReadError(f"{where}: {message.error()}")
-                    offset = message.offset() or 0
-                    key, value, headers = message.key(), message.value(), message.headers()
-                    record = decode_record(part.view, part.key_columns, topic, part.partition, offset, key, value,
-                                           headers, max_bytes)
-                    if isinstance(record, PoisonRecord):  # to the dead-letter topic; the read goes on
-                        dead_letters.send(record, key, value, headers)
-                        poison += record.announced_change
-                        continue
-                    if isinstance(record, ChangeRecord):
-                        if record.epoch in planned:
-                            pending.setdefault((record.epoch, record.txn), []).append(
-                                (offset, key or b"", record.change.before, record.change.after))
-                        continue
-                    barrier = record.barrier
-                    short, poison = poison, 0
-                    changes = pending.pop((barrier.epoch, barrier.txn), [])
-                    for attempt in [a for a in pending if a[0] <= barrier.epoch]:
-                        del pending[attempt]  # aborted attempts whose barrier never came
-                    if planned.get(barrier.epoch) != offset:
-                        continue  # outside the range, or an aborted attempt's barrier
-                    if not len(changes) <= barrier.records <= len(changes) + short:
-                        raise ChangelogReadError(f"{where}: epoch {barrier.epoch} announces {barrier.records} "
-                                                 f"change(s), {len(changes)} were read ({short} dead-lettered)")
-                    rows.add_changes(barrier.epoch, changes)
-                    rows.add_barrier(barrier.epoch, offset)
-                    if len(rows) >= batch_rows:
-                        yield from rows.flush_batches(batch_rows)
-                    if offset >= last_offset:
-                        break
-            if len(rows):
-                yield from rows.flush_batches(batch_rows)
+        offset = part.start_offset - 1
+        last_progress = time.monotonic()
+        while offset < last_offset:
+            messages = _next_records(consumer)
+            if messages:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                raise ChangelogReadError(f"{where}: no record for {STALL_TIMEOUT_S:.0f} s at offset {offset}, "
+                                         f"expected up to the barrier at offset {last_offset}")
+            i, count = 0, len(messages)
+            while i < count:
+                # The usual records, a run of well-formed change events of one epoch, in one compiled call.
+                epoch, txn, run, i = decode_change_run(part.view, part.key_columns, messages, i, max_bytes)
+                if run:
+                    offset = run[-1][0]
+                    if epoch in planned and txn is not None:
+                        pending.setdefault((epoch, txn), []).extend(run)
+                    continue
+                message = messages[i]
+                i += 1
+                if message.error() is not None:
+                    raise ChangelogReadError(f"{where}: {message.error()}")
+                offset = message.offset() or 0
+                key, value, headers = message.key(), message.value(), message.headers()
+                record = decode_record(part.view, part.key_columns, topic, part.partition, offset, key, value,
+                                       headers, max_bytes)
+                if isinstance(record, PoisonRecord):  # to the dead-letter topic; the read goes on
+                    dead_letters.send(record, key, value, headers)
+                    poison += record.announced_change
+                    continue
+                if isinstance(record, ChangeRecord):
+                    if record.epoch in planned:
+                        pending.setdefault((record.epoch, record.txn), []).append(
+                            (offset, key or b"", record.change.before, record.change.after))
+                    continue
+                barrier = record.barrier
+                short, poison = poison, 0
+                changes = pending.pop((barrier.epoch, barrier.txn), [])
+                for attempt in [a for a in pending if a[0] <= barrier.epoch]:
+                    del pending[attempt]  # aborted attempts whose barrier never came
+                if planned.get(barrier.epoch) != offset:
+                    continue  # outside the range, or an aborted attempt's barrier
+                if not len(changes) <= barrier.records <= len(changes) + short:
+                    raise ChangelogReadError(f"{where}: epoch {barrier.epoch} announces {barrier.records} "
+                                             f"change(s), {len(changes)} were read ({short} dead-lettered)")
+                rows.add_changes(barrier.epoch, changes)
+                rows.add_barrier(barrier.epoch, offset)
+                if len(rows) >= batch_rows:
+                    yield from rows.flush_batches(batch_rows)
+                if offset >= last_offset:
+                    break
+        if len(rows):
+            yield from rows.flush_batches(batch_rows)
     finally:
+        consumer.close()
         dead_letters.close()
 
 

@@ -1,6 +1,5 @@
 """The data source's Kafka read path on the real broker: the compiled fast path gives the rows of the
-Python path, pooled consumers carry nothing over from one read to the next, and a read stopped half-way
-closes its consumer."""
+Python path, cut into batches of the size asked for."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import redis
 from mvlog.config import Settings
 from mvlog.connectors import change_rows, spark_source
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.consumer_pool import reader_pool
 from mvlog.connectors.spark_source import PartitionRange, _Planner, read_partition_from_kafka
 from mvlog.services.table_writer import Table
 
@@ -48,25 +46,3 @@ def test_the_compiled_path_reads_what_the_python_path_reads(settings: Settings, 
     monkeypatch.setattr(change_rows, "_native", None)
     slow = read_all(parts)
     assert fast.equals(slow)
-
-
-def test_pooled_consumers_are_reused_and_carry_nothing_over(settings: Settings, redis_client: redis.Redis) -> None:
-    parts = load(settings, redis_client)
-    first = read_all(parts)
-    created = reader_pool.created
-    again = read_all(parts)  # the same ranges again, on the consumers the first read gave back
-    assert reader_pool.created == created
-    assert again.equals(first)
-    later = [part for part in parts if part.partition == 0]
-    assert read_all(later).equals(first.filter(pa.compute.equal(first.column("_partition"), 0)))
-
-
-def test_a_read_stopped_half_way_closes_its_consumer(settings: Settings, redis_client: redis.Redis) -> None:
-    parts = load(settings, redis_client)
-    read_all(parts)  # the pool holds a consumer for these settings now
-    created = reader_pool.created
-    reader = read_partition_from_kafka(parts[0], batch_rows=10)
-    next(reader)
-    reader.close()  # as when Spark stops a task: that consumer is closed, not given back
-    read_all(parts)
-    assert reader_pool.created == created + 1
