@@ -20,20 +20,25 @@ from mvlog.changes import Op
 from mvlog.config import Settings
 from mvlog.connectors.backpressure import Backpressure
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, EncodedChange
+from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch
 from mvlog.connectors.recovery import roll_forward
+from mvlog.connectors.streamed_commit import StreamedCommit
 from mvlog.connectors.topics import ensure_topic
-from mvlog.connectors.view_store import EpochCommit, Lifecycle, ServingStateLostError, ViewStore
+from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore
 from mvlog.epoch import EpochClock
 from mvlog.key_order import order_member
 from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType, FieldError, Key, Row, RowSchema
-from mvlog.schemas.codec import decode_row, encode_key, encode_row
+from mvlog.schemas.codec import decode_row, encode_change_rows, encode_key, encode_row
 from mvlog.vnode import vnode_of
 
 log = logging.getLogger(__name__)
 
 _DELETED = None
 _READ_CHUNK = 10_000  # keys per HMGET of the current rows
+_SEND_EVERY = 4096  # changes encoded between two sends of the epoch's queued Redis commands
+_CREATE, _UPDATE, _DELETE = Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value
+# A change of one key: key bytes, op, row bytes before and after (None: no row), the key.
+_Change = tuple[bytes, str, bytes | None, bytes | None, Key]
 
 
 def _plain_row_normalizer(schema: RowSchema) -> Callable[[Any], Row | None]:
@@ -240,39 +245,51 @@ class Table:
             epoch = self._clock.next()
             self._epochs_written += 1
             checkpoint = self._epochs_written % self.settings.checkpoint_frequency == 0
-            # Each row is encoded once, for its change event and for Redis; the generator runs inside the
-            # epoch's transaction, so an encoding error aborts the epoch.
-            row_puts: dict[bytes, bytes] = {}
-            row_deletes: list[bytes] = []
-            order_puts: list[bytes] = []
-            order_deletes: list[bytes] = []
-            key_of = self.schema.key_of
-
-            def encoded() -> Iterator[EncodedChange]:
-                for key, op, before, after in changes:
-                    after_bytes = None if after is None else encode_row(after)
-                    image = after if after is not None else before
-                    assert image is not None
-                    member = order_member(vnode_of(key), key_of(image), key)
-                    if after_bytes is None:
-                        row_deletes.append(key)
-                        order_deletes.append(member)
-                    else:
-                        row_puts[key] = after_bytes
-                        order_puts.append(member)
-                    yield EncodedChange(op, key, None if before is None else encode_row(before), after_bytes)
-
             follows = self._prev_epoch
-            committed = self._writer.commit_encoded(epoch, follows, encoded(), checkpoint=checkpoint)
+            # The Redis side of the epoch is queued (not applied) while the epoch is encoded and produced,
+            # so redis-server parses it on the other core; it applies after the Kafka transaction commits.
+            staged = self.store.stream_commit(self.entry.name, epoch, follows)
+            try:
+                committed = self._writer.commit_records(epoch, follows, self._records(epoch, changes, staged),
+                                                        checkpoint=checkpoint)
+            except BaseException:
+                staged.abort()
+                raise
             self._prev_epoch = epoch
             self._last_committed = committed.index
             try:
-                self.store.commit(self.entry.name, EpochCommit(epoch, row_puts, row_deletes, committed.index,
-                                                               order_puts=order_puts, order_deletes=order_deletes,
-                                                               follows=follows))
+                staged.finish(committed.index)
             except ServingStateLostError:
                 self._recover()  # rolls Redis forward over this epoch too
             return committed
+
+    def _records(self, epoch: int, changes: list[_Change], staged: StreamedCommit
+                 ) -> Callable[[int, str], Iterator[tuple[bytes, int, bytes]]]:
+        """The epoch's change events for :meth:`ChangelogWriter.commit_records`; each change also goes to
+        ``staged`` (row and key-order member), so every key's vnode and member is computed once. The
+        generator runs inside the epoch's transaction: an error it raises aborts the epoch."""
+        view, key_of = self.entry.name, self.schema.key_of
+        row_kv, row_deletes = staged.row_kv, staged.row_deletes
+        order_puts, order_deletes = staged.order_puts, staged.order_deletes
+
+        def records(ts_ms: int, txn: str) -> Iterator[tuple[bytes, int, bytes]]:
+            next_send = _SEND_EVERY
+            for count, (kb, op, before, after, key) in enumerate(changes, 1):
+                vnode = vnode_of(kb)
+                if after is None:
+                    assert before is not None
+                    row_deletes.append(kb)
+                    order_deletes.append(order_member(vnode, key_of(decode_row(before)), kb))
+                else:
+                    row_kv.append(kb)
+                    row_kv.append(after)
+                    order_puts.append(order_member(vnode, key, kb))
+                yield kb, vnode, encode_change_rows(view, epoch, vnode, op, before, after, ts_ms, txn)
+                if count == next_send:
+                    staged.send()
+                    next_send += _SEND_EVERY
+
+        return records
 
     def _ensure_serving_state(self) -> bool:
         """True when Redis had lost this table's state (wiped) and it was rebuilt from Kafka."""
@@ -291,22 +308,32 @@ class Table:
                                "another writer of the table is running")
         self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
 
-    def _changes(self, pending: Mapping[Key, Row | None]) -> list[tuple[bytes, str, Row | None, Row | None]]:
-        """(key bytes, op, before, after) of every pending key whose row changes (each key once)."""
+    def _changes(self, pending: Mapping[Key, Row | None]) -> list[_Change]:
+        """(key bytes, op, before, after, key) of every pending key whose row changes (each key once).
+
+        ``before`` is the row's bytes in Redis and ``after`` the new row encoded, so an unchanged row is
+        found by comparing bytes: both are ``encode_row`` of a normalized row (columns in schema order),
+        and equal bytes decode to equal rows. Only different bytes of an existing row are decoded and
+        compared as rows (as ``change_between`` does): 0.0 and -0.0, say, are equal rows.
+        """
         columns, view = self.entry.key_columns, self.entry.name
-        changes: list[tuple[bytes, str, Row | None, Row | None]] = []
+        changes: list[_Change] = []
+        append = changes.append
         items = list(pending.items())
         for start in range(0, len(items), _READ_CHUNK):  # bounded Redis replies
             chunk = items[start:start + _READ_CHUNK]
             key_bytes = [encode_key(columns, key) for key, _ in chunk]
-            current = self.store.get_rows(view, key_bytes)
-            for (_, after), kb in zip(chunk, key_bytes, strict=True):
-                raw = current.get(kb)
-                before = decode_row(raw) if raw is not None else None
-                if before == after:  # as change_between: nothing changed
+            current = self.store.row_list(view, key_bytes)
+            for (key, after), kb, raw in zip(chunk, key_bytes, current, strict=True):
+                if after is None:
+                    if raw is not None:
+                        append((kb, _DELETE, raw, None, key))
                     continue
-                op = Op.CREATE if before is None else Op.DELETE if after is None else Op.UPDATE
-                changes.append((kb, op.value, before, after))
+                after_bytes = encode_row(after)
+                if raw is None:
+                    append((kb, _CREATE, None, after_bytes, key))
+                elif raw != after_bytes and decode_row(raw) != after:
+                    append((kb, _UPDATE, raw, after_bytes, key))
         return changes
 
     # --- background epochs ------------------------------------------------------------------------

@@ -1,0 +1,143 @@
+"""An epoch's Redis commit queued while the epoch is written to Kafka (MULTI), applied at once after it.
+
+What must hold as with the commit script: nothing is visible before :meth:`StreamedCommit.finish`; an
+epoch at or below the MCE is refused; a MCE that is not the one the epoch follows raises
+ServingStateLostError; a writer killed between the Kafka commit and the Redis commit leaves Redis at the
+old epoch, and the table's next writer rolls Redis forward from Kafka.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from mvlog.config import Settings
+from mvlog.connectors.epoch_index import IndexEntry
+from mvlog.connectors.streamed_commit import CHUNK
+from mvlog.connectors.view_store import EpochCommit, Lifecycle, ServingStateLostError, ViewStore
+from mvlog.schemas.codec import decode_row, encode_key
+from mvlog.services.table_writer import Table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rows(first: int, count: int) -> list[bytes]:
+    flat: list[bytes] = []
+    for i in range(first, first + count):
+        flat += [f"k{i}".encode(), f"v{i}".encode()]
+    return flat
+
+
+def test_nothing_is_visible_until_finish_then_everything_is(settings: Settings, redis_client: redis.Redis) -> None:
+    store = ViewStore(redis_client, settings.topic_prefix)
+    assert store.commit("v", EpochCommit(10, {b"k0": b"old", b"gone": b"x"}, [], {0: IndexEntry(10, 1, 2)},
+                                         order_puts=[b"m0", b"mgone"]))
+    staged = store.stream_commit("v", 11, follows=10)
+    count = 3 * CHUNK + 5  # several queued chunks and a remainder
+    staged.row_kv += _rows(0, count)
+    staged.order_puts += [f"m{i}".encode() for i in range(count)]
+    staged.row_deletes.append(b"gone")
+    staged.order_deletes.append(b"mgone")
+    staged.send()
+    # Queued, not applied: readers (other connections) still see epoch 10.
+    assert store.mce("v") == 10 and store.row_count("v") == 2
+    assert store.get_rows("v", [b"k0", b"k1"]) == {b"k0": b"old"}
+
+    assert staged.finish({0: IndexEntry(11, 9, count), 1: IndexEntry(11, 4, 0)})
+    assert store.mce("v") == 11 and store.row_count("v") == count
+    assert store.get_rows("v", [b"k0", b"gone", f"k{count - 1}".encode()]) == {
+        b"k0": b"v0", f"k{count - 1}".encode(): f"v{count - 1}".encode()}
+    assert redis_client.zcard(store.key("v", "keyorder")) == count
+    assert [e.offset for e in store.index.between("v", 0, 0, 100)] == [1, 9]
+    assert [e.offset for e in store.index.between("v", 1, 0, 100)] == [4]
+    assert redis_client.ping()  # the pool's connections are usable afterwards
+
+
+def test_an_aborted_epoch_leaves_nothing(settings: Settings, redis_client: redis.Redis) -> None:
+    store = ViewStore(redis_client, settings.topic_prefix)
+    staged = store.stream_commit("v", 5, follows=0)
+    staged.row_kv += _rows(0, CHUNK + 1)
+    staged.send()
+    staged.abort()
+    assert store.mce("v") is None and store.row_count("v") == 0
+    # The next epoch of the same view goes through.
+    staged = store.stream_commit("v", 6, follows=0)
+    staged.row_kv += _rows(0, 3)
+    assert staged.finish({0: IndexEntry(6, 0, 3)})
+    assert store.mce("v") == 6 and store.row_count("v") == 3
+
+
+def test_a_meta_write_meanwhile_falls_back_to_the_script(settings: Settings, redis_client: redis.Redis) -> None:
+    """A lifecycle change touches the watched meta: EXEC applies nothing and the script commits instead."""
+    store = ViewStore(redis_client, settings.topic_prefix)
+    staged = store.stream_commit("v", 5, follows=0)
+    staged.row_kv += _rows(0, CHUNK + 1)
+    staged.order_puts += [f"m{i}".encode() for i in range(CHUNK + 1)]
+    staged.send()
+    store.set_lifecycle("v", Lifecycle.LIVE)
+    assert staged.finish({0: IndexEntry(5, 0, CHUNK + 1)})
+    assert store.mce("v") == 5 and store.row_count("v") == CHUNK + 1
+    assert redis_client.zcard(store.key("v", "keyorder")) == CHUNK + 1
+
+
+def test_an_epoch_committed_meanwhile_is_not_applied_twice(settings: Settings, redis_client: redis.Redis) -> None:
+    store = ViewStore(redis_client, settings.topic_prefix)
+    staged = store.stream_commit("v", 5, follows=0)
+    staged.row_kv += _rows(0, 10)
+    assert store.commit("v", EpochCommit(5, {b"other": b"1"}, [], {0: IndexEntry(5, 0, 1)}, follows=0))
+    assert not staged.finish({0: IndexEntry(5, 0, 10)})
+    assert store.mce("v") == 5 and store.get_rows("v", [b"k0", b"other"]) == {b"other": b"1"}
+
+
+def test_a_wiped_store_raises_serving_state_lost(settings: Settings, redis_client: redis.Redis) -> None:
+    store = ViewStore(redis_client, settings.topic_prefix)
+    assert store.commit("v", EpochCommit(5, {b"a": b"1"}, [], {0: IndexEntry(5, 0, 1)}))
+    staged = store.stream_commit("v", 6, follows=5)
+    staged.row_kv += _rows(0, 10)
+    staged.send()
+    redis_client.delete(store.key("v", "meta"), store.key("v", "rows"))  # a wipe of this view's keys
+    with pytest.raises(ServingStateLostError):
+        staged.finish({0: IndexEntry(6, 1, 10)})
+    assert store.mce("v") is None and store.row_count("v") == 0
+    # Opened on a MCE other than the one it follows: nothing is queued, the script decides the same.
+    staged = store.stream_commit("v", 7, follows=6)
+    staged.row_kv += _rows(0, 10)
+    with pytest.raises(ServingStateLostError):
+        staged.finish({0: IndexEntry(7, 2, 10)})
+    assert store.row_count("v") == 0
+
+
+def test_a_writer_killed_between_kafka_and_redis_is_rolled_forward(settings: Settings,
+                                                                   redis_client: redis.Redis) -> None:
+    columns = {"id": "int", "v": "string"}
+    table = Table.create(settings, "t", columns, ["id"], client=redis_client, auto_commit=False)
+    table.upsert([{"id": i, "v": f"row {i}"} for i in range(100)])
+    first = table.flush()
+    table.close()
+    store = table.store
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    child = subprocess.run([sys.executable, "-m", "tests.integration.processes.table_killed_before_redis",
+                            settings.model_dump_json(), "t", "100", str(2 * CHUNK)],
+                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert child.returncode == -9, child.stderr
+    killed = int(child.stdout.split()[1])
+    assert killed > first
+    # Kafka has the epoch, Redis does not: the queued commands died with the connection.
+    assert store.mce("t") == first and store.row_count("t") == 100
+
+    # Nothing proves that epoch committed (no barrier names it, the index lacks it): the next writer
+    # abandons it (its first barrier names ``first``) and writes above it, as for a kill before Redis.
+    reopened = Table.open(settings, "t", client=redis_client, auto_commit=False)
+    assert store.mce("t") == first and store.row_count("t") == 100
+    reopened.upsert([{"id": 0, "v": "changed"}])
+    assert reopened.flush() > killed
+    assert store.row_count("t") == 100 and redis_client.zcard(store.key("t", "keyorder")) == 100
+    key = encode_key(("id",), (0,))
+    assert decode_row(store.get_rows("t", [key])[key]) == {"id": 0, "v": "changed"}
+    reopened.close()
