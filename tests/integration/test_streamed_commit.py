@@ -1,9 +1,10 @@
-"""An epoch's Redis commit queued while the epoch is written to Kafka (MULTI), applied at once after it.
+"""An epoch's Redis commit sent while the epoch is written to Kafka, applied at once after it: queued
+(MULTI) for a view with rows, written under staged keys and renamed into place for a view without.
 
 What must hold as with the commit script: nothing is visible before :meth:`StreamedCommit.finish`; an
 epoch at or below the MCE is refused; a MCE that is not the one the epoch follows raises
 ServingStateLostError; a writer killed between the Kafka commit and the Redis commit leaves Redis at the
-old epoch, and the table's next writer rolls Redis forward from Kafka.
+old epoch (the next writer abandons that epoch, as for any kill before Redis), and nothing staged stays.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def test_an_aborted_epoch_leaves_nothing(settings: Settings, redis_client: redis
     staged.send()
     staged.abort()
     assert store.mce("v") is None and store.row_count("v") == 0
+    assert _staged_keys(redis_client, store) == []
     # The next epoch of the same view goes through.
     staged = store.stream_commit("v", 6, follows=0)
     staged.row_kv += _rows(0, 3)
@@ -75,14 +77,64 @@ def test_an_aborted_epoch_leaves_nothing(settings: Settings, redis_client: redis
 def test_a_meta_write_meanwhile_falls_back_to_the_script(settings: Settings, redis_client: redis.Redis) -> None:
     """A lifecycle change touches the watched meta: EXEC applies nothing and the script commits instead."""
     store = ViewStore(redis_client, settings.topic_prefix)
-    staged = store.stream_commit("v", 5, follows=0)
+    assert store.commit("v", EpochCommit(4, {b"a": b"1"}, [], {0: IndexEntry(4, 0, 1)}, order_puts=[b"ma"]))
+    staged = store.stream_commit("v", 5, follows=4)
     staged.row_kv += _rows(0, CHUNK + 1)
     staged.order_puts += [f"m{i}".encode() for i in range(CHUNK + 1)]
     staged.send()
     store.set_lifecycle("v", Lifecycle.LIVE)
     assert staged.finish({0: IndexEntry(5, 0, CHUNK + 1)})
+    assert store.mce("v") == 5 and store.row_count("v") == CHUNK + 2
+    assert redis_client.zcard(store.key("v", "keyorder")) == CHUNK + 2
+
+
+def _staged_keys(redis_client: redis.Redis, store: ViewStore) -> list[bytes]:
+    return list(redis_client.scan_iter(match=store.key("v", "*.stage.*")))
+
+
+def test_a_view_without_rows_is_staged_and_renamed_into_place(settings: Settings,
+                                                             redis_client: redis.Redis) -> None:
+    store = ViewStore(redis_client, settings.topic_prefix)
+    assert store.commit("v", EpochCommit(4, {}, [], {0: IndexEntry(4, 0, 0)}))  # an MCE, no rows
+    staged = store.stream_commit("v", 5, follows=4)
+    count = 2 * CHUNK + 3
+    staged.row_kv += _rows(0, count)
+    staged.order_puts += [f"m{i}".encode() for i in range(count)]
+    staged.send()
+    # Written, under keys of this epoch alone that expire: readers still see epoch 4 without rows.
+    assert len(_staged_keys(redis_client, store)) == 2
+    assert all(0 < redis_client.ttl(k) <= 3600 for k in _staged_keys(redis_client, store))
+    assert store.mce("v") == 4 and store.row_count("v") == 0
+
+    assert staged.finish({0: IndexEntry(5, 3, count)})
+    assert store.mce("v") == 5 and store.row_count("v") == count
+    assert redis_client.zcard(store.key("v", "keyorder")) == count
+    assert redis_client.ttl(store.key("v", "rows")) == -1 and redis_client.ttl(store.key("v", "keyorder")) == -1
+    assert _staged_keys(redis_client, store) == []
+    assert [e.offset for e in store.index.between("v", 0, 0, 100)] == [0, 3]
+
+
+def test_staged_keys_that_went_missing_or_rows_that_came_meanwhile_fall_back_to_the_script(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    store = ViewStore(redis_client, settings.topic_prefix)
+    staged = store.stream_commit("v", 5, follows=0)
+    staged.row_kv += _rows(0, CHUNK + 1)
+    staged.order_puts += [f"m{i}".encode() for i in range(CHUNK + 1)]
+    staged.send()
+    redis_client.delete(*_staged_keys(redis_client, store))  # expired (or wiped) before the swap
+    assert staged.finish({0: IndexEntry(5, 0, CHUNK + 1)})
     assert store.mce("v") == 5 and store.row_count("v") == CHUNK + 1
     assert redis_client.zcard(store.key("v", "keyorder")) == CHUNK + 1
+
+    store.drop("v", 1)
+    staged = store.stream_commit("v", 6, follows=0)
+    staged.row_kv += _rows(0, 10)
+    staged.order_puts += [f"m{i}".encode() for i in range(10)]
+    staged.send()
+    redis_client.hset(store.key("v", "rows"), b"other", b"1")  # the view got a row meanwhile
+    assert staged.finish({0: IndexEntry(6, 0, 10)})
+    assert store.mce("v") == 6 and store.row_count("v") == 11  # merged, not replaced
+    assert _staged_keys(redis_client, store) == []
 
 
 def test_an_epoch_committed_meanwhile_is_not_applied_twice(settings: Settings, redis_client: redis.Redis) -> None:
@@ -104,6 +156,15 @@ def test_a_wiped_store_raises_serving_state_lost(settings: Settings, redis_clien
     with pytest.raises(ServingStateLostError):
         staged.finish({0: IndexEntry(6, 1, 10)})
     assert store.mce("v") is None and store.row_count("v") == 0
+    # The same for a view without rows (staged): the swap script refuses it.
+    assert store.commit("v", EpochCommit(8, {}, [], {0: IndexEntry(8, 0, 0)}))
+    staged = store.stream_commit("v", 9, follows=8)
+    staged.row_kv += _rows(0, 10)
+    redis_client.delete(store.key("v", "meta"))
+    with pytest.raises(ServingStateLostError):
+        staged.finish({0: IndexEntry(9, 1, 10)})
+    assert store.row_count("v") == 0 and _staged_keys(redis_client, store) == []
+    store.drop("v", 1)
     # Opened on a MCE other than the one it follows: nothing is queued, the script decides the same.
     staged = store.stream_commit("v", 7, follows=6)
     staged.row_kv += _rows(0, 10)
@@ -112,32 +173,43 @@ def test_a_wiped_store_raises_serving_state_lost(settings: Settings, redis_clien
     assert store.row_count("v") == 0
 
 
-def test_a_writer_killed_between_kafka_and_redis_is_rolled_forward(settings: Settings,
-                                                                   redis_client: redis.Redis) -> None:
+def _kill_between_kafka_and_redis(settings: Settings, table: str, first: int, count: int) -> int:
+    """Run a writer of ``table`` that upserts ``count`` rows from id ``first`` and is SIGKILLed once the
+    epoch's Kafka transaction committed and its Redis commands are sent; returns that epoch."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    child = subprocess.run([sys.executable, "-m", "tests.integration.processes.table_killed_before_redis",
+                            settings.model_dump_json(), table, str(first), str(count)],
+                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert child.returncode == -9, child.stderr
+    return int(child.stdout.split()[1])
+
+
+@pytest.mark.parametrize("rows_before", [100, 0], ids=["queued", "staged"])
+def test_a_writer_killed_between_kafka_and_redis_leaves_the_old_epoch(settings: Settings, redis_client: redis.Redis,
+                                                                      rows_before: int) -> None:
     columns = {"id": "int", "v": "string"}
     table = Table.create(settings, "t", columns, ["id"], client=redis_client, auto_commit=False)
-    table.upsert([{"id": i, "v": f"row {i}"} for i in range(100)])
+    table.upsert([{"id": i, "v": f"row {i}"} for i in range(rows_before)])
     first = table.flush()
     table.close()
     store = table.store
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    child = subprocess.run([sys.executable, "-m", "tests.integration.processes.table_killed_before_redis",
-                            settings.model_dump_json(), "t", "100", str(2 * CHUNK)],
-                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
-    assert child.returncode == -9, child.stderr
-    killed = int(child.stdout.split()[1])
+    killed = _kill_between_kafka_and_redis(settings, "t", 100, 2 * CHUNK)
     assert killed > first
-    # Kafka has the epoch, Redis does not: the queued commands died with the connection.
-    assert store.mce("t") == first and store.row_count("t") == 100
+    # Kafka has the epoch, Redis does not: queued commands died with the connection, staged keys expire.
+    assert store.mce("t") == first and store.row_count("t") == rows_before
+    staged = list(redis_client.scan_iter(match=store.key("t", "*.stage.*")))
+    assert len(staged) == (2 if rows_before == 0 else 0)
+    assert all(0 < redis_client.ttl(k) <= 3600 for k in staged)
 
     # Nothing proves that epoch committed (no barrier names it, the index lacks it): the next writer
     # abandons it (its first barrier names ``first``) and writes above it, as for a kill before Redis.
     reopened = Table.open(settings, "t", client=redis_client, auto_commit=False)
-    assert store.mce("t") == first and store.row_count("t") == 100
+    assert store.mce("t") == first and store.row_count("t") == rows_before
     reopened.upsert([{"id": 0, "v": "changed"}])
     assert reopened.flush() > killed
-    assert store.row_count("t") == 100 and redis_client.zcard(store.key("t", "keyorder")) == 100
+    rows_after = max(rows_before, 1)
+    assert store.row_count("t") == rows_after and redis_client.zcard(store.key("t", "keyorder")) == rows_after
     key = encode_key(("id",), (0,))
     assert decode_row(store.get_rows("t", [key])[key]) == {"id": 0, "v": "changed"}
     reopened.close()
