@@ -8,10 +8,11 @@ folded into one change and committed as one epoch: a Kafka transaction, then Red
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -41,12 +42,13 @@ _CREATE, _UPDATE, _DELETE = Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value
 _Change = tuple[bytes, str, bytes | None, bytes | None, Key]
 
 
-def _plain_row_normalizer(schema: RowSchema) -> Callable[[Any], Row | None]:
+def _plain_row_normalizer(schema: RowSchema, max_text_bytes: int) -> Callable[[Any], Row | None]:
     """``schema.normalize(row)`` for rows that ``schema.validate`` accepts at a glance, else None.
 
     A plain dict whose values are of exactly the column types (an int for a float column too) is valid
     and normalized here in one pass; anything else (None for the slow path) is left to the schema,
-    which names each problem. The result is always what validate + normalize give.
+    which names each problem. So is a row whose strings and bytes exceed ``max_text_bytes``
+    (:meth:`Table._too_large` names it). The result is always what validate + normalize give.
     """
     names = frozenset(schema.names)
     columns = [(c.name, c.type, c.nullable) for c in schema.columns]
@@ -57,6 +59,7 @@ def _plain_row_normalizer(schema: RowSchema) -> Callable[[Any], Row | None]:
         if type(row) is not dict or not row.keys() <= names:
             return None
         out: Row = {}
+        text = 0
         for name, kind, nullable in columns:
             value = row.get(name)
             vtype = type(value)
@@ -74,18 +77,28 @@ def _plain_row_normalizer(schema: RowSchema) -> Callable[[Any], Row | None]:
             elif kind is str_:
                 if vtype is not str:
                     return None
+                text += len(value)
             elif kind is bool_:
                 if vtype is not bool:
                     return None
             elif kind is bytes_:
                 if vtype is not bytes and vtype is not bytearray:
                     return None
+                text += len(value)
             else:
                 return None
             out[name] = value
-        return out
+        return out if text <= max_text_bytes else None
 
     return normalize
+
+
+def _key_getter(primary_key: Sequence[str]) -> Callable[[Row], Key]:
+    """``RowSchema.key_of`` without a generator per row: the key tuple of a normalized row."""
+    if len(primary_key) == 1:
+        (column,) = primary_key
+        return lambda row: (row[column],)
+    return cast(Callable[[Row], Key], operator.itemgetter(*primary_key))
 
 
 class RowValidationError(ValueError):
@@ -110,8 +123,9 @@ class Table:
         self.settings = settings
         self.entry = entry
         self.schema: RowSchema = entry.schema
-        self._fast_normalize = _plain_row_normalizer(self.schema)
         # Only string and bytes columns can make a row too large for one Kafka record: checked per row.
+        self._fast_normalize = _plain_row_normalizer(self.schema, settings.max_record_bytes // 2)
+        self._key_of = _key_getter(self.schema.primary_key)
         self._sized_columns = [c.name for c in self.schema.columns if c.type in (ColumnType.STRING, ColumnType.BYTES)]
         self._redis = client or redis.Redis.from_url(settings.redis_url)
         self.store = ViewStore(self._redis, settings.topic_prefix)
@@ -175,7 +189,7 @@ class Table:
         self._raise_background_error()
         accepted: dict[Key, Row] = {}
         errors: list[FieldError] = []
-        fast, key_of = self._fast_normalize, self.schema.key_of
+        fast, key_of = self._fast_normalize, self._key_of
         for index, row in enumerate(rows):
             normalized = fast(row)
             if normalized is None:  # not a plain row: the schema says what is wrong, or normalizes it
@@ -184,9 +198,9 @@ class Table:
                     errors.extend(problems)
                     continue
                 normalized = self.schema.normalize(row)
-            if self._sized_columns and (problem := self._too_large(normalized)) is not None:
-                errors.append(FieldError(index, problem[0], problem[1]))
-                continue
+                if self._sized_columns and (problem := self._too_large(normalized)) is not None:
+                    errors.append(FieldError(index, problem[0], problem[1]))
+                    continue
             accepted[key_of(normalized)] = normalized
         with self._lock:
             self._pending.update(accepted)
