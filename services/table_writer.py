@@ -287,21 +287,20 @@ class Table:
         order_puts, order_deletes = staged.order_puts, staged.order_deletes
 
         def records(ts_ms: int, txn: str) -> Iterator[tuple[bytes, int, bytes]]:
-            next_send = _SEND_EVERY
-            for count, (kb, op, before, after, key) in enumerate(changes, 1):
-                vnode = vnode_of(kb)
-                if after is None:
-                    assert before is not None
-                    row_deletes.append(kb)
-                    order_deletes.append(order_member(vnode, key_of(decode_row(before)), kb))
-                else:
-                    row_kv.append(kb)
-                    row_kv.append(after)
-                    order_puts.append(order_member(vnode, key, kb))
-                yield kb, vnode, encode_change_rows(view, epoch, vnode, op, before, after, ts_ms, txn)
-                if count == next_send:
-                    staged.send()
-                    next_send += _SEND_EVERY
+            put_row, put_member = row_kv.append, order_puts.append
+            for start in range(0, len(changes), _SEND_EVERY):
+                for kb, op, before, after, key in changes[start:start + _SEND_EVERY]:
+                    vnode = vnode_of(kb)
+                    if after is None:
+                        assert before is not None
+                        row_deletes.append(kb)
+                        order_deletes.append(order_member(vnode, key_of(decode_row(before)), kb))
+                    else:
+                        put_row(kb)
+                        put_row(after)
+                        put_member(order_member(vnode, key, kb))
+                    yield kb, vnode, encode_change_rows(view, epoch, vnode, op, before, after, ts_ms, txn)
+                staged.send()
 
         return records
 
@@ -333,6 +332,11 @@ class Table:
         columns, view = self.entry.key_columns, self.entry.name
         changes: list[_Change] = []
         append = changes.append
+        if self.store.row_count(view) == 0:  # a first load: no before-images to read
+            for key, after in pending.items():
+                if after is not None:  # (a delete of a key without a row changes nothing)
+                    append((encode_key(columns, key), _CREATE, None, encode_row(after), key))
+            return changes
         items = list(pending.items())
         for start in range(0, len(items), _READ_CHUNK):  # bounded Redis replies
             chunk = items[start:start + _READ_CHUNK]
