@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,11 @@ def test_a_view_without_rows_is_staged_and_renamed_into_place(settings: Settings
     staged.row_kv += _rows(0, count)
     staged.order_puts += [f"m{i}".encode() for i in range(count)]
     staged.send()
-    # Written, under keys of this epoch alone that expire: readers still see epoch 4 without rows.
+    # Written (send does not wait for the replies: give the server a moment), under keys of this epoch
+    # alone that expire; readers still see epoch 4 without rows.
+    deadline = time.monotonic() + 10
+    while len(_staged_keys(redis_client, store)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert len(_staged_keys(redis_client, store)) == 2
     assert all(0 < redis_client.ttl(k) <= 3600 for k in _staged_keys(redis_client, store))
     assert store.mce("v") == 4 and store.row_count("v") == 0
