@@ -93,6 +93,14 @@ def _staged_keys(redis_client: redis.Redis, store: ViewStore) -> list[bytes]:
     return list(redis_client.scan_iter(match=store.key("v", "*.stage.*")))
 
 
+def _wait_for_staged(redis_client: redis.Redis, store: ViewStore, count: int = 2) -> list[bytes]:
+    """The staged keys once ``count`` are there (:meth:`StreamedCommit.send` does not wait for replies)."""
+    deadline = time.monotonic() + 10
+    while len(keys := _staged_keys(redis_client, store)) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return keys
+
+
 def test_a_view_without_rows_is_staged_and_renamed_into_place(settings: Settings,
                                                              redis_client: redis.Redis) -> None:
     store = ViewStore(redis_client, settings.topic_prefix)
@@ -104,10 +112,7 @@ def test_a_view_without_rows_is_staged_and_renamed_into_place(settings: Settings
     staged.send()
     # Written (send does not wait for the replies: give the server a moment), under keys of this epoch
     # alone that expire; readers still see epoch 4 without rows.
-    deadline = time.monotonic() + 10
-    while len(_staged_keys(redis_client, store)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(_staged_keys(redis_client, store)) == 2
+    assert len(_wait_for_staged(redis_client, store)) == 2
     assert all(0 < redis_client.ttl(k) <= 3600 for k in _staged_keys(redis_client, store))
     assert store.mce("v") == 4 and store.row_count("v") == 0
 
@@ -126,7 +131,7 @@ def test_staged_keys_that_went_missing_or_rows_that_came_meanwhile_fall_back_to_
     staged.row_kv += _rows(0, CHUNK + 1)
     staged.order_puts += [f"m{i}".encode() for i in range(CHUNK + 1)]
     staged.send()
-    redis_client.delete(*_staged_keys(redis_client, store))  # expired (or wiped) before the swap
+    redis_client.delete(*_wait_for_staged(redis_client, store))  # expired (or wiped) before the swap
     assert staged.finish({0: IndexEntry(5, 0, CHUNK + 1)})
     assert store.mce("v") == 5 and store.row_count("v") == CHUNK + 1
     assert redis_client.zcard(store.key("v", "keyorder")) == CHUNK + 1
