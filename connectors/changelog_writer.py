@@ -165,6 +165,14 @@ class ChangelogWriter:
 
         return self._commit(epoch, prev_epoch, records, checkpoint, mutation, consumed_offsets, group_metadata)
 
+    def commit_records(self, epoch: int, prev_epoch: int,
+                       records: Callable[[int, str], Iterable[tuple[bytes, int, bytes]]], *,
+                       checkpoint: bool = True) -> CommittedEpoch:
+        """:meth:`commit_epoch` of change events the caller encodes: ``records(ts_ms, txn)`` yields
+        (key, vnode, ``encode_change_rows(view, epoch, vnode, ..., ts_ms, txn)``) inside the transaction,
+        so a writer that also needs each key's vnode and rows for Redis computes them once."""
+        return self._commit(epoch, prev_epoch, records, checkpoint, None, None, None)
+
     def _commit(self, epoch: int, prev_epoch: int, records: Callable[[int, str], Iterable[tuple[bytes, int, bytes]]],
                 checkpoint: bool, mutation: Mutation | None, consumed_offsets: Sequence[TopicPartition] | None,
                 group_metadata: Any) -> CommittedEpoch:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
@@ -26,6 +26,9 @@ from mvlog.connectors.lua_prelude import EACH_CHUNK, SWAP_STAGED
 from mvlog.key_order import order_member
 from mvlog.schemas.codec import encode_key, encode_row
 from mvlog.vnode import vnode_of
+
+if TYPE_CHECKING:
+    from mvlog.connectors.streamed_commit import StreamedCommit
 
 
 class Lifecycle(StrEnum):
@@ -213,33 +216,60 @@ class ViewStore:
 
         Raises :class:`ServingStateLostError` (nothing changed) when ``commit.follows`` is not the MCE."""
         state_puts = commit.state_puts or {}
-        partitions = sorted(commit.index)
+        row_kv: list[bytes] = []
+        for field_, value in commit.row_puts.items():
+            row_kv += (field_, value)
+        return self._apply(view, commit.epoch, row_kv, commit.row_deletes, commit.order_puts, commit.order_deletes,
+                           commit.index, commit.follows, state_puts=state_puts, state_deletes=commit.state_deletes,
+                           backfill=commit.backfill, journal=commit.journal, lifecycle=commit.lifecycle)
+
+    def commit_rows(self, view: str, epoch: int, row_kv: Sequence[bytes], row_deletes: Sequence[bytes],
+                    order_puts: Sequence[bytes], order_deletes: Sequence[bytes], index: Mapping[int, IndexEntry],
+                    follows: int | None = None) -> bool:
+        """:meth:`commit` of rows given flat (``row_kv``: key, row, key, row, ...), as a writer that encodes
+        them builds them (no mapping to flatten again)."""
+        return self._apply(view, epoch, row_kv, row_deletes, order_puts, order_deletes, index, follows)
+
+    def _apply(self, view: str, epoch: int, row_kv: Sequence[bytes], row_deletes: Sequence[bytes],
+               order_puts: Sequence[bytes], order_deletes: Sequence[bytes], index: Mapping[int, IndexEntry],
+               follows: int | None, *, state_puts: Mapping[bytes, bytes] | None = None,
+               state_deletes: Sequence[bytes] = (), backfill: Mapping[str, bytes | str | int] | None = None,
+               journal: Sequence[str] = (), lifecycle: str = "") -> bool:
+        state_puts = state_puts or {}
+        backfill = backfill or {}
+        partitions = sorted(index)
         keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder", "backfill", "journal")]
         keys += [self.index.key(view, p) for p in partitions]
         args: list[bytes | str | int] = [
-            epoch_hex(commit.epoch), commit.epoch, int(time.time() * 1000),
-            len(commit.row_puts), len(commit.row_deletes), len(state_puts), len(commit.state_deletes),
-            len(commit.order_puts), len(commit.order_deletes), len(commit.backfill), len(commit.journal),
-            commit.lifecycle,
-            "" if commit.follows is None else (epoch_hex(commit.follows) if commit.follows > 0 else "none"),
+            epoch_hex(epoch), epoch, int(time.time() * 1000),
+            len(row_kv) // 2, len(row_deletes), len(state_puts), len(state_deletes),
+            len(order_puts), len(order_deletes), len(backfill), len(journal),
+            lifecycle,
+            "" if follows is None else (epoch_hex(follows) if follows > 0 else "none"),
         ]
-        for field_, value in commit.row_puts.items():
-            args += [field_, value]
-        args += list(commit.row_deletes)
+        args += row_kv
+        args += row_deletes
         for field_, value in state_puts.items():
             args += [field_, value]
-        args += list(commit.state_deletes)
-        args += list(commit.order_puts)
-        args += list(commit.order_deletes)
-        for name, setting in commit.backfill.items():
+        args += state_deletes
+        args += order_puts
+        args += order_deletes
+        for name, setting in backfill.items():
             args += [name, setting]
-        args += list(commit.journal)
-        args += [index_member(commit.epoch, commit.index[p].offset, commit.index[p].records) for p in partitions]
+        args += journal
+        args += [index_member(epoch, index[p].offset, index[p].records) for p in partitions]
         result = int(self._commit(keys=keys, args=args))
         if result < 0:
-            raise ServingStateLostError(f"{view}: epoch {commit.epoch} follows epoch {commit.follows}, but Redis "
+            raise ServingStateLostError(f"{view}: epoch {epoch} follows epoch {follows}, but Redis "
                                         f"holds MCE {self.mce(view)}: the serving state was wiped or rolled back")
         return result == 1
+
+    def stream_commit(self, view: str, epoch: int, follows: int) -> StreamedCommit:
+        """An epoch commit of rows and key order whose commands are sent as they are encoded (see
+        :mod:`mvlog.connectors.streamed_commit`)."""
+        from mvlog.connectors.streamed_commit import StreamedCommit
+
+        return StreamedCommit(self, view, epoch, follows)
 
     def mce(self, view: str) -> int | None:
         value = self.redis.hget(self._key(view, "meta"), "mce")
@@ -272,6 +302,12 @@ class ViewStore:
             return {}
         values = cast(list[bytes | None], self.redis.hmget(self._key(view, "rows"), list(keys)))
         return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+
+    def row_list(self, view: str, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The rows of ``keys`` in their order, None where there is none (one HMGET)."""
+        if not keys:
+            return []
+        return cast(list[bytes | None], self.redis.hmget(self._key(view, "rows"), list(keys)))
 
     def scan_rows(self, view: str, batch: int = 1000) -> Iterator[tuple[bytes, bytes]]:
         """All rows, a batch at a time (HSCAN: memory stays bounded for large views)."""

@@ -8,10 +8,11 @@ folded into one change and committed as one epoch: a Kafka transaction, then Red
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -20,31 +21,37 @@ from mvlog.changes import Op
 from mvlog.config import Settings
 from mvlog.connectors.backpressure import Backpressure
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, EncodedChange
+from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch
 from mvlog.connectors.recovery import roll_forward
+from mvlog.connectors.streamed_commit import StreamedCommit
 from mvlog.connectors.topics import ensure_topic
-from mvlog.connectors.view_store import EpochCommit, Lifecycle, ServingStateLostError, ViewStore
+from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore
 from mvlog.epoch import EpochClock
 from mvlog.key_order import order_member
 from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType, FieldError, Key, Row, RowSchema
-from mvlog.schemas.codec import decode_row, encode_key, encode_row, native_module
+from mvlog.schemas.codec import decode_row, encode_change_rows, encode_key, encode_row, native_module
 from mvlog.vnode import vnode_of
 
 log = logging.getLogger(__name__)
 
 _DELETED = None
 _READ_CHUNK = 10_000  # keys per HMGET of the current rows
+_SEND_EVERY = 4096  # changes encoded between two sends of the epoch's queued Redis commands
+_CREATE, _UPDATE, _DELETE = Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value
+# A change of one key: key bytes, op, row bytes before and after (None: no row), the key.
+_Change = tuple[bytes, str, bytes | None, bytes | None, Key]
 # Column kinds as the compiled normalize_row numbers them.
 _NATIVE_KINDS = {ColumnType.INT: 0, ColumnType.FLOAT: 1, ColumnType.STRING: 2, ColumnType.BOOLEAN: 3,
                  ColumnType.BYTES: 4}
 
 
-def _plain_row_normalizer(schema: RowSchema) -> Callable[[Any], Row | None]:
+def _plain_row_normalizer(schema: RowSchema, max_text_bytes: int) -> Callable[[Any], Row | None]:
     """``schema.normalize(row)`` for rows that ``schema.validate`` accepts at a glance, else None.
 
     A plain dict whose values are of exactly the column types (an int for a float column too) is valid
     and normalized here in one pass; anything else (None for the slow path) is left to the schema,
-    which names each problem. The result is always what validate + normalize give.
+    which names each problem. So is a row whose strings and bytes exceed ``max_text_bytes``
+    (:meth:`Table._too_large` names it). The result is always what validate + normalize give.
     """
     names = frozenset(schema.names)
     columns = [(c.name, c.type, c.nullable) for c in schema.columns]
@@ -55,6 +62,7 @@ def _plain_row_normalizer(schema: RowSchema) -> Callable[[Any], Row | None]:
         if type(row) is not dict or not row.keys() <= names:
             return None
         out: Row = {}
+        text = 0
         for name, kind, nullable in columns:
             value = row.get(name)
             vtype = type(value)
@@ -72,18 +80,28 @@ def _plain_row_normalizer(schema: RowSchema) -> Callable[[Any], Row | None]:
             elif kind is str_:
                 if vtype is not str:
                     return None
+                text += len(value)
             elif kind is bool_:
                 if vtype is not bool:
                     return None
             elif kind is bytes_:
                 if vtype is not bytes and vtype is not bytearray:
                     return None
+                text += len(value)
             else:
                 return None
             out[name] = value
-        return out
+        return out if text <= max_text_bytes else None
 
     return normalize
+
+
+def _key_getter(primary_key: Sequence[str]) -> Callable[[Row], Key]:
+    """``RowSchema.key_of`` without a generator per row: the key tuple of a normalized row."""
+    if len(primary_key) == 1:
+        (column,) = primary_key
+        return lambda row: (row[column],)
+    return cast(Callable[[Row], Key], operator.itemgetter(*primary_key))
 
 
 class RowValidationError(ValueError):
@@ -108,12 +126,13 @@ class Table:
         self.settings = settings
         self.entry = entry
         self.schema: RowSchema = entry.schema
-        self._fast_normalize = _plain_row_normalizer(self.schema)
         native = native_module()
         self._native_normalize = native.normalize_row if native is not None else None
         self._native_columns = tuple((c.name, _NATIVE_KINDS[c.type], c.nullable) for c in self.schema.columns)
         self._key_positions = tuple(self.schema.names.index(k) for k in self.schema.primary_key)
         # Only string and bytes columns can make a row too large for one Kafka record: checked per row.
+        self._fast_normalize = _plain_row_normalizer(self.schema, settings.max_record_bytes // 2)
+        self._key_of = _key_getter(self.schema.primary_key)
         self._sized_columns = [c.name for c in self.schema.columns if c.type in (ColumnType.STRING, ColumnType.BYTES)]
         self._redis = client or redis.Redis.from_url(settings.redis_url)
         self.store = ViewStore(self._redis, settings.topic_prefix)
@@ -177,7 +196,7 @@ class Table:
         self._raise_background_error()
         accepted: dict[Key, Row] = {}
         errors: list[FieldError] = []
-        fast, key_of = self._fast_normalize, self.schema.key_of
+        fast, key_of = self._fast_normalize, self._key_of
         native, columns, key_positions = self._native_normalize, self._native_columns, self._key_positions
         text_limit = self.settings.max_record_bytes // 2
         for index, row in enumerate(rows):
@@ -193,9 +212,9 @@ class Table:
                     errors.extend(problems)
                     continue
                 normalized = self.schema.normalize(row)
-            if self._sized_columns and (problem := self._too_large(normalized)) is not None:
-                errors.append(FieldError(index, problem[0], problem[1]))
-                continue
+                if self._sized_columns and (problem := self._too_large(normalized)) is not None:
+                    errors.append(FieldError(index, problem[0], problem[1]))
+                    continue
             accepted[key_of(normalized)] = normalized
         with self._lock:
             self._pending.update(accepted)
@@ -254,39 +273,50 @@ class Table:
             epoch = self._clock.next()
             self._epochs_written += 1
             checkpoint = self._epochs_written % self.settings.checkpoint_frequency == 0
-            # Each row is encoded once, for its change event and for Redis; the generator runs inside the
-            # epoch's transaction, so an encoding error aborts the epoch.
-            row_puts: dict[bytes, bytes] = {}
-            row_deletes: list[bytes] = []
-            order_puts: list[bytes] = []
-            order_deletes: list[bytes] = []
-            key_of = self.schema.key_of
-
-            def encoded() -> Iterator[EncodedChange]:
-                for key, op, before, after in changes:
-                    after_bytes = None if after is None else encode_row(after)
-                    image = after if after is not None else before
-                    assert image is not None
-                    member = order_member(vnode_of(key), key_of(image), key)
-                    if after_bytes is None:
-                        row_deletes.append(key)
-                        order_deletes.append(member)
-                    else:
-                        row_puts[key] = after_bytes
-                        order_puts.append(member)
-                    yield EncodedChange(op, key, None if before is None else encode_row(before), after_bytes)
-
             follows = self._prev_epoch
-            committed = self._writer.commit_encoded(epoch, follows, encoded(), checkpoint=checkpoint)
+            # The Redis side of the epoch is queued (not applied) while the epoch is encoded and produced,
+            # so redis-server parses it on the other core; it applies after the Kafka transaction commits.
+            staged = self.store.stream_commit(self.entry.name, epoch, follows)
+            try:
+                committed = self._writer.commit_records(epoch, follows, self._records(epoch, changes, staged),
+                                                        checkpoint=checkpoint)
+            except BaseException:
+                staged.abort()
+                raise
             self._prev_epoch = epoch
             self._last_committed = committed.index
             try:
-                self.store.commit(self.entry.name, EpochCommit(epoch, row_puts, row_deletes, committed.index,
-                                                               order_puts=order_puts, order_deletes=order_deletes,
-                                                               follows=follows))
+                staged.finish(committed.index)
             except ServingStateLostError:
                 self._recover()  # rolls Redis forward over this epoch too
             return committed
+
+    def _records(self, epoch: int, changes: list[_Change], staged: StreamedCommit
+                 ) -> Callable[[int, str], Iterator[tuple[bytes, int, bytes]]]:
+        """The epoch's change events for :meth:`ChangelogWriter.commit_records`; each change also goes to
+        ``staged`` (row and key-order member), so every key's vnode and member is computed once. The
+        generator runs inside the epoch's transaction: an error it raises aborts the epoch."""
+        view, key_of = self.entry.name, self.schema.key_of
+        row_kv, row_deletes = staged.row_kv, staged.row_deletes
+        order_puts, order_deletes = staged.order_puts, staged.order_deletes
+
+        def records(ts_ms: int, txn: str) -> Iterator[tuple[bytes, int, bytes]]:
+            put_row, put_member = row_kv.append, order_puts.append
+            for start in range(0, len(changes), _SEND_EVERY):
+                for kb, op, before, after, key in changes[start:start + _SEND_EVERY]:
+                    vnode = vnode_of(kb)
+                    if after is None:
+                        assert before is not None
+                        row_deletes.append(kb)
+                        order_deletes.append(order_member(vnode, key_of(decode_row(before)), kb))
+                    else:
+                        put_row(kb)
+                        put_row(after)
+                        put_member(order_member(vnode, key, kb))
+                    yield kb, vnode, encode_change_rows(view, epoch, vnode, op, before, after, ts_ms, txn)
+                staged.send()
+
+        return records
 
     def _ensure_serving_state(self) -> bool:
         """True when Redis had lost this table's state (wiped) and it was rebuilt from Kafka."""
@@ -305,22 +335,37 @@ class Table:
                                "another writer of the table is running")
         self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
 
-    def _changes(self, pending: Mapping[Key, Row | None]) -> list[tuple[bytes, str, Row | None, Row | None]]:
-        """(key bytes, op, before, after) of every pending key whose row changes (each key once)."""
+    def _changes(self, pending: Mapping[Key, Row | None]) -> list[_Change]:
+        """(key bytes, op, before, after, key) of every pending key whose row changes (each key once).
+
+        ``before`` is the row's bytes in Redis and ``after`` the new row encoded, so an unchanged row is
+        found by comparing bytes: both are ``encode_row`` of a normalized row (columns in schema order),
+        and equal bytes decode to equal rows. Only different bytes of an existing row are decoded and
+        compared as rows (as ``change_between`` does): 0.0 and -0.0, say, are equal rows.
+        """
         columns, view = self.entry.key_columns, self.entry.name
-        changes: list[tuple[bytes, str, Row | None, Row | None]] = []
+        changes: list[_Change] = []
+        append = changes.append
+        if self.store.row_count(view) == 0:  # a first load: no before-images to read
+            for key, after in pending.items():
+                if after is not None:  # (a delete of a key without a row changes nothing)
+                    append((encode_key(columns, key), _CREATE, None, encode_row(after), key))
+            return changes
         items = list(pending.items())
         for start in range(0, len(items), _READ_CHUNK):  # bounded Redis replies
             chunk = items[start:start + _READ_CHUNK]
             key_bytes = [encode_key(columns, key) for key, _ in chunk]
-            current = self.store.get_rows(view, key_bytes)
-            for (_, after), kb in zip(chunk, key_bytes, strict=True):
-                raw = current.get(kb)
-                before = decode_row(raw) if raw is not None else None
-                if before == after:  # as change_between: nothing changed
+            current = self.store.row_list(view, key_bytes)
+            for (key, after), kb, raw in zip(chunk, key_bytes, current, strict=True):
+                if after is None:
+                    if raw is not None:
+                        append((kb, _DELETE, raw, None, key))
                     continue
-                op = Op.CREATE if before is None else Op.DELETE if after is None else Op.UPDATE
-                changes.append((kb, op.value, before, after))
+                after_bytes = encode_row(after)
+                if raw is None:
+                    append((kb, _CREATE, None, after_bytes, key))
+                elif raw != after_bytes and decode_row(raw) != after:
+                    append((kb, _UPDATE, raw, after_bytes, key))
         return changes
 
     # --- background epochs ------------------------------------------------------------------------
