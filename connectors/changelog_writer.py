@@ -14,13 +14,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from mvlog.changes import Barrier, Change, Mutation
+from mvlog.changes import Barrier, Change, Mutation, Op
 from mvlog.config import Settings
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.kafka_security import RefusalWatch
 from mvlog.row_schema import Key
+from mvlog.schemas.arrow_rows import encode_rows
 from mvlog.schemas.codec import (
     HEADER_TYPE,
     TYPE_BARRIER,
@@ -31,6 +34,7 @@ from mvlog.schemas.codec import (
     encode_key,
     encode_row,
 )
+from mvlog.views.change_batch import ChangeBatch
 from mvlog.vnode import VNODE_COUNT, partition_of_vnode, vnode_of
 
 
@@ -89,6 +93,31 @@ def encode_epoch(key_columns: Sequence[str], changes: Iterable[Change]) -> Encod
             puts[key] = after
         encoded.append(EncodedChange(change.op.value, key, before, after))
     return EncodedEpoch(encoded, puts, list(deletes))
+
+
+_OP_VALUES = {op: op.value for op in Op}  # Enum.value is a slow descriptor: read once per op
+
+
+def encode_batch(key_columns: Sequence[str], batch: ChangeBatch) -> EncodedEpoch:
+    """:func:`encode_epoch` of a columnar batch (one change per key): keys and rows encoded column-wise."""
+    if not batch.ops:
+        return EncodedEpoch([], {}, [])
+    is_delete = pa.array([op is Op.DELETE for op in batch.ops], pa.bool_())
+    is_create = pa.array([op is Op.CREATE for op in batch.ops], pa.bool_())
+    key_values = [(c, pc.if_else(is_delete, batch.before.column(c), batch.after.column(c))) for c in key_columns]
+    keys: list[bytes] = encode_rows(key_values, len(batch)).to_pylist()
+    none = pa.scalar(None, pa.binary())
+    befores: list[bytes | None] = pc.if_else(
+        is_create, none, encode_rows([(c, batch.before.column(c)) for c in batch.before.column_names],
+                                     len(batch))).to_pylist()
+    afters: list[bytes | None] = pc.if_else(
+        is_delete, none, encode_rows([(c, batch.after.column(c)) for c in batch.after.column_names],
+                                     len(batch))).to_pylist()
+    encoded = [EncodedChange(_OP_VALUES[op], key, before, after)
+               for op, key, before, after in zip(batch.ops, keys, befores, afters, strict=True)]
+    puts = {key: after for key, after in zip(keys, afters, strict=True) if after is not None}
+    deletes = [key for key, after in zip(keys, afters, strict=True) if after is None]
+    return EncodedEpoch(encoded, puts, deletes)
 
 
 Headers = list[tuple[str, str | bytes | None]]

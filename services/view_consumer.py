@@ -34,7 +34,7 @@ from mvlog.changes import Change, Mutation, Op
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import epoch_slices, one_change_per_key
-from mvlog.connectors.changelog_writer import ChangelogWriter, encode_epoch
+from mvlog.connectors.changelog_writer import ChangelogWriter, encode_batch, encode_epoch
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.retention import has_records
@@ -42,7 +42,7 @@ from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
 from mvlog.key_order import order_member
 from mvlog.replacement import APPLY_MUTATION, ReplacementError, Status, applied_entry, diff_rows
-from mvlog.row_schema import Row
+from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.backfill import ChunkedBackfill, backfill_needed
 from mvlog.services.replacement_follower import ReplacementFollower
@@ -51,7 +51,7 @@ from mvlog.services.replacements import complete_apply, plan_replacement
 from mvlog.services.snapshot_backfill import LOAD_PRODUCER_QUEUE, SnapshotBackfill, snapshot_backfill_needed
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
-from mvlog.views import EpochOutput, ViewDefinitionError, ViewOperator
+from mvlog.views import BatchOutput, EpochOutput, ViewDefinitionError, ViewOperator
 from mvlog.vnode import vnode_of
 
 log = logging.getLogger(__name__)
@@ -247,7 +247,8 @@ class ViewConsumer:
                 self.backfill_done = self.backfill
                 self.backfill = None
 
-    def _compute(self, epoch: int, compute: Callable[[], EpochOutput]) -> EpochOutput | None:
+    def _compute(self, epoch: int, compute: Callable[[], EpochOutput | BatchOutput]
+                 ) -> EpochOutput | BatchOutput | None:
         """The operator's output for ``epoch``, from the operator state of the MCE: a wiped Redis is
         rebuilt from Kafka first (and the epoch recomputed if it was wiped while the operator ran);
         None when the rebuilt state already holds the epoch."""
@@ -259,15 +260,19 @@ class ViewConsumer:
             output = compute()
         return output
 
-    def _commit(self, epoch: int, output: EpochOutput, extra: Mapping[str, Any] | None = None,
+    def _commit(self, epoch: int, output: EpochOutput | BatchOutput, extra: Mapping[str, Any] | None = None,
                 mutation: Mutation | None = None) -> None:
         """The epoch's changes and barriers (with ``mutation``: the backfill's progress) to Kafka in one
         transaction, then rows, state, MCE (and the backfill's positions, ``extra``) to Redis in one script."""
-        encoded = encode_epoch(self.entry.key_columns, output.changes)  # each key and row encoded once
+        keys: list[Key]
+        if isinstance(output, BatchOutput):  # rows encoded column-wise
+            encoded, keys = encode_batch(self.entry.key_columns, output.batch), output.batch.keys
+        else:  # each key and row encoded once
+            encoded, keys = encode_epoch(self.entry.key_columns, output.changes), [c.key for c in output.changes]
         committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes, mutation=mutation)
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
-        commit = commit_from_encoded(epoch, output.changes, encoded, committed.index, state_puts=puts,
+        commit = commit_from_encoded(epoch, keys, encoded, committed.index, state_puts=puts,
                                      state_deletes=deletes, follows=self.mce, **(extra or {}))
         self._commit_redis(epoch, committed.index, partial(self.store.commit, self.entry.name, commit))
 
