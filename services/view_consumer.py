@@ -6,6 +6,8 @@ feeds the epoch's changes to the view's incremental operator, writes the resulti
 epoch's barriers to the view's changelog in one Kafka transaction, then commits rows, operator state,
 epoch index and MCE to Redis in one script. Redis is the commit point: an epoch that reached Kafka but
 not Redis is redone under a new transaction, and readers drop the abandoned attempt (chain rule).
+``foreachBatch`` only collects a micro-batch: a worker thread applies it while Spark reads the next
+(:mod:`mvlog.services.micro_batch_worker`).
 
 A view created with ``backfill=chunked`` starts at its upstreams' current epoch instead of their log's
 start: a :class:`~mvlog.services.backfill.ChunkedBackfill` turns each upstream epoch into the changes
@@ -45,6 +47,7 @@ from mvlog.replacement import APPLY_MUTATION, ReplacementError, Status, applied_
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.backfill import ChunkedBackfill, backfill_needed
+from mvlog.services.micro_batch_worker import MicroBatchWorker
 from mvlog.services.replacement_follower import ReplacementFollower
 from mvlog.services.replacement_hydration import first_inputs, hydration_start
 from mvlog.services.replacements import complete_apply, plan_replacement
@@ -148,6 +151,7 @@ class ViewConsumer:
         self._after = max(self.mce, self.backfill.start_epoch if self.backfill is not None else 0)
         self._state = _ViewState(self.store, view)
         self._query: StreamingQuery | None = None
+        self._worker = MicroBatchWorker(view)
         self._checkpoint_dir: str | None = None
         self.epochs_applied = 0
         self.backfill_done: ChunkedBackfill | None = None  # the completed backfill (its final progress)
@@ -174,8 +178,13 @@ class ViewConsumer:
     # --- processing -------------------------------------------------------------------------------
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        """foreachBatch: apply every epoch of the micro-batch above the MCE, in order."""
-        table = batch.toArrow()
+        """foreachBatch: collect the micro-batch and hand it to the worker thread, which applies it once
+        the previous one is applied (raises the previous one's error instead)."""
+        table = batch.toArrow()  # the Spark job: the executors read while the worker applies the previous one
+        self._worker.submit(partial(self.apply_batch, table))
+
+    def apply_batch(self, table: pa.Table) -> None:
+        """Apply every epoch above the MCE of a collected micro-batch, in order."""
         source = self.entry.sources[0]
         first = pc.min(table.column("_epoch")).as_py() if len(table) else None
         if first is not None and self.store.index.between(source, 0, self._after, first - 1):
@@ -488,12 +497,18 @@ class ViewConsumer:
         self._watcher.start()
         return self._query
 
+    def failure(self) -> BaseException | None:
+        """The error of a micro-batch whose apply failed: the streaming query fails with it only when the
+        next micro-batch comes, so supervisors check this too."""
+        return self._worker.failure()
+
     def wait_for_epoch(self, epoch: int, timeout: float = 120.0) -> None:
         """Block until the view's MCE reaches ``epoch`` (raises the query's error if it failed)."""
         deadline = time.monotonic() + timeout
         while self.mce < epoch:
             if self._query is not None and self._query.exception() is not None:
                 raise RuntimeError(f"{self.entry.name}: {self._query.exception()}")
+            self._worker.check()  # a failed apply fails the query only when the next micro-batch comes
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.entry.name}: MCE {self.mce} did not reach {epoch} in {timeout}s")
             time.sleep(0.1)
@@ -506,6 +521,11 @@ class ViewConsumer:
         if self._query is not None:
             self._query.stop()
             self._query = None
+        try:
+            self._worker.drain()  # the last micro-batch commits (or fails) before the writer closes
+        except Exception as error:
+            log.warning("%s: the last micro-batch failed: %s", self.entry.name, error)
+        self._worker.close()
         if self._checkpoint_dir is not None:
             shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
         self.writer.close()
