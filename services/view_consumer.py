@@ -36,7 +36,13 @@ from mvlog.changes import Change, Mutation, Op
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import epoch_slices, one_change_per_key
-from mvlog.connectors.changelog_writer import ChangelogWriter, encode_batch, encode_epoch
+from mvlog.connectors.changelog_writer import (
+    ChangelogWriter,
+    EncodedBatch,
+    EncodedEpoch,
+    encode_batch,
+    encode_epoch,
+)
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.retention import has_records
@@ -274,11 +280,13 @@ class ViewConsumer:
         """The epoch's changes and barriers (with ``mutation``: the backfill's progress) to Kafka in one
         transaction, then rows, state, MCE (and the backfill's positions, ``extra``) to Redis in one script."""
         keys: list[Key]
-        if isinstance(output, BatchOutput):  # rows encoded column-wise
+        encoded: EncodedEpoch | EncodedBatch
+        if isinstance(output, BatchOutput):  # keys, rows and change events encoded column-wise
             encoded, keys = encode_batch(self.entry.key_columns, output.batch), output.batch.keys
+            committed = self.writer.commit_batch(epoch, self.mce, encoded, mutation=mutation)
         else:  # each key and row encoded once
             encoded, keys = encode_epoch(self.entry.key_columns, output.changes), [c.key for c in output.changes]
-        committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes, mutation=mutation)
+            committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes, mutation=mutation)
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
         commit = commit_from_encoded(epoch, keys, encoded, committed.index, state_puts=puts,

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mvlog.changes import Change, Op
-from mvlog.connectors.changelog_writer import encode_batch, encode_epoch
+from mvlog.connectors.changelog_writer import change_values, encode_batch, encode_epoch
 from mvlog.key_order import order_member, order_members
 from mvlog.row_schema import RowSchema
 from mvlog.schemas.arrow_rows import encode_rows
-from mvlog.schemas.codec import encode_key, encode_row
+from mvlog.schemas.codec import encode_change_rows, encode_key, encode_row
 from mvlog.views.change_batch import ChangeBatch, consolidate_signed
 from mvlog.views.errors import InconsistentChanges
 from mvlog.vnode import vnode_of
@@ -61,9 +61,14 @@ def test_signed_rows_consolidate_into_one_change_per_key_and_encode_as_encode_ep
                 Change(Op.DELETE, (3,), {"id": 3, "v": 7, "s": "c"}, None)]
     assert batch.to_changes() == expected
     assert ChangeBatch.from_changes(VIEW, expected).to_changes() == expected
-    assert encode_batch(["id"], batch) == encode_epoch(["id"], expected)
-    empty = consolidate_signed(pa.Table.from_pylist([], ARROW), [], VIEW)
-    assert encode_batch(["id"], empty) == encode_epoch(["id"], [])
+    encoded, by_rows = encode_batch(["id"], batch), encode_epoch(["id"], expected)
+    assert (encoded.row_puts, encoded.row_deletes) == (by_rows.row_puts, by_rows.row_deletes)
+    assert encoded.keys == [c.key for c in by_rows.changes]
+    assert encoded.vnodes == [vnode_of(c.key) for c in by_rows.changes]
+    assert change_values("v", 7, encoded, 1234, "t-1") == [
+        encode_change_rows("v", 7, vnode_of(c.key), c.op, c.before, c.after, 1234, "t-1") for c in by_rows.changes]
+    empty = encode_batch(["id"], consolidate_signed(pa.Table.from_pylist([], ARROW), [], VIEW))
+    assert (empty.keys, empty.row_puts, empty.row_deletes, change_values("v", 7, empty, 1, "")) == ([], {}, [], [])
 
 
 def test_a_view_key_with_two_rows_of_one_sign_is_refused() -> None:

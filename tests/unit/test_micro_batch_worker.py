@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 
 import pytest
 
@@ -22,7 +23,7 @@ def test_applies_run_in_order_one_at_a_time_off_the_calling_thread() -> None:
         running.release()
 
     for n in range(5):
-        worker.submit(lambda n=n: apply(n))
+        worker.submit(partial(apply, n))
     worker.drain()
     worker.close()
     assert [n for n, _ in seen] == list(range(5))
