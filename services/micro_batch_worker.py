@@ -22,15 +22,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 class MicroBatchWorker:
     def __init__(self, name: str) -> None:
-        self._name = name
-        self._executor: ThreadPoolExecutor | None = None  # made on first use, again after close()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"apply-{name}")
         self._pending: Future[None] | None = None
 
     def submit(self, apply: Callable[[], None]) -> None:
-        """Run ``apply`` once the previous one is done (raises the previous one's error instead)."""
+        """Run ``apply`` once the previous one is done (raises the previous one's error instead; raises
+        RuntimeError after :meth:`close`: a micro-batch collected while the query stopped is dropped)."""
         self.drain()
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"apply-{self._name}")
         self._pending = self._executor.submit(apply)
 
     def drain(self) -> None:
@@ -51,6 +49,4 @@ class MicroBatchWorker:
 
     def close(self) -> None:
         """Let the micro-batch being applied finish (its error is the caller's to drain first), then stop."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        self._executor.shutdown(wait=True)

@@ -495,6 +495,7 @@ class ViewConsumer:
         self.load_snapshot()
         self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE)
         self._checkpoint_dir = tempfile.mkdtemp(prefix=f"mvlog-{self.entry.name}-")
+        self._worker = MicroBatchWorker(self.entry.name)  # stop() closed the previous one, if any
         self._query = (self.stream().writeStream.foreachBatch(self.process_batch)
                        .option("checkpointLocation", self._checkpoint_dir)
                        .trigger(processingTime=self.trigger_interval)

@@ -47,3 +47,10 @@ def test_a_failed_apply_is_told_then_raised_by_the_next_submit() -> None:
     with pytest.raises(ValueError, match="boom"):
         worker.submit(lambda: None)  # the micro-batch after a failed one is not applied
     worker.close()
+
+
+def test_nothing_is_applied_after_close() -> None:
+    worker = MicroBatchWorker("v")
+    worker.close()
+    with pytest.raises(RuntimeError):
+        worker.submit(lambda: None)
