@@ -14,13 +14,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from mvlog.changes import Barrier, Change, Mutation
+from mvlog.changes import Barrier, Change, Mutation, Op
 from mvlog.config import Settings
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.kafka_security import RefusalWatch
 from mvlog.row_schema import Key
+from mvlog.schemas.arrow_rows import encode_rows
 from mvlog.schemas.codec import (
     HEADER_TYPE,
     TYPE_BARRIER,
@@ -31,6 +34,7 @@ from mvlog.schemas.codec import (
     encode_key,
     encode_row,
 )
+from mvlog.views.change_batch import ChangeBatch
 from mvlog.vnode import VNODE_COUNT, partition_of_vnode, vnode_of
 
 
@@ -89,6 +93,64 @@ def encode_epoch(key_columns: Sequence[str], changes: Iterable[Change]) -> Encod
             puts[key] = after
         encoded.append(EncodedChange(change.op.value, key, before, after))
     return EncodedEpoch(encoded, puts, list(deletes))
+
+
+_OP_VALUES = {op: op.value for op in Op}  # Enum.value is a slow descriptor: read once per op
+_NO_ROW, _A_ROW = pa.scalar(b"\x00", pa.binary()), pa.scalar(b"\x02", pa.binary())  # ["null", row] branches
+_EMPTY = pa.scalar(b"", pa.binary())
+
+
+@dataclass
+class EncodedBatch:
+    """A :class:`ChangeBatch` encoded column-wise (one change per key): the change events' keys, vnodes
+    and row bytes for :meth:`ChangelogWriter.commit_batch`, and the same bytes for Redis."""
+
+    ops: list[str]  # Op value per change
+    keys: list[bytes]  # encode_key of each change's key
+    vnodes: list[int]
+    before: pa.Array  # binary: encode_row(before), null without one
+    after: pa.Array  # binary: encode_row(after), null without one
+    row_puts: dict[bytes, bytes]
+    row_deletes: list[bytes]
+
+
+def encode_batch(key_columns: Sequence[str], batch: ChangeBatch) -> EncodedBatch:
+    """:func:`encode_epoch` of a columnar batch: keys and rows encoded column-wise, same bytes."""
+    count = len(batch)
+    is_delete = pa.array([op is Op.DELETE for op in batch.ops], pa.bool_())
+    is_create = pa.array([op is Op.CREATE for op in batch.ops], pa.bool_())
+    key_values = [(c, pc.if_else(is_delete, batch.before.column(c), batch.after.column(c))) for c in key_columns]
+    keys: list[bytes] = encode_rows(key_values, count).to_pylist()
+    none = pa.scalar(None, pa.binary())
+    before = pc.if_else(is_create, none, encode_rows([(c, batch.before.column(c)) for c in batch.before.column_names],
+                                                     count))
+    after = pc.if_else(is_delete, none, encode_rows([(c, batch.after.column(c)) for c in batch.after.column_names],
+                                                    count))
+    afters: list[bytes | None] = after.to_pylist()
+    puts = {key: row for key, row in zip(keys, afters, strict=True) if row is not None}
+    deletes = [key for key, row in zip(keys, afters, strict=True) if row is None]
+    return EncodedBatch([_OP_VALUES[op] for op in batch.ops], keys, [vnode_of(key) for key in keys], before, after,
+                        puts, deletes)
+
+
+def change_values(view: str, epoch: int, batch: EncodedBatch, ts_ms: int, txn: str) -> list[bytes]:
+    """The change events (Kafka values) of an encoded batch, column-wise: what ``encode_change_rows``
+    gives each change (before, after, then the tail shared by the changes of one op and vnode)."""
+    slots: dict[tuple[int, str], int] = {}
+    tails: list[bytes] = []
+    positions: list[int] = []
+    for vnode, op in zip(batch.vnodes, batch.ops, strict=True):
+        slot = slots.get((vnode, op))
+        if slot is None:
+            slot = slots[(vnode, op)] = len(tails)
+            tails.append(encode_change_rows(view, epoch, vnode, op, None, None, ts_ms, txn)[2:])  # no rows: 2 bytes
+        positions.append(slot)
+    tail = pa.array(tails, pa.binary()).take(pa.array(positions, pa.int32()))
+    values = pc.binary_join_element_wise(
+        pc.if_else(pc.is_valid(batch.before), _A_ROW, _NO_ROW), batch.before.fill_null(_EMPTY),
+        pc.if_else(pc.is_valid(batch.after), _A_ROW, _NO_ROW), batch.after.fill_null(_EMPTY), tail, _EMPTY)
+    encoded: list[bytes] = values.to_pylist()
+    return encoded
 
 
 Headers = list[tuple[str, str | bytes | None]]
@@ -172,6 +234,16 @@ class ChangelogWriter:
         (key, vnode, ``encode_change_rows(view, epoch, vnode, ..., ts_ms, txn)``) inside the transaction,
         so a writer that also needs each key's vnode and rows for Redis computes them once."""
         return self._commit(epoch, prev_epoch, records, checkpoint, None, None, None)
+
+    def commit_batch(self, epoch: int, prev_epoch: int, batch: EncodedBatch, *,
+                     mutation: Mutation | None = None) -> CommittedEpoch:
+        """:meth:`commit_epoch` of a batch encoded column-wise (the same records)."""
+        view = self.view
+
+        def records(ts_ms: int, txn: str) -> Iterable[tuple[bytes, int, bytes]]:
+            return zip(batch.keys, batch.vnodes, change_values(view, epoch, batch, ts_ms, txn), strict=True)
+
+        return self._commit(epoch, prev_epoch, records, True, mutation, None, None)
 
     def _commit(self, epoch: int, prev_epoch: int, records: Callable[[int, str], Iterable[tuple[bytes, int, bytes]]],
                 checkpoint: bool, mutation: Mutation | None, consumed_offsets: Sequence[TopicPartition] | None,

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any, cast
 import redis
 
 from mvlog.changes import Change
-from mvlog.connectors.changelog_writer import EncodedEpoch
+from mvlog.connectors.changelog_writer import EncodedBatch, EncodedEpoch
 from mvlog.connectors.epoch_index import EpochIndex, IndexEntry, epoch_hex, index_member
 from mvlog.connectors.lua_prelude import EACH_CHUNK, SWAP_STAGED
-from mvlog.key_order import order_member
+from mvlog.key_order import order_member, order_members
+from mvlog.row_schema import Key
 from mvlog.schemas.codec import encode_key, encode_row
 from mvlog.vnode import vnode_of
 
@@ -481,14 +482,13 @@ def commit_from_changes(key_columns: Sequence[str], epoch: int, changes: Sequenc
                        order_deletes=[members[k] for k in deletes], **extra)
 
 
-def commit_from_encoded(epoch: int, changes: Sequence[Change], encoded: EncodedEpoch,
+def commit_from_encoded(epoch: int, keys: Sequence[Key], encoded: EncodedEpoch | EncodedBatch,
                         index: Mapping[int, IndexEntry], **extra: Any) -> EpochCommit:
-    """:func:`commit_from_changes` of changes already encoded for the changelog (``encode_epoch``):
-    the same rows, without encoding any key or row a second time."""
-    members: dict[bytes, bytes] = {}
-    for change, record in zip(changes, encoded.changes, strict=True):
-        if record.key not in members:
-            members[record.key] = order_member(vnode_of(record.key), change.key, record.key)
+    """:func:`commit_from_changes` of changes already encoded for the changelog (``encode_epoch`` or
+    ``encode_batch``; ``keys``: each change's key): the same rows, without encoding any of them again."""
+    avro_keys = encoded.keys if isinstance(encoded, EncodedBatch) else [record.key for record in encoded.changes]
+    first = dict(zip(avro_keys, keys, strict=True))  # Avro key -> key
+    members = dict(zip(first, order_members(list(first.values()), list(first)), strict=True))
     return EpochCommit(epoch, encoded.row_puts, encoded.row_deletes, index,
                        order_puts=[members[k] for k in encoded.row_puts],
                        order_deletes=[members[k] for k in encoded.row_deletes], **extra)

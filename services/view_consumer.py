@@ -6,6 +6,8 @@ feeds the epoch's changes to the view's incremental operator, writes the resulti
 epoch's barriers to the view's changelog in one Kafka transaction, then commits rows, operator state,
 epoch index and MCE to Redis in one script. Redis is the commit point: an epoch that reached Kafka but
 not Redis is redone under a new transaction, and readers drop the abandoned attempt (chain rule).
+``foreachBatch`` only collects a micro-batch: a worker thread applies it while Spark reads the next
+(:mod:`mvlog.services.micro_batch_worker`).
 
 A view created with ``backfill=chunked`` starts at its upstreams' current epoch instead of their log's
 start: a :class:`~mvlog.services.backfill.ChunkedBackfill` turns each upstream epoch into the changes
@@ -34,7 +36,13 @@ from mvlog.changes import Change, Mutation, Op
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import epoch_slices, one_change_per_key
-from mvlog.connectors.changelog_writer import ChangelogWriter, encode_epoch
+from mvlog.connectors.changelog_writer import (
+    ChangelogWriter,
+    EncodedBatch,
+    EncodedEpoch,
+    encode_batch,
+    encode_epoch,
+)
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.retention import has_records
@@ -42,16 +50,17 @@ from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
 from mvlog.key_order import order_member
 from mvlog.replacement import APPLY_MUTATION, ReplacementError, Status, applied_entry, diff_rows
-from mvlog.row_schema import Row
+from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.backfill import ChunkedBackfill, backfill_needed
+from mvlog.services.micro_batch_worker import MicroBatchWorker
 from mvlog.services.replacement_follower import ReplacementFollower
 from mvlog.services.replacement_hydration import first_inputs, hydration_start
 from mvlog.services.replacements import complete_apply, plan_replacement
 from mvlog.services.snapshot_backfill import LOAD_PRODUCER_QUEUE, SnapshotBackfill, snapshot_backfill_needed
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
-from mvlog.views import EpochOutput, ViewDefinitionError, ViewOperator
+from mvlog.views import BatchOutput, EpochOutput, ViewDefinitionError, ViewOperator
 from mvlog.vnode import vnode_of
 
 log = logging.getLogger(__name__)
@@ -148,6 +157,7 @@ class ViewConsumer:
         self._after = max(self.mce, self.backfill.start_epoch if self.backfill is not None else 0)
         self._state = _ViewState(self.store, view)
         self._query: StreamingQuery | None = None
+        self._worker = MicroBatchWorker(view)
         self._checkpoint_dir: str | None = None
         self.epochs_applied = 0
         self.backfill_done: ChunkedBackfill | None = None  # the completed backfill (its final progress)
@@ -174,8 +184,13 @@ class ViewConsumer:
     # --- processing -------------------------------------------------------------------------------
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        """foreachBatch: apply every epoch of the micro-batch above the MCE, in order."""
-        table = batch.toArrow()
+        """foreachBatch: collect the micro-batch and hand it to the worker thread, which applies it once
+        the previous one is applied (raises the previous one's error instead)."""
+        table = batch.toArrow()  # the Spark job: the executors read while the worker applies the previous one
+        self._worker.submit(partial(self.apply_batch, table))
+
+    def apply_batch(self, table: pa.Table) -> None:
+        """Apply every epoch above the MCE of a collected micro-batch, in order."""
         source = self.entry.sources[0]
         first = pc.min(table.column("_epoch")).as_py() if len(table) else None
         if first is not None and self.store.index.between(source, 0, self._after, first - 1):
@@ -247,7 +262,8 @@ class ViewConsumer:
                 self.backfill_done = self.backfill
                 self.backfill = None
 
-    def _compute(self, epoch: int, compute: Callable[[], EpochOutput]) -> EpochOutput | None:
+    def _compute(self, epoch: int, compute: Callable[[], EpochOutput | BatchOutput]
+                 ) -> EpochOutput | BatchOutput | None:
         """The operator's output for ``epoch``, from the operator state of the MCE: a wiped Redis is
         rebuilt from Kafka first (and the epoch recomputed if it was wiped while the operator ran);
         None when the rebuilt state already holds the epoch."""
@@ -259,15 +275,21 @@ class ViewConsumer:
             output = compute()
         return output
 
-    def _commit(self, epoch: int, output: EpochOutput, extra: Mapping[str, Any] | None = None,
+    def _commit(self, epoch: int, output: EpochOutput | BatchOutput, extra: Mapping[str, Any] | None = None,
                 mutation: Mutation | None = None) -> None:
         """The epoch's changes and barriers (with ``mutation``: the backfill's progress) to Kafka in one
         transaction, then rows, state, MCE (and the backfill's positions, ``extra``) to Redis in one script."""
-        encoded = encode_epoch(self.entry.key_columns, output.changes)  # each key and row encoded once
-        committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes, mutation=mutation)
+        keys: list[Key]
+        encoded: EncodedEpoch | EncodedBatch
+        if isinstance(output, BatchOutput):  # keys, rows and change events encoded column-wise
+            encoded, keys = encode_batch(self.entry.key_columns, output.batch), output.batch.keys
+            committed = self.writer.commit_batch(epoch, self.mce, encoded, mutation=mutation)
+        else:  # each key and row encoded once
+            encoded, keys = encode_epoch(self.entry.key_columns, output.changes), [c.key for c in output.changes]
+            committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes, mutation=mutation)
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
-        commit = commit_from_encoded(epoch, output.changes, encoded, committed.index, state_puts=puts,
+        commit = commit_from_encoded(epoch, keys, encoded, committed.index, state_puts=puts,
                                      state_deletes=deletes, follows=self.mce, **(extra or {}))
         self._commit_redis(epoch, committed.index, partial(self.store.commit, self.entry.name, commit))
 
@@ -473,6 +495,7 @@ class ViewConsumer:
         self.load_snapshot()
         self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE)
         self._checkpoint_dir = tempfile.mkdtemp(prefix=f"mvlog-{self.entry.name}-")
+        self._worker = MicroBatchWorker(self.entry.name)  # stop() closed the previous one, if any
         self._query = (self.stream().writeStream.foreachBatch(self.process_batch)
                        .option("checkpointLocation", self._checkpoint_dir)
                        .trigger(processingTime=self.trigger_interval)
@@ -483,12 +506,18 @@ class ViewConsumer:
         self._watcher.start()
         return self._query
 
+    def failure(self) -> BaseException | None:
+        """The error of a micro-batch whose apply failed: the streaming query fails with it only when the
+        next micro-batch comes, so supervisors check this too."""
+        return self._worker.failure()
+
     def wait_for_epoch(self, epoch: int, timeout: float = 120.0) -> None:
         """Block until the view's MCE reaches ``epoch`` (raises the query's error if it failed)."""
         deadline = time.monotonic() + timeout
         while self.mce < epoch:
             if self._query is not None and self._query.exception() is not None:
                 raise RuntimeError(f"{self.entry.name}: {self._query.exception()}")
+            self._worker.check()  # a failed apply fails the query only when the next micro-batch comes
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.entry.name}: MCE {self.mce} did not reach {epoch} in {timeout}s")
             time.sleep(0.1)
@@ -501,6 +530,11 @@ class ViewConsumer:
         if self._query is not None:
             self._query.stop()
             self._query = None
+        try:
+            self._worker.drain()  # the last micro-batch commits (or fails) before the writer closes
+        except Exception as error:
+            log.warning("%s: the last micro-batch failed: %s", self.entry.name, error)
+        self._worker.close()
         if self._checkpoint_dir is not None:
             shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
         self.writer.close()

@@ -6,12 +6,13 @@ persists the state writes it returns; the snapshot backfill and the tests run ``
 """
 
 from mvlog.views.errors import InconsistentChanges, UnsupportedSql, ViewDefinitionError
-from mvlog.views.operator import EpochOutput, ViewOperator
+from mvlog.views.operator import BatchOutput, EpochOutput, ViewOperator
 from mvlog.views.plan import ViewPlan, plan_view
 from mvlog.views.render import to_duckdb_sql, to_spark_sql
 from mvlog.views.state import InMemoryState, StateReader
 
 __all__ = [
+    "BatchOutput",
     "EpochOutput",
     "InMemoryState",
     "InconsistentChanges",

@@ -24,6 +24,7 @@ from mvlog.changes import Change
 from mvlog.row_schema import Row
 from mvlog.views.aggregate import AggregateStage
 from mvlog.views.batch import WEIGHT, JoinedRow, build_batch, referenced_columns
+from mvlog.views.change_batch import ChangeBatch, consolidate_signed
 from mvlog.views.deltas import SignedRow, consolidate, net_changes
 from mvlog.views.evaluate import arrow_type, column_field, evaluate
 from mvlog.views.join import JoinStage
@@ -35,6 +36,18 @@ from mvlog.views.state import StateReader
 class EpochOutput:
     changes: list[Change]  # the view's changes of the epoch, at most one per key
     state_writes: dict[bytes, bytes | None] = field(default_factory=dict)  # None deletes the key
+
+
+@dataclass(frozen=True)
+class BatchOutput:
+    """:class:`EpochOutput` of the columnar path: the changes' rows stay in Arrow."""
+
+    batch: ChangeBatch
+    state_writes: dict[bytes, bytes | None] = field(default_factory=dict)
+
+    @property
+    def changes(self) -> list[Change]:
+        return self.batch.to_changes()
 
 
 class ViewOperator:
@@ -74,24 +87,33 @@ class ViewOperator:
         """Whether :meth:`apply_signed` applies (a join nets and matches its two sides row by row)."""
         return self._join is None
 
-    def apply_signed(self, rows: pa.Table, weights: pa.Array, state: StateReader) -> EpochOutput:
+    def apply_signed(self, rows: pa.Table, weights: pa.Array, state: StateReader) -> BatchOutput:
         """:meth:`apply_epoch` of a one-view definition whose input is already signed rows, columnar.
 
         ``rows`` has the upstream's columns (by name) and ``weights`` the sign of each row: the
         retraction (-1) of a key's row before the epoch and the assertion (+1) of its row after it, at
         most one of each per key (what one change per key and epoch gives; the caller checks). This is
-        the path of the Spark consumer, whose input arrives in Arrow: no row becomes a Python object.
+        the path of the Spark consumer, whose input arrives in Arrow: a filter/project view's rows never
+        become Python objects (its output is a :class:`ChangeBatch`); an aggregate's groups do.
         """
         if self._join is not None:
             raise ValueError(f"view {self.plan.name!r} joins two views: use apply_epoch")
-        if len(rows) == 0 and self._aggregate is None:
-            return EpochOutput([], {})
         source = self.plan.query.sources[0]
         arrays: dict[str, pa.Array | pa.ChunkedArray] = {
             column_field(0, c.name): rows.column(c.name).cast(arrow_type(c.type))
             for c in source.schema.columns if (0, c.name) in self._columns}
         arrays[WEIGHT] = weights.cast(pa.int64())
-        return self._apply_batch(pa.table(arrays), state, {})
+        batch = pa.table(arrays)
+        query = self.plan.query
+        if query.where is not None:
+            batch = batch.filter(evaluate(query.where, batch))  # NULL drops the row, as in SQL
+        if self._aggregate is not None:
+            writes: dict[bytes, bytes | None] = {}
+            changes = self._aggregate.apply(batch, state, writes)
+            return BatchOutput(ChangeBatch.from_changes(self.plan.schema, changes), writes)
+        # The view's key is the upstream's, so each view key has at most one row per sign here.
+        outputs = pa.table({o.name: evaluate(o.expr, batch) for o in query.outputs})
+        return BatchOutput(consolidate_signed(outputs, batch.column(WEIGHT).to_pylist(), self.plan.schema))
 
     def _apply_batch(self, batch: pa.Table, state: StateReader, writes: dict[bytes, bytes | None]) -> EpochOutput:
         query = self.plan.query

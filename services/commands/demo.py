@@ -397,7 +397,8 @@ def _wait_caught_up(consumers: list[ViewConsumer], queries: list[StreamingQuery]
     while time.monotonic() < deadline:
         if all(c.mce >= targets[c.entry.name] for c in consumers):
             return True
-        if any(q.exception() is not None or not q.isActive for q in queries):
+        if any(q.exception() is not None or not q.isActive or c.failure() is not None
+               for c, q in zip(consumers, queries, strict=True)):
             return False
         time.sleep(0.2)
     return False
@@ -420,7 +421,7 @@ def _restart_failed(settings: Settings, spark: Any, client: Any, consumers: list
     connect back in time on an overloaded machine.
     """
     for i, (consumer, query) in enumerate(zip(consumers, queries, strict=True)):
-        error = query.exception()
+        error = query.exception() or consumer.failure()  # an apply fails the query at the next micro-batch
         if error is None and query.isActive:
             continue
         name = consumer.entry.name
@@ -438,7 +439,7 @@ def _restart_failed(settings: Settings, spark: Any, client: Any, consumers: list
 
 def _failed_query(consumers: list[ViewConsumer], queries: list[StreamingQuery]) -> str | None:
     for consumer, query in zip(consumers, queries, strict=True):
-        error = query.exception()
+        error = query.exception() or consumer.failure()  # an apply fails the query at the next micro-batch
         if error is None and query.isActive:
             continue
         reason = _short(error) if error is not None else "the streaming query stopped"

@@ -81,7 +81,7 @@ def _watch(consumers: Sequence[ViewConsumer], queries: Sequence[StreamingQuery],
     while not stop.requested.wait(0.2):
         bars.update()
         for consumer, query in zip(consumers, queries, strict=True):
-            error = query.exception()
+            error = query.exception() or consumer.failure()  # an apply fails the query only at the next micro-batch
             if error is None and query.isActive:
                 continue
             reason = _short(error) if error is not None else "the streaming query stopped"
