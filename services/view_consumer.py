@@ -101,6 +101,10 @@ def changes_from_arrow(table: pa.Table, upstream: CatalogEntry, into: EpochChang
         into[epoch][upstream.name].append(Change(op, key, before, after))
 
 
+class UpstreamEpochLostError(RuntimeError):
+    """An upstream epoch this consumer was about to compute is no longer committed upstream."""
+
+
 class ViewConsumer:
     """Maintains view ``view`` from its upstream changelog(s)."""
 
@@ -268,12 +272,26 @@ class ViewConsumer:
         rebuilt from Kafka first (and the epoch recomputed if it was wiped while the operator ran);
         None when the rebuilt state already holds the epoch."""
         self._ensure_serving_state()
+        self._check_upstream_has(epoch)
         output = compute()
         while self._ensure_serving_state():
             if epoch <= self.mce:
                 return None
+            self._check_upstream_has(epoch)
             output = compute()
         return output
+
+    def _check_upstream_has(self, epoch: int) -> None:
+        """Refuse an upstream epoch that its upstream's epoch index no longer has.
+
+        A micro-batch planned before Redis was wiped may hold the upstream's last epoch, which the rebuild
+        abandons when nothing proves it committed (its writer died before saying so): computing it would
+        leave this view holding an epoch its upstream dropped. Raising restarts the consumer, which plans
+        again from the rebuilt index."""
+        if not any(self.store.index.between(source, 0, epoch - 1, epoch) for source in self.entry.sources):
+            raise UpstreamEpochLostError(f"{self.entry.name}: epoch {epoch} is no longer in the epoch index of "
+                                         f"{', '.join(self.entry.sources)} (abandoned after Redis was wiped); "
+                                         "restart to plan again from the index")
 
     def _commit(self, epoch: int, output: EpochOutput | BatchOutput, extra: Mapping[str, Any] | None = None,
                 mutation: Mutation | None = None) -> None:
