@@ -143,8 +143,10 @@ def test_dashboard_shows_redis_numbers_and_turns_a_stalled_view_red(
         cells = poll(lambda: page.evaluate(CELLS_JS, "mv1") if "ETA" in page.evaluate(CELLS_JS, "mv1")[0] else None,
                      10, "mv1's backfill progress")
         assert cells == ["25% (30/120) · ETA 9.0s", "t1 2.0kB", "-"], cells
+        # The running consumer acts on that (made-up) replacement at once, so what follows "staged" is its
+        # business; the dashboard's is to show the record Redis holds.
         state = page.locator('#views tr[data-view="mv1"] [data-field="state"]').inner_text()
-        assert "replacement: staged, hydrating" in state, state
+        assert "replacement: staged" in state, state
         for view, upstream in (("mv1", "t1"), ("mv2", "mv1")):
             check_row_against_redis(page.evaluate(ROW_JS, view), view, upstream, settings.partitions, index, store)
         poll(lambda: page.locator("#chart path[data-series]").count() == 2, 10, "a lag series per view")
