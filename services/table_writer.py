@@ -205,7 +205,8 @@ class Table:
                 if plain is not None and plain[2] <= text_limit:
                     accepted[plain[1]] = plain[0]
                     continue
-            normalized = fast(row)
+            # Where the compiled check refused the row, the Python one would too: straight to the schema.
+            normalized = fast(row) if native is None else None
             if normalized is None:  # not a plain row: the schema says what is wrong, or normalizes it
                 problems = self.schema.validate(row, index)
                 if problems:
