@@ -205,7 +205,8 @@ class ChangelogWriter:
                 vnode = vnode_of(key)
                 yield key, vnode, encode_change(view, epoch, vnode, change, ts_ms, txn)
 
-        return self._commit(epoch, prev_epoch, records, checkpoint, mutation, consumed_offsets, group_metadata)
+        return self._commit(epoch, prev_epoch, lambda ts_ms, txn: (records(ts_ms, txn),), checkpoint, mutation,
+                            consumed_offsets, group_metadata)
 
     def commit_encoded(self, epoch: int, prev_epoch: int, changes: Iterable[EncodedChange], *,
                        checkpoint: bool = True, mutation: Mutation | None = None,
@@ -225,27 +226,29 @@ class ChangelogWriter:
                 yield key, vnode, encode_change_rows(view, epoch, vnode, change.op, change.before, change.after,
                                                      ts_ms, txn)
 
-        return self._commit(epoch, prev_epoch, records, checkpoint, mutation, consumed_offsets, group_metadata)
+        return self._commit(epoch, prev_epoch, lambda ts_ms, txn: (records(ts_ms, txn),), checkpoint, mutation,
+                            consumed_offsets, group_metadata)
 
     def commit_records(self, epoch: int, prev_epoch: int,
-                       records: Callable[[int, str], Iterable[tuple[bytes, int, bytes]]], *,
+                       chunks: Callable[[int, str], Iterable[Iterable[tuple[bytes, int, bytes]]]], *,
                        checkpoint: bool = True) -> CommittedEpoch:
-        """:meth:`commit_epoch` of change events the caller encodes: ``records(ts_ms, txn)`` yields
+        """:meth:`commit_epoch` of change events the caller encodes: ``chunks(ts_ms, txn)`` yields lists of
         (key, vnode, ``encode_change_rows(view, epoch, vnode, ..., ts_ms, txn)``) inside the transaction,
         so a writer that also needs each key's vnode and rows for Redis computes them once."""
-        return self._commit(epoch, prev_epoch, records, checkpoint, None, None, None)
+        return self._commit(epoch, prev_epoch, chunks, checkpoint, None, None, None)
 
     def commit_batch(self, epoch: int, prev_epoch: int, batch: EncodedBatch, *,
                      mutation: Mutation | None = None) -> CommittedEpoch:
         """:meth:`commit_epoch` of a batch encoded column-wise (the same records)."""
         view = self.view
 
-        def records(ts_ms: int, txn: str) -> Iterable[tuple[bytes, int, bytes]]:
-            return zip(batch.keys, batch.vnodes, change_values(view, epoch, batch, ts_ms, txn), strict=True)
+        def chunks(ts_ms: int, txn: str) -> Iterable[Iterable[tuple[bytes, int, bytes]]]:
+            return (zip(batch.keys, batch.vnodes, change_values(view, epoch, batch, ts_ms, txn), strict=True),)
 
-        return self._commit(epoch, prev_epoch, records, True, mutation, None, None)
+        return self._commit(epoch, prev_epoch, chunks, True, mutation, None, None)
 
-    def _commit(self, epoch: int, prev_epoch: int, records: Callable[[int, str], Iterable[tuple[bytes, int, bytes]]],
+    def _commit(self, epoch: int, prev_epoch: int,
+                chunks: Callable[[int, str], Iterable[Iterable[tuple[bytes, int, bytes]]]],
                 checkpoint: bool, mutation: Mutation | None, consumed_offsets: Sequence[TopicPartition] | None,
                 group_metadata: Any) -> CommittedEpoch:
         if epoch <= prev_epoch:
@@ -259,13 +262,14 @@ class ChangelogWriter:
             counts = [0] * self.partitions
             partition_of = self._partition_of_vnode
             produce, topic = producer.produce, self.topic
-            for key, vnode, value in records(ts_ms, txn):
-                partition = partition_of[vnode]
-                counts[partition] += 1
-                try:
-                    produce(topic, value, key, partition=partition, headers=_CHANGE_HEADERS)
-                except BufferError:
-                    self._produce(key, value, partition, _CHANGE_HEADERS)
+            for chunk in chunks(ts_ms, txn):
+                for key, vnode, value in chunk:
+                    partition = partition_of[vnode]
+                    counts[partition] += 1
+                    try:
+                        produce(topic, value, key, partition=partition, headers=_CHANGE_HEADERS)
+                    except BufferError:
+                        self._produce(key, value, partition, _CHANGE_HEADERS)
             barrier_offsets: dict[int, int] = {}
 
             def on_barrier(err: KafkaError | None, msg: Message) -> None:

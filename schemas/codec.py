@@ -159,12 +159,19 @@ def encode_change_rows(view: str, epoch: int, vnode: int, op: str, before: bytes
     cache_key = (view, epoch, vnode, op, ts_ms, txn)
     tail = _TAILS.get(cache_key)
     if tail is None:
-        tail = _write(_CHANGE_TAIL, _change_tail(view, epoch, vnode, op, ts_ms, txn))
+        tail = change_tail(view, epoch, vnode, op, ts_ms, txn)
         if len(_TAILS) >= 4096:
             _TAILS.clear()
         _TAILS[cache_key] = tail
     return b"".join((_NULL_ROW if before is None else _SOME_ROW, before or b"",
                      _NULL_ROW if after is None else _SOME_ROW, after or b"", tail))
+
+
+def change_tail(view: str, epoch: int, vnode: int, op: str, ts_ms: int, txn: str) -> bytes:
+    """The bytes after the ``before`` and ``after`` rows of a change event (see ``_change_tail_schema``)."""
+    if _CHANGE_TAIL is None:
+        raise RuntimeError("change_event.avsc no longer starts with the before and after rows")
+    return _write(_CHANGE_TAIL, _change_tail(view, epoch, vnode, op, ts_ms, txn))
 
 
 def decode_change(key_columns: tuple[str, ...], key: bytes, data: bytes) -> tuple[Change, dict[str, Any]]:

@@ -1,5 +1,6 @@
 """Type stubs of the compiled codec (native_codec.pyx)."""
 
+from collections.abc import Callable
 from typing import Any
 
 def encode_value_map(datum: object) -> bytes | None: ...
@@ -24,6 +25,19 @@ def append_changes(
     changes: list[tuple[int, bytes, dict[str, Any] | None, dict[str, Any] | None]],
 ) -> None: ...
 def order_member(vnode: int, key: tuple[Any, ...], avro_key: bytes) -> bytes | None: ...
+def vnode_of(key: bytes) -> int: ...
+def encode_created(
+    pending: dict[tuple[Any, ...], dict[str, Any] | None], key_columns: tuple[str, ...], op: str,
+    out: list[tuple[bytes, str, None, bytes, tuple[Any, ...]]],
+    encode_key_py: Callable[[tuple[str, ...], tuple[Any, ...]], bytes],
+    encode_row_py: Callable[[dict[str, Any]], bytes],
+) -> None: ...
+def encode_table_changes(
+    changes: list[tuple[bytes, str, bytes | None, bytes | None, tuple[Any, ...]]], start: int, stop: int,
+    tails: list[bytes | None], make_tail: Callable[[int, str], bytes], row_kv: list[bytes],
+    order_puts: list[bytes], on_delete: Callable[[int, bytes, bytes], None],
+    member_of: Callable[[int, tuple[Any, ...], bytes], bytes], out: list[tuple[bytes, int, bytes]],
+) -> None: ...
 def normalize_row(
     row: object, columns: tuple[tuple[str, int, bool], ...], key_positions: tuple[int, ...],
 ) -> tuple[dict[str, Any], tuple[Any, ...], int] | None: ...

@@ -16,7 +16,7 @@ from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_FromDouble
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong
 from cpython.ref cimport PyObject
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy
 
@@ -164,6 +164,10 @@ cdef inline int put_label(Buffer* buf, object name) except -1:
 
 def encode_value_map(object datum):
     """value.avsc bytes of a dict of str -> None/bool/int/float/str/bytes; None for anything else."""
+    return value_map_bytes(datum)
+
+
+cdef object value_map_bytes(object datum):
     cdef Buffer buf
     cdef Py_ssize_t position = 0
     cdef PyObject* name
@@ -187,6 +191,10 @@ def encode_value_map(object datum):
 
 def encode_key(tuple columns, tuple key):
     """The value map {column: value} of a primary key, columns in key order; None when not handled."""
+    return key_bytes(columns, key)
+
+
+cdef object key_bytes(tuple columns, tuple key):
     cdef Buffer buf
     cdef Py_ssize_t count = len(columns)
     cdef Py_ssize_t i
@@ -575,6 +583,10 @@ cdef int put_ordered(Buffer* buf, object value) except -1:
 def order_member(int vnode, tuple key, bytes avro_key):
     """vnode byte + the key's ordered encoding + the Avro key + its length (2 bytes, big-endian); None
     when a value or the sizes are not handled here (the Python path then says why)."""
+    return make_member(vnode, key, avro_key)
+
+
+cdef object make_member(int vnode, tuple key, bytes avro_key):
     cdef Buffer buf
     cdef Py_ssize_t length = PyBytes_GET_SIZE(avro_key)
     if not 0 <= vnode <= 255 or length > 0xFFFF:
@@ -594,6 +606,120 @@ def order_member(int vnode, tuple key, bytes avro_key):
         return PyBytes_FromStringAndSize(buf.data, buf.size)
     finally:
         buffer_free(&buf)
+
+
+# --- vnodes (mvlog.vnode) ----------------------------------------------------------------------------
+
+cdef uint32_t CRC_TABLE[256]
+
+
+cdef void crc_table_init() noexcept:
+    cdef uint32_t c
+    cdef int n, k
+    for n in range(256):
+        c = <uint32_t>n
+        for k in range(8):
+            c = (0xEDB88320 ^ (c >> 1)) if c & 1 else (c >> 1)
+        CRC_TABLE[n] = c
+
+
+crc_table_init()
+
+
+cdef inline int vnode_of_bytes(bytes key) noexcept:
+    """zlib.crc32(key) % 256, as mvlog.vnode computes it."""
+    cdef const unsigned char* data = <const unsigned char*>PyBytes_AS_STRING(key)
+    cdef Py_ssize_t i
+    cdef uint32_t crc = 0xFFFFFFFF
+    for i in range(PyBytes_GET_SIZE(key)):
+        crc = CRC_TABLE[(crc ^ data[i]) & 0xFF] ^ (crc >> 8)
+    return (crc ^ 0xFFFFFFFF) & 0xFF
+
+
+def vnode_of(bytes key):
+    return vnode_of_bytes(key)
+
+
+# --- a table writer's epoch (mvlog.services.table_writer) ---------------------------------------------
+
+cdef inline Py_ssize_t op_index(str op) except -1:
+    if op == "c":
+        return 0
+    if op == "u":
+        return 1
+    if op == "d":
+        return 2
+    raise ValueError(f"unknown op {op!r}")
+
+
+def encode_created(dict pending, tuple key_columns, str op, list out, object encode_key_py, object encode_row_py):
+    """A first load's changes: ``(key bytes, op, None, row bytes, key)`` of each ``key -> row`` of
+    ``pending`` that has a row (None: a delete, of a key that has no row yet). Keys and rows not handled
+    here are encoded by ``encode_key_py(key_columns, key)`` and ``encode_row_py(row)``."""
+    cdef Py_ssize_t position = 0
+    cdef PyObject* key
+    cdef PyObject* row
+    cdef object kb, rb
+    while PyDict_Next(pending, &position, &key, &row):
+        if <object>row is None:
+            continue
+        kb = key_bytes(key_columns, <tuple>key) if type(<object>key) is tuple else None
+        if kb is None:
+            kb = encode_key_py(key_columns, <object>key)
+        rb = value_map_bytes(<object>row)
+        if rb is None:
+            rb = encode_row_py(<object>row)
+        out.append((kb, op, None, rb, <object>key))
+
+
+def encode_table_changes(list changes, Py_ssize_t start, Py_ssize_t stop, list tails, object make_tail,
+                         list row_kv, list order_puts, object on_delete, object member_of, list out):
+    """The Kafka records and Redis commands of ``changes[start:stop]``, each change being ``(key bytes,
+    op, before, after, key)`` with rows already encoded (None: no row).
+
+    Appends ``(key bytes, vnode, change event)`` to ``out``: the event is the rows' union branches and
+    bytes followed by the tail (op, source, ts_ms) ``tails[op * 256 + vnode]``, which ``make_tail(vnode,
+    op)`` fills when it is None. A change with a row after appends key bytes and row to ``row_kv`` and
+    the key's order member to ``order_puts`` (``member_of(vnode, key, key bytes)`` for keys not handled
+    here); a delete calls ``on_delete(vnode, key bytes, before)``.
+    """
+    cdef tuple change
+    cdef bytes kb, tail, value
+    cdef object before, after, member
+    cdef int vnode
+    cdef Py_ssize_t slot, before_size, after_size, tail_size, at
+    cdef char* data
+    for change in changes[start:stop]:
+        kb = <bytes>change[0]
+        before = change[2]
+        after = change[3]
+        vnode = vnode_of_bytes(kb)
+        slot = op_index(<str>change[1]) * 256 + vnode
+        tail = <bytes>tails[slot]
+        if tail is None:
+            tail = <bytes>make_tail(vnode, change[1])
+            tails[slot] = tail
+        if after is None:
+            on_delete(vnode, kb, before)
+        else:
+            row_kv.append(kb)
+            row_kv.append(after)
+            member = make_member(vnode, <tuple>change[4], kb)
+            order_puts.append(member if member is not None else member_of(vnode, change[4], kb))
+        before_size = 0 if before is None else PyBytes_GET_SIZE(<bytes>before)
+        after_size = 0 if after is None else PyBytes_GET_SIZE(<bytes>after)
+        tail_size = PyBytes_GET_SIZE(tail)
+        value = PyBytes_FromStringAndSize(NULL, 2 + before_size + after_size + tail_size)
+        data = PyBytes_AS_STRING(value)
+        data[0] = 0 if before is None else 2
+        if before_size:
+            memcpy(data + 1, PyBytes_AS_STRING(<bytes>before), before_size)
+        at = 1 + before_size
+        data[at] = 0 if after is None else 2
+        if after_size:
+            memcpy(data + at + 1, PyBytes_AS_STRING(<bytes>after), after_size)
+        memcpy(data + at + 1 + after_size, PyBytes_AS_STRING(tail), tail_size)
+        out.append((kb, vnode, value))
 
 
 # --- rows written to a table (mvlog.services.table_writer) ------------------------------------------

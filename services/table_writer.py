@@ -29,8 +29,15 @@ from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewSt
 from mvlog.epoch import EpochClock
 from mvlog.key_order import order_member
 from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType, FieldError, Key, Row, RowSchema
-from mvlog.schemas.codec import decode_row, encode_change_rows, encode_key, encode_row, native_module
-from mvlog.vnode import vnode_of
+from mvlog.schemas.codec import (
+    change_tail,
+    decode_row,
+    encode_change_rows,
+    encode_key,
+    encode_row,
+    native_module,
+)
+from mvlog.vnode import VNODE_COUNT, vnode_of
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +286,7 @@ class Table:
             # so redis-server parses it on the other core; it applies after the Kafka transaction commits.
             staged = self.store.stream_commit(self.entry.name, epoch, follows)
             try:
-                committed = self._writer.commit_records(epoch, follows, self._records(epoch, changes, staged),
+                committed = self._writer.commit_records(epoch, follows, self._chunks(epoch, changes, staged),
                                                         checkpoint=checkpoint)
             except BaseException:
                 staged.abort()
@@ -292,32 +299,51 @@ class Table:
                 self._recover()  # rolls Redis forward over this epoch too
             return committed
 
-    def _records(self, epoch: int, changes: list[_Change], staged: StreamedCommit
-                 ) -> Callable[[int, str], Iterator[tuple[bytes, int, bytes]]]:
-        """The epoch's change events for :meth:`ChangelogWriter.commit_records`; each change also goes to
-        ``staged`` (row and key-order member), so every key's vnode and member is computed once. The
-        generator runs inside the epoch's transaction: an error it raises aborts the epoch."""
+    def _chunks(self, epoch: int, changes: list[_Change], staged: StreamedCommit
+                ) -> Callable[[int, str], Iterator[list[tuple[bytes, int, bytes]]]]:
+        """The epoch's change events, in chunks, for :meth:`ChangelogWriter.commit_records`; each change
+        also goes to ``staged`` (row and key-order member), so every key's vnode and member is computed
+        once, and each chunk's Redis commands are sent while the next is encoded. The generator runs inside
+        the epoch's transaction: an error it raises aborts the epoch."""
         view, key_of = self.entry.name, self.schema.key_of
         row_kv, row_deletes = staged.row_kv, staged.row_deletes
         order_puts, order_deletes = staged.order_puts, staged.order_deletes
 
-        def records(ts_ms: int, txn: str) -> Iterator[tuple[bytes, int, bytes]]:
+        def delete(vnode: int, kb: bytes, before: bytes) -> None:
+            row_deletes.append(kb)
+            order_deletes.append(order_member(vnode, key_of(decode_row(before)), kb))
+
+        def compiled(ts_ms: int, txn: str) -> Iterator[list[tuple[bytes, int, bytes]]]:
+            def tail(vnode: int, op: str) -> bytes:
+                return change_tail(view, epoch, vnode, op, ts_ms, txn)
+
+            tails: list[bytes | None] = [None] * (3 * VNODE_COUNT)  # by op (c, u, d) and vnode
+            for start in range(0, len(changes), _SEND_EVERY):
+                chunk: list[tuple[bytes, int, bytes]] = []
+                native.encode_table_changes(changes, start, start + _SEND_EVERY, tails, tail, row_kv, order_puts,
+                                            delete, order_member, chunk)
+                yield chunk
+                staged.send()
+
+        def python(ts_ms: int, txn: str) -> Iterator[list[tuple[bytes, int, bytes]]]:
             put_row, put_member = row_kv.append, order_puts.append
             for start in range(0, len(changes), _SEND_EVERY):
+                chunk = []
                 for kb, op, before, after, key in changes[start:start + _SEND_EVERY]:
                     vnode = vnode_of(kb)
                     if after is None:
                         assert before is not None
-                        row_deletes.append(kb)
-                        order_deletes.append(order_member(vnode, key_of(decode_row(before)), kb))
+                        delete(vnode, kb, before)
                     else:
                         put_row(kb)
                         put_row(after)
                         put_member(order_member(vnode, key, kb))
-                    yield kb, vnode, encode_change_rows(view, epoch, vnode, op, before, after, ts_ms, txn)
+                    chunk.append((kb, vnode, encode_change_rows(view, epoch, vnode, op, before, after, ts_ms, txn)))
+                yield chunk
                 staged.send()
 
-        return records
+        native = native_module()
+        return python if native is None else compiled
 
     def _ensure_serving_state(self) -> bool:
         """True when Redis had lost this table's state (wiped) and it was rebuilt from Kafka."""
@@ -348,6 +374,9 @@ class Table:
         changes: list[_Change] = []
         append = changes.append
         if self.store.row_count(view) == 0:  # a first load: no before-images to read
+            if (native := native_module()) is not None and type(pending) is dict:
+                native.encode_created(pending, tuple(columns), _CREATE, changes, encode_key, encode_row)
+                return changes
             for key, after in pending.items():
                 if after is not None:  # (a delete of a key without a row changes nothing)
                     append((encode_key(columns, key), _CREATE, None, encode_row(after), key))

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from mvlog.key_order import order_member, ordered_key
 from mvlog.row_schema import RowSchema
 from mvlog.schemas import codec, load_schema
+from mvlog.vnode import vnode_of
 
 native = pytest.importorskip("mvlog.schemas.native_codec")
 
@@ -200,6 +201,65 @@ def test_order_members_it_does_not_handle_are_left_to_python() -> None:
     assert native.order_member(0, (bytearray(b"x"),), b"k") is None
     assert native.order_member(256, (1,), b"k") is None
     assert native.order_member(0, (1,), b"k" * 0x10000) is None
+
+
+@given(st.binary(max_size=64))
+def test_vnodes_are_mvlogs(key: bytes) -> None:
+    assert native.vnode_of(key) == vnode_of(key)
+
+
+table_changes = st.lists(st.tuples(
+    st.lists(key_values, min_size=1, max_size=2).map(tuple),
+    st.sampled_from(["c", "u", "d"]),
+    rows, rows,
+), max_size=30)
+
+
+@given(table_changes, st.integers(0, 35), st.integers(0, 35))
+def test_a_table_writers_records_are_the_python_encoding(changes: list[Any], start: int, stop: int) -> None:
+    """Each change event, Redis row and order member is what the table writer's Python loop makes."""
+    encoded = [(codec.encode_key(("k", "l")[:len(key)], key), op, None if op == "c" else codec.encode_row(before),
+                None if op == "d" else codec.encode_row(after), key) for key, op, before, after in changes]
+    row_kv: list[bytes] = []
+    members: list[bytes] = []
+    deleted: list[tuple[int, bytes, bytes | None]] = []
+    out: list[tuple[bytes, int, bytes]] = []
+    tails: list[bytes | None] = [None] * 768
+    native.encode_table_changes(
+        encoded, start, stop, tails, lambda vnode, op: codec.change_tail("v", 7, vnode, op, 11, "t"),
+        row_kv, members, lambda vnode, kb, before: deleted.append((vnode, kb, before)), order_member, out)
+
+    expected_kv: list[bytes] = []
+    expected_members: list[bytes] = []
+    expected_deleted: list[tuple[int, bytes, bytes | None]] = []
+    expected_out: list[tuple[bytes, int, bytes]] = []
+    for kb, op, before, after, key in encoded[start:stop]:
+        vnode = vnode_of(kb)
+        if after is None:
+            expected_deleted.append((vnode, kb, before))
+        else:
+            expected_kv += [kb, after]
+            expected_members.append(order_member(vnode, key, kb))
+        expected_out.append((kb, vnode, codec.encode_change_rows("v", 7, vnode, op, before, after, 11, "t")))
+    assert (out, row_kv, members, deleted) == (expected_out, expected_kv, expected_members, expected_deleted)
+
+
+@given(st.dictionaries(st.tuples(key_values, key_values), st.one_of(st.none(), rows), max_size=20))
+def test_a_first_loads_changes_are_the_python_encoding(pending: dict[tuple[Any, ...], Any]) -> None:
+    columns = ("k", "l")
+    out: list[Any] = []
+    native.encode_created(pending, columns, "c", out, codec.encode_key, codec.encode_row)
+    assert out == [(codec.encode_key(columns, key), "c", None, codec.encode_row(row), key)
+                   for key, row in pending.items() if row is not None]
+
+
+def test_a_key_the_compiled_member_does_not_take_goes_to_the_python_one() -> None:
+    kb = codec.encode_key(("k",), (1 << 63,))
+    members: list[bytes] = []
+    out: list[tuple[bytes, int, bytes]] = []
+    native.encode_table_changes([(kb, "c", None, codec.encode_row({"k": 1}), (1 << 63,))], 0, 1, [None] * 768,
+                                lambda vnode, op: b"", [], members, None, lambda *args: b"python", out)
+    assert members == [b"python"]
 
 
 TABLE = RowSchema.of({"id": "int", "name": "string", "x": "float", "ok": "boolean", "blob": "bytes"}, ["id", "name"])
