@@ -50,6 +50,7 @@ from mvlog.connectors.changelog_records import ChangeRecord, PoisonRecord, decod
 from mvlog.connectors.dead_letter import DeadLetterQueue
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.log_cache_client import read_with_cache
+from mvlog.gc_pause import gc_paused
 from mvlog.row_schema import Row, RowSchema
 from mvlog.trigger_limit import last_admitted
 
@@ -106,76 +107,94 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> G
     epoch index names releases them; any other barrier (an aborted attempt a broker still delivered)
     drops them. So at most one epoch of one partition is buffered.
     """
-    settings = Settings.model_validate_json(part.settings_json)
-    rows = SignedRowBuilder(RowSchema.from_json(part.schema_json), part.partition)
-    planned = dict(part.barriers)  # epoch -> offset of its committed barrier
-    last_offset = part.barriers[-1][1]
-    topic = settings.changelog_topic(part.view)
-    where = f"{topic} partition {part.partition}"
-    pending: dict[tuple[int, str], list[tuple[int, bytes, Row | None, Row | None]]] = {}
-    max_bytes = settings.max_record_bytes
-
-    consumer = reader_consumer(settings)
-    consumer.assign([TopicPartition(topic, part.partition, part.start_offset)])
-    dead_letters = DeadLetterQueue(settings, part.view)
-    poison = 0  # change events dead-lettered since the last barrier: that barrier may count them
+    read = _KafkaPartitionRead(part)
     try:
-        offset = part.start_offset - 1
-        last_progress = time.monotonic()
-        while offset < last_offset:
-            messages = _next_records(consumer)
-            if messages:
-                last_progress = time.monotonic()
-            elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
-                raise ChangelogReadError(f"{where}: no record for {STALL_TIMEOUT_S:.0f} s at offset {offset}, "
-                                         f"expected up to the barrier at offset {last_offset}")
-            i, count = 0, len(messages)
-            while i < count:
-                # The usual records, a run of well-formed change events of one epoch, in one compiled call.
-                epoch, txn, run, i = decode_change_run(part.view, part.key_columns, messages, i, max_bytes)
-                if run:
-                    offset = run[-1][0]
-                    if epoch in planned and txn is not None:
-                        pending.setdefault((epoch, txn), []).extend(run)
-                    continue
-                message = messages[i]
-                i += 1
-                if message.error() is not None:
-                    raise ChangelogReadError(f"{where}: {message.error()}")
-                offset = message.offset() or 0
-                key, value, headers = message.key(), message.value(), message.headers()
-                record = decode_record(part.view, part.key_columns, topic, part.partition, offset, key, value,
-                                       headers, max_bytes)
-                if isinstance(record, PoisonRecord):  # to the dead-letter topic; the read goes on
-                    dead_letters.send(record, key, value, headers)
-                    poison += record.announced_change
-                    continue
-                if isinstance(record, ChangeRecord):
-                    if record.epoch in planned:
-                        pending.setdefault((record.epoch, record.txn), []).append(
-                            (offset, key or b"", record.change.before, record.change.after))
-                    continue
-                barrier = record.barrier
-                short, poison = poison, 0
-                changes = pending.pop((barrier.epoch, barrier.txn), [])
-                for attempt in [a for a in pending if a[0] <= barrier.epoch]:
-                    del pending[attempt]  # aborted attempts whose barrier never came
-                if planned.get(barrier.epoch) != offset:
-                    continue  # outside the range, or an aborted attempt's barrier
-                if not len(changes) <= barrier.records <= len(changes) + short:
-                    raise ChangelogReadError(f"{where}: epoch {barrier.epoch} announces {barrier.records} "
-                                             f"change(s), {len(changes)} were read ({short} dead-lettered)")
-                rows.add_changes(barrier.epoch, changes)
-                rows.add_barrier(barrier.epoch, offset)
-                if len(rows) >= batch_rows:
-                    yield from rows.flush_batches(batch_rows)
-                if offset >= last_offset:
-                    break
-        if len(rows):
-            yield from rows.flush_batches(batch_rows)
+        while True:
+            with gc_paused():  # see mvlog.gc_pause: the messages die inside, before any collection
+                read.take(_next_records(read.consumer))
+            if read.done:
+                break
+            if len(read.rows) >= batch_rows:
+                yield from read.rows.flush_batches(batch_rows)
+        if len(read.rows):
+            yield from read.rows.flush_batches(batch_rows)
     finally:
-        consumer.close()
-        dead_letters.close()
+        read.close()
+
+
+class _KafkaPartitionRead:
+    """The state of one partition's read: what :func:`read_partition_from_kafka` decodes batch by batch."""
+
+    def __init__(self, part: PartitionRange) -> None:
+        settings = Settings.model_validate_json(part.settings_json)
+        self.part = part
+        self.rows = SignedRowBuilder(RowSchema.from_json(part.schema_json), part.partition)
+        self.planned = dict(part.barriers)  # epoch -> offset of its committed barrier
+        self.last_offset = part.barriers[-1][1]
+        self.topic = settings.changelog_topic(part.view)
+        self.where = f"{self.topic} partition {part.partition}"
+        self.pending: dict[tuple[int, str], list[tuple[int, bytes, Row | None, Row | None]]] = {}
+        self.max_bytes = settings.max_record_bytes
+        self.offset = part.start_offset - 1
+        self.done = False
+        self.poison = 0  # change events dead-lettered since the last barrier: that barrier may count them
+        self.last_progress = time.monotonic()
+        self.consumer = reader_consumer(settings)
+        self.consumer.assign([TopicPartition(self.topic, part.partition, part.start_offset)])
+        self.dead_letters = DeadLetterQueue(settings, part.view)
+
+    def take(self, messages: list[Message]) -> None:
+        """Decode one consume batch; the epochs whose barrier it holds go to :attr:`rows`."""
+        part, planned, pending = self.part, self.planned, self.pending
+        if messages:
+            self.last_progress = time.monotonic()
+        elif time.monotonic() - self.last_progress > STALL_TIMEOUT_S:
+            raise ChangelogReadError(f"{self.where}: no record for {STALL_TIMEOUT_S:.0f} s at offset {self.offset}, "
+                                     f"expected up to the barrier at offset {self.last_offset}")
+        i, count = 0, len(messages)
+        while i < count and not self.done:
+            # The usual records, a run of well-formed change events of one epoch, in one compiled call.
+            epoch, txn, run, i = decode_change_run(part.view, part.key_columns, messages, i, self.max_bytes)
+            if run:
+                self.offset = run[-1][0]
+                if epoch in planned and txn is not None:
+                    pending.setdefault((epoch, txn), []).extend(run)
+                continue
+            message = messages[i]
+            i += 1
+            if message.error() is not None:
+                raise ChangelogReadError(f"{self.where}: {message.error()}")
+            offset = self.offset = message.offset() or 0
+            key, value, headers = message.key(), message.value(), message.headers()
+            record = decode_record(part.view, part.key_columns, self.topic, part.partition, offset, key, value,
+                                   headers, self.max_bytes)
+            if isinstance(record, PoisonRecord):  # to the dead-letter topic; the read goes on
+                self.dead_letters.send(record, key, value, headers)
+                self.poison += record.announced_change
+                continue
+            if isinstance(record, ChangeRecord):
+                if record.epoch in planned:
+                    pending.setdefault((record.epoch, record.txn), []).append(
+                        (offset, key or b"", record.change.before, record.change.after))
+                continue
+            barrier = record.barrier
+            short, self.poison = self.poison, 0
+            changes = pending.pop((barrier.epoch, barrier.txn), [])
+            for attempt in [a for a in pending if a[0] <= barrier.epoch]:
+                del pending[attempt]  # aborted attempts whose barrier never came
+            if planned.get(barrier.epoch) != offset:
+                continue  # outside the range, or an aborted attempt's barrier
+            if not len(changes) <= barrier.records <= len(changes) + short:
+                raise ChangelogReadError(f"{self.where}: epoch {barrier.epoch} announces {barrier.records} "
+                                         f"change(s), {len(changes)} were read ({short} dead-lettered)")
+            self.rows.add_changes(barrier.epoch, changes)
+            self.rows.add_barrier(barrier.epoch, offset)
+            self.done = offset >= self.last_offset
+        self.done = self.done or self.offset >= self.last_offset
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.dead_letters.close()
 
 
 class _Planner:

@@ -1,0 +1,57 @@
+"""gc_paused: off inside, back to the state before when the last pause ends, from any thread."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+
+from mvlog.gc_pause import gc_paused
+
+
+@pytest.fixture(autouse=True)
+def collector_on() -> None:
+    gc.enable()
+
+
+def test_the_collector_is_off_inside_and_on_after() -> None:
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_nested_and_overlapping_pauses_resume_once_the_last_ends() -> None:
+    inside, leave = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with gc_paused():
+            inside.set()
+            leave.wait(5)
+
+    thread = threading.Thread(target=other)
+    with gc_paused():
+        thread.start()
+        assert inside.wait(5)
+        with gc_paused():
+            assert not gc.isenabled()
+    assert not gc.isenabled()  # the other thread's pause is still on
+    leave.set()
+    thread.join(5)
+    assert gc.isenabled()
+
+
+def test_a_collector_turned_off_before_stays_off() -> None:
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_an_error_inside_still_resumes_the_collector() -> None:
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("boom")
+    assert gc.isenabled()
