@@ -23,6 +23,7 @@ from mvlog.changes import Change
 from mvlog.connectors.changelog_writer import EncodedBatch, EncodedEpoch
 from mvlog.connectors.epoch_index import EpochIndex, IndexEntry, epoch_hex, index_member
 from mvlog.connectors.lua_prelude import EACH_CHUNK, SWAP_STAGED
+from mvlog.connectors.packed_script import run_script
 from mvlog.key_order import order_member, order_members
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import encode_key, encode_row
@@ -259,7 +260,7 @@ class ViewStore:
             args += [name, setting]
         args += journal
         args += [index_member(epoch, index[p].offset, index[p].records) for p in partitions]
-        result = int(self._commit(keys=keys, args=args))
+        result = int(run_script(self.redis, self._commit, keys, args))
         if result < 0:
             raise ServingStateLostError(f"{view}: epoch {epoch} follows epoch {follows}, but Redis "
                                         f"holds MCE {self.mce(view)}: the serving state was wiped or rolled back")

@@ -113,6 +113,9 @@ def order_member(vnode: int, key: Sequence[Any], avro_key: bytes) -> bytes:
 
 def order_members(keys: Sequence[Key], avro_keys: Sequence[bytes]) -> list[bytes]:
     """:func:`order_member` of many rows (vnode from the Avro key); keys of one int are the fast case."""
+    if _native is not None:
+        compiled: list[bytes] = _native.order_members(list(keys), list(avro_keys), order_member)
+        return compiled
     members: list[bytes] = []
     append = members.append
     for key, avro_key in zip(keys, avro_keys, strict=True):

@@ -640,6 +640,31 @@ def vnode_of(bytes key):
     return vnode_of_bytes(key)
 
 
+def order_members(list keys, list avro_keys, object member_py):
+    """order_member of each key and Avro key, the vnode taken from the Avro key; ``member_py(vnode, key,
+    avro_key)`` makes the members of keys not handled here."""
+    cdef Py_ssize_t i, count = len(keys)
+    cdef list members = []
+    cdef int vnode
+    if len(avro_keys) != count:
+        raise ValueError(f"{count} keys but {len(avro_keys)} Avro keys")
+    for i in range(count):
+        key, avro_key = keys[i], avro_keys[i]
+        member = None
+        if type(key) is tuple and type(avro_key) is bytes:
+            vnode = vnode_of_bytes(<bytes>avro_key)
+            member = make_member(vnode, <tuple>key, <bytes>avro_key)
+        if member is None:
+            member = member_py(vnode_of_py(avro_key), key, avro_key)
+        members.append(member)
+    return members
+
+
+cdef object vnode_of_py(object avro_key):
+    from mvlog.vnode import vnode_of as python_vnode_of
+    return python_vnode_of(avro_key)
+
+
 # --- a table writer's epoch (mvlog.services.table_writer) ---------------------------------------------
 
 cdef inline Py_ssize_t op_index(str op) except -1:

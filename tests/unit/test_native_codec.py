@@ -17,7 +17,7 @@ from fastavro import schemaless_reader, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mvlog.key_order import order_member, ordered_key
+from mvlog.key_order import order_member, order_members, ordered_key
 from mvlog.row_schema import RowSchema
 from mvlog.schemas import codec, load_schema
 from mvlog.vnode import vnode_of
@@ -194,6 +194,14 @@ key_values = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 6
 def test_order_members_are_the_python_encoding(vnode: int, key: list[Any], avro_key: bytes) -> None:
     expected = bytes((vnode,)) + ordered_key(key) + avro_key + len(avro_key).to_bytes(2, "big")
     assert native.order_member(vnode, tuple(key), avro_key) == expected == order_member(vnode, tuple(key), avro_key)
+
+
+@given(st.lists(st.tuples(st.lists(key_values, min_size=1, max_size=2).map(tuple), st.binary(max_size=30)),
+                max_size=20))
+def test_many_order_members_are_each_ones(pairs: list[tuple[tuple[Any, ...], bytes]]) -> None:
+    keys, avro_keys = [p[0] for p in pairs], [p[1] for p in pairs]
+    expected = [order_member(vnode_of(avro_key), key, avro_key) for key, avro_key in pairs]
+    assert native.order_members(keys, avro_keys, order_member) == expected == order_members(keys, avro_keys)
 
 
 def test_order_members_it_does_not_handle_are_left_to_python() -> None:
