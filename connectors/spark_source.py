@@ -55,7 +55,7 @@ from mvlog.row_schema import Row, RowSchema
 from mvlog.trigger_limit import last_admitted
 
 __all__ = ["EpochRangeError", "MvlogDataSource", "PartitionRange", "arrow_schema", "read_partition_from_kafka",
-           "read_partition_range", "spark_schema_ddl"]  # arrow_schema: re-exported from change_rows
+           "read_partition_range", "spark_schema_ddl", "trigger_ends"]  # arrow_schema: re-exported from change_rows
 
 _META_DDL = "_epoch BIGINT, _change_type STRING, _weight INT, _partition INT, _offset BIGINT, _key BINARY"
 
@@ -246,6 +246,23 @@ class _Planner:
                 start_offset=start.offset + 1 if start else 0,
                 barriers=tuple((e.epoch, e.offset) for e in entries)))
         return parts
+
+
+def trigger_ends(settings: Settings, entries: Sequence[CatalogEntry], after: int, max_epochs: int | None,
+                 max_records: int | None) -> list[int]:
+    """The last epoch of each micro-batch a stream of ``entries[0]`` started after ``after`` would read
+    now, up to its latest committed epoch (never past the latest of ``entries[1:]``, as ``alignWith``)."""
+    planner = _Planner(settings, entries[0])
+    latest = min(_Planner(settings, entry).latest_epoch() for entry in entries)
+    if max_records is not None:
+        epochs = planner.epoch_records(after, latest)
+    else:
+        epochs = [(epoch, 0) for epoch in planner.committed_epochs(after, latest)]
+    ends: list[int] = []
+    while (end := last_admitted(epochs, max_epochs, max_records)) is not None:
+        ends.append(end)
+        epochs = [e for e in epochs if e[0] > end]
+    return ends
 
 
 def _positive_int(options: Any, name: str) -> int | None:

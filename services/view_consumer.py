@@ -47,6 +47,7 @@ from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.retention import has_records
 from mvlog.connectors.snapshot_store import SnapshotStore
+from mvlog.connectors.spark_source import trigger_ends
 from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
 from mvlog.key_order import order_member
 from mvlog.replacement import APPLY_MUTATION, ReplacementError, Status, applied_entry, diff_rows
@@ -172,9 +173,10 @@ class ViewConsumer:
         return {"view": view, "bootstrapServers": self.settings.bootstrap_servers,
                 "redisUrl": self.settings.redis_url, "topicPrefix": self.settings.topic_prefix}
 
-    def stream(self) -> DataFrame:
+    def stream(self, after: int | None = None) -> DataFrame:
+        """The streaming read of the upstream(s), from the epoch after ``after`` (default: the MCE)."""
         reader = self.spark.readStream.format("mvlog").options(**self._source_options(self.entry.sources[0]))
-        reader = reader.option("startingEpoch", str(self._after))
+        reader = reader.option("startingEpoch", str(self._after if after is None else after))
         reader = reader.option("maxEpochsPerTrigger", str(self.max_epochs_per_trigger))
         reader = reader.option("maxRecordsPerTrigger", str(self.settings.max_records_per_trigger))
         if len(self.entry.sources) > 1:
@@ -514,7 +516,8 @@ class ViewConsumer:
         self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE)
         self._checkpoint_dir = tempfile.mkdtemp(prefix=f"mvlog-{self.entry.name}-")
         self._worker = MicroBatchWorker(self.entry.name)  # stop() closed the previous one, if any
-        self._query = (self.stream().writeStream.foreachBatch(self.process_batch)
+        after = self._catch_up_in_batches()
+        self._query = (self.stream(after).writeStream.foreachBatch(self.process_batch)
                        .option("checkpointLocation", self._checkpoint_dir)
                        .trigger(processingTime=self.trigger_interval)
                        .queryName(f"mvlog_{self.settings.topic_prefix}_{self.entry.name}".replace(".", "_"))
@@ -523,6 +526,25 @@ class ViewConsumer:
                                          daemon=True)
         self._watcher.start()
         return self._query
+
+    def _catch_up_in_batches(self) -> int:
+        """Read what the upstream committed before the start with batch jobs, micro-batch by micro-batch
+        (the trigger's limits), each applied by the worker thread while the next is read; returns the last
+        epoch read, after which the stream starts.
+
+        A streaming query takes about a second to start (its checkpoint, the source's planning process):
+        a consumer that starts behind, after a restart or a stop, would wait that long before its first
+        epoch, and read its backlog through the stream's per-batch checkpointing. The micro-batches are
+        the stream's, applied the same way, so the view commits the same epochs either way."""
+        after = self._after
+        ends = trigger_ends(self.settings, [self.upstreams[s] for s in self.entry.sources], after,
+                            self.max_epochs_per_trigger, self.settings.max_records_per_trigger)
+        for end in ends:
+            table = self._read_range(self.entry.sources[0], after, end)
+            self._worker.submit(partial(self.apply_batch, table))
+            log.info("%s: catching up, read up to epoch %d of %d", self.entry.name, end, ends[-1])
+            after = end
+        return after
 
     def failure(self) -> BaseException | None:
         """The error of a micro-batch whose apply failed: the streaming query fails with it only when the

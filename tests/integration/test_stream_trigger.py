@@ -1,4 +1,5 @@
-"""Streaming reads of ``format("mvlog")`` bound each micro-batch in epochs and change events."""
+"""Streaming reads of ``format("mvlog")`` bound each micro-batch in epochs and change events; a consumer
+reads the backlog it starts with in the same micro-batches, with batch reads."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import redis
 from pyspark.sql.functions import expr
 
 from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.spark_source import trigger_ends
+from mvlog.connectors.view_store import ViewStore
 from mvlog.services.table_writer import Table
+from mvlog.services.view_consumer import ViewConsumer
+from mvlog.services.view_ddl import create_view
 
 
 def _micro_batches(spark: Any, settings: Settings, view: str, options: dict[str, str],
@@ -69,3 +75,53 @@ def test_max_epochs_and_records_per_trigger_together(settings: Settings, redis_c
     batches = _micro_batches(spark, settings, "t1", {"maxRecordsPerTrigger": "1000", "maxEpochsPerTrigger": "2"}, 5)
 
     assert [len(batch) for batch in batches] == [2, 2, 1]
+
+
+def test_trigger_ends_are_the_streams_micro_batches(settings: Settings, redis_client: redis.Redis,
+                                                    spark: Any) -> None:
+    table = Table.create(settings, "t1", {"id": "int", "v": "int"}, ["id"], client=redis_client, auto_commit=False)
+    epochs = []
+    for i, size in enumerate([30, 30, 30, 200, 10, 10]):
+        table.upsert({"id": i * 1000 + j, "v": j} for j in range(size))
+        epochs.append(table.flush())
+    table.close()
+    entry = CatalogStore(settings, redis_client).get("t1")
+
+    batches = _micro_batches(spark, settings, "t1", {"maxRecordsPerTrigger": "70"}, len(epochs))
+
+    assert trigger_ends(settings, [entry], 0, None, 70) == [batch[-1][0] for batch in batches]
+    assert trigger_ends(settings, [entry], epochs[1], 2, None) == [epochs[3], epochs[5]]
+    assert trigger_ends(settings, [entry], epochs[-1], None, 70) == []
+
+
+def test_a_consumer_reads_the_backlog_it_starts_with_before_its_stream(
+        settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
+    """start() applies the epochs committed before it with batch reads, micro-batch by micro-batch; the
+    stream starts after them, and the view holds every epoch, whichever way it came."""
+    table = Table.create(settings, "t1", {"id": "int", "v": "int"}, ["id"], client=redis_client, auto_commit=False)
+    backlog = []
+    for i in range(6):
+        table.upsert({"id": i * 1000 + j, "v": j} for j in range(40))
+        backlog.append(table.flush())
+    create_view(settings, "mv1", "SELECT id, v FROM t1 WHERE v >= 20", client=redis_client)
+    consumer = ViewConsumer(settings.model_copy(update={"max_records_per_trigger": 100}), "mv1", spark=spark,
+                            client=redis_client)
+    streamed: list[int] = []
+    process_batch = consumer.process_batch
+
+    def record(frame: Any, batch_id: int) -> None:
+        streamed.extend(row["_epoch"] for row in frame.select("_epoch").distinct().collect())
+        process_batch(frame, batch_id)
+
+    consumer.process_batch = record  # type: ignore[method-assign,assignment]
+    try:
+        consumer.start()
+        table.upsert({"id": 9000 + j, "v": j} for j in range(40))
+        live = table.flush()
+        consumer.wait_for_epoch(live, timeout=120)
+    finally:
+        consumer.stop()
+        table.close()
+    assert consumer.epochs_applied == len(backlog) + 1
+    assert streamed == [live]  # the backlog came through the batch reads, the live epoch through the stream
+    assert ViewStore(redis_client, settings.topic_prefix).row_count("mv1") == 7 * 20
