@@ -511,12 +511,14 @@ class ViewConsumer:
 
     # --- running ----------------------------------------------------------------------------------
 
-    def start(self) -> StreamingQuery:
+    def start(self, on_catch_up: Callable[[int, int], None] | None = None) -> StreamingQuery:
+        """Apply the backlog (``on_catch_up(epoch read, last epoch of the backlog)`` after each
+        micro-batch of it is read), then start the streaming query that follows the upstream(s)."""
         self.load_snapshot()
         self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE)
         self._checkpoint_dir = tempfile.mkdtemp(prefix=f"mvlog-{self.entry.name}-")
         self._worker = MicroBatchWorker(self.entry.name)  # stop() closed the previous one, if any
-        after = self._catch_up_in_batches()
+        after = self._catch_up_in_batches(on_catch_up)
         self._query = (self.stream(after).writeStream.foreachBatch(self.process_batch)
                        .option("checkpointLocation", self._checkpoint_dir)
                        .trigger(processingTime=self.trigger_interval)
@@ -527,7 +529,7 @@ class ViewConsumer:
         self._watcher.start()
         return self._query
 
-    def _catch_up_in_batches(self) -> int:
+    def _catch_up_in_batches(self, on_progress: Callable[[int, int], None] | None) -> int:
         """Read what the upstream committed before the start with batch jobs, micro-batch by micro-batch
         (the trigger's limits), each applied by the worker thread while the next is read; returns the last
         epoch read, after which the stream starts.
@@ -542,7 +544,8 @@ class ViewConsumer:
         for end in ends:
             table = self._read_range(self.entry.sources[0], after, end)
             self._worker.submit(partial(self.apply_batch, table))
-            log.info("%s: catching up, read up to epoch %d of %d", self.entry.name, end, ends[-1])
+            if on_progress is not None:
+                on_progress(end, ends[-1])
             after = end
         return after
 

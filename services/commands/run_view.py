@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -116,6 +117,10 @@ def _wait_between_triggers(query: StreamingQuery, timeout: float = 10.0) -> None
         time.sleep(0.02)
 
 
+def _report_catch_up(name: str, epoch: int, last: int) -> None:
+    click.echo(f"{name}: reading its backlog: up to {describe_epoch(epoch)} of {describe_epoch(last)}", err=True)
+
+
 @click.command("run-view")
 @click.argument("names", nargs=-1, required=True, metavar="NAME [NAME ...]")
 @click.option("--progress-interval", type=click.FloatRange(min=0), default=10.0, show_default=True,
@@ -154,7 +159,7 @@ def run_view(settings: Settings, names: tuple[str, ...], progress_interval: floa
                     if (snapshot := consumer.snapshot_backfill) is not None:
                         click.echo(f"{name}: loading {snapshot.upstream.name}'s snapshot at "
                                    f"{describe_epoch(snapshot.epoch)} ({snapshot.record.rows:,} rows)...", err=True)
-                    queries.append(consumer.start())
+                    queries.append(consumer.start(partial(_report_catch_up, name)))
                     start = f"above {describe_epoch(consumer.mce)}" if consumer.mce else "from the start"
                     if consumer.backfill is not None:
                         done = consumer.backfill.rows_done

@@ -213,6 +213,7 @@ def test_run_view_maintains_a_view_until_sigterm(settings: Settings, redis_clien
             process.wait()
     output = log.read_text()
     assert "SIGTERM: stopping mv1" in output and f"mv1: stopped at epoch {last}" in output
+    assert "mv1: reading its backlog: up to epoch" in output  # the rows inserted before it started
 
     view = read_json(settings, "mv1")
     expected = {1: 11, 5: 50, 7: 70, 8: 80, 10: 100, 11: 110}
