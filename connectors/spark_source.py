@@ -252,8 +252,15 @@ def trigger_ends(settings: Settings, entries: Sequence[CatalogEntry], after: int
                  max_records: int | None) -> list[int]:
     """The last epoch of each micro-batch a stream of ``entries[0]`` started after ``after`` would read
     now, up to its latest committed epoch (never past the latest of ``entries[1:]``, as ``alignWith``)."""
-    planner = _Planner(settings, entries[0])
-    latest = min(_Planner(settings, entry).latest_epoch() for entry in entries)
+    planners = [_Planner(settings, entry) for entry in entries]
+    return _micro_batch_ends(planners[0], planners[1:], after, max_epochs, max_records)
+
+
+def _micro_batch_ends(planner: _Planner, aligned: Sequence[_Planner], after: int, max_epochs: int | None,
+                      max_records: int | None, first_only: bool = False) -> list[int]:
+    latest = min([planner.latest_epoch()] + [p.latest_epoch() for p in aligned])
+    if latest <= after:
+        return []
     if max_records is not None:
         epochs = planner.epoch_records(after, latest)
     else:
@@ -261,6 +268,8 @@ def trigger_ends(settings: Settings, entries: Sequence[CatalogEntry], after: int
     ends: list[int] = []
     while (end := last_admitted(epochs, max_epochs, max_records)) is not None:
         ends.append(end)
+        if first_only:
+            break
         epochs = [e for e in epochs if e[0] > end]
     return ends
 
@@ -353,15 +362,10 @@ class _StreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:  # noqa: N802
         after = (start or {"epoch": self._start})["epoch"]
-        latest = min([self._planner.latest_epoch()] + [p.latest_epoch() for p in self._aligned])
-        if latest > after:  # end on one of this view's epochs, within the trigger's limits
-            if self._max_records is not None:
-                epochs = self._planner.epoch_records(after, latest)
-            else:
-                epochs = [(epoch, 0) for epoch in self._planner.committed_epochs(after, latest)]
-            admitted = last_admitted(epochs, self._max_epochs, self._max_records)
-            latest = admitted if admitted is not None else after
-        return {"epoch": max(latest, after)}
+        # End on one of this view's epochs, within the trigger's limits.
+        ends = _micro_batch_ends(self._planner, self._aligned, after, self._max_epochs, self._max_records,
+                                 first_only=True)
+        return {"epoch": ends[0] if ends else after}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return self._planner.plan(start["epoch"], end["epoch"])
