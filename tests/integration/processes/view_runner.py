@@ -3,6 +3,7 @@
 Usage: python -m tests.integration.processes.view_runner SETTINGS_JSON VIEW [VIEW ...]
 Prints ``ready`` once the streaming queries run, then ``mce <view> <epoch>`` as epochs commit, and
 ``chunk <vnode> <start>`` for each vnode of each backfill chunk read (start: the position in hex, ``-``).
+Exits with an error as soon as a consumer's micro-batch fails to apply.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def main() -> None:
     reported = {c.entry.name: c.mce for c in consumers}
     while True:
         for consumer in consumers:
+            if (error := consumer.failure()) is not None:  # the query itself fails only at its next micro-batch
+                raise SystemExit(f"{consumer.entry.name}: a micro-batch failed: {error!r}")
             if consumer.mce != reported[consumer.entry.name]:
                 reported[consumer.entry.name] = consumer.mce
                 print(f"mce {consumer.entry.name} {consumer.mce}", flush=True)
