@@ -28,6 +28,7 @@ from mvlog.schemas.codec import (
     HEADER_TYPE,
     TYPE_BARRIER,
     TYPE_CHANGE,
+    change_tail,
     encode_barrier,
     encode_change,
     encode_change_rows,
@@ -143,7 +144,7 @@ def change_values(view: str, epoch: int, batch: EncodedBatch, ts_ms: int, txn: s
         slot = slots.get((vnode, op))
         if slot is None:
             slot = slots[(vnode, op)] = len(tails)
-            tails.append(encode_change_rows(view, epoch, vnode, op, None, None, ts_ms, txn)[2:])  # no rows: 2 bytes
+            tails.append(change_tail(view, epoch, vnode, op, ts_ms, txn))
         positions.append(slot)
     tail = pa.array(tails, pa.binary()).take(pa.array(positions, pa.int32()))
     values = pc.binary_join_element_wise(
