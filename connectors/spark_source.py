@@ -135,13 +135,17 @@ class _KafkaPartitionRead:
         self.where = f"{self.topic} partition {part.partition}"
         self.pending: dict[tuple[int, str], list[tuple[int, bytes, Row | None, Row | None]]] = {}
         self.max_bytes = settings.max_record_bytes
-        self.offset = part.start_offset - 1
-        self.done = False
+        self.offset = part.start_offset - 1  # the last offset read
         self.poison = 0  # change events dead-lettered since the last barrier: that barrier may count them
         self.last_progress = time.monotonic()
         self.consumer = reader_consumer(settings)
         self.consumer.assign([TopicPartition(self.topic, part.partition, part.start_offset)])
         self.dead_letters = DeadLetterQueue(settings, part.view)
+
+    @property
+    def done(self) -> bool:
+        """Whether the range's last barrier was read (it is the last record of the range)."""
+        return self.offset >= self.last_offset
 
     def take(self, messages: list[Message]) -> None:
         """Decode one consume batch; the epochs whose barrier it holds go to :attr:`rows`."""
@@ -189,8 +193,6 @@ class _KafkaPartitionRead:
                                          f"change(s), {len(changes)} were read ({short} dead-lettered)")
             self.rows.add_changes(barrier.epoch, changes)
             self.rows.add_barrier(barrier.epoch, offset)
-            self.done = offset >= self.last_offset
-        self.done = self.done or self.offset >= self.last_offset
 
     def close(self) -> None:
         self.consumer.close()

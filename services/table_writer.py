@@ -137,9 +137,9 @@ class Table:
         self._native_normalize = native.normalize_row if native is not None else None
         self._native_columns = tuple((c.name, _NATIVE_KINDS[c.type], c.nullable) for c in self.schema.columns)
         self._key_positions = tuple(self.schema.names.index(k) for k in self.schema.primary_key)
-        # Only string and bytes columns can make a row too large for one Kafka record: checked per row.
         self._fast_normalize = _plain_row_normalizer(self.schema, settings.max_record_bytes // 2)
         self._key_of = _key_getter(self.schema.primary_key)
+        # Only string and bytes columns can make a row too large for one Kafka record: checked per row.
         self._sized_columns = [c.name for c in self.schema.columns if c.type in (ColumnType.STRING, ColumnType.BYTES)]
         self._redis = client or redis.Redis.from_url(settings.redis_url)
         self.store = ViewStore(self._redis, settings.topic_prefix)

@@ -7,7 +7,8 @@ epoch's barriers to the view's changelog in one Kafka transaction, then commits 
 epoch index and MCE to Redis in one script. Redis is the commit point: an epoch that reached Kafka but
 not Redis is redone under a new transaction, and readers drop the abandoned attempt (chain rule).
 ``foreachBatch`` only collects a micro-batch: a worker thread applies it while Spark reads the next
-(:mod:`mvlog.services.micro_batch_worker`).
+(:mod:`mvlog.services.micro_batch_worker`). The backlog a consumer finds when it starts is read the same
+way, micro-batch by micro-batch, with batch reads; the streaming query starts after it.
 
 A view created with ``backfill=chunked`` starts at its upstreams' current epoch instead of their log's
 start: a :class:`~mvlog.services.backfill.ChunkedBackfill` turns each upstream epoch into the changes
@@ -173,10 +174,10 @@ class ViewConsumer:
         return {"view": view, "bootstrapServers": self.settings.bootstrap_servers,
                 "redisUrl": self.settings.redis_url, "topicPrefix": self.settings.topic_prefix}
 
-    def stream(self, after: int | None = None) -> DataFrame:
-        """The streaming read of the upstream(s), from the epoch after ``after`` (default: the MCE)."""
+    def stream(self, after: int) -> DataFrame:
+        """The streaming read of the upstream(s), from the epoch after ``after``."""
         reader = self.spark.readStream.format("mvlog").options(**self._source_options(self.entry.sources[0]))
-        reader = reader.option("startingEpoch", str(self._after if after is None else after))
+        reader = reader.option("startingEpoch", str(after))
         reader = reader.option("maxEpochsPerTrigger", str(self.max_epochs_per_trigger))
         reader = reader.option("maxRecordsPerTrigger", str(self.settings.max_records_per_trigger))
         if len(self.entry.sources) > 1:
