@@ -1,13 +1,15 @@
 # mvlog: the two commands are `make demo` and `make test`; both run `make setup` first.
 #
-#   make setup   ready a fresh clone: Debian packages (redis-server, a Java runtime) when missing,
-#                then .venv with mvlog installed in editable mode (strict) with its dev tools
+#   make setup   ready a fresh clone: Debian packages (redis-server, a Java runtime, Maven) when missing,
+#                then .venv with mvlog installed in editable mode (strict) with its dev tools, then
+#                Apache Kafka's jars from Maven Central (infra/kafka/pom.xml) into ~/.cache/mvlog
 #   make test    setup + lint (ruff, mypy) + the whole pytest suite (integration tests start their
-#                own Tansu broker and redis-server on free loopback ports)
+#                own Apache Kafka broker and redis-server on free loopback ports)
 #   make demo    setup + the demo
 #   make lint    ruff and mypy only
 #   make bench   the benchmarks (bench/run.py)
-#   make up / make down   start / stop the local stack (Tansu + Redis) on mvlog's default ports
+#   make up / make down   start / stop the local stack (Apache Kafka + Redis) on mvlog's default ports
+#   make purge   stop the local stack and delete its data (.mvlog/kafka, .mvlog/redis)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -31,14 +33,21 @@ TEST_TIMEOUT ?= 600
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help setup system-deps lint test demo bench up down clean
+.PHONY: help setup system-deps kafka lint test demo bench up down purge clean
 
 help:
 	@awk '/^#/ { sub(/^# ?/, ""); print; next } { exit }' Makefile
 
-setup: system-deps $(STAMP)
+setup: system-deps $(STAMP) kafka
 
-# Debian packages the stack needs: redis-server (the local stack's Redis), a Java runtime >= 17 (Spark),
+# Apache Kafka's jars (kafka_2.13, its run-time dependencies and a logging binding), resolved from Maven
+# Central by mvn into ~/.cache/mvlog/kafka-<version> (MVLOG_KAFKA_HOME), reused when present.
+kafka: $(STAMP)
+	@"$(PY)" -c 'from mvlog.infra.kafka_broker import ensure_kafka_jars, kafka_home; \
+		home = kafka_home(); print(f"Apache Kafka jars: {ensure_kafka_jars(home)}")'
+
+# Debian packages the stack needs: redis-server (the local stack's Redis), a Java runtime >= 17 (Spark and
+# Apache Kafka), maven (resolves Kafka's jars from Maven Central),
 # python3-venv (only when the interpreter cannot make a venv), chromium and chromium-driver (the
 # dashboard's browser test drives Debian's headless Chromium). Installed only when missing.
 system-deps:
@@ -48,6 +57,7 @@ system-deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	command -v mvn >/dev/null 2>&1 || missing="$$missing maven"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	"$(PYTHON)" -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
@@ -64,7 +74,7 @@ system-deps:
 	fi
 	@java_major=$$(java -version 2>&1 | sed -n 's/.* version "\([0-9]*\)[."].*/\1/p' | head -1); \
 	if [ -z "$$java_major" ] || [ "$$java_major" -lt 17 ]; then \
-		echo "Spark 4 needs Java >= 17, found: $$(java -version 2>&1 | head -1)." \
+		echo "Spark 4 and Apache Kafka 4 need Java >= 17, found: $$(java -version 2>&1 | head -1)." \
 		     "Install one, e.g. apt-get install -y openjdk-17-jre-headless" >&2; exit 1; fi
 
 $(STAMP): $(PACKAGE_FILES)
@@ -108,5 +118,8 @@ up: setup
 down:
 	@if [ -x $(VENV)/bin/mvlog ]; then $(VENV)/bin/mvlog down; else echo "No $(VENV): nothing to stop."; fi
 
-clean: down
+purge:
+	@if [ -x $(VENV)/bin/mvlog ]; then $(VENV)/bin/mvlog down --purge; else rm -rf .mvlog/kafka .mvlog/redis; fi
+
+clean: purge
 	rm -rf "$(VENV)" build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis .mvlog

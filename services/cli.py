@@ -142,15 +142,16 @@ _stack_dir_option = click.option(
               help="Broker port on 127.0.0.1 (default: the port of MVLOG_BOOTSTRAP_SERVERS, 19092).")
 @click.option("--redis-port", type=click.IntRange(1, 65535), default=None,
               help="Redis port on 127.0.0.1 (default: the port of MVLOG_REDIS_URL, 16379).")
-@click.option("--timeout", type=float, default=30.0, show_default=True,
+@click.option("--timeout", type=float, default=90.0, show_default=True,
               help="Seconds to wait for each process to answer.")
 @pass_settings
 def up(settings: Settings, stack_dir: Path | None, kafka_port: int | None, redis_port: int | None,
        timeout: float) -> None:
-    """Start the local stack (Tansu broker + redis-server on loopback) in the background.
+    """Start the local stack (Apache Kafka + redis-server on loopback) in the background.
 
     Prints the `export` lines that point mvlog at it on standard output, so `eval "$(mvlog up)"` works.
-    The broker keeps everything in memory: `mvlog down` forgets all topics (and Redis, which mirrors them).
+    The stack is durable: its topics and Redis data stay in the stack folder across `mvlog down` and
+    `mvlog up`. When one of the two runs already, only the other is started; nothing is deleted.
     """
     stack = LocalStack.from_settings(settings, data_dir=stack_dir, kafka_port=kafka_port,
                                      redis_port=redis_port, start_timeout_s=timeout)
@@ -159,35 +160,56 @@ def up(settings: Settings, stack_dir: Path | None, kafka_port: int | None, redis
         click.echo(f"A local stack is already running from {running.data_dir}.", err=True)
         _print_addresses(running, settings)
         return
-    if running is not None:  # half a stack, or the records of one that died: clear them first
-        running.stop()
-    stack.start()
-    click.echo(f"Local stack started (data and logs in {stack.data_dir}).", err=True)
+    fresh = not stack.kafka_dir.exists()
+    report = stack.start()
+    if report.kept:
+        click.echo(f"Kept {' and '.join(report.kept)} running; started {' and '.join(report.started)} "
+                   f"(data and logs in {stack.data_dir}).", err=True)
+    else:
+        state = "new, empty" if fresh else "its data kept from the last run"
+        click.echo(f"Local stack started ({state}; data and logs in {stack.data_dir}).", err=True)
     _print_addresses(stack, settings)
 
 
 def _print_addresses(stack: LocalStack, settings: Settings) -> None:
-    click.echo(f"  Kafka (Tansu): {stack.bootstrap_servers}", err=True)
-    click.echo(f"  Redis:         {stack.redis_url}", err=True)
-    click.echo(f"  logs:          {stack.log_dir}", err=True)
+    click.echo(f"  Kafka:  {stack.bootstrap_servers}", err=True)
+    click.echo(f"  Redis:  {stack.redis_url}", err=True)
+    click.echo(f"  logs:   {stack.log_dir}", err=True)
     click.echo("Point mvlog at it with:", err=True)
     for name, value in stack.env().items():
         click.echo(f"export {name}={value}")
     hint = "" if stack.data_dir == settings.stack_dir else f" --stack-dir {stack.data_dir}"
-    click.echo(f"Stop it with: mvlog down{hint}", err=True)
+    click.echo(f"Stop it with: mvlog down{hint} (its data stays; --purge deletes it)", err=True)
 
 
 @main.command()
 @_stack_dir_option
+@click.option("--purge", is_flag=True,
+              help="Also delete the stack's data: every topic of the broker and every Redis key.")
 @pass_settings
-def down(settings: Settings, stack_dir: Path | None) -> None:
-    """Stop the local stack started by `mvlog up` (its topics and Redis data are gone afterwards)."""
+def down(settings: Settings, stack_dir: Path | None, purge: bool) -> None:
+    """Stop the local stack started by `mvlog up`; its data stays for the next `mvlog up` unless --purge."""
     data_dir = stack_dir or settings.stack_dir
     stack = LocalStack.load(data_dir) or LocalStack.from_settings(settings, data_dir=data_dir)
     if stack.stop():
         click.echo(f"Local stack in {data_dir} stopped.")
     else:
         click.echo(f"No local stack is running from {data_dir}; nothing to stop.")
+    if purge:
+        deleted = stack.purge()
+        if deleted:
+            click.echo("Deleted " + " and ".join(
+                f"{folder} ({what})" for folder, what in zip(deleted, _purged_what(stack, deleted), strict=True)))
+        else:
+            click.echo(f"No data in {data_dir}; nothing to delete.")
+    else:
+        click.echo(f"Its data stays in {data_dir} (`mvlog down --purge` deletes it).")
+
+
+def _purged_what(stack: LocalStack, deleted: list[Path]) -> list[str]:
+    names = {stack.kafka_dir: "the broker's log: every table's, view's and catalog topic",
+             stack.redis_dir: "Redis's append-only file: every view's state and the control plane"}
+    return [names.get(folder, "data") for folder in deleted]
 
 
 @main.command("stack-status")

@@ -6,8 +6,8 @@ Fixtures
     The running broker and Redis, as a :class:`StackEndpoints` (``bootstrap_servers``, ``redis_url``,
     ``kind``, and ``local``: the :class:`~mvlog.infra.local_stack.LocalStack` when it is the local
     one, for tests that stop or inspect the processes). With ``--stack=local`` (the default) it starts
-    Tansu + redis-server on free loopback ports in a temporary folder and stops them when the session
-    ends; with ``--stack=docker`` it brings up Apache Kafka and Redis from ``infra/docker-compose.yml``
+    Apache Kafka (KRaft) + redis-server on free loopback ports in a temporary folder and stops them when
+    the session ends; with ``--stack=docker`` it brings up Apache Kafka and Redis from ``infra/docker-compose.yml``
     through pytest-docker and waits until both answer. One stack serves the whole session.
 ``settings`` (function)
     :class:`mvlog.config.Settings` pointing at ``stack``, with a unique ``topic_prefix`` per test
@@ -53,7 +53,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--stack",
         choices=("local", "docker"),
         default=os.environ.get("MVLOG_TEST_STACK", "local"),
-        help="broker + Redis for integration tests: 'local' starts Tansu and redis-server as processes "
+        help="broker + Redis for integration tests: 'local' starts Apache Kafka and redis-server as processes "
         "(default); 'docker' starts Apache Kafka and Redis from infra/docker-compose.yml (pytest-docker).",
     )
 
@@ -164,11 +164,14 @@ def stack(
         yield StackEndpoints("docker", bootstrap, f"redis://127.0.0.1:{redis_port}/0")
         return
 
-    kafka_port, redis_port = free_ports(2)
+    kafka_port, controller_port, redis_port = free_ports(3)
     local = LocalStack(
         data_dir=tmp_path_factory.mktemp("stack"),
         kafka_port=kafka_port,
+        controller_port=controller_port,
         redis_port=redis_port,
+        # Retention tests use small segments and retention.ms; the broker checks for them every second.
+        broker_settings={"log.retention.check.interval.ms": "1000"},
         die_with_parent=True,  # a killed pytest leaves no broker behind
     )
     local.start()

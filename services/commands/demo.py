@@ -4,7 +4,7 @@ What it does, in order:
 
 1. **The stack.** It reuses a broker and Redis that already answer at the configured addresses
    (``mvlog up`` on the default ports, or ``MVLOG_BOOTSTRAP_SERVERS`` / ``MVLOG_REDIS_URL``), or the
-   stack recorded in ``stack_dir`` by ``mvlog up --kafka-port ...``; otherwise it starts Tansu +
+   stack recorded in ``stack_dir`` by ``mvlog up --kafka-port ...``; otherwise it starts Apache Kafka +
    redis-server in ``stack_dir`` (``.mvlog/``) on the default ports, or on free ports (and says so)
    when something else holds those. ``--no-stack`` never starts one.
 2. **The definitions**, under a fresh topic prefix per run (``demo<timestamp>``, or ``--prefix``: an
@@ -143,7 +143,7 @@ def ensure_stack(settings: Settings, no_stack: bool) -> _Stack:
             f"nothing answers at MVLOG_BOOTSTRAP_SERVERS={settings.bootstrap_servers} / MVLOG_REDIS_URL="
             f"{settings.redis_url}; start that stack, or unset both to let the demo start a local one")
     stack = LocalStack.from_settings(settings)
-    for attribute, what, default in (("kafka_port", "Kafka (Tansu)", DEFAULT_KAFKA_PORT),
+    for attribute, what, default in (("kafka_port", "Kafka", DEFAULT_KAFKA_PORT),
                                      ("redis_port", "Redis", DEFAULT_REDIS_PORT)):
         port = getattr(stack, attribute)
         if port_in_use(stack.host, port):
@@ -152,7 +152,7 @@ def ensure_stack(settings: Settings, no_stack: bool) -> _Stack:
             click.echo(f"Port {port} (wanted for {what}) is taken by {owner}: using free port {chosen} "
                        f"instead{'' if port == default else f' (default {default})'}.", err=True)
             setattr(stack, attribute, chosen)
-    click.echo(f"Starting the local stack in {stack.data_dir} (Tansu on {stack.bootstrap_servers}, "
+    click.echo(f"Starting the local stack in {stack.data_dir} (Apache Kafka on {stack.bootstrap_servers}, "
                f"redis-server on {stack.redis_url})...", err=True)
     stack.start()
     click.echo("Local stack started; the demo stops it when it ends.", err=True)
