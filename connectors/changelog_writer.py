@@ -319,7 +319,9 @@ class ChangelogWriter:
 
     def _init_transactions(self, timeout: float) -> None:
         """``init_transactions`` in 1 s slices (librdkafka allows retrying one that timed out), so a broker
-        refusing the login or TLS handshake raises KafkaAccessError at once instead of after ``timeout``."""
+        refusing the login or TLS handshake raises KafkaAccessError at once instead of after ``timeout``.
+        Retriable errors are retried too: a broker just started answers COORDINATOR_LOAD_IN_PROGRESS while
+        it loads its transaction log."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -327,7 +329,8 @@ class ChangelogWriter:
                 self._run(self._producer.init_transactions, max(0.1, min(1.0, remaining)))
                 return
             except KafkaException as exc:
-                if exc.args[0].code() != KafkaError._TIMED_OUT:
+                error: KafkaError = exc.args[0]
+                if error.code() != KafkaError._TIMED_OUT and not error.retriable():
                     raise
                 self._producer.poll(0)  # serves error_cb
                 self._refusals.check()

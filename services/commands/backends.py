@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 
 from mvlog.config import Settings
 from mvlog.connectors.changelog_writer import EpochWriteError, WriterFencedError
+from mvlog.connectors.kafka_security import KafkaAccessError, RefusalWatch, cluster_metadata
 from mvlog.connectors.topics import TopicError
 from mvlog.snapshot_plan import SnapshotError
 
@@ -86,11 +87,14 @@ def require_kafka(settings: Settings, timeout: float = CONNECT_TIMEOUT_S) -> Non
     """Raise a clean ClickException unless a broker answers a metadata request within ``timeout``."""
     if (problem := _connect_problem(settings.bootstrap_servers, timeout)) is not None:
         raise kafka_unreachable(settings, problem)
-    config: dict[str, Any] = {**settings.kafka_client_config(), "logger": _quiet,
+    watch = RefusalWatch(settings.bootstrap_servers)
+    config: dict[str, Any] = {**settings.kafka_client_config(), "logger": _quiet, "error_cb": watch,
                               "socket.timeout.ms": int(timeout * 1000)}
     admin = AdminClient(config)
     try:
-        brokers = admin.list_topics(timeout=timeout).brokers
+        brokers = cluster_metadata(admin, watch, timeout=timeout).brokers
+    except KafkaAccessError as error:  # it answers, but refuses this client: say so, not "is it running?"
+        raise click.ClickException(str(error)) from error
     except KafkaException as error:
         raise kafka_unreachable(settings, _kafka_detail(error)) from error
     if not brokers:
