@@ -3,22 +3,22 @@
 The reader seeks each partition to just after the barrier of the last epoch before its start (looked up
 in the epoch index), aligns barriers across partitions and yields :class:`~mvlog.changes.Epoch` objects.
 Records it cannot use go to the view's dead-letter topic (see :mod:`mvlog.connectors.dead_letter`).
-Barriers, not the broker's high watermark, say where an epoch ends: a partition's log may end with an
-open transaction, and an epoch is whole only once its barrier is on every partition. Since the consumer
-reads ``read_committed``, a complete epoch is a committed one and is handed out at once.
+It never uses the broker's high watermark to decide where an epoch ends: barriers do that (Tansu
+reports the watermark of the last batch's base offset, not of the log's end). An epoch is handed out
+once it is committed: named by its successor's barrier, or present in the epoch index.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from mvlog.barrier_alignment import EpochAligner
-from mvlog.changes import Epoch
+from mvlog.changes import Epoch, IndexEntry
 from mvlog.config import Settings
 from mvlog.connectors.changelog_records import BarrierRecord, ChangeRecord, decode_record
 from mvlog.connectors.dead_letter import DeadLetterQueue
@@ -51,15 +51,18 @@ class ChangelogReader:
 
     def __init__(self, settings: Settings, view: str, key_columns: Sequence[str], partitions: int,
                  index: EpochIndex | None = None, after_epoch: int = 0, upto_epoch: int | None = None,
-                 dead_letter: bool = True) -> None:
+                 dead_letter: bool = True, proven: Mapping[int, IndexEntry] | None = None) -> None:
         """``dead_letter``: poison records go to the view's dead-letter topic and reading goes on; when
-        False the first one raises :class:`ChangelogReadError` (naming topic, partition and offset)."""
+        False the first one raises :class:`ChangelogReadError` (naming topic, partition and offset).
+        ``proven``: the barriers (partition -> index entry) of an epoch known to be committed otherwise
+        than by the index (its live writer committed it), confirmed as if the index had it."""
         self.view = view
         self.topic = settings.changelog_topic(view)
         self.key_columns = tuple(key_columns)
         self.upto_epoch = upto_epoch
         self.aligner = EpochAligner(view, range(partitions), after_epoch)
         self._index = index
+        self._proven = dict(proven or {})
         self._max_bytes = settings.max_record_bytes
         self.dead_letters = DeadLetterQueue(settings, view) if dead_letter else None
         self.max_seen_epoch = after_epoch  # including epochs abandoned by a killed writer
@@ -96,11 +99,30 @@ class ChangelogReader:
                 if idle_timeout is not None and time.monotonic() - last_record >= idle_timeout:
                     return
             committed = [e for message in messages for e in self._handle(message)]
+            committed += self._confirm_from_index()
             for epoch in committed:
                 if self.upto_epoch is not None and epoch.epoch > self.upto_epoch:
                     return
                 yield epoch
             self._apply_pauses()
+
+    def release_held(self) -> Epoch | None:
+        """The complete epoch still waiting for confirmation at the end of the log, released on the
+        caller's proof that it committed (see :meth:`EpochAligner.release_held`)."""
+        return self.aligner.release_held()
+
+    def _confirm_from_index(self) -> list[Epoch]:
+        """Release a complete epoch without waiting for its successor when the index has it."""
+        held = self.aligner.held_epoch
+        if held is None:
+            return []
+        partition = self.aligner.partitions[0]
+        entry = self._index.at(self.view, partition, held) if self._index is not None else None
+        if entry is None and (proven := self._proven.get(partition)) is not None and proven.epoch == held:
+            entry = proven
+        if entry is None:
+            return []
+        return self.aligner.confirm(held, {partition: entry.offset})
 
     def _handle(self, message: Any) -> list[Epoch]:
         error = message.error()

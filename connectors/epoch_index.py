@@ -47,6 +47,15 @@ class EpochIndex:
                                         f"({epoch_hex(epoch + 1)}", start=0, num=1)
         return _parse(found[0]) if found else None
 
+    def entries_at(self, view: str, partitions: int, epoch: int | None) -> dict[int, IndexEntry] | None:
+        """Every partition's entry of ``epoch`` (None unless all are there): a writer's proof that its last
+        epoch committed, should Redis be wiped before it commits another."""
+        if epoch is None:
+            return None
+        found = {p: self.at(view, p, epoch) for p in range(partitions)}
+        entries = {p: e for p, e in found.items() if e is not None}
+        return entries if len(entries) == partitions else None
+
     def before(self, view: str, partition: int, epoch: int) -> IndexEntry | None:
         """The last indexed epoch strictly below ``epoch``: a reader of ``epoch`` starts after its barrier."""
         found = self._redis.zrevrangebylex(self.key(view, partition), f"({epoch_hex(epoch)}", "-",

@@ -9,14 +9,16 @@ it committed (from the ``backfill_progress`` mutation on its barriers, :mod:`mvl
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mvlog.backfill_record import BACKFILL_MUTATION, BackfillReplay, load_positions
 from mvlog.catalog import CatalogEntry
-from mvlog.changes import Epoch
+from mvlog.changes import Epoch, IndexEntry
 from mvlog.config import Settings
 from mvlog.connectors.changelog_reader import ChangelogReader
 from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
+from mvlog.epoch import MAX_EPOCH
 
 log = logging.getLogger(__name__)
 
@@ -25,33 +27,83 @@ log = logging.getLogger(__name__)
 class LogTail:
     last_committed: int  # the view's MCE after rolling forward (0 if none)
     max_seen: int  # the highest epoch in the log, abandoned ones included: new epochs must be above it
+    # The log's last complete epoch, which nothing proved committed (not applied; see commit_held).
+    held: Epoch | None = None
+    seen: frozenset[int] = frozenset()  # every complete epoch read, committed or not (evidence for upstreams)
     backfill: BackfillReplay | None = None  # the backfill state after the last applied epoch
 
 
 def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle_timeout: float = 1.5,
-                 upto_epoch: int | None = None) -> LogTail:
+                 proven: Mapping[int, IndexEntry] | None = None,
+                 downstreams: Sequence[CatalogEntry] = (), upto_epoch: int | None = None) -> LogTail:
     """Apply every committed epoch above the MCE to Redis.
 
     The end of the log is where the reader goes idle for ``idle_timeout`` seconds, or ``upto_epoch``:
     a changelog whose writer is running never goes idle, so a caller that is not that writer (a rebuild
     of everything) stops at the epoch of its start, and the live writer rolls itself forward from there
-    when its next commit finds Redis behind it. The reader is ``read_committed``: every complete epoch
-    it hands out committed, the log's last one included.
+    when its next commit finds Redis behind it.
+    ``proven``: the barriers of the last epoch the caller (the changelog's live writer) committed, which
+    the epoch index may have lost. It is used as proof while reading, never put in the index first:
+    the index is only ever extended in epoch order, so no reader of a half-rebuilt index sees that last
+    epoch alone and skips the ones before it.
+
+    ``downstreams``: the views that read this changelog. When Redis had nothing of it (wiped) and the
+    log's last complete epoch is proven neither by the index nor by a later barrier (its writer was not
+    running to say so), a view that has an epoch of that number proves it committed: a view only ever
+    computes an upstream epoch it saw committed. Without that proof the epoch is abandoned, as the
+    chain rule requires; with it, no view is left holding an epoch its upstream dropped. That epoch is
+    returned as ``held``: a caller that rolls the views forward afterwards (a rebuild of everything)
+    finds the proof in their ``seen`` epochs without reading their changelogs twice (:func:`commit_held`).
     """
     mce = store.mce(entry.name) or 0
     last = mce
     applied = 0
     with ChangelogReader(settings, entry.name, entry.key_columns, entry.partitions, store.index,
-                         after_epoch=mce, upto_epoch=upto_epoch) as reader:
+                         after_epoch=mce, upto_epoch=upto_epoch, proven=proven) as reader:
         backfill = BackfillReplay(entry.sources, load_positions(store.backfill_state(entry.name), entry.sources))
+        seen: set[int] = set()
         for epoch in reader.epochs(idle_timeout=idle_timeout):
             store.commit(entry.name, _commit_of(entry, epoch, backfill))
             last = epoch.epoch
             applied += 1
+            seen.add(epoch.epoch)
+        seen.update(reader.aligner.abandoned)
+        held = reader.release_held() if (reader.aligner.held_epoch or 0) <= (upto_epoch or MAX_EPOCH) else None
+        if held is not None:
+            seen.add(held.epoch)
+            if mce == 0 and built_upon(settings, downstreams, held.epoch, idle_timeout):
+                store.commit(entry.name, _commit_of(entry, held, backfill))
+                last = held.epoch
+                applied += 1
+                held = None
+                log.warning("%s: its last epoch %d is proven committed by a view built on it", entry.name, last)
         max_seen = max(reader.max_seen_epoch, last)
     if applied:
         log.info("%s: rolled Redis forward by %d epoch(s) to %d", entry.name, applied, last)
-    return LogTail(last, max_seen, backfill)
+    return LogTail(last, max_seen, held, frozenset(seen), backfill)
+
+
+def commit_held(store: ViewStore, entry: CatalogEntry, tail: LogTail) -> int:
+    """Apply the epoch ``tail`` held back, on the caller's proof that it committed (a view built on it,
+    found after this roll-forward); returns it."""
+    assert tail.held is not None and tail.backfill is not None
+    store.commit(entry.name, _commit_of(entry, tail.held, tail.backfill))
+    log.warning("%s: its last epoch %d is proven committed by a view built on it", entry.name, tail.held.epoch)
+    return tail.held.epoch
+
+
+def built_upon(settings: Settings, views: Sequence[CatalogEntry], epoch: int, idle_timeout: float = 1.5) -> bool:
+    """Whether one of ``views`` has a complete epoch ``epoch`` in its changelog, committed or not."""
+    for view in views:
+        with ChangelogReader(settings, view.name, view.key_columns, view.partitions, None) as reader:
+            for found in reader.epochs(idle_timeout=idle_timeout):
+                if found.epoch == epoch:
+                    return True
+                if found.epoch > epoch:
+                    break
+            if epoch in reader.aligner.abandoned or reader.aligner.held_epoch == epoch:
+                return True
+    return False
 
 
 def _commit_of(entry: CatalogEntry, epoch: Epoch, backfill: BackfillReplay) -> EpochCommit:

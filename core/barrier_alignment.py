@@ -1,21 +1,15 @@
 """Barrier alignment: turn per-partition streams of changes and barriers into committed epochs.
 
 Each partition carries an epoch's changes followed by its barrier. An epoch is *complete* when every
-partition has delivered its barrier. What makes a complete epoch *committed* depends on how the log was
-read:
+partition has delivered its barrier, and *committed* when it is confirmed: either the next complete
+epoch names it as ``prev_epoch`` (the chain rule), or the caller knows it from the epoch index
+(:meth:`EpochAligner.confirm`).
 
-* ``read_committed`` (``committed_reads=True``, every reader but the cache worker): the broker hands
-  out only the records of committed transactions, and an epoch is one transaction, so a complete epoch
-  is committed and released at once.
-* ``read_uncommitted`` (``committed_reads=False``: the Faust cache worker, whose aiokafka consumer reads
-  so outside Faust's exactly-once mode): the records of aborted transactions arrive too. A complete
-  epoch is then held until it is confirmed: the next complete epoch names it as ``prev_epoch`` (the
-  chain rule: a writer only names epochs whose transaction committed), or the caller finds it in the
-  epoch index (:meth:`EpochAligner.confirm`). An abandoned attempt is dropped because no later barrier
-  names it, and a restarted writer continues from its last committed epoch.
-
-In both modes changes are matched to their barrier by epoch and transaction id, so stray records of an
-aborted transaction never count towards a committed epoch, even a redone one with the same number.
+The chain rule is what makes readers exactly-once on brokers that deliver the records of aborted
+transactions to ``read_committed`` consumers (Tansu 0.6 does): records of an abandoned epoch are
+dropped because no later barrier names that epoch, and a restarted writer continues from its last
+committed epoch. Changes are matched to their barrier by epoch and transaction id, so stray records of
+an aborted transaction never count towards a committed epoch, even a redone one with the same number.
 
 A partition a whole epoch ahead of the slowest should be paused by the caller
 (:meth:`EpochAligner.partitions_to_pause`), so the aligner buffers about one epoch per partition. A
@@ -56,23 +50,17 @@ class _PartitionBuffer:
 
 
 class EpochAligner:
-    """Aligns barriers across ``partitions``; epochs at or below ``after_epoch`` are dropped.
+    """Aligns barriers across ``partitions``; epochs at or below ``after_epoch`` are dropped."""
 
-    ``committed_reads``: the records come from a ``read_committed`` consumer, so complete epochs are
-    committed (see the module docstring); False applies the chain rule.
-    """
-
-    def __init__(self, view: str, partitions: Iterable[int], after_epoch: int = 0, *,
-                 committed_reads: bool = True) -> None:
+    def __init__(self, view: str, partitions: Iterable[int], after_epoch: int = 0) -> None:
         self.view = view
-        self.committed_reads = committed_reads
         self._buffers = {p: _PartitionBuffer() for p in partitions}
         if not self._buffers:
             raise ValueError("an aligner needs at least one partition")
         self.after_epoch = after_epoch
         self.last_epoch = after_epoch  # the last committed epoch handed out
-        self._held: Epoch | None = None  # complete, waiting for confirmation (chain rule only)
-        self.abandoned: list[int] = []  # epochs that cannot commit (for diagnostics and tests)
+        self._held: Epoch | None = None  # complete, waiting for confirmation
+        self.abandoned: list[int] = []  # epochs dropped by the chain rule (for diagnostics and tests)
 
     @property
     def partitions(self) -> list[int]:
@@ -151,6 +139,11 @@ class EpochAligner:
             return []
         return [self._release()]
 
+    def release_held(self) -> Epoch | None:
+        """Release the complete epoch held for confirmation on the caller's own proof that it committed
+        (e.g. a downstream view was built on it); None when no epoch is held."""
+        return self._release() if self._held is not None else None
+
     def partitions_to_pause(self) -> set[int]:
         """Partitions holding a sealed epoch that some other partition has not sealed yet."""
         if all(b.sealed for b in self._buffers.values()):
@@ -197,6 +190,4 @@ class EpochAligner:
             if epoch.epoch <= self.last_epoch:
                 raise AlignmentError(f"{self.view}: epoch {epoch.epoch} is not above {self.last_epoch}")
             self._held = epoch
-            if self.committed_reads:
-                committed.append(self._release())
         return committed

@@ -16,9 +16,11 @@ that notices rebuilds it, under a Redis lock so several processes noticing at on
 
 Who notices: a table writer or view consumer whose epoch commit finds Redis no longer at its MCE
 (``ServingStateLostError``, or an MCE that went missing), and ``CatalogStore.get`` for the catalog.
-The roll-forward reads each changelog ``read_committed``, so every complete epoch it meets committed,
-the log's last one included; it extends the index in epoch order, so a reader meeting a half-rebuilt
-index never sees a later epoch without the ones before it.
+A live process passes the barriers of its own last committed epoch as proof to the roll-forward: on a
+broker that delivers aborted records (Tansu), the index or a later barrier is what proves a changelog's
+last epoch committed. The proof is never put in the index ahead of the roll-forward, which extends the
+index in epoch order: a reader meeting a half-rebuilt index with the last epoch alone in it would plan
+that epoch next and skip the ones before it (a view two epochs or more behind would lose those).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from graphlib import TopologicalSorter
 
@@ -35,9 +37,10 @@ import redis
 from redis.exceptions import LockError
 
 from mvlog.catalog import CatalogEntry
+from mvlog.changes import IndexEntry
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.recovery import roll_forward
+from mvlog.connectors.recovery import LogTail, commit_held, roll_forward
 from mvlog.connectors.view_store import ViewStore
 from mvlog.epoch import SEQUENCE_MASK, epoch_from_millis
 from mvlog.services.state_rebuild import ViewNotRestorableError, restore_view_state
@@ -91,28 +94,33 @@ def register_rebuild_step(step: RebuildStep) -> RebuildStep:
     return step
 
 
-def restore(settings: Settings, client: redis.Redis, entry: CatalogEntry, derive_state: bool | None = None,
+def restore(settings: Settings, client: redis.Redis, entry: CatalogEntry,
+            own_last: dict[int, IndexEntry] | None = None, derive_state: bool | None = None,
             upto_epoch: int | None = None) -> int | None:
     """Bring one table or view's serving state back from Kafka; returns its MCE.
 
+    ``own_last``: the index entries of the last epoch the caller (the object's writer) committed: the
+    proof that it committed, for the roll-forward (see :func:`~mvlog.connectors.recovery.roll_forward`).
     ``derive_state``: re-derive a view's operator state (default: when Redis had no MCE for it).
     ``upto_epoch``: roll forward no further (the object's writer may be running; see ``roll_forward``).
     """
     store = ViewStore(client, settings.topic_prefix)
     before = store.mce(entry.name)
-    after = roll_forward(settings, store, entry, upto_epoch=upto_epoch).last_committed
+    downstreams = CatalogStore(settings, client).views_reading(entry.name) if before is None else []
+    after = roll_forward(settings, store, entry, proven=own_last, downstreams=downstreams,
+                         upto_epoch=upto_epoch).last_committed
     if entry.kind == "view" and after and (derive_state or (derive_state is None and before is None)):
         restore_view_state(settings, client, entry)
     return store.mce(entry.name)
 
 
-def ensure_control_plane(settings: Settings, client: redis.Redis, own: str | None = None) -> bool:
+def ensure_control_plane(settings: Settings, client: redis.Redis,
+                         proven: Mapping[str, dict[int, IndexEntry] | None] | None = None) -> bool:
     """Rebuild everything from Kafka if Redis was wiped; True if this call rebuilt it.
 
     Objects whose state cannot be restored yet (a view whose upstream is behind it) are left to their
-    own process, which restores them with :func:`restore` once its upstream is back. ``own``: the table
-    or view whose writer is the caller; its changelog is idle while the caller recovers, so it is rolled
-    forward to its end rather than to the rebuild's start.
+    own process, which restores them with :func:`restore` once its upstream is back. ``proven``: per
+    table or view, the barriers of the last epoch the caller committed to it (see :func:`restore`).
     """
     catalog = CatalogStore(settings, client)
     if not catalog.wiped():
@@ -128,11 +136,22 @@ def ensure_control_plane(settings: Settings, client: redis.Redis, own: str | Non
         entries = {e.name: e for e in catalog.all()}
         order = TopologicalSorter({name: [s for s in e.sources if s in entries] for name, e in entries.items()})
         took: dict[str, float] = {}
+        held: dict[str, LogTail] = {}  # objects whose last epoch awaits a view built on it as proof
         store = ViewStore(client, settings.topic_prefix)
         for name in order.static_order():
             entry = entries[name]
             took[name] = time.monotonic()
-            roll_forward(settings, store, entry, upto_epoch=None if name == own else upto)
+            own = (proven or {}).get(name)
+            tail = roll_forward(settings, store, entry, proven=own, upto_epoch=None if own else upto)
+            if tail.held is not None:
+                held[name] = tail
+            for source in entry.sources:  # this view's epochs prove its upstreams' last ones committed
+                waiting = held.get(source)
+                if waiting is not None and waiting.held is not None and (
+                        waiting.held.epoch in tail.seen or store.index.at(name, 0, waiting.held.epoch)):
+                    commit_held(store, entries[source], held.pop(source))
+                    if entries[source].kind == "view":
+                        _restore_state(settings, client, entries[source])
             if entry.kind == "view":  # always: a rebuilder killed half-way may have left rows without it
                 _restore_state(settings, client, entry)
             for step in _REBUILD_STEPS:
@@ -153,14 +172,15 @@ def _restore_state(settings: Settings, client: redis.Redis, entry: CatalogEntry)
 
 
 def recover_after_wipe(settings: Settings, client: redis.Redis, entry: CatalogEntry,
-                       timeout: float = 120.0) -> int | None:
-    """What a live writer does on finding Redis wiped: make sure the control plane is rebuilt, then
-    restore its own state (retrying while its upstream catches up)."""
-    ensure_control_plane(settings, client, own=entry.name)
+                       own_last: dict[int, IndexEntry] | None, timeout: float = 120.0) -> int | None:
+    """What a live writer does on finding Redis wiped: make sure the control plane is rebuilt (its own
+    last epoch proven committed by ``own_last``), then restore its own state (retrying while its upstream
+    catches up)."""
+    ensure_control_plane(settings, client, {entry.name: own_last})
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return restore(settings, client, entry, derive_state=True)
+            return restore(settings, client, entry, own_last, derive_state=True)
         except ViewNotRestorableError:
             if time.monotonic() > deadline:
                 raise

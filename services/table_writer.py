@@ -146,12 +146,16 @@ class Table:
         # The writer's init_transactions fences any earlier writer before we read the log's tail.
         self._writer = ChangelogWriter(settings, entry.name, entry.key_columns, entry.partitions)
         # A table created a moment ago has an empty changelog: nothing to roll forward.
+        # A view built on the table's last epoch proves it committed, should Redis have lost it (wiped).
         if recover:
-            self._clock = EpochClock(roll_forward(settings, self.store, entry).max_seen)
+            views = CatalogStore(settings, self._redis).views_reading(entry.name)
+            self._clock = EpochClock(roll_forward(settings, self.store, entry, downstreams=views).max_seen)
         else:
             self._clock = EpochClock(0)
         # The next barrier names the last *committed* epoch, abandoning any epoch a killed writer left.
         self._prev_epoch = self.store.mce(entry.name) or 0
+        # Proof that the last epoch committed, should Redis be wiped before this writer commits one.
+        self._last_committed = self.store.index.entries_at(entry.name, entry.partitions, self._prev_epoch or None)
         self._epochs_written = 0
         self._pending: dict[Key, Row | None] = {}
         self._lock = threading.Lock()
@@ -288,6 +292,7 @@ class Table:
                 staged.abort()
                 raise
             self._prev_epoch = epoch
+            self._last_committed = committed.index
             try:
                 staged.finish(committed.index)
             except ServingStateLostError:
@@ -351,7 +356,7 @@ class Table:
         from mvlog.services.control_plane import recover_after_wipe
 
         log.warning("%s: Redis no longer holds its MCE %d: rebuilding from Kafka", self.entry.name, self._prev_epoch)
-        mce = recover_after_wipe(self.settings, self._redis, self.entry)
+        mce = recover_after_wipe(self.settings, self._redis, self.entry, self._last_committed)
         if (mce or 0) != self._prev_epoch:
             raise RuntimeError(f"table {self.entry.name}: Redis is at epoch {mce}, this writer at {self._prev_epoch}; "
                                "another writer of the table is running")

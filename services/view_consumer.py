@@ -137,14 +137,17 @@ class ViewConsumer:
         self.trigger_interval = trigger_interval
         # A new transactional producer fences any earlier consumer of this view.
         self.writer = ChangelogWriter(settings, view, self.entry.key_columns, self.entry.partitions)
+        self._last_committed: dict[int, IndexEntry] | None = None
         topic = settings.changelog_topic(view)
         if (self.store.mce(view) is None or self.catalog.wiped()) and has_records(settings, topic,
                                                                                    self.entry.partitions):
             from mvlog.services.control_plane import recover_after_wipe
 
             # Redis was wiped (and maybe is being rebuilt by another process): rebuild from Kafka, or wait.
-            recover_after_wipe(settings, self._redis, self.entry)
+            recover_after_wipe(settings, self._redis, self.entry, None)
         self.mce = self.store.mce(view) or 0
+        # Proof that the MCE committed, should Redis be wiped before this consumer commits an epoch.
+        self._last_committed = self.store.index.entries_at(view, self.entry.partitions, self.mce or None)
         # A view created with --backfill chunked starts at its upstreams' current epoch and reads their
         # rows from Redis in chunks; otherwise it replays the upstream changelog from its start.
         self.backfill: ChunkedBackfill | None = None
@@ -314,6 +317,7 @@ class ViewConsumer:
     def _commit_redis(self, epoch: int, index: dict[int, IndexEntry], commit: Callable[[], bool]) -> None:
         """Commit an epoch that is in Kafka (``index``: its barriers) to Redis with ``commit``; when Redis
         was wiped meanwhile, roll it forward from Kafka instead."""
+        self._last_committed = index
         try:
             applied = commit()
             lost = self.catalog.wiped()  # committed, or refused, into a Redis that another process rebuilds
@@ -343,7 +347,7 @@ class ViewConsumer:
         from mvlog.services.control_plane import recover_after_wipe
 
         log.warning("%s: Redis no longer holds its MCE %d: rebuilding from Kafka", self.entry.name, self.mce)
-        mce = recover_after_wipe(self.settings, self._redis, self.entry) or 0
+        mce = recover_after_wipe(self.settings, self._redis, self.entry, self._last_committed) or 0
         if mce < self.mce:
             raise RuntimeError(f"{self.entry.name}: Redis could only be rebuilt up to epoch {mce}, "
                                f"below this consumer's {self.mce}")
@@ -496,6 +500,7 @@ class ViewConsumer:
             follower.apply_requested = False
             log.info("%s: replacement %s not applied at epoch %d (withdrawn or discarded)", view, follower.id, epoch)
             return False
+        self._last_committed = committed.index
         self.entry = applied_entry(entry, follower.sql, follower.plan.schema, follower.plan.sources, version)
         self.catalog.put(self.entry)
         self.plan, self.operator, self.replacement = follower.plan, follower.operator, None

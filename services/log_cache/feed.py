@@ -103,9 +103,7 @@ class UpstreamFeed:
         self._warmup.append(record)
         if len(self._first_barrier) < len(self.partitions):
             return []
-        # The worker reads with read_uncommitted (see worker.py): complete epochs wait for the chain rule.
-        aligner = EpochAligner(self.entry.name, self.partitions, after_epoch=max(self._first_barrier.values()),
-                               committed_reads=False)
+        aligner = EpochAligner(self.entry.name, self.partitions, after_epoch=max(self._first_barrier.values()))
         self.aligner = aligner
         warmup, self._warmup = self._warmup, []
         return self._release([epoch for r in warmup for epoch in self._feed(aligner, r)])

@@ -239,6 +239,8 @@ def test_a_rebuild_killed_half_way_is_taken_over_within_one_lease(make_settings:
             for consumer in consumers:
                 consumer.catch_up()
         before = snapshot(client, settings)
+        # What the live processes would prove about their last epochs (see control_plane.restore).
+        proofs = {name: store.index.entries_at(name, 3, store.mce(name)) for name in NAMES}
         catalog = CatalogStore(settings, client)
         entries = {name: catalog.get(name) for name in NAMES}
 
@@ -247,12 +249,12 @@ def test_a_rebuild_killed_half_way_is_taken_over_within_one_lease(make_settings:
                            thread_local=False)
         assert dead.acquire(blocking=False)  # ... and its holder is killed: nobody renews or releases it
         catalog.rebuild_from_topic()
-        control_plane.restore(settings, client, entries["t1"])
-        roll_forward(settings, store, entries["mv1"])  # rows, no operator state yet
+        control_plane.restore(settings, client, entries["t1"], proofs["t1"])
+        roll_forward(settings, store, entries["mv1"], proven=proofs["mv1"])  # rows, no operator state yet
         assert store.mce("mv1") == before["mv1:mce"] and not client.exists(f"{settings.topic_prefix}:{{mv2}}:meta")
 
         started = time.monotonic()
-        assert control_plane.ensure_control_plane(settings, client)
+        assert control_plane.ensure_control_plane(settings, client, proofs)
         assert time.monotonic() - started < control_plane.LOCK_LEASE_S + 60, "waited for more than one lease"
         assert snapshot(client, settings) == before
         assert not catalog.wiped()
@@ -266,9 +268,9 @@ def test_a_rebuild_killed_half_way_is_taken_over_within_one_lease(make_settings:
 
 def test_a_table_epoch_a_view_read_survives_a_wipe_while_the_writer_is_down(make_settings: Callable[..., Settings],
                                                                             own_redis: str, spark: Any) -> None:
-    """Redis is wiped while t1 has no writer, so no later barrier names t1's last epoch; the rebuild reads
-    t1's changelog read_committed, where a complete epoch is a committed one: the next writer keeps that
-    epoch (which mv1 was built on) instead of abandoning it under mv1."""
+    """Redis is wiped while t1 has no writer. Nothing in Kafka says t1's last epoch committed (on Tansu
+    aborted records are delivered too, and no later barrier names it), but mv1 was built on it, which it
+    only does with committed epochs: the next writer keeps that epoch instead of abandoning it under mv1."""
     settings = make_settings(redis_url=own_redis)
     client = redis.Redis.from_url(own_redis)
     store = ViewStore(client, settings.topic_prefix)

@@ -65,7 +65,7 @@ def test_an_epoch_over_the_budget_commits_dropped_and_the_cache_skips_it() -> No
 
 
 def test_aligner_counts_dropped_changes_towards_the_barrier() -> None:
-    aligner = EpochAligner("v", range(2), committed_reads=False)
+    aligner = EpochAligner("v", range(2))
     c = Change(Op.CREATE, (1,), None, {"id": 1})
     aligner.add_change(0, 10, c, "a")
     aligner.add_change(0, 10, c, "a")

@@ -109,21 +109,8 @@ def _barrier(epoch: int, prev: int, partition: int, records: int) -> Barrier:
     return Barrier("v", epoch, prev, True, partition, records, 0, None)
 
 
-def test_a_read_committed_aligner_releases_an_epoch_once_complete() -> None:
-    """From a read_committed consumer every record belongs to a committed transaction: an epoch whose
-    barrier is on every partition is committed, the log's last one included."""
+def test_aligner_commits_an_epoch_once_complete_and_confirmed() -> None:
     aligner = EpochAligner("v", range(2))
-    c1 = Change(Op.CREATE, (1,), None, {"id": 1})
-    aligner.add_change(0, 10, c1)
-    assert aligner.add_barrier(0, _barrier(10, 0, 0, 1), offset=1) == []  # partition 1 has not sealed it
-    (epoch,) = aligner.add_barrier(1, _barrier(10, 0, 1, 0), offset=1)
-    assert (epoch.epoch, epoch.changes, epoch.offsets) == (10, [c1], {0: 1, 1: 1})
-    assert aligner.held_epoch is None and aligner.last_epoch == 10
-
-
-def test_the_chain_rule_commits_an_epoch_once_complete_and_confirmed() -> None:
-    """Read uncommitted (the cache worker), a complete epoch waits for its successor or the index."""
-    aligner = EpochAligner("v", range(2), committed_reads=False)
     c1 = Change(Op.CREATE, (1,), None, {"id": 1})
     c2 = Change(Op.CREATE, (2,), None, {"id": 2})
     aligner.add_change(0, 10, c1)
@@ -141,10 +128,9 @@ def test_the_chain_rule_commits_an_epoch_once_complete_and_confirmed() -> None:
     assert eleven.epoch == 11 and aligner.last_epoch == 11
 
 
-def test_the_chain_rule_drops_an_abandoned_epoch_and_its_stray_records() -> None:
-    """Records of an aborted transaction, as a read_uncommitted consumer gets them, never reach a
-    committed epoch."""
-    aligner = EpochAligner("v", range(2), committed_reads=False)
+def test_aligner_drops_an_abandoned_epoch_and_its_stray_records() -> None:
+    """Records of an aborted transaction, as Tansu delivers them, never reach a committed epoch."""
+    aligner = EpochAligner("v", range(2))
     good = Change(Op.CREATE, (1,), None, {"id": 1})
     aborted = Change(Op.CREATE, (2,), None, {"id": 2})
     for p in range(2):
@@ -162,7 +148,7 @@ def test_the_chain_rule_drops_an_abandoned_epoch_and_its_stray_records() -> None
 
 
 def test_aligner_keeps_a_redone_epoch_apart_from_its_aborted_attempt() -> None:
-    aligner = EpochAligner("v", [0], committed_reads=False)
+    aligner = EpochAligner("v", [0])
     aligner.add_barrier(0, _barrier(10, 0, 0, 0), offset=0)
     aligner.add_change(0, 11, Change(Op.CREATE, (1,), None, {"v": "aborted"}), txn="a")
     redone = Change(Op.CREATE, (1,), None, {"v": "redone"})
