@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
@@ -16,6 +18,10 @@ class TopicError(RuntimeError):
 def ensure_topic(settings: Settings, topic: str, partitions: int, config: dict[str, str] | None = None,
                  timeout: float = 30.0) -> None:
     """Create ``topic`` unless it exists; an existing topic with another partition count is an error.
+
+    Returns once the broker serves every partition: Apache Kafka (KRaft) acknowledges CreateTopics when
+    the controller has committed the topic, and its brokers learn it a moment later; a request in between
+    (a watermark query, say) fails with UNKNOWN_TOPIC_OR_PARTITION.
 
     Usually mvlog's first contact with Kafka: a broker refusing the credentials or the TLS handshake
     raises :class:`~mvlog.connectors.kafka_security.KafkaAccessError` at once, naming the reason."""
@@ -35,6 +41,20 @@ def ensure_topic(settings: Settings, topic: str, partitions: int, config: dict[s
     except KafkaException as exc:
         if "TOPIC_ALREADY_EXISTS" not in str(exc):
             raise TopicError(f"cannot create topic {topic}: {exc}") from exc
+    _wait_until_served(admin, topic, partitions, timeout)
+
+
+def _wait_until_served(admin: AdminClient, topic: str, partitions: int, timeout: float) -> None:
+    """Poll the metadata until ``topic`` shows ``partitions`` partitions, each with a leader."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = admin.list_topics(topic, timeout=max(1.0, deadline - time.monotonic())).topics.get(topic)
+        if (found is not None and found.error is None and len(found.partitions) == partitions
+                and all(p.leader >= 0 for p in found.partitions.values())):
+            return
+        if time.monotonic() > deadline:
+            raise TopicError(f"topic {topic} was created, but the broker does not serve it after {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def partition_count(settings: Settings, topic: str, timeout: float = 30.0) -> int:

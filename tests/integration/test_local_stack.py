@@ -159,8 +159,8 @@ def test_unresolved_kafka_jars_without_maven_say_how_to_install_it(tmp_path: Pat
     bin_dir = tmp_path / "bin"  # java alone on PATH: no mvn
     bin_dir.mkdir()
     (bin_dir / "java").symlink_to(Path(java).resolve())
-    monkeypatch.setenv("PATH", str(bin_dir))
     monkeypatch.setenv(local_stack.REDIS_BIN_ENV, str(local_stack.find_redis_server()))
+    monkeypatch.setenv("PATH", str(bin_dir))
     monkeypatch.setenv("MVLOG_KAFKA_HOME", str(tmp_path / "no-jars-here"))
     kafka_port, redis_port = free_ports(2)
     stack = LocalStack(tmp_path / "s", kafka_port=kafka_port, redis_port=redis_port, die_with_parent=True)
@@ -189,12 +189,9 @@ def test_start_refuses_a_second_stack_in_the_same_folder(tmp_path: Path) -> None
     ports = free_ports(4)
     second = LocalStack(tmp_path / "s", kafka_port=ports[2], redis_port=ports[3], die_with_parent=True)
     with LocalStack(tmp_path / "s", kafka_port=ports[0], redis_port=ports[1], die_with_parent=True) as first:
-        try:
-            with pytest.raises(StackError, match="already running"):
-                second.start()
-        finally:
-            if kafka_answers(second.bootstrap_servers, 0.5):  # it must not have started; never leak it
-                second.stop()
+        with pytest.raises(StackError, match="already running"):
+            second.start()
+        assert not kafka_answers(f"127.0.0.1:{ports[2]}", 0.5), "the second stack started a broker"
         assert first.is_running()
     assert not first.is_running()
 
