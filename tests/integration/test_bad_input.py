@@ -128,21 +128,22 @@ def test_a_row_too_large_is_refused_at_the_writer(make_settings: Any, redis_clie
 
 def test_poison_in_the_catalog_topic_is_dead_lettered_on_rebuild(settings: Settings,
                                                                  redis_client: redis.Redis) -> None:
-    """Rebuilding the catalog from its topic loads every good entry and dead-letters the bad ones. A record
-    without a key never gets there: the catalog topic is compacted, and Apache Kafka refuses keyless
-    records into a compacted topic (the reader's check for them stays, for other brokers)."""
+    """Rebuilding the catalog from its topic loads every good entry and dead-letters the bad ones."""
     Table.create(settings, "t1", {"id": "int"}, ["id"], client=redis_client, auto_commit=False).close()
     producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
-    refused: list[str] = []
-    producer.produce(settings.catalog_topic, b"{}", None,
-                     on_delivery=lambda error, _message: refused.append(str(error)) if error else None)
-    producer.produce(settings.catalog_topic, b"\x01garbage", b"bad")
-    assert producer.flush(10) == 0
-    assert len(refused) == 1, "the broker accepted a keyless record into the compacted catalog topic"
+    outcomes: list[str] = []
+    for value, key in ((b"\x01garbage", b"bad"), (b"{}", None)):  # one batch each: the broker judges each
+        producer.produce(settings.catalog_topic, value, key,
+                         on_delivery=lambda error, _message: outcomes.append(str(error) if error else "ok"))
+        assert producer.flush(10) == 0
+    # Whether a keyless record reaches the compacted topic depends on the broker; the reader copes either way.
+    assert outcomes[0] == "ok", outcomes
+    keyless_landed = outcomes[1] == "ok"
     catalog = CatalogStore(settings, redis_client)
     assert catalog.rebuild_from_topic() == 1
     assert catalog.names() == ["t1"]
-    dead = read_dlq(settings, "catalog", 1)
+    dead = read_dlq(settings, "catalog", 1 + keyless_landed)
     reasons = sorted(dict(m.headers() or [])["mvlog.dlq.reason"].decode() for m in dead)
-    assert len(reasons) == 1 and "not a catalog entry" in reasons[0]
+    assert any("not a catalog entry" in r for r in reasons), (reasons, outcomes)
+    assert any("catalog record without a key" in r for r in reasons) == keyless_landed, (reasons, outcomes)
     assert all(r.startswith(f"{settings.catalog_topic} partition 0 offset ") for r in reasons)
