@@ -1,6 +1,6 @@
 """Chunked and snapshot backfill of a view on a large live upstream: throughput, memory and isolation.
 
-A local stack (Tansu + redis-server on free loopback ports, in a temporary folder) and one Spark
+A local stack (Apache Kafka + redis-server on free loopback ports, in a temporary folder) and one Spark
 session (``local[2]``). Root table ``t1(id PK, k, v1, deleted)`` is loaded with ``--rows`` rows (default
 1,000,000) before any clock starts. Then:
 
@@ -15,7 +15,7 @@ session (``local[2]``). Root table ``t1(id PK, k, v1, deleted)`` is loaded with 
   process, timed from ``start()`` until its lifecycle is ``live``. Printed: rows/s (rows emitted by the
   backfill / seconds) and its ratio to the raw read, the upstream's epochs/s during the backfill and its
   ratio to the upstream alone (target >= 0.9), and the peak RSS of every process (this driver, Spark's
-  JVM and Python workers, the writer, Redis, Tansu) sampled every 0.2 s during that backfill.
+  JVM and Python workers, the writer, Redis, the Kafka broker) sampled every 0.2 s during that backfill.
 
 Bounded memory (I4) shows as peaks that do not grow with the rate or the backfill's length: a chunk
 holds at most ``backfill_max_batch_rows`` rows and the stream is never buffered.
@@ -129,6 +129,8 @@ def _name(pid: int) -> str:
     except OSError:
         return "?"
     text = " ".join(a.decode(errors="replace") for a in args if a)
+    if "kafka.Kafka" in text:  # the local stack's broker, a JVM too
+        return "kafka"
     if "java" in args[0].decode(errors="replace"):
         return "spark-jvm"
     if "pyspark" in text or ("worker" in text and "python" in text):
@@ -137,8 +139,6 @@ def _name(pid: int) -> str:
         return "upstream-writer"
     if "redis-server" in text:
         return "redis"
-    if "tansu" in text:
-        return "tansu"
     return Path(args[0].decode(errors="replace")).name
 
 
@@ -172,7 +172,8 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.wait(0.2):
             sums: dict[str, int] = {}
-            for pid in [os.getpid(), *_descendants(os.getpid()), *self.extra]:
+            # The stack's processes are this one's children too: each pid counts once.
+            for pid in dict.fromkeys([os.getpid(), *_descendants(os.getpid()), *self.extra]):
                 name = "driver (this process)" if pid == os.getpid() else _name(pid)
                 sums[name] = sums.get(name, 0) + _rss_kib(pid)
             for name, kib in sums.items():

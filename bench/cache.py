@@ -1,6 +1,6 @@
 """The Faust log cache: hit share, replay rate, upstream isolation and worker memory.
 
-Starts its own local stack (Tansu + redis-server on free loopback ports) and one log-cache worker
+Starts its own local stack (Apache Kafka + redis-server on free loopback ports) and one log-cache worker
 (``mvlog cache-worker``, a child process) with a ``--cache-mib`` bound (default 64 MiB), then:
 
 * **hit share**: a ``ViewConsumer`` of ``mv1 = SELECT * FROM t1 WHERE deleted = false`` follows ``t1``

@@ -1,8 +1,8 @@
 """Publishing rows: mvlog's table writer against the minimal hand-written Kafka producer loop.
 
 Both sides publish the same ~60-byte rows (distinct primary keys: a first load) to the same broker, in
-the same run, on a local stack (Tansu + redis-server) that this script starts on free loopback ports in
-a temporary folder and stops at the end.
+the same run, on a local stack (Apache Kafka + redis-server) that this script starts on free loopback
+ports in a temporary folder and stops at the end.
 
 * **baseline** - what a user would write without mvlog: encode each row with fastavro (a record schema
   of the row), ``Producer.produce`` it with confluent-kafka (default settings, key = the id), no
@@ -177,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
            f"{settings.barrier_interval_ms} ms, close() at the end" if args.mode == "loop"
            else "flush() after every batch (one epoch per batch)")
     print(f"publish benchmark: {args.rows:,} rows (~60 bytes), batches of {args.batch:,}, "
-          f"{args.partitions} partition(s), Tansu + redis-server on loopback")
+          f"{args.partitions} partition(s), Apache Kafka + redis-server on loopback")
     print(f"  mvlog: Table.upsert + {how}; baseline: fastavro + confluent-kafka produce, no transactions, flush")
     print(machine_info())
     baseline = min(baselines, key=lambda r: r.seconds)

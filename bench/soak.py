@@ -1,9 +1,11 @@
 """Chaos soak: the demo pipeline under random SIGKILLs, a Redis wipe, a view created and a view replaced
-while it runs; then the oracle at every committed epoch of every table and view.
+while it runs, and its own Redis server and Kafka broker SIGKILLed and restarted; then the oracle at every
+committed epoch of every table and view.
 
 The pipeline is the demo's (``t1 -> mv1 -> mv2, mv3``, ``t2``, and the join ``mvj`` of mv1 and t2) on a
-local stack (Tansu + redis-server on free loopback ports, in a temporary folder), each part in its own
-process group so it can be killed alone:
+local stack (Apache Kafka + redis-server on free loopback ports, durable in a temporary folder: the
+broker's log folder and Redis's append-only file), each part in its own process group so it can be
+killed alone:
 
 * ``writer``: a workload of inserts, updates and deletes across the whole key range of t1 and t2;
 * ``cache-worker``: ``mvlog cache-worker``, the Faust log cache the consumers read recent epochs from
@@ -18,21 +20,33 @@ process group so it can be killed alone:
 
 Every ``--kill-every`` seconds (a random interval around it) one of them, picked at random, is killed
 with SIGKILL (the whole process group: the JVM dies with its driver) and restarted after a short random
-pause. Meanwhile, once each, at a fixed share of the chaos time:
+pause. A part that dies by itself is restarted too (and noted). Meanwhile, once each, at a fixed share of
+the chaos time, each event waiting for the one before to be over:
 
 * at 20 %: ``mv4`` (the demo's online view, its filter adapted to the workload's values) is created on
   the live mv1 with a chunked backfill, and ``consumer-c`` starts;
+* at 30 %: the stack's redis-server is killed with SIGKILL and restarted after ``REDIS_DOWN_S``; it
+  comes back from its append-only file, and the processes reconnect (or die and are restarted);
 * at 45 %, once mv4's backfill has committed some rows: Redis is wiped (FLUSHALL); the running
   processes notice and rebuild it from Kafka, nobody is told;
 * at 60 %: a replacement of mv1 (a narrower filter) is staged and its apply requested; mv1's consumer
-  hydrates it read-only and cuts over at an epoch, under mv2, mv3, mvj and mv4.
+  hydrates it read-only and cuts over at an epoch, under mv2, mv3, mvj and mv4;
+* at 80 %, once the replacement is applied: the Kafka broker is killed with SIGKILL mid-epoch (just as
+  t1 commits one, while the views' transactions for it are open) and restarted on the same log folder
+  after ``BROKER_DOWN_S``.
+
+Each of the two stack kills is followed until its recovery: every table and view past its MCE at the
+kill. The seconds until then are printed, and how many parts died of the fault and had to be restarted
+(those dying until ``FAULT_GRACE_S`` after the recovery). The random kills pause meanwhile, for
+``KILL_PAUSE_MAX_S`` at most.
 
 At the end the writer stops cleanly, the views catch up with its last epoch, and every view is compared
 with DuckDB's evaluation of its definition over its upstreams' rows at every committed epoch (the
 oracle of ``tests/oracle.py``: mv1 under its old definition before the cut-over and the new one from
 it, mv4 on the upstream keys its backfill covered until it finished). Events print as they happen
-(``soak: view mv4 created ...``, ``soak: redis wiped ...``, ``soak: view mv1 replaced ...``); the last
-line reads::
+(``soak: view mv4 created ...``, ``soak: redis killed ...``, ``soak: redis wiped ...``, ``soak: view mv1
+replaced ...``, ``soak: broker killed ...``, ``soak: recovered from the ... kill ...``); the last line
+reads::
 
     soak: 3.0 minutes, 9 kills survived, 1234 epochs checked, rows lost 0, rows doubled 0
 
@@ -86,19 +100,32 @@ ONLINE_CONSUMER = "consumer-c"
 #: mv1's replacement: a compatible definition (same columns and key), a narrower filter.
 REPLACEMENT = ("mv1", "SELECT * FROM t1 WHERE deleted = false AND v1 > -90")
 #: When the events happen, as shares of the chaos time.
-CREATE_AT, WIPE_AT, REPLACE_AT = 0.2, 0.45, 0.6
+CREATE_AT, REDIS_KILL_AT, WIPE_AT, REPLACE_AT, BROKER_KILL_AT = 0.2, 0.3, 0.45, 0.6, 0.8
+#: How long the stack's killed redis-server and Kafka broker stay down before they are started again.
+REDIS_DOWN_S, BROKER_DOWN_S = 2.0, 2.0
+#: Parts that die by themselves until this long after a stack kill's recovery count as dying of it.
+FAULT_GRACE_S = 10.0
+#: The random kills pause from a stack kill until its recovery, for this long at most (a loaded machine
+#: recovers slowly, and the chaos must go on).
+KILL_PAUSE_MAX_S = 30.0
+#: A stack kill waits at most this long for t1 to commit an epoch, so it lands as the views begin it.
+MID_EPOCH_WAIT_S = 5.0
 #: The online view's backfill is rate-limited to last about this share of the chaos time, so the wipe
 #: meets it half-way (the limit is lifted at the end).
 BACKFILL_SHARE = 0.4
 KEYS = 500
 NAMES = ("ada", "bob", "cy", "dee", "eve")
 CATCH_UP_TIMEOUT_S = 300.0
-EVENT_TIMEOUT_S = 300.0  # how long the end waits for an event still under way (a replacement's cut-over)
+#: How long the end waits for the events still to come or under way (a replacement's cut-over) while none of
+#: them moves on: each that happens or completes gives the rest that long again (a loaded machine is slow).
+EVENT_TIMEOUT_S = 300.0
 READY = "ready"
 
 
-def clock() -> str:
-    return time.strftime("%H:%M:%S")
+def clock(monotonic: float | None = None) -> str:
+    """The wall-clock time now, or at an earlier ``time.monotonic()``."""
+    at = time.time() if monotonic is None else time.time() - (time.monotonic() - monotonic)
+    return time.strftime("%H:%M:%S", time.localtime(at))
 
 
 # ------------------------------------------------------------------------------------ the writer role
@@ -200,6 +227,30 @@ def mvlog_argv(*args: str) -> list[str]:
 
 
 @dataclass
+class StackKill:
+    """A SIGKILL of the stack's own redis-server or Kafka broker, and what it took to get past it."""
+
+    service: str  # "redis" or "kafka", as LocalStack names them
+    label: str  # what the event lines call it
+    killed_at: float  # time.monotonic() of the SIGKILL
+    mces: dict[str, int]  # every table and view's MCE at the kill
+    back_after_s: float | None = None  # from the kill until the restarted process answered
+    passed_after_s: dict[str, float] = field(default_factory=dict)  # when each got past its MCE at the kill
+    recovered_after_s: float | None = None  # from the kill until every table and view was past ``mces``
+    restarted: list[str] = field(default_factory=list)  # parts that died of it and were restarted
+    reported: bool = False  # its recovery line printed (``FAULT_GRACE_S`` after the recovery)
+
+    def pausing_kills(self, now: float) -> bool:
+        """The random kills wait until the tables and views are past the fault (for a clean measure), or
+        for ``KILL_PAUSE_MAX_S``."""
+        return self.recovered_after_s is None and now < self.killed_at + KILL_PAUSE_MAX_S
+
+    def open(self, now: float) -> bool:
+        """Whether a part dying now is taken to die of this fault."""
+        return self.recovered_after_s is None or now <= self.killed_at + self.recovered_after_s + FAULT_GRACE_S
+
+
+@dataclass
 class Events:
     """The once-only events of the run and what they led to."""
 
@@ -211,12 +262,18 @@ class Events:
     rebuilt_after_s: float | None = None
     replacement_id: str | None = None
     applied_epoch: int | None = None
+    redis_kill: StackKill | None = None
+    broker_kill: StackKill | None = None
     failures: list[str] = field(default_factory=list)
+
+    def stack_kills(self) -> list[StackKill]:
+        return [kill for kill in (self.redis_kill, self.broker_kill) if kill is not None]
 
 
 @dataclass
 class Soak:
     settings: Settings
+    stack: LocalStack
     seed: int
     rate: float
     workdir: Path
@@ -269,15 +326,20 @@ class Soak:
         # (due, ready, event), in order: each waits for its time, for the one before, and for its condition.
         self.scheduled = [
             (started + CREATE_AT * seconds, self.mv1_has_rows, lambda: self.create_online_view(seconds)),
-            (started + WIPE_AT * seconds, self.mv4_backfilled_some, self.wipe_redis),
+            (started + REDIS_KILL_AT * seconds, lambda: True, self.kill_redis),
+            (started + WIPE_AT * seconds, lambda: self.stack_kill_over("redis") and self.mv4_backfilled_some(),
+             self.wipe_redis),
             (started + REPLACE_AT * seconds, lambda: self.events.rebuilt_after_s is not None, self.replace_view),
+            (started + BROKER_KILL_AT * seconds, lambda: self.events.applied_epoch is not None, self.kill_broker),
         ]
         next_kill = started + rng.uniform(0.5 * kill_every, 1.5 * kill_every)
         while (now := time.monotonic()) < deadline:
             self.restart_dead()
             self.run_due_event(now)
             self.follow_events()
-            if now >= next_kill:
+            if any(kill.pausing_kills(now) for kill in self.events.stack_kills()):
+                next_kill = max(next_kill, now + 0.5 * kill_every)  # after the pause, not at once
+            elif now >= next_kill:
                 victim = self.processes[rng.choice(sorted(self.processes))]
                 victim.kill()
                 self.kills += 1
@@ -297,10 +359,55 @@ class Soak:
         for process in self.processes.values():
             if (writer or process.name != "writer") and not process.alive():
                 code = process.child.returncode if process.child else None
-                self.notes.append(f"{process.name} exited by itself{when} (exit code {code}) at {clock()}")
+                now = time.monotonic()
+                causes = [kill for kill in self.events.stack_kills() if kill.open(now)]
+                cause = f", counted as a restart after the {causes[-1].label} kill" if causes else ""
+                self.notes.append(f"{process.name} exited by itself{when} (exit code {code}) at {clock()}{cause}")
+                if causes:
+                    causes[-1].restarted.append(process.name)
                 process.start()
 
     # --- the events -------------------------------------------------------------------------------
+
+    def stack_kill_over(self, service: str) -> bool:
+        """The stack kill of ``service`` happened, every table and view got past it, and the parts that died
+        of it were counted (its recovery line printed)."""
+        kill = self.events.redis_kill if service == "redis" else self.events.broker_kill
+        return kill is not None and kill.reported
+
+    def mces(self) -> dict[str, int]:
+        return {n: m or 0 for n, m in self.store.mce_many(self.names()).items()}
+
+    def kill_stack(self, service: str, label: str, down_s: float) -> StackKill:
+        """SIGKILL one process of the stack just as t1 commits an epoch (the views then have it in hand),
+        restart it after ``down_s`` on its data; the views' MCEs at the kill are what it must get past."""
+        before = self.store.mce("t1")
+        deadline = time.monotonic() + MID_EPOCH_WAIT_S
+        while self.store.mce("t1") == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        mces = self.mces()
+        self.stack.kill(service)
+        kill = StackKill(service, label, time.monotonic(), mces)
+        time.sleep(down_s)
+        report = self.stack.start()
+        kill.back_after_s = time.monotonic() - kill.killed_at
+        if report.started != (service,):
+            self._fail(f"restarting {label} started {report.started}, kept {report.kept}")
+        return kill
+
+    def kill_redis(self) -> None:
+        """SIGKILL redis-server; it restarts from its append-only file, nobody is told."""
+        kill = self.kill_stack("redis", "redis", REDIS_DOWN_S)
+        self.events.redis_kill = kill
+        print(f"soak: redis killed (SIGKILL) at {clock(kill.killed_at)}, t1 at epoch {kill.mces['t1']}, "
+              f"restarted after {kill.back_after_s:.1f} s (from its append-only file)", flush=True)
+
+    def kill_broker(self) -> None:
+        """SIGKILL the Kafka broker mid-epoch; it restarts on the same log folder, nobody is told."""
+        kill = self.kill_stack("kafka", "broker", BROKER_DOWN_S)
+        self.events.broker_kill = kill
+        print(f"soak: broker killed (SIGKILL) at {clock(kill.killed_at)} mid-epoch, t1 just past epoch "
+              f"{kill.mces['t1']}, restarted on its log folder after {kill.back_after_s:.1f} s", flush=True)
 
     def mv1_has_rows(self) -> bool:
         """mv1 is live (its consumer started, on this loaded machine, and committed some rows)."""
@@ -347,8 +454,25 @@ class Soak:
         print(f"soak: replacement {record.id} of {view} staged at {clock()}, apply requested: {sql}", flush=True)
 
     def follow_events(self) -> None:
-        """Note when the rebuild after the wipe is complete and when the replacement is applied."""
+        """Note when the rebuild after the wipe is complete, when the replacement is applied, and when every
+        table and view is past a stack kill."""
         events = self.events
+        now = time.monotonic()
+        for kill in events.stack_kills():
+            if kill.recovered_after_s is None:
+                mces = self.store.mce_many(list(kill.mces))
+                for name, before in kill.mces.items():
+                    if name not in kill.passed_after_s and (mces[name] or 0) > before:
+                        kill.passed_after_s[name] = now - kill.killed_at
+                if all(name in kill.passed_after_s for name in kill.mces):  # those with no epoch yet too
+                    kill.recovered_after_s = now - kill.killed_at
+            elif not kill.reported and not kill.open(now):
+                kill.reported = True
+                last = max(kill.passed_after_s, key=kill.passed_after_s.__getitem__, default="none")
+                parts = f" ({', '.join(kill.restarted)})" if kill.restarted else ""
+                print(f"soak: recovered from the {kill.label} kill {kill.recovered_after_s:.1f} s after it: every "
+                      f"table and view past its epoch at the kill (the last: {last}); {len(kill.restarted)} "
+                      f"process(es) had to be restarted{parts}", flush=True)
         if events.wipe_started is not None and events.rebuilt_after_s is None:
             mces = self.store.mce_many(list(events.wipe_mces))
             if not CatalogStore(self.settings, self.client).wiped() and all(
@@ -381,7 +505,15 @@ class Soak:
         applying = events.replacement_id is not None and events.applied_epoch is None
         backfilling = (events.created_epoch is not None
                        and self.store.backfill_state(ONLINE_VIEW[0]).get(b"done") is None)
-        return not events.failures and (bool(self.scheduled) or rebuilding or applying or backfilling)
+        faulted = any(not kill.reported for kill in events.stack_kills())
+        return not events.failures and (bool(self.scheduled) or rebuilding or applying or backfilling or faulted)
+
+    def events_progress(self) -> tuple[object, ...]:
+        """What changes as the events happen and complete."""
+        events = self.events
+        return (len(self.scheduled), events.rebuilt_after_s is not None, events.applied_epoch is not None,
+                events.limit_lifted, b"done" in self.store.backfill_state(ONLINE_VIEW[0]),
+                *((kill.recovered_after_s is not None, kill.reported) for kill in events.stack_kills()))
 
     # --- the end ----------------------------------------------------------------------------------
 
@@ -391,9 +523,13 @@ class Soak:
         if self.scheduled:
             self.notes.append(f"{len(self.scheduled)} event(s) came after the chaos (a slow start)")
         deadline = time.monotonic() + EVENT_TIMEOUT_S
+        progress = self.events_progress()
         while self.events_under_way():
+            if (now := self.events_progress()) != progress:
+                progress, deadline = now, time.monotonic() + EVENT_TIMEOUT_S
             if time.monotonic() > deadline:
-                self._fail(f"events still under way {EVENT_TIMEOUT_S:.0f} s after the chaos: {self.events}")
+                self._fail(f"events still under way after the chaos, none moving on for {EVENT_TIMEOUT_S:.0f} s: "
+                           f"{self.events}")
                 break
             self.restart_dead(" after the chaos")
             self.run_due_event(time.monotonic())
@@ -437,6 +573,11 @@ class Soak:
             problems.append(f"{ONLINE_VIEW[0]} was not created")
         if events.wipe_started is None or events.rebuilt_after_s is None:
             problems.append("Redis was not wiped, or not rebuilt from Kafka")
+        for kill, label in ((events.redis_kill, "redis-server"), (events.broker_kill, "the Kafka broker")):
+            if kill is None or kill.back_after_s is None:
+                problems.append(f"{label} was not killed and restarted")
+            elif kill.recovered_after_s is None:
+                problems.append(f"the tables and views did not all get past their epochs at the kill of {label}")
         if events.applied_epoch is None:
             problems.append(f"the replacement of {REPLACEMENT[0]} was not applied")
         elif [sql for _, sql in report.definitions.get(REPLACEMENT[0], [])][-1:] != [REPLACEMENT[1]]:
@@ -480,8 +621,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"soak: seed {seed}, {args.minutes:g} minute(s) of chaos, a kill every ~{args.kill_every:g} s, "
           f"logs in {workdir}", flush=True)
     print(machine_info(), flush=True)
-    soak = Soak(stack.settings(topic_prefix="soak", barrier_interval_ms=500, partitions=3), seed, args.rate,
-                workdir)
+    soak = Soak(stack.settings(topic_prefix="soak", barrier_interval_ms=500, partitions=3), stack, seed,
+                args.rate, workdir)
     try:
         soak.setup()
         soak.chaos(args.minutes * 60, args.kill_every)

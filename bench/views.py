@@ -5,8 +5,8 @@ Two views of one root table ``t1(id PK, k, v1, deleted)``:
 * **filter** ``SELECT id, v1 FROM t1 WHERE deleted = false``
 * **group** ``SELECT k, count(*) AS n, sum(v1) AS s FROM t1 GROUP BY k``
 
-Everything runs in one process, on a local stack (Tansu + redis-server) that this script starts on free
-loopback ports in a temporary folder and stops at the end, with one Spark session (``local[2]`` by
+Everything runs in one process, on a local stack (Apache Kafka + redis-server) that this script starts on
+free loopback ports in a temporary folder and stops at the end, with one Spark session (``local[2]`` by
 default) shared by both sides.
 
 Workload: ``--changes`` changes (inserts, updates, deletes; each change of an epoch on a distinct id out
@@ -25,12 +25,12 @@ clock starts.
   (``assign()``, default read_committed), skip barrier records by their ``mvlog.type`` header, decode
   the change events with fastavro and yield their ``after`` images; then the same filter/project or
   aggregation with DataFrame ops, executed into Spark's ``noop`` sink. It knows each partition's last
-  offset up front (the table's last barrier, from the epoch index, outside the clock: Tansu's high
-  watermark cannot be trusted). It keeps no state, writes nothing and does not net updates or deletes,
-  so it is a floor of what view maintenance costs, not an equivalent. Timed from ``load()`` to the end
-  of the action. A warm-up of both sides over the first epoch runs before. ``--repeat`` rounds
-  (default 2), interleaved (baseline, mvlog, per view), each mvlog round on a fresh view; the best run
-  of each side counts.
+  offset up front (the table's last barrier, from the epoch index, outside the clock: Kafka's high
+  watermark lies past transaction markers no consumer receives). It keeps no state, writes nothing and
+  does not net updates or deletes, so it is a floor of what view maintenance costs, not an equivalent.
+  Timed from ``load()`` to the end of the action. A warm-up of both sides over the first epoch runs
+  before. ``--repeat`` rounds (default 2), interleaved (baseline, mvlog, per view), each mvlog round on a
+  fresh view; the best run of each side counts.
 * **live** (latency). Both consumers run at once (default trigger interval 200 ms) while the table
   commits an epoch of ``--live-batch`` changes every ``--live-interval-ms``; for each of
   ``--live-epochs`` epochs: time from the table's ``flush()`` returning to the view's MCE in Redis
@@ -470,7 +470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = args.changes
     print(f"views benchmark: {n:,} changes of t1 ({mix['insert']:,} inserts, {mix['update']:,} updates, "
           f"{mix['delete']:,} deletes; ids 0..{args.keys - 1}, {args.groups} groups) in {len(epochs)} epochs of "
-          f"{args.epoch_size:,}, {args.partitions} partition(s), Spark {args.master}, Tansu + redis-server on loopback")
+          f"{args.epoch_size:,}, {args.partitions} partition(s), Spark {args.master}, "
+          "Apache Kafka + redis-server on loopback")
     print(f"  committed by Table before the clocks: {write_seconds:.1f} s ({fmt_rate(n / write_seconds)} changes/s)")
     print("  mvlog: ViewConsumer, start() until the view's MCE is the last epoch (backlog read in micro-batches "
           "by batch jobs, then the stream; Kafka txn + Redis per epoch)")

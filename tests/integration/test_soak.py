@@ -1,5 +1,6 @@
 """The CI's short chaos soak (bench/soak.py): random SIGKILLs of every process, a Redis wipe, a view created
-and a view replaced while it runs, then the oracle at every committed epoch."""
+and a view replaced while it runs, the stack's redis-server and Kafka broker SIGKILLed and restarted, then
+the oracle at every committed epoch."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ EVENTS = {
     "redis wiped": re.compile(r"^soak: redis wiped \(FLUSHALL\) at .*, mv4 (backfilling \([1-9]|backfill done)", re.M),
     "rebuilt from kafka": re.compile(r"^soak: redis rebuilt from Kafka [\d.]+ s after the wipe", re.M),
     "view replaced": re.compile(r"^soak: view mv1 replaced at .* applied at epoch \d+", re.M),
+    "redis killed": re.compile(r"^soak: redis killed \(SIGKILL\) at .*, restarted after [\d.]+ s", re.M),
+    "recovered from the redis kill": re.compile(
+        r"^soak: recovered from the redis kill [\d.]+ s after it: every table and view past its epoch", re.M),
+    "broker killed": re.compile(r"^soak: broker killed \(SIGKILL\) at .* mid-epoch, .* restarted on its log folder "
+                                r"after [\d.]+ s", re.M),
+    "recovered from the broker kill": re.compile(
+        r"^soak: recovered from the broker kill [\d.]+ s after it: every table and view past its epoch", re.M),
     "oracle under both definitions": re.compile(r"^  oracle: mv1 checked under 2 definitions", re.M),
     "oracle on the covered keys": re.compile(r"^  oracle: mv4 checked on the upstream keys its backfill covered",
                                              re.M),
@@ -38,8 +46,9 @@ def test_short_soak_loses_and_doubles_nothing(report: Callable[[str], None]) -> 
                       if line.startswith(("soak: ", "  oracle: ", "  read from"))))
     _minutes, kills, epochs, lost, doubled = found.groups()
     assert (int(lost), int(doubled)) == (0, 0), done.stdout
-    assert int(kills) >= 5 and int(epochs) >= 100, done.stdout
+    # The broker and Redis kills pause the random ones while the pipeline recovers (30 s at most each).
+    assert int(kills) >= 3 and int(epochs) >= 100, done.stdout
     missing = [name for name, pattern in EVENTS.items() if not pattern.search(done.stdout)]
     assert not missing, f"events that did not happen or were not checked: {missing}\n{done.stdout}"
-    assert len(set(KILLED.findall(done.stdout))) >= 3, "kills spread over the processes"
+    assert len(set(KILLED.findall(done.stdout))) >= 2, "kills spread over the processes"
     assert done.returncode == 0, done.stdout
