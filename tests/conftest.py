@@ -18,6 +18,8 @@ Fixtures
 ``redis_client`` (function)
     ``redis.Redis`` on the stack's Redis (bytes replies). Never FLUSHDB/FLUSHALL: other tests share the
     database. At teardown it deletes the keys that start with this test's ``topic_prefix``.
+``own_redis`` (function)
+    The URL of a redis-server of the test's own, without persistence, for tests that FLUSHALL it.
 ``make_settings`` (function)
     ``make_settings(**overrides)``: more :class:`Settings` on the same prefix (e.g. another view's
     process with other options).
@@ -31,6 +33,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,7 +45,7 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.infra.local_stack import LocalStack, free_ports, kafka_answers, redis_answers
+from mvlog.infra.local_stack import LocalStack, find_redis_server, free_port, free_ports, kafka_answers, redis_answers
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO_ROOT / "infra" / "docker-compose.yml"
@@ -181,6 +185,23 @@ def stack(
     finally:
         gc.collect()  # release Kafka clients nobody holds while the broker still answers them
         local.stop()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[str]:
+    """A redis-server of this test's own, to FLUSHALL (the session's Redis is shared); its URL."""
+    port = free_port()
+    process = subprocess.Popen([str(find_redis_server()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not redis_answers("127.0.0.1", port, 0.5):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 @pytest.fixture

@@ -7,10 +7,8 @@ The wipe is a real FLUSHALL, on a redis-server of this test's own (the session's
 from __future__ import annotations
 
 import random
-import subprocess
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,7 +18,6 @@ from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.view_store import ViewStore
-from mvlog.infra.local_stack import find_redis_server, free_port, redis_answers
 from mvlog.services import control_plane
 from mvlog.services.table_writer import Table
 from mvlog.services.view_consumer import ViewConsumer
@@ -31,22 +28,6 @@ from ..oracle import check_oracle
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 NAMES = ["t1", "mv1", "mv2"]
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen([str(find_redis_server()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while not redis_answers("127.0.0.1", port, 0.5):
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 90.0) -> None:

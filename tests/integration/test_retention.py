@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -59,7 +58,6 @@ from mvlog.connectors.replacement_store import ReplacementRecord, ReplacementSto
 from mvlog.connectors.retention import starts_the_log
 from mvlog.connectors.topics import ensure_topic
 from mvlog.connectors.view_store import ViewStore
-from mvlog.infra.local_stack import find_redis_server, free_port, redis_answers
 from mvlog.replacement import Status
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row
@@ -532,23 +530,6 @@ def test_replacement_hydrates_from_the_snapshot_and_stops_once_retention_passed_
 
 
 # ----------------------------------------------------------------------------------- rebuild after a wipe
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[str]:
-    """A redis-server of this test's own, to FLUSHALL (the session's Redis is shared)."""
-    port = free_port()
-    process = subprocess.Popen([str(find_redis_server()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while not redis_answers("127.0.0.1", port, 0.5):
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
