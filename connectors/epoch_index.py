@@ -75,6 +75,27 @@ class EpochIndex:
         found = self._redis.zrevrangebylex(self.key(view, partition), "+", "-", start=0, num=1)
         return _parse(found[0]) if found else None
 
+    def first_retained(self, view: str, partition: int, low_watermark: int) -> IndexEntry | None:
+        """The oldest indexed epoch whose records in ``partition`` all sit at or above ``low_watermark``
+        (None: retention deleted every indexed epoch, or none is indexed).
+
+        Nothing trims the index when Kafka deletes segments, so what is retained is found here: offsets
+        grow with epochs, so a binary search over the sorted set's ranks (O(log n) round trips)."""
+        key = self.key(view, partition)
+        low, high = 0, int(self._redis.zcard(key))
+        while low < high:
+            middle = (low + high) // 2
+            entry = self._at_rank(key, middle)
+            if entry is None or entry.first_offset >= low_watermark:
+                high = middle
+            else:
+                low = middle + 1
+        return self._at_rank(key, low)
+
+    def _at_rank(self, key: str, rank: int) -> IndexEntry | None:
+        found: list[bytes] = self._redis.zrange(key, rank, rank)  # type: ignore[assignment]
+        return _parse(found[0]) if found else None
+
     def between(self, view: str, partition: int, after: int, upto: int) -> list[IndexEntry]:
         """Entries with ``after < epoch <= upto``, oldest first."""
         found = self._redis.zrangebylex(self.key(view, partition), f"({epoch_hex(after)}:~",

@@ -1,29 +1,57 @@
-"""What a changelog still retains: each partition's low watermark, and whether the log's first epoch
-is still there (nothing was lost to retention before the oldest indexed epoch).
+"""What a changelog still retains: each partition's low watermark, the epochs Kafka still holds whole,
+and whether the log's first epoch is still there (nothing was lost to retention before it).
 
-The low watermark is exact on every broker (only Tansu's *high* watermark is not), so it is safe to
-use here; the end of an epoch is always taken from its barrier.
+Nothing trims the epoch index when Kafka's retention deletes segments: what is retained is always the
+index compared with the low watermarks (:attr:`IndexEntry.first_offset`), never the index alone.
 """
 
 from __future__ import annotations
 
-from confluent_kafka import TopicPartition
+import time
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from mvlog.config import Settings
 from mvlog.connectors.changelog_reader import reader_consumer
 from mvlog.connectors.epoch_index import EpochIndex
+from mvlog.replay import RetainedRange, retained_range
 from mvlog.schemas.codec import DecodeError, decode_barrier
 
+#: What a partition of a topic created a moment ago answers until its leader is elected.
+_NOT_SERVED_YET = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART,
+                             KafkaError.LEADER_NOT_AVAILABLE, KafkaError._TIMED_OUT, KafkaError._TRANSPORT})
 
-def low_watermarks(settings: Settings, topic: str, partitions: int) -> dict[int, int]:
-    """Each partition's first retained offset."""
+
+def low_watermarks(settings: Settings, topic: str, partitions: int, timeout: float = 30.0) -> dict[int, int]:
+    """Each partition's first retained offset.
+
+    A topic created a moment ago may not have a leader yet for every partition (NOT_LEADER_OR_FOLLOWER,
+    UNKNOWN_TOPIC_OR_PART): a retriable error is asked again until ``timeout``."""
     consumer = reader_consumer(settings)
+    deadline = time.monotonic() + timeout
     try:
-        return {p: max(0, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[0])
-                for p in range(partitions)}
+        lows: dict[int, int] = {}
+        for p in range(partitions):
+            while p not in lows:
+                try:
+                    lows[p] = max(0, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[0])
+                except KafkaException as error:
+                    code = error.args[0].code()
+                    if not (error.args[0].retriable() or code in _NOT_SERVED_YET) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        return lows
     finally:
         consumer.close()
+
+
+def retained_epochs(settings: Settings, index: EpochIndex, view: str, partitions: int) -> RetainedRange:
+    """The epochs every partition of ``view``'s changelog still holds whole: from the oldest indexed epoch
+    none of whose records retention deleted, to the latest indexed one (ReplayRangeError when none)."""
+    lows = low_watermarks(settings, settings.changelog_topic(view), partitions)
+    return retained_range(view, {p: index.first_retained(view, p, lows[p]) for p in range(partitions)},
+                          {p: index.latest(view, p) for p in range(partitions)})
 
 
 def has_records(settings: Settings, topic: str, partitions: int) -> bool:

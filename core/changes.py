@@ -105,6 +105,18 @@ class IndexEntry:
     offset: int  # offset of the epoch's barrier in the partition
     records: int  # change events of the epoch in the partition
 
+    @property
+    def first_offset(self) -> int:
+        """The offset of the epoch's first change in the partition (its barrier when it has none).
+
+        One producer writes a partition's epoch in one transaction, so its changes sit right before its
+        barrier. The offset after a barrier is its transaction's commit marker on Apache Kafka (and aborted
+        attempts may follow), so the previous barrier's offset + 1 is *not* where an epoch starts, and
+        retention may delete that marker with the epoch before while keeping this one whole: whether an
+        epoch is retained is ``first_offset >= low watermark``.
+        """
+        return self.offset - self.records
+
 
 class ChangeOrigin(NamedTuple):
     """Where a change event sits in the log, for readers that re-emit it in the log's row shape."""

@@ -57,13 +57,16 @@ class RetainedRange:
 
 def retained_range(view: str, oldest: Mapping[int, IndexEntry | None],
                    latest: Mapping[int, IndexEntry | None]) -> RetainedRange:
-    """The range every partition can serve, from each partition's oldest and latest index entries.
+    """The range every partition can serve, from each partition's oldest retained and latest index entries.
 
-    The index forgets epochs that Kafka's retention deleted (``EpochIndex.trim_before``); a start
-    offset below a partition's low watermark is refused separately, when offsets are resolved.
+    ``oldest``: per partition, the first indexed epoch whose records Kafka still holds whole
+    (``connectors.retention.retained_epochs`` compares the index with the low watermarks; None when
+    retention deleted them all).
     """
-    if not oldest or any(e is None for e in oldest.values()) or any(e is None for e in latest.values()):
+    if not latest or any(e is None for e in latest.values()):
         raise ReplayRangeError(f"{view}: no committed epoch yet, nothing to replay")
+    if not oldest or any(e is None for e in oldest.values()):
+        raise ReplayRangeError(f"{view}: retention deleted every indexed epoch, nothing to replay")
     first = max(e.epoch for e in oldest.values() if e is not None)
     last = min(e.epoch for e in latest.values() if e is not None)
     return RetainedRange(view, first, last)
@@ -87,8 +90,17 @@ class PartitionStart:
 
 def partition_start(partition: int, previous: IndexEntry | None, entries: list[IndexEntry],
                     log_start: int = 0) -> PartitionStart:
-    """``entries``: the index entries from the target epoch on; ``previous``: the one before it."""
-    offset = previous.offset + 1 if previous is not None else log_start
+    """``entries``: the index entries from the target epoch on; ``previous``: the one before it;
+    ``log_start``: the partition's low watermark.
+
+    The re-delivery starts after the previous barrier, or at the log's start when retention deleted that
+    barrier's commit marker (and the aborted attempts after it) but none of the target epoch's records;
+    ReplayRangeError when it deleted some of those (:attr:`IndexEntry.first_offset`).
+    """
+    if entries and entries[0].first_offset < log_start:
+        raise ReplayRangeError(f"epoch {entries[0].epoch} starts at offset {entries[0].first_offset} of partition "
+                               f"{partition}, which retention deleted (the log starts at offset {log_start})")
+    offset = max(previous.offset + 1, log_start) if previous is not None else log_start
     end = entries[-1].offset + 1 if entries else offset
     return PartitionStart(partition, offset, end, len(entries), sum(e.records for e in entries))
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from mvlog.changes import Change, Op
+from mvlog.changes import Change, IndexEntry, Op
 from mvlog.epoch import epoch_millis
 from mvlog.row_schema import Key, Row
 
@@ -80,16 +80,21 @@ def net_sql(table: str) -> str:
             f"WHERE `_rank` = 1 AND `_weight` > 0")
 
 
-def uncovered_partitions(low_watermarks: Mapping[int, int], after_offsets: Mapping[int, int | None]
-                         ) -> list[int]:
-    """Partitions whose log no longer starts right after the base snapshot's barrier (``after_offsets``:
-    the offset of that barrier per partition; None: not indexed), so changelog(E1, ...] is incomplete."""
-    missing = []
-    for partition, low in sorted(low_watermarks.items()):
-        barrier = after_offsets.get(partition)
-        if barrier is None or low > barrier + 1:
-            missing.append(partition)
-    return missing
+def uncovered_partitions(low_watermarks: Mapping[int, int], needed: Mapping[int, int | None]) -> list[int]:
+    """Partitions whose log no longer holds every change after the base snapshot's epoch E1, so
+    changelog(E1, ...] is incomplete. ``needed``: per partition, the first offset that must still be
+    there (:func:`first_needed_offset`; None: E1 is not indexed there)."""
+    return [partition for partition, low in sorted(low_watermarks.items())
+            if (offset := needed.get(partition)) is None or low > offset]
+
+
+def first_needed_offset(barrier: IndexEntry | None, after: IndexEntry | None) -> int | None:
+    """The first offset of a partition that changelog(E1, ...] needs: the first change of the epoch after
+    E1 (``after``; its commit marker and E1's may be gone, :attr:`IndexEntry.first_offset`), or the
+    offset after E1's barrier (``barrier``) when no epoch followed yet; None when E1 is not indexed."""
+    if barrier is None:
+        return None
+    return after.first_offset if after is not None else barrier.offset + 1
 
 
 def _duration(ms: int) -> str:

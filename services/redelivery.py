@@ -17,9 +17,9 @@ from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.consumer_groups import ConsumerGroups, GroupDescription
 from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.retention import low_watermarks, starts_the_log
+from mvlog.connectors.retention import low_watermarks, retained_epochs, starts_the_log
 from mvlog.epoch import epoch_from_millis
-from mvlog.replay import PartitionStart, ReplayRangeError, RetainedRange, partition_start, retained_range
+from mvlog.replay import PartitionStart, ReplayRangeError, RetainedRange, partition_start
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,7 @@ def plan_redelivery(settings: Settings, client: redis.Redis, view: str, group: s
     entry = CatalogStore(settings, client).get(view)
     index = EpochIndex(client, settings.topic_prefix)
     parts = range(entry.partitions)
-    retained = retained_range(view, {p: index.oldest(view, p) for p in parts},
-                              {p: index.latest(view, p) for p in parts})
+    retained = retained_epochs(settings, index, view, entry.partitions)
     topic = settings.changelog_topic(view)
     lows = low_watermarks(settings, topic, entry.partitions)
     first = _first_epoch(index, view, retained, target, starts_the_log(settings, index, view))
@@ -98,11 +97,10 @@ def plan_redelivery(settings: Settings, client: redis.Redis, view: str, group: s
             starts.append(partition_start(p, latest, []))
             continue
         entries = index.between(view, p, first - 1, retained.latest)
-        start = partition_start(p, index.before(view, p, first), entries, lows[p])
-        if start.offset < lows[p]:
-            raise ReplayRangeError(f"{view}: epoch {first} starts at offset {start.offset} of partition {p}, "
-                                   f"which retention deleted (the log starts at offset {lows[p]})")
-        starts.append(start)
+        try:  # retention may have gone on since the range was read
+            starts.append(partition_start(p, index.before(view, p, first), entries, lows[p]))
+        except ReplayRangeError as error:
+            raise ReplayRangeError(f"{view}: {error}") from None
     groups = groups or ConsumerGroups(settings)
     description: GroupDescription = groups.describe(group)
     return RedeliveryPlan(view, topic, group, description.state, first, retained, starts,

@@ -34,11 +34,11 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_reader import ChangelogReader
 from mvlog.connectors.changelog_writer import ChangelogWriter
 from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.retention import starts_the_log
+from mvlog.connectors.retention import retained_epochs, starts_the_log
 from mvlog.connectors.topics import ensure_topic
 from mvlog.connectors.view_store import ViewStore
 from mvlog.key_order import order_member
-from mvlog.replay import ReplayRangeError, ReplayTargetError, RetainedRange, retained_range
+from mvlog.replay import ReplayRangeError, ReplayTargetError, RetainedRange
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import encode_key, encode_row
 from mvlog.services.view_ddl import plan_for
@@ -102,9 +102,7 @@ def plan_derivation(settings: Settings, client: redis.Redis, view: str, from_epo
     if entry.kind != "view":
         raise CatalogError(f"{view!r} is a table: only views are re-derived (a table has no upstream)")
     index = EpochIndex(client, settings.topic_prefix)
-    parts = range(entry.partitions)
-    retained = retained_range(view, {p: index.oldest(view, p) for p in parts},
-                              {p: index.latest(view, p) for p in parts})
+    retained = retained_epochs(settings, index, view, entry.partitions)
     first_asked = retained.oldest if from_epoch is None else from_epoch
     last_asked = retained.latest if to_epoch is None else to_epoch
     retained.check_epoch(first_asked, "--from-epoch")
@@ -137,8 +135,11 @@ def _require_log_from_start(settings: Settings, index: EpochIndex, upstream: Cat
     """The operator state at the range's start is built from the upstream's whole changelog: refuse when
     its first epochs are gone (there is no snapshot to start from instead)."""
     if not starts_the_log(settings, index, upstream.name):
-        oldest = index.oldest(upstream.name, 0)
-        since = f"its oldest retained epoch is {oldest.epoch}" if oldest is not None else "it has no epoch"
+        try:
+            oldest = retained_epochs(settings, index, upstream.name, upstream.partitions).oldest
+            since = f"its oldest retained epoch is {oldest}"
+        except ReplayRangeError as error:
+            since = str(error).split(": ", 1)[-1]
         raise ReplayRangeError(f"{upstream.name}: re-deriving needs its changelog from its first epoch, but "
                                f"{since}; retention deleted the start")
 

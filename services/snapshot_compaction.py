@@ -40,6 +40,7 @@ from mvlog.snapshot_plan import (
     RetentionCheck,
     SnapshotError,
     SnapshotRecord,
+    first_needed_offset,
     net_sql,
     retention_ms_of,
     snapshot_age_ms,
@@ -79,10 +80,11 @@ def retention_check(settings: Settings, view: str, last: SnapshotRecord | None, 
 
 def check_changelog_after(settings: Settings, store: ViewStore, entry: CatalogEntry, epoch: int) -> None:
     """Raise SnapshotError unless Kafka still holds every record of ``entry``'s changelog after ``epoch``."""
-    barriers = {p: (e.offset if (e := store.index.at(entry.name, p, epoch)) is not None else None)
-                for p in range(entry.partitions)}
+    needed = {p: first_needed_offset(store.index.at(entry.name, p, epoch),
+                                     store.index.first_at_or_after(entry.name, p, epoch + 1))
+              for p in range(entry.partitions)}
     lows = low_watermarks(settings, settings.changelog_topic(entry.name), entry.partitions)
-    if missing := uncovered_partitions(lows, barriers):
+    if missing := uncovered_partitions(lows, needed):
         raise SnapshotError(f"{entry.name}: the changelog no longer holds every epoch after {epoch} "
                             f"(partitions {missing} were trimmed by retention or that epoch is not indexed); "
                             f"Kafka retention must cover the time between two snapshots")

@@ -42,3 +42,21 @@ def test_epoch_index_counts_epochs_and_records_after_an_epoch(redis_client: redi
     assert index.count_after("v", epochs[1] + 1) == 3  # an epoch between two indexed ones
     assert index.records_after("v", 2, epochs[2]) == (3 + 4) * 3
     assert index.records_after("v", 2, None) == sum(range(5)) * 3
+
+
+def test_first_retained_is_the_oldest_epoch_whose_changes_are_all_above_the_low_watermark(
+        redis_client: redis.Redis, settings: Settings) -> None:
+    """Each epoch: 3 changes, its barrier, the transaction's commit marker (6 offsets per epoch)."""
+    index = EpochIndex(redis_client, settings.topic_prefix)
+    epochs = [(1 << 60) + i * 65536 for i in range(50)]
+    for n, epoch in enumerate(epochs):
+        index.add("r", {0: IndexEntry(epoch, 6 * n + 3, 3)})
+    assert index.first_retained("r", 0, 0) == IndexEntry(epochs[0], 3, 3)
+    for n in (1, 17, 49):
+        start = 6 * n
+        assert index.first_retained("r", 0, start) == IndexEntry(epochs[n], start + 3, 3)  # marker gone too
+        assert index.first_retained("r", 0, start - 1) == IndexEntry(epochs[n], start + 3, 3)  # only the marker left
+        after = IndexEntry(epochs[n + 1], start + 9, 3) if n < 49 else None
+        assert index.first_retained("r", 0, start + 1) == after  # one change of epoch n deleted
+    assert index.first_retained("r", 0, 6 * 50) is None
+    assert index.first_retained("none", 0, 0) is None

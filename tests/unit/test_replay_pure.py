@@ -32,6 +32,8 @@ def test_retained_range_is_what_every_partition_serves() -> None:
     retained.check_time(2_000)  # the millisecond of the oldest epoch is still retained
     with pytest.raises(ReplayRangeError, match="no committed epoch yet"):
         retained_range("v", {0: None}, {0: None})
+    with pytest.raises(ReplayRangeError, match="retention deleted every indexed epoch"):
+        retained_range("v", {0: None}, {0: IndexEntry(E3, 20, 2)})
 
 
 def test_partition_start_is_the_record_after_the_previous_barrier() -> None:
@@ -42,6 +44,16 @@ def test_partition_start_is_the_record_after_the_previous_barrier() -> None:
     assert (first.offset, first.records) == (0, 4)
     to_end = partition_start(0, IndexEntry(E3, 20, 2), [])
     assert (to_end.offset, to_end.records, to_end.epochs) == (21, 0, 0)
+
+
+def test_partition_start_when_retention_took_the_previous_epoch_and_its_commit_marker() -> None:
+    """E1's barrier at 7 and its commit marker at 8 are gone (the log starts at 9, E2's first change):
+    E2 is whole and starts at the log's start; a log starting at 10 lost one of E2's changes."""
+    entries = [IndexEntry(E2, 12, 3), IndexEntry(E3, 20, 2)]
+    start = partition_start(1, IndexEntry(E1, 7, 1), entries, log_start=9)
+    assert (start.offset, start.epochs, start.changes) == (9, 2, 5)
+    with pytest.raises(ReplayRangeError, match="starts at offset 9 of partition 1, which retention deleted"):
+        partition_start(1, IndexEntry(E1, 7, 1), entries, log_start=10)
 
 
 def test_times_and_durations() -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from mvlog.changes import Change, Op
+from mvlog.changes import Change, IndexEntry, Op
 from mvlog.epoch import epoch_from_millis
 from mvlog.snapshot_plan import (
     KAFKA_DEFAULT_RETENTION_MS,
@@ -14,6 +14,7 @@ from mvlog.snapshot_plan import (
     SnapshotError,
     SnapshotRecord,
     choose_backfill,
+    first_needed_offset,
     net_changes,
     retention_ms_of,
     snapshot_age_ms,
@@ -93,8 +94,20 @@ def test_snapshot_age_from_epochs() -> None:
 
 
 def test_uncovered_partitions() -> None:
-    assert uncovered_partitions({0: 0, 1: 11, 2: 5}, {0: 3, 1: 10, 2: 3}) == [2]
+    assert uncovered_partitions({0: 0, 1: 11, 2: 5}, {0: 4, 1: 11, 2: 4}) == [2]
     assert uncovered_partitions({0: 0}, {0: None}) == [0]
+
+
+def test_first_needed_offset_skips_the_commit_markers_retention_may_delete() -> None:
+    """E1's barrier at 10, its commit marker at 11, an aborted attempt at 12-14 and its abort marker at 15;
+    the next epoch's two changes at 16-17, its barrier at 18: the log must hold 16 on."""
+    epoch = epoch_from_millis(1000)
+    e1, e2 = IndexEntry(epoch, 10, 4), IndexEntry(epoch + 1, 18, 2)
+    needed = first_needed_offset(e1, e2)
+    assert needed == 16
+    assert uncovered_partitions({0: 12, 1: 16, 2: 17}, {0: needed, 1: needed, 2: needed}) == [2]
+    assert first_needed_offset(e1, None) == 11  # no epoch after E1 yet: everything after its barrier
+    assert first_needed_offset(None, e2) is None  # E1 not indexed in that partition
 
 
 def test_auto_picks_snapshot_only_for_a_large_upstream_with_a_snapshot() -> None:
