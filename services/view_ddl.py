@@ -10,6 +10,7 @@ from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.replacement_store import ReplacementStore
+from mvlog.connectors.retention import starts_the_log
 from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.topics import delete_topic, ensure_topic
 from mvlog.connectors.view_store import Lifecycle, ViewStore
@@ -47,11 +48,25 @@ def resolve_backfill(settings: Settings, client: redis.Redis, sources: tuple[str
     snapshots = SnapshotStore.of(settings, client)
     store = ViewStore(client, settings.topic_prefix)
     try:
-        return choose_backfill(requested, sources, {s: snapshots.latest(s) for s in sources},
-                               {s: store.row_count(s) for s in sources}, settings.snapshot_backfill_min_rows,
-                               join=join)
+        choice = choose_backfill(requested, sources, {s: snapshots.latest(s) for s in sources},
+                                 {s: store.row_count(s) for s in sources}, settings.snapshot_backfill_min_rows,
+                                 join=join)
     except SnapshotError as error:
         raise CatalogError(str(error)) from error
+    if choice.method == "changelog":
+        for source in sources:
+            _require_whole_changelog(settings, store, source)
+    return choice
+
+
+def _require_whole_changelog(settings: Settings, store: ViewStore, source: str) -> None:
+    """A changelog backfill replays ``source``'s changelog from its first epoch: refuse it when retention
+    deleted that start (the view would silently miss the rows of the deleted epochs)."""
+    if store.index.oldest(source, 0) is None or starts_the_log(settings, store.index, source):
+        return  # no epoch yet, or the whole history is there
+    raise CatalogError(f"--backfill changelog needs the changelog of {source} from its first epoch, but Kafka's "
+                       f"retention deleted its start: use --backfill chunked (from {source}'s rows) or snapshot "
+                       f"(from a snapshot of {source} the changelog still covers)")
 
 
 def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis | None = None,
