@@ -17,10 +17,32 @@ from mvlog.catalog import CatalogEntry
 from mvlog.changes import Epoch, IndexEntry
 from mvlog.config import Settings
 from mvlog.connectors.changelog_reader import ChangelogReader
+from mvlog.connectors.retention import low_watermarks
 from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
 from mvlog.epoch import MAX_EPOCH
 
 log = logging.getLogger(__name__)
+
+
+class ChangelogTrimmedError(RuntimeError):
+    """Redis holds none of an object's state and Kafka's retention deleted the start of its changelog:
+    rolling forward from what is left would serve it without the rows of the deleted epochs."""
+
+
+def require_log_start(settings: Settings, entry: CatalogEntry) -> None:
+    """Raise ChangelogTrimmedError unless every partition of ``entry``'s changelog starts at offset 0.
+
+    With Redis empty there is no index to say which epochs the remaining log holds whole; a log that
+    starts at offset 0 everywhere holds them all. (A log that lost only aborted records is refused too.)
+    """
+    lows = low_watermarks(settings, settings.changelog_topic(entry.name), entry.partitions)
+    if trimmed := {p: low for p, low in lows.items() if low > 0}:
+        raise ChangelogTrimmedError(
+            f"{entry.name}: Redis holds none of its state and its changelog no longer starts at its first epoch "
+            f"(Kafka's retention deleted the offsets below {trimmed}, as partition: first offset kept); "
+            f"rebuilding it from the rest would serve it without the rows of the deleted epochs, so it is not "
+            f"rebuilt. Restore Redis from its append-only file or a backup (rebuilding from a snapshot is not "
+            f"supported yet), or drop it and create it again")
 
 
 @dataclass(frozen=True)
@@ -36,7 +58,8 @@ class LogTail:
 def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle_timeout: float = 1.5,
                  proven: Mapping[int, IndexEntry] | None = None,
                  downstreams: Sequence[CatalogEntry] = (), upto_epoch: int | None = None) -> LogTail:
-    """Apply every committed epoch above the MCE to Redis.
+    """Apply every committed epoch above the MCE to Redis (ChangelogTrimmedError when Redis has no MCE
+    and retention deleted the start of the changelog, :func:`require_log_start`).
 
     The end of the log is where the reader goes idle for ``idle_timeout`` seconds, or ``upto_epoch``:
     a changelog whose writer is running never goes idle, so a caller that is not that writer (a rebuild
@@ -56,6 +79,8 @@ def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle
     finds the proof in their ``seen`` epochs without reading their changelogs twice (:func:`commit_held`).
     """
     mce = store.mce(entry.name) or 0
+    if mce == 0:
+        require_log_start(settings, entry)
     last = mce
     applied = 0
     with ChangelogReader(settings, entry.name, entry.key_columns, entry.partitions, store.index,

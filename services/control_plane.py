@@ -40,8 +40,8 @@ from mvlog.catalog import CatalogEntry
 from mvlog.changes import IndexEntry
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.recovery import LogTail, commit_held, roll_forward
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.recovery import ChangelogTrimmedError, LogTail, commit_held, roll_forward
+from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.epoch import SEQUENCE_MASK, epoch_from_millis
 from mvlog.services.state_rebuild import ViewNotRestorableError, restore_view_state
 
@@ -142,7 +142,13 @@ def ensure_control_plane(settings: Settings, client: redis.Redis,
             entry = entries[name]
             took[name] = time.monotonic()
             own = (proven or {}).get(name)
-            tail = roll_forward(settings, store, entry, proven=own, upto_epoch=None if own else upto)
+            try:
+                tail = roll_forward(settings, store, entry, proven=own, upto_epoch=None if own else upto)
+            except ChangelogTrimmedError as error:  # that object stays down, with the reason; the rest goes on
+                log.error("rebuild: %s", error)
+                store.set_lifecycle(name, Lifecycle.FAILED, str(error))
+                took[name] = time.monotonic() - took[name]
+                continue
             if tail.held is not None:
                 held[name] = tail
             for source in entry.sources:  # this view's epochs prove its upstreams' last ones committed

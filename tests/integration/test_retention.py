@@ -23,9 +23,6 @@ What is checked:
   took the epochs after the snapshot;
 * a Redis wipe after retention: the rebuild must not present a table that lost the rows of the deleted
   epochs.
-
-Tests marked ``xfail(strict=True)`` assert what a user expects where mvlog does not do it yet (each
-reason names the bug); they turn into failures once fixed, so the mark must then be removed.
 """
 
 from __future__ import annotations
@@ -317,12 +314,6 @@ def test_replay_refuses_epochs_retention_deleted(trimmed: TrimmedPipeline) -> No
     assert all(p["epochs"] == len(trimmed.deleted) + len(trimmed.kept) for p in plan["partitions"])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug: the retained range of `mvlog replay` comes from the epoch index alone, which nothing trims when "
-    "Kafka deletes segments (EpochIndex.trim_before is only called by tests): core/replay.retained_range, "
-    "services/redelivery.plan_redelivery and services/rederive._require_log_from_start name epochs "
-    "retention deleted as retained, and --to-epoch <the first, deleted epoch> / --to-earliest are planned "
-    "from the low watermark as if they were that epoch"))
 def test_replay_names_the_oldest_retained_epoch(trimmed: TrimmedPipeline) -> None:
     settings = trimmed.settings
     group = f"{settings.topic_prefix}.g"
@@ -337,11 +328,6 @@ def test_replay_names_the_oldest_retained_epoch(trimmed: TrimmedPipeline) -> Non
     assert earliest["epoch"] == oldest and earliest["retained"]["oldest"] == oldest, earliest
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug: low watermarks are compared with `barrier offset + 1`, but on Apache Kafka the offset after an "
-    "epoch's barrier is its transaction's commit marker, deleted with the epoch: the next epoch, whole in "
-    "Kafka, is taken as deleted (services/redelivery.plan_redelivery via core/replay.partition_start, "
-    "core/snapshot_plan.uncovered_partitions via services/snapshot_compaction.check_changelog_after)"))
 def test_the_first_retained_epoch_counts_as_retained(trimmed: TrimmedPipeline) -> None:
     settings, client = trimmed.settings, trimmed.client
     store = ViewStore(client, settings.topic_prefix)
@@ -430,11 +416,6 @@ def test_view_backfilled_from_a_snapshot_after_retention_deleted_the_start(trimm
     assert later.rows == len(t1.rows)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug: a view created with --backfill changelog (create_view's default) replays its upstream's "
-    "changelog from whatever Kafka still holds: services/view_ddl.create_view / resolve_backfill never "
-    "check that the upstream's log starts at its first epoch (connectors/retention.starts_the_log), so "
-    "the view silently misses the rows of the epochs retention deleted"))
 def test_a_changelog_backfill_after_retention_is_refused_or_exact(trimmed_t1: TrimmedTable, spark: Any) -> None:
     """``--backfill changelog`` needs the upstream's whole changelog: with its start deleted, a user
     expects the view refused (naming retention) or exact, never a view missing rows."""
@@ -532,12 +513,6 @@ def test_replacement_hydrates_from_the_snapshot_and_stops_once_retention_passed_
 # ----------------------------------------------------------------------------------- rebuild after a wipe
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug: the rebuild after a Redis wipe rolls each changelog forward from whatever Kafka still holds "
-    "(connectors/recovery.roll_forward reads from OFFSET_BEGINNING, services/control_plane."
-    "ensure_control_plane never compares the log's start with its first epoch), so a table whose first "
-    "segments retention deleted comes back without the rows of those epochs, silently; its snapshot is "
-    "not used"))
 def test_a_wipe_after_retention_does_not_rebuild_a_table_without_its_deleted_rows(
         make_settings: Callable[..., Settings], own_redis: str, spark: Any, tmp_path: Path) -> None:
     """t1 lost its first epochs to retention; it has a snapshot at E, the first epoch retained. Redis is
