@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from mvlog.catalog import CatalogError
 from mvlog.config import Settings, load_settings
 from mvlog.infra.local_stack import LocalStack, StackError
+from mvlog.services.commands.values import PORT, SECONDS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -138,11 +139,11 @@ _stack_dir_option = click.option(
 
 @main.command()
 @_stack_dir_option
-@click.option("--kafka-port", type=click.IntRange(1, 65535), default=None,
+@click.option("--kafka-port", type=PORT, default=None,
               help="Broker port on 127.0.0.1 (default: the port of MVLOG_BOOTSTRAP_SERVERS, 19092).")
-@click.option("--redis-port", type=click.IntRange(1, 65535), default=None,
+@click.option("--redis-port", type=PORT, default=None,
               help="Redis port on 127.0.0.1 (default: the port of MVLOG_REDIS_URL, 16379).")
-@click.option("--timeout", type=float, default=90.0, show_default=True,
+@click.option("--timeout", type=SECONDS, default=90.0, show_default=True,
               help="Seconds to wait for each process to answer.")
 @pass_settings
 def up(settings: Settings, stack_dir: Path | None, kafka_port: int | None, redis_port: int | None,

@@ -11,10 +11,11 @@ import click
 from mvlog.config import Settings
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
+from mvlog.services.commands.values import PORT_OR_ANY
 
 
 @click.command("cache-worker")
-@click.option("--port", type=click.IntRange(0, 65535), default=None,
+@click.option("--port", type=PORT_OR_ANY, default=None,
               help="Web server port on the bind host (default: settings' cache_port, 8322).")
 @click.option("--worker-id", default=None, help="Name of this worker in Redis (default: random).")
 @click.option("--upstream", "upstreams", multiple=True,

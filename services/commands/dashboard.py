@@ -8,13 +8,14 @@ from mvlog.config import Settings
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import connect_redis
 from mvlog.services.commands.run_view import _StopOnSignal
+from mvlog.services.commands.values import PORT_OR_ANY
 from mvlog.services.dashboard.server import DashboardServer
 
 
 @click.command("dashboard")
 @click.option("--host", default=None, help="Address to bind (default: settings' bind_host, 127.0.0.1). "
                                            "The dashboard is read-only, but think before exposing it.")
-@click.option("--port", type=click.IntRange(0, 65535), default=None,
+@click.option("--port", type=PORT_OR_ANY, default=None,
               help="Port (default: settings' dashboard_port, 8321; 0: any free port).")
 @click.option("--no-sampler", is_flag=True,
               help="Only show what a `mvlog lag-sampler` elsewhere records; never sample lag here.")

@@ -12,6 +12,7 @@ from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.names import check_name
 from mvlog.services.commands.output import describe_schema
+from mvlog.services.commands.values import PARTITIONS, count
 from mvlog.services.view_ddl import BACKFILL_METHODS, alter_view, create_view, drop_view
 from mvlog.views import ViewDefinitionError
 
@@ -37,7 +38,7 @@ def definition_sql(words: tuple[str, ...], sql_file: IO[str] | None) -> str:
 @click.argument("definition", nargs=-1, type=click.UNPROCESSED, metavar="AS SELECT ...")
 @click.option("--sql-file", type=click.File("r", encoding="utf-8"), default=None,
               help="Read the SELECT from this file ('-': standard input) instead of the arguments.")
-@click.option("--partitions", type=click.IntRange(1, 256), default=None,
+@click.option("--partitions", type=PARTITIONS, default=None,
               help="Partitions of the view's changelog topic (default: settings' partitions).")
 @click.option("--backfill", type=click.Choice(BACKFILL_METHODS), default="chunked", show_default=True,
               help="How the view gets the upstreams' existing rows: 'chunked' reads them online from their "
@@ -102,9 +103,9 @@ def drop_view_command(settings: Settings, name: str) -> None:
 
 @click.command("alter-view")
 @click.argument("name")
-@click.option("--max-epoch-lag", type=click.IntRange(min=0), default=None,
+@click.option("--max-epoch-lag", type=count(0, "epochs"), default=None,
               help="Backpressure: upstream writers wait while NAME lags this many epochs (0 removes the bound).")
-@click.option("--backfill-rate-limit", type=click.IntRange(min=0), default=None,
+@click.option("--backfill-rate-limit", type=count(0, "rows per second"), default=None,
               help="Cap NAME's backfill at this many rows/s (0 removes the cap); applies while it runs.")
 @pass_settings
 def alter_view_command(settings: Settings, name: str, max_epoch_lag: int | None,

@@ -65,6 +65,7 @@ from mvlog.services.commands.backends import backend_errors, connect_redis, requ
 from mvlog.services.commands.output import age, cell_text, console, output_option
 from mvlog.services.commands.read import read_rows
 from mvlog.services.commands.run_view import _short, _StopOnSignal, _wait_between_triggers
+from mvlog.services.commands.values import PORT_OR_ANY, SECONDS, count, seconds
 from mvlog.services.dashboard.server import DashboardServer
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
@@ -449,18 +450,18 @@ def _failed_query(consumers: list[ViewConsumer], queries: list[StreamingQuery]) 
 
 
 @click.command("demo")
-@click.option("--duration", type=click.FloatRange(min=0), default=None,
+@click.option("--duration", type=SECONDS, default=None,
               help="Seconds to run the workload (default: until Ctrl-C / SIGTERM).")
-@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+@click.option("--interval", type=seconds(0.2), default=2.0, show_default=True,
               help="Seconds between progress tables.")
-@click.option("--rate", type=click.IntRange(min=1), default=300, show_default=True,
+@click.option("--rate", type=count(1, "changes per second", 1_000_000), default=300, show_default=True,
               help="Changes per second the workload writes into t1 and t2.")
 @click.option("--prefix", default=None,
               help="Topic prefix of the demo's tables and views (default: demo<timestamp>, fresh per run; "
                    "an existing prefix is reused).")
 @click.option("--no-stack", is_flag=True,
               help="Never start a local stack: use the broker and Redis of the settings as they are.")
-@click.option("--dashboard-port", type=click.IntRange(0, 65535), default=None,
+@click.option("--dashboard-port", type=PORT_OR_ANY, default=None,
               help="Port of the lag dashboard on 127.0.0.1 (default: settings' dashboard_port, 8321; 0: any).")
 @output_option
 @pass_settings

@@ -19,6 +19,7 @@ from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.definitions import definition_sql
 from mvlog.services.commands.output import age, describe_epoch, output_option, print_json, print_table
+from mvlog.services.commands.values import SECONDS, count
 from mvlog.services.replacements import (
     apply_replacement,
     diff_replacement,
@@ -78,9 +79,9 @@ def _visible(row: Row, schema: RowSchema) -> str:
 
 @replacement.command("diff")
 @click.argument("view")
-@click.option("--samples", type=click.IntRange(0, 1000), default=5, show_default=True,
+@click.option("--samples", type=count(0, "samples", 1000), default=5, show_default=True,
               help="Examples of each kind of change.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--timeout", type=SECONDS, default=10.0, show_default=True,
               help="Seconds to wait for the view and its replacement to be at the same epoch.")
 @output_option
 @pass_settings
@@ -104,7 +105,7 @@ def diff(settings: Settings, view: str, samples: int, timeout: float, output: st
 
 @replacement.command("apply")
 @click.argument("view")
-@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+@click.option("--timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds to wait for the cut-over; then the apply is withdrawn and refused with the reason.")
 @pass_settings
 def apply(settings: Settings, view: str, timeout: float) -> None:

@@ -20,10 +20,12 @@ from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.consumer_groups import ConsumerGroupError
 from mvlog.connectors.view_store import ViewStore
+from mvlog.epoch import MAX_EPOCH, epoch_millis
 from mvlog.replay import ReplayRangeError, ReplayTargetError, parse_datetime_ms, parse_duration_ms
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.output import console, epoch_time, output_option, print_json, print_table
+from mvlog.services.commands.values import EPOCH
 from mvlog.services.redelivery import RedeliveryPlan, Target, execute_redelivery, plan_redelivery
 
 
@@ -67,7 +69,7 @@ def _replay_errors(settings: Settings) -> Iterator[None]:
 @replay.command("redeliver")
 @click.argument("view")
 @click.option("--group", "-g", required=True, help="The consumer group whose offsets on VIEW's changelog move.")
-@click.option("--to-epoch", type=int, default=None, help="Re-deliver from this epoch on (the first committed one "
+@click.option("--to-epoch", type=EPOCH, default=None, help="Re-deliver from this epoch on (the first committed one "
               "at or after it).")
 @click.option("--to-datetime", default=None, help="Re-deliver from the first epoch opened at or after this ISO 8601 "
               "time (UTC unless it has an offset).")
@@ -91,8 +93,11 @@ def redeliver(settings: Settings, view: str, group: str, to_epoch: int | None, t
     try:
         time_ms = (parse_datetime_ms(to_datetime) if to_datetime else
                    int(time.time() * 1000) - parse_duration_ms(by_duration) if by_duration else None)
-    except ValueError as error:
-        raise click.BadParameter(str(error)) from None
+    except (ValueError, OverflowError) as error:  # OverflowError: a duration of 400 digits
+        raise click.BadParameter(str(error) if isinstance(error, ValueError) else "duration too large") from None
+    if time_ms is not None and not 0 <= time_ms <= epoch_millis(MAX_EPOCH):
+        raise click.BadParameter(f"{to_datetime or by_duration} is outside the time that epochs span "
+                                 f"(1970-01-01 to {epoch_time(MAX_EPOCH)[:10]})")
     target = Target(epoch=to_epoch, time_ms=time_ms, earliest=to_earliest, latest=to_latest)
     client = connect_redis(settings)
     with _replay_errors(settings):
@@ -124,8 +129,8 @@ def _show_redelivery(plan: RedeliveryPlan, output: str) -> None:
 
 @replay.command("derive")
 @click.argument("view")
-@click.option("--from-epoch", type=int, default=None, help="First epoch (default: the oldest retained).")
-@click.option("--to-epoch", type=int, default=None, help="Last epoch, inclusive (default: the view's MCE).")
+@click.option("--from-epoch", type=EPOCH, default=None, help="First epoch (default: the oldest retained).")
+@click.option("--to-epoch", type=EPOCH, default=None, help="Last epoch, inclusive (default: the view's MCE).")
 @click.option("--into-topic", "into", flag_value="topic", help="Write the re-derived epochs to a new changelog "
               "<prefix>.<view>.replay-<id>.changelog (or --topic-name) for inspection.")
 @click.option("--rebuild", "into", flag_value="rebuild", help="Replace the view's rows and operator state in "

@@ -26,6 +26,7 @@ from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.backfill_progress import BackfillBars
 from mvlog.services.commands.output import describe_epoch
+from mvlog.services.commands.values import SECONDS
 
 if TYPE_CHECKING:  # pyspark is imported when the command runs, so `mvlog --help` stays fast
     from pyspark.sql.streaming.query import StreamingQuery
@@ -123,7 +124,7 @@ def _report_catch_up(name: str, epoch: int, last: int) -> None:
 
 @click.command("run-view")
 @click.argument("names", nargs=-1, required=True, metavar="NAME [NAME ...]")
-@click.option("--progress-interval", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--progress-interval", type=SECONDS, default=10.0, show_default=True,
               help="Seconds between progress lines on standard error (0: none).")
 @click.option("--verbose", "-v", is_flag=True, help="Show a failed consumer's full error (Spark stack traces).")
 @pass_settings

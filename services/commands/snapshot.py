@@ -18,13 +18,14 @@ from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.output import describe_epoch
+from mvlog.services.commands.values import count
 from mvlog.snapshot_plan import SnapshotError
 
 
 @click.command("snapshot")
 @click.argument("view")
 @click.option("--from-scratch", is_flag=True, help="Build it from the changelog's start, not the last snapshot.")
-@click.option("--keep", type=click.IntRange(min=1), default=None,
+@click.option("--keep", type=count(1, "snapshots"), default=None,
               help="Keep this many snapshots of VIEW (default: MVLOG_SNAPSHOT_KEEP, 3).")
 @click.option("--list", "list_only", is_flag=True, help="Only list VIEW's snapshots.")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)

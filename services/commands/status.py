@@ -23,6 +23,7 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis
 from mvlog.services.commands.output import age, console, output_option, print_json
+from mvlog.services.commands.values import seconds
 from mvlog.services.lag_sampler import LagMonitor, LagSampler
 from mvlog.services.status_snapshot import PipelineSnapshot, take_snapshot
 from mvlog.view_status import ViewStatus
@@ -161,7 +162,7 @@ def _compact(document: Any) -> str:
 
 
 _watch_option = click.option(
-    "--watch", "-w", type=float, default=None, is_flag=False, flag_value=1.0, metavar="[SECONDS]",
+    "--watch", "-w", type=seconds(0.1), default=None, is_flag=False, flag_value=1.0, metavar="[SECONDS]",
     help="Refresh every SECONDS (default 1) until Ctrl-C, judging health over this command's own samples.")
 
 

@@ -16,7 +16,7 @@ from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.names import check_name
 from mvlog.services.commands.output import describe_epoch, describe_schema
-from mvlog.services.commands.values import key_from_json, row_from_json
+from mvlog.services.commands.values import PARTITIONS, key_from_json, row_from_json
 from mvlog.services.table_writer import RowValidationError, Table
 
 #: Refused lines shown one by one; the rest are counted.
@@ -66,7 +66,7 @@ def parse_primary_key(values: Sequence[str], columns: dict[str, ColumnType]) -> 
                    "key columns are NOT NULL, the others nullable.")
 @click.option("--primary-key", "-k", "primary_key", multiple=True, required=True, metavar="COLUMN",
               help="Primary key column(s), in key order: repeat the option or separate with commas.")
-@click.option("--partitions", type=click.IntRange(1, 256), default=None,
+@click.option("--partitions", type=PARTITIONS, default=None,
               help="Partitions of the table's changelog topic (default: settings' partitions).")
 @pass_settings
 def create_table(settings: Settings, name: str, columns: tuple[str, ...], primary_key: tuple[str, ...],

@@ -3,16 +3,23 @@
 JSON has no bytes: a ``bytes`` column is base64 text in JSON input and output, and on the command line.
 Everything else maps directly (JSON numbers, strings, booleans, null); the row schema then validates
 the values (an int column refuses ``1.5`` and ``true``).
+
+Numeric options (epochs, ports, partitions, counts, seconds) all go through :class:`Bounded`, so each is
+range-checked once, with the same wording, before any command code sees it.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import math
 from collections.abc import Mapping
 from typing import Any
 
-from mvlog.row_schema import Column, ColumnType, Key, Row, RowSchema
+import click
+
+from mvlog.epoch import MAX_EPOCH
+from mvlog.row_schema import INT64_MAX, Column, ColumnType, Key, Row, RowSchema
 
 _TRUE = {"true", "t", "yes", "y", "1"}
 _FALSE = {"false", "f", "no", "n", "0"}
@@ -100,3 +107,58 @@ def to_json(value: Any) -> Any:
     if isinstance(value, bytes | bytearray):
         return base64.b64encode(value).decode("ascii")
     return value
+
+
+# ------------------------------------------------------------------------------------ numeric options
+
+
+class Bounded(click.ParamType):
+    """An int or a float option within ``[low, high]`` (inclusive; floats also finite).
+
+    Out-of-range values are refused here with what the option is and its range, because the code behind
+    an option fails on them far from the command line: an epoch above int64 ended ``replay`` with
+    ``ValueError: year 50323 is out of range``, ``nan`` seconds never time out.
+    """
+
+    def __init__(self, kind: type[int] | type[float], low: float, high: float, what: str) -> None:
+        self.kind = kind
+        self.low = low
+        self.high = high
+        self.what = what
+        self.name = kind.__name__  # the metavar click shows: INT, FLOAT
+
+    def range(self) -> str:
+        return f"{self.what}, from {self.low:g} to {self.high:g}" if self.kind is float else \
+            f"{self.what}, from {self.low} to {self.high}"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number: int | float = self.kind(value)  # a default given in code
+        else:
+            try:
+                number = self.kind(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not {'an integer' if self.kind is int else 'a number'}: expected "
+                          f"{self.range()}", param, ctx)
+        if not (math.isfinite(number) and self.low <= number <= self.high):
+            self.fail(f"{value} is out of range: expected {self.range()}", param, ctx)
+        return number
+
+
+_A_YEAR_S = 366 * 24 * 3600.0  # no wait or duration of a command is longer; sleep() overflows far above
+
+EPOCH = Bounded(int, 0, MAX_EPOCH, "an epoch (int64)")
+PORT = Bounded(int, 1, 65535, "a TCP port")
+PORT_OR_ANY = Bounded(int, 0, 65535, "a TCP port (0: any free one)")
+PARTITIONS = Bounded(int, 1, 256, "a partition count")
+SECONDS = Bounded(float, 0.0, _A_YEAR_S, "seconds")
+
+
+def count(low: int, what: str, high: int = INT64_MAX) -> Bounded:
+    """A whole number of something (rows, epochs, samples) from ``low`` to ``high``."""
+    return Bounded(int, low, high, what)
+
+
+def seconds(low: float, what: str = "seconds") -> Bounded:
+    """Seconds from ``low`` (a polling interval has a floor) to a year."""
+    return Bounded(float, low, _A_YEAR_S, what)
