@@ -5,7 +5,7 @@ persists the state writes it returns; the snapshot backfill and the tests run ``
 ``to_duckdb_sql`` to recompute a view in full.
 """
 
-from mvlog.views.errors import InconsistentChanges, UnsupportedSql, ViewDefinitionError
+from mvlog.views.errors import InconsistentChanges, SqlSyntaxError, UnsupportedSql, ViewDefinitionError
 from mvlog.views.operator import BatchOutput, EpochOutput, ViewOperator
 from mvlog.views.plan import ViewPlan, plan_view
 from mvlog.views.render import to_duckdb_sql, to_spark_sql
@@ -16,6 +16,7 @@ __all__ = [
     "EpochOutput",
     "InMemoryState",
     "InconsistentChanges",
+    "SqlSyntaxError",
     "StateReader",
     "UnsupportedSql",
     "ViewDefinitionError",

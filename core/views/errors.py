@@ -27,6 +27,22 @@ class UnsupportedSql(ViewDefinitionError):  # noqa: N818 - the name the catalog 
         super().__init__(message)
 
 
+class SqlSyntaxError(ViewDefinitionError):
+    """SQL that does not parse: the message shows the line received with a caret under the problem, in
+    words (never the parser's internals), because the user has only the SQL they typed to go by."""
+
+    def __init__(self, sql: str, line: int | None, col: int | None, problem: str) -> None:
+        self.line = line
+        self.col = col
+        self.problem = problem
+        if line is None or col is None:
+            super().__init__(f"syntax error: {problem}\n  {sql}")
+            return
+        lines = sql.splitlines() or [""]
+        text = lines[min(line, len(lines)) - 1].replace("\t", " ")  # one column per character: the caret lines up
+        super().__init__(f"syntax error at line {line}, col {col}: {problem}\n  {text}\n  {' ' * (col - 1)}^")
+
+
 class InconsistentChanges(ValueError):  # noqa: N818 - mirrors ViewDefinitionError's wording
     """An epoch's input does not fit the operator's state: the upstream changelog or the state is corrupt.
 

@@ -8,6 +8,7 @@ sqlglot's token offsets, because "unsupported SQL" alone does not tell a user wh
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ import sqlglot
 from sqlglot import Token, TokenType, exp
 from sqlglot.errors import ParseError, TokenError
 
-from mvlog.views.errors import UnsupportedSql, ViewDefinitionError
+from mvlog.views.errors import SqlSyntaxError, UnsupportedSql, ViewDefinitionError
 
 DIALECT = "spark"
 
@@ -123,8 +124,14 @@ def parse_select(sql: str) -> ParsedSelect:
     try:
         tokens = tuple(sqlglot.tokenize(sql, read=DIALECT))
         statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
-    except (ParseError, TokenError) as error:
-        raise ViewDefinitionError(f"cannot parse the view's SQL: {_first_line(error)}") from None
+    except ParseError as error:
+        raise _syntax_error(sql, error) from None
+    except TokenError:
+        quote = _unclosed_quote(sql)
+        if quote is None:
+            raise SqlSyntaxError(sql, None, None, "the SQL cannot be split into tokens") from None
+        raise SqlSyntaxError(sql, *line_col(sql, quote), f"{sql[quote]} is never closed") from None
+    _refuse_empty_items(sql, tokens)
     if not statements:
         raise ViewDefinitionError("the view's SQL is empty; expected SELECT ... FROM ...")
     if len(statements) > 1:
@@ -145,8 +152,62 @@ def parse_select(sql: str) -> ParsedSelect:
     return ParsedSelect(sql, statement, tokens, tables, join_on)
 
 
-def _first_line(error: Exception) -> str:
-    return str(error).splitlines()[0]
+# A comma followed by one of these (or by nothing) separates nothing: sqlglot drops such empty items
+# silently (``SELECT id, FROM t1`` parses as ``SELECT id FROM t1``), so a typo would define a view.
+_NOT_AFTER_COMMA = {TokenType.COMMA, TokenType.R_PAREN, TokenType.FROM, TokenType.WHERE, TokenType.GROUP_BY,
+                    TokenType.JOIN, TokenType.ON, TokenType.SEMICOLON}
+_PARSER_CLASS = re.compile(r"<class '[\w.]+'>")
+_PARSER_TOKEN = re.compile(r"<Token token_type: TokenType\.(\w+), text: (.*?), line: .*?>")
+
+
+def _refuse_empty_items(sql: str, tokens: Sequence[Token]) -> None:
+    """Refuse a comma with no expression after it (a trailing comma) or a list that starts with one."""
+    for before, after in zip(tokens, [*tokens[1:], None], strict=True):
+        if before.token_type == TokenType.COMMA and (after is None or after.token_type in _NOT_AFTER_COMMA):
+            found = "the end of the SQL" if after is None else f"`{after.text}`"
+            raise SqlSyntaxError(sql, *line_col(sql, before.start), f"expected an expression after `,`, found {found}")
+        if before.token_type == TokenType.SELECT and after is not None and after.token_type == TokenType.COMMA:
+            raise SqlSyntaxError(sql, *line_col(sql, after.start), "expected an expression before `,`")
+
+
+def _syntax_error(sql: str, error: ParseError) -> SqlSyntaxError:
+    """sqlglot's first error in words, at the start of the token it highlights (sqlglot's col is the
+    token's last column); its class and token reprs (``<class 'sqlglot...Mul'>``) never reach a user."""
+    if not error.errors:
+        return SqlSyntaxError(sql, None, None, str(error).splitlines()[0])
+    first = error.errors[0]
+    highlight = str(first.get("highlight") or "")
+    description = str(first.get("description") or "")
+    near = f"`{highlight}`" if highlight else "the end of the SQL"
+    if description.startswith("Required keyword") or _PARSER_CLASS.search(description):
+        problem = f"incomplete expression before or at {near}"
+    elif description.startswith("Invalid expression / Unexpected token"):
+        problem = f"unexpected {near}"
+    else:
+        problem = _PARSER_TOKEN.sub(lambda m: "the end of the SQL" if m[1] == "SENTINEL" else f"`{m[2]}`",
+                                    description)
+    line, col = first.get("line"), first.get("col")
+    if not isinstance(line, int) or not isinstance(col, int):
+        return SqlSyntaxError(sql, None, None, problem)
+    return SqlSyntaxError(sql, line, max(1, col - len(highlight) + 1) if "\n" not in highlight else col, problem)
+
+
+def _unclosed_quote(sql: str) -> int | None:
+    """The offset of the quote that opens a string or quoted name never closed (what the tokenizer
+    fails on, without saying where), else None."""
+    quote: str | None = None
+    start = index = 0
+    while index < len(sql):
+        char = sql[index]
+        if quote is None:
+            if char in "'\"`":
+                quote, start = char, index
+        elif char == "\\" and quote != "`":
+            index += 1  # an escaped character inside a string
+        elif char == quote:
+            quote = None
+        index += 1
+    return start if quote is not None else None
 
 
 def _check_clauses(parsed: ParsedSelect, select: exp.Select) -> None:

@@ -6,7 +6,7 @@ import pytest
 import sqlglot
 
 from mvlog.row_schema import Column, ColumnType, RowSchema
-from mvlog.views import UnsupportedSql, ViewDefinitionError, plan_view, to_duckdb_sql, to_spark_sql
+from mvlog.views import SqlSyntaxError, UnsupportedSql, ViewDefinitionError, plan_view, to_duckdb_sql, to_spark_sql
 
 T1 = RowSchema.of({"id": "int", "v1": "int", "deleted": "boolean"}, ["id"])
 T2 = RowSchema.of({"id": "int", "t1id": "int", "w": "float", "tag": "string", "raw": "bytes"}, ["id"])
@@ -212,12 +212,39 @@ def test_type_errors_name_the_expression(sql, names):
     ("SELECT * FROM t1 a JOIN t2 b ON a.id = b.t1id", r"duplicate column name 'id'"),
     ("SELECT v1 AS `my col` FROM t1", r"column name 'my col' is not a valid name"),
     ("SELECT NULL AS n FROM t1", r"cannot infer a type for column 'n'"),
-    ("SELECT v1 FROM", r"cannot parse the view's SQL"),
+    ("SELECT v1 FROM", r"syntax error at line 1, col 11: Expected table name but got the end of the SQL"),
     ("SELECT 1", r"no FROM clause"),
 ])
 def test_definition_errors(sql, message):
     with pytest.raises(ViewDefinitionError, match=message):
         plan(sql)
+
+
+# -- errors: syntax --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("sql", "problem", "line", "col"), [
+    ("SELECT id, FROM t1", "expected an expression after `,`, found `FROM`", 1, 10),  # sqlglot accepts it
+    ("SELECT id, v1, FROM t1 WHERE v1 > 1", "expected an expression after `,`, found `FROM`", 1, 14),
+    ("SELECT id,, v1 FROM t1", "expected an expression after `,`, found `,`", 1, 10),
+    ("SELECT , id FROM t1", "expected an expression before `,`", 1, 8),
+    ("SELECT deleted, count(*) FROM t1 GROUP BY deleted,", "expected an expression after `,`, found the end of the SQL",
+     1, 50),
+    ("SELECT * * FROM t1", "incomplete expression before or at `FROM`", 1, 12),
+    ("SELECT id\n, v1 * FROM t1", "incomplete expression before or at `FROM`", 2, 8),
+    ("SELECT id FROM t1 WHERE v1 = = 2", "incomplete expression before or at `=`", 1, 30),
+    ("SELECT id +* 2 FROM t1", "unexpected `2`", 1, 14),
+    ("SELECT 'abc FROM t1", "' is never closed", 1, 8),
+])
+def test_syntax_errors_show_the_sql_with_a_caret(sql, problem, line, col):
+    """Refused (never planned), in words, with the line received and a caret under the position; sqlglot's
+    class and token reprs (``<class 'sqlglot...Mul'>``) never show."""
+    with pytest.raises(SqlSyntaxError) as error:
+        plan(sql)
+    message = str(error.value)
+    assert message.splitlines()[0] == f"syntax error at line {line}, col {col}: {problem}"
+    assert message.splitlines()[1:] == [f"  {sql.splitlines()[line - 1]}", "  " + " " * (col - 1) + "^"]
+    assert "<" not in message.replace(sql, "") and "sqlglot" not in message
 
 
 # -- errors: unsupported SQL ------------------------------------------------------------------------------
