@@ -22,13 +22,17 @@ from mvlog.changes import Barrier, Change, Mutation, Op
 from mvlog.config import Settings
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.kafka_security import RefusalWatch
+from mvlog.connectors.topics import CHANGE_HEADER_BYTES, PRODUCER_LIMIT, changelog_record_limit
+from mvlog.record_limits import RecordLimit, producer_max_bytes_for
 from mvlog.row_schema import Key
 from mvlog.schemas.arrow_rows import encode_rows
 from mvlog.schemas.codec import (
     HEADER_TYPE,
     TYPE_BARRIER,
     TYPE_CHANGE,
+    DecodeError,
     change_tail,
+    decode_key,
     encode_barrier,
     encode_change,
     encode_change_rows,
@@ -45,6 +49,18 @@ class WriterFencedError(RuntimeError):
 
 class EpochWriteError(RuntimeError):
     """The epoch's transaction was aborted; nothing of it is visible to read_committed consumers."""
+
+
+class RecordTooLargeError(EpochWriteError):
+    """A change event above the changelog's record limit: its epoch was aborted, and redoing it fails the
+    same way, so the message names the view, the key, the size and the limit (never a bare KafkaError)."""
+
+
+def envelope_bytes(view: str) -> int:
+    """The largest change event of ``view`` without its key and row images: two union branches and the
+    tail (op and source) at its widest epoch, vnode, timestamp and transaction id (``_commit``'s form)."""
+    widest = 2**63 - 1
+    return 2 + len(change_tail(view, widest, VNODE_COUNT - 1, Op.UPDATE.value, widest, "f" * 12 + "-" + "9" * 19))
 
 
 @dataclass(frozen=True)
@@ -167,6 +183,9 @@ class ChangelogWriter:
         self.partitions = partitions
         self.key_columns = tuple(key_columns)
         self.transactional_id = transactional_id or f"{settings.topic_prefix}.{view}.writer"
+        # What the broker, the topic and the readers allow: the producer refuses exactly what they would.
+        self.limit: RecordLimit = changelog_record_limit(settings, self.topic)
+        self.envelope_bytes = envelope_bytes(view)
         config: dict[str, Any] = {
             **settings.kafka_client_config(),
             "transactional.id": self.transactional_id,
@@ -176,6 +195,7 @@ class ChangelogWriter:
             "batch.num.messages": 10000,
             "queue.buffering.max.messages": 500000,
             "queue.buffering.max.kbytes": 262144,
+            PRODUCER_LIMIT: producer_max_bytes_for(self.limit, CHANGE_HEADER_BYTES),
         }
         config.update(producer_config or {})
         self._refusals = RefusalWatch(settings.bootstrap_servers)
@@ -271,6 +291,10 @@ class ChangelogWriter:
                         produce(topic, value, key, partition=partition, headers=_CHANGE_HEADERS)
                     except BufferError:
                         self._produce(key, value, partition, _CHANGE_HEADERS)
+                    except KafkaException as error:  # checked by librdkafka at no cost to the other records
+                        if error.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                            raise
+                        raise self._too_large(epoch, key, value) from error
             barrier_offsets: dict[int, int] = {}
 
             def on_barrier(err: KafkaError | None, msg: Message) -> None:
@@ -287,6 +311,9 @@ class ChangelogWriter:
             self._run(producer.commit_transaction, 60.0)
         except WriterFencedError:
             raise
+        except RecordTooLargeError:
+            self._abort()
+            raise
         except Exception as exc:
             self._abort()
             raise EpochWriteError(f"{self.view}: epoch {epoch} was aborted: {exc}") from exc
@@ -294,6 +321,16 @@ class ChangelogWriter:
             raise EpochWriteError(f"{self.view}: epoch {epoch} committed without all barrier offsets")
         index = {p: IndexEntry(epoch, barrier_offsets[p], counts[p]) for p in range(self.partitions)}
         return CommittedEpoch(epoch, index)
+
+    def _too_large(self, epoch: int, key: bytes, value: bytes) -> RecordTooLargeError:
+        try:
+            shown: object = decode_key(self.key_columns, key)
+        except DecodeError:
+            shown = key[:64]
+        return RecordTooLargeError(
+            f"{self.view}: epoch {epoch} was aborted: the change event of key {shown!r} is {len(key) + len(value)} "
+            f"bytes (key and value), above the {self.limit.bytes}-byte limit of changelog {self.topic} set by "
+            f"{self.limit.reason}")
 
     def close(self) -> None:
         """Flush and release the producer now, while the broker is up (a transactional producer left to

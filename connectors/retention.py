@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
 
 from mvlog.config import Settings
 from mvlog.connectors.changelog_reader import reader_consumer
 from mvlog.connectors.epoch_index import EpochIndex
+from mvlog.connectors.topics import describe_config
 from mvlog.replay import RetainedRange, retained_range
 from mvlog.schemas.codec import DecodeError, decode_barrier
 
@@ -88,7 +89,4 @@ def starts_the_log(settings: Settings, index: EpochIndex, view: str) -> bool:
 
 def topic_config(settings: Settings, topic: str, timeout: float = 10.0) -> dict[str, str]:
     """The settings a topic has of its own (broker defaults are not listed by every broker)."""
-    admin = AdminClient(settings.kafka_client_config())
-    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    entries = admin.describe_configs([resource])[resource].result(timeout)
-    return {name: entry.value for name, entry in entries.items() if entry.value is not None}
+    return describe_config(settings, ConfigResource(ConfigResource.Type.TOPIC, topic), timeout)

@@ -24,10 +24,11 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch
 from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.streamed_commit import StreamedCommit
-from mvlog.connectors.topics import ensure_topic
+from mvlog.connectors.topics import ensure_changelog
 from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore
 from mvlog.epoch import EpochClock
 from mvlog.key_order import order_member
+from mvlog.record_limits import change_event_bytes, row_fits, surely_fitting_text, too_large_message
 from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType, FieldError, Key, Row, RowSchema
 from mvlog.schemas.codec import (
     change_tail,
@@ -103,6 +104,15 @@ def _plain_row_normalizer(schema: RowSchema, max_text_bytes: int) -> Callable[[A
     return normalize
 
 
+def _row_bytes_without_text(schema: RowSchema) -> int:
+    """A bound of a row's encoded size without its strings and bytes: every column present, numbers at
+    their widest, each length at its widest varint (10 bytes rather than the 1 of an empty value)."""
+    widest: dict[ColumnType, Any] = {ColumnType.INT: INT64_MIN, ColumnType.FLOAT: 0.0, ColumnType.STRING: "",
+                                     ColumnType.BOOLEAN: True, ColumnType.BYTES: b""}
+    sized = sum(1 for c in schema.columns if c.type in (ColumnType.STRING, ColumnType.BYTES))
+    return len(encode_row({c.name: widest[c.type] for c in schema.columns})) + 9 * sized
+
+
 def _key_getter(primary_key: Sequence[str]) -> Callable[[Row], Key]:
     """``RowSchema.key_of`` without a generator per row: the key tuple of a normalized row."""
     if len(primary_key) == 1:
@@ -137,7 +147,6 @@ class Table:
         self._native_normalize = native.normalize_row if native is not None else None
         self._native_columns = tuple((c.name, _NATIVE_KINDS[c.type], c.nullable) for c in self.schema.columns)
         self._key_positions = tuple(self.schema.names.index(k) for k in self.schema.primary_key)
-        self._fast_normalize = _plain_row_normalizer(self.schema, settings.max_record_bytes // 2)
         self._key_of = _key_getter(self.schema.primary_key)
         # Only string and bytes columns can make a row too large for one Kafka record: checked per row.
         self._sized_columns = [c.name for c in self.schema.columns if c.type in (ColumnType.STRING, ColumnType.BYTES)]
@@ -145,6 +154,10 @@ class Table:
         self.store = ViewStore(self._redis, settings.topic_prefix)
         # The writer's init_transactions fences any earlier writer before we read the log's tail.
         self._writer = ChangelogWriter(settings, entry.name, entry.key_columns, entry.partitions)
+        # Rows with no more text than this fit the changelog for sure; larger ones are measured (_too_large).
+        self._text_limit = surely_fitting_text(self._writer.limit, self._writer.envelope_bytes,
+                                               _row_bytes_without_text(self.schema))
+        self._fast_normalize = _plain_row_normalizer(self.schema, self._text_limit)
         # A table created a moment ago has an empty changelog: nothing to roll forward.
         # A view built on the table's last epoch proves it committed, should Redis have lost it (wiped).
         if recover:
@@ -186,7 +199,7 @@ class Table:
         schema = RowSchema.of(columns, primary_key)
         entry = CatalogEntry(name, "table", schema, partitions or settings.partitions,
                              created_epoch=EpochClock().next())
-        ensure_topic(settings, settings.changelog_topic(name), entry.partitions)
+        ensure_changelog(settings, name, entry.partitions)
         catalog.put(entry)
         catalog.close()
         return cls(settings, entry, client, recover=False, **kwargs)
@@ -205,7 +218,7 @@ class Table:
         errors: list[FieldError] = []
         fast, key_of = self._fast_normalize, self._key_of
         native, columns, key_positions = self._native_normalize, self._native_columns, self._key_positions
-        text_limit = self.settings.max_record_bytes // 2
+        text_limit = self._text_limit
         for index, row in enumerate(rows):
             if native is not None:  # the compiled normalize: the row, its key and its text size in one call
                 plain = native(row, columns, key_positions)
@@ -231,15 +244,20 @@ class Table:
         return len(accepted)
 
     def _too_large(self, row: Row) -> tuple[str, str] | None:
-        """(column, problem) when the row's strings and bytes alone exceed ``max_record_bytes``: its change
-        event (before and after images) could not be one Kafka record, and readers would dead-letter it."""
-        limit = self.settings.max_record_bytes // 2  # an update carries the row twice
+        """(largest column, problem) when a change of the row could not be one record of the changelog
+        (the broker, the producer or the readers would refuse it; an update carries the row twice): it is
+        refused now, before any epoch, rather than aborting the epoch it would be in."""
         sizes = {name: len(value) for name in self._sized_columns if (value := row.get(name)) is not None}
-        if sum(sizes.values()) <= limit:
+        if sum(sizes.values()) <= self._text_limit:
             return None
-        largest = max(sizes, key=lambda name: sizes[name])
-        return largest, (f"row too large: {sum(sizes.values())} bytes of text/bytes, above half of max_record_bytes "
-                         f"({self.settings.max_record_bytes}), the largest column being {largest!r}")
+        key = self._key_of(row)
+        row_bytes, key_bytes = len(encode_row(row)), len(encode_key(self.entry.key_columns, key))
+        limit, envelope = self._writer.limit, self._writer.envelope_bytes
+        if row_fits(row_bytes, key_bytes, envelope, limit):
+            return None
+        event_bytes = change_event_bytes(key_bytes, row_bytes, row_bytes, envelope)
+        return (max(sizes, key=lambda name: sizes[name]),
+                too_large_message(key, row_bytes, event_bytes, limit, self._writer.topic))
 
     def delete(self, keys: Iterable[Any]) -> int:
         """Queue deletes of primary keys (a scalar for a one-column key, else a tuple)."""

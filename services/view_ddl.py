@@ -12,7 +12,7 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.retention import starts_the_log
 from mvlog.connectors.snapshot_store import SnapshotStore
-from mvlog.connectors.topics import delete_topic, ensure_topic
+from mvlog.connectors.topics import delete_topic, ensure_changelog
 from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.epoch import EpochClock
 from mvlog.snapshot_plan import BackfillChoice, SnapshotError, choose_backfill
@@ -85,7 +85,7 @@ def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis 
         options["backfill_auto"] = choice.reason  # why auto chose it (shown by create-view)
     entry = CatalogEntry(name, "view", plan.schema, partitions or settings.partitions,
                          created_epoch=EpochClock().next(), sql=sql, sources=plan.sources, options=options)
-    ensure_topic(settings, settings.changelog_topic(name), entry.partitions)
+    ensure_changelog(settings, name, entry.partitions)
     catalog.put(entry)
     ViewStore(client, settings.topic_prefix).set_lifecycle(name, Lifecycle.CREATING)
     catalog.close()
