@@ -259,6 +259,48 @@ class Table:
         return (max(sizes, key=lambda name: sizes[name]),
                 too_large_message(key, row_bytes, event_bytes, limit, self._writer.topic))
 
+    def merge(self, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Like :meth:`upsert`, but a column that a row omits keeps its current value instead of becoming
+        NULL (a key with no row yet gets NULL there, as with upsert).
+
+        The current row is the one this writer queued last for the key, else the committed one in Redis:
+        the writer's own state, which no other writer changes (this one fenced them). It is read and the
+        merged rows are queued under the commit lock, so no epoch commits in between.
+        """
+        rows = list(rows)
+        keys = [self._valid_key(row) for row in rows]
+        with self._commit_lock:
+            self._ensure_serving_state()  # a wiped Redis would read as rows that do not exist
+            current = self._current_rows({key for key in keys if key is not None})
+            merged: list[Any] = []
+            for row, key in zip(rows, keys, strict=True):
+                if key is not None:  # (without a valid key, upsert names the problem)
+                    row = {**(current[key] or {}), **row}
+                    if not self.schema.validate(row):
+                        current[key] = row  # a later row of the key merges over this one
+                merged.append(row)
+            return self.upsert(merged)
+
+    def _valid_key(self, row: Any) -> Key | None:
+        """The normalized primary key of a (partial) row, None when it lacks a valid one."""
+        if not isinstance(row, Mapping) or any(name not in row for name in self.schema.primary_key):
+            return None
+        key = tuple(row[name] for name in self.schema.primary_key)
+        if self.schema.validate_key(key):
+            return None
+        return self._key_of(self.schema.normalize(self.schema.key_row(key)))
+
+    def _current_rows(self, keys: set[Key]) -> dict[Key, Row | None]:
+        """Each key's row as this writer leaves it so far: queued (None for a queued delete), else committed."""
+        with self._lock:
+            rows = {key: self._pending[key] for key in keys if key in self._pending}
+        unqueued = [key for key in keys if key not in rows]
+        for start in range(0, len(unqueued), _READ_CHUNK):  # bounded Redis replies
+            chunk = unqueued[start:start + _READ_CHUNK]
+            found = self.store.row_list(self.entry.name, [encode_key(self.entry.key_columns, key) for key in chunk])
+            rows.update((key, None if raw is None else decode_row(raw)) for key, raw in zip(chunk, found, strict=True))
+        return rows
+
     def delete(self, keys: Iterable[Any]) -> int:
         """Queue deletes of primary keys (a scalar for a one-column key, else a tuple)."""
         self._raise_background_error()

@@ -129,13 +129,15 @@ def _read_input(source: IO[str], entry: CatalogEntry, delete: bool) -> _Input:
     return parsed
 
 
-def _write(table: Table, parsed: _Input, delete: bool) -> int:
+def _write(table: Table, parsed: _Input, delete: bool, merge: bool) -> int:
     """Queue the parsed rows/keys; returns how many lines were accepted (refusals go to ``parsed``)."""
     if not parsed.items:
         return 0
     try:
         if delete:
             table.delete(parsed.items)
+        elif merge:
+            table.merge(parsed.items)
         else:
             table.upsert(parsed.items)
     except RowValidationError as error:
@@ -152,14 +154,22 @@ def _write(table: Table, parsed: _Input, delete: bool) -> int:
 @click.option("--delete", is_flag=True,
               help='Delete instead: each line is a key, {"id": 1} (a full row too), [1, "a"] for a key of '
                    "several columns in key order, or a bare value for a one-column key.")
+@click.option("--merge", is_flag=True,
+              help="Update only the columns each line gives: an omitted column keeps its current value "
+                   "(for a key with no row yet it is NULL).")
 @pass_settings
-def insert(settings: Settings, table_name: str, source: IO[str], delete: bool) -> None:
+def insert(settings: Settings, table_name: str, source: IO[str], delete: bool, merge: bool) -> None:
     """Write rows into TABLE: one JSON object per line, committed as one epoch at the end.
+
+    A line replaces the whole row of its key (Kafka's upsert convention): a column the line omits becomes
+    NULL, also when the row existed. With --merge, omitted columns keep their current values instead.
 
     Prints the committed epoch on standard output. A refused line (bad JSON, unknown column, wrong type,
     missing key) is reported on standard error with its line number, field and problem; the other
     lines are still written, and the exit code is 1. Bytes columns take base64 text.
     """
+    if delete and merge:
+        raise click.UsageError("--delete and --merge exclude each other")
     client = connect_redis(settings)
     with backend_errors(settings):
         entry = CatalogStore(settings, client).get(table_name)
@@ -172,7 +182,7 @@ def insert(settings: Settings, table_name: str, source: IO[str], delete: bool) -
         accepted = 0
         table = Table(settings, entry, client, auto_commit=False)
         try:
-            accepted = _write(table, parsed, delete)
+            accepted = _write(table, parsed, delete, merge)
             if accepted:
                 epoch = table.flush()
         finally:
@@ -183,7 +193,7 @@ def insert(settings: Settings, table_name: str, source: IO[str], delete: bool) -
     if len(parsed.problems) > MAX_PROBLEMS_SHOWN:
         click.echo(f"... and {len(parsed.problems) - MAX_PROBLEMS_SHOWN} more problem(s)", err=True)
     refused = len(parsed.refused_lines)
-    what = "key(s) deleted" if delete else "row(s) written"
+    what = "key(s) deleted" if delete else "row(s) merged" if merge else "row(s) written"
     refused_note = f"; {refused} line(s) refused" if refused else ""
     if epoch is None:
         click.echo(f"{table_name}: nothing committed (no line accepted{refused_note}).", err=True)
