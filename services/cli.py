@@ -38,6 +38,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "create-view": "mvlog.services.commands.definitions:create_view_command",
     "dashboard": "mvlog.services.commands.dashboard:dashboard",
     "demo": "mvlog.services.commands.demo:demo",
+    "drop-table": "mvlog.services.commands.definitions:drop_table_command",
     "drop-view": "mvlog.services.commands.definitions:drop_view_command",
     "insert": "mvlog.services.commands.tables:insert",
     "lag": "mvlog.services.commands.status:lag",

@@ -94,9 +94,24 @@ def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis 
 
 def drop_view(settings: Settings, name: str, *, client: redis.Redis | None = None) -> None:
     """Drop a view (refused while other views read it, naming them), with its snapshots."""
+    drop_object(settings, name, "view", client=client)
+
+
+def drop_table(settings: Settings, name: str, *, client: redis.Redis | None = None) -> None:
+    """Drop a root table (refused while views read it, naming them): catalog entry, rows, snapshots and
+    changelog topic."""
+    drop_object(settings, name, "table", client=client)
+
+
+def drop_object(settings: Settings, name: str, kind: str, *, client: redis.Redis | None = None) -> None:
+    """Drop table or view ``name`` (``kind`` must be its kind): a table keeps the same things a view does
+    (catalog entry, serving state and epoch index in Redis, snapshots, changelog topic), so both go the
+    same way and nothing of either is left behind."""
     client = client or redis.Redis.from_url(settings.redis_url)
     catalog = CatalogStore(settings, client)
     entry = catalog.get(name)
+    if entry.kind != kind:
+        raise CatalogError(f"{name!r} is a {entry.kind}, not a {kind}")
     if dependents := catalog.dependents(name):
         verb, them = ("depends", "it") if len(dependents) == 1 else ("depend", "them")
         raise DependentViewsError(f"cannot drop {entry.kind} {name!r}: {', '.join(dependents)} {verb} on it; "

@@ -1,4 +1,4 @@
-"""Operator commands on view definitions: ``mvlog create-view`` and ``mvlog drop-view``."""
+"""Operator commands on definitions: ``mvlog create-view``, ``drop-view``, ``alter-view`` and ``drop-table``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from mvlog.services.commands.backends import backend_errors, connect_redis, requ
 from mvlog.services.commands.names import check_name
 from mvlog.services.commands.output import describe_schema
 from mvlog.services.commands.values import PARTITIONS, count
-from mvlog.services.view_ddl import BACKFILL_METHODS, alter_view, create_view, drop_view
+from mvlog.services.view_ddl import BACKFILL_METHODS, alter_view, create_view, drop_table, drop_view
 from mvlog.views import ViewDefinitionError
 
 
@@ -99,6 +99,22 @@ def drop_view_command(settings: Settings, name: str) -> None:
         require_kafka(settings)
         drop_view(settings, name, client=client)
     click.echo(f"Dropped view {name} (catalog entry, serving state and topic {settings.changelog_topic(name)}).")
+
+
+@click.command("drop-table")
+@click.argument("name")
+@pass_settings
+def drop_table_command(settings: Settings, name: str) -> None:
+    """Drop root table NAME: its catalog entry, rows (serving state, epoch index), snapshots and changelog topic.
+
+    Refused while views are defined on it (they are named); drop those first. Stop whatever writes into
+    NAME before dropping it.
+    """
+    client = connect_redis(settings)
+    with backend_errors(settings):
+        require_kafka(settings)
+        drop_table(settings, name, client=client)
+    click.echo(f"Dropped table {name} (catalog entry, rows, snapshots and topic {settings.changelog_topic(name)}).")
 
 
 @click.command("alter-view")
