@@ -63,6 +63,9 @@ __all__ = [
     "free_ports",
     "port_in_use",
     "port_owner",
+    "record_stack",
+    "recorded_stacks",
+    "user_state_file",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,7 @@ LOOPBACK = "127.0.0.1"
 DEFAULT_KAFKA_PORT = 19092
 DEFAULT_REDIS_PORT = 16379
 STATE_FILE = "stack.json"
+STACKS_FILE = "stacks.json"  # in the user's state folder: every stack `mvlog up` started (see user_state_file)
 
 REDIS_BIN_ENV = "MVLOG_REDIS_SERVER_BIN"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -370,8 +374,10 @@ class LocalStack:
         return self.data_dir / "redis"
 
     def env(self) -> dict[str, str]:
-        """The environment variables that point every mvlog process at this stack."""
-        return {"MVLOG_BOOTSTRAP_SERVERS": self.bootstrap_servers, "MVLOG_REDIS_URL": self.redis_url}
+        """The environment variables that point every mvlog process at this stack (its folder too, absolute,
+        so that `mvlog down` and `stack-status` find it from any directory)."""
+        return {"MVLOG_BOOTSTRAP_SERVERS": self.bootstrap_servers, "MVLOG_REDIS_URL": self.redis_url,
+                "MVLOG_STACK_DIR": str(self.data_dir.resolve())}
 
     def settings(self, **overrides: Any) -> Settings:
         from mvlog.config import Settings
@@ -658,6 +664,35 @@ def _read_state(data_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return state if isinstance(state, dict) else None
+
+
+def user_state_file() -> Path:
+    """The user's record of the stacks `mvlog up` started: ``$XDG_STATE_HOME/mvlog/stacks.json``
+    (``~/.local/state/mvlog/stacks.json`` by default)."""
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "mvlog" / STACKS_FILE
+
+
+def recorded_stacks() -> list[LocalStack]:
+    """The stacks of :func:`user_state_file` that still have their ``stack.json`` (not stopped since)."""
+    try:
+        folders = json.loads(user_state_file().read_text())
+    except (OSError, ValueError):
+        return []
+    found = [LocalStack.load(Path(folder)) for folder in folders] if isinstance(folders, list) else []
+    return [stack for stack in found if stack is not None]
+
+
+def record_stack(data_dir: Path, *, forget: bool = False) -> None:
+    """Add the stack in ``data_dir`` to :func:`user_state_file` (or remove it); stacks stopped since
+    are dropped from it on the way."""
+    folder = str(Path(data_dir).resolve())
+    kept = [str(stack.data_dir) for stack in recorded_stacks() if str(stack.data_dir) != folder]
+    path = user_state_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(kept if forget else [*kept, folder], indent=2) + "\n")
+    tmp.replace(path)
 
 
 def _port_of(address: str, default: int) -> int:

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from mvlog.catalog import CatalogError
 from mvlog.config import Settings, load_settings
-from mvlog.infra.local_stack import LocalStack, StackError
+from mvlog.infra.local_stack import LocalStack, StackError, record_stack, recorded_stacks
 from mvlog.services.commands.values import PORT, SECONDS
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -136,6 +136,9 @@ _stack_dir_option = click.option(
     default=None,
     help="Folder for the stack's pid files, logs and data (default: settings' stack_dir, .mvlog/).",
 )
+_find_help = ("Without --stack-dir, the stack is the one of the settings' stack_dir (MVLOG_STACK_DIR, exported "
+              "by `mvlog up`), else the one `mvlog up` recorded for this user at the settings' ports (or the "
+              "only one it recorded), from any directory.")
 
 
 @main.command()
@@ -160,10 +163,12 @@ def up(settings: Settings, stack_dir: Path | None, kafka_port: int | None, redis
     running = LocalStack.load(stack.data_dir)
     if running is not None and running.is_running():
         click.echo(f"A local stack is already running from {running.data_dir}.", err=True)
+        record_stack(running.data_dir)
         _print_addresses(running, settings)
         return
     fresh = not stack.kafka_dir.exists()
     report = stack.start()
+    record_stack(stack.data_dir)  # so that `mvlog down` finds it from any directory
     if report.kept:
         click.echo(f"Kept {' and '.join(report.kept)} running; started {' and '.join(report.started)} "
                    f"(data and logs in {stack.data_dir}).", err=True)
@@ -180,19 +185,40 @@ def _print_addresses(stack: LocalStack, settings: Settings) -> None:
     click.echo("Point mvlog at it with:", err=True)
     for name, value in stack.env().items():
         click.echo(f"export {name}={value}")
-    hint = "" if stack.data_dir == settings.stack_dir else f" --stack-dir {stack.data_dir}"
-    click.echo(f"Stop it with: mvlog down{hint} (its data stays; --purge deletes it)", err=True)
+    click.echo("Stop it with: mvlog down (its data stays; --purge deletes it)", err=True)
 
 
-@main.command()
+def _find_stack(settings: Settings, stack_dir: Path | None) -> tuple[Path, LocalStack | None]:
+    """The folder of the stack that `down` and `stack-status` act on, with the stack recorded there.
+
+    `mvlog up` may have run in another directory, so the relative default ``.mvlog`` is not enough: see
+    :data:`_find_help` for the order. Several recorded stacks and no way to choose is refused, naming them.
+    """
+    if stack_dir is not None:
+        return stack_dir, LocalStack.load(stack_dir)
+    if (here := LocalStack.load(settings.stack_dir)) is not None:
+        return settings.stack_dir, here
+    recorded = recorded_stacks()
+    wanted = LocalStack.from_settings(settings)
+    matching = [s for s in recorded if (s.kafka_port, s.redis_port) == (wanted.kafka_port, wanted.redis_port)]
+    explicit = bool({"bootstrap_servers", "redis_url"} & settings.model_fields_set)
+    candidates = matching if matching or explicit else recorded
+    if len(candidates) > 1:
+        raise click.ClickException("several local stacks run: " + ", ".join(str(s.data_dir) for s in candidates)
+                                   + "; choose one with --stack-dir")
+    return (candidates[0].data_dir, candidates[0]) if candidates else (settings.stack_dir, None)
+
+
+@main.command(epilog=_find_help)
 @_stack_dir_option
 @click.option("--purge", is_flag=True,
               help="Also delete the stack's data: every topic of the broker and every Redis key.")
 @pass_settings
 def down(settings: Settings, stack_dir: Path | None, purge: bool) -> None:
     """Stop the local stack started by `mvlog up`; its data stays for the next `mvlog up` unless --purge."""
-    data_dir = stack_dir or settings.stack_dir
-    stack = LocalStack.load(data_dir) or LocalStack.from_settings(settings, data_dir=data_dir)
+    data_dir, found = _find_stack(settings, stack_dir)
+    stack = found or LocalStack.from_settings(settings, data_dir=data_dir)
+    record_stack(data_dir, forget=True)
     if stack.stop():
         click.echo(f"Local stack in {data_dir} stopped.")
     else:
@@ -214,13 +240,12 @@ def _purged_what(stack: LocalStack, deleted: list[Path]) -> list[str]:
     return [names.get(folder, "data") for folder in deleted]
 
 
-@main.command("stack-status")
+@main.command("stack-status", epilog=_find_help)
 @_stack_dir_option
 @pass_settings
 def stack_status(settings: Settings, stack_dir: Path | None) -> None:
     """Show whether the local stack's broker and Redis run and answer (exit code 1 when not)."""
-    data_dir = stack_dir or settings.stack_dir
-    stack = LocalStack.load(data_dir)
+    data_dir, stack = _find_stack(settings, stack_dir)
     if stack is None:
         click.echo(f"No local stack recorded in {data_dir} (start one with `mvlog up`).")
         click.get_current_context().exit(1)
