@@ -12,6 +12,10 @@ class CatalogError(LookupError):
     pass
 
 
+class ViewDroppedError(CatalogError):
+    """The view was dropped while a process maintained it: that process stops it, and only it."""
+
+
 @dataclass(frozen=True)
 class CatalogEntry:
     name: str

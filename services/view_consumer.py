@@ -32,7 +32,7 @@ import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from mvlog.catalog import CatalogEntry, CatalogError
+from mvlog.catalog import CatalogEntry, CatalogError, ViewDroppedError
 from mvlog.changes import Change, Mutation, Op
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
@@ -340,6 +340,8 @@ class ViewConsumer:
         rebuild (its lock) instead of computing an epoch from that state."""
         if self.store.mce(self.entry.name) == (self.mce or None) and not self.catalog.wiped():
             return False
+        if self.catalog.find(self.entry.name) is None and not self.catalog.wiped():
+            raise ViewDroppedError(f"{self.entry.name}: the view was dropped while this consumer maintained it")
         self._recover()
         return True
 

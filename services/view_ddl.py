@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shutil
+import time
 
 import redis
 
 from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.consumer_lease import ConsumerLeases
 from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.retention import starts_the_log
 from mvlog.connectors.snapshot_store import SnapshotStore
@@ -92,9 +94,13 @@ def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis 
     return entry
 
 
-def drop_view(settings: Settings, name: str, *, client: redis.Redis | None = None) -> None:
-    """Drop a view (refused while other views read it, naming them), with its snapshots."""
-    drop_object(settings, name, "view", client=client)
+def drop_view(settings: Settings, name: str, *, client: redis.Redis | None = None,
+              stop_timeout: float = 60.0) -> str | None:
+    """Drop a view (refused while other views read it, naming them), with its snapshots.
+
+    A ``run-view`` process maintaining it is asked to stop that view first (its other views go on), and
+    the drop waits for it; returns that process (``host:pid``), None when no consumer ran."""
+    return drop_object(settings, name, "view", client=client, stop_timeout=stop_timeout)
 
 
 def drop_table(settings: Settings, name: str, *, client: redis.Redis | None = None) -> None:
@@ -103,7 +109,8 @@ def drop_table(settings: Settings, name: str, *, client: redis.Redis | None = No
     drop_object(settings, name, "table", client=client)
 
 
-def drop_object(settings: Settings, name: str, kind: str, *, client: redis.Redis | None = None) -> None:
+def drop_object(settings: Settings, name: str, kind: str, *, client: redis.Redis | None = None,
+                stop_timeout: float = 60.0) -> str | None:
     """Drop table or view ``name`` (``kind`` must be its kind): a table keeps the same things a view does
     (catalog entry, serving state and epoch index in Redis, snapshots, changelog topic), so both go the
     same way and nothing of either is left behind."""
@@ -116,6 +123,7 @@ def drop_object(settings: Settings, name: str, kind: str, *, client: redis.Redis
         verb, them = ("depends", "it") if len(dependents) == 1 else ("depend", "them")
         raise DependentViewsError(f"cannot drop {entry.kind} {name!r}: {', '.join(dependents)} {verb} on it; "
                                   f"drop {them} first")
+    stopped = _stop_consumer(client, settings.topic_prefix, name, stop_timeout)
     catalog.delete(name)
     ViewStore(client, settings.topic_prefix).drop(name, entry.partitions)
     ReplacementStore(client, settings.topic_prefix).forget(name)
@@ -123,6 +131,23 @@ def drop_object(settings: Settings, name: str, kind: str, *, client: redis.Redis
         shutil.rmtree(snapshot.path, ignore_errors=True)
     delete_topic(settings, settings.changelog_topic(name))
     catalog.close()
+    return stopped
+
+
+def _stop_consumer(client: redis.Redis, prefix: str, name: str, timeout: float) -> str | None:
+    """Ask the process holding ``name``'s consumer lease to stop it, and wait until it let go (a drop under
+    a running consumer would otherwise fail it half-way through an epoch)."""
+    leases = ConsumerLeases(client, prefix)
+    if (holder := leases.holder(name)) is None:
+        return None
+    leases.request_stop(name, f"drop-view {name} asked for it")
+    deadline = time.monotonic() + timeout
+    while leases.holder(name) is not None:
+        if time.monotonic() > deadline:
+            raise CatalogError(f"cannot drop {name!r}: its consumer ({holder}) did not stop within {timeout:.0f} s; "
+                               f"stop its mvlog run-view first")
+        time.sleep(0.1)
+    return holder
 
 
 def alter_view(settings: Settings, name: str, *, client: redis.Redis | None = None,

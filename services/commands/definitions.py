@@ -88,8 +88,8 @@ def create_view_command(settings: Settings, name: str, definition: tuple[str, ..
 def drop_view_command(settings: Settings, name: str) -> None:
     """Drop view NAME: its catalog entry, serving state and changelog topic.
 
-    Refused while other views are defined on it (they are named); drop those first. Stop the view's
-    `mvlog run-view` before dropping it.
+    Refused while other views are defined on it (they are named); drop those first. A `mvlog run-view`
+    maintaining it is asked to stop this view first (its other views go on); the drop waits for that.
     """
     client = connect_redis(settings)
     with backend_errors(settings):
@@ -97,7 +97,9 @@ def drop_view_command(settings: Settings, name: str) -> None:
         if entry.kind != "view":
             raise click.ClickException(f"{name!r} is a {entry.kind}, not a view")
         require_kafka(settings)
-        drop_view(settings, name, client=client)
+        stopped = drop_view(settings, name, client=client)
+    if stopped is not None:
+        click.echo(f"Stopped its consumer in run-view process {stopped} (the process goes on with its other views).")
     click.echo(f"Dropped view {name} (catalog entry, serving state and topic {settings.changelog_topic(name)}).")
 
 

@@ -1,27 +1,34 @@
 """``mvlog run-view``: maintain views in the foreground until SIGINT/SIGTERM.
 
 One Spark session (local mode by default) runs one :class:`ViewConsumer` per view. The first SIGINT or
-SIGTERM stops every consumer cleanly (exit code 0); a second one aborts at once. A consumer that fails
-marks its view 'failed' with the reason, stops the others and exits with code 1. Killing the process
-(SIGKILL) is safe too: each epoch is committed atomically, and a restarted consumer carries on from
-the view's MCE.
+SIGTERM stops every consumer cleanly; a second one aborts at once. One view's trouble stays with that
+view: a consumer that fails (or cannot start) marks its view 'failed' with the reason and stops alone,
+a view dropped meanwhile stops alone (``drop-view`` asks through the view's consumer lease,
+:mod:`mvlog.connectors.consumer_lease`), and the others go on. The process exits when every view
+stopped or on a signal, with code 1 if a view failed. Killing the process (SIGKILL) is safe too: each
+epoch is committed atomically, and a restarted consumer carries on from the view's MCE.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import click
+import redis
 
+from mvlog.catalog import ViewDroppedError
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.view_store import Lifecycle
+from mvlog.connectors.consumer_lease import ConsumerLeases, holder_id
+from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.backfill_progress import BackfillBars
@@ -32,6 +39,8 @@ if TYPE_CHECKING:  # pyspark is imported when the command runs, so `mvlog --help
     from pyspark.sql.streaming.query import StreamingQuery
 
     from mvlog.services.view_consumer import ViewConsumer
+
+log = logging.getLogger(__name__)
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -68,41 +77,121 @@ def _short(error: BaseException | object, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _supervise(consumers: Sequence[ViewConsumer], queries: Sequence[StreamingQuery], stop: _StopOnSignal,
-               progress_interval: float, verbose: bool) -> str | None:
-    """Wait for a stop signal or a failed query; returns the failure (None after a signal)."""
-    reported = {c.entry.name: c.mce for c in consumers}
-    next_report = time.monotonic() + progress_interval
-    with BackfillBars(consumers) as bars:
-        return _watch(consumers, queries, stop, progress_interval, verbose, reported, next_report, bars)
+@dataclass
+class _Running:
+    """One view this process maintains: its consumer, its streaming query, and its lease."""
+
+    consumer: ViewConsumer
+    query: StreamingQuery
+
+    @property
+    def name(self) -> str:
+        return self.consumer.entry.name
 
 
-def _watch(consumers: Sequence[ViewConsumer], queries: Sequence[StreamingQuery], stop: _StopOnSignal,
-           progress_interval: float, verbose: bool, reported: dict[str, int], next_report: float,
-           bars: BackfillBars) -> str | None:
-    while not stop.requested.wait(0.2):
-        bars.update()
-        for consumer, query in zip(consumers, queries, strict=True):
-            error = query.exception() or consumer.failure()  # an apply fails the query only at the next micro-batch
-            if error is None and query.isActive:
-                continue
-            reason = _short(error) if error is not None else "the streaming query stopped"
-            if verbose and error is not None:
-                click.echo(str(error), err=True)
-            consumer.store.set_lifecycle(consumer.entry.name, Lifecycle.FAILED, reason)
-            return f"view {consumer.entry.name} failed at {describe_epoch(consumer.mce)}: {reason}"
-        if progress_interval > 0 and time.monotonic() >= next_report:
-            next_report = time.monotonic() + progress_interval
-            for consumer in consumers:
-                if consumer.mce != reported[consumer.entry.name]:
-                    reported[consumer.entry.name] = consumer.mce
-                    backfill = consumer.backfill
-                    figures = (f"; backfill {backfill.rows_done:,}/{backfill.rows_total:,} rows, "
-                               f"{backfill.meter.rate():,.0f} rows/s" if backfill is not None else "")
-                    click.echo(f"{consumer.entry.name}: {describe_epoch(consumer.mce)}, "
-                               f"{consumer.epochs_applied} epoch(s) applied{figures}", err=True)
-    click.echo(f"{stop.signal_name}: stopping {', '.join(c.entry.name for c in consumers)}...", err=True)
-    return None
+class _Supervisor:
+    """Watches the views of one run-view process: progress lines, lease renewals, and each view's end (a
+    failure, a drop, a stop request) handled for that view alone."""
+
+    def __init__(self, settings: Settings, client: redis.Redis, progress_interval: float, verbose: bool) -> None:
+        self.catalog = CatalogStore(settings, client)
+        self.leases = ConsumerLeases(client, settings.topic_prefix)
+        self.holder = holder_id()
+        self.progress_interval = progress_interval
+        self.verbose = verbose
+        self.running: dict[str, _Running] = {}
+        self.failures: list[str] = []
+        self._reported: dict[str, int] = {}
+        self._next_report = time.monotonic() + progress_interval
+        self._held: set[str] = set()
+        self._closed = threading.Event()
+        # Renewed on a thread of its own: starting a view (its catch-up) can take longer than a lease.
+        self._renewer = threading.Thread(target=self._renew, name="mvlog-consumer-leases", daemon=True)
+        self._renewer.start()
+
+    def claim(self, name: str) -> None:
+        """Hold ``name``'s lease from before its consumer starts, so ``drop-view`` sees it running."""
+        self._held.add(name)
+        self.leases.hold(name, self.holder)
+
+    def add(self, consumer: ViewConsumer, query: StreamingQuery) -> None:
+        self.running[consumer.entry.name] = _Running(consumer, query)
+        self._reported[consumer.entry.name] = consumer.mce
+
+    def _renew(self) -> None:
+        while not self._closed.wait(1.0):
+            for name in list(self._held):
+                try:
+                    self.leases.hold(name, self.holder)
+                except redis.RedisError as error:  # Redis away: the lease lapses, nothing else depends on it
+                    log.debug("lease of %s: %s", name, error)
+
+    def fail(self, name: str, error: BaseException | str) -> None:
+        """Mark ``name`` failed with the reason, unless it was dropped (then there is nothing to mark)."""
+        if isinstance(error, ViewDroppedError) or (self.catalog.find(name) is None and not self.catalog.wiped()):
+            click.echo(f"{name}: the view was dropped; stopped it", err=True)
+            return
+        reason = _short(error) if isinstance(error, BaseException) else error
+        if self.verbose and isinstance(error, BaseException):
+            click.echo(str(error), err=True)
+        ViewStore(self.catalog.redis, self.leases.prefix).set_lifecycle(name, Lifecycle.FAILED, reason)
+        self.failures.append(f"view {name} failed: {reason}")
+        others = f"; {', '.join(n for n in self.running if n != name)} go on" if len(self.running) > 1 else ""
+        click.echo(f"{name}: failed: {reason}{others}", err=True)
+
+    def watch(self, stop: _StopOnSignal, bars: BackfillBars) -> None:
+        """Until a stop signal or until no view is left."""
+        while self.running and not stop.requested.wait(0.2):
+            bars.update()
+            for name, view in list(self.running.items()):
+                if (request := self.leases.stop_requested(name)) is not None:
+                    click.echo(f"{name}: stopping it alone: {request}", err=True)
+                    self.stop_one(name)
+                    continue
+                error = view.query.exception() or view.consumer.failure()  # an apply fails the query later
+                if error is None and view.query.isActive:
+                    continue
+                self.fail(name, error if error is not None else "the streaming query stopped")
+                self.stop_one(name)
+            self._report_progress()
+        if stop.requested.is_set():
+            click.echo(f"{stop.signal_name}: stopping {', '.join(self.running)}...", err=True)
+
+    def stop_one(self, name: str) -> None:
+        """Stop one view's consumer cleanly, then give its lease back (``drop-view`` waits for that)."""
+        view = self.running.pop(name)
+        _wait_between_triggers(view.query)
+        try:
+            view.consumer.stop()
+        except Exception as error:  # a failed query raises again on stop: reported already
+            log.debug("%s: stopping: %s", name, error)
+        finally:
+            self.release(name)
+
+    def release(self, name: str) -> None:
+        self._held.discard(name)
+        self.leases.release(name, self.holder)
+
+    def stop_all(self) -> None:
+        for name in list(self.running):
+            self.stop_one(name)
+        self._closed.set()
+        for name in list(self._held):
+            self.release(name)
+
+    def _report_progress(self) -> None:
+        if self.progress_interval <= 0 or time.monotonic() < self._next_report:
+            return
+        self._next_report = time.monotonic() + self.progress_interval
+        for name, view in self.running.items():
+            consumer = view.consumer
+            if consumer.mce != self._reported[name]:
+                self._reported[name] = consumer.mce
+                backfill = consumer.backfill
+                figures = (f"; backfill {backfill.rows_done:,}/{backfill.rows_total:,} rows, "
+                           f"{backfill.meter.rate():,.0f} rows/s" if backfill is not None else "")
+                click.echo(f"{name}: {describe_epoch(consumer.mce)}, {consumer.epochs_applied} epoch(s) applied"
+                           f"{figures}", err=True)
 
 
 def _wait_between_triggers(query: StreamingQuery, timeout: float = 10.0) -> None:
@@ -137,7 +226,6 @@ def run_view(settings: Settings, names: tuple[str, ...], progress_interval: floa
     """
     views = list(dict.fromkeys(names))
     client = connect_redis(settings)
-    failure: str | None = None
     with backend_errors(settings):
         catalog = CatalogStore(settings, client)
         for name in views:
@@ -148,37 +236,49 @@ def run_view(settings: Settings, names: tuple[str, ...], progress_interval: floa
         from mvlog.services.view_consumer import ViewConsumer
 
         spark = spark_session(settings, app_name=f"mvlog-run-view-{'-'.join(views)}")
+        supervisor = _Supervisor(settings, client, progress_interval, verbose)
         consumers: list[ViewConsumer] = []
-        queries: list[StreamingQuery] = []
         try:
             with _StopOnSignal() as stop:
                 for name in views:
                     if stop.requested.is_set():
                         break
-                    consumer = ViewConsumer(settings, name, spark=spark, client=client)
+                    supervisor.claim(name)
+                    try:
+                        consumer = ViewConsumer(settings, name, spark=spark, client=client)
+                    except Exception as error:  # this view cannot start: it stops alone, the others go on
+                        supervisor.fail(name, error)
+                        supervisor.release(name)
+                        continue
                     consumers.append(consumer)
-                    if (snapshot := consumer.snapshot_backfill) is not None:
-                        click.echo(f"{name}: loading {snapshot.upstream.name}'s snapshot at "
-                                   f"{describe_epoch(snapshot.epoch)} ({snapshot.record.rows:,} rows)...", err=True)
-                    queries.append(consumer.start(partial(_report_catch_up, name)))
-                    start = f"above {describe_epoch(consumer.mce)}" if consumer.mce else "from the start"
-                    if consumer.backfill is not None:
-                        done = consumer.backfill.rows_done
-                        start = (f"backfilling online from {describe_epoch(consumer.backfill.start_epoch)}"
-                                 + (f", resuming after {done:,} row(s)" if done else ""))
-                    click.echo(f"{name}: maintaining from {', '.join(consumer.entry.sources)}, {start}", err=True)
-                failure = _supervise(consumers, queries, stop, progress_interval, verbose)
+                    try:
+                        if (snapshot := consumer.snapshot_backfill) is not None:
+                            click.echo(f"{name}: loading {snapshot.upstream.name}'s snapshot at "
+                                       f"{describe_epoch(snapshot.epoch)} ({snapshot.record.rows:,} rows)...",
+                                       err=True)
+                        supervisor.add(consumer, consumer.start(partial(_report_catch_up, name)))
+                    except Exception as error:
+                        supervisor.fail(name, error)
+                        with contextlib.suppress(Exception):
+                            consumer.stop()
+                        supervisor.release(name)
+                        continue
+                    click.echo(f"{name}: maintaining from {', '.join(consumer.entry.sources)}, "
+                               f"{_starting_point(consumer)}", err=True)
+                with BackfillBars(consumers) as bars:
+                    supervisor.watch(stop, bars)
         finally:
-            for index, consumer in enumerate(consumers):
-                if index < len(queries):
-                    _wait_between_triggers(queries[index])
-                try:
-                    consumer.stop()
-                except Exception as error:  # a failed query raises again on stop: already reported
-                    if failure is None:
-                        failure = f"view {consumer.entry.name}: stopping failed: {_short(error)}"
+            supervisor.stop_all()
             spark.stop()
     for consumer in consumers:
         click.echo(f"{consumer.entry.name}: stopped at {describe_epoch(consumer.mce or None)}", err=True)
-    if failure is not None:
-        raise click.ClickException(failure)
+    if supervisor.failures:
+        raise click.ClickException("; ".join(supervisor.failures))
+
+
+def _starting_point(consumer: ViewConsumer) -> str:
+    if consumer.backfill is not None:
+        done = consumer.backfill.rows_done
+        return (f"backfilling online from {describe_epoch(consumer.backfill.start_epoch)}"
+                + (f", resuming after {done:,} row(s)" if done else ""))
+    return f"above {describe_epoch(consumer.mce)}" if consumer.mce else "from the start"
