@@ -53,6 +53,15 @@ LOCK_TIMEOUT_S = 600.0  # how long a process waits for another one's rebuild
 LOCK_LEASE_S = 15.0  # the rebuild lock's lease, renewed while the rebuild runs
 
 
+def _rebuild_lock_name(prefix: str) -> str:
+    return f"{prefix}:control-plane:rebuild"
+
+
+def rebuild_running(client: redis.Redis, prefix: str) -> bool:
+    """Whether a process holds the rebuild's lock right now."""
+    return bool(client.exists(_rebuild_lock_name(prefix)))
+
+
 @contextmanager
 def _rebuild_lock(client: redis.Redis, name: str) -> Iterator[None]:
     """The lock of one rebuild, its lease renewed every third of :data:`LOCK_LEASE_S` while held.
@@ -125,7 +134,7 @@ def ensure_control_plane(settings: Settings, client: redis.Redis,
     catalog = CatalogStore(settings, client)
     if not catalog.wiped():
         return False
-    with _rebuild_lock(client, f"{settings.topic_prefix}:control-plane:rebuild"):
+    with _rebuild_lock(client, _rebuild_lock_name(settings.topic_prefix)):
         if not catalog.wiped():
             return False  # another process rebuilt it while we waited
         started = time.monotonic()
@@ -151,6 +160,8 @@ def ensure_control_plane(settings: Settings, client: redis.Redis,
                 continue
             if tail.held is not None:
                 held[name] = tail
+            if tail.last_committed and store.lifecycle(name) is None:  # a backfill's epochs restored their own
+                store.set_lifecycle(name, Lifecycle.LIVE)
             for source in entry.sources:  # this view's epochs prove its upstreams' last ones committed
                 waiting = held.get(source)
                 if waiting is not None and waiting.held is not None and (

@@ -15,6 +15,7 @@ from mvlog.connectors.view_store import ViewStore
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis
 from mvlog.services.commands.output import age, epoch_time, output_option, print_json, print_table
+from mvlog.services.commands.serving_state import require_serving_state
 
 
 def _int(value: str | None) -> int | None:
@@ -50,6 +51,7 @@ def views(settings: Settings, output: str) -> None:
     """
     client = connect_redis(settings)
     with backend_errors(settings):
+        require_serving_state(settings, client)
         records = describe_all(client, settings)
     if output == "json":
         print_json(records)

@@ -23,6 +23,7 @@ from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis
 from mvlog.services.commands.output import describe_epoch, epoch_time, output_option, print_json, print_table
+from mvlog.services.commands.serving_state import require_serving_state
 from mvlog.services.commands.values import parse_text
 
 
@@ -106,6 +107,7 @@ def _parse_views(text: str) -> list[str]:
 def _read_many(settings: Settings, names: list[str], output: str) -> None:
     client = connect_redis(settings)
     with backend_errors(settings):
+        require_serving_state(settings, client)
         catalog = CatalogStore(settings, client)
         entries = [catalog.get(name) for name in names]
         store = ViewStore(client, settings.topic_prefix)
@@ -149,6 +151,7 @@ def read(settings: Settings, view: str | None, views_text: str | None, key_value
         raise click.UsageError("name a VIEW to read, or several with --views A,B")
     client = connect_redis(settings)
     with backend_errors(settings):
+        require_serving_state(settings, client)
         entry = CatalogStore(settings, client).get(view)
         key = parse_key(entry.schema, key_values) if key_values else None
         store = ViewStore(client, settings.topic_prefix)

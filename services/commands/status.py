@@ -23,6 +23,7 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis
 from mvlog.services.commands.output import age, console, output_option, print_json
+from mvlog.services.commands.serving_state import require_serving_state
 from mvlog.services.commands.values import seconds
 from mvlog.services.lag_sampler import LagMonitor, LagSampler
 from mvlog.services.status_snapshot import PipelineSnapshot, take_snapshot
@@ -132,6 +133,8 @@ def lag_table(snapshot: PipelineSnapshot, only: tuple[str, ...]) -> Table:
 def _run(settings: Settings, watch: float | None, output: str, render: Callable[[PipelineSnapshot], Table],
          document: Callable[[PipelineSnapshot], Any]) -> None:
     client = connect_redis(settings)
+    with backend_errors(settings):
+        require_serving_state(settings, client)
     if watch is None:
         with backend_errors(settings):
             snapshot = take_snapshot(settings, client)
