@@ -1,1 +1,12 @@
-"""placeholder"""
+"""The processes and operations of mvlog, built on the pure core and the connectors.
+
+* Writers and consumers: ``table_writer`` (a root table's epochs), ``view_consumer`` with
+  ``micro_batch_worker`` (a view maintained on Spark), ``backfill`` and ``snapshot_backfill`` (a new view
+  on a live upstream), ``replacements``, ``replacement_hydration`` and ``replacement_follower`` (replacing
+  a view's definition in place).
+* Control plane: ``view_ddl`` (create, drop, alter), ``control_plane`` and ``state_rebuild`` (Redis
+  rebuilt from Kafka after a wipe), ``snapshot_compaction``, ``redelivery`` and ``rederive`` (replay),
+  ``lag_sampler``, ``status_snapshot``.
+* Processes users run: ``cli`` with ``commands/`` (the ``mvlog`` command), ``log_cache/`` (the Faust log
+  cache worker), ``dashboard/`` (the lag web page), ``spark_session``, ``http_auth``.
+"""
