@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import redis
 
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.change_rows import BARRIER
 
@@ -96,7 +96,7 @@ def sub_range(part: PartitionRange, after: int, upto: int) -> PartitionRange:
 def read_with_cache(part: PartitionRange, from_kafka: KafkaRead) -> Iterator[pa.RecordBatch]:
     """The planned epochs of ``part`` in order, each exactly once, from the cache where it can."""
     settings = Settings.model_validate_json(part.settings_json)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client.connect(settings)
     registry = CacheRegistry(client, settings.topic_prefix)
     planned = [epoch for epoch, _ in part.barriers]
     from_cache = 0

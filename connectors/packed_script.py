@@ -18,11 +18,21 @@ from redis.exceptions import NoScriptError
 
 
 def run_script(client: redis.Redis, script: Script, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
-    """``script(keys=keys, args=args)``: the same reply, the same errors."""
+    """``script(keys=keys, args=args)``: the same reply, the same errors, the same retries (the client's
+    policy: :mod:`mvlog.connectors.redis_client` waits through a Redis restart, whose empty script cache
+    the NOSCRIPT fallback refills)."""
     if type(client) is not redis.Redis:  # another client (a cluster, a pipeline): its own way
         return script(keys=keys, args=args)
     command: tuple[Any, ...] = ("EVALSHA", script.sha, len(keys), *keys, *args)
     packed = [bytes(pack_command(command))]
+    retry = client.get_retry()
+    if retry is None:
+        return _evalsha(client, script, packed)
+    return retry.call_with_retry(lambda: _evalsha(client, script, packed), lambda _error: None)
+
+
+def _evalsha(client: redis.Redis, script: Script, packed: list[bytes]) -> Any:
+    """One attempt on a connection of the client's pool (a broken connection is closed, not reused)."""
     pool = client.connection_pool
     conn: Any = pool.get_connection()
     try:

@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import redis
 from confluent_kafka import Consumer, Message, TopicPartition
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings, load_settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import SignedRowBuilder, arrow_schema
 from mvlog.connectors.changelog_reader import ChangelogReadError, reader_consumer
@@ -210,7 +210,7 @@ class _Planner:
     @property
     def index(self) -> EpochIndex:
         if self._index is None:  # made lazily: Spark pickles the reader, and a Redis client cannot be
-            self._index = EpochIndex(redis.Redis.from_url(self.settings.redis_url), self.settings.topic_prefix)
+            self._index = EpochIndex(redis_client.connect(self.settings), self.settings.topic_prefix)
         return self._index
 
     def __getstate__(self) -> dict[str, Any]:
@@ -316,7 +316,7 @@ class MvlogDataSource(DataSource):
                                        ("redis_url", self.options.get("redisUrl")),
                                        ("topic_prefix", self.options.get("topicPrefix"))) if v}
         self.settings = load_settings(**overrides)
-        client = redis.Redis.from_url(self.settings.redis_url)
+        client = redis_client.connect(self.settings)
         self.entry = CatalogStore(self.settings, client).get(self.options["view"])
 
     def schema(self) -> str:
@@ -353,7 +353,7 @@ class _StreamReader(DataSourceStreamReader):
         self._start = _parse_epoch(options.get("startingEpoch"), "latest", self._planner.latest_epoch())
         self._max_epochs = _positive_int(options, "maxEpochsPerTrigger")
         self._max_records = _positive_int(options, "maxRecordsPerTrigger")
-        client = redis.Redis.from_url(settings.redis_url)
+        client = redis_client.connect(settings)
         catalog = CatalogStore(settings, client)
         self._aligned = [_Planner(settings, catalog.get(v.strip()))
                          for v in (options.get("alignWith") or "").split(",") if v.strip()]

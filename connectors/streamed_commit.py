@@ -24,11 +24,17 @@ its rows and members are written at once (not queued) under staged keys of this 
 redis-server stores them while Python still encodes, and after the Kafka commit one script checks the MCE,
 that the view is still empty and that everything staged is there, and renames the staged keys into place
 (O(1)). Staged keys expire (:data:`STAGE_TTL_S`), so those of a writer killed meanwhile go away by themselves.
+
+The transaction's connection is its own, outside the client's retry policy; when it breaks (Redis
+restarted), nothing queued on it applies (or EXEC did, and the MCE says so) and :meth:`StreamedCommit.finish`
+commits the epoch with the script, which the client retries until Redis is back
+(:mod:`mvlog.connectors.redis_client`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Mapping
@@ -39,6 +45,11 @@ from hiredis import pack_command  # redis[hiredis] is a dependency: packs a whol
 
 from mvlog.connectors.epoch_index import IndexEntry, epoch_hex, index_member
 from mvlog.connectors.view_store import ServingStateLostError, ViewStore
+
+log = logging.getLogger(__name__)
+
+#: A broken connection (Redis went away): the epoch is committed by the script instead.
+_LOST = (redis.ConnectionError, redis.TimeoutError)
 
 CHUNK = 4096  # fields (or members) per queued command: big enough to be cheap, small enough to overlap
 STAGE_TTL_S = 3600  # staged keys of an epoch whose writer died before renaming them expire after this
@@ -125,6 +136,9 @@ class StreamedCommit:
                 self._staged = True
                 self._rows = self.store.key(self.view, f"rows.stage.{token}")
                 self._order = self.store.key(self.view, f"keyorder.stage.{token}")
+        except _LOST as error:
+            self._lost(conn, error)
+            return
         except BaseException:
             self._drop(conn)
             raise
@@ -162,11 +176,12 @@ class StreamedCommit:
             self._queued += 1 + len(index)
             packed.append(self._pack(("EXEC",)))
             self._write(packed)
-            applied = self._replies()
-            if applied:
+            if self._conn is not None and self._replies():
                 return True
-        # Not watched (the MCE was not ``follows``), something touched the meta meanwhile, or the staged
-        # keys could not be swapped in: the script decides.
+        # Not watched (the MCE was not ``follows``), something touched the meta meanwhile, the staged keys
+        # could not be swapped in, or the connection broke: the script decides.
+        if self._staged:
+            self._forget_staged()
         return self.store.commit_rows(self.view, self.epoch, self.row_kv, self.row_deletes, self.order_puts,
                                       self.order_deletes, index, follows=self.follows)
 
@@ -189,9 +204,14 @@ class StreamedCommit:
         if packed:
             self._write(packed)
         conn, self._conn = self._conn, None
+        if conn is None:  # the connection broke
+            return -2
         try:
             for _ in range(self._queued):
                 conn.read_response()  # HSET / ZADD / EXPIRE counts (an error raises: the epoch is not applied)
+        except _LOST as error:
+            self._lost(conn, error)
+            return -2  # the usual way (finish forgets the staged keys)
         except BaseException:
             self._drop(conn)
             self._forget_staged()
@@ -234,6 +254,9 @@ class StreamedCommit:
     def _write(self, packed: list[bytes]) -> None:
         try:
             self._conn.send_packed_command(packed, check_health=False)
+        except _LOST as error:
+            conn, self._conn = self._conn, None
+            self._lost(conn, error)
         except BaseException:
             self.abort()
             raise
@@ -245,6 +268,9 @@ class StreamedCommit:
             for _ in range(self._queued):
                 conn.read_response()  # +QUEUED (an error here makes EXEC refuse the whole transaction)
             results = conn.read_response()
+        except _LOST as error:  # EXEC applied or not: the script finds out from the MCE
+            self._lost(conn, error)
+            return False
         except BaseException:
             self._drop(conn)
             raise
@@ -255,6 +281,11 @@ class StreamedCommit:
         if failed:
             raise redis.ResponseError(f"{self.view}: epoch {self.epoch}: a command of the commit failed: {failed[0]}")
         return True
+
+    def _lost(self, conn: Any, error: Exception) -> None:
+        log.info("%s: epoch %d: the streamed commit's connection broke (%s): committing with the script",
+                 self.view, self.epoch, error)
+        self._drop(conn)
 
     def _drop(self, conn: Any) -> None:
         conn.disconnect()

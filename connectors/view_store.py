@@ -277,6 +277,14 @@ class ViewStore:
         value = self.redis.hget(self._key(view, "meta"), "mce")
         return int(value) if value is not None else None
 
+    def holds(self, view: str, epoch: int) -> bool:
+        """After a commit of ``epoch`` was refused: True when the MCE is exactly ``epoch``, which then counts
+        as applied. The client retries a command whose reply a Redis restart lost, and the retry of an
+        applied commit is refused (at the MCE); a commit is retried only by the writer that owns the epoch
+        (its Kafka transaction committed it), so the MCE at that epoch is this commit's. An MCE above it
+        is another writer's: still a refusal."""
+        return self.mce(view) == epoch
+
     def mce_many(self, views: Sequence[str]) -> dict[str, int | None]:
         pipe = self.redis.pipeline(transaction=False)
         for view in views:

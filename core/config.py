@@ -46,6 +46,10 @@ class Settings(BaseSettings):
 
     bootstrap_servers: str = "127.0.0.1:19092"
     redis_url: str = "redis://127.0.0.1:16379/0"
+    # How long a Redis command waits for Redis to answer again (a redis-server restarted from its
+    # append-only file, a failover) before it raises: every mvlog process rides out shorter outages
+    # (mvlog.connectors.redis_client). 0: raise at once.
+    redis_outage_timeout_s: float = Field(default=120.0, ge=0, le=86_400)
     topic_prefix: str = "mvlog"
     partitions: int = Field(default=4, ge=1, le=256)
     replication_factor: int = Field(default=1, ge=1)

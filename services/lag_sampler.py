@@ -24,6 +24,7 @@ from collections import deque
 import redis
 
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.lag_store import LagStore
 from mvlog.connectors.view_store import ViewStore
@@ -74,7 +75,7 @@ class LagSampler:
 
     def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.settings = settings
-        self.client = client or redis.Redis.from_url(settings.redis_url)
+        self.client = client or redis_client.connect(settings)
         self.monitor = LagMonitor(settings, self.client)
         self.interval_s = settings.lag_sample_interval_ms / 1000
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"

@@ -23,6 +23,7 @@ import redis
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.replacement_store import ReplacementRecord, ReplacementStore
 from mvlog.connectors.view_store import ViewStore
@@ -53,7 +54,7 @@ class AppliedReplacement:
 
 
 def _stores(settings: Settings, client: redis.Redis | None) -> tuple[CatalogStore, ReplacementStore, ViewStore]:
-    client = client or redis.Redis.from_url(settings.redis_url)
+    client = client or redis_client.connect(settings)
     return (CatalogStore(settings, client), ReplacementStore(client, settings.topic_prefix),
             ViewStore(client, settings.topic_prefix))
 
@@ -179,7 +180,7 @@ def _why_waiting(record: ReplacementRecord, start_mce: int | None, view_mce: int
 def apply_replacement(settings: Settings, view: str, *, timeout: float = 60.0, client: redis.Redis | None = None,
                       on_wait: Callable[[ReplacementRecord, int | None], None] | None = None) -> AppliedReplacement:
     """Apply the staged replacement at the view's next epoch (at or after its MCE); waits up to ``timeout``."""
-    client = client or redis.Redis.from_url(settings.redis_url)
+    client = client or redis_client.connect(settings)
     replacement_id = request_apply(settings, view, client=client)
     return wait_for_apply(settings, view, replacement_id, timeout, client=client, on_wait=on_wait)
 

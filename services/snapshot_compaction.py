@@ -31,6 +31,7 @@ from pyspark.sql import functions as sf
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.checkpoints import latest_checkpoint
 from mvlog.connectors.retention import low_watermarks, starts_the_log, topic_config
@@ -184,7 +185,7 @@ def build_snapshot(settings: Settings, view: str, spark: SparkSession, *, client
     """Write and record a snapshot of ``view`` (a table or a view) at ``epoch`` (default: its newest
     checkpoint epoch, the MCE itself unless barriers are checkpoints only every Nth epoch)."""
     stage = on_stage or (lambda _: None)
-    client = client or redis.Redis.from_url(settings.redis_url)
+    client = client or redis_client.connect(settings)
     catalog = CatalogStore(settings, client)
     entry = catalog.get(view)
     store = ViewStore(client, settings.topic_prefix)

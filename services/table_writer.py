@@ -19,6 +19,7 @@ import redis
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Op
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.backpressure import Backpressure
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch
@@ -150,7 +151,7 @@ class Table:
         self._key_of = _key_getter(self.schema.primary_key)
         # Only string and bytes columns can make a row too large for one Kafka record: checked per row.
         self._sized_columns = [c.name for c in self.schema.columns if c.type in (ColumnType.STRING, ColumnType.BYTES)]
-        self._redis = client or redis.Redis.from_url(settings.redis_url)
+        self._redis = client or redis_client.connect(settings)
         self.store = ViewStore(self._redis, settings.topic_prefix)
         # The writer's init_transactions fences any earlier writer before we read the log's tail.
         self._writer = ChangelogWriter(settings, entry.name, entry.key_columns, entry.partitions)
@@ -189,7 +190,7 @@ class Table:
     def create(cls, settings: Settings, name: str, columns: Mapping[str, str], primary_key: Sequence[str],
                *, partitions: int | None = None, client: redis.Redis | None = None,
                exist_ok: bool = False, **kwargs: Any) -> Table:
-        client = client or redis.Redis.from_url(settings.redis_url)
+        client = client or redis_client.connect(settings)
         catalog = CatalogStore(settings, client)
         existing = catalog.find(name)
         if existing is not None:
@@ -206,7 +207,7 @@ class Table:
 
     @classmethod
     def open(cls, settings: Settings, name: str, client: redis.Redis | None = None, **kwargs: Any) -> Table:
-        client = client or redis.Redis.from_url(settings.redis_url)
+        client = client or redis_client.connect(settings)
         return cls(settings, CatalogStore(settings, client).get(name), client, **kwargs)
 
     # --- writing ----------------------------------------------------------------------------------
@@ -354,9 +355,13 @@ class Table:
             self._prev_epoch = epoch
             self._last_committed = committed.index
             try:
-                staged.finish(committed.index)
+                applied = staged.finish(committed.index) or self.store.holds(self.entry.name, epoch)
             except ServingStateLostError:
                 self._recover()  # rolls Redis forward over this epoch too
+                applied = True
+            if not applied:
+                raise RuntimeError(f"table {self.entry.name}: epoch {epoch} is below the MCE in Redis "
+                                   f"({self.store.mce(self.entry.name)}); another writer of the table is running")
             return committed
 
     def _chunks(self, epoch: int, changes: list[_Change], staged: StreamedCommit

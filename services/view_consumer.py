@@ -35,6 +35,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from mvlog.catalog import CatalogEntry, CatalogError, ViewDroppedError
 from mvlog.changes import Change, Mutation, Op
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import epoch_slices, one_change_per_key
 from mvlog.connectors.changelog_writer import (
@@ -114,7 +115,7 @@ class ViewConsumer:
                  client: redis.Redis | None = None, max_epochs_per_trigger: int | None = None,
                  trigger_interval: str = "200 milliseconds") -> None:
         self.settings = settings
-        self._redis = client or redis.Redis.from_url(settings.redis_url)
+        self._redis = client or redis_client.connect(settings)
         self.catalog = CatalogStore(settings, self._redis)
         self.entry = self.catalog.get(view)
         if self.entry.kind != "view" or self.entry.sql is None:
@@ -319,7 +320,7 @@ class ViewConsumer:
         was wiped meanwhile, roll it forward from Kafka instead."""
         self._last_committed = index
         try:
-            applied = commit()
+            applied = commit() or self.store.holds(self.entry.name, epoch)  # a retry of an applied commit
             lost = self.catalog.wiped()  # committed, or refused, into a Redis that another process rebuilds
         except ServingStateLostError:
             applied, lost = False, True

@@ -9,6 +9,7 @@ import redis
 
 from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.consumer_lease import ConsumerLeases
 from mvlog.connectors.replacement_store import ReplacementStore
@@ -76,7 +77,7 @@ def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis 
     """Register view ``name``; nothing is created when the definition is refused."""
     if backfill not in BACKFILL_METHODS:
         raise CatalogError(f"unknown backfill method {backfill!r}; known: {', '.join(BACKFILL_METHODS)}")
-    client = client or redis.Redis.from_url(settings.redis_url)
+    client = client or redis_client.connect(settings)
     catalog = CatalogStore(settings, client)
     if (existing := catalog.find(name)) is not None:
         raise CatalogError(f"{existing.kind} {name!r} already exists")
@@ -114,7 +115,7 @@ def drop_object(settings: Settings, name: str, kind: str, *, client: redis.Redis
     """Drop table or view ``name`` (``kind`` must be its kind): a table keeps the same things a view does
     (catalog entry, serving state and epoch index in Redis, snapshots, changelog topic), so both go the
     same way and nothing of either is left behind."""
-    client = client or redis.Redis.from_url(settings.redis_url)
+    client = client or redis_client.connect(settings)
     catalog = CatalogStore(settings, client)
     entry = catalog.get(name)
     if entry.kind != kind:
@@ -161,7 +162,7 @@ def alter_view(settings: Settings, name: str, *, client: redis.Redis | None = No
     for key, value in options.items():
         if value is not None and value < 1:
             raise CatalogError(f"{key} must be at least 1, got {value}")
-    client = client or redis.Redis.from_url(settings.redis_url)
+    client = client or redis_client.connect(settings)
     catalog = CatalogStore(settings, client)
     entry = catalog.get(name)
     if entry.kind != "view":

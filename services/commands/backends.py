@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.changelog_writer import EpochWriteError, WriterFencedError
 from mvlog.connectors.kafka_security import KafkaAccessError, RefusalWatch, cluster_metadata
 from mvlog.connectors.topics import TopicError
@@ -52,14 +53,17 @@ def kafka_unreachable(settings: Settings, error: object) -> click.ClickException
 
 
 def connect_redis(settings: Settings) -> redis.Redis:
-    """A Redis client that answered PING (raises a clean ClickException when Redis does not answer)."""
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S)
+    """A Redis client (:func:`mvlog.connectors.redis_client.connect`: it waits through a later Redis
+    restart) after a PING that does not wait: a command started while Redis is not there says so at once
+    (a clean ClickException) instead of waiting ``redis_outage_timeout_s``."""
+    probe = redis_client.connect(settings, outage_timeout_s=0, socket_connect_timeout=CONNECT_TIMEOUT_S)
     try:
-        client.ping()
+        probe.ping()
     except redis.RedisError as error:
-        client.close()
         raise redis_unreachable(settings, error) from error
-    return client
+    finally:
+        probe.close()
+    return redis_client.connect(settings)
 
 
 def _kafka_detail(error: KafkaException) -> str:

@@ -46,6 +46,7 @@ import redis
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.epoch_index import EpochIndex
@@ -110,7 +111,7 @@ class _Stack:
 
 
 def _answers(settings: Settings) -> bool:
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=2.0, socket_timeout=2.0)
+    client = redis_client.connect(settings, outage_timeout_s=0, socket_connect_timeout=2.0, socket_timeout=2.0)
     try:
         client.ping()
     except (redis.RedisError, OSError):

@@ -26,6 +26,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.lag_store import LagStore
 from mvlog.services.dashboard.metrics import pipeline_registry
@@ -122,8 +123,8 @@ async def redis_errors(request: web.Request, handler: Any) -> web.StreamResponse
 def create_app(settings: Settings, client: redis.Redis | None = None) -> web.Application:
     app = web.Application(middlewares=[redis_errors])
     app[SETTINGS_KEY] = settings
-    app[REDIS_KEY] = client or redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5.0,
-                                                    socket_timeout=5.0)
+    # A page waits a few seconds for a restarting Redis, then says so (503), rather than hanging.
+    app[REDIS_KEY] = client or redis_client.connect(settings, outage_timeout_s=5.0, socket_timeout=5.0)
     app.router.add_get("/", index)
     app.router.add_get("/api/status", api_status)
     app.router.add_get("/api/history", api_history)

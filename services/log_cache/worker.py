@@ -30,7 +30,6 @@ from typing import Any
 
 import faust
 import pyarrow as pa
-import redis
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from faust.web import Request, Response, View
@@ -38,6 +37,7 @@ from faust.web import Request, Response, View
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Epoch
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.backpressure import Backpressure
 from mvlog.connectors.cache_registry import HEARTBEATS_TO_EXPIRE, CacheRegistry
 from mvlog.connectors.catalog_store import CatalogStore
@@ -125,7 +125,7 @@ class LogCacheWorker:
         self.worker_id = worker_id or uuid.uuid4().hex[:8]
         self.port = settings.cache_port if port is None else port
         self.url = f"http://{settings.bind_host}:{self.port}"
-        self._redis = redis.Redis.from_url(settings.redis_url)
+        self._redis = redis_client.connect(settings)
         catalog = CatalogStore(settings, self._redis)
         entries = ([catalog.get(n) for n in upstreams] if upstreams is not None
                    else upstreams_read_by_views(catalog))
@@ -137,7 +137,7 @@ class LogCacheWorker:
         self.stats = {name: UpstreamStats() for name in self.entries}
         self.index = EpochIndex(self._redis, settings.topic_prefix)
         self.registry = CacheRegistry(self._redis, settings.topic_prefix)
-        self.backpressure = Backpressure(settings, redis.Redis.from_url(settings.redis_url))
+        self.backpressure = Backpressure(settings, redis_client.connect(settings))
         self._claimed: dict[str, list[int]] = {}
         self._paused: dict[str, set[int]] = {}  # upstream -> partitions paused on the Faust consumer
         self._committed: dict[TP, int] = {}  # the positions last committed for the consumer group
