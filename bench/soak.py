@@ -26,7 +26,9 @@ the chaos time, each event waiting for the one before to be over:
 * at 20 %: ``mv4`` (the demo's online view, its filter adapted to the workload's values) is created on
   the live mv1 with a chunked backfill, and ``consumer-c`` starts;
 * at 30 %: the stack's redis-server is killed with SIGKILL and restarted after ``REDIS_DOWN_S``; it
-  comes back from its append-only file, and the processes reconnect (or die and are restarted);
+  comes back from its append-only file, and the processes wait for it and go on (their Redis clients
+  retry for up to ``redis_outage_timeout_s``, ``mvlog.connectors.redis_client``): none should need a
+  restart, and any that does is counted against the kill;
 * at 45 %, once mv4's backfill has committed some rows: Redis is wiped (FLUSHALL); the running
   processes notice and rebuild it from Kafka, nobody is told;
 * at 60 %: a replacement of mv1 (a narrower filter) is staged and its apply requested; mv1's consumer
