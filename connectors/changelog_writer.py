@@ -170,6 +170,17 @@ def change_values(view: str, epoch: int, batch: EncodedBatch, ts_ms: int, txn: s
     return encoded
 
 
+@dataclass(frozen=True)
+class ConsumedInput:
+    """Input offsets an epoch consumed, committed inside the epoch's own transaction
+    (``send_offsets_to_transaction``): the epoch's changes and its input position commit together or not
+    at all. ``mutation`` goes on the epoch's barriers, so the changelog itself says what it consumed."""
+
+    offsets: Sequence[TopicPartition]  # the next offset to read, per partition
+    group_metadata: Any  # Consumer.consumer_group_metadata() of the consumer that read them
+    mutation: Mutation | None = None
+
+
 Headers = list[tuple[str, str | bytes | None]]
 _CHANGE_HEADERS: Headers = [(HEADER_TYPE, TYPE_CHANGE)]
 _BARRIER_HEADERS: Headers = [(HEADER_TYPE, TYPE_BARRIER)]
@@ -252,11 +263,15 @@ class ChangelogWriter:
 
     def commit_records(self, epoch: int, prev_epoch: int,
                        chunks: Callable[[int, str], Iterable[Iterable[tuple[bytes, int, bytes]]]], *,
-                       checkpoint: bool = True) -> CommittedEpoch:
+                       checkpoint: bool = True, consumed: ConsumedInput | None = None) -> CommittedEpoch:
         """:meth:`commit_epoch` of change events the caller encodes: ``chunks(ts_ms, txn)`` yields lists of
         (key, vnode, ``encode_change_rows(view, epoch, vnode, ..., ts_ms, txn)``) inside the transaction,
-        so a writer that also needs each key's vnode and rows for Redis computes them once."""
-        return self._commit(epoch, prev_epoch, chunks, checkpoint, None, None, None)
+        so a writer that also needs each key's vnode and rows for Redis computes them once. ``consumed``:
+        input offsets that commit in the same transaction (a source table's topic)."""
+        if consumed is None:
+            return self._commit(epoch, prev_epoch, chunks, checkpoint, None, None, None)
+        return self._commit(epoch, prev_epoch, chunks, checkpoint, consumed.mutation, consumed.offsets,
+                            consumed.group_metadata)
 
     def commit_batch(self, epoch: int, prev_epoch: int, batch: EncodedBatch, *,
                      mutation: Mutation | None = None) -> CommittedEpoch:

@@ -22,7 +22,7 @@ from mvlog.config import Settings
 from mvlog.connectors import redis_client
 from mvlog.connectors.backpressure import Backpressure
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch
+from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, ConsumedInput
 from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.streamed_commit import StreamedCommit
 from mvlog.connectors.topics import ensure_changelog
@@ -189,7 +189,7 @@ class Table:
     @classmethod
     def create(cls, settings: Settings, name: str, columns: Mapping[str, str], primary_key: Sequence[str],
                *, partitions: int | None = None, client: redis.Redis | None = None,
-               exist_ok: bool = False, **kwargs: Any) -> Table:
+               exist_ok: bool = False, options: Mapping[str, str] | None = None, **kwargs: Any) -> Table:
         client = client or redis_client.connect(settings)
         catalog = CatalogStore(settings, client)
         existing = catalog.find(name)
@@ -199,7 +199,7 @@ class Table:
             return cls(settings, existing, client, **kwargs)
         schema = RowSchema.of(columns, primary_key)
         entry = CatalogEntry(name, "table", schema, partitions or settings.partitions,
-                             created_epoch=EpochClock().next())
+                             created_epoch=EpochClock().next(), options=dict(options or {}))
         ensure_changelog(settings, name, entry.partitions)
         catalog.put(entry)
         catalog.close()
@@ -321,6 +321,12 @@ class Table:
             raise RowValidationError(self.entry.name, errors, len(accepted))
         return len(accepted)
 
+    def discard(self) -> None:
+        """Drop the writes queued since the last epoch: a source ingester that could not take a batch of
+        messages whole stops without committing any of it (its committed offsets say it never read them)."""
+        with self._lock:
+            self._pending = {}
+
     def flush(self) -> int:
         """Commit everything queued so far as one epoch now; returns that epoch."""
         self._raise_background_error()
@@ -328,8 +334,9 @@ class Table:
         committed = self.commit_epoch()
         return committed.epoch
 
-    def commit_epoch(self) -> CommittedEpoch:
-        """Fold the pending writes into one epoch and commit it to Kafka, then to Redis."""
+    def commit_epoch(self, consumed: ConsumedInput | None = None) -> CommittedEpoch:
+        """Fold the pending writes into one epoch and commit it to Kafka, then to Redis. ``consumed``:
+        the input offsets these writes came from, committed in the epoch's transaction (source tables)."""
         with self._commit_lock:
             with self._lock:
                 pending, self._pending = self._pending, {}
@@ -348,7 +355,7 @@ class Table:
             staged = self.store.stream_commit(self.entry.name, epoch, follows)
             try:
                 committed = self._writer.commit_records(epoch, follows, self._chunks(epoch, changes, staged),
-                                                        checkpoint=checkpoint)
+                                                        checkpoint=checkpoint, consumed=consumed)
             except BaseException:
                 staged.abort()
                 raise
