@@ -47,6 +47,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "replace": "mvlog.services.commands.replacement:replace",
     "replacement": "mvlog.services.commands.replacement:replacement",
     "replay": "mvlog.services.commands.replay:replay",
+    "run-source": "mvlog.services.commands.sources:run_source",
     "run-view": "mvlog.services.commands.run_view:run_view",
     "snapshot": "mvlog.services.commands.snapshot:snapshot",
     "status": "mvlog.services.commands.status:status",

@@ -18,6 +18,7 @@ from mvlog.services.commands.names import check_name
 from mvlog.services.commands.output import describe_epoch, describe_schema
 from mvlog.services.commands.values import PARTITIONS, key_from_json, row_from_json
 from mvlog.services.table_writer import RowValidationError, Table
+from mvlog.source_spec import SourceFormat, SourceSpec, SourceSpecError
 
 #: Refused lines shown one by one; the rest are counted.
 MAX_PROBLEMS_SHOWN = 100
@@ -68,27 +69,71 @@ def parse_primary_key(values: Sequence[str], columns: dict[str, ColumnType]) -> 
               help="Primary key column(s), in key order: repeat the option or separate with commas.")
 @click.option("--partitions", type=PARTITIONS, default=None,
               help="Partitions of the table's changelog topic (default: settings' partitions).")
+@click.option("--from-topic", "from_topic", default=None, metavar="TOPIC",
+              help="Feed the table from this existing topic (run `mvlog run-source NAME` to ingest it).")
+@click.option("--format", "source_format", default=None, metavar="FORMAT",
+              help=f"Format of --from-topic's messages: {', '.join(SourceFormat)}.")
+@click.option("--generated-key", "generated_key", default=None, metavar="COLUMN",
+              help='append-json: the (string) key column filled with "<partition>-<offset>" of each message.')
 @pass_settings
 def create_table(settings: Settings, name: str, columns: tuple[str, ...], primary_key: tuple[str, ...],
-                 partitions: int | None) -> None:
+                 partitions: int | None, from_topic: str | None, source_format: str | None,
+                 generated_key: str | None) -> None:
     """Create root table NAME: its catalog entry and its changelog topic.
 
     Example: mvlog create-table t1 --column id:int --column v1:int --column deleted:boolean --primary-key id
+
+    With --from-topic TOPIC --format FORMAT the table's rows come from an existing topic (see the
+    README's "Source tables"), ingested exactly once by `mvlog run-source NAME`.
     """
     check_name(name, "table")
     types = parse_columns(columns)
     key = parse_primary_key(primary_key, types)
     schema = RowSchema.of({n: t.value for n, t in types.items()}, key)
+    spec = _source_spec(from_topic, source_format, generated_key, schema)
     client = connect_redis(settings)
     with backend_errors(settings):
         if (existing := CatalogStore(settings, client).find(name)) is not None:
             raise click.ClickException(f"{existing.kind} {name!r} already exists")
         require_kafka(settings)
+        if spec is not None:
+            from mvlog.services.source_ingest import SourceError, create_source_table
+
+            try:
+                create_source_table(settings, name, {n: t.value for n, t in types.items()}, key, spec.topic,
+                                    spec.format, generated_key=spec.generated_key, partitions=partitions,
+                                    client=client)
+            except SourceError as error:
+                raise click.ClickException(str(error)) from None
+            click.echo(f"Created table {name} ({describe_schema(schema)}) fed by topic {spec.topic} "
+                       f"({spec.format.value}); changelog topic {settings.changelog_topic(name)}. "
+                       f"Ingest it with: mvlog run-source {name}")
+            return
         table = Table.create(settings, name, {n: t.value for n, t in types.items()}, key,
                              partitions=partitions, client=client, auto_commit=False)
         table.close()
     click.echo(f"Created table {name} ({describe_schema(schema)}) with {table.entry.partitions} partition(s); "
                f"changelog topic {settings.changelog_topic(name)}.")
+
+
+def _source_spec(topic: str | None, format_name: str | None, generated_key: str | None,
+                 schema: RowSchema) -> SourceSpec | None:
+    """The source declared by --from-topic/--format/--generated-key, checked against the schema."""
+    if topic is None:
+        if format_name is not None or generated_key is not None:
+            raise click.UsageError("--format and --generated-key declare a source table: give --from-topic too")
+        return None
+    if format_name is None:
+        raise click.UsageError(f"--from-topic needs --format ({', '.join(SourceFormat)})")
+    try:
+        spec = SourceSpec(topic, SourceFormat.parse(format_name), generated_key)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--format") from None
+    try:
+        spec.check(schema)
+    except SourceSpecError as error:
+        raise click.UsageError(str(error)) from None
+    return spec
 
 
 # ---------------------------------------------------------------------------------------------- insert
@@ -176,6 +221,9 @@ def insert(settings: Settings, table_name: str, source: IO[str], delete: bool, m
         if entry.kind != "table":
             raise click.ClickException(f"{table_name!r} is a {entry.kind}: rows go into tables; a view is "
                                        "written by its consumer (`mvlog run-view`)")
+        if (fed_by := SourceSpec.from_options(entry.options)) is not None:
+            raise click.ClickException(f"table {table_name!r} is fed by topic {fed_by.topic}: write to that topic "
+                                       f"(`mvlog run-source {table_name}` ingests it)")
         require_kafka(settings)
         parsed = _read_input(source, entry, delete)  # all of it before writing: an interrupted read writes nothing
         epoch: int | None = None

@@ -1,0 +1,227 @@
+"""Source tables: a root table fed by a topic the user already has, exactly once.
+
+:func:`create_source_table` declares one (the catalog entry's options say which topic, which format);
+:class:`SourceIngester` (``mvlog run-source``) consumes the topic and writes its messages through the
+table's :class:`~mvlog.services.table_writer.Table`. Exactly once comes from one rule: **the offsets an
+epoch consumed commit in the epoch's own Kafka transaction** (``send_offsets_to_transaction`` with the
+consumer group ``<prefix>.<table>.source``), so the changelog and the source position are both
+committed or both not. The ingester runs the epoch loop itself (the table's writer does not cut epochs
+in the background), so an epoch holds exactly the changes of the messages below the offsets it commits.
+
+After a SIGKILL the next ingester's ``Table`` fences the old transactional producer (aborting an open
+epoch), rolls Redis forward from the changelog if the kill fell between the Kafka and the Redis commit
+(Kafka is the truth), and the consumer resumes from the group's committed offsets: nothing is lost or
+applied twice. Each epoch's barriers also carry those offsets (:mod:`mvlog.source_offsets`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import redis
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+
+from mvlog.config import Settings
+from mvlog.connectors import redis_client
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.changelog_reader import reader_consumer
+from mvlog.connectors.changelog_writer import ConsumedInput
+from mvlog.connectors.topics import TopicError, partition_count
+from mvlog.row_schema import Key, Row, RowSchema
+from mvlog.services.table_writer import RowValidationError, Table
+from mvlog.source_formats import decoder_for
+from mvlog.source_offsets import offsets_mutation
+from mvlog.source_records import BadRecordError, RowChange, SourceMessage
+from mvlog.source_spec import SourceFormat, SourceSpec, SourceSpecError, source_group
+
+log = logging.getLogger(__name__)
+
+_BATCH = 5000  # messages per consume() call
+
+
+class SourceError(RuntimeError):
+    """A source that cannot be read (not a source table, topic gone, offsets deleted by retention)."""
+
+
+def source_topic_partitions(settings: Settings, topic: str) -> int:
+    """The partition count of the source topic; a missing topic is named with what to do."""
+    try:
+        return partition_count(settings, topic, timeout=15.0)
+    except TopicError:
+        raise SourceError(f"source topic {topic!r} does not exist on {settings.bootstrap_servers}: create it (or "
+                          "let its producer create it) first, or check the name") from None
+
+
+def create_source_table(settings: Settings, name: str, columns: Mapping[str, str], primary_key: Sequence[str],
+                        topic: str, format: str | SourceFormat, *, generated_key: str | None = None,
+                        partitions: int | None = None, client: redis.Redis | None = None) -> SourceSpec:
+    """Declare table ``name`` fed by ``topic`` in ``format`` (the Python side of
+    ``mvlog create-table NAME --from-topic TOPIC --format FORMAT``); ``mvlog run-source`` ingests it."""
+    spec = SourceSpec(topic, SourceFormat.parse(format) if isinstance(format, str) else format, generated_key)
+    spec.check(RowSchema.of(columns, primary_key))
+    source_topic_partitions(settings, topic)
+    Table.create(settings, name, columns, primary_key, partitions=partitions, client=client,
+                 options=spec.to_options(), auto_commit=False).close()
+    return spec
+
+
+@dataclass
+class IngestProgress:
+    """What an ingester did so far (for its log line and the tests)."""
+
+    messages: int = 0
+    changes: int = 0
+    epochs: int = 0
+    last_epoch: int | None = None
+
+
+class SourceIngester:
+    """Consumes a source table's topic into the table, one epoch per barrier interval (see module doc)."""
+
+    def __init__(self, settings: Settings, name: str, client: redis.Redis | None = None) -> None:
+        self.settings = settings
+        self._redis = client or redis_client.connect(settings)
+        entry = CatalogStore(settings, self._redis).get(name)
+        spec = SourceSpec.from_options(entry.options) if entry.kind == "table" else None
+        if spec is None:
+            raise SourceError(f"{entry.kind} {name!r} has no source topic: declare one with "
+                              "`mvlog create-table NAME --from-topic TOPIC --format FORMAT ...`")
+        self.spec = spec
+        self.name = name
+        self.group = source_group(settings.topic_prefix, name)
+        self.progress = IngestProgress()
+        self._decode = decoder_for(spec, entry.schema)
+        partitions = source_topic_partitions(settings, spec.topic)
+        # First the table's writer: its init_transactions aborts the epoch a killed ingester left open,
+        # offsets included, so the committed offsets read next are stable.
+        self.table = Table(settings, entry, self._redis, auto_commit=False)
+        self._consumer = reader_consumer(settings, {"group.id": self.group, "auto.offset.reset": "error"})
+        try:
+            committed = self._consumer.committed([TopicPartition(spec.topic, p) for p in range(partitions)], 30.0)
+            self.positions: dict[int, int] = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+            self._consumer.assign([TopicPartition(spec.topic, p, self.positions.get(p, OFFSET_BEGINNING))
+                                   for p in range(partitions)])
+        except BaseException:
+            self.close()
+            raise
+        self._uncommitted = False
+        log.info("%s: ingesting %s (%s) from %s", name, spec.topic, spec.format.value,
+                 {p: self.positions.get(p, "beginning") for p in range(partitions)})
+
+    # --- the loop -----------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None, *, until_caught_up: bool = False) -> IngestProgress:
+        """Ingest until ``stop`` is set (or, with ``until_caught_up``, until every partition is read to its
+        end), committing an epoch every barrier interval in which messages were consumed. A bad record
+        stops the source after committing what came before it (nothing after it is ingested)."""
+        stop = stop or threading.Event()
+        interval = self.settings.barrier_interval_ms / 1000
+        next_cut = time.monotonic() + interval
+        while not stop.is_set():
+            messages = self._consumer.consume(_BATCH, max(0.0, min(0.5, next_cut - time.monotonic())))
+            try:
+                self._apply(messages)
+            except (BadRecordError, SourceError):
+                self.commit()  # the messages before the bad one
+                raise
+            if time.monotonic() >= next_cut:
+                self.commit()
+                next_cut = time.monotonic() + interval
+                if until_caught_up and not messages and self.caught_up():
+                    break
+        self.commit()
+        return self.progress
+
+    def _apply(self, messages: Iterable[Message]) -> None:
+        """Decode and queue the messages in order; ``positions`` moves past each one queued."""
+        run: list[RowChange] = []
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                self._queue(run)
+                self._raise_consumer_error(error, message)
+            partition, offset = message.partition(), message.offset()
+            assert partition is not None and offset is not None
+            source = SourceMessage(self.spec.topic, partition, offset, message.key(), message.value())
+            try:
+                changes = self._decode(source)
+            except BadRecordError:
+                self._queue(run)
+                raise
+            if changes and run and changes[0].is_delete != run[-1].is_delete:
+                self._queue(run)
+            run.extend(changes)
+            self.positions[partition] = offset + 1
+            self._uncommitted = True
+            self.progress.messages += 1
+        self._queue(run)
+
+    def _queue(self, run: list[RowChange]) -> None:
+        """One call of the table's upsert or delete for a run of changes of one kind (order is kept)."""
+        if not run:
+            return
+        if run[0].is_delete:
+            keys: list[Key] = [change.key for change in run]
+            self.table.delete(keys)
+        else:
+            rows: list[Row] = [change.row for change in run if change.row is not None]
+            try:
+                self.table.upsert(rows)  # typed by the decoder: only a row too large for a record is refused
+            except RowValidationError as error:
+                self.table.discard()  # some rows of the batch are queued, some not: none is committed
+                self._uncommitted = False
+                raise SourceError(f"{self.name}: {error}; the source stops at its last committed epoch") from error
+        self.progress.changes += len(run)
+        run.clear()
+
+    def _raise_consumer_error(self, error: KafkaError, message: Message) -> None:
+        if error.code() == KafkaError._AUTO_OFFSET_RESET:
+            raise SourceError(f"{self.name}: the committed offset of {self.spec.topic}[{message.partition()}] is "
+                              "no longer in the topic (retention deleted messages the table never ingested): "
+                              f"reset the group {self.group} to where the table should go on ({error.str()})")
+        raise SourceError(f"{self.name}: reading {self.spec.topic}: {error.str()}")
+
+    def commit(self) -> int | None:
+        """Commit the queued changes and the offsets they came from as one epoch (nothing to do when no
+        message was consumed since the last one); returns the epoch."""
+        if not self._uncommitted:
+            return None
+        offsets = [TopicPartition(self.spec.topic, p, o) for p, o in sorted(self.positions.items())]
+        consumed = ConsumedInput(offsets, self._consumer.consumer_group_metadata(),
+                                 offsets_mutation(self.name, self.spec.topic, self.positions))
+        self.table.wait_for_downstreams()
+        committed = self.table.commit_epoch(consumed)
+        self._uncommitted = False
+        self.progress.epochs += 1
+        self.progress.last_epoch = committed.epoch
+        return committed.epoch
+
+    def caught_up(self) -> bool:
+        """Every partition read to its end (the high watermark at this moment)."""
+        assigned = self._consumer.assignment()
+        for tp, position in zip(assigned, self._consumer.position(assigned), strict=True):
+            _, high = self._consumer.get_watermark_offsets(tp, 10.0, False)
+            if max(position.offset, self.positions.get(tp.partition, 0)) < high:
+                return False
+        return True
+
+    def close(self) -> None:
+        """Release the consumer and the table's producer. Commits nothing (:meth:`run` does): what is
+        still queued was interrupted and is read again from the committed offsets next time."""
+        self._consumer.close()
+        self.table.discard()
+        self.table.close()
+
+    def __enter__(self) -> SourceIngester:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["IngestProgress", "SourceError", "SourceIngester", "SourceSpecError", "create_source_table",
+           "source_topic_partitions"]

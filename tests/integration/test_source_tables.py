@@ -1,0 +1,320 @@
+"""Source tables (issue 18, first slice): tables fed from users' topics, exactly once.
+
+The oracle is independent of the decoders: the producer records the effect it means each message to have
+(the row of a key, or its delete) and where the broker put it (partition, offset); folding those effects
+up to a set of offsets gives the table the ingester must show. Checked at the end and, from the table's
+changelog read with plain confluent-kafka + fastavro, at every committed epoch against the source offsets
+that epoch's barriers record (which must never go back: each message belongs to exactly one epoch).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner, Result
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from mvlog.config import Settings
+from mvlog.connectors.view_store import ViewStore
+from mvlog.row_schema import Key
+from mvlog.schemas.codec import decode_row
+from mvlog.services.cli import main
+from mvlog.services.source_ingest import SourceIngester, create_source_table
+from mvlog.source_spec import source_group
+from tests.integration.independent_consumer import read_topic
+
+Effect = dict[str, Any] | None  # the row a message leaves for its key, None when it deletes the key
+
+_SCRIPT = Path(sys.executable).with_name("mvlog")
+MVLOG = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "mvlog.services.cli"]
+
+
+@dataclass
+class SourceTopic:
+    """A user topic and what the test producer meant by each message, by (partition, offset)."""
+
+    settings: Settings
+    name: str
+    partitions: int = 3
+    effects: dict[tuple[int, int], tuple[Key, Effect]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        admin = AdminClient({"bootstrap.servers": self.settings.bootstrap_servers})
+        admin.create_topics([NewTopic(self.name, self.partitions, 1)])[self.name].result(30)
+        self.producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "linger.ms": 5,
+                                  "enable.idempotence": True})
+
+    def send(self, key: Any, value: Any, effect_key: Key, effect: Effect) -> None:
+        def delivered(err: Any, msg: Any) -> None:
+            assert err is None, err
+            self.effects[(msg.partition(), msg.offset())] = (effect_key, effect)
+
+        encoded = None if value is None else json.dumps(value).encode()
+        while True:
+            try:
+                self.producer.produce(self.name, encoded, json.dumps(key).encode(), on_delivery=delivered)
+                break
+            except BufferError:
+                self.producer.poll(0.05)
+        self.producer.poll(0)
+
+    def flush(self) -> None:
+        assert self.producer.flush(30) == 0
+
+    def fold(self, below: dict[int, int] | None = None) -> dict[Key, dict[str, Any]]:
+        """The table after the messages below ``below`` (partition -> offset; all when None). A key's
+        messages are all in one partition (same key bytes), so folding in offset order is exact."""
+        rows: dict[Key, dict[str, Any]] = {}
+        for (partition, offset), (key, effect) in sorted(self.effects.items()):
+            if below is not None and offset >= below.get(partition, 0):
+                continue
+            if effect is None:
+                rows.pop(key, None)
+            else:
+                rows[key] = effect
+        return rows
+
+
+def table_rows(client: redis.Redis, settings: Settings, table: str, key: tuple[str, ...]) -> dict[Key, Any]:
+    rows = (decode_row(raw) for _, raw in ViewStore(client, settings.topic_prefix).scan_rows(table))
+    return {tuple(row[k] for k in key): row for row in rows}
+
+
+def committed_offsets(settings: Settings, table: str, topic: str, partitions: int) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "isolation.level": "read_committed",
+                         "group.id": source_group(settings.topic_prefix, table), "enable.auto.commit": False})
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], 30)
+        return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
+    finally:
+        consumer.close()
+
+
+def end_offsets(settings: Settings, topic: str, partitions: int) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "ends"})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in range(partitions)}
+    finally:
+        consumer.close()
+
+
+def check_every_epoch(settings: Settings, table: str, key: tuple[str, ...], source: SourceTopic) -> int:
+    """At every epoch in the table's changelog, the table folded from the changelog equals the oracle's
+    fold of the source messages below the offsets the epoch's barriers record, and those offsets never go
+    back. Returns how many epochs were checked."""
+    logs = read_topic(settings.bootstrap_servers, settings.changelog_topic(table), settings.partitions, idle=2.0)
+    epochs = sorted(set.intersection(*(set(log.barriers) for log in logs.values())))
+    rows: dict[Key, Any] = {}
+    last: dict[int, int] = {}
+    for epoch in epochs:
+        for log in logs.values():
+            assert len(log.barriers[epoch]) == 1, f"epoch {epoch} has two barriers in a partition"
+            for _, change in log.changes.get(epoch, []):
+                after = change["after"]
+                change_key = tuple(change["key"][k] for k in key)
+                if after is None:
+                    rows.pop(change_key, None)
+                else:
+                    rows[change_key] = dict(after)
+        mutation = logs[0].barriers[epoch][0][1]["mutation"]
+        assert mutation is not None and mutation["kind"] == "source_offsets", mutation
+        payload = json.loads(mutation["payload"])
+        assert payload["topic"] == source.name
+        offsets = {int(p): o for p, o in payload["offsets"].items()}
+        assert all(offsets.get(p, 0) >= o for p, o in last.items()), f"epoch {epoch}: offsets went back"
+        last = offsets
+        assert rows == source.fold(offsets), f"epoch {epoch} (offsets {offsets}) differs from the fold"
+    return len(epochs)
+
+
+def env_of(settings: Settings) -> dict[str, str]:
+    return {"MVLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "MVLOG_REDIS_URL": settings.redis_url,
+            "MVLOG_TOPIC_PREFIX": settings.topic_prefix, "MVLOG_PARTITIONS": str(settings.partitions),
+            "MVLOG_BARRIER_INTERVAL_MS": str(settings.barrier_interval_ms),
+            "MVLOG_STACK_DIR": str(settings.stack_dir)}
+
+
+def mvlog(settings: Settings, *args: str) -> Result:
+    return CliRunner().invoke(main, list(args), env=env_of(settings), catch_exceptions=False)
+
+
+# ------------------------------------------------------------------------------------------ workloads
+
+
+def upsert_workload(source: SourceTopic, rng: random.Random, count: int, keys: int = 40) -> None:
+    """upsert-json: keys repeated within and across epochs, a key as an object or a bare value (fixed per
+    key, so its messages share a partition), rows without their key columns, tombstones."""
+    for _ in range(count):
+        k = rng.randrange(keys)
+        message_key: Any = {"id": k} if k % 2 else k
+        if rng.random() < 0.2:
+            source.send(message_key, None, (k,), None)
+            continue
+        v, label = rng.randrange(-1000, 1000), rng.choice(["a", "b", None])
+        value: dict[str, Any] = {"v": v, "label": label, "extra": "ignored"}
+        if rng.random() < 0.5:
+            value["id"] = k
+        source.send(message_key, value, (k,), {"id": k, "v": v, "label": label})
+
+
+def debezium_workload(source: SourceTopic, rng: random.Random, count: int, keys: int = 30) -> None:
+    """debezium-json: snapshot reads, then inserts, updates and deletes each followed by its tombstone, half
+    of the events in the JSON converter's schema/payload wrapper; bytes as base64."""
+    present: dict[int, dict[str, Any]] = {}
+    lsn = 1000
+    for i in range(count):
+        k = rng.randrange(keys)
+        lsn += 8
+        src = {"connector": "postgresql", "name": "db1", "db": "shop", "schema": "public", "table": "items",
+               "lsn": lsn, "txId": 500 + i, "ts_ms": 1732540000000 + i, "snapshot": "true" if i < 10 else "false"}
+        before = present.get(k)
+        if before is not None and rng.random() < 0.3:
+            envelope = {"op": "d", "before": {"id": k, "price": None, "ok": None, "data": None},
+                        "after": None, "source": src, "ts_ms": 1}
+            effect: Effect = None
+            del present[k]
+        else:
+            raw = bytes(rng.randrange(256) for _ in range(3))
+            after = {"id": k, "price": rng.randrange(10000) / 100, "ok": rng.random() < 0.5,
+                     "data": base64.b64encode(raw).decode()}
+            op = "r" if i < 10 else "c" if before is None else "u"
+            envelope = {"op": op, "before": before, "after": after, "source": src, "ts_ms": 1}
+            present[k] = after
+            effect = {**after, "data": raw}
+        value = {"schema": {"type": "struct", "name": "db1.public.items.Envelope"}, "payload": envelope} \
+            if rng.random() < 0.5 else envelope
+        source.send({"id": k}, value, (k,), effect)
+        if effect is None:
+            source.send({"id": k}, None, (k,), None)  # the tombstone after a delete: no change
+
+
+# ---------------------------------------------------------------------------------------------- tests
+
+
+def test_upsert_json_topic_equals_the_fold_and_resumes(settings: Settings, redis_client: redis.Redis) -> None:
+    rng = random.Random(18)
+    source = SourceTopic(settings, f"{settings.topic_prefix}.user-events")
+    create_source_table(settings, "events", {"id": "int", "v": "int", "label": "string"}, ["id"], source.name,
+                        "upsert-json", client=redis_client)
+    upsert_workload(source, rng, 1500)
+    source.flush()
+    with SourceIngester(settings, "events", redis_client) as ingester:
+        first = ingester.run(until_caught_up=True)
+    assert first.messages == 1500 and first.epochs >= 1
+    assert table_rows(redis_client, settings, "events", ("id",)) == source.fold()
+    upsert_workload(source, rng, 700)  # a second run resumes from the committed offsets
+    source.flush()
+    with SourceIngester(settings, "events", redis_client) as ingester:
+        second = ingester.run(until_caught_up=True)
+    assert second.messages == 700
+    assert table_rows(redis_client, settings, "events", ("id",)) == source.fold()
+    assert committed_offsets(settings, "events", source.name, 3) == end_offsets(settings, source.name, 3)
+    assert check_every_epoch(settings, "events", ("id",), source) == first.epochs + second.epochs
+
+
+def test_debezium_json_topic_equals_the_fold(settings: Settings, redis_client: redis.Redis) -> None:
+    source = SourceTopic(settings, f"{settings.topic_prefix}.db1.public.items")
+    create_source_table(settings, "items", {"id": "int", "price": "float", "ok": "boolean", "data": "bytes"},
+                        ["id"], source.name, "debezium-json", client=redis_client)
+    debezium_workload(source, random.Random(7), 1200)
+    source.flush()
+    with SourceIngester(settings, "items", redis_client) as ingester:
+        ingester.run(until_caught_up=True)
+    assert table_rows(redis_client, settings, "items", ("id",)) == source.fold()
+    assert check_every_epoch(settings, "items", ("id",), source) >= 1
+
+
+def test_declaration_refusals_and_a_bad_record(settings: Settings, redis_client: redis.Redis) -> None:
+    columns = ["-c", "id:int", "-c", "v:int", "-k", "id"]
+    unknown = mvlog(settings, "create-table", "s1", *columns, "--from-topic", "x", "--format", "avro")
+    assert unknown.exit_code == 2 and "unknown source format 'avro'; use one of upsert-json" in unknown.stderr
+    missing = mvlog(settings, "create-table", "s1", *columns, "--from-topic", f"{settings.topic_prefix}.nope",
+                    "--format", "upsert-json")
+    assert missing.exit_code == 1 and f"source topic '{settings.topic_prefix}.nope' does not exist" in missing.stderr
+    assert mvlog(settings, "views").stdout.count("s1") == 0  # nothing was created
+
+    source = SourceTopic(settings, f"{settings.topic_prefix}.feed")
+    created = mvlog(settings, "create-table", "s1", *columns, "--from-topic", source.name, "--format", "upsert-json")
+    assert created.exit_code == 0, created.output
+    insert = CliRunner().invoke(main, ["insert", "s1"], input='{"id": 1, "v": 1}\n', env=env_of(settings))
+    assert insert.exit_code == 1 and "is fed by topic" in insert.stderr
+    source.send(1, {"v": 10}, (1,), {"id": 1, "v": 10})
+    source.send(1, {"v": "eleven"}, (1,), None)  # a bad record: the source stops there
+    source.send(1, {"v": 12}, (1,), None)
+    source.flush()
+    run = mvlog(settings, "run-source", "s1", "--until-caught-up")
+    assert run.exit_code == 1, run.output
+    bad = min(o for (_, o), (_, e) in source.effects.items() if e is None)
+    assert "field 'v': expected int, got str 'eleven'" in run.stderr and f"@{bad}" in run.stderr, run.stderr
+    assert table_rows(redis_client, settings, "s1", ("id",)) == {(1,): {"id": 1, "v": 10}}  # what came before
+
+
+def test_sigkilled_run_source_loses_and_doubles_nothing(settings: Settings, redis_client: redis.Redis,
+                                                        report: Callable[[str], None]) -> None:
+    rng = random.Random(int(os.environ.get("MVLOG_TEST_SEED", "1818")))
+    source = SourceTopic(settings, f"{settings.topic_prefix}.orders")
+    ok = mvlog(settings, "create-table", "orders", "-c", "id:int", "-c", "v:int", "-c", "label:string",
+               "-k", "id", "--from-topic", source.name, "--format", "upsert-json")
+    assert ok.exit_code == 0, ok.output
+    stop = threading.Event()
+
+    def produce() -> None:
+        writer_rng = random.Random(rng.random())
+        while not stop.is_set():
+            upsert_workload(source, writer_rng, 200)
+            time.sleep(0.05)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")} | env_of(settings)
+    kills = 0
+    try:
+        while kills < 10:
+            child = subprocess.Popen([*MVLOG, "run-source", "orders"], env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+            if kills % 3 == 2:  # somewhere in its start-up (fencing, roll-forward, offsets)
+                time.sleep(rng.uniform(0.2, 2.5))
+            else:  # while it ingests: before, during or after an epoch's commit
+                assert child.stderr is not None
+                while "ingesting topic" not in (line := child.stderr.readline()):
+                    assert line, f"run-source ended: {child.communicate()[1]}"
+                time.sleep(rng.uniform(0.05, 2.0))
+            assert child.poll() is None, child.communicate()[1]
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+            kills += 1
+    finally:
+        stop.set()
+        producer.join(30)
+    source.flush()
+    final = subprocess.run([*MVLOG, "run-source", "orders", "--until-caught-up"], env=env, capture_output=True,
+                           text=True, timeout=180)
+    assert final.returncode == 0, final.stderr
+    expected = source.fold()
+    assert table_rows(redis_client, settings, "orders", ("id",)) == expected
+    assert committed_offsets(settings, "orders", source.name, 3) == end_offsets(settings, source.name, 3)
+    epochs = check_every_epoch(settings, "orders", ("id",), source)
+    assert epochs > kills  # most runs committed epochs before their kill
+    report(f"{kills} SIGKILLs of run-source, {len(source.effects)} messages, {epochs} epochs checked, "
+           f"{len(expected)} rows: exact")
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("MVLOG_") and n != "MVLOG_TEST_STACK"]:
+        monkeypatch.delenv(name)
