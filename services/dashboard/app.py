@@ -25,7 +25,7 @@ import redis
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from mvlog.config import Settings
+from mvlog.config import Settings, redact_url
 from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.lag_store import LagStore
@@ -117,7 +117,9 @@ async def redis_errors(request: web.Request, handler: Any) -> web.StreamResponse
         response: web.StreamResponse = await handler(request)
         return response
     except redis.RedisError as error:
-        return web.json_response({"error": f"Redis: {error}"}, status=503)
+        settings = request.app[SETTINGS_KEY]
+        return web.json_response({"error": f"waiting for Redis at {redact_url(settings.redis_url)}: {error}"},
+                                 status=503)
 
 
 def create_app(settings: Settings, client: redis.Redis | None = None) -> web.Application:
