@@ -83,6 +83,7 @@ from _common import REPO_ROOT, machine_info
 
 sys.path.insert(0, str(REPO_ROOT))
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.replacement_store import ReplacementStore
@@ -143,7 +144,7 @@ def run_writer(settings: Settings, rate: float, seed: int) -> None:
         stopping = True
 
     signal.signal(signal.SIGTERM, stop)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client.connect(settings)  # waits through a Redis restart, as every mvlog process does
     t1, t2 = Table.open(settings, "t1", client), Table.open(settings, "t2", client)
     print(READY, flush=True)  # from here on a SIGTERM ends the run with a clean flush
     batch = max(1, int(rate / 20))
