@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import redis
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from mvlog.config import Settings
 from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_reader import reader_consumer
 from mvlog.connectors.changelog_writer import ConsumedInput
-from mvlog.connectors.topics import TopicError, partition_count
 from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.services.table_writer import RowValidationError, Table
 from mvlog.source_formats import decoder_for
@@ -48,12 +48,16 @@ class SourceError(RuntimeError):
 
 
 def source_topic_partitions(settings: Settings, topic: str) -> int:
-    """The partition count of the source topic; a missing topic is named with what to do."""
-    try:
-        return partition_count(settings, topic, timeout=15.0)
-    except TopicError:
+    """The partition count of the source topic; a missing topic is named with what to do.
+
+    Asks for the metadata of all topics: a metadata request naming the topic would have a broker with
+    ``auto.create.topics.enable`` (the default) create it, and the missing topic would go unnoticed."""
+    admin = AdminClient(settings.kafka_client_config())
+    found = admin.list_topics(timeout=15.0).topics.get(topic)
+    if found is None or found.error is not None:
         raise SourceError(f"source topic {topic!r} does not exist on {settings.bootstrap_servers}: create it (or "
-                          "let its producer create it) first, or check the name") from None
+                          "let its producer create it) first, or check the name")
+    return len(found.partitions)
 
 
 def create_source_table(settings: Settings, name: str, columns: Mapping[str, str], primary_key: Sequence[str],

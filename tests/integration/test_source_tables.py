@@ -246,7 +246,9 @@ def test_declaration_refusals_and_a_bad_record(settings: Settings, redis_client:
     missing = mvlog(settings, "create-table", "s1", *columns, "--from-topic", f"{settings.topic_prefix}.nope",
                     "--format", "upsert-json")
     assert missing.exit_code == 1 and f"source topic '{settings.topic_prefix}.nope' does not exist" in missing.stderr
-    assert mvlog(settings, "views").stdout.count("s1") == 0  # nothing was created
+    assert mvlog(settings, "views").stdout.count("s1") == 0  # nothing was created, the topic neither
+    assert f"{settings.topic_prefix}.nope" not in AdminClient({"bootstrap.servers": settings.bootstrap_servers}
+                                                             ).list_topics(timeout=10).topics
 
     source = SourceTopic(settings, f"{settings.topic_prefix}.feed")
     created = mvlog(settings, "create-table", "s1", *columns, "--from-topic", source.name, "--format", "upsert-json")
@@ -262,6 +264,27 @@ def test_declaration_refusals_and_a_bad_record(settings: Settings, redis_client:
     bad = min(o for (_, o), (_, e) in source.effects.items() if e is None)
     assert "field 'v': expected int, got str 'eleven'" in run.stderr and f"@{bad}" in run.stderr, run.stderr
     assert table_rows(redis_client, settings, "s1", ("id",)) == {(1,): {"id": 1, "v": 10}}  # what came before
+
+
+def test_offsets_deleted_by_retention_are_reported(settings: Settings, redis_client: redis.Redis) -> None:
+    source = SourceTopic(settings, f"{settings.topic_prefix}.short")
+    create_source_table(settings, "short", {"id": "int", "v": "int", "label": "string"}, ["id"], source.name,
+                        "upsert-json", client=redis_client)
+    rng = random.Random(3)
+    upsert_workload(source, rng, 30)
+    source.flush()
+    with SourceIngester(settings, "short", redis_client) as ingester:
+        ingester.run(until_caught_up=True)
+    upsert_workload(source, rng, 30)
+    source.flush()
+    # What retention does, at once: the messages the table has not ingested yet are gone.
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    ends = end_offsets(settings, source.name, 3)
+    for future in admin.delete_records([TopicPartition(source.name, p, o) for p, o in ends.items()]).values():
+        future.result(30)
+    run = mvlog(settings, "run-source", "short", "--until-caught-up")
+    assert run.exit_code == 1, run.output
+    assert "is no longer in the topic (retention deleted messages the table never ingested)" in run.stderr, run.stderr
 
 
 def test_sigkilled_run_source_loses_and_doubles_nothing(settings: Settings, redis_client: redis.Redis,
