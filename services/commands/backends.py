@@ -9,7 +9,6 @@ command (a server that goes away, a fenced writer) go through :func:`backend_err
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +21,7 @@ from confluent_kafka.admin import AdminClient
 
 from mvlog.config import Settings
 from mvlog.connectors import redis_client
+from mvlog.connectors.broker_probe import unreachable_broker
 from mvlog.connectors.changelog_writer import EpochWriteError, WriterFencedError
 from mvlog.connectors.kafka_security import KafkaAccessError, RefusalWatch, cluster_metadata
 from mvlog.connectors.topics import TopicError
@@ -71,25 +71,9 @@ def _kafka_detail(error: KafkaException) -> str:
     return str(detail.str()) if isinstance(detail, KafkaError) else str(detail)
 
 
-def _connect_problem(bootstrap_servers: str, timeout: float) -> str | None:
-    """None when any bootstrap address accepts a TCP connection, else why not (fails fast on a closed
-    port or an unknown host, where librdkafka would retry until the timeout)."""
-    problem = "no address"
-    for address in bootstrap_servers.split(","):
-        host, _, port = address.strip().rpartition("://")[2].rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-                return None
-        except ValueError:
-            problem = f"{address.strip()!r} is not HOST:PORT"
-        except OSError as error:
-            problem = error.strerror or str(error)
-    return problem
-
-
 def require_kafka(settings: Settings, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Raise a clean ClickException unless a broker answers a metadata request within ``timeout``."""
-    if (problem := _connect_problem(settings.bootstrap_servers, timeout)) is not None:
+    if (problem := unreachable_broker(settings.bootstrap_servers, timeout)) is not None:
         raise kafka_unreachable(settings, problem)
     watch = RefusalWatch(settings.bootstrap_servers)
     config: dict[str, Any] = {**settings.kafka_client_config(), "logger": _quiet, "error_cb": watch,

@@ -19,6 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 from mvlog.config import Settings
+from mvlog.connectors.broker_probe import unreachable_broker
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis
@@ -135,6 +136,9 @@ def _run(settings: Settings, watch: float | None, output: str, render: Callable[
     client = connect_redis(settings)
     with backend_errors(settings):
         require_serving_state(settings, client)
+    if (problem := unreachable_broker(settings.bootstrap_servers, 2.0)) is not None:
+        click.echo(f"Warning: the Kafka broker at {settings.bootstrap_servers} is unreachable ({problem}): no "
+                   "table or view commits an epoch until it is back; the figures below are the last ones.", err=True)
     if watch is None:
         with backend_errors(settings):
             snapshot = take_snapshot(settings, client)

@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mvlog.config import Settings, redact_url
 from mvlog.connectors import redis_client
+from mvlog.connectors.broker_probe import unreachable_broker
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.lag_store import LagStore
 from mvlog.services.dashboard.metrics import pipeline_registry
@@ -78,6 +79,8 @@ async def api_status(request: web.Request) -> web.Response:
     snapshot = await asyncio.to_thread(take_snapshot, settings, client)
     document = epochs_as_strings(snapshot.to_json())
     document["sample_interval_ms"] = settings.lag_sample_interval_ms
+    problem = await asyncio.to_thread(unreachable_broker, settings.bootstrap_servers, 1.0)
+    document["broker"] = "ok" if problem is None else f"unreachable at {settings.bootstrap_servers}: {problem}"
     return web.json_response(document, headers={"Cache-Control": "no-store"})
 
 

@@ -271,7 +271,8 @@ async function pollStatus() {
     renderGraph(doc.views, doc.edges);
     renderTable(doc);
     document.body.dataset.updated = doc.ts_ms;
-    setConnection(true, "live");
+    if (doc.broker && doc.broker !== "ok") setConnection(false, "Kafka broker " + doc.broker);
+    else setConnection(true, "live");
   } catch (error) {
     setConnection(false, "disconnected: " + error.message);
   }
