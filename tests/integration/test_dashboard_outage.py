@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from mvlog.config import Settings
 from mvlog.infra.local_stack import find_redis_server, free_port, redis_answers
 from mvlog.services.cli import main
-from mvlog.services.table_writer import Table
 from mvlog.services.dashboard.server import DashboardServer
+from mvlog.services.table_writer import Table
 
 pytestmark = pytest.mark.integration
 
