@@ -52,18 +52,25 @@ def kafka_unreachable(settings: Settings, error: object) -> click.ClickException
                                 "is it running? Set MVLOG_BOOTSTRAP_SERVERS to point mvlog at it.")
 
 
-def connect_redis(settings: Settings) -> redis.Redis:
+def connect_redis(settings: Settings, *, wait: bool = False) -> redis.Redis:
     """A Redis client (:func:`mvlog.connectors.redis_client.connect`: it waits through a later Redis
-    restart) after a PING that does not wait: a command started while Redis is not there says so at once
-    (a clean ClickException) instead of waiting ``redis_outage_timeout_s``."""
-    probe = redis_client.connect(settings, outage_timeout_s=0, socket_connect_timeout=CONNECT_TIMEOUT_S)
+    restart) after a first PING.
+
+    A short command (``wait=False``) pings without waiting: started while Redis is not there, it says so at
+    once (a clean ClickException) instead of waiting ``redis_outage_timeout_s``. A long-running process
+    (run-view, run-source, cache-worker, lag-sampler) started during a Redis restart waits for it like it
+    would later on, and only then gives up with the same message."""
+    client = redis_client.connect(settings)
+    probe = client if wait else redis_client.connect(settings, outage_timeout_s=0,
+                                                     socket_connect_timeout=CONNECT_TIMEOUT_S)
     try:
         probe.ping()
     except redis.RedisError as error:
         raise redis_unreachable(settings, error) from error
     finally:
-        probe.close()
-    return redis_client.connect(settings)
+        if probe is not client:
+            probe.close()
+    return client
 
 
 def _kafka_detail(error: KafkaException) -> str:

@@ -31,7 +31,7 @@ def cache_worker(settings: Settings, port: int | None, worker_id: str | None, up
     MVLOG_BIND_HOST (127.0.0.1). Upstreams are read from the catalog at start: restart the worker to
     cache the upstream of a view created later (until then its readers read Kafka).
     """
-    connect_redis(settings).close()
+    connect_redis(settings, wait=True).close()
     with backend_errors(settings):
         require_kafka(settings)
         from mvlog.services.log_cache.worker import LogCacheWorker  # faust is heavy: import on use

@@ -225,7 +225,7 @@ def run_view(settings: Settings, names: tuple[str, ...], progress_interval: floa
     same view fences this one.
     """
     views = list(dict.fromkeys(names))
-    client = connect_redis(settings)
+    client = connect_redis(settings, wait=True)
     with backend_errors(settings):
         catalog = CatalogStore(settings, client)
         for name in views:

@@ -30,7 +30,7 @@ def run_source(settings: Settings, name: str, until_caught_up: bool) -> None:
     from mvlog.services.source_ingest import SourceError, SourceIngester
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    client = connect_redis(settings)
+    client = connect_redis(settings, wait=True)
     with backend_errors(settings):
         require_kafka(settings)
         try:

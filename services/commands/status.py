@@ -211,7 +211,7 @@ def lag_sampler(settings: Settings) -> None:
     Only one sampler writes at a time (a lease in Redis); a second one waits and takes over when the
     first stops.
     """
-    client = connect_redis(settings)
+    client = connect_redis(settings, wait=True)
     sampler = LagSampler(settings, client)
     click.echo(f"Sampling lag every {sampler.interval_s:g}s under prefix {settings.topic_prefix!r} "
                f"(history: {settings.lag_history} samples per view). Ctrl-C stops.", err=True)

@@ -175,6 +175,11 @@ def test_unreachable_servers_are_named(settings: Settings) -> None:
     env = env_of(settings) | {"MVLOG_REDIS_URL": f"redis://127.0.0.1:{dead_redis}/0"}
     error = refused(mvlog(settings, "read", "t1", env=env))
     assert f"cannot reach Redis at redis://127.0.0.1:{dead_redis}/0" in error and "MVLOG_REDIS_URL" in error
+    # A long-running process started while Redis is away waits for it (redis_outage_timeout_s), then says so.
+    started = time.monotonic()
+    error = refused(mvlog(settings, "run-view", "mv1", env=env | {"MVLOG_REDIS_OUTAGE_TIMEOUT_S": "2"}))
+    assert f"cannot reach Redis at redis://127.0.0.1:{dead_redis}/0" in error
+    assert time.monotonic() - started >= 2, "run-view gave up before its Redis outage bound"
     env = env_of(settings) | {"MVLOG_BOOTSTRAP_SERVERS": f"127.0.0.1:{dead_kafka}"}
     error = refused(mvlog(settings, *T1, env=env))
     assert f"cannot reach Kafka at 127.0.0.1:{dead_kafka}" in error and "MVLOG_BOOTSTRAP_SERVERS" in error
