@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -20,7 +21,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from mvlog.config import Settings
-from mvlog.connectors.kafka_security import cluster_metadata, watched_admin
+from mvlog.connectors.kafka_security import RefusalWatch, cluster_metadata, watched_admin
 from mvlog.record_limits import RecordLimit, effective_record_limit, headers_bytes, topic_bytes_needed
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_CHANGE
 
@@ -95,11 +96,24 @@ def delete_topic(settings: Settings, topic: str, timeout: float = 30.0) -> None:
 
 
 def describe_config(settings: Settings, resource: ConfigResource, timeout: float = 10.0,
-                    admin: AdminClient | None = None) -> dict[str, str]:
+                    admin: AdminClient | None = None, watch: RefusalWatch | None = None) -> dict[str, str]:
     """The settings of a topic or broker that have a value (DescribeConfigs; raises KafkaException when
-    it is refused, e.g. by ACLs)."""
-    admin = admin or AdminClient(settings.kafka_client_config())
-    entries = admin.describe_configs([resource])[resource].result(timeout)
+    it is refused, e.g. by ACLs, TopicError when it times out, and KafkaAccessError as soon as the broker
+    refuses the client's login: a wrong password fails in seconds, not after the timeout)."""
+    if admin is None:
+        admin, watch = watched_admin(settings)
+    future = admin.describe_configs([resource])[resource]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            entries = future.result(0.2)
+            break
+        except FutureTimeout:
+            if watch is not None:
+                admin.poll(0)  # serves error_cb, which records a refused login
+                watch.check()
+            if time.monotonic() > deadline:
+                raise TopicError(f"DescribeConfigs of {resource.name} timed out after {timeout:g} s") from None
     return {name: entry.value for name, entry in entries.items() if entry.value is not None}
 
 
@@ -122,11 +136,11 @@ def ensure_changelog(settings: Settings, name: str, partitions: int, timeout: fl
             raise
         log.warning("%s: created without %s=%d, which the broker refused: %s", topic, TOPIC_LIMIT, needed, error)
         ensure_topic(settings, topic, partitions, timeout=timeout)
-    admin = AdminClient(settings.kafka_client_config())
-    current = _topic_limit(settings, admin, topic)
+    admin, watch = watched_admin(settings)
+    current = _topic_limit(settings, admin, topic, watch)
     if current is not None and current < needed:  # a topic created before, or by someone else
         _raise_topic_limit(admin, topic, needed, current, timeout)
-    limit = changelog_record_limit(settings, topic, admin)
+    limit = changelog_record_limit(settings, topic, admin, watch)
     log.info("%s: change events up to %d bytes (set by %s)", topic, limit.bytes, limit.reason)
     return limit
 
@@ -141,36 +155,39 @@ def _raise_topic_limit(admin: AdminClient, topic: str, needed: int, current: int
                     topic, TOPIC_LIMIT, current, needed, error)
 
 
-def _topic_limit(settings: Settings, admin: AdminClient, topic: str) -> int | None:
+def _topic_limit(settings: Settings, admin: AdminClient, topic: str, watch: RefusalWatch | None) -> int | None:
     """The topic's max.message.bytes, else the broker's message.max.bytes (the topic's default), else None
     when DescribeConfigs is refused for both (ACLs) or the values are unreadable."""
-    for kind, name, setting in ((ConfigResource.Type.TOPIC, topic, TOPIC_LIMIT),
-                                (ConfigResource.Type.BROKER, _a_broker(admin), BROKER_LIMIT)):
+    for kind, setting in ((ConfigResource.Type.TOPIC, TOPIC_LIMIT), (ConfigResource.Type.BROKER, BROKER_LIMIT)):
+        name = topic if kind == ConfigResource.Type.TOPIC else _a_broker(admin, watch)  # asked only when needed
         if name is None:
             continue
         try:
-            value = describe_config(settings, ConfigResource(kind, name), admin=admin).get(setting)
+            value = describe_config(settings, ConfigResource(kind, name), admin=admin, watch=watch).get(setting)
             if value is not None:
                 return int(value)
-        except (KafkaException, ValueError) as error:
+        except (KafkaException, TopicError, ValueError) as error:
             log.warning("%s: cannot read %s of %s %s: %s", topic, setting, kind.name.lower(), name, error)
     return None
 
 
-def _a_broker(admin: AdminClient) -> str | None:
+def _a_broker(admin: AdminClient, watch: RefusalWatch | None) -> str | None:
     try:
-        brokers = admin.list_topics(timeout=10).brokers
+        metadata = cluster_metadata(admin, watch, timeout=10) if watch is not None else admin.list_topics(timeout=10)
     except KafkaException:
         return None
-    return str(min(brokers)) if brokers else None
+    return str(min(metadata.brokers)) if metadata.brokers else None
 
 
-def changelog_record_limit(settings: Settings, topic: str, admin: AdminClient | None = None) -> RecordLimit:
+def changelog_record_limit(settings: Settings, topic: str, admin: AdminClient | None = None,
+                           watch: RefusalWatch | None = None) -> RecordLimit:
     """The largest change event ``topic`` takes (key + value bytes): the smallest of max_record_bytes, the
     topic's max.message.bytes (or the broker's message.max.bytes) and a message.max.bytes configured for
     the producers in ``settings.kafka``. When neither the topic's nor the broker's setting can be read, the
     topic is taken to have what mvlog asked for, with a warning (the broker may then still refuse)."""
-    topic_max = _topic_limit(settings, admin or AdminClient(settings.kafka_client_config()), topic)
+    if admin is None:
+        admin, watch = watched_admin(settings)
+    topic_max = _topic_limit(settings, admin, topic, watch)
     if topic_max is None:
         topic_max = changelog_topic_bytes(settings)
         log.warning("%s: limits unreadable; assuming %s=%d from max_record_bytes", topic, TOPIC_LIMIT, topic_max)

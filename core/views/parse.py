@@ -162,7 +162,7 @@ _PARSER_TOKEN = re.compile(r"<Token token_type: TokenType\.(\w+), text: (.*?), l
 
 def _refuse_empty_items(sql: str, tokens: Sequence[Token]) -> None:
     """Refuse a comma with no expression after it (a trailing comma) or a list that starts with one."""
-    for before, after in zip(tokens, [*tokens[1:], None], strict=True):
+    for before, after in zip(tokens, [*tokens[1:], None], strict=False):  # the last token has None after it
         if before.token_type == TokenType.COMMA and (after is None or after.token_type in _NOT_AFTER_COMMA):
             found = "the end of the SQL" if after is None else f"`{after.text}`"
             raise SqlSyntaxError(sql, *line_col(sql, before.start), f"expected an expression after `,`, found {found}")

@@ -9,6 +9,12 @@ from typing import Any
 import pytest
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+)
 
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
@@ -53,6 +59,12 @@ def test_poison_records_are_dead_lettered_and_reading_goes_on(make_settings: Any
     t1.upsert([{"id": i, "v": i - 2} for i in range(8)])
     t1.flush()
     topic = settings.changelog_topic("t1")
+    # mvlog created the changelog for records up to max_record_bytes; a foreign producer's larger record
+    # gets in where the topic allows more (raised here as an operator might), and readers dead-letter it.
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("max.message.bytes", "1048588", incremental_operation=AlterConfigOpType.SET)])
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})  # held until the result is in
+    admin.incremental_alter_configs([resource])[resource].result(30)
     producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
     key = encode_key(("id",), (1,))
     poison: list[tuple[bytes | None, bytes, list[tuple[str, str | bytes | None]] | None, str]] = [

@@ -344,3 +344,10 @@ def test_sql_needs_a_table_for_every_upstream():
     p = plan("SELECT a.v1 FROM t1 a JOIN t2 b ON a.id = b.t1id")
     with pytest.raises(ViewDefinitionError, match=r"no table given for upstream view\(s\) t2"):
         to_spark_sql(p, {"t1": "x"})
+
+
+@pytest.mark.parametrize("sql", ["", "   ", "\n-- only a comment\n"])
+def test_empty_sql_is_refused_in_words(sql: str) -> None:
+    """An empty definition (a made-up replacement record has none) is a definition error, not a crash."""
+    with pytest.raises(ViewDefinitionError, match="empty"):
+        plan(sql)
