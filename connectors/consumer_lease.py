@@ -15,6 +15,8 @@ import socket
 
 import redis
 
+from mvlog.connectors.redis_keys import view_key
+
 #: How long a lease outlives its last renewal: a few of the supervisor's renewals (every second).
 LEASE_TTL_MS = 5_000
 STOP_REQUEST_TTL_MS = 300_000  # a request nobody picks up (its holder died) does not outlive the view
@@ -36,7 +38,7 @@ class ConsumerLeases:
         self.prefix = prefix
 
     def _key(self, view: str, what: str) -> str:
-        return f"{self.prefix}:{{{view}}}:{what}"
+        return view_key(self.prefix, view, what)
 
     def hold(self, view: str, holder: str, ttl_ms: int = LEASE_TTL_MS) -> None:
         """Take or renew the lease of ``view`` (the latest holder wins: a second run-view fences the

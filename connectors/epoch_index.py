@@ -10,6 +10,7 @@ from __future__ import annotations
 import redis
 
 from mvlog.changes import IndexEntry
+from mvlog.connectors.redis_keys import view_key
 
 __all__ = ["EpochIndex", "IndexEntry"]
 
@@ -34,7 +35,7 @@ class EpochIndex:
         self._prefix = prefix
 
     def key(self, view: str, partition: int) -> str:
-        return f"{self._prefix}:{{{view}}}:index:{partition}"
+        return view_key(self._prefix, view, f"index:{partition}")
 
     def add(self, view: str, entries: dict[int, IndexEntry]) -> None:
         pipe = self._redis.pipeline(transaction=True)

@@ -23,6 +23,7 @@ import redis
 
 from mvlog.catalog import CatalogEntry
 from mvlog.connectors.epoch_index import EpochIndex
+from mvlog.connectors.redis_keys import view_key
 from mvlog.connectors.view_store import ViewStore
 from mvlog.lag import LagSample, measure
 from mvlog.lag_status import LagStatus, Verdict
@@ -53,7 +54,7 @@ class LagStore:
         self._release = client.register_script(_RELEASE_SCRIPT)
 
     def history_key(self, view: str) -> str:
-        return f"{self.prefix}:{{{view}}}:lag"
+        return view_key(self.prefix, view, "lag")
 
     # --- measuring --------------------------------------------------------------------------------
 

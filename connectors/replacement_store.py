@@ -32,6 +32,7 @@ import redis
 from mvlog.changes import IndexEntry
 from mvlog.connectors.epoch_index import EpochIndex, epoch_hex, index_member
 from mvlog.connectors.lua_prelude import EACH_CHUNK
+from mvlog.connectors.redis_keys import view_key
 from mvlog.replacement import Status
 
 _STAGE_SCRIPT = """
@@ -174,10 +175,10 @@ class ReplacementStore:
         self._apply = client.register_script(_APPLY_SCRIPT)
 
     def key(self, view: str, what: str = "") -> str:
-        return f"{self.prefix}:{{{view}}}:replacement" + (f":{what}" if what else "")
+        return view_key(self.prefix, view, "replacement" + (f":{what}" if what else ""))
 
     def _view_key(self, view: str, what: str) -> str:
-        return f"{self.prefix}:{{{view}}}:{what}"  # ViewStore's keys
+        return view_key(self.prefix, view, what)  # ViewStore's keys
 
     def _keys(self, view: str) -> list[str]:
         return [self.key(view), self.key(view, "rows"), self.key(view, "opstate")]

@@ -16,6 +16,7 @@ from pathlib import Path
 import redis
 
 from mvlog.config import Settings
+from mvlog.connectors.redis_keys import view_key
 from mvlog.snapshot_plan import SnapshotRecord
 
 MANIFEST = "_mvlog_snapshot.json"
@@ -32,7 +33,7 @@ class SnapshotStore:
         return cls(client, settings.topic_prefix, settings.snapshot_root / settings.topic_prefix)
 
     def key(self, view: str) -> str:
-        return f"{self.prefix}:{{{view}}}:snapshots"
+        return view_key(self.prefix, view, "snapshots")
 
     def record(self, snapshot: SnapshotRecord) -> None:
         self.redis.hset(self.key(snapshot.view), str(snapshot.epoch), snapshot.to_json())

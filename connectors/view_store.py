@@ -24,6 +24,7 @@ from mvlog.connectors.changelog_writer import EncodedBatch, EncodedEpoch
 from mvlog.connectors.epoch_index import EpochIndex, IndexEntry, epoch_hex, index_member
 from mvlog.connectors.lua_prelude import EACH_CHUNK, SWAP_STAGED
 from mvlog.connectors.packed_script import run_script
+from mvlog.connectors.redis_keys import view_key
 from mvlog.key_order import order_member, order_members
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import encode_key, encode_row
@@ -205,7 +206,7 @@ class ViewStore:
         self._commit_load = client.register_script(_COMMIT_LOAD_SCRIPT)
 
     def _key(self, view: str, what: str) -> str:
-        return f"{self.prefix}:{{{view}}}:{what}"
+        return view_key(self.prefix, view, what)
 
     def key(self, view: str, what: str) -> str:
         """The Redis key of ``what`` (meta, rows, backfill, ...) of ``view``, under the view's hash tag."""
