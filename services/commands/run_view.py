@@ -79,14 +79,10 @@ def _short(error: BaseException | object, limit: int = 400) -> str:
 
 @dataclass
 class _Running:
-    """One view this process maintains: its consumer, its streaming query, and its lease."""
+    """One view this process maintains: its consumer and its streaming query."""
 
     consumer: ViewConsumer
     query: StreamingQuery
-
-    @property
-    def name(self) -> str:
-        return self.consumer.entry.name
 
 
 class _Supervisor:
@@ -95,6 +91,7 @@ class _Supervisor:
 
     def __init__(self, settings: Settings, client: redis.Redis, progress_interval: float, verbose: bool) -> None:
         self.catalog = CatalogStore(settings, client)
+        self.store = ViewStore(client, settings.topic_prefix)
         self.leases = ConsumerLeases(client, settings.topic_prefix)
         self.holder = holder_id()
         self.progress_interval = progress_interval
@@ -134,7 +131,7 @@ class _Supervisor:
         reason = _short(error) if isinstance(error, BaseException) else error
         if self.verbose and isinstance(error, BaseException):
             click.echo(str(error), err=True)
-        ViewStore(self.catalog.redis, self.leases.prefix).set_lifecycle(name, Lifecycle.FAILED, reason)
+        self.store.set_lifecycle(name, Lifecycle.FAILED, reason)
         self.failures.append(f"view {name} failed: {reason}")
         others = f"; {', '.join(n for n in self.running if n != name)} go on" if len(self.running) > 1 else ""
         click.echo(f"{name}: failed: {reason}{others}", err=True)
