@@ -6,7 +6,8 @@
 * Redis state: ``view_store`` (rows, MCE, operator state, backfill progress, in Lua scripts built on
   ``lua_prelude`` and sent by ``packed_script``), ``epoch_index``, ``catalog_store``, ``snapshot_store``,
   ``replacement_store``, ``lag_store``, ``cache_registry``, ``consumer_lease``, ``backpressure``,
-  ``pipeline_status``, ``streamed_commit``; ``redis_client`` is how every process connects.
+  ``pipeline_status``, ``streamed_commit``; ``redis_keys`` is their one key layout per view and
+  ``redis_client`` is how every process connects.
 * Recovery: ``recovery`` rolls Redis forward from a changelog (Kafka is the truth), ``checkpoints``.
 * Spark: ``spark_source`` (the ``mvlog`` Python data source), ``change_rows`` (changes as Arrow rows),
   ``log_cache_client`` (reads from the Faust log cache).
