@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
+              pytest.mark.timeout(900)]  # the run itself may take 900 s (below): 5-10 min on this machine
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(r"soak: ([\d.]+) minutes, (\d+) kills survived, (\d+) epochs checked, "
