@@ -29,7 +29,6 @@ at start (with the tail of its log).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -38,13 +37,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mvlog.infra.child_processes import die_with_parent
 from mvlog.infra.kafka_broker import KafkaBroker, KafkaSetupError, ensure_kafka_jars, find_java, kafka_version
 
 if TYPE_CHECKING:
@@ -268,13 +267,6 @@ def _tail(path: Path, lines: int = 25) -> str:
     except OSError:
         return ""
     return "\n".join(_ANSI.sub("", line) for line in text.rstrip().splitlines()[-lines:])
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask Linux to SIGTERM the child when the process that started it dies (tests: no orphans)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -504,7 +496,7 @@ class LocalStack:
                 cwd=self.data_dir,
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=_die_with_parent if self.die_with_parent and sys.platform == "linux" else None,
+                preexec_fn=die_with_parent() if self.die_with_parent else None,
             )
         self._children[service.name] = child
         self._pid_file(service.name).write_text(f"{child.pid}\n")

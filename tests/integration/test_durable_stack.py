@@ -20,7 +20,6 @@ over the table's rows at every committed epoch).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import os
 import queue
@@ -41,6 +40,7 @@ from confluent_kafka.admin import AdminClient
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.view_store import ViewStore
+from mvlog.infra.child_processes import die_with_parent
 from mvlog.infra.local_stack import LocalStack, free_ports, kafka_answers, redis_answers
 from mvlog.schemas.codec import decode_row
 from mvlog.services.table_writer import Table
@@ -211,11 +211,6 @@ def topics_of(settings: Settings, names: list[str]) -> dict[str, int]:
 # ------------------------------------------------------------------------- processes of the pipeline
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class WriterProcess:
     """tests/integration/processes/table_loop.py: a table writer writing continuously, in a child process."""
 
@@ -227,7 +222,7 @@ class WriterProcess:
             [sys.executable, "-m", "tests.integration.processes.table_loop", settings.model_dump_json(), table,
              str(seed), str(KEYS)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT, env=env,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+            preexec_fn=die_with_parent(signal.SIGKILL))
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, name="writer-stdout", daemon=True).start()
 
