@@ -2,7 +2,8 @@
 #
 #   make setup   ready a fresh clone: Debian packages (redis-server, a Java runtime, Maven) when missing,
 #                then .venv with mvlog installed in editable mode (strict) with its dev tools, then
-#                Apache Kafka's jars from Maven Central (infra/kafka/pom.xml) into ~/.cache/mvlog
+#                Apache Kafka's jars from Maven Central (infra/kafka/pom.xml) into ~/.cache/mvlog, and
+#                Kafka Connect's + Debezium's PostgreSQL connector's (infra/connect/pom.xml; the CDC test)
 #   make test    setup + lint (ruff, mypy) + the whole pytest suite (integration tests start their
 #                own Apache Kafka broker and redis-server on free loopback ports)
 #   make demo    setup + the demo
@@ -33,12 +34,12 @@ TEST_TIMEOUT ?= 600
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help setup system-deps kafka lint test demo bench up down purge clean
+.PHONY: help setup system-deps kafka connect lint test demo bench up down purge clean
 
 help:
 	@awk '/^#/ { sub(/^# ?/, ""); print; next } { exit }' Makefile
 
-setup: system-deps $(STAMP) kafka
+setup: system-deps $(STAMP) kafka connect
 
 # Apache Kafka's jars (kafka_2.13, its run-time dependencies and a logging binding), resolved from Maven
 # Central by mvn into ~/.cache/mvlog/kafka-<version> (MVLOG_KAFKA_HOME), reused when present.
@@ -46,8 +47,16 @@ kafka: $(STAMP)
 	@"$(PY)" -c 'from mvlog.infra.kafka_broker import ensure_kafka_jars, kafka_home; \
 		home = kafka_home(); print(f"Apache Kafka jars: {ensure_kafka_jars(home)}")'
 
+# Kafka Connect (connect-runtime, connect-json: the broker's Kafka version) and Debezium's PostgreSQL
+# connector, resolved from Maven Central into ~/.cache/mvlog/connect-<kafka>-debezium-<version>
+# (MVLOG_CONNECT_HOME), reused when present: the tests' real CDC pipeline runs them.
+connect: $(STAMP)
+	@"$(PY)" -c 'from mvlog.infra.kafka_connect import ensure_connect_jars; \
+		print(f"Kafka Connect + Debezium jars: {ensure_connect_jars()}")'
+
 # Debian packages the stack needs: redis-server (the local stack's Redis), a Java runtime >= 17 (Spark and
-# Apache Kafka), maven (resolves Kafka's jars from Maven Central),
+# Apache Kafka), maven (resolves Kafka's jars from Maven Central), postgresql (the CDC test's database;
+# its initdb and postgres live under /usr/lib/postgresql/<major>/bin),
 # python3-venv (only when the interpreter cannot make a venv), chromium and chromium-driver (the
 # dashboard's browser test drives Debian's headless Chromium). Installed only when missing.
 system-deps:
@@ -58,6 +67,8 @@ system-deps:
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
 	command -v mvn >/dev/null 2>&1 || missing="$$missing maven"; \
+	{ command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } \
+		|| missing="$$missing postgresql"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	"$(PYTHON)" -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \

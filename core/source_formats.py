@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mvlog.row_schema import RowSchema
+from mvlog.source_dedupe import debezium_position
 from mvlog.source_records import BadRecordError, RowChange, SourceMessage, typed_key, typed_row
 from mvlog.source_spec import SourceFormat, SourceSpec
 
@@ -77,14 +78,6 @@ def _unwrap(data: Any) -> Any:
     return data
 
 
-def _position(source: Any) -> str | None:
-    """Debezium's ``source`` block as canonical JSON: the same change delivered twice has the same one
-    (database position: lsn/txId for PostgreSQL, file/pos/row/gtid for MySQL, ...)."""
-    if not isinstance(source, Mapping):
-        return None
-    return json.dumps(source, sort_keys=True, separators=(",", ":"), default=str)
-
-
 def decode_debezium_json(schema: RowSchema, message: SourceMessage) -> list[RowChange]:
     """Debezium's change event envelope (JSON converter, with or without schemas).
 
@@ -101,7 +94,7 @@ def decode_debezium_json(schema: RowSchema, message: SourceMessage) -> list[RowC
     if not isinstance(data, Mapping):
         raise BadRecordError(message, None, f"the value is not a Debezium change event but {type(data).__name__}")
     op = data.get("op")
-    position = _position(data.get("source"))
+    position = debezium_position(op, data.get("source"))  # orders one row's streamed changes
     before, after = data.get("before"), data.get("after")
     if op in ("c", "r", "u"):
         if after is None:

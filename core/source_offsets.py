@@ -8,18 +8,43 @@ which messages each committed epoch holds without asking the group coordinator.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import base64
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from mvlog.changes import Mutation
+from mvlog.row_schema import Key
 
 #: Barrier mutation kind of a source table's epoch.
 SOURCE_OFFSETS_MUTATION = "source_offsets"
 
 
-def offsets_mutation(table: str, topic: str, offsets: Mapping[int, int]) -> Mutation:
-    """``offsets``: partition -> next offset to read after the epoch (its messages end just below)."""
-    return Mutation(SOURCE_OFFSETS_MUTATION, table,
-                    {"topic": topic, "offsets": {str(p): o for p, o in sorted(offsets.items())}})
+def offsets_mutation(table: str, topic: str, offsets: Mapping[int, int],
+                     positions: Mapping[Key, int] | None = None) -> Mutation:
+    """``offsets``: partition -> next offset to read after the epoch (its messages end just below).
+    ``positions``: the source positions the epoch applied, per key (Debezium redelivery, see
+    :mod:`mvlog.source_dedupe`), committed with the epoch so a restarted ingester knows them."""
+    payload: dict[str, Any] = {"topic": topic, "offsets": {str(p): o for p, o in sorted(offsets.items())}}
+    if positions:
+        payload["positions"] = [[[_json_value(v) for v in key], position] for key, position in positions.items()]
+    return Mutation(SOURCE_OFFSETS_MUTATION, table, payload)
+
+
+def _json_value(value: Any) -> Any:
+    """A key column's value in JSON: bytes as ``{"b64": ...}`` (the only key type JSON has no form for)."""
+    return {"b64": base64.b64encode(value).decode()} if isinstance(value, bytes) else value
+
+
+def _key_value(value: Any) -> Any:
+    return base64.b64decode(value["b64"]) if isinstance(value, dict) else value
+
+
+def positions_of(mutation: Mutation | None) -> Iterator[tuple[Key, int]]:
+    """The (key, position) pairs a source epoch's barrier records (none on other barriers)."""
+    if mutation is None or mutation.kind != SOURCE_OFFSETS_MUTATION:
+        return
+    for key, position in mutation.payload.get("positions", ()):
+        yield tuple(_key_value(v) for v in key), int(position)
 
 
 def offsets_of(mutation: Mutation | None) -> dict[int, int] | None:

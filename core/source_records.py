@@ -36,13 +36,14 @@ class SourceMessage:
 class RowChange:
     """A change of the table: ``row`` replaces the whole row of ``key``, or ``row is None`` deletes it.
 
-    ``position`` is the origin's position of the change when the format carries one (Debezium's
-    ``source`` block, canonical JSON), to recognise a change delivered twice.
+    ``position`` orders the streamed changes of one key at their origin when the format carries such a
+    position (Debezium's PostgreSQL ``lsn``, :func:`mvlog.source_dedupe.debezium_position`): a change at
+    or below the key's last applied position is a redelivery (:class:`mvlog.source_dedupe.PositionFilter`).
     """
 
     key: Key
     row: Row | None
-    position: str | None = None
+    position: int | None = None
 
     @property
     def is_delete(self) -> bool:

@@ -12,6 +12,11 @@ After a SIGKILL the next ingester's ``Table`` fences the old transactional produ
 epoch), rolls Redis forward from the changelog if the kill fell between the Kafka and the Redis commit
 (Kafka is the truth), and the consumer resumes from the group's committed offsets: nothing is lost or
 applied twice. Each epoch's barriers also carry those offsets (:mod:`mvlog.source_offsets`).
+
+A ``debezium-json`` source also drops Debezium's own redeliveries (a restarted Kafka Connect worker
+sends again what came after its last flushed offset): each key's last applied source position
+(:mod:`mvlog.source_dedupe`) is committed on the epoch's barriers with the offsets, and folded back from
+the table's changelog when an ingester starts.
 """
 
 from __future__ import annotations
@@ -32,9 +37,11 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_reader import reader_consumer
 from mvlog.connectors.changelog_writer import ConsumedInput
 from mvlog.row_schema import Key, Row, RowSchema
+from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
 from mvlog.services.table_writer import RowValidationError, Table
+from mvlog.source_dedupe import PositionFilter
 from mvlog.source_formats import decoder_for
-from mvlog.source_offsets import offsets_mutation
+from mvlog.source_offsets import offsets_mutation, positions_of
 from mvlog.source_records import BadRecordError, RowChange, SourceMessage
 from mvlog.source_spec import SourceFormat, SourceSpec, SourceSpecError, source_group
 
@@ -81,6 +88,7 @@ class IngestProgress:
     changes: int = 0
     epochs: int = 0
     last_epoch: int | None = None
+    redelivered: int = 0  # Debezium changes skipped as redeliveries (position at or below the key's last)
 
 
 class SourceIngester:
@@ -103,6 +111,9 @@ class SourceIngester:
         # First the table's writer: its init_transactions aborts the epoch a killed ingester left open,
         # offsets included, so the committed offsets read next are stable.
         self.table = Table(settings, entry, self._redis, auto_commit=False)
+        self._seen = PositionFilter()
+        if spec.format is SourceFormat.DEBEZIUM_JSON:
+            self._seen.load(committed_positions(settings, name))
         self._consumer = reader_consumer(settings, {"group.id": self.group, "auto.offset.reset": "error"})
         try:
             committed = self._consumer.committed([TopicPartition(spec.topic, p) for p in range(partitions)], 30.0)
@@ -156,6 +167,10 @@ class SourceIngester:
             except BadRecordError:
                 self._queue(run)
                 raise
+            if any(change.position is not None for change in changes):
+                admitted = [change for change in changes if self._seen.admit(change.key, change.position)]
+                self.progress.redelivered += len(changes) - len(admitted)
+                changes = admitted
             if changes and run and changes[0].is_delete != run[-1].is_delete:
                 self._queue(run)
             run.extend(changes)
@@ -196,7 +211,8 @@ class SourceIngester:
             return None
         offsets = [TopicPartition(self.spec.topic, p, o) for p, o in sorted(self.positions.items())]
         consumed = ConsumedInput(offsets, self._consumer.consumer_group_metadata(),
-                                 offsets_mutation(self.name, self.spec.topic, self.positions))
+                                 offsets_mutation(self.name, self.spec.topic, self.positions,
+                                                  self._seen.take_changed()))
         self.table.wait_for_downstreams()
         committed = self.table.commit_epoch(consumed)
         self._uncommitted = False
@@ -227,5 +243,36 @@ class SourceIngester:
         self.close()
 
 
-__all__ = ["IngestProgress", "SourceError", "SourceIngester", "SourceSpecError", "create_source_table",
-           "source_topic_partitions"]
+def committed_positions(settings: Settings, table: str, idle: float = 2.0) -> list[tuple[Key, int]]:
+    """The per-key source positions every committed epoch of ``table`` recorded, in epoch order, read
+    from the barriers of its changelog's partition 0 (each epoch's barrier there holds them all; a
+    ``read_committed`` read sees no aborted epoch). Reads the whole partition: its cost grows with the
+    table's log (bounded by its retention), paid once per ingester start."""
+    topic = settings.changelog_topic(table)
+    consumer = reader_consumer(settings)
+    found: list[tuple[Key, int]] = []
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), 15.0, False)
+        if high <= low:
+            return found
+        consumer.assign([TopicPartition(topic, 0, low)])
+        last_record = time.monotonic()
+        while time.monotonic() - last_record < idle:
+            for message in consumer.consume(2000, 0.2):
+                last_record = time.monotonic()
+                offset, value = message.offset(), message.value()
+                if message.error() is not None or offset is None:
+                    continue
+                if (HEADER_TYPE, TYPE_BARRIER) in (message.headers() or []) and value is not None:
+                    found.extend(positions_of(decode_barrier(value).mutation))
+                if offset + 1 >= high:
+                    return found
+            if consumer.position([TopicPartition(topic, 0)])[0].offset >= high:
+                return found
+        return found
+    finally:
+        consumer.close()
+
+
+__all__ = ["IngestProgress", "SourceError", "SourceIngester", "SourceSpecError", "committed_positions",
+           "create_source_table", "source_topic_partitions"]

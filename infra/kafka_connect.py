@@ -1,0 +1,244 @@
+"""Kafka Connect (standalone) with Debezium's PostgreSQL connector: a real CDC pipeline on loopback.
+
+The jars come from Maven Central only: ``infra/connect/pom.xml`` names ``connect-runtime`` and
+``connect-json`` (the broker's Kafka version, read from ``infra/kafka/pom.xml`` and passed to Maven, so
+the worker never differs from the broker) and ``io.debezium:debezium-connector-postgres``; Maven copies
+them with their run-time dependencies into ``~/.cache/mvlog/connect-<kafka>-debezium-<debezium>`` (or
+``$MVLOG_CONNECT_HOME``), reused when present. ``make setup`` resolves it (:func:`ensure_connect_jars`).
+
+:class:`ConnectWorker` runs ``org.apache.kafka.connect.cli.ConnectStandalone`` with one connector, its
+REST listener on loopback, its source offsets in a file of its folder (so a restarted worker resumes
+where the last *flushed* offsets say: Debezium then redelivers what came after, at least once). The
+tests use it to feed mvlog a Debezium topic written by Debezium itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mvlog.infra.kafka_broker import KafkaSetupError, find_java, kafka_version
+
+__all__ = ["CONNECT_HOME_ENV", "ConnectWorker", "connect_home", "debezium_postgres_connector",
+           "debezium_version", "ensure_connect_jars"]
+
+CONNECT_HOME_ENV = "MVLOG_CONNECT_HOME"
+POM = Path(__file__).resolve().parent / "connect" / "pom.xml"
+LOOPBACK = "127.0.0.1"
+
+
+def debezium_version(pom: Path = POM) -> str:
+    """The Debezium version the pom names (its ``debezium.version`` property)."""
+    match = re.search(r"<debezium\.version>([^<]+)</debezium\.version>", pom.read_text())
+    if match is None:
+        raise KafkaSetupError(f"{pom} names no <debezium.version>")
+    return match.group(1).strip()
+
+
+def connect_home(environ: Mapping[str, str] = os.environ) -> Path:
+    """``$MVLOG_CONNECT_HOME``, else ``~/.cache/mvlog/connect-<kafka>-debezium-<debezium>``."""
+    if environ.get(CONNECT_HOME_ENV):
+        return Path(environ[CONNECT_HOME_ENV]).expanduser()
+    cache = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "mvlog" / f"connect-{kafka_version()}-debezium-{debezium_version()}"
+
+
+def _has_jars(libs: Path) -> bool:
+    return (libs.is_dir() and any(libs.glob("connect-runtime-*.jar"))
+            and any(libs.glob("debezium-connector-postgres-*.jar")) and any(libs.glob("log4j-slf4j2-impl-*.jar")))
+
+
+def ensure_connect_jars(home: Path | None = None) -> Path:
+    """The folder of Kafka Connect's and Debezium's jars, resolved with ``mvn`` when not there yet."""
+    home = home or connect_home()
+    libs = home / "libs"
+    if _has_jars(libs):
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise KafkaSetupError("Kafka Connect's and Debezium's jars are not resolved yet and Maven is missing: "
+                              f"install it (`apt-get install -y maven`; `make setup` does it) or set "
+                              f"{CONNECT_HOME_ENV} to a folder whose libs/ holds them.")
+    find_java()
+    partial = home.with_name(home.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    command = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", "-DincludeScope=runtime",
+               f"-Dkafka.version={kafka_version()}", f"-DoutputDirectory={partial / 'libs'}"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise KafkaSetupError(f"Maven could not resolve Kafka Connect / Debezium (`{' '.join(command)}`):\n"
+                              f"{(done.stdout + done.stderr)[-3000:]}")
+    home.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(home, ignore_errors=True)
+    partial.replace(home)  # whole or absent, as for the broker's jars
+    return libs
+
+
+def debezium_postgres_connector(name: str, *, host: str, port: int, user: str, database: str,
+                                topic_prefix: str, tables: list[str], slot: str) -> dict[str, str]:
+    """The properties of Debezium's PostgreSQL connector reading ``tables`` (``schema.table``) through
+    ``pgoutput`` (built into PostgreSQL >= 10: no server plugin to install) into ``<topic_prefix>.<schema>.
+    <table>``. A publication of just those tables is created by the connector (``filtered``)."""
+    return {
+        "name": name,
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "tasks.max": "1",
+        "plugin.name": "pgoutput",
+        "database.hostname": host,
+        "database.port": str(port),
+        "database.user": user,
+        "database.password": "unused",  # trust authentication on loopback
+        "database.dbname": database,
+        "topic.prefix": topic_prefix,
+        "table.include.list": ",".join(tables),
+        "slot.name": slot,
+        "publication.name": f"{slot}_pub",
+        "publication.autocreate.mode": "filtered",
+        "snapshot.mode": "initial",
+        "decimal.handling.mode": "double",
+        "tombstones.on.delete": "true",
+    }
+
+
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.out.ref = out
+logger.dbz.name = io.debezium
+logger.dbz.level = info
+"""
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class ConnectWorker:
+    """A Kafka Connect standalone worker in ``folder`` running one connector (``connector`` properties).
+
+    ``schemas`` sets the JSON converter's ``schemas.enable`` for keys and values; ``flush_ms`` is how
+    often source offsets are written to the offsets file (what a SIGKILLed worker resumes from).
+    """
+
+    folder: Path
+    bootstrap_servers: str
+    rest_port: int
+    connector: dict[str, str]
+    schemas: bool = False
+    flush_ms: int = 1000
+    heap: str = "-Xms128m -Xmx512m"
+    libs: Path | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    @property
+    def offsets_file(self) -> Path:
+        return self.folder / "connect.offsets"
+
+    @property
+    def log_file(self) -> Path:
+        return self.folder / "connect.log"
+
+    def _write_config(self) -> tuple[Path, Path, Path]:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        enabled = "true" if self.schemas else "false"
+        worker = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "key.converter.schemas.enable": enabled,
+            "value.converter.schemas.enable": enabled,
+            "offset.storage.file.filename": str(self.offsets_file),
+            "offset.flush.interval.ms": str(self.flush_ms),
+            "listeners": f"http://{LOOPBACK}:{self.rest_port}",
+            "rest.advertised.host.name": LOOPBACK,
+            # The connectors are on the class path (one folder of jars); nothing to scan.
+            "plugin.discovery": "service_load",
+            "producer.linger.ms": "5",
+        }
+        worker_file, connector_file, log4j = (self.folder / "worker.properties", self.folder / "connector.properties",
+                                              self.folder / "log4j2.properties")
+        worker_file.write_text("".join(f"{k}={v}\n" for k, v in worker.items()))
+        connector_file.write_text("".join(f"{k}={v}\n" for k, v in self.connector.items()))
+        log4j.write_text(_LOG4J2)
+        return worker_file, connector_file, log4j
+
+    def start(self, timeout: float = 90.0) -> ConnectWorker:
+        """Start the worker and wait until its connector's task runs (REST ``/status``)."""
+        libs = self.libs or ensure_connect_jars()
+        worker_file, connector_file, log4j = self._write_config()
+        command = [str(find_java()), *self.heap.split(), "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                   "-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={log4j}", "-Djava.awt.headless=true",
+                   "org.apache.kafka.connect.cli.ConnectStandalone", str(worker_file), str(connector_file)]
+        log = self.log_file.open("ab")
+        try:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
+                                            preexec_fn=_die_with_parent)
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while (state := self.task_state()) != "RUNNING":
+            if self.process.poll() is not None:
+                raise KafkaSetupError(f"Kafka Connect exited ({self.process.returncode}):\n{self.tail()}")
+            if state == "FAILED" or time.monotonic() > deadline:
+                self.kill()
+                raise KafkaSetupError(f"Debezium's task is {state} after {timeout:.0f} s:\n{self.tail()}")
+            time.sleep(0.3)
+        return self
+
+    def task_state(self) -> str | None:
+        """The state of the connector's first task as the REST API reports it (None: not answering yet)."""
+        url = f"http://{LOOPBACK}:{self.rest_port}/connectors/{self.connector['name']}/status"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                status = json.load(answer)
+        except (OSError, ValueError):
+            return None
+        tasks = status.get("tasks") or []
+        return str(tasks[0]["state"]) if tasks else None
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL: no offsets flushed, no clean shutdown (what a crash does)."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(30)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (the worker flushes its offsets and stops its task), SIGKILL after ``timeout``."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(30)
+
+    def __enter__(self) -> ConnectWorker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
