@@ -88,6 +88,7 @@ from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.view_store import ViewStore
+from mvlog.infra.child_processes import die_with_parent
 from mvlog.infra.local_stack import LocalStack, free_ports
 from mvlog.replacement import Status
 from mvlog.services.commands.demo import TABLES, VIEWS  # the demo's pipeline, under chaos
@@ -118,10 +119,12 @@ MID_EPOCH_WAIT_S = 5.0
 BACKFILL_SHARE = 0.4
 KEYS = 500
 NAMES = ("ada", "bob", "cy", "dee", "eve")
-CATCH_UP_TIMEOUT_S = 300.0
-#: How long the end waits for the events still to come or under way (a replacement's cut-over) while none of
-#: them moves on: each that happens or completes gives the rest that long again (a loaded machine is slow).
-EVENT_TIMEOUT_S = 300.0
+#: How long the end waits, by default, for the events still to come or under way (a replacement's cut-over)
+#: while none of them moves on (each that happens or completes gives the rest that long again: a loaded
+#: machine is slow), and then for the views to catch up. ``--patience`` sets it.
+PATIENCE_S = 300.0
+#: While the end waits, what it waits for is printed this often: a stuck run says where it is stuck.
+WAITING_REPORT_S = 30.0
 READY = "ready"
 
 
@@ -182,7 +185,8 @@ class Process:
             log.write(f"--- start {self.starts} at {clock()}\n")
             log.flush()
             self.child = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=log, text=True,
-                                          cwd=REPO_ROOT, env=env, start_new_session=True)
+                                          cwd=REPO_ROOT, env=env, start_new_session=True,
+                                          preexec_fn=die_with_parent())  # no orphans if the soak is killed
 
     def kill(self) -> None:
         assert self.child is not None
@@ -280,6 +284,7 @@ class Soak:
     seed: int
     rate: float
     workdir: Path
+    patience: float = PATIENCE_S
     processes: dict[str, Process] = field(default_factory=dict)
     kills: int = 0
     notes: list[str] = field(default_factory=list)
@@ -525,15 +530,19 @@ class Soak:
         lifted), stop the writer cleanly and wait for every view to reach its upstreams' last epochs."""
         if self.scheduled:
             self.notes.append(f"{len(self.scheduled)} event(s) came after the chaos (a slow start)")
-        deadline = time.monotonic() + EVENT_TIMEOUT_S
+        deadline = time.monotonic() + self.patience
+        next_report = time.monotonic() + WAITING_REPORT_S
         progress = self.events_progress()
         while self.events_under_way():
             if (now := self.events_progress()) != progress:
-                progress, deadline = now, time.monotonic() + EVENT_TIMEOUT_S
+                progress, deadline = now, time.monotonic() + self.patience
             if time.monotonic() > deadline:
-                self._fail(f"events still under way after the chaos, none moving on for {EVENT_TIMEOUT_S:.0f} s: "
+                self._fail(f"events still under way after the chaos, none moving on for {self.patience:.0f} s: "
                            f"{self.events}")
                 break
+            if time.monotonic() > next_report:
+                print(f"  {clock()} waiting for the events under way: {self.events}", flush=True)
+                next_report = time.monotonic() + WAITING_REPORT_S
             self.restart_dead(" after the chaos")
             self.run_due_event(time.monotonic())
             # Lifted only once a chunk committed under the limit: when kills kept the online view's consumer
@@ -551,7 +560,8 @@ class Soak:
         if not out.strip():
             raise SystemExit(f"the writer did not stop cleanly; see {writer.log}")
         final: dict[str, int] = json.loads(out.strip().splitlines()[-1])
-        deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+        deadline = time.monotonic() + self.patience
+        next_report = time.monotonic() + WAITING_REPORT_S
         # A view has one epoch per upstream epoch; a join's last one is its least advanced upstream's.
         expected = {name: final["t1"] for name in self.names() if name not in TABLES}
         expected["mvj"] = min(final.values())
@@ -560,7 +570,10 @@ class Soak:
             if not behind:
                 break
             if time.monotonic() > deadline:
-                raise SystemExit(f"views did not catch up within {CATCH_UP_TIMEOUT_S:.0f} s: {behind}")
+                raise SystemExit(f"views did not catch up within {self.patience:.0f} s: {behind}")
+            if time.monotonic() > next_report:
+                print(f"  {clock()} waiting for the views to catch up (MCE, target): {behind}", flush=True)
+                next_report = time.monotonic() + WAITING_REPORT_S
             self.restart_dead(" while catching up", writer=False)
             time.sleep(0.5)
         for name in self.processes:
@@ -605,6 +618,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="mean seconds between two kills (default 15)")
     parser.add_argument("--rate", type=float, default=200.0, help="changes/s the writer aims at (default 200)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
+    parser.add_argument("--patience", type=float, default=PATIENCE_S,
+                        help="seconds the end waits for a stuck event or catch-up before it gives up "
+                             f"(default {PATIENCE_S:g})")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) after the run")
     parser.add_argument("--role", choices=("supervisor", "writer"), default="supervisor", help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
@@ -615,6 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_writer(Settings.model_validate_json(args.settings), args.rate, seed)
         return 0
 
+    # SIGTERM (a test's time limit) ends the run through the ``finally`` below: children and stack stopped.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="mvlog-soak-"))
     kafka_port, redis_port = free_ports(2)
@@ -625,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"logs in {workdir}", flush=True)
     print(machine_info(), flush=True)
     soak = Soak(stack.settings(topic_prefix="soak", barrier_interval_ms=500, partitions=3), stack, seed,
-                args.rate, workdir)
+                args.rate, workdir, patience=args.patience)
     try:
         soak.setup()
         soak.chaos(args.minutes * 60, args.kill_every)

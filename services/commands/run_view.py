@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import signal
 import threading
 import time
@@ -70,11 +71,23 @@ class _StopOnSignal:
             signal.signal(number, handler)  # type: ignore[arg-type]
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*: \S")  # the last line of a Python traceback: "module.Error: message"
+
+
 def _short(error: BaseException | object, limit: int = 400) -> str:
-    """The first meaningful line of a (Spark) exception, without the JVM and Python stack traces."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    text = lines[0] if lines else type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """The first meaningful line of a (Spark) exception, without the JVM and Python stack traces.
+
+    Spark wraps an error raised in a Python data source as "[PYTHON_DATA_SOURCE_ERROR] ...: Traceback (most
+    recent call last):" followed by the trace: the line that says what was raised is taken from the trace.
+    """
+    text = str(error)
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    first = lines[0].strip() if lines else type(error).__name__
+    if first.endswith(_TRACEBACK):
+        raised = next((line for line in lines[1:] if _RAISED.match(line)), None)
+        first = first.removesuffix(_TRACEBACK).rstrip() + (f" {raised}" if raised else "")
+    return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
 @dataclass
