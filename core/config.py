@@ -18,6 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, FieldSerializationInfo, SecretStr, field_serializer, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mvlog.client_log import KAFKA_LOG
+
 DEFAULT_CONFIG_FILE = Path("mvlog.toml")
 
 #: librdkafka settings whose values are secrets: kept as SecretStr, never shown.
@@ -177,8 +179,9 @@ class Settings(BaseSettings):
         return f"{self.topic_prefix}.{view}.dlq"
 
     def kafka_client_config(self) -> dict[str, Any]:
-        """librdkafka settings common to producers, consumers and admin clients."""
-        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        """librdkafka settings common to producers, consumers and admin clients (their log goes to
+        :data:`~mvlog.client_log.KAFKA_LOG`: one line per state change, not one per reconnect)."""
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers, "logger": KAFKA_LOG}
         config.update(self.kafka)
         config.update({k: v.get_secret_value() for k, v in self.kafka_secrets.items()})
         if self.kafka_password is not None:
