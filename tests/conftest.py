@@ -46,6 +46,7 @@ import redis
 
 from mvlog.config import Settings
 from mvlog.infra.local_stack import LocalStack, find_redis_server, free_port, free_ports, kafka_answers, redis_answers
+from tests.cdc_fixtures import debezium, postgres  # noqa: F401  (the CDC pipeline's fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO_ROOT / "infra" / "docker-compose.yml"
