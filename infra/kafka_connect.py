@@ -14,13 +14,10 @@ tests use it to feed mvlog a Debezium topic written by Debezium itself.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 import urllib.request
@@ -28,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mvlog.infra.child_processes import die_with_parent
 from mvlog.infra.kafka_broker import KafkaSetupError, find_java, kafka_version
 
 __all__ = ["CONNECT_HOME_ENV", "ConnectWorker", "connect_home", "debezium_postgres_connector",
@@ -124,11 +122,6 @@ logger.dbz.level = info
 """
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @dataclass
 class ConnectWorker:
     """A Kafka Connect standalone worker in ``folder`` running one connector (``connector`` properties).
@@ -189,7 +182,7 @@ class ConnectWorker:
         log = self.log_file.open("ab")
         try:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
-                                            preexec_fn=_die_with_parent)
+                                            preexec_fn=die_with_parent())
         finally:
             log.close()
         deadline = time.monotonic() + timeout

@@ -13,8 +13,6 @@ reach (pytest's own temp folders are private to root).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import pwd
 import re
@@ -27,6 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mvlog.infra.child_processes import die_with_parent
 
 __all__ = ["PostgresError", "PostgresServer", "find_postgres_bin"]
 
@@ -56,15 +56,13 @@ def find_postgres_bin(environ: os._Environ[str] | dict[str, str] | None = None) 
                         "(`make setup` does it), or set MVLOG_PG_BIN to the folder that holds them")
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def _run_as(account: pwd.struct_passwd | None) -> Callable[[], None]:
     """The child's pre-exec: die with the parent, and drop root to ``account`` when given."""
+    arm = die_with_parent()
+
     def preexec() -> None:  # pragma: no cover - runs in the child
-        _die_with_parent()
+        if arm is not None:
+            arm()
         if account is not None:
             os.setgid(account.pw_gid)
             os.setuid(account.pw_uid)
