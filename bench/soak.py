@@ -87,7 +87,7 @@ from mvlog.connectors import redis_client
 from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.infra.child_processes import die_with_parent
 from mvlog.infra.local_stack import LocalStack, free_ports
 from mvlog.replacement import Status
@@ -227,6 +227,18 @@ class Process:
 
     def alive(self) -> bool:
         return self.child is not None and self.child.poll() is None
+
+    def errors(self, lines: int = 12) -> str:
+        """The last error lines of its log (not librdkafka's, not the JVM's stack frames)."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return f"  {self.name}: no log"
+        found = [line.rstrip() for line in text.splitlines()
+                 if ("Error" in line or "failed" in line or line.startswith("--- start"))
+                 and not line.startswith(("%", "\tat ", "  File "))]
+        return "\n".join([f"  {self.name}'s log, its last starts and errors:",
+                          *(f"    {line[:300]}" for line in found[-lines:])])
 
 
 def mvlog_argv(*args: str) -> list[str]:
@@ -466,6 +478,7 @@ class Soak:
         table and view is past a stack kill."""
         events = self.events
         now = time.monotonic()
+        self.note_failed_views()
         for kill in events.stack_kills():
             if kill.recovered_after_s is None:
                 mces = self.store.mce_many(list(kill.mces))
@@ -502,19 +515,37 @@ class Soak:
                 print(f"soak: view {view} replaced at {clock()}: replacement {record.id} applied at epoch "
                       f"{record.applied_epoch} (version {record.applied_version})", flush=True)
 
+    def note_failed_views(self) -> None:
+        """A view its consumer marked failed stops there (its process goes on with the others, so nothing
+        restarts it): the run fails at once with the reason instead of waiting for it to catch up."""
+        for name in self.names():
+            if name not in TABLES and self.store.lifecycle(name) is Lifecycle.FAILED:
+                self._fail(f"{name} failed: {self.store.meta(name).get('reason', '')}")
+
     def _fail(self, reason: str) -> None:
         if reason not in self.events.failures:
             self.events.failures.append(reason)
             print(f"  {clock()} FAILED: {reason}", flush=True)
 
     def events_under_way(self) -> bool:
+        return not self.events.failures and bool(self.waiting_for())
+
+    def waiting_for(self) -> list[str]:
+        """The events still to come or under way, and where each stands (what a stuck run prints)."""
         events = self.events
-        rebuilding = events.wipe_started is not None and events.rebuilt_after_s is None
-        applying = events.replacement_id is not None and events.applied_epoch is None
-        backfilling = (events.created_epoch is not None
-                       and self.store.backfill_state(ONLINE_VIEW[0]).get(b"done") is None)
-        faulted = any(not kill.reported for kill in events.stack_kills())
-        return not events.failures and (bool(self.scheduled) or rebuilding or applying or backfilling or faulted)
+        waiting = [f"{len(self.scheduled)} event(s) to come"] if self.scheduled else []
+        if events.wipe_started is not None and events.rebuilt_after_s is None:
+            stuck = sorted(n for n, m in self.mces().items() if m <= events.wipe_mces.get(n, 0))
+            waiting.append(f"the rebuild after the wipe (not yet past their epoch at the wipe: {stuck})")
+        if events.replacement_id is not None and events.applied_epoch is None:
+            waiting.append(f"the replacement {events.replacement_id} of {REPLACEMENT[0]} to be applied")
+        if events.created_epoch is not None and self.store.backfill_state(ONLINE_VIEW[0]).get(b"done") is None:
+            waiting.append(f"{ONLINE_VIEW[0]}'s backfill")
+        for kill in events.stack_kills():
+            if not kill.reported:
+                stuck = sorted(set(kill.mces) - set(kill.passed_after_s))
+                waiting.append(f"the recovery from the {kill.label} kill (not yet past their epoch at it: {stuck})")
+        return waiting
 
     def events_progress(self) -> tuple[object, ...]:
         """What changes as the events happen and complete."""
@@ -538,10 +569,10 @@ class Soak:
                 progress, deadline = now, time.monotonic() + self.patience
             if time.monotonic() > deadline:
                 self._fail(f"events still under way after the chaos, none moving on for {self.patience:.0f} s: "
-                           f"{self.events}")
+                           f"{'; '.join(self.waiting_for())}")
                 break
             if time.monotonic() > next_report:
-                print(f"  {clock()} waiting for the events under way: {self.events}", flush=True)
+                print(f"  {clock()} waiting for {'; '.join(self.waiting_for())}", flush=True)
                 next_report = time.monotonic() + WAITING_REPORT_S
             self.restart_dead(" after the chaos")
             self.run_due_event(time.monotonic())
@@ -569,6 +600,9 @@ class Soak:
             behind = {v: (self.store.mce(v) or 0, e) for v, e in expected.items() if (self.store.mce(v) or 0) < e}
             if not behind:
                 break
+            self.note_failed_views()
+            if self.events.failures:
+                raise SystemExit(f"views that cannot catch up: {'; '.join(self.events.failures)}")
             if time.monotonic() > deadline:
                 raise SystemExit(f"views did not catch up within {self.patience:.0f} s: {behind}")
             if time.monotonic() > next_report:
@@ -644,6 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(machine_info(), flush=True)
     soak = Soak(stack.settings(topic_prefix="soak", barrier_interval_ms=500, partitions=3), stack, seed,
                 args.rate, workdir, patience=args.patience)
+    failed = True
     try:
         soak.setup()
         soak.chaos(args.minutes * 60, args.kill_every)
@@ -654,12 +689,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = oracle_report(soak.settings, soak.client, soak.names())
         checked = time.monotonic()
         event_problems = soak.check_events(report)
+        failed = not report.ok or bool(event_problems)
+    except BaseException:
+        failed = True
+        raise
     finally:
         for process in soak.processes.values():
             if process.alive():
                 process.kill()
         soak.client.close()
         stack.stop()
+        if failed:  # the logs stay in the work folder, but a CI keeps only what was printed
+            for process in soak.processes.values():
+                print(process.errors(), flush=True)
     for note in soak.notes:
         print(f"  note: {note}")
     for problem in [*event_problems, *report.problems][:20]:
