@@ -85,6 +85,14 @@ class EpochAligner:
             dropped = self._buffers[partition].open_dropped
             dropped[(epoch, txn)] = dropped.get((epoch, txn), 0) + 1
 
+    def count_changes(self, partition: int, epoch: int, txn: str, count: int) -> None:
+        """:meth:`count_change` of ``count`` changes at once: a caller that keeps an epoch's changes itself
+        (the log cache's feed keeps them as Arrow batches, decoded a run at a time) only has them counted
+        towards their barrier, with no per-change work here."""
+        if epoch > self.after_epoch and count:
+            dropped = self._buffers[partition].open_dropped
+            dropped[(epoch, txn)] = dropped.get((epoch, txn), 0) + count
+
     def drop(self, epoch: int, txn: str = "") -> None:
         """Stop keeping the changes of ``(epoch, txn)`` read so far, in every partition, open or sealed;
         they still count towards its barriers, and later ones go to :meth:`count_change`."""

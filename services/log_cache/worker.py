@@ -3,14 +3,23 @@
 * **Fetching.** One Faust agent per upstream changelog topic (the upstreams that views read, from the
   catalog), so the upstream is fetched from Kafka once per worker however many views read it. Several
   workers with the same app id share the partitions through Faust's group assignment.
-* **Alignment.** Each agent feeds its records to an :class:`UpstreamFeed` (barriers aligned across the
-  partitions this worker holds, commit rule); every committed epoch goes into the :class:`LogCache`.
-  The Faust consumer reads with ``read_uncommitted`` (Faust sets ``read_committed`` only for its
-  exactly-once mode, which would make it transactional): the commit rule is what keeps the cache exact,
-  as it does on Tansu, which delivers aborted records to ``read_committed`` readers anyway.
+* **Consuming.** Faust's consumer (aiokafka) only takes part in the group: it holds the assignment and
+  commits the positions, with every assigned partition paused in aiokafka so it fetches nothing. The
+  records come through a confluent-kafka consumer per upstream, ``assign()``-ed to the partitions Faust
+  assigned (from the group's committed offsets) and driven by the upstream's agent in a thread of its
+  own: measured on a backlog of 100k changes, the worker fed by Faust's stream aligned 5.2k changes/s,
+  and py-spy put half its time in Faust's per-message path (fetcher, conductor, stream, agent) and 6 %
+  in the feed. It reads ``read_uncommitted`` (so an epoch is decoded while its writer still writes it):
+  the commit rule is what keeps the cache exact, as it does on Tansu, which delivers aborted records to
+  ``read_committed`` readers anyway.
+* **Alignment.** Each consume batch goes to the upstream's :class:`UpstreamFeed` (compiled decoding of
+  runs straight into Arrow IPC messages, barriers aligned across the partitions this worker holds,
+  commit rule); every committed epoch goes into the :class:`LogCache`.
 * **Serving.** ``GET /epochs/<upstream>/<partition>/?after=A&upto=U`` answers an Arrow IPC stream of
   the partition's epochs in ``(A, U]`` (200), or 410 (evicted: below the floor, read Kafka), 425 (not
-  aligned yet) or 404 (partition not held), with ``{"floor", "tail"}``. ``GET /stats/`` is JSON.
+  aligned yet) or 404 (partition not held), with ``{"floor", "tail"}``. The 200 reply is streamed: the
+  schema message, then the cached IPC messages themselves, so any number of readers are served at once
+  without copying the cache. ``GET /stats/`` is JSON.
 * **Registry.** Every heartbeat the worker claims its partitions in Redis (:class:`CacheRegistry`) with
   a TTL, so the claims of a killed worker expire.
 * **Backpressure.** When a downstream's lag reaches its ``max_epoch_lag``, the upstream's partitions are
@@ -23,17 +32,22 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import faust
 import pyarrow as pa
+from aiohttp import web
+from aiokafka.structs import TopicPartition as AIOKafkaTopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from faust.web import Request, Response, View
 
+from mvlog.barrier_alignment import AlignmentError
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Epoch
 from mvlog.config import Settings
@@ -47,15 +61,24 @@ from mvlog.connectors.kafka_security import faust_broker_credentials
 from mvlog.connectors.log_cache_client import ARROW_STREAM
 from mvlog.log_cache import CacheError, LogCache, RangeStatus
 from mvlog.process_memory import peak_rss_kib, rss_kib
-from mvlog.schemas.codec import DecodeError, record_type
-from mvlog.services.log_cache.feed import FeedError, RawRecord, UpstreamFeed, serve_range
+from mvlog.schemas.codec import DecodeError
+from mvlog.services.log_cache.feed import FeedError, IpcParts, KafkaMessage, UpstreamFeed, reply_buffers
 
 log = logging.getLogger(__name__)
 
 CONFIRM_INTERVAL_S = 0.05  # how often held epochs are checked against the epoch index
 BACKPRESSURE_INTERVAL_S = 0.1
 COMMIT_INTERVAL_S = 1.0  # how often the feeds' positions are committed for the consumer group
-FETCH_BYTES = 1024 * 1024  # per fetch: what the worker holds in flight besides the cache (I4)
+CONSUME_MESSAGES = 4000  # records per consume call (one feed step, decoded at once)
+CONSUME_WAIT_S = 0.1
+# librdkafka's pre-fetch queue of each upstream's consumer, and one fetch response (which may land on a
+# full queue). At 1 MiB fetches into a 4 MiB queue a worker followed 30k changes/s falling behind by a
+# second per epoch, waiting in consume() (py-spy: 2 % of its time decoding); the readers' sizes (16 MiB
+# fetches, a 32 MiB queue) are halved here, as the worker holds them for every upstream (I4).
+QUEUED_KIB = 16 * 1024
+FETCH_MAX_BYTES = 8 * 1024 * 1024
+FETCH_BYTES = QUEUED_KIB * 1024 + FETCH_MAX_BYTES  # records in flight per upstream besides the cache (I4)
+DECODED_PER_ARROW_BYTE = 4  # a consume batch's decoded objects (transient) against the Arrow bytes it makes
 
 
 def use_returning_memory_pool() -> str:
@@ -76,14 +99,19 @@ def use_returning_memory_pool() -> str:
 
 
 class _BoundedFetchThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Sets aiokafka's ``fetch_max_bytes`` (not a Faust setting; 50 MB by default). Tansu ignores the
-    per-partition limit (``consumer_max_fetch_size``), so without it a worker with a backlog holds up to
-    50 MB of records per fetch, several times that as Python objects (I4)."""
+    """Faust's consumer thread with every assigned partition paused in aiokafka: the records come through
+    the upstreams' confluent-kafka consumers (see the module's docstring), so aiokafka's fetcher must not
+    fetch them too (Faust's own pause only filters what it hands out). ``fetch_max_bytes`` bounded all
+    the same (not a Faust setting; 50 MB by default)."""
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_bytes = FETCH_BYTES  # read by the fetcher aiokafka creates at start()
+        consumer._fetch_max_bytes = FETCH_MAX_BYTES  # read by the fetcher aiokafka creates at start()
         return consumer
+
+    async def on_partitions_assigned(self, assigned: Any, generation_id: int = 0) -> None:
+        self._ensure_consumer().pause(*(AIOKafkaTopicPartition(tp.topic, tp.partition) for tp in assigned))
+        await super().on_partitions_assigned(assigned, generation_id)
 
 
 class _BoundedFetchConsumer(faust_aiokafka.Consumer):
@@ -93,6 +121,66 @@ class _BoundedFetchConsumer(faust_aiokafka.Consumer):
 
 class _BoundedFetchTransport(faust_aiokafka.Transport):
     Consumer = _BoundedFetchConsumer
+
+
+class _UpstreamConsumer:
+    """The confluent-kafka consumer of one upstream's partitions held by this worker.
+
+    Every call goes through one thread of its own (:meth:`call`): ``consume`` waits there, off the event
+    loop, and ``close`` can never run while a ``consume`` is under way. It is ``assign()``-ed only (Faust's
+    consumer is the group member): it reads the group's committed offsets to start from, and commits none.
+    """
+
+    def __init__(self, settings: Settings, group_id: str, topic: str) -> None:
+        self.topic = topic
+        self.assigned: list[int] = []
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cache-{topic}")
+        self._consumer = Consumer({
+            **settings.kafka_client_config(),
+            "group.id": group_id,
+            "isolation.level": "read_uncommitted",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "fetch.max.bytes": FETCH_MAX_BYTES,
+            "max.partition.fetch.bytes": FETCH_MAX_BYTES // 2,
+            "queued.max.messages.kbytes": QUEUED_KIB,
+            "fetch.wait.max.ms": 50,
+            # After a full queue librdkafka waits this long before the next fetch (1 s by default): a worker
+            # taking an epoch's burst of records off a full queue then lagged its writer by seconds.
+            "fetch.queue.backoff.ms": 5,
+        })
+
+    async def call(self, method: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, method, *args)
+
+    def assign(self, partitions: list[int]) -> None:
+        """Read ``partitions`` from where the group left them (its committed offsets), or the start."""
+        if not partitions:
+            if self.assigned:
+                self._consumer.unassign()
+            self.assigned = []
+            return
+        committed = self._consumer.committed([TopicPartition(self.topic, p) for p in partitions], timeout=10)
+        starts = [(tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING) for tp in committed]
+        self._consumer.assign([TopicPartition(self.topic, partition, offset) for partition, offset in starts])
+        self.assigned = list(partitions)
+
+    def consume(self) -> list[Any]:
+        if not self.assigned:
+            return []
+        messages: list[Any] = self._consumer.consume(CONSUME_MESSAGES, CONSUME_WAIT_S)
+        return messages
+
+    def pause(self, partitions: list[int]) -> None:
+        self._consumer.pause([TopicPartition(self.topic, p) for p in partitions])
+
+    def resume(self, partitions: list[int]) -> None:
+        self._consumer.resume([TopicPartition(self.topic, p) for p in partitions])
+
+    def close(self) -> None:
+        self._thread.submit(self._consumer.close)
+        self._thread.shutdown(wait=False)
 
 
 class _CacheApp(faust.App):
@@ -131,15 +219,16 @@ class LogCacheWorker:
                    else upstreams_read_by_views(catalog))
         self.entries = {e.name: e for e in entries}
         self._topics = {settings.changelog_topic(name): name for name in self.entries}
-        self._schemas = {name: arrow_schema(e.schema) for name, e in self.entries.items()}
-        self.cache: LogCache[pa.RecordBatch] = LogCache(settings.cache_max_bytes, settings.cache_max_epochs)
+        self._schema_messages = {name: arrow_schema(e.schema).serialize() for name, e in self.entries.items()}
+        self.cache: LogCache[IpcParts] = LogCache(settings.cache_max_bytes, settings.cache_max_epochs)
         self.feeds: dict[str, UpstreamFeed] = {}
         self.stats = {name: UpstreamStats() for name in self.entries}
         self.index = EpochIndex(self._redis, settings.topic_prefix)
         self.registry = CacheRegistry(self._redis, settings.topic_prefix)
         self.backpressure = Backpressure(settings, redis_client.connect(settings))
         self._claimed: dict[str, list[int]] = {}
-        self._paused: dict[str, set[int]] = {}  # upstream -> partitions paused on the Faust consumer
+        self._paused: dict[str, set[int]] = {}  # upstream -> partitions paused on its consumer
+        self._consumers: dict[str, _UpstreamConsumer] = {}
         self._committed: dict[TP, int] = {}  # the positions last committed for the consumer group
         self.largest_epoch_bytes = 0  # the largest epoch put in the cache (Arrow bytes)
         self.app = self._build_app()
@@ -178,8 +267,8 @@ class LogCacheWorker:
         worker = self
 
         class EpochsView(View):
-            async def get(self, request: Request, upstream: str, partition: str) -> Response:
-                return worker._serve(self, request, upstream, int(partition))
+            async def get(self, request: Request, upstream: str, partition: str) -> Any:
+                return await worker._serve(self, request, upstream, int(partition))
 
         class StatsView(View):
             async def get(self, request: Request) -> Response:
@@ -190,23 +279,58 @@ class LogCacheWorker:
         return app
 
     def _agent_for(self, upstream: str) -> Any:
-        async def fetch(stream: Any) -> AsyncIterator[None]:
-            async for event in stream.events():
-                message = event.message
-                await self._on_record(upstream, RawRecord(message.partition, message.offset,
-                                                    record_type(message.headers), message.key or b"",
-                                                    message.value or b""))
-                yield None
+        """The upstream's agent: it runs the upstream's fetch loop; its Faust stream only keeps the topic
+        subscribed (so Faust assigns its partitions) and receives nothing (paused in aiokafka)."""
+        async def fetch(stream: Any) -> None:
+            fetching = asyncio.ensure_future(self._fetch_loop(upstream))
+            try:
+                async for _event in stream.events():
+                    pass
+            finally:
+                fetching.cancel()
         fetch.__name__ = f"cache_{upstream}"
         return fetch
 
-    async def _on_record(self, upstream: str, record: RawRecord) -> None:
-        feed = self.feeds.get(upstream)
-        if feed is None or record.partition not in feed.partitions:
-            feed = self._reset(upstream, self._held_partitions(upstream) | {record.partition})
+    async def _fetch_loop(self, upstream: str) -> None:
+        """Consume the upstream's held partitions in batches and feed them, for as long as the worker runs.
+
+        The consumer follows the feed: when the feed's partitions change (a rebalance), it is assigned them
+        from the group's committed offsets; batches consumed for a feed that was replaced meanwhile are
+        dropped (the new feed starts at its partitions' next barrier)."""
+        consumer = _UpstreamConsumer(self.settings, self.app.conf.id, self.settings.changelog_topic(upstream))
+        self._consumers[upstream] = consumer
         try:
-            committed = feed.add(record)
-        except (FeedError, DecodeError, RuntimeError, CacheError) as exc:
+            while True:
+                try:
+                    await self._fetch_once(upstream, consumer)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # a consumer error: the loop and the worker go on
+                    log.exception("%s: fetching failed; retrying in 1 s", upstream)
+                    self.stats[upstream].errors = [*self.stats[upstream].errors[-9:], repr(exc)]
+                    await asyncio.sleep(1.0)
+        finally:
+            self._consumers.pop(upstream, None)
+            consumer.close()
+
+    async def _fetch_once(self, upstream: str, consumer: _UpstreamConsumer) -> None:
+        feed = self.feeds.get(upstream)
+        if feed is None:
+            await consumer.call(consumer.assign, [])
+            await asyncio.sleep(0.05)
+            return
+        if consumer.assigned != feed.partitions:
+            await consumer.call(consumer.assign, feed.partitions)
+            self._paused[upstream] = set()
+            return
+        messages = await consumer.call(consumer.consume)
+        if messages and self.feeds.get(upstream) is feed:
+            self._take(upstream, feed, messages)
+
+    def _take(self, upstream: str, feed: UpstreamFeed, messages: Sequence[KafkaMessage]) -> None:
+        try:
+            committed = feed.take(messages)
+        except (FeedError, DecodeError, AlignmentError, CacheError) as exc:
             # Readers of this upstream go to Kafka, where the same record fails with its position.
             log.error("%s: %s; the cache of this upstream restarts", upstream, exc)
             self.stats[upstream].errors = [*self.stats[upstream].errors[-9:], str(exc)]
@@ -216,48 +340,40 @@ class LogCacheWorker:
             self._cache_epoch(upstream, feed, epoch)
 
     def _cache_epoch(self, upstream: str, feed: UpstreamFeed, epoch: Epoch) -> None:
-        if epoch.dropped:  # over the feed's budget: not kept, so the cache skips it
+        cached = feed.to_cached(epoch)
+        if cached is None:  # over the feed's budget: not kept, so the cache skips it
             self.cache.skip(upstream, epoch.epoch, epoch.prev_epoch)
         else:
-            cached = feed.to_cached(epoch)
             self.largest_epoch_bytes = max(self.largest_epoch_bytes, cached.nbytes)
             self.cache.put(upstream, cached)
 
     async def _sync_pauses(self, upstream: str) -> None:
         """Pause every partition of ``upstream`` under backpressure, resume them after it.
 
-        A resumed partition is first sought back to just after the last record the feed took
-        (:meth:`UpstreamFeed.resume_offsets`): Faust drops what it had fetched for it meanwhile.
-        Partitions an epoch ahead of the others are *not* paused (as ChangelogReader does): with Faust
-        every pause costs a seek back and a refetch, which cut the worker's throughput several times
-        over in ``bench/cache.py``; the aligner buffers what the ahead partitions deliver instead. So a
-        worker reading a backlog holds several epochs of the partitions ahead (up to 15 MiB of records, five
-        6000-row epochs, in ``bench/cache.py``; counted in its measured batch, see :meth:`batch_bytes`).
-        Pausing them only once a feed held more than its epoch budget cut that to 8.8 MiB (bench peak
-        growth +75 instead of +82 MiB), but the pause/seek/refetch churn made the RSS drift 11-14 MiB
-        over 90000 rows in the I4 test (0-5 MiB without), so it is not done.
+        librdkafka keeps each partition's position across a pause (what it had pre-fetched is dropped and
+        fetched again after the resume; the feed skips records it took already). Partitions an epoch
+        ahead of the others are *not* paused (as ChangelogReader does): the aligner holds what the ahead
+        partitions deliver meanwhile (counted in the worker's measured batch, see :meth:`batch_bytes`).
         """
-        feed = self.feeds.get(upstream)
-        if feed is None:
+        feed, consumer = self.feeds.get(upstream), self._consumers.get(upstream)
+        if feed is None or consumer is None or consumer.assigned != feed.partitions:
             return
         wanted = set(feed.partitions) if self.stats[upstream].paused else set()
         current = self._paused.get(upstream, set())
         if wanted == current:
             return
-        topic = self.settings.changelog_topic(upstream)
         if pause := wanted - current:
-            self.app.consumer.pause_partitions({TP(topic, p) for p in pause})
+            await consumer.call(consumer.pause, sorted(pause))
         if resume := current - wanted:
-            for partition, offset in feed.resume_offsets(resume).items():
-                await self.app.consumer.seek(TP(topic, partition), offset)
-            self.app.consumer.resume_partitions({TP(topic, p) for p in resume})
+            await consumer.call(consumer.resume, sorted(resume))
         self._paused[upstream] = wanted
 
     def _reset(self, upstream: str, partitions: set[int] | list[int]) -> UpstreamFeed:
         """A new feed (and an empty cache) for ``upstream`` over ``partitions``."""
         self.cache.reset(upstream)
         feed = UpstreamFeed(self.entries[upstream], partitions,
-                            max_epoch_bytes=min(self.settings.cache_max_epoch_bytes, self.settings.cache_max_bytes))
+                            max_epoch_bytes=min(self.settings.cache_max_epoch_bytes, self.settings.cache_max_bytes),
+                            max_record_bytes=self.settings.max_record_bytes)
         self.feeds[upstream] = feed
         return feed
 
@@ -282,7 +398,6 @@ class LogCacheWorker:
         released = {u: [p for p in ps if p not in held.get(u, set())] for u, ps in self._claimed.items()}
         await asyncio.to_thread(self.registry.release, self.worker_id, self.url, released)
         self._claimed = {}
-        self._paused = {}  # Faust pauses every partition during a rebalance and resumes them after it
         await self._heartbeat()  # claim the new partitions now, not one heartbeat later
 
     # --- timers -----------------------------------------------------------------------------------
@@ -338,7 +453,7 @@ class LogCacheWorker:
 
     # --- serving ----------------------------------------------------------------------------------
 
-    def _serve(self, view: View, request: Request, upstream: str, partition: int) -> Response:
+    async def _serve(self, view: View, request: Request, upstream: str, partition: int) -> Any:
         feed = self.feeds.get(upstream)
         if feed is None or partition not in feed.partitions:
             return view.json({"error": f"{upstream} partition {partition} is not held by this worker"}, status=404)
@@ -351,26 +466,44 @@ class LogCacheWorker:
         detail = {"floor": found.floor, "tail": found.tail}
         if found.status is RangeStatus.HIT:
             stats.served_epochs += len(found.epochs)
-            return view.bytes(serve_range(found.epochs, partition, self._schemas[upstream]),
-                              content_type=ARROW_STREAM)
+            return await self._stream(request, reply_buffers(found.epochs, partition, self._schema_messages[upstream]))
         if found.status is RangeStatus.EVICTED:
             stats.evicted_replies += 1
             return view.json(detail, status=410)
         stats.not_yet_replies += 1
         return view.json(detail, status=425)
 
+    @staticmethod
+    async def _stream(request: Request, buffers: list[pa.Buffer]) -> web.StreamResponse:
+        """An IPC stream reply written from the cached buffers themselves (memoryviews, no copy on our
+        side); the event loop serves other readers while the socket drains."""
+        response = web.StreamResponse(status=200, headers={"Content-Type": ARROW_STREAM})
+        response.content_length = sum(buffer.size for buffer in buffers)
+        await response.prepare(request)  # type: ignore[arg-type]
+        for buffer in buffers:
+            await response.write(memoryview(buffer))
+        await response.write_eof()
+        return response
+
     def batch_bytes(self) -> int:
         """I4's "one batch" of this worker, from what it measured so far: what it holds besides the cache.
 
-        * the records in flight: one fetch (:data:`FETCH_BYTES`);
-        * the records held while aligning (:attr:`UpstreamFeed.peak_held_bytes`: the open epochs'
-          records and their objects, at most ``cache_max_epoch_bytes`` of records per epoch), over all
-          upstreams, as if each peaked at once;
-        * the largest epoch while it is built (its changes decoded into the builders' columns, then its
-          Arrow batches), next to a full cache until its put evicts: counted twice its Arrow bytes.
+        * the records in flight: librdkafka's pre-fetch queue and one fetch per upstream consumer
+          (:data:`FETCH_BYTES`);
+        * the decoded objects of one consume batch while it becomes Arrow (transient):
+          :data:`DECODED_PER_ARROW_BYTE` times the Arrow bytes the largest batch made
+          (:attr:`UpstreamFeed.peak_take_bytes`);
+        * the IPC messages held while aligning (:attr:`UpstreamFeed.peak_held_bytes`: the open epochs,
+          at most ``cache_max_epoch_bytes`` per epoch), over all upstreams, as if each peaked at once;
+        * the largest epoch once more: put next to a full cache, before its put evicts the oldest.
+
+        Replies in flight keep the buffers they are writing alive after an eviction (at most the epochs
+        of the ranges being served); not counted.
         """
-        held = sum(feed.peak_held_bytes for feed in self.feeds.values())
-        return FETCH_BYTES + held + 2 * self.largest_epoch_bytes
+        feeds = list(self.feeds.values())
+        held = sum(feed.peak_held_bytes for feed in feeds)
+        decoding = DECODED_PER_ARROW_BYTE * max((feed.peak_take_bytes for feed in feeds), default=0)
+        return FETCH_BYTES * max(1, len(feeds)) + decoding + held + self.largest_epoch_bytes
 
     def describe(self) -> dict[str, Any]:
         upstreams = {}
@@ -382,9 +515,9 @@ class LogCacheWorker:
                 "tail": self.cache.tail(name), "served_epochs": stats.served_epochs,
                 "evicted_replies": stats.evicted_replies, "not_yet_replies": stats.not_yet_replies,
                 "paused": stats.paused, "errors": stats.errors,
-                "aligning_changes": feed.aligner.buffered_changes() if feed and feed.aligner else 0,
                 "held_bytes": feed.held_bytes if feed else 0,
-                "peak_held_bytes": feed.peak_held_bytes if feed else 0}
+                "peak_held_bytes": feed.peak_held_bytes if feed else 0,
+                "peak_take_bytes": feed.peak_take_bytes if feed else 0}
         return {"worker_id": self.worker_id, "url": self.url, "pid": os.getpid(),
                 "cache_bytes": self.cache.nbytes, "cache_max_bytes": self.cache.max_bytes,
                 "arrow_allocated_bytes": pa.total_allocated_bytes(), "fetch_bytes": FETCH_BYTES,

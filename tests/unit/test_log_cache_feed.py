@@ -1,15 +1,18 @@
-"""A cache worker's feed (pure, over encoded records): an epoch is kept decoded only up to the feed's
-budget (I4); past it, the epoch still aligns and commits, marked as dropped, and the cache skips it."""
+"""A cache worker's feed (pure, over encoded records in consume batches): runs decoded once into Arrow IPC
+messages, epochs aligned on barriers; an epoch is kept only up to the feed's budget (I4); past it, the
+epoch still aligns and commits, and the cache skips it."""
 
 from __future__ import annotations
+
+import pyarrow as pa
 
 from mvlog.barrier_alignment import EpochAligner
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Barrier, Change, Epoch, Op
-from mvlog.log_cache import LogCache, RangeStatus
+from mvlog.log_cache import CachedEpoch, LogCache, RangeStatus
 from mvlog.row_schema import RowSchema
-from mvlog.schemas.codec import TYPE_BARRIER, TYPE_CHANGE, encode_barrier, encode_change, encode_key
-from mvlog.services.log_cache.feed import RawRecord, UpstreamFeed
+from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, TYPE_CHANGE, encode_barrier, encode_change, encode_key
+from mvlog.services.log_cache.feed import IpcParts, Record, UpstreamFeed, partition_slices, reply_buffers
 
 SCHEMA = RowSchema.of({"id": "int", "pad": "string"}, ["id"])
 ENTRY = CatalogEntry("t1", "table", SCHEMA, 2)
@@ -22,46 +25,82 @@ class _Log:
         self.offsets = [0, 0]
         self.prev = 0
 
-    def _record(self, partition: int, kind: bytes, key: bytes, value: bytes) -> RawRecord:
-        record = RawRecord(partition, self.offsets[partition], kind, key, value)
+    def record(self, partition: int, kind: bytes, key: bytes, value: bytes) -> Record:
+        record = Record(partition, self.offsets[partition], key, value, [(HEADER_TYPE, kind)])
         self.offsets[partition] += 1
         return record
 
-    def epoch(self, epoch: int, rows: int, pad: int) -> list[RawRecord]:
+    def change(self, partition: int, epoch: int, row_id: int, pad: int, txn: str) -> Record:
+        change = Change(Op.CREATE, (row_id,), None, {"id": row_id, "pad": "x" * pad})
+        return self.record(partition, TYPE_CHANGE, encode_key(("id",), change.key),
+                           encode_change("t1", epoch, 0, change, 0, txn=txn))
+
+    def epoch(self, epoch: int, rows: int, pad: int) -> list[Record]:
         records, counts = [], [0, 0]
         for i in range(rows):
-            partition = i % 2
-            change = Change(Op.CREATE, (epoch * 1000 + i,), None, {"id": epoch * 1000 + i, "pad": "x" * pad})
-            records.append(self._record(partition, TYPE_CHANGE, encode_key(("id",), change.key),
-                                        encode_change("t1", epoch, 0, change, 0, txn=f"tx{epoch}")))
-            counts[partition] += 1
+            records.append(self.change(i % 2, epoch, epoch * 1000 + i, pad, f"tx{epoch}"))
+            counts[i % 2] += 1
         for partition in (0, 1):
             barrier = Barrier("t1", epoch, self.prev, True, partition, counts[partition], 0, txn=f"tx{epoch}")
-            records.append(self._record(partition, TYPE_BARRIER, b"", encode_barrier(barrier)))
+            records.append(self.record(partition, TYPE_BARRIER, b"", encode_barrier(barrier)))
         self.prev = epoch
         return records
 
 
-def test_an_epoch_over_the_budget_commits_dropped_and_the_cache_skips_it() -> None:
+def _table(parts: IpcParts) -> pa.Table:
+    schema_message = UpstreamFeed(ENTRY, [0, 1]).schema.serialize()
+    stream = reply_buffers([CachedEpoch(1, 0, {0: parts}, 0)], 0, schema_message)
+    return pa.ipc.open_stream(b"".join(memoryview(b) for b in stream)).read_all()
+
+
+def test_an_epoch_over_the_budget_commits_and_the_cache_skips_it() -> None:
     log = _Log()
     feed = UpstreamFeed(ENTRY, [0, 1], max_epoch_bytes=4000)
-    cache: LogCache[object] = LogCache(1 << 20, 100)
+    cache: LogCache[IpcParts] = LogCache(1 << 20, 100)
     committed: list[Epoch] = []
+    skipped: list[int] = []
     for number, rows in ((1, 4), (2, 200), (3, 4), (4, 4)):  # epoch 2: ~200 x 60 bytes, over 4000
-        for record in log.epoch(number, rows, pad=40):
-            committed += feed.add(record)
-        if feed.aligner is not None:
-            assert feed.aligner.buffered_changes() <= 4000 // 40  # never more than the budget's worth
-    assert [(e.epoch, len(e.changes), e.dropped) for e in committed] == [(1, 4, 0), (2, 0, 200), (3, 4, 0)]
-    for epoch in committed:
-        if epoch.dropped:
-            cache.skip("t1", epoch.epoch, epoch.prev_epoch)
-        else:
-            cache.put("t1", feed.to_cached(epoch))
+        records = log.epoch(number, rows, pad=40)
+        for start in range(0, len(records), 16):  # consume batches of 16 records
+            for epoch in feed.take(records[start:start + 16]):
+                committed.append(epoch)
+                cached = feed.to_cached(epoch)  # at once, as the worker does
+                if cached is None:
+                    skipped.append(epoch.epoch)
+                    cache.skip("t1", epoch.epoch, epoch.prev_epoch)
+                else:
+                    cache.put("t1", cached)
+            # the complete epoch held for confirmation and the open one, each within the budget, and a run
+            assert feed.held_bytes <= 2 * 4000 + 1000
+    assert [e.epoch for e in committed] == [1, 2, 3] and skipped == [2]
     assert cache.lookup("t1", 0, 3).status is RangeStatus.EVICTED  # epochs 1-2: from Kafka
     hit = cache.lookup("t1", 2, 3)
     assert hit.status is RangeStatus.HIT and [e.epoch for e in hit.epochs] == [3]
-    assert not feed._open_bytes and not feed._over_budget  # bookkeeping of sealed epochs is gone
+    assert len(feed._open) <= 1  # only epoch 4's attempt, complete and held for confirmation
+
+
+def test_consume_batches_are_cut_by_partition_and_decoded_into_the_readers_rows() -> None:
+    """Whatever the batches' cut, the cached rows are the epoch's changes in offset order per partition,
+    then its barrier row, in the data source's shape; records taken already are skipped."""
+    log = _Log()
+    records = log.epoch(1, 7, pad=3) + log.epoch(2, 5, pad=3)
+    assert [p for p, _ in partition_slices(records[:4])] == [0, 1, 0, 1]
+    feed = UpstreamFeed(ENTRY, [0, 1])
+    committed: list[Epoch] = []
+    for start in range(0, len(records), 5):
+        batch = records[start:start + 5]
+        grouped: list[Record] = sorted(batch, key=lambda r: r.partition_)  # as librdkafka groups them
+        committed += feed.take(grouped)
+        committed += feed.take(batch[:2])  # fetched again: skipped
+    assert [e.epoch for e in committed] == [1]
+    assert feed.records == len(records)
+    one = feed.to_cached(committed[0])
+    assert one is not None
+    part0 = _table(one.parts[0]).to_pylist()
+    assert [(r["_change_type"], r["id"], r["_offset"]) for r in part0] == [
+        ("insert", 1000, 0), ("insert", 1002, 1), ("insert", 1004, 2), ("insert", 1006, 3), ("barrier", None, 4)]
+    assert all(r["_epoch"] == 1 and r["_partition"] == 0 and r["_weight"] in (0, 1) for r in part0)
+    assert one.nbytes == sum(m.size for parts in one.parts.values() for m in parts)
 
 
 def test_aligner_counts_dropped_changes_towards_the_barrier() -> None:
@@ -79,28 +118,24 @@ def test_aligner_counts_dropped_changes_towards_the_barrier() -> None:
     assert (epoch.changes, epoch.dropped) == ([], 4)
 
 
-def test_a_feed_holds_records_undecoded_until_the_epoch_commits_and_forgets_aborted_ones() -> None:
-    """Changes wait as their records' bytes (I4: a decoded change is ~3.6x its record); the cached
-    batches are decoded from them at commit, and what an aborted attempt left is let go."""
+def test_a_feed_holds_open_epochs_as_arrow_and_forgets_aborted_ones() -> None:
+    """An open epoch waits as IPC messages (not decoded objects); what an aborted attempt left is let go."""
     log = _Log()
     feed = UpstreamFeed(ENTRY, [0, 1], max_epoch_bytes=1 << 20)
     committed: list[Epoch] = []
     epoch_one = log.epoch(1, 6, pad=10)
-    aborted = [RawRecord(0, log.offsets[0], TYPE_CHANGE, encode_key(("id",), (99,)),
-                         encode_change("t1", 2, 0, Change(Op.CREATE, (99,), None, {"id": 99, "pad": "y"}), 0,
-                                       txn="aborted"))]
-    log.offsets[0] += 1
-    for record in epoch_one + aborted:
-        committed += feed.add(record)
+    committed += feed.take([*epoch_one, log.change(0, 2, 99, 1, "aborted")])
     assert committed == [] and feed.held_bytes > 0  # epoch 1 is complete, held for confirmation
     held = feed.held_bytes
-    for record in log.epoch(2, 4, pad=10):
-        committed += feed.add(record)
+    committed += feed.take(log.epoch(2, 4, pad=10))
     assert [e.epoch for e in committed] == [1]  # epoch 2 names it: committed
-    assert feed.peak_held_bytes >= held and 0 < feed.held_bytes < held
-    batches = feed.to_cached(committed[0]).parts
-    rows = sorted(r["id"] for b in batches.values() for r in b.to_pylist() if r["_change_type"] == "insert")
+    assert feed.peak_held_bytes >= held and feed.peak_take_bytes > 0
+    one = feed.to_cached(committed[0])
+    assert one is not None
+    rows = sorted(r["id"] for p in one.parts.values() for r in _table(p).to_pylist() if r["_change_type"] == "insert")
     assert rows == [1000 + i for i in range(6)]
-    assert (epoch2 := feed.confirm(2, 0, log.offsets[0] - 1)) and epoch2[0].epoch == 2
-    assert feed.held_bytes == 0 and not feed._held  # epoch 2 released, the aborted attempt at 2 let go
-    assert sum(b.num_rows for b in feed.to_cached(epoch2[0]).parts.values()) == 4 + 2
+    epoch2 = feed.confirm(2, 0, log.offsets[0] - 1)
+    assert [e.epoch for e in epoch2] == [2]
+    two = feed.to_cached(epoch2[0])
+    assert feed.held_bytes == 0 and not feed._open  # epoch 2 released, the aborted attempt at 2 let go
+    assert two is not None and sum(_table(p).num_rows for p in two.parts.values()) == 4 + 2
