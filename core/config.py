@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     # append-only file, a failover) before it raises: every mvlog process rides out shorter outages
     # (mvlog.connectors.redis_client). 0: raise at once.
     redis_outage_timeout_s: float = Field(default=120.0, ge=0, le=86_400)
+    # A failed view consumer of `mvlog run-view` is started again, alone, after a growing delay, at most
+    # this many times within `view_restart_window_s` (mvlog.restart_budget); then its view is marked failed.
+    view_restarts: int = Field(default=5, ge=0, le=1000)
+    view_restart_window_s: float = Field(default=600.0, gt=0)
     topic_prefix: str = "mvlog"
     partitions: int = Field(default=4, ge=1, le=256)
     replication_factor: int = Field(default=1, ge=1)

@@ -2,8 +2,10 @@
 
 One Spark session (local mode by default) runs one :class:`ViewConsumer` per view. The first SIGINT or
 SIGTERM stops every consumer cleanly; a second one aborts at once. One view's trouble stays with that
-view: a consumer that fails (or cannot start) marks its view 'failed' with the reason and stops alone,
-a view dropped meanwhile stops alone (``drop-view`` asks through the view's consumer lease,
+view: a consumer that fails (or cannot start) is started again alone after a growing delay
+(:class:`~mvlog.restart_budget.RestartBudget`: Spark workers that do not connect back in time, a Redis
+being rebuilt, a broker restarting), and one that keeps failing marks its view 'failed' with the reason
+and stops; a view dropped meanwhile stops alone (``drop-view`` asks through the view's consumer lease,
 :mod:`mvlog.connectors.consumer_lease`), and the others go on. The process exits when every view
 stopped or on a signal, with code 1 if a view failed. Killing the process (SIGKILL) is safe too: each
 epoch is committed atomically, and a restarted consumer carries on from the view's MCE.
@@ -30,6 +32,7 @@ from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.consumer_lease import ConsumerLeases, holder_id
 from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.restart_budget import RestartBudget
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.backfill_progress import BackfillBars
@@ -37,6 +40,7 @@ from mvlog.services.commands.output import describe_epoch
 from mvlog.services.commands.values import SECONDS
 
 if TYPE_CHECKING:  # pyspark is imported when the command runs, so `mvlog --help` stays fast
+    from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
     from mvlog.services.view_consumer import ViewConsumer
@@ -102,7 +106,11 @@ class _Supervisor:
     """Watches the views of one run-view process: progress lines, lease renewals, and each view's end (a
     failure, a drop, a stop request) handled for that view alone."""
 
-    def __init__(self, settings: Settings, client: redis.Redis, progress_interval: float, verbose: bool) -> None:
+    def __init__(self, settings: Settings, client: redis.Redis, spark: SparkSession, progress_interval: float,
+                 verbose: bool) -> None:
+        self.settings = settings
+        self.client = client
+        self.spark = spark
         self.catalog = CatalogStore(settings, client)
         self.store = ViewStore(client, settings.topic_prefix)
         self.leases = ConsumerLeases(client, settings.topic_prefix)
@@ -110,6 +118,9 @@ class _Supervisor:
         self.progress_interval = progress_interval
         self.verbose = verbose
         self.running: dict[str, _Running] = {}
+        self.consumers: list[ViewConsumer] = []  # the last consumer started of each view
+        self.budgets: dict[str, RestartBudget] = {}
+        self.restarts_due: dict[str, float] = {}  # view -> time.monotonic() of its next start
         self.failures: list[str] = []
         self._reported: dict[str, int] = {}
         self._next_report = time.monotonic() + progress_interval
@@ -127,6 +138,60 @@ class _Supervisor:
     def add(self, consumer: ViewConsumer, query: StreamingQuery) -> None:
         self.running[consumer.entry.name] = _Running(consumer, query)
         self._reported[consumer.entry.name] = consumer.mce
+
+    def start(self, name: str) -> None:
+        """Start ``name``'s consumer (its catch-up first); a failure goes to :meth:`failed`."""
+        from mvlog.services.view_consumer import ViewConsumer
+
+        try:
+            consumer = ViewConsumer(self.settings, name, spark=self.spark, client=self.client)
+        except Exception as error:
+            self.failed(name, error)
+            return
+        self.consumers[:] = [c for c in self.consumers if c.entry.name != name]  # in place: BackfillBars reads it
+        self.consumers.append(consumer)
+        try:
+            if (snapshot := consumer.snapshot_backfill) is not None:
+                click.echo(f"{name}: loading {snapshot.upstream.name}'s snapshot at "
+                           f"{describe_epoch(snapshot.epoch)} ({snapshot.record.rows:,} rows)...", err=True)
+            self.add(consumer, consumer.start(partial(_report_catch_up, name)))
+        except Exception as error:
+            with contextlib.suppress(Exception):
+                consumer.stop()
+            self.failed(name, error)
+            return
+        click.echo(f"{name}: maintaining from {', '.join(consumer.entry.sources)}, {_starting_point(consumer)}",
+                   err=True)
+
+    def failed(self, name: str, error: BaseException | str) -> None:
+        """``name``'s consumer failed (it is stopped): start it again after a delay while its restart
+        budget lasts, else mark the view failed and give its lease back."""
+        dropped = isinstance(error, ViewDroppedError) or (self.catalog.find(name) is None
+                                                          and not self.catalog.wiped())
+        delay = None if dropped else self._budget(name).after_failure(time.monotonic())
+        if delay is None:
+            self.fail(name, error)
+            self.release(name)
+            return
+        reason = _short(error) if isinstance(error, BaseException) else error
+        if self.verbose and isinstance(error, BaseException):
+            click.echo(str(error), err=True)
+        click.echo(f"{name}: {reason}; starting it again in {delay:.0f} s "
+                   f"(restart {self.budgets[name].restarts} of {self.budgets[name].max_restarts} "
+                   f"within {self.budgets[name].window_s / 60:.0f} min)", err=True)
+        self.restarts_due[name] = time.monotonic() + delay
+
+    def _budget(self, name: str) -> RestartBudget:
+        if name not in self.budgets:
+            self.budgets[name] = RestartBudget(self.settings.view_restarts, self.settings.view_restart_window_s)
+        return self.budgets[name]
+
+    def _start_due(self) -> None:
+        now = time.monotonic()
+        for name, due in list(self.restarts_due.items()):
+            if due <= now:
+                del self.restarts_due[name]
+                self.start(name)
 
     def _renew(self) -> None:
         while not self._closed.wait(1.0):
@@ -151,7 +216,7 @@ class _Supervisor:
 
     def watch(self, stop: _StopOnSignal, bars: BackfillBars) -> None:
         """Until a stop signal or until no view is left."""
-        while self.running and not stop.requested.wait(0.2):
+        while (self.running or self.restarts_due) and not stop.requested.wait(0.2):
             bars.update()
             for name, view in list(self.running.items()):
                 if (request := self.leases.stop_requested(name)) is not None:
@@ -161,14 +226,20 @@ class _Supervisor:
                 error = view.query.exception() or view.consumer.failure()  # an apply fails the query later
                 if error is None and view.query.isActive:
                     continue
-                self.fail(name, error if error is not None else "the streaming query stopped")
-                self.stop_one(name)
+                self.stop_one(name, release=False)
+                self.failed(name, error if error is not None else "the streaming query stopped")
+            for name in list(self.restarts_due):
+                if self.leases.stop_requested(name) is not None:  # dropped while it waited: not again
+                    del self.restarts_due[name]
+                    self.release(name)
+            self._start_due()
             self._report_progress()
         if stop.requested.is_set():
             click.echo(f"{stop.signal_name}: stopping {', '.join(self.running)}...", err=True)
 
-    def stop_one(self, name: str) -> None:
-        """Stop one view's consumer cleanly, then give its lease back (``drop-view`` waits for that)."""
+    def stop_one(self, name: str, *, release: bool = True) -> None:
+        """Stop one view's consumer cleanly, then give its lease back (``drop-view`` waits for that)
+        unless it is to be started again."""
         view = self.running.pop(name)
         _wait_between_triggers(view.query)
         try:
@@ -176,13 +247,15 @@ class _Supervisor:
         except Exception as error:  # a failed query raises again on stop: reported already
             log.debug("%s: stopping: %s", name, error)
         finally:
-            self.release(name)
+            if release:
+                self.release(name)
 
     def release(self, name: str) -> None:
         self._held.discard(name)
         self.leases.release(name, self.holder)
 
     def stop_all(self) -> None:
+        self.restarts_due.clear()
         for name in list(self.running):
             self.stop_one(name)
         self._closed.set()
@@ -243,44 +316,22 @@ def run_view(settings: Settings, names: tuple[str, ...], progress_interval: floa
                 raise click.ClickException(f"{name!r} is a {kind}: only views are maintained by run-view")
         require_kafka(settings)
         from mvlog.services.spark_session import spark_session
-        from mvlog.services.view_consumer import ViewConsumer
 
         spark = spark_session(settings, app_name=f"mvlog-run-view-{'-'.join(views)}")
-        supervisor = _Supervisor(settings, client, progress_interval, verbose)
-        consumers: list[ViewConsumer] = []
+        supervisor = _Supervisor(settings, client, spark, progress_interval, verbose)
         try:
             with _StopOnSignal() as stop:
                 for name in views:
                     if stop.requested.is_set():
                         break
                     supervisor.claim(name)
-                    try:
-                        consumer = ViewConsumer(settings, name, spark=spark, client=client)
-                    except Exception as error:  # this view cannot start: it stops alone, the others go on
-                        supervisor.fail(name, error)
-                        supervisor.release(name)
-                        continue
-                    consumers.append(consumer)
-                    try:
-                        if (snapshot := consumer.snapshot_backfill) is not None:
-                            click.echo(f"{name}: loading {snapshot.upstream.name}'s snapshot at "
-                                       f"{describe_epoch(snapshot.epoch)} ({snapshot.record.rows:,} rows)...",
-                                       err=True)
-                        supervisor.add(consumer, consumer.start(partial(_report_catch_up, name)))
-                    except Exception as error:
-                        supervisor.fail(name, error)
-                        with contextlib.suppress(Exception):
-                            consumer.stop()
-                        supervisor.release(name)
-                        continue
-                    click.echo(f"{name}: maintaining from {', '.join(consumer.entry.sources)}, "
-                               f"{_starting_point(consumer)}", err=True)
-                with BackfillBars(consumers) as bars:
+                    supervisor.start(name)
+                with BackfillBars(supervisor.consumers) as bars:
                     supervisor.watch(stop, bars)
         finally:
             supervisor.stop_all()
             spark.stop()
-    for consumer in consumers:
+    for consumer in supervisor.consumers:
         click.echo(f"{consumer.entry.name}: stopped at {describe_epoch(consumer.mce or None)}", err=True)
     if supervisor.failures:
         raise click.ClickException("; ".join(supervisor.failures))

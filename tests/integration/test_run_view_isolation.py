@@ -1,5 +1,6 @@
 """One view's trouble stays with that view (issue 21): in one ``mvlog run-view`` process maintaining
-three views, a view whose apply fails stops alone (state ``failed`` with the reason), a view dropped with
+three views, a view whose apply fails is started again alone, and once its restarts are spent
+(``MVLOG_VIEW_RESTARTS``, 1 here) stops alone (state ``failed`` with the reason), a view dropped with
 ``drop-view`` is stopped by the process first (the drop waits for it) and is gone, and the third view
 goes on to the table's last epoch; the process then exits on SIGTERM with code 1 (a view failed)."""
 
@@ -50,7 +51,8 @@ def test_a_failed_and_a_dropped_view_stop_alone_and_the_other_goes_on(
                       ("dropme", "SELECT id, v1 FROM t1 WHERE v1 > 5")):
         ok(mvlog(settings, "create-view", name, "AS", sql))
     store = ViewStore(redis_client, settings.topic_prefix)
-    env = {**os.environ, **env_of(settings), "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env = {**os.environ, **env_of(settings), "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "MVLOG_VIEW_RESTARTS": "1"}
     log = tmp_path / "run-view.log"
     with log.open("wb") as sink:
         process = subprocess.Popen([*MVLOG, "run-view", "keep", "broken", "dropme", "--progress-interval", "1"],
@@ -92,6 +94,7 @@ def test_a_failed_and_a_dropped_view_stop_alone_and_the_other_goes_on(
             process.kill()
             process.wait()
     output = log.read_text()
+    assert "starting it again in 1 s (restart 1 of 1 within 10 min)" in output.split("broken: failed:")[0], output
     assert "broken: failed:" in output and "keep, dropme go on" in output, output
     assert "dropme: stopping it alone: drop-view dropme asked for it" in output, output
     assert "SIGTERM: stopping keep" in output and "Traceback" not in output.split("SIGTERM")[-1], output
