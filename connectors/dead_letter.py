@@ -11,11 +11,17 @@ on: one bad record never stops a view, and nothing is silently dropped. Headers:
 
 Every reader of a changelog dead-letters what it reads, so a poison record may be sent more than once;
 the topic is compacted and keyed by ``topic/partition/offset``, so compaction keeps one copy of each.
+
+A source table's ingester (:mod:`mvlog.services.source_ingest`) writes the bad records of its topic
+(undecodable, no key, wrong types, a row the table refuses) to ``<prefix>.<table>.dlq`` with the same
+headers, through :func:`dead_letter_record`, but inside the epoch's own Kafka transaction: a
+``read_committed`` reader of that topic sees each bad record exactly once.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Producer
@@ -27,6 +33,35 @@ from mvlog.connectors.topics import ensure_topic
 log = logging.getLogger(__name__)
 
 DLQ_MAX_VALUE_BYTES = 900_000  # under Kafka's default message.max.bytes
+
+
+DlqHeaders = list[tuple[str, str | bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterRecord:
+    """A record for a dead-letter topic: keyed by where the poison record was, with the headers above."""
+
+    topic: str
+    key: bytes
+    value: bytes | None
+    headers: DlqHeaders
+
+
+def dead_letter_record(topic: str, poison: PoisonRecord, key: bytes | None, value: bytes | None,
+                       headers: Any = None, max_value_bytes: int = DLQ_MAX_VALUE_BYTES) -> DeadLetterRecord:
+    """The dead-letter record of ``poison`` (one place for the headers, so every writer of a dead-letter
+    topic, view readers and source ingesters alike, writes the same ones). A value above
+    ``max_value_bytes`` is left out (``mvlog.dlq.size`` still says how large it was)."""
+    size = len(value or b"")
+    original = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+    dlq_headers: DlqHeaders = [
+        *original, *([("mvlog.dlq.key", key)] if key is not None else []),
+        ("mvlog.dlq.reason", poison.reason), ("mvlog.dlq.topic", poison.topic),
+        ("mvlog.dlq.partition", str(poison.partition)), ("mvlog.dlq.offset", str(poison.offset)),
+        ("mvlog.dlq.size", str(size))]
+    where = f"{poison.topic}/{poison.partition}/{poison.offset}".encode()
+    return DeadLetterRecord(topic, where, value if size <= max_value_bytes else None, dlq_headers)
 
 
 class DeadLetterError(RuntimeError):
@@ -47,16 +82,8 @@ class DeadLetterQueue:
         if self._producer is None:
             ensure_topic(self.settings, self.topic, 1, {"cleanup.policy": "compact"})
             self._producer = Producer({**self.settings.kafka_client_config(), "enable.idempotence": True})
-        size = len(value or b"")
-        kept = value if size <= DLQ_MAX_VALUE_BYTES else None
-        original = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
-        dlq_headers: list[tuple[str, str | bytes | None]] = [
-            *original, *([("mvlog.dlq.key", key)] if key is not None else []),
-            ("mvlog.dlq.reason", poison.reason), ("mvlog.dlq.topic", poison.topic),
-            ("mvlog.dlq.partition", str(poison.partition)), ("mvlog.dlq.offset", str(poison.offset)),
-            ("mvlog.dlq.size", str(size))]
-        where = f"{poison.topic}/{poison.partition}/{poison.offset}".encode()
-        self._producer.produce(self.topic, kept, where, headers=dlq_headers)
+        record = dead_letter_record(self.topic, poison, key, value, headers)
+        self._producer.produce(record.topic, record.value, record.key, headers=record.headers)
         if self._producer.flush(30) != 0:
             raise DeadLetterError(f"could not write to {self.topic}: {poison.reason}")
         self.sent += 1

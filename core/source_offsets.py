@@ -20,11 +20,16 @@ SOURCE_OFFSETS_MUTATION = "source_offsets"
 
 
 def offsets_mutation(table: str, topic: str, offsets: Mapping[int, int],
-                     positions: Mapping[Key, int] | None = None) -> Mutation:
+                     positions: Mapping[Key, int] | None = None, dead_letters: int = 0) -> Mutation:
     """``offsets``: partition -> next offset to read after the epoch (its messages end just below).
     ``positions``: the source positions the epoch applied, per key (Debezium redelivery, see
-    :mod:`mvlog.source_dedupe`), committed with the epoch so a restarted ingester knows them."""
+    :mod:`mvlog.source_dedupe`), committed with the epoch so a restarted ingester knows them.
+    ``dead_letters``: how many bad records the table dead-lettered up to and including this epoch (a
+    running total committed with the epoch, like its dead-letter records, so a count shown after a
+    SIGKILL or a Redis wipe is exact: it restarts from the last committed barrier, never re-adds)."""
     payload: dict[str, Any] = {"topic": topic, "offsets": {str(p): o for p, o in sorted(offsets.items())}}
+    if dead_letters:
+        payload["dead_letters"] = dead_letters
     if positions:
         payload["positions"] = [[[_json_value(v) for v in key], position] for key, position in positions.items()]
     return Mutation(SOURCE_OFFSETS_MUTATION, table, payload)
@@ -52,3 +57,10 @@ def offsets_of(mutation: Mutation | None) -> dict[int, int] | None:
     if mutation is None or mutation.kind != SOURCE_OFFSETS_MUTATION:
         return None
     return {int(p): int(o) for p, o in mutation.payload["offsets"].items()}
+
+
+def dead_letters_of(mutation: Mutation | None) -> int:
+    """The running total of dead-lettered records a source epoch's barrier records (0 on other barriers)."""
+    if mutation is None or mutation.kind != SOURCE_OFFSETS_MUTATION:
+        return 0
+    return int(mutation.payload.get("dead_letters", 0))

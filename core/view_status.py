@@ -15,6 +15,7 @@ from mvlog.epoch import epoch_millis
 from mvlog.lag import LagSample
 from mvlog.lag_status import Verdict
 from mvlog.replacement import Status as ReplacementStatus
+from mvlog.source_lag import SourceState
 
 
 def _float(value: str | None) -> float | None:
@@ -111,6 +112,7 @@ class ViewStatus:
     cache: dict[str, CacheOccupancy] = field(default_factory=dict)  # upstream -> its cache
     backpressure: Backpressure | None = None
     replacement: dict[str, str] | None = None  # the staged replacement's record (connectors/replacement_store.py)
+    source: SourceState | None = None  # a source table's topic, dead letters, problem and lag behind its topic
 
     @property
     def replacement_summary(self) -> str | None:
@@ -141,4 +143,5 @@ class ViewStatus:
             "backpressure": self.backpressure.to_json() if self.backpressure is not None else None,
             "replacement": self.replacement,
             "replacement_summary": self.replacement_summary,
+            "source": self.source.to_json() if self.source is not None else None,
         }

@@ -17,6 +17,23 @@ A ``debezium-json`` source also drops Debezium's own redeliveries (a restarted K
 sends again what came after its last flushed offset): each key's last applied source position
 (:mod:`mvlog.source_dedupe`) is committed on the epoch's barriers with the offsets, and folded back from
 the table's changelog when an ingester starts.
+
+**Bad records** (undecodable, no key, wrong types, a row the table refuses) never stop the source: each
+goes to the table's dead-letter topic ``<prefix>.<table>.dlq`` with the headers of
+:mod:`mvlog.connectors.dead_letter`, produced **inside the epoch's transaction** by the table's own
+transactional producer, and the offsets move past it. So a bad record is dead-lettered exactly when the
+epoch that skips it commits: a SIGKILL before that aborts both and the next ingester reads it again; a
+``read_committed`` reader of the dead-letter topic sees each one once. The running total goes on the
+epoch's barrier too (:func:`mvlog.source_offsets.dead_letters_of`) and from there to Redis, for
+``mvlog status`` and ``/metrics``.
+
+**What stops a source** (with what to do, in its error, in Redis for ``mvlog status``, never silently):
+a topic that does not exist, a committed offset that retention deleted, a broker error on the topic.
+
+**Idle and lagging partitions** hold nothing back: an epoch is cut every barrier interval from whatever
+the consumer returned, from any partitions; no partition waits for another (there is no per-partition
+alignment: the source's offsets are the only position). A partition that gets no messages simply keeps
+its committed offset.
 """
 
 from __future__ import annotations
@@ -35,19 +52,27 @@ from mvlog.config import Settings
 from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_reader import reader_consumer
+from mvlog.connectors.changelog_records import PoisonRecord
 from mvlog.connectors.changelog_writer import ConsumedInput
+from mvlog.connectors.dead_letter import DLQ_MAX_VALUE_BYTES, DeadLetterRecord, dead_letter_record
+from mvlog.connectors.source_status import SourceStatusStore
+from mvlog.connectors.topics import ensure_topic
 from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
 from mvlog.services.table_writer import RowValidationError, Table
 from mvlog.source_dedupe import PositionFilter
 from mvlog.source_formats import decoder_for
-from mvlog.source_offsets import offsets_mutation, positions_of
+from mvlog.source_offsets import dead_letters_of, offsets_mutation, positions_of
+from mvlog.source_pace import EpochPace
 from mvlog.source_records import BadRecordError, RowChange, SourceMessage
 from mvlog.source_spec import SourceFormat, SourceSpec, SourceSpecError, source_group
 
 log = logging.getLogger(__name__)
 
 _BATCH = 5000  # messages per consume() call
+_PREFETCH_MESSAGES = 5000  # librdkafka's queued.min.messages: messages fetched ahead per partition
+_PREFETCH_PARTITION_BYTES = 256 * 1024  # max.partition.fetch.bytes: one partition's share of a fetch
+_DLQ_HEADROOM = 8192  # bytes under the producer's record limit kept for a dead letter's key and headers
 
 
 class SourceError(RuntimeError):
@@ -75,8 +100,10 @@ def create_source_table(settings: Settings, name: str, columns: Mapping[str, str
     spec = SourceSpec(topic, SourceFormat.parse(format) if isinstance(format, str) else format, generated_key)
     spec.check(RowSchema.of(columns, primary_key))
     source_topic_partitions(settings, topic)
-    Table.create(settings, name, columns, primary_key, partitions=partitions, client=client,
-                 options=spec.to_options(), auto_commit=False).close()
+    table = Table.create(settings, name, columns, primary_key, partitions=partitions, client=client,
+                         options=spec.to_options(), auto_commit=False)
+    SourceStatusStore(table.store.redis, settings.topic_prefix).forget(name)  # a dropped namesake's
+    table.close()
     return spec
 
 
@@ -89,6 +116,7 @@ class IngestProgress:
     epochs: int = 0
     last_epoch: int | None = None
     redelivered: int = 0  # Debezium changes skipped as redeliveries (position at or below the key's last)
+    dead_letters: int = 0  # bad records this run dead-lettered (committed with their epochs)
 
 
 class SourceIngester:
@@ -106,16 +134,31 @@ class SourceIngester:
         self.name = name
         self.group = source_group(settings.topic_prefix, name)
         self.progress = IngestProgress()
+        self.status = SourceStatusStore(self._redis, settings.topic_prefix)
+        self.dead_letter_topic = settings.dead_letter_topic_of(name)
         self._decode = decoder_for(spec, entry.schema)
-        partitions = source_topic_partitions(settings, spec.topic)
+        try:
+            partitions = source_topic_partitions(settings, spec.topic)
+        except SourceError as error:
+            self.status.set_problem(name, str(error))
+            raise
         # First the table's writer: its init_transactions aborts the epoch a killed ingester left open,
         # offsets included, so the committed offsets read next are stable.
         self.table = Table(settings, entry, self._redis, auto_commit=False)
         self._seen = PositionFilter()
         if spec.format is SourceFormat.DEBEZIUM_JSON:
             self._seen.load(committed_positions(settings, name))
-        self._consumer = reader_consumer(settings, {"group.id": self.group, "auto.offset.reset": "error"})
+        # A bounded prefetch per partition: librdkafka's one queue is first in, first out, so a partition's
+        # backlog fetched ahead in bulk would put another partition's new messages behind all of it.
+        self._consumer = reader_consumer(settings, {"group.id": self.group, "auto.offset.reset": "error",
+                                                    "queued.min.messages": _PREFETCH_MESSAGES,
+                                                    "max.partition.fetch.bytes": _PREFETCH_PARTITION_BYTES})
         try:
+            # The running total of dead letters, from the last committed epoch (Kafka is the truth).
+            self.dead_letters = committed_dead_letters(settings, self.table)
+            self.status.set_dead_letters(name, self.dead_letters)
+            self.status.set_problem(name, None)
+            ensure_topic(settings, self.dead_letter_topic, 1, {"cleanup.policy": "compact"})
             committed = self._consumer.committed([TopicPartition(spec.topic, p) for p in range(partitions)], 30.0)
             self.positions: dict[int, int] = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
             self._consumer.assign([TopicPartition(spec.topic, p, self.positions.get(p, OFFSET_BEGINNING))
@@ -124,6 +167,9 @@ class SourceIngester:
             self.close()
             raise
         self._uncommitted = False
+        self._dead: list[DeadLetterRecord] = []  # dead letters of the epoch being read
+        self._dlq_value_bytes = max(0, min(DLQ_MAX_VALUE_BYTES, self.table.record_limit_bytes - _DLQ_HEADROOM))
+        self.pace = EpochPace(settings.barrier_interval_ms / 1000)
         log.info("%s: ingesting %s (%s) from %s", name, spec.topic, spec.format.value,
                  {p: self.positions.get(p, "beginning") for p in range(partitions)})
 
@@ -131,91 +177,141 @@ class SourceIngester:
 
     def run(self, stop: threading.Event | None = None, *, until_caught_up: bool = False) -> IngestProgress:
         """Ingest until ``stop`` is set (or, with ``until_caught_up``, until every partition is read to its
-        end), committing an epoch every barrier interval in which messages were consumed. A bad record
-        stops the source after committing what came before it (nothing after it is ingested)."""
+        end), committing an epoch every barrier interval in which messages were consumed. Bad records go
+        to the dead-letter topic; a source that cannot be read (:class:`SourceError`) stops after
+        committing what came before, its problem recorded for ``mvlog status``.
+
+        The interval is measured from the last cut whatever the partitions do: an idle partition returns
+        nothing and a lagging one returns what it has, and neither delays the cut (the consume timeout
+        never runs past it). While a backlog is read, :class:`~mvlog.source_pace.EpochPace` caps each
+        epoch at the messages its work can apply and commit within the interval, so epochs stay on time
+        instead of growing with the backlog."""
         stop = stop or threading.Event()
         interval = self.settings.barrier_interval_ms / 1000
+        pace = self.pace
         next_cut = time.monotonic() + interval
-        while not stop.is_set():
-            messages = self._consumer.consume(_BATCH, max(0.0, min(0.5, next_cut - time.monotonic())))
-            try:
-                self._apply(messages)
-            except (BadRecordError, SourceError):
-                self.commit()  # the messages before the bad one
-                raise
-            if time.monotonic() >= next_cut:
-                self.commit()
-                next_cut = time.monotonic() + interval
-                if until_caught_up and not messages and self.caught_up():
-                    break
-        self.commit()
+        taken, work_s = 0, 0.0  # messages of the epoch being read, and the seconds spent applying them
+        try:
+            while not stop.is_set():
+                cap = pace.max_messages()
+                want = _BATCH if cap is None else max(1, min(_BATCH, cap - taken))
+                messages = self._consumer.consume(want, max(0.0, min(0.5, next_cut - time.monotonic())))
+                started = time.monotonic()
+                try:
+                    self._apply(messages)
+                except SourceError:
+                    self.commit()  # the messages before the unreadable position
+                    raise
+                taken += len(messages)
+                work_s += time.monotonic() - started
+                if time.monotonic() >= next_cut or (cap is not None and taken >= cap):
+                    started = time.monotonic()
+                    if self.commit() is not None:
+                        pace.observe(taken, work_s + time.monotonic() - started)
+                    taken, work_s = 0, 0.0
+                    next_cut = time.monotonic() + interval
+                    if until_caught_up and not messages and self.caught_up():
+                        break
+            self.commit()
+        except SourceError as error:
+            self.status.set_problem(self.name, str(error))
+            raise
         return self.progress
 
     def _apply(self, messages: Iterable[Message]) -> None:
-        """Decode and queue the messages in order; ``positions`` moves past each one queued."""
+        """Decode and queue the messages in order; ``positions`` moves past each one queued or
+        dead-lettered."""
         run: list[RowChange] = []
+        origins: list[SourceMessage] = []  # the message of each change of ``run``
         for message in messages:
             error = message.error()
             if error is not None:
-                self._queue(run)
+                self._queue(run, origins)
                 self._raise_consumer_error(error, message)
             partition, offset = message.partition(), message.offset()
             assert partition is not None and offset is not None
             source = SourceMessage(self.spec.topic, partition, offset, message.key(), message.value())
+            self.positions[partition] = offset + 1
+            self._uncommitted = True
+            self.progress.messages += 1
             try:
                 changes = self._decode(source)
-            except BadRecordError:
-                self._queue(run)
-                raise
+            except BadRecordError as bad:
+                self._dead_letter(source, bad.field, bad.problem, message.headers())
+                continue
             if any(change.position is not None for change in changes):
                 admitted = [change for change in changes if self._seen.admit(change.key, change.position)]
                 self.progress.redelivered += len(changes) - len(admitted)
                 changes = admitted
-            if changes and run and changes[0].is_delete != run[-1].is_delete:
-                self._queue(run)
-            run.extend(changes)
-            self.positions[partition] = offset + 1
-            self._uncommitted = True
-            self.progress.messages += 1
-        self._queue(run)
+            for change in changes:  # (an update that changes the key is a delete, then an upsert)
+                if run and change.is_delete != run[-1].is_delete:
+                    self._queue(run, origins)
+                run.append(change)
+                origins.append(source)
+        self._queue(run, origins)
 
-    def _queue(self, run: list[RowChange]) -> None:
-        """One call of the table's upsert or delete for a run of changes of one kind (order is kept)."""
+    def _queue(self, run: list[RowChange], origins: list[SourceMessage]) -> None:
+        """One call of the table's upsert or delete for a run of changes of one kind (order is kept). A
+        change the table refuses (a row too large for a record of its changelog) is dead-lettered: the
+        table queued the others, and a later change of the same key still wins."""
         if not run:
             return
-        if run[0].is_delete:
-            keys: list[Key] = [change.key for change in run]
-            self.table.delete(keys)
-        else:
-            rows: list[Row] = [change.row for change in run if change.row is not None]
-            try:
+        try:
+            if run[0].is_delete:
+                keys: list[Key] = [change.key for change in run]
+                self.table.delete(keys)
+            else:
+                rows: list[Row] = [change.row for change in run if change.row is not None]
                 self.table.upsert(rows)  # typed by the decoder: only a row too large for a record is refused
-            except RowValidationError as error:
-                self.table.discard()  # some rows of the batch are queued, some not: none is committed
-                self._uncommitted = False
-                raise SourceError(f"{self.name}: {error}; the source stops at its last committed epoch") from error
-        self.progress.changes += len(run)
+            self.progress.changes += len(run)
+        except RowValidationError as refused:
+            bad = {error.row_index: error for error in refused.errors}
+            self.progress.changes += len(run) - len(bad)
+            for index, error in sorted(bad.items()):
+                source = origins[index]
+                self._dead_letter(source, error.field, f"the table refuses the row: {error.problem}")
         run.clear()
+        origins.clear()
+
+    def _dead_letter(self, source: SourceMessage, field: str | None, problem: str, headers: object = None) -> None:
+        """Queue ``source`` for the dead-letter topic, in the epoch being read (see module doc)."""
+        what = f"field {field!r}: " if field else ""
+        poison = PoisonRecord(source.topic, source.partition, source.offset, f"{self.name}: {what}{problem}")
+        log.warning("%s: bad record %s dead-lettered to %s: %s%s", self.name, source.where, self.dead_letter_topic,
+                    what, problem)
+        self._dead.append(dead_letter_record(self.dead_letter_topic, poison, source.key, source.value, headers,
+                                             self._dlq_value_bytes))
 
     def _raise_consumer_error(self, error: KafkaError, message: Message) -> None:
         if error.code() == KafkaError._AUTO_OFFSET_RESET:
             raise SourceError(f"{self.name}: the committed offset of {self.spec.topic}[{message.partition()}] is "
                               "no longer in the topic (retention deleted messages the table never ingested): "
                               f"reset the group {self.group} to where the table should go on ({error.str()})")
+        if error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            raise SourceError(f"{self.name}: source topic {self.spec.topic!r} no longer exists: recreate it (its "
+                              f"producer may) and restart `mvlog run-source {self.name}`, or drop the table "
+                              f"({error.str()})")
         raise SourceError(f"{self.name}: reading {self.spec.topic}: {error.str()}")
 
     def commit(self) -> int | None:
-        """Commit the queued changes and the offsets they came from as one epoch (nothing to do when no
-        message was consumed since the last one); returns the epoch."""
+        """Commit the queued changes, the dead letters and the offsets they came from as one epoch
+        (nothing to do when no message was consumed since the last one); returns the epoch."""
         if not self._uncommitted:
             return None
+        dead = self._dead
+        total = self.dead_letters + len(dead)
         offsets = [TopicPartition(self.spec.topic, p, o) for p, o in sorted(self.positions.items())]
         consumed = ConsumedInput(offsets, self._consumer.consumer_group_metadata(),
                                  offsets_mutation(self.name, self.spec.topic, self.positions,
-                                                  self._seen.take_changed()))
+                                                  self._seen.take_changed(), total))
         self.table.wait_for_downstreams()
-        committed = self.table.commit_epoch(consumed)
+        committed = self.table.commit_epoch(consumed, dead)
+        self._dead = []
         self._uncommitted = False
+        self.dead_letters = total
+        if dead:
+            self.status.set_dead_letters(self.name, total)
+        self.progress.dead_letters += len(dead)
         self.progress.epochs += 1
         self.progress.last_epoch = committed.epoch
         return committed.epoch
@@ -233,6 +329,7 @@ class SourceIngester:
         """Release the consumer and the table's producer. Commits nothing (:meth:`run` does): what is
         still queued was interrupted and is read again from the committed offsets next time."""
         self._consumer.close()
+        self._dead = []
         self.table.discard()
         self.table.close()
 
@@ -241,6 +338,33 @@ class SourceIngester:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def committed_dead_letters(settings: Settings, table: Table) -> int:
+    """The running total of dead letters on the barrier of ``table``'s last committed epoch (in its
+    changelog's partition 0, found by the epoch index), 0 before the first epoch."""
+    name = table.entry.name
+    mce = table.store.mce(name)
+    entry = table.store.index.at(name, 0, mce) if mce is not None else None
+    if entry is None:
+        return 0
+    topic = settings.changelog_topic(name)
+    consumer = reader_consumer(settings)
+    try:
+        consumer.assign([TopicPartition(topic, 0, entry.offset)])
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            for message in consumer.consume(10, 0.5):
+                value, offset = message.value(), message.offset()
+                if message.error() is not None or offset is None:
+                    continue
+                if offset >= entry.offset and value is not None and \
+                        (HEADER_TYPE, TYPE_BARRIER) in (message.headers() or []):
+                    return dead_letters_of(decode_barrier(value).mutation)
+        raise SourceError(f"{name}: the barrier of its last epoch {mce} ({topic}[0]@{entry.offset}) was not read "
+                          "within 30 s")
+    finally:
+        consumer.close()
 
 
 def committed_positions(settings: Settings, table: str, idle: float = 2.0) -> list[tuple[Key, int]]:
@@ -274,5 +398,6 @@ def committed_positions(settings: Settings, table: str, idle: float = 2.0) -> li
         consumer.close()
 
 
-__all__ = ["IngestProgress", "SourceError", "SourceIngester", "SourceSpecError", "committed_positions",
+__all__ = ["IngestProgress", "SourceError", "SourceIngester", "SourceSpecError", "committed_dead_letters",
+           "committed_positions",
            "create_source_table", "source_topic_partitions"]

@@ -23,6 +23,7 @@ from mvlog.connectors import redis_client
 from mvlog.connectors.backpressure import Backpressure
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, ConsumedInput
+from mvlog.connectors.dead_letter import DeadLetterRecord
 from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.streamed_commit import StreamedCommit
 from mvlog.connectors.topics import ensure_changelog
@@ -334,9 +335,12 @@ class Table:
         committed = self.commit_epoch()
         return committed.epoch
 
-    def commit_epoch(self, consumed: ConsumedInput | None = None) -> CommittedEpoch:
+    def commit_epoch(self, consumed: ConsumedInput | None = None,
+                     side_records: Sequence[DeadLetterRecord] = ()) -> CommittedEpoch:
         """Fold the pending writes into one epoch and commit it to Kafka, then to Redis. ``consumed``:
-        the input offsets these writes came from, committed in the epoch's transaction (source tables)."""
+        the input offsets these writes came from, committed in the epoch's transaction (source tables).
+        ``side_records``: records for other topics (a source table's dead letters) produced in the same
+        transaction, so they are committed exactly when the offsets that skipped them are."""
         with self._commit_lock:
             with self._lock:
                 pending, self._pending = self._pending, {}
@@ -354,8 +358,11 @@ class Table:
             # so redis-server parses it on the other core; it applies after the Kafka transaction commits.
             staged = self.store.stream_commit(self.entry.name, epoch, follows)
             try:
-                committed = self._writer.commit_records(epoch, follows, self._chunks(epoch, changes, staged),
-                                                        checkpoint=checkpoint, consumed=consumed)
+                chunks = self._chunks(epoch, changes, staged)
+                if side_records:
+                    chunks = self._with_side_records(chunks, side_records)
+                committed = self._writer.commit_records(epoch, follows, chunks, checkpoint=checkpoint,
+                                                        consumed=consumed)
             except BaseException:
                 staged.abort()
                 raise
@@ -416,6 +423,31 @@ class Table:
 
         native = native_module()
         return python if native is None else compiled
+
+    @property
+    def record_limit_bytes(self) -> int:
+        """The largest record (key + value) this table's transactional producer sends."""
+        return self._writer.limit.bytes
+
+    def _with_side_records(self, chunks: Callable[[int, str], Iterator[list[tuple[bytes, int, bytes]]]],
+                           side_records: Sequence[DeadLetterRecord]
+                           ) -> Callable[[int, str], Iterator[list[tuple[bytes, int, bytes]]]]:
+        """``chunks`` preceded by producing ``side_records`` with the changelog's transactional producer:
+        the generator runs inside the epoch's transaction (begun by the writer), so they commit or abort
+        with it. The writer produces only to its own changelog, hence its producer is used directly."""
+        producer = self._writer._producer
+
+        def with_side(ts_ms: int, txn: str) -> Iterator[list[tuple[bytes, int, bytes]]]:
+            for record in side_records:
+                while True:
+                    try:
+                        producer.produce(record.topic, record.value, record.key, headers=record.headers)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            yield from chunks(ts_ms, txn)
+
+        return with_side
 
     def _ensure_serving_state(self) -> bool:
         """True when Redis had lost this table's state (wiped) and it was rebuilt from Kafka."""

@@ -24,8 +24,10 @@ def run_source(settings: Settings, name: str, until_caught_up: bool) -> None:
     Every barrier interval the messages consumed become one epoch of the table, and the consumed offsets
     (consumer group <prefix>.NAME.source) commit in that epoch's Kafka transaction: a restart, even after
     SIGKILL, resumes exactly after the last committed epoch. SIGINT/SIGTERM commit what is read and stop.
-    A bad record stops the source after committing everything before it, naming topic, partition,
-    offset and field (exit code 1).
+    A bad record (undecodable, no key, wrong types, a row the table refuses) goes to the dead-letter
+    topic <prefix>.NAME.dlq in the same transaction, with headers saying why and where it was, and
+    ingestion goes on (counted in `mvlog status` and /metrics). A topic that is gone, or offsets deleted
+    by retention, stop the source with what to do (exit code 1, and shown by `mvlog status`).
     """
     from mvlog.services.source_ingest import SourceError, SourceIngester
 
@@ -40,5 +42,6 @@ def run_source(settings: Settings, name: str, until_caught_up: bool) -> None:
                 progress = ingester.run(stop.requested, until_caught_up=until_caught_up)
         except (SourceError, BadRecordError) as error:
             raise click.ClickException(str(error)) from None
+    dead = f", {progress.dead_letters} bad record(s) dead-lettered" if progress.dead_letters else ""
     click.echo(f"{name}: {progress.messages} message(s), {progress.changes} change(s) in {progress.epochs} "
-               f"epoch(s){'' if progress.last_epoch is None else f', last {progress.last_epoch}'}.", err=True)
+               f"epoch(s){'' if progress.last_epoch is None else f', last {progress.last_epoch}'}{dead}.", err=True)
