@@ -27,9 +27,11 @@ from mvlog.config import Settings
 from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.lag_store import LagStore
+from mvlog.connectors.source_status import SourceLagProbe, SourceStatusStore, measure_quietly
 from mvlog.connectors.view_store import ViewStore
 from mvlog.lag import LagSample
 from mvlog.lag_status import Verdict, evaluate
+from mvlog.source_lag import SourceLag
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class LagMonitor:
         self.catalog = CatalogStore(settings, client)
         self.views = ViewStore(client, settings.topic_prefix)
         self._windows: dict[str, deque[LagSample]] = {}
+        self._probe: SourceLagProbe | None = None
 
     def preload(self) -> None:
         """Start each view's window from its recorded history (recent samples only)."""
@@ -68,6 +71,21 @@ class LagMonitor:
         for gone in set(self._windows) - {s.view for s in samples}:
             del self._windows[gone]
         return judged
+
+    def sample_sources(self, now_ms: int | None = None) -> list[SourceLag]:
+        """The lag of every source table behind its topic, from Kafka (:mod:`mvlog.source_lag`); nothing
+        when there is no source table or Kafka does not answer in time."""
+        entries = [e for e in self.catalog.all() if e.kind == "table" and "source.topic" in e.options]
+        if not entries:
+            return []
+        if self._probe is None:
+            self._probe = SourceLagProbe(self.settings, timeout=3.0)
+        return measure_quietly(self._probe, entries, now_ms if now_ms is not None else _now_ms())
+
+    def close(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
 
 
 class LagSampler:
@@ -98,6 +116,7 @@ class LagSampler:
         store.record(measured)
         if gone := sorted(set(store.current_views()) - {sample.view for sample, _ in measured}):
             store.forget(gone)  # dropped views
+        SourceStatusStore(self.client, self.settings.topic_prefix).record_lag(self.monitor.sample_sources())
         self.ticks += 1
         return True
 
@@ -124,3 +143,4 @@ class LagSampler:
             self._thread = None
         with contextlib.suppress(redis.RedisError):
             self.monitor.store.release_lease(self.owner)
+        self.monitor.close()

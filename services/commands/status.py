@@ -77,6 +77,27 @@ def describe_cache(view: ViewStatus) -> str:
     return ", ".join(parts) or "-"
 
 
+def describe_source(view: ViewStatus) -> str:
+    """A source table's topic, dead letters and problem (the lag columns hold its lag behind the topic)."""
+    source = view.source
+    if source is None:
+        return "-"
+    parts = [f"topic {source.topic}"]
+    if source.dead_letters:
+        parts.append(f"[yellow]{source.dead_letters} dead-lettered[/] ({source.dead_letter_topic})")
+    parts.extend(f"[red]{problem}[/]" for problem in source.problems)
+    return "; ".join(parts)
+
+
+def _lag_cells(view: ViewStatus) -> tuple[str, str, str]:
+    """Lag epochs, seconds and records: a view's behind its upstreams, a source table's behind its topic."""
+    if view.lag is not None:
+        return str(view.lag.epochs), fmt_seconds(view.lag.seconds), str(view.lag.records)
+    if view.source is not None and view.source.lag is not None:
+        return "-", fmt_seconds(view.source.lag.seconds), str(view.source.lag.records)
+    return "-", "-", "-"
+
+
 def _status_cell(view: ViewStatus) -> str:
     if view.verdict is None:
         return "-"
@@ -89,23 +110,29 @@ def status_table(snapshot: PipelineSnapshot) -> Table:
     table = Table(title=f"mvlog status, prefix {snapshot.prefix}; lag sampler: {snapshot.sampler or 'none'}",
                   title_justify="left")
     for name in ("view", "kind", "state", "MCE", "committed", "lag epochs", "lag s", "lag records", "status",
-                 "backfill", "cache", "backpressure", "replacement"):
+                 "backfill", "cache", "backpressure", "replacement", "source"):
         numeric = name in ("MCE", "lag epochs", "lag s", "lag records")
-        table.add_column(name, justify="right" if numeric else "left", no_wrap=True)
+        table.add_column(name, justify="right" if numeric else "left", no_wrap=name != "source")
     for v in snapshot.views:
-        lag = v.lag
         table.add_row(
             v.name, v.kind, (v.state or "-") + (f" ({v.reason})" if v.reason else ""),
             str(v.mce) if v.mce is not None else "-", age(v.mce_committed_ts_ms, now_ms) or "-",
-            str(lag.epochs) if lag else "-", fmt_seconds(lag.seconds) if lag else "-",
-            str(lag.records) if lag else "-", _status_cell(v), describe_backfill(v), describe_cache(v),
-            describe_backpressure(v), v.replacement_summary or "-")
+            *_lag_cells(v), _status_cell(v), describe_backfill(v), describe_cache(v),
+            describe_backpressure(v), v.replacement_summary or "-", describe_source(v))
     return table
 
 
 def lag_rows(snapshot: PipelineSnapshot, only: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One row per view and upstream, and one per source table behind its topic (upstream ``topic:NAME``,
+    no epochs: a topic has none)."""
     rows = []
     for v in snapshot.views:
+        source = v.source
+        if source is not None and source.lag is not None and (not only or v.name in only):
+            rows.append({"view": v.name, "upstream": f"topic:{source.topic}", "view_mce": v.mce,
+                         "upstream_mce": None, "epochs": None, "seconds": source.lag.seconds,
+                         "records": source.lag.records, "ts_ms": source.lag.ts_ms, "status": None,
+                         "reason": "; ".join(source.problems) or None, "dead_letters": source.dead_letters})
         if v.lag is None or (only and v.name not in only):
             continue
         for up in v.lag.upstreams:
@@ -124,10 +151,11 @@ def lag_table(snapshot: PipelineSnapshot, only: tuple[str, ...]) -> Table:
         numeric = name in ("view MCE", "upstream MCE", "epochs", "seconds", "records")
         table.add_column(name, justify="right" if numeric else "left", no_wrap=name != "why")
     for r in lag_rows(snapshot, only):
-        status = r["status"] or "unknown"
+        status = r["status"] or ("-" if r["epochs"] is None else "unknown")
+        shown = f"[{STATUS_STYLE[status]}]{status}[/]" if status in STATUS_STYLE else status
         table.add_row(r["view"], r["upstream"], str(r["view_mce"] or "-"), str(r["upstream_mce"] or "-"),
-                      str(r["epochs"]), fmt_seconds(r["seconds"]), str(r["records"]),
-                      f"[{STATUS_STYLE[status]}]{status}[/]", r["reason"] or "")
+                      "-" if r["epochs"] is None else str(r["epochs"]), fmt_seconds(r["seconds"]), str(r["records"]),
+                      shown, r["reason"] or "")
     return table
 
 
@@ -192,14 +220,17 @@ def status(settings: Settings, watch: float | None, output: str) -> None:
 @output_option
 @pass_settings
 def lag(settings: Settings, views: tuple[str, ...], watch: float | None, output: str) -> None:
-    """Lag of each view (or VIEWS) behind each of its upstreams, in epochs, seconds and records."""
+    """Lag of each view (or VIEWS) behind each of its upstreams, in epochs, seconds and records, and of
+    each source table behind its topic (records and seconds: the age of its oldest message not ingested)."""
     if views:
         client = connect_redis(settings)
         with backend_errors(settings):
             catalog = CatalogStore(settings, client)
             for name in views:
-                if catalog.get(name).kind != "view":
-                    raise click.ClickException(f"{name} is a table: only views lag behind an upstream")
+                entry = catalog.get(name)
+                if entry.kind != "view" and "source.topic" not in entry.options:
+                    raise click.ClickException(f"{name} is a table written by mvlog: only views and source tables "
+                                               "lag behind something")
     _run(settings, watch, output, lambda s: lag_table(s, views), lambda s: lag_rows(s, views))
 
 

@@ -3,7 +3,10 @@
 Names follow Prometheus conventions (``mvlog_`` namespace, base units, ``_total`` only on counters,
 enumerations as one gauge per value with a label set to 1 for the current one). Lag is labelled by
 ``view`` and ``upstream`` (a join has two upstreams); the MCE is an epoch number (int64 as a float:
-exact up to 2**53, so the timestamp gauge is the one to alert on).
+exact up to 2**53, so the timestamp gauge is the one to alert on). A source table's lag behind its
+topic is ``mvlog_source_lag_records`` / ``mvlog_source_lag_seconds`` (labels ``table``, ``topic``), its bad
+records ``mvlog_source_dead_letters_total`` (committed with the epochs that skipped them), and
+``mvlog_source_problem`` is 1 while its ingester is stopped by a problem (topic gone, offsets deleted).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mvlog.epoch import epoch_millis
@@ -27,7 +30,7 @@ class PipelineCollector(Collector):
     def __init__(self, snapshot: Callable[[], PipelineSnapshot]) -> None:
         self._snapshot = snapshot
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         snap = self._snapshot()
         view_labels = ["view"]
         lag_labels = ["view", "upstream"]
@@ -68,8 +71,28 @@ class PipelineCollector(Collector):
                                       labels=["upstream"])
         cache_epochs = GaugeMetricFamily("mvlog_cache_epochs", "Epochs in the log cache of an upstream.",
                                          labels=["upstream"])
+        source_records = GaugeMetricFamily("mvlog_source_lag_records",
+                                           "Messages of the source topic the table has not ingested (end offsets "
+                                           "minus the offsets its epochs committed).", labels=["table", "topic"])
+        source_seconds = GaugeMetricFamily("mvlog_source_lag_seconds",
+                                           "Age of the oldest message of the source topic the table has not "
+                                           "ingested (0 when caught up).", labels=["table", "topic"])
+        source_dead = CounterMetricFamily("mvlog_source_dead_letters",
+                                          "Bad records of the source topic sent to the table's dead-letter topic.",
+                                          labels=["table", "topic"])
+        source_problem = GaugeMetricFamily("mvlog_source_problem",
+                                           "1 while the source cannot be ingested (topic gone, offsets deleted by "
+                                           "retention, ...): see mvlog status.", labels=["table", "topic"])
         caches: dict[str, tuple[float, float | None, float | None]] = {}
         for v in snap.views:
+            if v.source is not None:
+                labels = [v.name, v.source.topic]
+                source_dead.add_metric(labels, float(v.source.dead_letters))
+                source_problem.add_metric(labels, 1.0 if v.source.problems else 0.0)
+                if v.source.lag is not None:
+                    source_records.add_metric(labels, float(v.source.lag.records))
+                    if v.source.lag.seconds is not None:
+                        source_seconds.add_metric(labels, v.source.lag.seconds)
             if v.mce is not None:
                 mce.add_metric([v.name], float(v.mce))
                 mce_ts.add_metric([v.name], epoch_millis(v.mce) / 1000)
@@ -109,7 +132,7 @@ class PipelineCollector(Collector):
                 cache_epochs.add_metric([upstream], epochs)
         yield from (epoch_lag, lag_seconds, lag_records, mce, mce_ts, committed_ts, rows, state, status,
                     sample_ts, bf_done, bf_total, bf_eta, bp_bound, bp_holding, cache_bytes, cache_max,
-                    cache_epochs)
+                    cache_epochs, source_records, source_seconds, source_dead, source_problem)
 
 
 def pipeline_registry(snapshot: Callable[[], PipelineSnapshot]) -> CollectorRegistry:

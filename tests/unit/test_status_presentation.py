@@ -12,6 +12,7 @@ from mvlog.row_schema import RowSchema
 from mvlog.services.dashboard.app import epochs_as_strings
 from mvlog.services.dashboard.metrics import pipeline_registry
 from mvlog.services.status_snapshot import PipelineSnapshot, in_graph_order
+from mvlog.source_lag import SourceLag, SourceState
 from mvlog.view_status import ViewStatus
 
 SCHEMA = RowSchema.of({"id": "int"}, ["id"])
@@ -38,12 +39,15 @@ def test_epochs_become_strings_and_nothing_else_does() -> None:
 def test_metrics_of_a_snapshot_follow_the_conventions() -> None:
     lag = LagSample("j", 1_000, 10 << 16, (UpstreamLag("a", 12 << 16, 2, 0.002, 7),
                                            UpstreamLag("b", 11 << 16, 1, 0.001, 3)))
+    source = SourceState("shop.s", "upsert-json", 3, "p.s.dlq", None, SourceLag("s", "shop.s", 900, 42, 1.5, 2))
     views = [ViewStatus("a", "table", (), "live", None, 12 << 16, 5_000, 4),
              ViewStatus("j", "view", ("a", "b"), "live", None, 10 << 16, 4_000, 2, lag,
-                        Verdict(LagStatus.LAGGING, "grew"))]
+                        Verdict(LagStatus.LAGGING, "grew")),
+             ViewStatus("s", "table", (), "live", None, 12 << 16, 5_000, 4, source=source)]
     text = generate_latest(pipeline_registry(lambda: PipelineSnapshot(0, "p", None, views))).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert all(f.type == "gauge" for f in families.values())
+    # Gauges, but for the one count that only grows: a source table's dead-lettered records.
+    assert all(f.type == ("counter" if f.name == "mvlog_source_dead_letters" else "gauge") for f in families.values())
     values = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
     assert values["mvlog_view_epoch_lag", (("upstream", "a"), ("view", "j"))] == 2
     assert values["mvlog_view_lag_records", (("upstream", "b"), ("view", "j"))] == 3
@@ -52,6 +56,9 @@ def test_metrics_of_a_snapshot_follow_the_conventions() -> None:
     assert values["mvlog_view_status", (("status", "ok"), ("view", "j"))] == 0
     assert ("mvlog_view_status", (("status", "ok"), ("view", "a"))) not in values  # a table has no status
     assert values["mvlog_view_state", (("state", "live"), ("view", "a"))] == 1
+    of_s = (("table", "s"), ("topic", "shop.s"))
+    assert values["mvlog_source_lag_records", of_s] == 42 and values["mvlog_source_lag_seconds", of_s] == 1.5
+    assert values["mvlog_source_dead_letters_total", of_s] == 3 and values["mvlog_source_problem", of_s] == 0
 
 
 def test_a_replacement_is_summed_up_in_one_phrase_through_its_life() -> None:

@@ -151,6 +151,20 @@ function backpressureText(bp) {
   return bp.holding ? `${bound} · <b style="color:var(--lagging)">holding upstream</b>` : bound;
 }
 
+function escapeHtml(text) {
+  return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+// A source table: its topic, dead letters and problems (its lag behind the topic fills the lag cells).
+function sourceText(src) {
+  if (!src) return "";
+  const dead = src.dead_letters
+    ? ` <span class="tag" title="${escapeHtml(src.dead_letter_topic)}" data-field="dead-letters">${src.dead_letters} dead-lettered</span>` : "";
+  const problems = (src.problems || []).map((p) =>
+    ` <span class="tag" style="color:var(--stalled)" data-field="source-problem" title="${escapeHtml(p)}">source stopped: ${escapeHtml(p)}</span>`).join("");
+  return dead + problems;
+}
+
 function renderTable(doc) {
   const body = document.querySelector("#views tbody");
   body.replaceChildren();
@@ -170,20 +184,22 @@ function renderTable(doc) {
       tr.dataset.lagMce = lag.mce ?? "";
       tr.dataset.upstreams = JSON.stringify(lag.upstreams);
     }
+    const srcLag = !lag && v.source ? v.source.lag : null;  // a source table behind its topic
     const lagTitle = lag ? lag.upstreams.map((u) =>
-      `${u.upstream} (MCE ${u.upstream_mce}): ${u.epochs} epochs, ${fmtSeconds(u.seconds)}, ${u.records} records`).join("\n") : "";
+      `${u.upstream} (MCE ${u.upstream_mce}): ${u.epochs} epochs, ${fmtSeconds(u.seconds)}, ${u.records} records`).join("\n")
+      : srcLag ? `behind topic ${srcLag.topic}: ${srcLag.records} records, oldest waiting ${fmtSeconds(srcLag.seconds)}` : "";
     const replacing = v.replacement_summary ? ` <span class="tag" title="replacement">replacement: ${v.replacement_summary}</span>` : "";
-    const state = (v.state || "-") + (v.reason ? ` (${v.reason})` : "") + replacing;
+    const state = (v.state || "-") + (v.reason ? ` (${v.reason})` : "") + replacing + sourceText(v.source);
     const statusCell = s ? `<span class="status ${s}" title="${(v.status && v.status.reason) || ""}">${s}</span>`
       : "<span class='dim'>-</span>";
     tr.innerHTML = `
-      <td class="name">${v.name}<small>${v.kind === "table" ? "table" : "← " + v.sources.join(", ")}</small></td>
+      <td class="name">${v.name}<small>${v.source ? "table ← topic " + escapeHtml(v.source.topic) : v.kind === "table" ? "table" : "← " + v.sources.join(", ")}</small></td>
       <td data-field="state">${state}</td>
       <td class="num" data-field="mce" title="${v.mce_ms ? new Date(v.mce_ms).toISOString() : ""}">${v.mce ?? "-"}</td>
       <td class="num" data-field="committed">${age(v.mce_committed_ts_ms, doc.ts_ms)}</td>
       <td class="num" data-field="lag-epochs" title="${lagTitle}">${lag ? lag.epochs : "-"}</td>
-      <td class="num" data-field="lag-seconds">${lag ? fmtSeconds(lag.seconds) : "-"}</td>
-      <td class="num" data-field="lag-records">${lag ? lag.records : "-"}</td>
+      <td class="num" data-field="lag-seconds" title="${lagTitle}">${lag ? fmtSeconds(lag.seconds) : srcLag ? fmtSeconds(srcLag.seconds) : "-"}</td>
+      <td class="num" data-field="lag-records" title="${lagTitle}">${lag ? lag.records : srcLag ? srcLag.records : "-"}</td>
       <td data-field="status">${statusCell}</td>
       <td data-field="backfill">${backfillText(v.backfill)}</td>
       <td data-field="cache">${cacheText(v.cache)}</td>
