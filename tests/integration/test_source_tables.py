@@ -1,4 +1,4 @@
-"""Source tables (issue 18, first slice): tables fed from users' topics, exactly once.
+"""Source tables (issue 18): tables fed from users' topics, exactly once, bad records dead-lettered.
 
 The oracle is independent of the decoders: the producer records the effect it means each message to have
 (the row of a key, or its delete) and where the broker put it (partition, offset); folding those effects
@@ -10,6 +10,7 @@ that epoch's barriers record (which must never go back: each message belongs to 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import random
@@ -21,20 +22,26 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 from click.testing import CliRunner, Result
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from prometheus_client import generate_latest
 
 from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.source_status import SourceStatusStore
 from mvlog.connectors.view_store import ViewStore
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import decode_row
 from mvlog.services.cli import main
+from mvlog.services.dashboard.metrics import pipeline_registry
+from mvlog.services.lag_sampler import LagSampler
 from mvlog.services.source_ingest import SourceIngester, create_source_table
+from mvlog.services.status_snapshot import take_snapshot
 from mvlog.source_spec import source_group
 from tests.integration.independent_consumer import read_topic
 
@@ -52,6 +59,8 @@ class SourceTopic:
     name: str
     partitions: int = 3
     effects: dict[tuple[int, int], tuple[Key, Effect]] = field(default_factory=dict)
+    bad: dict[tuple[int, int], str] = field(default_factory=dict)  # bad records: what the DLQ must say
+    stamps: dict[tuple[int, int], int] = field(default_factory=dict)  # the broker's timestamp of each message
 
     def __post_init__(self) -> None:
         admin = AdminClient({"bootstrap.servers": self.settings.bootstrap_servers})
@@ -59,15 +68,30 @@ class SourceTopic:
         self.producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "linger.ms": 5,
                                   "enable.idempotence": True})
 
-    def send(self, key: Any, value: Any, effect_key: Key, effect: Effect) -> None:
+    def send(self, key: Any, value: Any, effect_key: Key, effect: Effect, partition: int | None = None) -> None:
         def delivered(err: Any, msg: Any) -> None:
             assert err is None, err
             self.effects[(msg.partition(), msg.offset())] = (effect_key, effect)
+            self.stamps[(msg.partition(), msg.offset())] = msg.timestamp()[1]
 
         encoded = None if value is None else json.dumps(value).encode()
+        self._produce(json.dumps(key).encode(), encoded, delivered, partition)
+
+    def send_bad(self, key: bytes | None, value: bytes | None, problem: str) -> None:
+        """A record the table must dead-letter (``problem``: part of the reason it must give)."""
+        def delivered(err: Any, msg: Any) -> None:
+            assert err is None, err
+            self.bad[(msg.partition(), msg.offset())] = problem
+
+        self._produce(key, value, delivered, None)
+
+    def _produce(self, key: bytes | None, value: bytes | None, delivered: Any, partition: int | None) -> None:
         while True:
             try:
-                self.producer.produce(self.name, encoded, json.dumps(key).encode(), on_delivery=delivered)
+                if partition is None:
+                    self.producer.produce(self.name, value, key, on_delivery=delivered)
+                else:
+                    self.producer.produce(self.name, value, key, partition=partition, on_delivery=delivered)
                 break
             except BufferError:
                 self.producer.poll(0.05)
@@ -156,10 +180,25 @@ def mvlog(settings: Settings, *args: str) -> Result:
 # ------------------------------------------------------------------------------------------ workloads
 
 
-def upsert_workload(source: SourceTopic, rng: random.Random, count: int, keys: int = 40) -> None:
+BAD_RECORDS: list[tuple[bytes | None, bytes | None, str]] = [
+    (b"7", b"{not json", "the value is not valid JSON"),
+    (None, b'{"id": 7, "v": 1}', "the message has no key"),
+    (b"7", b'{"v": "seven"}', "field 'v': expected int, got str 'seven'"),
+    (b'"x"', b'{"v": 1}', "field 'id': expected int, got str 'x'"),
+    (b"7", b"[1, 2]", "the value is not a JSON object"),
+    (b"{\"other\": 7}", b'{"v": 1}', "field 'id': primary key column is missing or null in the key"),
+]
+
+
+def upsert_workload(source: SourceTopic, rng: random.Random, count: int, keys: int = 40,
+                    bad_share: float = 0.0) -> None:
     """upsert-json: keys repeated within and across epochs, a key as an object or a bare value (fixed per
-    key, so its messages share a partition), rows without their key columns, tombstones."""
+    key, so its messages share a partition), rows without their key columns, tombstones; ``bad_share`` of
+    the messages are bad records (:data:`BAD_RECORDS`), which change nothing."""
     for _ in range(count):
+        if bad_share and rng.random() < bad_share:
+            source.send_bad(*rng.choice(BAD_RECORDS))
+            continue
         k = rng.randrange(keys)
         message_key: Any = {"id": k} if k % 2 else k
         if rng.random() < 0.2:
@@ -256,14 +295,51 @@ def test_declaration_refusals_and_a_bad_record(settings: Settings, redis_client:
     insert = CliRunner().invoke(main, ["insert", "s1"], input='{"id": 1, "v": 1}\n', env=env_of(settings))
     assert insert.exit_code == 1 and "is fed by topic" in insert.stderr
     source.send(1, {"v": 10}, (1,), {"id": 1, "v": 10})
-    source.send(1, {"v": "eleven"}, (1,), None)  # a bad record: the source stops there
-    source.send(1, {"v": 12}, (1,), None)
+    source.send_bad(b"1", b'{"v": "eleven"}', "field 'v': expected int, got str 'eleven'")  # dead-lettered
+    source.send(1, {"v": 12}, (1,), {"id": 1, "v": 12})  # and ingestion goes on
     source.flush()
     run = mvlog(settings, "run-source", "s1", "--until-caught-up")
-    assert run.exit_code == 1, run.output
-    bad = min(o for (_, o), (_, e) in source.effects.items() if e is None)
-    assert "field 'v': expected int, got str 'eleven'" in run.stderr and f"@{bad}" in run.stderr, run.stderr
-    assert table_rows(redis_client, settings, "s1", ("id",)) == {(1,): {"id": 1, "v": 10}}  # what came before
+    assert run.exit_code == 0, run.output
+    assert "1 bad record(s) dead-lettered" in run.stderr, run.stderr
+    assert table_rows(redis_client, settings, "s1", ("id",)) == {(1,): {"id": 1, "v": 12}}
+    check_dead_letters(settings, "s1", source)
+    status = json.loads(mvlog(settings, "status", "-o", "json").stdout)
+    (s1,) = [v for v in status["views"] if v["name"] == "s1"]
+    assert s1["source"]["dead_letters"] == 1 and s1["source"]["topic"] == source.name, s1
+
+
+def read_dead_letters(settings: Settings, table: str) -> list[tuple[dict[str, str], bytes | None, bytes | None]]:
+    """Every committed record of the table's dead-letter topic: (headers, key, value), read_committed."""
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "dlq-check",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    topic = settings.dead_letter_topic_of(table)
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), 10)
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        found: list[tuple[dict[str, str], bytes | None, bytes | None]] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and consumer.position([TopicPartition(topic, 0)])[0].offset < high:
+            for message in consumer.consume(1000, 0.5):
+                assert message.error() is None, message.error()
+                raw = cast(list[tuple[str, bytes | None]], message.headers() or [])
+                headers = {k: (v or b"").decode() for k, v in raw}
+                found.append((headers, message.key(), message.value()))
+        return found
+    finally:
+        consumer.close()
+
+
+def check_dead_letters(settings: Settings, table: str, source: SourceTopic) -> int:
+    """Each bad record of ``source`` is in the table's dead-letter topic exactly once (read_committed), with
+    the headers view readers write, its value and a reason naming the problem; nothing else is there."""
+    found = read_dead_letters(settings, table)
+    where = [(int(h["mvlog.dlq.partition"]), int(h["mvlog.dlq.offset"])) for h, _, _ in found]
+    assert sorted(where) == sorted(source.bad), f"dead letters {sorted(where)} != bad records {sorted(source.bad)}"
+    for (headers, key, value), at in zip(found, where, strict=True):
+        assert headers["mvlog.dlq.topic"] == source.name and key == f"{source.name}/{at[0]}/{at[1]}".encode()
+        assert source.bad[at] in headers["mvlog.dlq.reason"], (headers["mvlog.dlq.reason"], source.bad[at])
+        assert headers["mvlog.dlq.size"] == str(len(value or b""))
+    return len(found)
 
 
 def test_offsets_deleted_by_retention_are_reported(settings: Settings, redis_client: redis.Redis) -> None:
@@ -285,6 +361,154 @@ def test_offsets_deleted_by_retention_are_reported(settings: Settings, redis_cli
     run = mvlog(settings, "run-source", "short", "--until-caught-up")
     assert run.exit_code == 1, run.output
     assert "is no longer in the topic (retention deleted messages the table never ingested)" in run.stderr, run.stderr
+    # mvlog status says so too, with what to do: the ingester's reason, and the lag measured from Kafka.
+    status = json.loads(mvlog(settings, "status", "-o", "json").stdout)
+    (short,) = [v for v in status["views"] if v["name"] == "short"]
+    problems = " | ".join(short["source"]["problems"])
+    assert "retention deleted messages the table never ingested" in problems, problems
+    assert "before the table ingested them" in problems and f"reset group {settings.topic_prefix}.short.source" \
+        in problems, problems
+    assert short["source"]["lag"]["records"] == 0  # nothing left to read: what was there is gone
+
+
+def test_a_missing_source_topic_is_reported(settings: Settings, redis_client: redis.Redis) -> None:
+    source = SourceTopic(settings, f"{settings.topic_prefix}.doomed", partitions=1)
+    create_source_table(settings, "doomed", {"id": "int", "v": "int"}, ["id"], source.name, "upsert-json",
+                        client=redis_client)
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    admin.delete_topics([source.name])[source.name].result(30)
+    deadline = time.monotonic() + 30
+    while source.name in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, "the topic was not deleted"
+        time.sleep(0.2)
+    run = mvlog(settings, "run-source", "doomed", "--until-caught-up")
+    assert run.exit_code == 1 and f"source topic {source.name!r} does not exist" in run.stderr, run.output
+    status = json.loads(mvlog(settings, "status", "-o", "json").stdout)
+    (doomed,) = [v for v in status["views"] if v["name"] == "doomed"]
+    assert any("does not exist" in p for p in doomed["source"]["problems"]), doomed["source"]
+    metrics = generate_latest(pipeline_registry(lambda: take_snapshot(settings, redis_client))).decode()
+    assert f'mvlog_source_problem{{table="doomed",topic="{source.name}"}} 1.0' in metrics, metrics
+
+
+def test_bad_records_are_dead_lettered_and_counted(settings: Settings, redis_client: redis.Redis) -> None:
+    source = SourceTopic(settings, f"{settings.topic_prefix}.mixed")
+    create_source_table(settings, "mixed", {"id": "int", "v": "int", "label": "string"}, ["id"], source.name,
+                        "upsert-json", client=redis_client)
+    rng = random.Random(5)
+    upsert_workload(source, rng, 800, bad_share=0.1)
+    source.flush()
+    with SourceIngester(settings, "mixed", redis_client) as ingester:
+        first = ingester.run(until_caught_up=True)
+    assert first.dead_letters == len(source.bad) > 20 and first.messages == 800
+    upsert_workload(source, rng, 300, bad_share=0.1)  # a second ingester goes on counting from the barriers
+    source.flush()
+    with SourceIngester(settings, "mixed", redis_client) as ingester:
+        assert ingester.dead_letters == first.dead_letters
+        ingester.run(until_caught_up=True)
+    assert table_rows(redis_client, settings, "mixed", ("id",)) == source.fold()
+    assert check_dead_letters(settings, "mixed", source) == len(source.bad)
+    check_every_epoch(settings, "mixed", ("id",), source)
+    snapshot = take_snapshot(settings, redis_client)
+    (mixed,) = [v for v in snapshot.views if v.name == "mixed"]
+    assert mixed.source is not None and mixed.source.dead_letters == len(source.bad) and not mixed.source.problems
+    metrics = generate_latest(pipeline_registry(lambda: take_snapshot(settings, redis_client))).decode()
+    assert f'mvlog_source_dead_letters_total{{table="mixed",topic="{source.name}"}} {float(len(source.bad))}' \
+        in metrics, metrics
+
+
+def test_source_lag_in_status_lag_and_metrics(settings: Settings, redis_client: redis.Redis) -> None:
+    source = SourceTopic(settings, f"{settings.topic_prefix}.behind")
+    create_source_table(settings, "behind", {"id": "int", "v": "int", "label": "string"}, ["id"], source.name,
+                        "upsert-json", client=redis_client)
+    upsert_workload(source, random.Random(9), 500)
+    source.flush()
+    time.sleep(1.0)  # the oldest message waits at least this long
+    lag = json.loads(mvlog(settings, "lag", "behind", "-o", "json").stdout)
+    assert [(r["view"], r["upstream"], r["records"]) for r in lag] == [("behind", f"topic:{source.name}", 500)]
+    assert lag[0]["seconds"] >= 1.0, lag
+    text = mvlog(settings, "status")
+    assert text.exit_code == 0 and "topic " + source.name in text.stdout and "500" in text.stdout, text.stdout
+    metrics = generate_latest(pipeline_registry(lambda: take_snapshot(settings, redis_client))).decode()
+    assert f'mvlog_source_lag_records{{table="behind",topic="{source.name}"}} 500.0' in metrics, metrics
+    # The sampler (the dashboard's) records it in Redis, where status reads it.
+    sampler = LagSampler(settings, redis_client)
+    try:
+        assert sampler.tick()
+    finally:
+        sampler.stop()
+    stored = SourceStatusStore(redis_client, settings.topic_prefix).read(settings, CatalogStore(
+        settings, redis_client).all())["behind"]
+    assert stored.lag is not None and stored.lag.records == 500
+    with SourceIngester(settings, "behind", redis_client) as ingester:
+        ingester.run(until_caught_up=True)
+    # (fresh samples are reused for three intervals: the sampler's above may still be current)
+    time.sleep(3 * settings.lag_sample_interval_ms / 1000 + 1.1)
+    caught_up = json.loads(mvlog(settings, "lag", "-o", "json").stdout)
+    assert [(r["records"], r["seconds"]) for r in caught_up] == [(0, 0.0)], caught_up
+
+
+class TimedIngester(SourceIngester):
+    """An ingester that notes when each epoch committed and the offsets it committed (for the timing test)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.commits: list[tuple[float, dict[int, int]]] = []
+
+    def commit(self) -> int | None:
+        epoch = super().commit()
+        if epoch is not None:
+            self.commits.append((time.time(), dict(self.positions)))
+        return epoch
+
+
+def test_an_idle_and_a_lagging_partition_do_not_hold_epochs_back(settings: Settings, redis_client: redis.Redis,
+                                                                  report: Callable[[str], None]) -> None:
+    """Partition 0 gets a steady stream, partition 1 starts with a backlog of 30k messages, partition 2 gets
+    none: epochs are still cut every barrier interval (the pace caps an epoch at what commits in time),
+    and the live messages of partition 0 are committed within seconds, backlog or not."""
+    interval = settings.barrier_interval_ms / 1000
+    source = SourceTopic(settings, f"{settings.topic_prefix}.skewed")
+    create_source_table(settings, "skewed", {"id": "int", "v": "int", "label": "string"}, ["id"], source.name,
+                        "upsert-json", client=redis_client)
+    for i in range(30_000):
+        source.send(100_000 + i % 5000, {"v": i}, (100_000 + i % 5000,), None, partition=1)
+    source.flush()
+    stop, live_done = threading.Event(), threading.Event()
+
+    def live() -> None:
+        for i in range(160):  # 8 s at 20 messages/s on partition 0 only
+            source.send(i % 50, {"v": i}, (i % 50,), None, partition=0)
+            source.producer.flush(5)
+            time.sleep(0.05)
+        live_done.set()
+
+    ingester = TimedIngester(settings, "skewed", redis_client)
+    with ingester:
+        producer = threading.Thread(target=live, daemon=True)
+        runner = threading.Thread(target=ingester.run, args=(stop,), daemon=True)
+        runner.start()
+        producer.start()
+        producer.join(60)
+        time.sleep(4 * interval)
+        stop.set()
+        runner.join(60)
+    commits = ingester.commits
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(commits)]
+    assert commits[-1][1].get(1) == 30_000 and 2 not in commits[-1][1]  # the backlog is in, partition 2 idle
+    assert len(commits) >= 8 / interval * 0.6, f"{len(commits)} epochs in 8 s"
+    assert max(gaps) < interval + 1.0, f"an epoch took {max(gaps):.2f} s to cut (interval {interval} s): {gaps}"
+    latencies = []
+    for (p, offset), stamp in source.stamps.items():
+        if p == 0:
+            committed_at = next(t for t, offsets in commits if offsets.get(0, 0) > offset)
+            latencies.append(committed_at - stamp / 1000)
+    latencies.sort()
+    p50, worst = latencies[len(latencies) // 2], latencies[-1]
+    # Live messages of partition 0 wait behind the backlog librdkafka fetched ahead (one queue, first in
+    # first out; the ingester bounds the prefetch per partition): seconds, not the whole backlog's time.
+    assert worst < 8.0, f"live messages waited up to {worst:.2f} s (p50 {p50:.2f} s)"
+    report(f"idle + lagging partitions: {len(commits)} epochs, longest cut {max(gaps):.2f} s (interval {interval} s); "
+           f"live partition 0 while a 30k backlog was read: p50 {p50:.2f} s, max {worst:.2f} s")
 
 
 def test_sigkilled_run_source_loses_and_doubles_nothing(settings: Settings, redis_client: redis.Redis,
@@ -299,7 +523,7 @@ def test_sigkilled_run_source_loses_and_doubles_nothing(settings: Settings, redi
     def produce() -> None:
         writer_rng = random.Random(rng.random())
         while not stop.is_set():
-            upsert_workload(source, writer_rng, 200)
+            upsert_workload(source, writer_rng, 200, bad_share=0.03)
             time.sleep(0.05)
 
     producer = threading.Thread(target=produce, daemon=True)
@@ -333,8 +557,12 @@ def test_sigkilled_run_source_loses_and_doubles_nothing(settings: Settings, redi
     assert committed_offsets(settings, "orders", source.name, 3) == end_offsets(settings, source.name, 3)
     epochs = check_every_epoch(settings, "orders", ("id",), source)
     assert epochs > kills  # most runs committed epochs before their kill
+    dead = check_dead_letters(settings, "orders", source)  # each once, though runs were killed mid-epoch
+    counted = SourceStatusStore(redis_client, settings.topic_prefix).read(
+        settings, [CatalogStore(settings, redis_client).get("orders")])["orders"].dead_letters
+    assert counted == dead == len(source.bad) > 0
     report(f"{kills} SIGKILLs of run-source, {len(source.effects)} messages, {epochs} epochs checked, "
-           f"{len(expected)} rows: exact")
+           f"{len(expected)} rows, {dead} bad records dead-lettered once each: exact")
 
 
 @pytest.fixture(autouse=True)
