@@ -29,7 +29,8 @@ class RestartBudget:
         if len(self._failures) >= self.max_restarts:
             return None
         self._failures.append(now)
-        return min(self.max_delay_s, self.base_delay_s * 2 ** (len(self._failures) - 1))
+        delay: float = self.base_delay_s * 2.0 ** (len(self._failures) - 1)
+        return min(self.max_delay_s, delay)
 
     @property
     def restarts(self) -> int:
