@@ -5,7 +5,8 @@ from __future__ import annotations
 from mvlog.services.commands.run_view import _short
 
 SPARK_WRAPPED = ("[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source reader: "
-                 "Traceback (most recent call last):\n") + """  File "/x/pyspark/sql/worker/plan_data_source_read.py", line 220, in main
+                 "Traceback (most recent call last):\n") + """\
+  File "/x/pyspark/sql/worker/plan_data_source_read.py", line 220, in main
     reader = data_source.streamReader(schema=schema)
   File "/x/mvlog/connectors/spark_source.py", line 88, in streamReader
     raise ViewNotFound("view mv1 is not in the catalog")
