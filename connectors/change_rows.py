@@ -124,17 +124,3 @@ def epoch_slices(batch: pa.Table) -> Iterator[tuple[int, pa.Table]]:
         rows = ordered.slice(start, count)
         start += count
         yield epoch, rows.filter(pc.not_equal(rows.column("_change_type"), BARRIER))
-
-
-def one_change_per_key(rows: pa.Table) -> bool:
-    """Whether no key changes twice in these rows (then each key has at most one signed row per sign).
-
-    The rows of one change share its partition and offset, and a key always lives in one partition,
-    so there is one change per key exactly when there are as many distinct keys as distinct changes.
-    """
-    if len(rows) == 0:
-        return True
-    changes = pc.add(pc.multiply(rows.column("_partition").cast(pa.int64()), 1 << 40), rows.column("_offset"))
-    distinct_changes: int = pc.count_distinct(changes).as_py()
-    distinct_keys: int = pc.count_distinct(rows.column("_key")).as_py()
-    return distinct_changes == distinct_keys

@@ -12,19 +12,18 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from mvlog.changes import Barrier, Change, Mutation, Op
+from mvlog.changes import Barrier, Mutation, Op
 from mvlog.config import Settings
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.kafka_security import RefusalWatch
 from mvlog.connectors.topics import CHANGE_HEADER_BYTES, PRODUCER_LIMIT, changelog_record_limit
 from mvlog.record_limits import RecordLimit, producer_max_bytes_for
-from mvlog.row_schema import Key
 from mvlog.schemas.arrow_rows import encode_rows
 from mvlog.schemas.codec import (
     HEADER_TYPE,
@@ -34,10 +33,6 @@ from mvlog.schemas.codec import (
     change_tail,
     decode_key,
     encode_barrier,
-    encode_change,
-    encode_change_rows,
-    encode_key,
-    encode_row,
 )
 from mvlog.views.change_batch import ChangeBatch
 from mvlog.vnode import VNODE_COUNT, partition_of_vnode, vnode_of
@@ -73,81 +68,47 @@ class CommittedEpoch:
         return sum(e.records for e in self.index.values())
 
 
-class EncodedChange(NamedTuple):
-    """A change whose key and rows are encoded already, for :meth:`ChangelogWriter.commit_encoded`."""
-
-    op: str  # Op value: c, u, d or r
-    key: bytes  # encode_key(key columns, key)
-    before: bytes | None  # encode_row(before)
-    after: bytes | None  # encode_row(after)
-
-
-@dataclass
-class EncodedEpoch:
-    """An epoch's changes encoded once: the change events' keys and rows, and the same bytes for Redis."""
-
-    changes: list[EncodedChange]
-    row_puts: dict[bytes, bytes]  # key -> row after the epoch
-    row_deletes: list[bytes]  # keys without a row after the epoch
-
-
-def encode_epoch(key_columns: Sequence[str], changes: Iterable[Change]) -> EncodedEpoch:
-    """Encode each key and row once (the last change of a key decides its row after the epoch)."""
-    columns = tuple(key_columns)
-    encoded: list[EncodedChange] = []
-    puts: dict[bytes, bytes] = {}
-    deletes: dict[bytes, None] = {}
-    for change in changes:
-        key = encode_key(columns, change.key)
-        before = None if change.before is None else encode_row(change.before)
-        if change.after is None:
-            after = None
-            puts.pop(key, None)
-            deletes[key] = None
-        else:
-            after = encode_row(change.after)
-            deletes.pop(key, None)
-            puts[key] = after
-        encoded.append(EncodedChange(change.op.value, key, before, after))
-    return EncodedEpoch(encoded, puts, list(deletes))
-
-
-_OP_VALUES = {op: op.value for op in Op}  # Enum.value is a slow descriptor: read once per op
 _NO_ROW, _A_ROW = pa.scalar(b"\x00", pa.binary()), pa.scalar(b"\x02", pa.binary())  # ["null", row] branches
 _EMPTY = pa.scalar(b"", pa.binary())
 
 
 @dataclass
 class EncodedBatch:
-    """A :class:`ChangeBatch` encoded column-wise (one change per key): the change events' keys, vnodes
-    and row bytes for :meth:`ChangelogWriter.commit_batch`, and the same bytes for Redis."""
+    """A :class:`ChangeBatch` encoded column-wise, once: the change events' keys, vnodes and row bytes
+    for :meth:`ChangelogWriter.commit_batches`, and the same bytes for Redis."""
 
     ops: list[str]  # Op value per change
     keys: list[bytes]  # encode_key of each change's key
     vnodes: list[int]
     before: pa.Array  # binary: encode_row(before), null without one
     after: pa.Array  # binary: encode_row(after), null without one
-    row_puts: dict[bytes, bytes]
-    row_deletes: list[bytes]
+    row_puts: dict[bytes, bytes]  # key -> row after the epoch (the last change of a key decides)
+    row_deletes: list[bytes]  # keys without a row after the epoch
 
 
 def encode_batch(key_columns: Sequence[str], batch: ChangeBatch) -> EncodedBatch:
-    """:func:`encode_epoch` of a columnar batch: keys and rows encoded column-wise, same bytes."""
+    """Encode each change's key and rows column-wise (the bytes ``encode_key`` and ``encode_row`` give)."""
     count = len(batch)
-    is_delete = pa.array([op is Op.DELETE for op in batch.ops], pa.bool_())
-    is_create = pa.array([op is Op.CREATE for op in batch.ops], pa.bool_())
-    key_values = [(c, pc.if_else(is_delete, batch.before.column(c), batch.after.column(c))) for c in key_columns]
+    has_before, has_after = batch.has_before, batch.has_after
+    key_values = [(c, pc.if_else(has_after, batch.after.column(c), batch.before.column(c))) for c in key_columns]
     keys: list[bytes] = encode_rows(key_values, count).to_pylist()
     none = pa.scalar(None, pa.binary())
-    before = pc.if_else(is_create, none, encode_rows([(c, batch.before.column(c)) for c in batch.before.column_names],
-                                                     count))
-    after = pc.if_else(is_delete, none, encode_rows([(c, batch.after.column(c)) for c in batch.after.column_names],
-                                                    count))
+    before = pc.if_else(has_before, encode_rows([(c, batch.before.column(c)) for c in batch.before.column_names],
+                                                count), none)
+    after = pc.if_else(has_after, encode_rows([(c, batch.after.column(c)) for c in batch.after.column_names],
+                                              count), none)
     afters: list[bytes | None] = after.to_pylist()
-    puts = {key: row for key, row in zip(keys, afters, strict=True) if row is not None}
-    deletes = [key for key, row in zip(keys, afters, strict=True) if row is None]
-    return EncodedBatch([_OP_VALUES[op] for op in batch.ops], keys, [vnode_of(key) for key in keys], before, after,
-                        puts, deletes)
+    puts: dict[bytes, bytes] = {}
+    deletes: dict[bytes, None] = {}
+    for key, row in zip(keys, afters, strict=True):
+        if row is None:
+            puts.pop(key, None)
+            deletes[key] = None
+        else:
+            deletes.pop(key, None)
+            puts[key] = row
+    return EncodedBatch(batch.ops.to_pylist(), keys, [vnode_of(key) for key in keys], before, after, puts,
+                        list(deletes))
 
 
 def change_values(view: str, epoch: int, batch: EncodedBatch, ts_ms: int, txn: str) -> list[bytes]:
@@ -217,54 +178,11 @@ class ChangelogWriter:
         self._transactions = 0
         self._init_transactions(60.0)
 
-    def key_bytes(self, key: Key) -> bytes:
-        return encode_key(self.key_columns, key)
-
-    def partition_of(self, key_bytes: bytes) -> tuple[int, int]:
-        vnode = vnode_of(key_bytes)
-        return vnode, partition_of_vnode(vnode, self.partitions)
-
-    def commit_epoch(self, epoch: int, prev_epoch: int, changes: Iterable[Change], *,
-                     checkpoint: bool = True, mutation: Mutation | None = None,
-                     consumed_offsets: Sequence[TopicPartition] | None = None,
-                     group_metadata: Any = None) -> CommittedEpoch:
-        """Write ``changes`` and the epoch's barriers in one transaction and commit it."""
-        view, key_bytes = self.view, self.key_bytes
-
-        def records(ts_ms: int, txn: str) -> Iterator[tuple[bytes, int, bytes]]:
-            for change in changes:
-                key = key_bytes(change.key)
-                vnode = vnode_of(key)
-                yield key, vnode, encode_change(view, epoch, vnode, change, ts_ms, txn)
-
-        return self._commit(epoch, prev_epoch, lambda ts_ms, txn: (records(ts_ms, txn),), checkpoint, mutation,
-                            consumed_offsets, group_metadata)
-
-    def commit_encoded(self, epoch: int, prev_epoch: int, changes: Iterable[EncodedChange], *,
-                       checkpoint: bool = True, mutation: Mutation | None = None,
-                       consumed_offsets: Sequence[TopicPartition] | None = None,
-                       group_metadata: Any = None) -> CommittedEpoch:
-        """:meth:`commit_epoch` of changes whose key and rows are encoded already (the same records).
-
-        ``changes`` may be a generator: it is consumed inside the epoch's transaction, so an error it
-        raises aborts the epoch as an error of :meth:`commit_epoch` would.
-        """
-        view = self.view
-
-        def records(ts_ms: int, txn: str) -> Iterator[tuple[bytes, int, bytes]]:
-            for change in changes:
-                key = change.key
-                vnode = vnode_of(key)
-                yield key, vnode, encode_change_rows(view, epoch, vnode, change.op, change.before, change.after,
-                                                     ts_ms, txn)
-
-        return self._commit(epoch, prev_epoch, lambda ts_ms, txn: (records(ts_ms, txn),), checkpoint, mutation,
-                            consumed_offsets, group_metadata)
-
     def commit_records(self, epoch: int, prev_epoch: int,
                        chunks: Callable[[int, str], Iterable[Iterable[tuple[bytes, int, bytes]]]], *,
                        checkpoint: bool = True, consumed: ConsumedInput | None = None) -> CommittedEpoch:
-        """:meth:`commit_epoch` of change events the caller encodes: ``chunks(ts_ms, txn)`` yields lists of
+        """:meth:`commit_batches` of change events the caller encodes (a table writer's, with the compiled
+        codec, row by row as it validates them): ``chunks(ts_ms, txn)`` yields lists of
         (key, vnode, ``encode_change_rows(view, epoch, vnode, ..., ts_ms, txn)``) inside the transaction,
         so a writer that also needs each key's vnode and rows for Redis computes them once. ``consumed``:
         input offsets that commit in the same transaction (a source table's topic)."""
@@ -273,13 +191,18 @@ class ChangelogWriter:
         return self._commit(epoch, prev_epoch, chunks, checkpoint, consumed.mutation, consumed.offsets,
                             consumed.group_metadata)
 
-    def commit_batch(self, epoch: int, prev_epoch: int, batch: EncodedBatch, *,
-                     mutation: Mutation | None = None) -> CommittedEpoch:
-        """:meth:`commit_epoch` of a batch encoded column-wise (the same records)."""
+    def commit_batches(self, epoch: int, prev_epoch: int, batches: Iterable[EncodedBatch], *,
+                       mutation: Mutation | None = None) -> CommittedEpoch:
+        """Write the epoch's changes, encoded by :func:`encode_batch` in one or more batches, and its
+        barriers in one transaction and commit it.
+
+        ``batches`` may be a generator (a snapshot load stages each batch in Redis as it goes): it is
+        consumed inside the epoch's transaction, so an error it raises aborts the epoch."""
         view = self.view
 
-        def chunks(ts_ms: int, txn: str) -> Iterable[Iterable[tuple[bytes, int, bytes]]]:
-            return (zip(batch.keys, batch.vnodes, change_values(view, epoch, batch, ts_ms, txn), strict=True),)
+        def chunks(ts_ms: int, txn: str) -> Iterator[Iterable[tuple[bytes, int, bytes]]]:
+            for batch in batches:
+                yield zip(batch.keys, batch.vnodes, change_values(view, epoch, batch, ts_ms, txn), strict=True)
 
         return self._commit(epoch, prev_epoch, chunks, True, mutation, None, None)
 

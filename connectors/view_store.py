@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import redis
 
 from mvlog.changes import Change
-from mvlog.connectors.changelog_writer import EncodedBatch, EncodedEpoch
+from mvlog.connectors.changelog_writer import EncodedBatch
 from mvlog.connectors.epoch_index import EpochIndex, IndexEntry, epoch_hex, index_member
 from mvlog.connectors.lua_prelude import EACH_CHUNK, SWAP_STAGED
 from mvlog.connectors.packed_script import run_script
@@ -492,12 +492,11 @@ def commit_from_changes(key_columns: Sequence[str], epoch: int, changes: Sequenc
                        order_deletes=[members[k] for k in deletes], **extra)
 
 
-def commit_from_encoded(epoch: int, keys: Sequence[Key], encoded: EncodedEpoch | EncodedBatch,
-                        index: Mapping[int, IndexEntry], **extra: Any) -> EpochCommit:
-    """:func:`commit_from_changes` of changes already encoded for the changelog (``encode_epoch`` or
-    ``encode_batch``; ``keys``: each change's key): the same rows, without encoding any of them again."""
-    avro_keys = encoded.keys if isinstance(encoded, EncodedBatch) else [record.key for record in encoded.changes]
-    first = dict(zip(avro_keys, keys, strict=True))  # Avro key -> key
+def commit_from_encoded(epoch: int, keys: Sequence[Key], encoded: EncodedBatch, index: Mapping[int, IndexEntry],
+                        **extra: Any) -> EpochCommit:
+    """:func:`commit_from_changes` of changes already encoded for the changelog by ``encode_batch``
+    (``keys``: each change's key, ``ChangeBatch.keys``): the same rows, without encoding any of them again."""
+    first = dict(zip(encoded.keys, keys, strict=True))  # Avro key -> key
     members = dict(zip(first, order_members(list(first.values()), list(first)), strict=True))
     return EpochCommit(epoch, encoded.row_puts, encoded.row_deletes, index,
                        order_puts=[members[k] for k in encoded.row_puts],

@@ -32,7 +32,7 @@ from mvlog.changes import Change, Epoch, Op, apply_changes
 from mvlog.config import Settings
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_reader import ChangelogReader
-from mvlog.connectors.changelog_writer import ChangelogWriter
+from mvlog.connectors.changelog_writer import ChangelogWriter, encode_batch
 from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.retention import retained_epochs, starts_the_log
 from mvlog.connectors.topics import ensure_topic
@@ -42,7 +42,7 @@ from mvlog.replay import ReplayRangeError, ReplayTargetError, RetainedRange
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import encode_key, encode_row
 from mvlog.services.view_ddl import plan_for
-from mvlog.views import InMemoryState, ViewOperator
+from mvlog.views import ChangeBatch, InMemoryState, ViewOperator
 from mvlog.vnode import vnode_of
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ SPARK_CHUNK_EPOCHS = 200  # epochs fetched per Spark read of the range: bounds t
 class DerivedEpoch:
     epoch: int
     prev_epoch: int
-    changes: list[Change]
+    changes: ChangeBatch  # the view's changes of the epoch
 
 
 @dataclass(frozen=True)
@@ -177,22 +177,27 @@ class Derivation:
                 continue
             output = self.operator.apply_epoch(changes, self.state)
             self.state.apply(output.state_writes)
-            apply_changes(self.rows, output.changes)
+            apply_changes(self.rows, output.changes.to_changes())
             yield DerivedEpoch(epoch, prev, output.changes)
             prev = epoch
 
     def _hydrate(self, rows: dict[str, list[Row]]) -> None:
         """The operator's state and the view's rows as of the epoch before the range."""
-        changes = {name: [Change(Op.READ, self.upstreams[name].schema.key_of(row), None, row) for row in found]
+        changes = {name: self._batch(name, [Change(Op.READ, self.upstreams[name].schema.key_of(row), None, row)
+                                            for row in found])
                    for name, found in rows.items()}
         output = self.operator.apply_epoch(changes, self.state)
         self.state.apply(output.state_writes)
-        apply_changes(self.rows, output.changes)
+        apply_changes(self.rows, output.changes.to_changes())
+
+    def _batch(self, upstream: str, changes: list[Change]) -> ChangeBatch:
+        """Upstream changes read in the row form (the changelog reader's) as the operator's input."""
+        return ChangeBatch.from_changes(self.upstreams[upstream].schema, changes)
 
     # --- the local engine: changelog readers in this process ----------------------------------------
 
     def _local_read(self) -> tuple[Callable[[], dict[str, list[Row]]],
-                                   Callable[[], Iterator[tuple[int, dict[str, list[Change]]]]]]:
+                                   Callable[[], Iterator[tuple[int, dict[str, ChangeBatch]]]]]:
         readers = [ChangelogReader(self.settings, u.name, self.upstreams[u.name].key_columns, u.partitions,
                                    self.index, upto_epoch=u.upto) for u in self.plan.upstreams if u.upto > 0]
         merged = heapq.merge(*(reader.epochs(idle_timeout=30.0) for reader in readers), key=lambda e: e.epoch)
@@ -210,13 +215,13 @@ class Derivation:
                     apply_changes(rows[upstream_epoch.view], upstream_epoch.changes)
             return {name: list(found.values()) for name, found in rows.items()}
 
-        def upstream_range() -> Iterator[tuple[int, dict[str, list[Change]]]]:
+        def upstream_range() -> Iterator[tuple[int, dict[str, ChangeBatch]]]:
             try:
                 for epoch, group in itertools.chain(pending, ((e, list(g)) for e, g in grouped)):
                     changes: dict[str, list[Change]] = {}
                     for upstream_epoch in group:
                         changes.setdefault(upstream_epoch.view, []).extend(upstream_epoch.changes)
-                    yield epoch, changes
+                    yield epoch, {name: self._batch(name, found) for name, found in changes.items()}
             finally:
                 for reader in readers:
                     reader.close()
@@ -226,12 +231,12 @@ class Derivation:
     # --- the spark engine: the mvlog data source, executors reading the partitions ------------------
 
     def _spark_read(self) -> tuple[Callable[[], dict[str, list[Row]]],
-                                   Callable[[], Iterator[tuple[int, dict[str, list[Change]]]]]]:
+                                   Callable[[], Iterator[tuple[int, dict[str, ChangeBatch]]]]]:
         from pyspark.sql import Window
         from pyspark.sql import functions as F  # noqa: N812 (Spark's convention)
 
         from mvlog.services.spark_session import spark_session
-        from mvlog.services.view_consumer import EpochChanges, changes_from_arrow
+        from mvlog.services.view_consumer import EpochBatches, batches_from_arrow
 
         spark = self._spark or spark_session(self.settings, app_name=f"mvlog-replay-{self.plan.view}")
         options = {"bootstrapServers": self.settings.bootstrap_servers, "redisUrl": self.settings.redis_url,
@@ -257,15 +262,15 @@ class Derivation:
                 rows[name] = frame.toArrow().to_pylist()
             return rows
 
-        def upstream_range() -> Iterator[tuple[int, dict[str, list[Change]]]]:
+        def upstream_range() -> Iterator[tuple[int, dict[str, ChangeBatch]]]:
             epochs = self.plan.epochs
             after = self.plan.prev_epoch
             for start in range(0, len(epochs), SPARK_CHUNK_EPOCHS):
                 upto = epochs[min(start + SPARK_CHUNK_EPOCHS, len(epochs)) - 1]
-                chunk: EpochChanges = {}
+                chunk: EpochBatches = {}
                 for name in self.plan.sources:
                     if self.index.between(name, 0, after, upto):
-                        changes_from_arrow(load(name, after, upto).toArrow(), self.upstreams[name], chunk)
+                        batches_from_arrow(load(name, after, upto).toArrow(), self.upstreams[name], chunk)
                 for epoch in sorted(chunk):
                     yield epoch, chunk[epoch]
                 after = upto
@@ -290,11 +295,13 @@ class TopicSink:
         check_topic_name(settings, client, self.name)
         ensure_topic(settings, self.topic, entry.partitions)
         self._writer = ChangelogWriter(settings, self.name, entry.key_columns, entry.partitions)
+        self._key_columns = entry.key_columns
         self._index = EpochIndex(client, settings.topic_prefix)
         self.epochs = 0
 
     def write(self, derived: DerivedEpoch) -> None:
-        committed = self._writer.commit_epoch(derived.epoch, derived.prev_epoch, derived.changes)
+        encoded = encode_batch(self._key_columns, derived.changes)
+        committed = self._writer.commit_batches(derived.epoch, derived.prev_epoch, [encoded])
         self._index.add(self.name, committed.index)
         self.epochs += 1
 

@@ -19,9 +19,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from mvlog.changes import Change
+from mvlog.connectors.changelog_writer import encode_batch
 from mvlog.connectors.replacement_store import ReplacementRecord, ReplacementStore
-from mvlog.connectors.view_store import commit_from_changes
-from mvlog.views import ViewOperator, ViewPlan
+from mvlog.views import ChangeBatch, ViewOperator, ViewPlan
 
 log = logging.getLogger(__name__)
 
@@ -58,27 +58,32 @@ class ReplacementFollower:
     def start(self, epoch: int, inputs: Mapping[str, Sequence[Change]], origin: str) -> None:
         """The replacement's first state, at ``epoch``: ``inputs`` are its upstreams' rows there as
         changes; ``origin`` (which snapshot or changelog each came from) is recorded with it."""
-        self._commit(epoch, inputs, {"hydration_epoch": epoch, "hydrated_from": origin})
+        self._commit(epoch, self._batches(inputs), {"hydration_epoch": epoch, "hydrated_from": origin})
         log.info("%s: replacement %s started at epoch %d (%s)", self.view, self.id, epoch, origin)
 
     def hydrate(self, upto: int, history: UpstreamHistory) -> None:
         """Bring a started replacement to epoch ``upto`` (e.g. after a restart)."""
         after = self.mce or 0
         changes = history(after, upto) if upto > after else {}
-        self._commit(upto, {name: list(c) for name, c in changes.items()})
+        self._commit(upto, self._batches(changes))
         log.info("%s: replacement %s hydrated at epoch %d", self.view, self.id, upto)
 
-    def follow(self, epoch: int, inputs: Mapping[str, Sequence[Change]]) -> None:
+    def follow(self, epoch: int, inputs: Mapping[str, ChangeBatch]) -> None:
         """Apply one upstream epoch (skipped when the replacement is already there)."""
         if self.mce is not None and epoch > self.mce:
             self._commit(epoch, inputs)
 
-    def _commit(self, epoch: int, inputs: Mapping[str, Sequence[Change]],
+    def _batches(self, changes: Mapping[str, Sequence[Change]]) -> dict[str, ChangeBatch]:
+        """Upstream changes read in the row form (snapshots, changelog history) as the operator's input."""
+        schemas = {source.view: source.schema for source in self.plan.query.sources}
+        return {name: ChangeBatch.from_changes(schemas[name], found) for name, found in changes.items()}
+
+    def _commit(self, epoch: int, inputs: Mapping[str, ChangeBatch],
                 fields: Mapping[str, str | int] | None = None) -> None:
         if self.mce is not None and epoch <= self.mce:
             return
-        output = self.operator.apply_epoch(dict(inputs), self._state)
-        rows = commit_from_changes(self.plan.schema.primary_key, epoch, output.changes, {})
+        output = self.operator.apply_epoch(inputs, self._state)
+        rows = encode_batch(self.plan.schema.primary_key, output.changes)
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
         if self.store.commit(self.view, self.id, epoch, rows.row_puts, rows.row_deletes, puts, deletes, fields):

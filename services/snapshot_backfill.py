@@ -34,16 +34,15 @@ from pyspark.sql import SparkSession
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
-from mvlog.connectors.changelog_writer import ChangelogWriter, EncodedChange, encode_epoch
+from mvlog.connectors.changelog_writer import ChangelogWriter, EncodedBatch, encode_batch
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.key_order import order_member
 from mvlog.services.snapshot_compaction import check_changelog_after, read_snapshot
 from mvlog.snapshot_plan import SnapshotError, SnapshotRecord
-from mvlog.views import ViewPlan
+from mvlog.views import ChangeBatch, ViewPlan
 from mvlog.views.seed import SeedDecoder, check_seedable, seed_sql
-from mvlog.vnode import vnode_of
 
 log = logging.getLogger(__name__)
 
@@ -131,21 +130,22 @@ class SnapshotBackfill:
             self.store.clear_load(view)
             staged = 0
 
-            def changes() -> Iterator[EncodedChange]:
+            def changes() -> Iterator[EncodedBatch]:
                 nonlocal staged
                 for batch in self.batches(folder, decoder):
                     part = decoder.decode(batch)
-                    keys = [self.plan.schema.key_of(row) for row in part.rows]
-                    encoded = encode_epoch(key_columns, [Change(Op.READ, key, None, row)
-                                                         for key, row in zip(keys, part.rows, strict=True)])
-                    members = [order_member(vnode_of(change.key), key, change.key)
-                               for key, change in zip(keys, encoded.changes, strict=True)]
+                    schema = self.plan.schema
+                    reads = ChangeBatch.from_changes(schema, [Change(Op.READ, schema.key_of(row), None, row)
+                                                              for row in part.rows])
+                    encoded = encode_batch(key_columns, reads)
+                    members = [order_member(vnode, key, key_bytes)
+                               for vnode, key, key_bytes in zip(encoded.vnodes, reads.keys, encoded.keys, strict=True)]
                     self.store.stage_load(view, encoded.row_puts, part.state, members)
                     staged += len(encoded.row_puts)
                     self.publish(self.record.rows * staged // total if total else 0)
-                    yield from encoded.changes
+                    yield encoded
 
-            committed = writer.commit_encoded(self.record.epoch, 0, changes())
+            committed = writer.commit_batches(self.record.epoch, 0, changes())
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         log.info("%s: %d rows at epoch %d from %s's snapshot (%d rows)", view, staged, self.record.epoch,

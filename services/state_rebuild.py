@@ -30,7 +30,7 @@ from mvlog.schemas.codec import decode_row
 from mvlog.services.backfill import backfill_needed, coverage
 from mvlog.services.rederive import RedisRebuildSink
 from mvlog.services.view_ddl import plan_for
-from mvlog.views import InMemoryState, ViewOperator
+from mvlog.views import ChangeBatch, InMemoryState, ViewOperator
 
 
 class ViewNotRestorableError(RuntimeError):
@@ -67,16 +67,16 @@ def restore_view_state(settings: Settings, client: redis.Redis, entry: CatalogEn
     catalog = CatalogStore(settings, client)
     upstreams = {name: catalog.get(name) for name in entry.sources}
     covers = _backfill_coverage(store, entry, upstreams)
-    inputs: dict[str, list[Change]] = {}
+    inputs: dict[str, ChangeBatch] = {}
     for name, upstream in upstreams.items():
         rows = upstream_rows_at(settings, store, upstream, mce)
-        inputs[name] = [Change(Op.READ, key, None, row) for key, row in rows.items()
-                        if covers is None or covers(name, key)]
+        inputs[name] = ChangeBatch.from_changes(upstream.schema, [
+            Change(Op.READ, key, None, row) for key, row in rows.items() if covers is None or covers(name, key)])
     state = InMemoryState()
     output = ViewOperator(plan_for(catalog, entry.name, entry.sql or "")).apply_epoch(inputs, state)
     state.apply(output.state_writes)
     try:
-        RedisRebuildSink(store, entry).swap(apply_changes({}, output.changes), state.data, mce)
+        RedisRebuildSink(store, entry).swap(apply_changes({}, output.changes.to_changes()), state.data, mce)
     except ReplayRangeError as exc:  # its live consumer committed meanwhile: it restores itself
         raise ViewNotRestorableError(str(exc)) from exc
     return mce

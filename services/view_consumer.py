@@ -37,14 +37,8 @@ from mvlog.changes import Change, Mutation, Op
 from mvlog.config import Settings
 from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.change_rows import epoch_slices, one_change_per_key
-from mvlog.connectors.changelog_writer import (
-    ChangelogWriter,
-    EncodedBatch,
-    EncodedEpoch,
-    encode_batch,
-    encode_epoch,
-)
+from mvlog.connectors.change_rows import epoch_slices
+from mvlog.connectors.changelog_writer import ChangelogWriter, encode_batch
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.retention import has_records
@@ -53,8 +47,7 @@ from mvlog.connectors.spark_source import trigger_ends
 from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
 from mvlog.key_order import order_member
 from mvlog.replacement import APPLY_MUTATION, ReplacementError, Status, applied_entry, diff_rows
-from mvlog.row_schema import Key, Row
-from mvlog.schemas.codec import decode_row, encode_key
+from mvlog.schemas.codec import decode_row
 from mvlog.services.backfill import ChunkedBackfill, backfill_needed
 from mvlog.services.micro_batch_worker import MicroBatchWorker
 from mvlog.services.replacement_follower import ReplacementFollower
@@ -63,12 +56,11 @@ from mvlog.services.replacements import complete_apply, plan_replacement
 from mvlog.services.snapshot_backfill import LOAD_PRODUCER_QUEUE, SnapshotBackfill, snapshot_backfill_needed
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
-from mvlog.views import BatchOutput, EpochOutput, ViewDefinitionError, ViewOperator
-from mvlog.vnode import vnode_of
+from mvlog.views import ChangeBatch, EpochOutput, ViewDefinitionError, ViewOperator
 
 log = logging.getLogger(__name__)
 
-EpochChanges = dict[int, dict[str, list[Change]]]  # epoch -> upstream view -> its changes
+EpochBatches = dict[int, dict[str, ChangeBatch]]  # epoch -> upstream view -> its changes
 
 
 class _ViewState:
@@ -81,27 +73,14 @@ class _ViewState:
         return self._store.get_state(self._view, keys)
 
 
-def changes_from_arrow(table: pa.Table, upstream: CatalogEntry, into: EpochChanges) -> None:
-    """Rebuild changes from the data source's signed rows (rows of a change share partition and offset)."""
-    names = upstream.schema.names
-    key_positions = [names.index(k) for k in upstream.key_columns]
-    columns = table.to_pydict()
-    images: dict[tuple[int, int, int], list[Row | None]] = {}  # (epoch, partition, offset) -> [before, after]
-    values = [columns[n] for n in names]
-    for i, (epoch, kind, weight, partition, offset) in enumerate(zip(
-            columns["_epoch"], columns["_change_type"], columns["_weight"], columns["_partition"],
-            columns["_offset"], strict=True)):
-        into.setdefault(epoch, {}).setdefault(upstream.name, [])
-        if kind == "barrier":
-            continue
-        slot = images.setdefault((epoch, partition, offset), [None, None])
-        slot[0 if weight < 0 else 1] = {n: column[i] for n, column in zip(names, values, strict=True)}
-    for (epoch, _, _), (before, after) in sorted(images.items()):
-        op = Op.UPDATE if before is not None and after is not None else Op.DELETE if after is None else Op.CREATE
-        image = after if after is not None else before
-        assert image is not None
-        key = tuple(image[names[p]] for p in key_positions)  # the key columns are in every row image
-        into[epoch][upstream.name].append(Change(op, key, before, after))
+def batches_from_arrow(table: pa.Table, upstream: CatalogEntry, into: EpochBatches) -> None:
+    """Each epoch's changes in the data source's signed rows, as one batch per epoch (barrier-only epochs
+    too: their barriers still have to be committed). The rows of a change share its partition and
+    offset; they are paired in Arrow, so a row never becomes a Python object here."""
+    for epoch, rows in epoch_slices(table):
+        change_ids = pc.add(pc.multiply(rows.column("_partition").cast(pa.int64()), 1 << 40), rows.column("_offset"))
+        into.setdefault(epoch, {})[upstream.name] = ChangeBatch.from_signed(upstream.schema, rows,
+                                                                             rows.column("_weight"), change_ids)
 
 
 class UpstreamEpochLostError(RuntimeError):
@@ -207,19 +186,16 @@ class ViewConsumer:
                                      promote_options="default")
         with self._replacement_lock:  # the watcher must not stage a follower between the check and the apply
             self._sync_replacement()
-            if self.operator.reads_one_view and self.backfill is None and self.replacement is None:
-                self.apply_columns(table)  # a backfill or a replacement takes the changes row by row
-                return
-            epochs: EpochChanges = {}
-            changes_from_arrow(table, self.upstreams[source], epochs)
+            epochs: EpochBatches = {}
+            batches_from_arrow(table, self.upstreams[source], epochs)
             if not epochs:
                 return
             end = max(epochs)
             for other in self.entry.sources[1:]:  # a join reads its other side up to the same epoch
-                changes_from_arrow(self._read_range(other, self._after, end), self.upstreams[other], epochs)
+                batches_from_arrow(self._read_range(other, self._after, end), self.upstreams[other], epochs)
             self.apply_epochs(epochs)
 
-    def apply_epochs(self, epochs: EpochChanges) -> None:
+    def apply_epochs(self, epochs: EpochBatches) -> None:
         with self._replacement_lock:
             self._sync_replacement()
             for epoch in sorted(epochs):
@@ -227,35 +203,18 @@ class ViewConsumer:
                     continue  # applied before a restart (never twice), or before the backfill started
                 self.apply_epoch(epoch, epochs[epoch])
 
-    def apply_columns(self, batch: pa.Table) -> None:
-        """Apply the epochs above the MCE of a one-upstream micro-batch, straight from its columns.
-
-        An epoch in which some key changes more than once (no mvlog writer does that, but a changelog
-        may come from elsewhere) takes the row-by-row path, which nets the changes per key first.
-        """
-        upstream = self.upstreams[self.entry.sources[0]]
-        for epoch, rows in epoch_slices(batch):
-            if epoch <= self._after:
-                continue  # applied before a restart: never twice
-            if one_change_per_key(rows):
-                output = self._compute(epoch, partial(self.operator.apply_signed, rows, rows.column("_weight"),
-                                                      self._state))
-            else:
-                epochs: EpochChanges = {}
-                changes_from_arrow(rows, upstream, epochs)
-                inputs = epochs.get(epoch, {})
-                output = self._compute(epoch, partial(self.operator.apply_epoch, inputs, self._state))
-            if output is not None:
-                self._commit(epoch, output)
-
-    def apply_epoch(self, epoch: int, changes: Mapping[str, Sequence[Change]]) -> None:
+    def apply_epoch(self, epoch: int, changes: Mapping[str, ChangeBatch]) -> None:
+        """Compute and commit one upstream epoch (``changes``: each upstream's; an absent one had none)."""
         started = time.monotonic()
-        inputs = {name: list(changes.get(name, ())) for name in self.entry.sources}
+        inputs = dict(changes)
         if self.replacement is not None and self._follow_replacement(epoch, inputs):
             return  # the replacement took over at this epoch
-        step = self.backfill.prepare(epoch, inputs) if self.backfill is not None else None
-        if step is not None:
-            inputs = step.changes
+        step = None
+        if self.backfill is not None:  # the backfill filters and extends the changes row by row
+            step = self.backfill.prepare(epoch, {name: batch.to_changes() if (batch := inputs.get(name)) else []
+                                                 for name in self.entry.sources})
+            inputs = {name: ChangeBatch.from_changes(self.upstreams[name].schema, found)
+                      for name, found in step.changes.items()}
         output = self._compute(epoch, lambda: self.operator.apply_epoch(inputs, self._state))
         if output is None:
             return
@@ -270,8 +229,7 @@ class ViewConsumer:
                 self.backfill_done = self.backfill
                 self.backfill = None
 
-    def _compute(self, epoch: int, compute: Callable[[], EpochOutput | BatchOutput]
-                 ) -> EpochOutput | BatchOutput | None:
+    def _compute(self, epoch: int, compute: Callable[[], EpochOutput]) -> EpochOutput | None:
         """The operator's output for ``epoch``, from the operator state of the MCE: a wiped Redis is
         rebuilt from Kafka first (and the epoch recomputed if it was wiped while the operator ran);
         None when the rebuilt state already holds the epoch."""
@@ -297,21 +255,16 @@ class ViewConsumer:
                                          f"{', '.join(self.entry.sources)} (abandoned after Redis was wiped); "
                                          "restart to plan again from the index")
 
-    def _commit(self, epoch: int, output: EpochOutput | BatchOutput, extra: Mapping[str, Any] | None = None,
+    def _commit(self, epoch: int, output: EpochOutput, extra: Mapping[str, Any] | None = None,
                 mutation: Mutation | None = None) -> None:
         """The epoch's changes and barriers (with ``mutation``: the backfill's progress) to Kafka in one
-        transaction, then rows, state, MCE (and the backfill's positions, ``extra``) to Redis in one script."""
-        keys: list[Key]
-        encoded: EncodedEpoch | EncodedBatch
-        if isinstance(output, BatchOutput):  # keys, rows and change events encoded column-wise
-            encoded, keys = encode_batch(self.entry.key_columns, output.batch), output.batch.keys
-            committed = self.writer.commit_batch(epoch, self.mce, encoded, mutation=mutation)
-        else:  # each key and row encoded once
-            encoded, keys = encode_epoch(self.entry.key_columns, output.changes), [c.key for c in output.changes]
-            committed = self.writer.commit_encoded(epoch, self.mce, encoded.changes, mutation=mutation)
+        transaction, then rows, state, MCE (and the backfill's positions, ``extra``) to Redis in one script.
+        Keys and rows are encoded once, column-wise, for both."""
+        encoded = encode_batch(self.entry.key_columns, output.changes)
+        committed = self.writer.commit_batches(epoch, self.mce, [encoded], mutation=mutation)
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
-        commit = commit_from_encoded(epoch, keys, encoded, committed.index, state_puts=puts,
+        commit = commit_from_encoded(epoch, output.changes.keys, encoded, committed.index, state_puts=puts,
                                      state_deletes=deletes, follows=self.mce, **(extra or {}))
         self._commit_redis(epoch, committed.index, partial(self.store.commit, self.entry.name, commit))
 
@@ -370,9 +323,9 @@ class ViewConsumer:
             end = min(end, upto)
         if end <= self._after:
             return self.mce
-        epochs: EpochChanges = {}
+        epochs: EpochBatches = {}
         for source in self.entry.sources:
-            changes_from_arrow(self._read_range(source, self._after, end), self.upstreams[source], epochs)
+            batches_from_arrow(self._read_range(source, self._after, end), self.upstreams[source], epochs)
         self.apply_epochs(epochs)
         return self.mce
 
@@ -450,10 +403,11 @@ class ViewConsumer:
         return {source: self._upstream_changes(source, after, upto) for source in self.entry.sources}
 
     def _upstream_changes(self, source: str, after: int, upto: int) -> list[Change]:
-        """One upstream's changes of its epochs in (after, upto], in epoch order."""
-        epochs: EpochChanges = {}
-        changes_from_arrow(self._read_range(source, after, upto), self.upstreams[source], epochs)
-        return [change for epoch in sorted(epochs) for change in epochs[epoch].get(source, [])]
+        """One upstream's changes of its epochs in (after, upto], in epoch order (the row form: a
+        replacement's hydration nets them in one operator step)."""
+        epochs: EpochBatches = {}
+        batches_from_arrow(self._read_range(source, after, upto), self.upstreams[source], epochs)
+        return [change for epoch in sorted(epochs) for change in epochs[epoch][source].to_changes()]
 
     def _replacement_failed(self, replacement_id: str, error: BaseException) -> None:
         """A replacement that cannot be maintained stops; the view itself carries on unchanged."""
@@ -461,7 +415,7 @@ class ViewConsumer:
         self.replacements.fail(self.entry.name, replacement_id, f"{type(error).__name__}: {error}")
         self.replacement = None
 
-    def _follow_replacement(self, epoch: int, inputs: Mapping[str, Sequence[Change]]) -> bool:
+    def _follow_replacement(self, epoch: int, inputs: Mapping[str, ChangeBatch]) -> bool:
         """Feed the epoch to the replacement; cut over to it at this epoch when an apply is pending."""
         follower = self.replacement
         assert follower is not None
@@ -489,16 +443,16 @@ class ViewConsumer:
         _, old_raw, _, new_raw = self.replacements.read_both(view)
         old = {self.entry.schema.key_of(row): row for row in map(decode_row, old_raw.values())}
         new = {follower.plan.schema.key_of(row): row for row in map(decode_row, new_raw.values())}
-        changes = diff_rows(old, new, follower.plan.schema)
+        changes = ChangeBatch.from_changes(follower.plan.schema, diff_rows(old, new, follower.plan.schema))
         mutation = Mutation(APPLY_MUTATION, view, {"replacement_id": follower.id, "sql": follower.sql,
                                                    "previous_sql": self.entry.sql, "version": version})
-        committed = self.writer.commit_epoch(epoch, self.mce, changes, mutation=mutation)
+        encoded = encode_batch(self.entry.key_columns, changes)
+        committed = self.writer.commit_batches(epoch, self.mce, [encoded], mutation=mutation)
         # The key-order index (backfills of views built on this one read it) follows the diff.
-        members: dict[Op, list[bytes]] = {}
-        for change in changes:
-            key = encode_key(self.entry.key_columns, change.key)
-            members.setdefault(change.op, []).append(order_member(vnode_of(key), change.key, key))
-        added, removed = members.get(Op.CREATE, []), members.get(Op.DELETE, [])
+        members: dict[str, list[bytes]] = {}
+        for op, key, vnode, key_bytes in zip(encoded.ops, changes.keys, encoded.vnodes, encoded.keys, strict=True):
+            members.setdefault(op, []).append(order_member(vnode, key, key_bytes))
+        added, removed = members.get(Op.CREATE.value, []), members.get(Op.DELETE.value, [])
         if not self.replacements.apply(view, follower.id, epoch, committed.index, version, added, removed):
             follower.apply_requested = False
             log.info("%s: replacement %s not applied at epoch %d (withdrawn or discarded)", view, follower.id, epoch)

@@ -4,10 +4,14 @@ The operator is pure. Everything it remembers between epochs is read through a `
 returned as ``state_writes``, which the caller persists atomically with the view's rows and committed
 epoch; replaying an epoch against the state it started from gives the same output.
 
-Per epoch: upstream changes are netted per key into signed rows (-1 before, +1 after), joined (if the
-view joins two views), turned into one Arrow batch, filtered and projected or aggregated with
-``pyarrow.compute``, and consolidated into at most one change per view key whose ``before`` is the view
-row before the epoch and whose ``after`` is the row after it.
+Input and output are :class:`~mvlog.views.change_batch.ChangeBatch` es, the one shape of change data:
+each upstream's changes of the epoch in, the view's changes out (at most one per view key, ``before``
+the view row before the epoch and ``after`` the row after it). In between, the changes become signed
+rows (-1 before, +1 after) in one Arrow batch, filtered and projected or aggregated with
+``pyarrow.compute``. A filter/project view of an upstream that changes each key once per epoch (what
+every mvlog changelog carries) never turns a row into a Python object; a join matches, and an
+aggregate folds its groups, row by row inside their stages, and an upstream that changes a key
+several times in one epoch is netted per key first.
 
 To hydrate a new view's state (backfill), feed the upstream's rows as ``READ`` changes, in one epoch or
 in chunks over several.
@@ -15,13 +19,11 @@ in chunks over several.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from mvlog.changes import Change
-from mvlog.row_schema import Row
 from mvlog.views.aggregate import AggregateStage
 from mvlog.views.batch import WEIGHT, JoinedRow, build_batch, referenced_columns
 from mvlog.views.change_batch import ChangeBatch, consolidate_signed
@@ -29,25 +31,16 @@ from mvlog.views.deltas import SignedRow, consolidate, net_changes
 from mvlog.views.evaluate import arrow_type, column_field, evaluate
 from mvlog.views.join import JoinStage
 from mvlog.views.plan import ViewPlan
+from mvlog.views.query import Source
 from mvlog.views.state import StateReader
 
 
 @dataclass(frozen=True)
 class EpochOutput:
-    changes: list[Change]  # the view's changes of the epoch, at most one per key
+    """What one epoch of a view gives: its changes, and the operator state to persist with them."""
+
+    changes: ChangeBatch  # at most one per view key
     state_writes: dict[bytes, bytes | None] = field(default_factory=dict)  # None deletes the key
-
-
-@dataclass(frozen=True)
-class BatchOutput:
-    """:class:`EpochOutput` of the columnar path: the changes' rows stay in Arrow."""
-
-    batch: ChangeBatch
-    state_writes: dict[bytes, bytes | None] = field(default_factory=dict)
-
-    @property
-    def changes(self) -> list[Change]:
-        return self.batch.to_changes()
 
 
 class ViewOperator:
@@ -60,7 +53,7 @@ class ViewOperator:
         self._join = JoinStage(query) if plan.is_join else None
         self._aggregate = AggregateStage(query) if query.is_aggregate else None
 
-    def apply_epoch(self, changes: Mapping[str, Sequence[Change]], state: StateReader) -> EpochOutput:
+    def apply_epoch(self, changes: Mapping[str, ChangeBatch], state: StateReader) -> EpochOutput:
         """The view's output for one epoch, given each upstream's changes of that epoch (by view name;
         an absent upstream had none) and the operator state as of the previous epoch."""
         unknown = sorted(set(changes) - set(self.plan.sources))
@@ -68,61 +61,51 @@ class ViewOperator:
             raise ValueError(f"view {self.plan.name!r} reads {', '.join(self.plan.sources)}, "
                              f"not {', '.join(unknown)}")
         query = self.plan.query
-        netted: dict[str, list[SignedRow]] = {}
-        for source in query.sources:
-            if source.view not in netted:
-                netted[source.view] = net_changes(changes.get(source.view, ()), source.schema)
         writes: dict[bytes, bytes | None] = {}
-        rows: list[JoinedRow]
         if self._join is not None:
+            netted: dict[str, list[SignedRow]] = {}
+            for source in query.sources:
+                if source.view not in netted:
+                    netted[source.view] = self._netted(source, changes.get(source.view))
             rows = self._join.apply([netted[s.view] for s in query.sources], state, writes)
-        else:
-            rows = [(weight, (values,)) for weight, values in netted[query.sources[0].view]]
-        if not rows and self._aggregate is None:
-            return EpochOutput([], writes)
-        return self._apply_batch(build_batch(query, rows, self._columns), state, writes)
+            if not rows and self._aggregate is None:
+                return EpochOutput(ChangeBatch.empty(self.plan.schema), writes)
+            return self._apply_batch(build_batch(query, rows, self._columns), state, writes)
+        source = query.sources[0]
+        batch = changes.get(source.view)
+        if batch is None or batch.one_change_per_key():
+            return self._apply_batch(self._signed_columns(source, batch), state, writes)
+        one_side: list[JoinedRow] = [(weight, (values,)) for weight, values in self._netted(source, batch)]
+        return self._apply_batch(build_batch(query, one_side, self._columns), state, writes)
 
-    @property
-    def reads_one_view(self) -> bool:
-        """Whether :meth:`apply_signed` applies (a join nets and matches its two sides row by row)."""
-        return self._join is None
+    def _netted(self, source: Source, batch: ChangeBatch | None) -> list[SignedRow]:
+        """Per upstream key: the retraction of its row before the epoch and the assertion of its row
+        after it, summed over the key's changes (as Python values: a join matches them row by row)."""
+        return net_changes(batch.to_changes() if batch is not None else [], source.schema)
 
-    def apply_signed(self, rows: pa.Table, weights: pa.Array, state: StateReader) -> BatchOutput:
-        """:meth:`apply_epoch` of a one-view definition whose input is already signed rows, columnar.
-
-        ``rows`` has the upstream's columns (by name) and ``weights`` the sign of each row: the
-        retraction (-1) of a key's row before the epoch and the assertion (+1) of its row after it, at
-        most one of each per key (what one change per key and epoch gives; the caller checks). This is
-        the path of the Spark consumer, whose input arrives in Arrow: a filter/project view's rows never
-        become Python objects (its output is a :class:`ChangeBatch`); an aggregate's groups do.
-        """
-        if self._join is not None:
-            raise ValueError(f"view {self.plan.name!r} joins two views: use apply_epoch")
-        source = self.plan.query.sources[0]
+    def _signed_columns(self, source: Source, batch: ChangeBatch | None) -> pa.Table:
+        """The operator's Arrow batch of a one-view definition, straight from the upstream's columns."""
+        rows, weights = (batch if batch is not None else ChangeBatch.empty(source.schema)).signed()
         arrays: dict[str, pa.Array | pa.ChunkedArray] = {
             column_field(0, c.name): rows.column(c.name).cast(arrow_type(c.type))
             for c in source.schema.columns if (0, c.name) in self._columns}
-        arrays[WEIGHT] = weights.cast(pa.int64())
-        batch = pa.table(arrays)
-        query = self.plan.query
-        if query.where is not None:
-            batch = batch.filter(evaluate(query.where, batch))  # NULL drops the row, as in SQL
-        if self._aggregate is not None:
-            writes: dict[bytes, bytes | None] = {}
-            changes = self._aggregate.apply(batch, state, writes)
-            return BatchOutput(ChangeBatch.from_changes(self.plan.schema, changes), writes)
-        # The view's key is the upstream's, so each view key has at most one row per sign here.
-        outputs = pa.table({o.name: evaluate(o.expr, batch) for o in query.outputs})
-        return BatchOutput(consolidate_signed(outputs, batch.column(WEIGHT).to_pylist(), self.plan.schema))
+        arrays[WEIGHT] = weights
+        return pa.table(arrays)
 
     def _apply_batch(self, batch: pa.Table, state: StateReader, writes: dict[bytes, bytes | None]) -> EpochOutput:
         query = self.plan.query
         if query.where is not None:
             batch = batch.filter(evaluate(query.where, batch))  # NULL drops the row, as in SQL
         if self._aggregate is not None:
-            return EpochOutput(self._aggregate.apply(batch, state, writes), writes)
-        outputs = [(o.name, evaluate(o.expr, batch).to_pylist()) for o in query.outputs]
+            changes = self._aggregate.apply(batch, state, writes)
+            return EpochOutput(ChangeBatch.from_changes(self.plan.schema, changes), writes)
         weights = batch.column(WEIGHT).to_pylist()
-        signed: list[tuple[int, Row]] = [
-            (weight, {name: values[i] for name, values in outputs}) for i, weight in enumerate(weights)]
-        return EpochOutput(consolidate(signed, self.plan.schema), writes)
+        if self._join is None:
+            # The view's key is the upstream's, and the upstream's rows are netted: each view key has at
+            # most one row per sign, so the rows consolidate without becoming Python objects.
+            outputs = pa.table({o.name: evaluate(o.expr, batch) for o in query.outputs})
+            return EpochOutput(consolidate_signed(outputs, weights, self.plan.schema), writes)
+        # A join's view key may get several rows per sign (both sides changed): summed row by row.
+        values = [(o.name, evaluate(o.expr, batch).to_pylist()) for o in query.outputs]
+        signed = [(weight, {name: column[i] for name, column in values}) for i, weight in enumerate(weights)]
+        return EpochOutput(ChangeBatch.from_changes(self.plan.schema, consolidate(signed, self.plan.schema)), writes)

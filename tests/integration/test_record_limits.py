@@ -14,7 +14,13 @@ from confluent_kafka import TopicPartition
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
 from mvlog.connectors.changelog_reader import ChangelogReader, reader_consumer
-from mvlog.connectors.changelog_writer import ChangelogWriter, RecordTooLargeError, envelope_bytes
+from mvlog.connectors.changelog_writer import (
+    ChangelogWriter,
+    EncodedBatch,
+    RecordTooLargeError,
+    encode_batch,
+    envelope_bytes,
+)
 from mvlog.connectors.retention import topic_config
 from mvlog.connectors.topics import changelog_record_limit, changelog_topic_bytes
 from mvlog.connectors.view_store import ViewStore
@@ -22,6 +28,7 @@ from mvlog.record_limits import PRODUCER_DEFAULT_MAX_BYTES, row_fits
 from mvlog.schemas.codec import decode_row, encode_key, encode_row
 from mvlog.services.table_writer import RowValidationError, Table
 from mvlog.services.view_ddl import create_view
+from mvlog.views import ChangeBatch
 
 pytestmark = [pytest.mark.integration]
 
@@ -118,16 +125,20 @@ def test_a_view_output_row_too_large_names_view_key_size_and_limit(make_settings
     Table.create(settings, "t1", {"id": "int", "s": "string"}, ["id"], client=redis_client, auto_commit=False).close()
     entry = create_view(settings, "mv1", "SELECT id, s FROM t1", client=redis_client)
     writer = ChangelogWriter(settings, "mv1", entry.key_columns, entry.partitions)
+
+    def encoded(changes: list[Change]) -> EncodedBatch:
+        return encode_batch(entry.key_columns, ChangeBatch.from_changes(entry.schema, changes))
+
     try:
         big = Change(Op.CREATE, (5,), None, {"id": 5, "s": "x" * MB})
         with pytest.raises(RecordTooLargeError) as refused:
-            writer.commit_epoch(1, 0, [Change(Op.CREATE, (4,), None, {"id": 4, "s": "ok"}), big])
+            writer.commit_batches(1, 0, [encoded([Change(Op.CREATE, (4,), None, {"id": 4, "s": "ok"}), big])])
         message = str(refused.value)
         for part in ("mv1", "key (5,)", "bytes (key and value)", f"{writer.limit.bytes}-byte limit",
                      "message.max.bytes (1000000)"):
             assert part in message, (part, message)
         assert "KafkaError" not in message
-        committed = writer.commit_epoch(2, 0, [Change(Op.CREATE, (4,), None, {"id": 4, "s": "ok"})])
+        committed = writer.commit_batches(2, 0, [encoded([Change(Op.CREATE, (4,), None, {"id": 4, "s": "ok"})])])
         assert committed.records == 1
     finally:
         writer.close()

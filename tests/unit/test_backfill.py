@@ -26,7 +26,7 @@ from mvlog.changes import Change, Op, apply_changes
 from mvlog.key_order import decode_ordered_key, member_avro_key, member_key, order_member, ordered_key
 from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.schemas.codec import encode_key
-from mvlog.views import ViewOperator, plan_view
+from mvlog.views import ChangeBatch, ViewOperator, plan_view
 
 # --- key order ------------------------------------------------------------------------------------
 
@@ -96,6 +96,11 @@ def row(key: int, name: str) -> Row:
     return {"id": key, "name": name}
 
 
+def batches(changes: dict[str, list[Change]]) -> dict[str, ChangeBatch]:
+    """A backfill step's changes (the row form) as the operator's input."""
+    return {name: ChangeBatch.from_changes(SCHEMA, found) for name, found in changes.items()}
+
+
 # --- Backfilling 101, step by step ------------------------------------------------------------------
 
 def test_backfilling_101_worked_example() -> None:
@@ -122,22 +127,22 @@ def test_backfilling_101_worked_example() -> None:
     assert sent == [(Op.READ, 1, "a"), (Op.READ, 2, "b"), (Op.DELETE, 1, "a")]
     assert (step.inserted, step.forwarded, step.dropped) == (2, 1, 3)  # +4, -99, +100 are beyond id 2
     assert positions.get("t", 0) == Position(False, member(2))
-    output = operator.apply_epoch(step.changes, State())
-    apply_changes(view, output.changes)
+    output = operator.apply_epoch(batches(step.changes), State())
+    apply_changes(view, output.changes.to_changes())
     assert view == {(2,): row(2, "b")}  # = t at B restricted to ids <= 2: nothing buffered, nothing lost
 
     # Epoch C: the next chunk (ids 3, 4 as of B); C updates 2 (forwarded) and 50 (beyond: dropped).
     t_at_c = {**t_at_b, 2: row(2, "B"), 50: row(50, "x")}
     step = route_epoch(positions, c, {"t": routed(changes_of(t_at_b, t_at_c))},
                        [chunk_of(positions, "t", b, t_at_b, 0, 2)], prev_epoch=b)
-    apply_changes(view, operator.apply_epoch(step.changes, State()).changes)
+    apply_changes(view, operator.apply_epoch(batches(step.changes), State()).changes.to_changes())
     assert view == {(k,): r for k, r in t_at_c.items() if k <= 4}
     assert step.dropped == 1 and step.forwarded == 1
 
     # Epoch D: a chunk of 3 finds 2 rows (50, 100): the end of the vnode, which is done; the view is t.
     step = route_epoch(positions, d, {"t": []}, [chunk_of(positions, "t", c, t_at_c, 0, 3)], prev_epoch=c)
     assert positions.get("t", 0) == DONE and step.inserted == 2
-    apply_changes(view, operator.apply_epoch(step.changes, State()).changes)
+    apply_changes(view, operator.apply_epoch(batches(step.changes), State()).changes.to_changes())
     assert view == {(k,): r for k, r in t_at_c.items()}
 
 

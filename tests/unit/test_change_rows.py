@@ -1,10 +1,10 @@
-"""Cutting the data source's micro-batches into epochs, and the one-change-per-key check."""
+"""Cutting the data source's micro-batches into epochs."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from mvlog.connectors.change_rows import arrow_schema, epoch_slices, one_change_per_key
+from mvlog.connectors.change_rows import arrow_schema, epoch_slices
 from mvlog.row_schema import RowSchema
 
 SCHEMA = RowSchema.of({"id": "int", "v": "int"}, ["id"])
@@ -26,12 +26,3 @@ def test_epochs_come_in_order_with_their_change_rows_and_barrier_only_epochs_too
     sliced = [(epoch, part.column("_offset").to_pylist()) for epoch, part in epoch_slices(batch)]
     assert sliced == [(10, [2, 2]), (20, []), (30, [7])]
     assert list(epoch_slices(batch.slice(0, 0))) == []
-
-
-def test_one_change_per_key_tells_a_key_changed_twice() -> None:
-    once = rows((1, "update_preimage", -1, 0, 4, b"a", 1), (1, "update_postimage", 1, 0, 4, b"a", 2),
-                (1, "insert", 1, 1, 4, b"b", 5))  # same offset, other partition: another change
-    assert one_change_per_key(once)
-    twice = rows((1, "insert", 1, 0, 4, b"a", 1), (1, "delete", -1, 0, 5, b"a", 1))
-    assert not one_change_per_key(twice)
-    assert one_change_per_key(once.slice(0, 0))

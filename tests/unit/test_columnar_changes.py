@@ -1,5 +1,6 @@
-"""The Spark consumer's columnar output: rows encoded column-wise, byte for byte as row by row, and a
-batch of changes encoded as encode_epoch encodes the same changes."""
+"""Change batches, the one shape of change data: rows encoded column-wise, byte for byte as row by row;
+a batch of changes encoded as the per-row encoders encode the same changes; the data source's signed
+rows paired into changes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mvlog.changes import Change, Op
-from mvlog.connectors.changelog_writer import change_values, encode_batch, encode_epoch
+from mvlog.connectors.changelog_writer import change_values, encode_batch
 from mvlog.key_order import order_member, order_members
 from mvlog.row_schema import RowSchema
 from mvlog.schemas.arrow_rows import encode_rows
@@ -50,7 +51,7 @@ VIEW = RowSchema.of({"id": "int", "v": "int", "s": "string"}, ["id"])
 ARROW = pa.schema([("id", pa.int64()), ("v", pa.int64()), ("s", pa.string())])
 
 
-def test_signed_rows_consolidate_into_one_change_per_key_and_encode_as_encode_epoch_does() -> None:
+def test_signed_rows_consolidate_into_one_change_per_key_and_encode_as_the_row_encoders_do() -> None:
     signed = [(-1, {"id": 1, "v": 1, "s": "a"}), (1, {"id": 1, "v": 2, "s": "a"}),  # update
               (1, {"id": 2, "v": 5, "s": None}),  # create
               (-1, {"id": 3, "v": 7, "s": "c"}),  # delete
@@ -61,12 +62,20 @@ def test_signed_rows_consolidate_into_one_change_per_key_and_encode_as_encode_ep
                 Change(Op.DELETE, (3,), {"id": 3, "v": 7, "s": "c"}, None)]
     assert batch.to_changes() == expected
     assert ChangeBatch.from_changes(VIEW, expected).to_changes() == expected
-    encoded, by_rows = encode_batch(["id"], batch), encode_epoch(["id"], expected)
-    assert (encoded.row_puts, encoded.row_deletes) == (by_rows.row_puts, by_rows.row_deletes)
-    assert encoded.keys == [c.key for c in by_rows.changes]
-    assert encoded.vnodes == [vnode_of(c.key) for c in by_rows.changes]
+    encoded = encode_batch(["id"], batch)
+    keys = [encode_key(("id",), c.key) for c in expected]
+    assert encoded.row_puts == {k: encode_row(c.after) for k, c in zip(keys, expected, strict=True)
+                                if c.after is not None}
+    assert encoded.row_deletes == [k for k, c in zip(keys, expected, strict=True) if c.after is None]
+    assert encoded.keys == keys and encoded.vnodes == [vnode_of(k) for k in keys]
     assert change_values("v", 7, encoded, 1234, "t-1") == [
-        encode_change_rows("v", 7, vnode_of(c.key), c.op, c.before, c.after, 1234, "t-1") for c in by_rows.changes]
+        encode_change_rows("v", 7, vnode_of(k), c.op.value, None if c.before is None else encode_row(c.before),
+                           None if c.after is None else encode_row(c.after), 1234, "t-1")
+        for k, c in zip(keys, expected, strict=True)]
+    reads = ChangeBatch.from_changes(VIEW, [Change(Op.READ, (9,), None, {"id": 9, "v": None, "s": "r"})])
+    read = encode_batch(["id"], reads)  # a snapshot load's: op r, no row before
+    after = encode_row({"id": 9, "v": None, "s": "r"})
+    assert change_values("v", 7, read, 1, "t") == [encode_change_rows("v", 7, read.vnodes[0], "r", None, after, 1, "t")]
     empty = encode_batch(["id"], consolidate_signed(pa.Table.from_pylist([], ARROW), [], VIEW))
     assert (empty.keys, empty.row_puts, empty.row_deletes, change_values("v", 7, empty, 1, "")) == ([], {}, [], [])
 
@@ -75,3 +84,20 @@ def test_a_view_key_with_two_rows_of_one_sign_is_refused() -> None:
     signed = [(1, {"id": 1, "v": 1, "s": "a"}), (1, {"id": 1, "v": 2, "s": "a"})]
     with pytest.raises(InconsistentChanges, match="view key"):
         consolidate_signed(pa.Table.from_pylist([row for _, row in signed], ARROW), [w for w, _ in signed], VIEW)
+
+
+def test_the_data_sources_signed_rows_pair_into_changes_and_one_change_per_key_is_told() -> None:
+    rows = pa.Table.from_pylist([{"id": 1, "v": 1, "s": "a"}, {"id": 1, "v": 2, "s": "a"},  # update
+                                 {"id": 2, "v": 5, "s": None},  # create
+                                 {"id": 3, "v": 7, "s": "c"},  # delete
+                                 {"id": 3, "v": 8, "s": "c"}], ARROW)  # create again: another change
+    once = ChangeBatch.from_signed(VIEW, rows.slice(0, 4), pa.array([-1, 1, 1, -1]), pa.array([4, 4, 5, 6]))
+    assert once.to_changes() == [Change(Op.UPDATE, (1,), {"id": 1, "v": 1, "s": "a"}, {"id": 1, "v": 2, "s": "a"}),
+                                 Change(Op.CREATE, (2,), None, {"id": 2, "v": 5, "s": None}),
+                                 Change(Op.DELETE, (3,), {"id": 3, "v": 7, "s": "c"}, None)]
+    assert once.one_change_per_key() and once.keys == [(1,), (2,), (3,)]
+    twice = ChangeBatch.from_signed(VIEW, rows, pa.array([-1, 1, 1, -1, 1]), pa.array([4, 4, 5, 6, 7]))
+    assert not twice.one_change_per_key()
+    signed, weights = once.signed()
+    assert (signed.to_pylist(), weights.to_pylist()) == (rows.slice(0, 4).to_pylist(), [-1, 1, 1, -1])
+    assert len(ChangeBatch.from_signed(VIEW, rows.slice(0, 0), pa.array([], pa.int32()), pa.array([]))) == 0

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from mvlog.changes import Change, Op
 from mvlog.row_schema import ColumnType, Row, RowSchema
-from mvlog.views import InMemoryState, ViewDefinitionError, ViewOperator, plan_view
+from mvlog.views import ChangeBatch, InMemoryState, ViewDefinitionError, ViewOperator, plan_view
 from mvlog.views.seed import SeedDecoder, seed_sql
 
 T1 = RowSchema.of({"id": "int", "v1": "int", "v2": "float", "s": "string", "deleted": "boolean"}, ["id"])
@@ -131,22 +131,23 @@ def test_a_seeded_view_carries_on_exactly_as_one_built_by_the_operator(
     plan = plan_view("mv", sql, {"t1": T1})
     operator = ViewOperator(plan)
     built = InMemoryState()
-    first = operator.apply_epoch({"t1": [Change(Op.READ, (k,), None, {"id": k, **r}) for k, r in rows.items()]},
-                                 built)
+    reads = [Change(Op.READ, (k,), None, {"id": k, **r}) for k, r in rows.items()]
+    first = operator.apply_epoch({"t1": ChangeBatch.from_changes(T1, reads)}, built)
     built.apply(first.state_writes)
     seeded_rows, seeded = _seed(plan, rows, batch_rows)
-    _same(seeded_rows, [c.after for c in first.changes if c.after is not None], plan.schema)
+    _same(seeded_rows, [c.after for c in first.changes.to_changes() if c.after is not None], plan.schema)
     assert set(seeded.data) == set(built.data), "the seed keeps state for other groups than the operator"
     current = dict(rows)
     for writes in epochs:  # updates and deletes after the seed: the same changes from either state
-        changes = _changes(current, writes)
+        changes = ChangeBatch.from_changes(T1, _changes(current, writes))
         from_built = operator.apply_epoch({"t1": changes}, built)
         from_seed = operator.apply_epoch({"t1": changes}, seeded)
         for output in (from_built, from_seed):
             (built if output is from_built else seeded).apply(output.state_writes)
+        seed_changes, built_changes = from_seed.changes.to_changes(), from_built.changes.to_changes()
         for side in ("before", "after"):
-            _same([getattr(c, side) for c in from_seed.changes if getattr(c, side) is not None],
-                  [getattr(c, side) for c in from_built.changes if getattr(c, side) is not None], plan.schema)
+            _same([getattr(c, side) for c in seed_changes if getattr(c, side) is not None],
+                  [getattr(c, side) for c in built_changes if getattr(c, side) is not None], plan.schema)
         assert set(seeded.data) == set(built.data)
 
 

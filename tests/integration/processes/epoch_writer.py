@@ -10,8 +10,12 @@ import sys
 
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
-from mvlog.connectors.changelog_writer import ChangelogWriter
+from mvlog.connectors.changelog_writer import ChangelogWriter, encode_batch
 from mvlog.epoch import EpochClock
+from mvlog.row_schema import RowSchema
+from mvlog.views import ChangeBatch
+
+SCHEMA = RowSchema.of({"id": "int", "epoch": "int"}, ["id"])
 
 
 def main() -> None:
@@ -24,7 +28,7 @@ def main() -> None:
         epoch = clock.next()
         changes = [Change(Op.CREATE, (i,), None, {"id": i, "epoch": epoch}) for i in range(rows_per_epoch)]
         print(f"begin {epoch}", flush=True)
-        writer.commit_epoch(epoch, prev, changes)
+        writer.commit_batches(epoch, prev, [encode_batch(["id"], ChangeBatch.from_changes(SCHEMA, changes))])
         print(f"done {epoch}", flush=True)
         prev = epoch
 

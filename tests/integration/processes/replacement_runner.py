@@ -18,9 +18,10 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 
-from mvlog.changes import Change, IndexEntry
+from mvlog.changes import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.services.replacement_follower import ReplacementFollower
+from mvlog.views import ChangeBatch
 
 from .view_runner import main
 
@@ -34,7 +35,7 @@ def install(kill_at: str) -> None:
     if kill_at == "hydrate":
         commit = ReplacementFollower._commit
 
-        def die_on_hydration(self: ReplacementFollower, epoch: int, inputs: Mapping[str, Sequence[Change]],
+        def die_on_hydration(self: ReplacementFollower, epoch: int, inputs: Mapping[str, ChangeBatch],
                              fields: Mapping[str, str | int] | None = None) -> None:
             if self.mce is None:
                 _die()
