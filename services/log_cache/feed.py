@@ -47,7 +47,6 @@ from mvlog.log_cache import CachedEpoch
 from mvlog.row_schema import Row
 from mvlog.schemas.codec import TYPE_BARRIER, decode_barrier, record_type
 
-RELEASED_KEPT = 4  # committed epochs whose messages wait for to_cached (the worker calls it at once)
 EOS = pa.py_buffer(b"\xff\xff\xff\xff\x00\x00\x00\x00")  # the end-of-stream marker of the IPC stream format
 NO_RECORD_LIMIT = 1 << 62
 
@@ -159,6 +158,7 @@ class UpstreamFeed:
     def take(self, messages: Sequence[KafkaMessage]) -> list[Epoch]:
         """Feed one consume batch (any partitions held, each in offset order); returns the epochs it
         commits, in order."""
+        self._forget_released()
         committed: list[Epoch] = []
         self._take_bytes = 0
         for partition, records in partition_slices(messages):
@@ -272,8 +272,6 @@ class UpstreamFeed:
         for epoch in committed:
             txn = next(iter(epoch.barriers.values())).txn
             self._released[epoch.epoch] = self._open.pop((epoch.epoch, txn), _NO_CHANGES)
-            while len(self._released) > RELEASED_KEPT:  # a caller that never built them (not the worker)
-                self.held_bytes -= self._released.pop(min(self._released)).nbytes
             for stale in [a for a in self._open if a[0] <= epoch.epoch]:
                 self.held_bytes -= self._open.pop(stale).nbytes
         return committed
@@ -295,12 +293,21 @@ class UpstreamFeed:
         """The epoch index has ``epoch`` with its barrier at ``barrier_offset`` in ``partition``."""
         if self.aligner is None:
             return []
+        self._forget_released()
         return self._release(self.aligner.confirm(epoch, {partition: barrier_offset}))
+
+    def _forget_released(self) -> None:
+        """Epochs the previous :meth:`take` or :meth:`confirm` committed whose :meth:`to_cached` was not
+        called (not the worker: it caches each at once, however many one consume batch commits)."""
+        for attempt in self._released.values():
+            self.held_bytes -= attempt.nbytes
+        self._released.clear()
 
     def to_cached(self, epoch: Epoch) -> CachedEpoch[IpcParts] | None:
         """``epoch`` as the cache holds it: per partition, its IPC record batch messages in the data
         source's row shape and one for its barrier row; None if it went over the budget (the cache skips
-        it). ``epoch`` must be one that the last :meth:`take` or :meth:`confirm` committed."""
+        it). ``epoch`` must be one that the last :meth:`take` or :meth:`confirm` committed (any number of
+        them: a consume batch may span many epochs)."""
         attempt = self._released.pop(epoch.epoch, _NO_CHANGES)
         self.held_bytes -= attempt.nbytes
         if attempt.over:

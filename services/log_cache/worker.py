@@ -358,7 +358,10 @@ class LogCacheWorker:
         feed, consumer = self.feeds.get(upstream), self._consumers.get(upstream)
         if feed is None or consumer is None or consumer.assigned != feed.partitions:
             return
-        wanted = set(feed.partitions) if self.stats[upstream].paused else set()
+        # Not before the cache holds an epoch: a worker started behind a stalled downstream still aligns
+        # the log it finds (what its readers wait for) before it stops the cache's growth.
+        paused = self.stats[upstream].paused and self.cache.tail(upstream) is not None
+        wanted = set(feed.partitions) if paused else set()
         current = self._paused.get(upstream, set())
         if wanted == current:
             return

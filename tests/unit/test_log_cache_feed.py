@@ -86,16 +86,15 @@ def test_consume_batches_are_cut_by_partition_and_decoded_into_the_readers_rows(
     records = log.epoch(1, 7, pad=3) + log.epoch(2, 5, pad=3)
     assert [p for p, _ in partition_slices(records[:4])] == [0, 1, 0, 1]
     feed = UpstreamFeed(ENTRY, [0, 1])
-    committed: list[Epoch] = []
+    cached: list[CachedEpoch[IpcParts]] = []
     for start in range(0, len(records), 5):
         batch = records[start:start + 5]
         grouped: list[Record] = sorted(batch, key=lambda r: r.partition_)  # as librdkafka groups them
-        committed += feed.take(grouped)
-        committed += feed.take(batch[:2])  # fetched again: skipped
-    assert [e.epoch for e in committed] == [1]
+        cached += [c for e in feed.take(grouped) if (c := feed.to_cached(e)) is not None]
+        assert feed.take(batch[:2]) == []  # fetched again: skipped
+    assert [c.epoch for c in cached] == [1]
     assert feed.records == len(records)
-    one = feed.to_cached(committed[0])
-    assert one is not None
+    one = cached[0]
     part0 = _table(one.parts[0]).to_pylist()
     assert [(r["_change_type"], r["id"], r["_offset"]) for r in part0] == [
         ("insert", 1000, 0), ("insert", 1002, 1), ("insert", 1004, 2), ("insert", 1006, 3), ("barrier", None, 4)]
@@ -139,3 +138,18 @@ def test_a_feed_holds_open_epochs_as_arrow_and_forgets_aborted_ones() -> None:
     two = feed.to_cached(epoch2[0])
     assert feed.held_bytes == 0 and not feed._open  # epoch 2 released, the aborted attempt at 2 let go
     assert two is not None and sum(_table(p).num_rows for p in two.parts.values()) == 4 + 2
+
+
+def test_one_consume_batch_committing_many_epochs_caches_each_with_its_changes() -> None:
+    """A backlog's consume batch spans many epochs: every one it commits is cached with its changes."""
+    log = _Log()
+    records = [r for number in range(1, 12) for r in log.epoch(number, 4, pad=3)]
+    feed = UpstreamFeed(ENTRY, [0, 1])
+    grouped: list[Record] = sorted(records, key=lambda r: r.partition_)
+    committed = feed.take(grouped)
+    assert [e.epoch for e in committed] == list(range(1, 11))
+    for epoch in committed:
+        one = feed.to_cached(epoch)
+        assert one is not None
+        assert sum(_table(p).num_rows for p in one.parts.values()) == 4 + 2
+    assert feed.held_bytes > 0 and list(feed._open) == [(11, "tx11")]  # held for confirmation
