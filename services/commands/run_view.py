@@ -121,6 +121,7 @@ class _Supervisor:
         self.consumers: list[ViewConsumer] = []  # the last consumer started of each view
         self.budgets: dict[str, RestartBudget] = {}
         self.restarts_due: dict[str, float] = {}  # view -> time.monotonic() of its next start
+        self.starting: set[str] = set()  # views being started again, on threads of their own
         self.failures: list[str] = []
         self._reported: dict[str, int] = {}
         self._next_report = time.monotonic() + progress_interval
@@ -136,6 +137,9 @@ class _Supervisor:
         self.leases.hold(name, self.holder)
 
     def add(self, consumer: ViewConsumer, query: StreamingQuery) -> None:
+        if self._closed.is_set():  # a restart that finished its catch-up as the process stopped
+            consumer.stop()
+            return
         self.running[consumer.entry.name] = _Running(consumer, query)
         self._reported[consumer.entry.name] = consumer.mce
 
@@ -166,6 +170,9 @@ class _Supervisor:
     def failed(self, name: str, error: BaseException | str) -> None:
         """``name``'s consumer failed (it is stopped): start it again after a delay while its restart
         budget lasts, else mark the view failed and give its lease back."""
+        if self._closed.is_set():  # a restart that was cut short by the process stopping
+            log.debug("%s: stopped while starting: %s", name, error)
+            return
         dropped = isinstance(error, ViewDroppedError) or (self.catalog.find(name) is None
                                                           and not self.catalog.wiped())
         delay = None if dropped else self._budget(name).after_failure(time.monotonic())
@@ -187,11 +194,21 @@ class _Supervisor:
         return self.budgets[name]
 
     def _start_due(self) -> None:
+        """Start the views whose restart is due, each on a thread of its own: a restart's catch-up may take
+        minutes, during which the other views' failures must still be seen and restarted."""
         now = time.monotonic()
         for name, due in list(self.restarts_due.items()):
             if due <= now:
                 del self.restarts_due[name]
-                self.start(name)
+                self.starting.add(name)
+                threading.Thread(target=self._restart, args=(name,), name=f"mvlog-restart-{name}",
+                                 daemon=True).start()
+
+    def _restart(self, name: str) -> None:
+        try:
+            self.start(name)
+        finally:
+            self.starting.discard(name)
 
     def _renew(self) -> None:
         while not self._closed.wait(1.0):
@@ -216,7 +233,7 @@ class _Supervisor:
 
     def watch(self, stop: _StopOnSignal, bars: BackfillBars) -> None:
         """Until a stop signal or until no view is left."""
-        while (self.running or self.restarts_due) and not stop.requested.wait(0.2):
+        while (self.running or self.restarts_due or self.starting) and not stop.requested.wait(0.2):
             bars.update()
             for name, view in list(self.running.items()):
                 if (request := self.leases.stop_requested(name)) is not None:
@@ -255,10 +272,10 @@ class _Supervisor:
         self.leases.release(name, self.holder)
 
     def stop_all(self) -> None:
+        self._closed.set()  # first: a restart under way then stops its consumer instead of adding it
         self.restarts_due.clear()
         for name in list(self.running):
             self.stop_one(name)
-        self._closed.set()
         for name in list(self._held):
             self.release(name)
 
