@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -61,6 +61,7 @@ from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
 from mvlog.services.table_writer import RowValidationError, Table
 from mvlog.source_dedupe import PositionFilter
+from mvlog.source_fast import fast_decoder_for
 from mvlog.source_formats import decoder_for
 from mvlog.source_offsets import dead_letters_of, offsets_mutation, positions_of
 from mvlog.source_pace import EpochPace
@@ -145,6 +146,8 @@ class SourceIngester:
         # First the table's writer: its init_transactions aborts the epoch a killed ingester left open,
         # offsets included, so the committed offsets read next are stable.
         self.table = Table(settings, entry, self._redis, auto_commit=False)
+        self._fast = fast_decoder_for(spec, entry.schema, self.table.text_limit)
+        self._partition_count = partitions
         self._seen = PositionFilter()
         if spec.format is SourceFormat.DEBEZIUM_JSON:
             self._seen.load(committed_positions(settings, name))
@@ -218,37 +221,88 @@ class SourceIngester:
             raise
         return self.progress
 
-    def _apply(self, messages: Iterable[Message]) -> None:
+    def _apply(self, messages: Sequence[Message]) -> None:
         """Decode and queue the messages in order; ``positions`` moves past each one queued or
-        dead-lettered."""
+        dead-lettered. A plain message goes the fast way (:mod:`mvlog.source_fast`: its change straight
+        into the table's normalized rows, queued a batch at a time); any other, and every message of a
+        format without a fast decoder, through the reference decoder (:mod:`mvlog.source_formats`)."""
+        fast = self._fast
         run: list[RowChange] = []
         origins: list[SourceMessage] = []  # the message of each change of ``run``
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                self._queue(run, origins)
-                self._raise_consumer_error(error, message)
-            partition, offset = message.partition(), message.offset()
-            assert partition is not None and offset is not None
-            source = SourceMessage(self.spec.topic, partition, offset, message.key(), message.value())
-            self.positions[partition] = offset + 1
-            self._uncommitted = True
-            self.progress.messages += 1
-            try:
-                changes = self._decode(source)
-            except BadRecordError as bad:
-                self._dead_letter(source, bad.field, bad.problem, message.headers())
-                continue
-            if any(change.position is not None for change in changes):
-                admitted = [change for change in changes if self._seen.admit(change.key, change.position)]
-                self.progress.redelivered += len(changes) - len(admitted)
-                changes = admitted
-            for change in changes:  # (an update that changes the key is a delete, then an upsert)
-                if run and change.is_delete != run[-1].is_delete:
+        plain: dict[Key, Row | None] = {}  # fast changes not queued yet (the last of each key, in order)
+        handled = fast_changes = 0
+        try:
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    self._queue_plain(plain)
                     self._queue(run, origins)
-                run.append(change)
-                origins.append(source)
-        self._queue(run, origins)
+                    self._advance(messages, handled)
+                    handled = 0
+                    self._raise_consumer_error(error, message)
+                handled += 1
+                if fast is not None:
+                    change = fast(message)
+                    if change is not None:
+                        if run:
+                            self._queue(run, origins)
+                        plain[change[0]] = change[1]
+                        fast_changes += 1
+                        continue
+                    if plain:
+                        self._queue_plain(plain)
+                self._apply_one(message, run, origins)
+            self._queue_plain(plain)
+            self._queue(run, origins)
+        finally:
+            self._advance(messages, handled)
+            self.progress.changes += fast_changes
+
+    def _apply_one(self, message: Message, run: list[RowChange], origins: list[SourceMessage]) -> None:
+        """The reference way: decode one message, drop Debezium's redeliveries, and add its changes to
+        ``run`` (queued whenever the kind of change flips), or dead-letter it."""
+        partition, offset = message.partition(), message.offset()
+        assert partition is not None and offset is not None
+        source = SourceMessage(self.spec.topic, partition, offset, message.key(), message.value())
+        try:
+            changes = self._decode(source)
+        except BadRecordError as bad:
+            self._dead_letter(source, bad.field, bad.problem, message.headers())
+            return
+        if any(change.position is not None for change in changes):
+            admitted = [change for change in changes if self._seen.admit(change.key, change.position)]
+            self.progress.redelivered += len(changes) - len(admitted)
+            changes = admitted
+        for change in changes:  # (an update that changes the key is a delete, then an upsert)
+            if run and change.is_delete != run[-1].is_delete:
+                self._queue(run, origins)
+            run.append(change)
+            origins.append(source)
+
+    def _queue_plain(self, plain: dict[Key, Row | None]) -> None:
+        """Hand the fast path's normalized changes to the table (in the order they came)."""
+        if plain:
+            self.table.queue_normalized(plain)
+            plain.clear()
+
+    def _advance(self, messages: Sequence[Message], count: int) -> None:
+        """``positions`` past the first ``count`` of ``messages`` (each partition's last one of them is its
+        highest offset), which are then part of the epoch being read."""
+        if count <= 0:
+            return
+        self._uncommitted = True
+        self.progress.messages += count
+        positions, seen = self.positions, set()
+        for index in range(count - 1, -1, -1):
+            message = messages[index]
+            partition = message.partition()
+            if partition not in seen:
+                offset = message.offset()
+                assert partition is not None and offset is not None
+                seen.add(partition)
+                positions[partition] = offset + 1
+                if len(seen) == self._partition_count:
+                    break
 
     def _queue(self, run: list[RowChange], origins: list[SourceMessage]) -> None:
         """One call of the table's upsert or delete for a run of changes of one kind (order is kept). A

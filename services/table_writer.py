@@ -322,6 +322,20 @@ class Table:
             raise RowValidationError(self.entry.name, errors, len(accepted))
         return len(accepted)
 
+    def queue_normalized(self, changes: Mapping[Key, Row | None]) -> None:
+        """Queue ``key -> row`` changes (None: a delete) that are already in the normalized form
+        :meth:`upsert` gives, unchecked: each row has every column, in schema order, of its exact type,
+        within the table's types and :attr:`text_limit`, and its key is its key columns' values. The fast
+        path of a source ingester (:mod:`mvlog.source_fast`) decodes messages straight into such rows."""
+        self._raise_background_error()
+        with self._lock:
+            self._pending.update(changes)
+
+    @property
+    def text_limit(self) -> int:
+        """Characters of strings and bytes up to which a row surely fits one record of the changelog."""
+        return self._text_limit
+
     def discard(self) -> None:
         """Drop the writes queued since the last epoch: a source ingester that could not take a batch of
         messages whole stops without committing any of it (its committed offsets say it never read them)."""
