@@ -500,6 +500,10 @@ class Table:
                     append((encode_key(columns, key), _CREATE, None, encode_row(after), key))
             return changes
         items = list(pending.items())
+        if (native := native_module()) is not None:
+            for start in range(0, len(items), _READ_CHUNK):
+                self._changes_compiled(native, items[start:start + _READ_CHUNK], changes)
+            return changes
         for start in range(0, len(items), _READ_CHUNK):  # bounded Redis replies
             chunk = items[start:start + _READ_CHUNK]
             key_bytes = [encode_key(columns, key) for key, _ in chunk]
@@ -515,6 +519,26 @@ class Table:
                 elif raw != after_bytes and decode_row(raw) != after:
                     append((kb, _UPDATE, raw, after_bytes, key))
         return changes
+
+    def _changes_compiled(self, native: Any, chunk: list[tuple[Key, Row | None]], changes: list[_Change]) -> None:
+        """:meth:`_changes` of one chunk of pending keys, their keys and rows encoded by one compiled call
+        (as for a first load), then compared with the rows in Redis (one HMGET)."""
+        columns, view = self.entry.key_columns, self.entry.name
+        rows = {key: after for key, after in chunk if after is not None}
+        written: list[_Change] = []  # (key bytes, create, None, row bytes, key) of each key with a row
+        native.encode_created(rows, tuple(columns), _CREATE, written, encode_key, encode_row)
+        deleted = [key for key, after in chunk if after is None] if len(rows) < len(chunk) else []
+        deleted_bytes = [encode_key(columns, key) for key in deleted]
+        current = self.store.row_list(view, [change[0] for change in written] + deleted_bytes)
+        append = changes.append
+        for change, raw in zip(written, current, strict=False):
+            if raw is None:
+                append(change)
+            elif raw != change[3] and decode_row(raw) != rows[change[4]]:
+                append((change[0], _UPDATE, raw, change[3], change[4]))
+        for key, kb, raw in zip(deleted, deleted_bytes, current[len(written):], strict=True):
+            if raw is not None:
+                append((kb, _DELETE, raw, None, key))
 
     # --- background epochs ------------------------------------------------------------------------
 
