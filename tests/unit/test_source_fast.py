@@ -52,7 +52,8 @@ def normalized(schema: RowSchema, row: dict[str, Any]) -> dict[str, Any]:
     columns = tuple((c.name, kinds[c.type.value], c.nullable) for c in schema.columns)
     out = native.normalize_row(row, columns, tuple(schema.names.index(k) for k in schema.primary_key))
     assert out is not None
-    return out[0]
+    normalized: dict[str, Any] = out[0]
+    return normalized
 
 
 def check(spec: SourceSpec, schema: RowSchema, key: Any, value: Any, *, fast_expected: bool) -> None:
