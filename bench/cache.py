@@ -25,7 +25,7 @@ Starts its own local stack (Apache Kafka + redis-server on free loopback ports) 
 * **rate**: the highest upstream rate (changes/s, epochs of 1 s) at which three followers of one
   upstream read at least 99 % of their partition-epochs from the cache, against the table writer's own
   top publish rate measured in the same run. The phase has its own topic prefix and worker (the others'
-  is stopped), with a ``--rate-cache-mib`` cache (default 256 MiB) and an epoch budget of a quarter of it
+  is stopped), with a ``--rate-cache-mib`` cache (default 384 MiB) and an epoch budget of a quarter of it
   (an epoch of 1 s at these rates is tens of MiB, over the default 8 MiB budget). First the writer's top
   rate: ``--rate-probe-rows`` upserts of 1000 rows flat out (the table's loop commits an epoch every 1 s)
   until ``close()`` committed the last epoch. Then steps at rising fractions of it (``--rate-steps``),
@@ -38,7 +38,7 @@ Starts its own local stack (Apache Kafka + redis-server on free loopback ports) 
   machine could not follow these rates themselves, which would measure Spark, not the cache.
 
     python bench/cache.py [--cache-mib 64] [--follow-s 20] [--replay-changes 60000] [--repeat 3]
-                           [--fill-rows 300000] [--rate-s 8] [--rate-cache-mib 256] [--only rate]
+                           [--fill-rows 300000] [--rate-s 8] [--rate-cache-mib 384] [--only rate]
 
 The last line holds the ratios, the rate ratio last (target >= 0.5x).
 """
@@ -183,19 +183,31 @@ def memory(settings: Settings, client: redis.Redis, worker: CacheWorkerProcess, 
     return peak_mib
 
 
-RATE_KEYS = 50_000  # the rate phase's key space: after the first 50k changes, updates (before and after images)
+# The rate phase's key space, written in order: larger than an epoch's changes at any rate measured here,
+# so the writer never folds two upserts of a key into one change (rates count the changelog's change
+# events, from the epoch index); inserts first, then updates (before and after images).
+RATE_KEYS = 400_000
+
+
+def changes_between(settings: Settings, client: redis.Redis, name: str, after: int, upto: int) -> int:
+    """Change events in the changelog of ``name`` in the committed epochs ``(after, upto]`` (epoch index)."""
+    planner = _Planner(settings, CatalogStore(settings, client).get(name))
+    return sum(records for _, records in planner.epoch_records(after, upto))
 HIT_TARGET = 0.99
 
 
 def top_publish_rate(settings: Settings, client: redis.Redis, name: str, rows_n: int) -> float:
-    """Changes/s of the table writer flat out: upserts of 1000 rows, an epoch every barrier interval,
+    """Change events/s of the table writer flat out: upserts of 1000 rows, an epoch every barrier interval,
     from the first upsert until ``close()`` committed the last epoch."""
+    store = ViewStore(client, settings.topic_prefix)
+    before = store.mce(name) or 0
     table = Table.open(settings, name, client=client)
     started = time.perf_counter()
     for start in range(0, rows_n, 1000):
         table.upsert(rows(start, 1000, RATE_KEYS))
     table.close()
-    return rows_n / (time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return changes_between(settings, client, name, before, store.mce(name) or 0) / seconds
 
 
 def rate_step(settings: Settings, client: redis.Redis, worker: CacheWorkerProcess, upstream: str, rate: float,
@@ -208,6 +220,7 @@ def rate_step(settings: Settings, client: redis.Redis, worker: CacheWorkerProces
     replies_before = worker.upstream(upstream)
     process = psutil.Process(worker.pid)
     cpu_before = sum(process.cpu_times()[:2])
+    mce_before = store.mce(upstream) or 0
     table = Table.open(settings, upstream, client=client)
     started = time.monotonic()
     written, peak_rss, next_sample = 0, 0, 0.0
@@ -230,7 +243,8 @@ def rate_step(settings: Settings, client: redis.Redis, worker: CacheWorkerProces
     after = registry.reads(upstream)
     cache, kafka = after[0] - before[0], after[1] - before[1]
     replies = worker.upstream(upstream)
-    return {"rate": written / wall, "share": cache / max(1, cache + kafka), "reads": cache + kafka,
+    changes = changes_between(settings, client, upstream, mce_before, last)
+    return {"rate": changes / wall, "share": cache / max(1, cache + kafka), "reads": cache + kafka,
             "cpu": cpu / (time.monotonic() - started), "rss_mib": peak_rss / 2**20, "written": written,
             **{k: replies[k] - replies_before[k] for k in ("not_yet_replies", "evicted_replies")},
             "errors": len(replies["errors"])}
@@ -257,7 +271,8 @@ def rate_phase(base: Settings, client: redis.Redis, args: argparse.Namespace) ->
         # The writer's own top rate, with the worker and the followers up (idle: they follow u1).
         top = top_publish_rate(settings, client, "probe", args.rate_probe_rows)
         print(f"rate: the table writer's top publish rate {fmt_rate(top)} changes/s ({args.rate_probe_rows} "
-              f"upserts of ~250-byte rows, epochs of 1 s)", flush=True)
+              f"upserts of ~250-byte rows, new keys, epochs of 1 s; change events counted in the epoch index)",
+              flush=True)
         for fraction in args.rate_steps:
             step = rate_step(settings, client, worker, "u1", fraction * top, args.rate_s, first_row)
             first_row += int(step["written"])
@@ -294,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fill-epoch-rows", type=int, default=6000)
     parser.add_argument("--latency-epochs", type=int, default=40)
     parser.add_argument("--rate-s", type=float, default=8, help="seconds per step of the rate phase")
-    parser.add_argument("--rate-cache-mib", type=int, default=256)
+    parser.add_argument("--rate-cache-mib", type=int, default=384)
     parser.add_argument("--rate-probe-rows", type=int, default=300_000)
     parser.add_argument("--rate-steps", type=lambda text: [float(f) for f in text.split(",")],
                         default=[0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0], help="fractions of the top rate, rising")
