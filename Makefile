@@ -8,6 +8,7 @@
 #                own Apache Kafka broker and redis-server on free loopback ports)
 #   make demo    setup + the demo
 #   make lint    ruff and mypy only
+#   make soak    setup + the chaos soak test (tests/integration/test_soak.py; not in `make test`: see README)
 #   make bench   the benchmarks (bench/run.py)
 #   make up / make down   start / stop the local stack (Apache Kafka + Redis) on mvlog's default ports
 #   make purge   stop the local stack and delete its data (.mvlog/kafka, .mvlog/redis)
@@ -34,7 +35,7 @@ TEST_TIMEOUT ?= 600
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help setup system-deps kafka connect lint test demo bench up down purge clean
+.PHONY: help setup system-deps kafka connect lint test soak demo bench up down purge clean
 
 help:
 	@awk '/^#/ { sub(/^# ?/, ""); print; next } { exit }' Makefile
@@ -111,6 +112,11 @@ test: setup lint
 	@# pytest exits 5 when it collects no test: make fails then, as on any other non-zero exit.
 	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
 		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 $(PYTEST_ARGS)
+
+# The chaos soak (5-15 minutes on two cores): every event at once, beside nothing else.
+soak: setup
+	MVLOG_TEST_SOAK=1 PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
+		"$(PY)" -m pytest -q -rA tests/integration/test_soak.py $(PYTEST_ARGS)
 
 # The demo reuses the stack of `make up` when it runs, else starts one (and stops it at the end).
 # DEMO_ARGS: e.g. make demo DEMO_ARGS="--duration 60".

@@ -4,6 +4,7 @@ the oracle at every committed epoch."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -15,8 +16,12 @@ import pytest
 #: The run's own limit (it is SIGTERMed then, and stops its processes and stack). It takes 4-7 minutes here,
 #: beside the rest of the suite; each stuck wait at its end gives up after PATIENCE_S, saying what it waited for.
 RUN_LIMIT_S, PATIENCE_S = 660, 150
+#: `make soak` runs it; `make test` (the CI) does not: beside the rest of the suite on two cores it took 6 to
+#: more than 11 minutes, which alone would break the CI's 25. Its events each have a test of their own there.
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
-              pytest.mark.timeout(RUN_LIMIT_S + 60)]
+              pytest.mark.timeout(RUN_LIMIT_S + 60),
+              pytest.mark.skipif(not os.environ.get("MVLOG_TEST_SOAK"),
+                                 reason="the chaos soak runs with `make soak` (MVLOG_TEST_SOAK=1), not in `make test`")]
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(r"soak: ([\d.]+) minutes, (\d+) kills survived, (\d+) epochs checked, "

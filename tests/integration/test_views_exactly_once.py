@@ -25,8 +25,8 @@ from .processes.view_runner import spawn as spawn_view_runner
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
               pytest.mark.timeout(1200)]  # a Spark start-up per kill: 35-75 s each
 
-#: Kills per run. Each costs a Spark start-up, and this test sets the suite's length (it runs beside the
-#: soak): 4 keeps the CI under its 25 minutes; MVLOG_TEST_KILLS=30 for a longer hunt.
+#: Kills per run. Each costs a Spark start-up, and this test sets the suite's length (the longest file):
+#: 4 keeps the CI under its 25 minutes; MVLOG_TEST_KILLS=30 for a longer hunt.
 KILLS = int(os.environ.get("MVLOG_TEST_KILLS", "4"))
 
 
