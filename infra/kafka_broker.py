@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mvlog.infra.maven_jars import JarSetupError, cache_folder, pom_property, resolve_jars
+
 __all__ = [
     "KAFKA_HEAP_ENV",
     "KAFKA_HOME_ENV",
@@ -73,24 +75,18 @@ LAPTOP_SETTINGS: dict[str, str] = {
 }
 
 
-class KafkaSetupError(RuntimeError):
-    """The broker cannot be prepared (no Java, no Maven, no jars); the message says what to install."""
+#: The broker cannot be prepared (no Java, no Maven, no jars); the message says what to install.
+KafkaSetupError = JarSetupError
 
 
 def kafka_version(pom: Path = POM) -> str:
     """The Kafka version the pom names (its ``kafka.version`` property): one place to change it."""
-    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", pom.read_text())
-    if match is None:
-        raise KafkaSetupError(f"{pom} names no <kafka.version>")
-    return match.group(1).strip()
+    return pom_property(pom, "kafka.version")
 
 
 def kafka_home(environ: Mapping[str, str] = os.environ) -> Path:
     """Where the broker's jars live: ``$MVLOG_KAFKA_HOME``, else ``~/.cache/mvlog/kafka-<version>``."""
-    if environ.get(KAFKA_HOME_ENV):
-        return Path(environ[KAFKA_HOME_ENV]).expanduser()
-    cache = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "mvlog" / f"kafka-{kafka_version()}"
+    return cache_folder(KAFKA_HOME_ENV, f"kafka-{kafka_version()}", environ)
 
 
 def _libs(home: Path) -> Path:
@@ -107,26 +103,8 @@ def ensure_kafka_jars(home: Path | None = None) -> Path:
     home = home or kafka_home()
     if _has_jars(home):
         return _libs(home)
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise KafkaSetupError(
-            "Apache Kafka's jars are not resolved yet and Maven is missing: install it "
-            "(`apt-get install -y maven`; `make setup` does it) or set "
-            f"{KAFKA_HOME_ENV} to a folder whose libs/ holds the broker's jars."
-        )
     find_java()  # Maven and the broker both need it: say so before a long resolution
-    partial = home.with_name(home.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    command = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", "-DincludeScope=runtime",
-               f"-DoutputDirectory={_libs(partial)}"]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise KafkaSetupError(f"Maven could not resolve Apache Kafka {kafka_version()} "
-                              f"(`{' '.join(command)}`):\n{(done.stdout + done.stderr)[-3000:]}")
-    home.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(home, ignore_errors=True)
-    partial.replace(home)  # whole or absent: an interrupted resolution is never taken for a complete one
-    return _libs(home)
+    return resolve_jars(POM, home, what=f"Apache Kafka {kafka_version()}", env_var=KAFKA_HOME_ENV)
 
 
 def find_java(environ: Mapping[str, str] = os.environ) -> Path:

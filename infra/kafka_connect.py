@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -26,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mvlog.infra.child_processes import die_with_parent
-from mvlog.infra.kafka_broker import KafkaSetupError, find_java, kafka_version
+from mvlog.infra.kafka_broker import find_java, kafka_version
+from mvlog.infra.maven_jars import JarSetupError, cache_folder, pom_property, resolve_jars
 
 __all__ = ["CONNECT_HOME_ENV", "ConnectWorker", "connect_home", "debezium_postgres_connector",
            "debezium_version", "ensure_connect_jars"]
@@ -38,18 +37,12 @@ LOOPBACK = "127.0.0.1"
 
 def debezium_version(pom: Path = POM) -> str:
     """The Debezium version the pom names (its ``debezium.version`` property)."""
-    match = re.search(r"<debezium\.version>([^<]+)</debezium\.version>", pom.read_text())
-    if match is None:
-        raise KafkaSetupError(f"{pom} names no <debezium.version>")
-    return match.group(1).strip()
+    return pom_property(pom, "debezium.version")
 
 
 def connect_home(environ: Mapping[str, str] = os.environ) -> Path:
     """``$MVLOG_CONNECT_HOME``, else ``~/.cache/mvlog/connect-<kafka>-debezium-<debezium>``."""
-    if environ.get(CONNECT_HOME_ENV):
-        return Path(environ[CONNECT_HOME_ENV]).expanduser()
-    cache = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "mvlog" / f"connect-{kafka_version()}-debezium-{debezium_version()}"
+    return cache_folder(CONNECT_HOME_ENV, f"connect-{kafka_version()}-debezium-{debezium_version()}", environ)
 
 
 def _has_jars(libs: Path) -> bool:
@@ -58,29 +51,15 @@ def _has_jars(libs: Path) -> bool:
 
 
 def ensure_connect_jars(home: Path | None = None) -> Path:
-    """The folder of Kafka Connect's and Debezium's jars, resolved with ``mvn`` when not there yet."""
+    """The folder of Kafka Connect's and Debezium's jars, resolved with ``mvn`` when not there yet (Connect
+    at the broker's Kafka version)."""
     home = home or connect_home()
     libs = home / "libs"
     if _has_jars(libs):
         return libs
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise KafkaSetupError("Kafka Connect's and Debezium's jars are not resolved yet and Maven is missing: "
-                              f"install it (`apt-get install -y maven`; `make setup` does it) or set "
-                              f"{CONNECT_HOME_ENV} to a folder whose libs/ holds them.")
     find_java()
-    partial = home.with_name(home.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    command = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", "-DincludeScope=runtime",
-               f"-Dkafka.version={kafka_version()}", f"-DoutputDirectory={partial / 'libs'}"]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise KafkaSetupError(f"Maven could not resolve Kafka Connect / Debezium (`{' '.join(command)}`):\n"
-                              f"{(done.stdout + done.stderr)[-3000:]}")
-    home.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(home, ignore_errors=True)
-    partial.replace(home)  # whole or absent, as for the broker's jars
-    return libs
+    return resolve_jars(POM, home, what="Kafka Connect / Debezium", env_var=CONNECT_HOME_ENV,
+                        properties={"kafka.version": kafka_version()})
 
 
 def debezium_postgres_connector(name: str, *, host: str, port: int, user: str, database: str,
@@ -188,10 +167,10 @@ class ConnectWorker:
         deadline = time.monotonic() + timeout
         while (state := self.task_state()) != "RUNNING":
             if self.process.poll() is not None:
-                raise KafkaSetupError(f"Kafka Connect exited ({self.process.returncode}):\n{self.tail()}")
+                raise JarSetupError(f"Kafka Connect exited ({self.process.returncode}):\n{self.tail()}")
             if state == "FAILED" or time.monotonic() > deadline:
                 self.kill()
-                raise KafkaSetupError(f"Debezium's task is {state} after {timeout:.0f} s:\n{self.tail()}")
+                raise JarSetupError(f"Debezium's task is {state} after {timeout:.0f} s:\n{self.tail()}")
             time.sleep(0.3)
         return self
 

@@ -1,0 +1,62 @@
+"""JVM components from Maven Central: a small pom, its run-time dependencies copied by ``mvn`` into a cache
+folder outside the work tree, reused when present.
+
+Apache Kafka (``kafka/pom.xml``) and Kafka Connect with Debezium (``connect/pom.xml``) are resolved the
+same way; only their pom, their cache folder and what proves a folder complete differ. A resolution goes
+to ``<folder>.partial`` and is renamed when whole, so an interrupted one is never taken for a complete one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = ["JarSetupError", "cache_folder", "pom_property", "resolve_jars"]
+
+
+class JarSetupError(RuntimeError):
+    """A JVM component cannot be prepared (no Java, no Maven, no jars); the message says what to install."""
+
+
+def pom_property(pom: Path, name: str) -> str:
+    """The value of ``<name>`` among the pom's properties (a version: one place to change it)."""
+    match = re.search(rf"<{re.escape(name)}>([^<]+)</{re.escape(name)}>", pom.read_text())
+    if match is None:
+        raise JarSetupError(f"{pom} names no <{name}>")
+    return match.group(1).strip()
+
+
+def cache_folder(env_var: str, name: str, environ: Mapping[str, str] = os.environ) -> Path:
+    """``$<env_var>``, else ``$XDG_CACHE_HOME/mvlog/<name>`` (``~/.cache/mvlog/<name>``)."""
+    if environ.get(env_var):
+        return Path(environ[env_var]).expanduser()
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mvlog" / name
+
+
+def resolve_jars(pom: Path, home: Path, *, what: str, env_var: str,
+                 properties: Mapping[str, str] | None = None) -> Path:
+    """Copy ``pom``'s run-time dependencies into ``home/libs`` with ``mvn`` and return that folder.
+    ``what`` names the component in messages; ``env_var`` is the setting that points at jars resolved
+    elsewhere; ``properties`` are passed to Maven as ``-Dname=value``."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise JarSetupError(f"{what}'s jars are not resolved yet and Maven is missing: install it "
+                            f"(`apt-get install -y maven`; `make setup` does it) or set {env_var} to a folder "
+                            "whose libs/ holds them.")
+    partial = home.with_name(home.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    command = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", "-DincludeScope=runtime",
+               *(f"-D{name}={value}" for name, value in (properties or {}).items()),
+               f"-DoutputDirectory={partial / 'libs'}"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise JarSetupError(f"Maven could not resolve {what} (`{' '.join(command)}`):\n"
+                            f"{(done.stdout + done.stderr)[-3000:]}")
+    home.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(home, ignore_errors=True)
+    partial.replace(home)  # whole or absent
+    return home / "libs"
