@@ -78,6 +78,7 @@ _PREFETCH_PARTITION_BYTES = 256 * 1024  # max.partition.fetch.bytes: one partiti
 # (bench/ingest.py: 3.1-4.1 s to consume 50k records against 0.06 s without the bound); 5 ms keeps the bound
 # and fetches again as soon as the queue drains.
 _PREFETCH_BACKOFF_MS = 5
+_FIRST_PACE_S = 50e-6  # an epoch's work per message assumed before one is measured (loaded 2-core machine: 25-35)
 _DLQ_HEADROOM = 8192  # bytes under the producer's record limit kept for a dead letter's key and headers
 
 
@@ -178,7 +179,10 @@ class SourceIngester:
         self._uncommitted = False
         self._dead: list[DeadLetterRecord] = []  # dead letters of the epoch being read
         self._dlq_value_bytes = max(0, min(DLQ_MAX_VALUE_BYTES, self.table.record_limit_bytes - _DLQ_HEADROOM))
-        self.pace = EpochPace(settings.barrier_interval_ms / 1000)
+        # Until an epoch is measured, assume _FIRST_PACE_S seconds of work per message: a restart in front of a
+        # backlog then commits its first epoch within about the interval (unbounded, a fast read of a large
+        # backlog made one epoch too large to commit before the next kill in the SIGKILL test).
+        self.pace = EpochPace(settings.barrier_interval_ms / 1000, per_message_s=_FIRST_PACE_S)
         log.info("%s: ingesting %s (%s) from %s", name, spec.topic, spec.format.value,
                  {p: self.positions.get(p, "beginning") for p in range(partitions)})
 
