@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -50,3 +51,23 @@ def sample_row(i: int) -> dict[str, object]:
 
 def fmt_rate(value: float) -> str:
     return f"{value:,.0f}"
+
+
+@dataclass
+class Throughput:
+    """One side of a records/s comparison (mvlog or its baseline), and its printed line."""
+
+    name: str
+    records: int
+    seconds: float
+    wire_bytes: int  # keys + values on the wire
+    detail: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds
+
+    def line(self) -> str:
+        mb_s = self.wire_bytes / self.seconds / 1e6
+        return (f"  {self.name:<9} {fmt_rate(self.rate):>9} records/s  {mb_s:6.1f} MB/s "
+                f"({self.records:,} records, {self.wire_bytes / 1e6:.1f} MB in {self.seconds:.2f} s){self.detail}")

@@ -37,7 +37,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,27 +49,9 @@ from mvlog.infra.local_stack import LocalStack, free_ports
 from mvlog.services.source_ingest import SourceIngester, create_source_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt_rate, machine_info, peak_rss_mib, sample_row
+from _common import Throughput, machine_info, peak_rss_mib, sample_row
 
 COLUMNS = {"id": "int", "cust": "string", "sku": "string", "qty": "int", "price": "float", "paid": "boolean"}
-
-
-@dataclass
-class Result:
-    name: str
-    records: int
-    seconds: float
-    wire_bytes: int
-    detail: str = ""
-
-    @property
-    def rate(self) -> float:
-        return self.records / self.seconds
-
-    def line(self) -> str:
-        mb_s = self.wire_bytes / self.seconds / 1e6
-        return (f"  {self.name:<9} {fmt_rate(self.rate):>9} records/s  {mb_s:6.1f} MB/s "
-                f"({self.records:,} records, {self.wire_bytes / 1e6:.1f} MB in {self.seconds:.2f} s){self.detail}")
 
 
 def produce(bootstrap: str, topic: str, records: Sequence[tuple[bytes, bytes]]) -> int:
@@ -94,7 +75,7 @@ def encoded(count: int, start: int = 0) -> list[tuple[bytes, bytes]]:
     return [(json.dumps({"id": i}).encode(), json.dumps(sample_row(i)).encode()) for i in range(start, start + count)]
 
 
-def run_baseline(bootstrap: str, topic: str, partitions: int, count: int, wire: int) -> Result:
+def run_baseline(bootstrap: str, topic: str, partitions: int, count: int, wire: int) -> Throughput:
     """The plain loop: consume batches and json.loads every key and value."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}.plain", "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
@@ -110,7 +91,7 @@ def run_baseline(bootstrap: str, topic: str, partitions: int, count: int, wire: 
             seen += 1
     seconds = time.perf_counter() - start
     consumer.close()
-    return Result("baseline", seen, seconds, wire)
+    return Throughput("baseline", seen, seconds, wire)
 
 
 class TimedIngester(SourceIngester):
@@ -128,7 +109,7 @@ class TimedIngester(SourceIngester):
 
 
 def run_mvlog(settings: Settings, client: redis.Redis, table: str, topic: str, count: int, wire: int,
-              profile: cProfile.Profile | None) -> Result:
+              profile: cProfile.Profile | None) -> Throughput:
     create_source_table(settings, table, COLUMNS, ["id"], topic, "upsert-json", client=client)
     ingester = TimedIngester(settings, table, client)
     with ingester:
@@ -145,7 +126,7 @@ def run_mvlog(settings: Settings, client: redis.Redis, table: str, topic: str, c
         raise SystemExit(f"mvlog: {progress.messages} messages read, {rows} rows in Redis, expected {count}")
     detail = (f"\n            {progress.epochs} epoch(s) (barrier interval {settings.barrier_interval_ms} ms); "
               f"run() returned {ended:.2f} s after it started (it waits one more interval to see the end)")
-    return Result("mvlog", count, done - start_wall, wire, detail)
+    return Throughput("mvlog", count, done - start_wall, wire, detail)
 
 
 def steady_latency(settings: Settings, client: redis.Redis, partitions: int, rate: int, seconds: float

@@ -34,7 +34,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,7 @@ from mvlog.schemas.codec import encode_change, encode_key
 from mvlog.services.table_writer import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt_rate, machine_info, peak_rss_mib, sample_row
+from _common import Throughput, machine_info, peak_rss_mib, sample_row
 
 COLUMNS = {"id": "int", "cust": "string", "sku": "string", "qty": "int", "price": "float", "paid": "boolean"}
 ROW_SCHEMA = parse_schema({
@@ -61,25 +60,7 @@ ROW_SCHEMA = parse_schema({
 })
 
 
-@dataclass
-class Result:
-    name: str
-    records: int
-    seconds: float
-    wire_bytes: int  # keys + values produced
-    detail: str = ""
-
-    @property
-    def rate(self) -> float:
-        return self.records / self.seconds
-
-    def line(self) -> str:
-        mb_s = self.wire_bytes / self.seconds / 1e6
-        return (f"  {self.name:<9} {fmt_rate(self.rate):>9} records/s  {mb_s:6.1f} MB/s "
-                f"({self.records:,} records, {self.wire_bytes / 1e6:.1f} MB in {self.seconds:.2f} s){self.detail}")
-
-
-def run_baseline(bootstrap: str, topic: str, rows: Sequence[dict[str, Any]]) -> Result:
+def run_baseline(bootstrap: str, topic: str, rows: Sequence[dict[str, Any]]) -> Throughput:
     """The hand-written loop: fastavro + confluent-kafka, no transactions, flush at the end."""
     errors: list[KafkaError] = []
 
@@ -110,10 +91,10 @@ def run_baseline(bootstrap: str, topic: str, rows: Sequence[dict[str, Any]]) -> 
     seconds = time.perf_counter() - start
     if remaining or errors:
         raise SystemExit(f"baseline: {remaining} record(s) undelivered, {len(errors)} error(s): {errors[:3]}")
-    return Result("baseline", len(rows), seconds, wire)
+    return Throughput("baseline", len(rows), seconds, wire)
 
 
-def run_mvlog(settings: Settings, table_name: str, rows: Sequence[dict[str, Any]], batch: int, mode: str) -> Result:
+def run_mvlog(settings: Settings, table_name: str, rows: Sequence[dict[str, Any]], batch: int, mode: str) -> Throughput:
     client = redis.Redis.from_url(settings.redis_url)
     table = Table.create(settings, table_name, COLUMNS, ["id"], client=client, auto_commit=mode == "loop")
     start = time.perf_counter()
@@ -138,7 +119,7 @@ def run_mvlog(settings: Settings, table_name: str, rows: Sequence[dict[str, Any]
         wire += len(key) + len(encode_change(table_name, mce, 0, Change(Op.CREATE, (row["id"],), None, row), 0))
     detail = (f"\n            {epochs} epoch(s); upsert calls took {upserted - start:.2f} s, "
               f"{'close' if mode == 'loop' else 'the last flush'} then waited {seconds - (upserted - start):.2f} s")
-    return Result("mvlog", len(rows), seconds, wire, detail)
+    return Throughput("mvlog", len(rows), seconds, wire, detail)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
