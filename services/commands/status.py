@@ -11,24 +11,32 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
 import redis
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from mvlog.config import Settings
+from mvlog.connectors import redis_client
 from mvlog.connectors.broker_probe import unreachable_broker
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.services.cli import pass_settings
-from mvlog.services.commands.backends import backend_errors, connect_redis
+from mvlog.services.commands.backends import backend_errors, connect_redis, redis_address
 from mvlog.services.commands.output import age, console, output_option, print_json
 from mvlog.services.commands.serving_state import require_serving_state
 from mvlog.services.commands.values import seconds
 from mvlog.services.lag_sampler import LagMonitor, LagSampler
 from mvlog.services.status_snapshot import PipelineSnapshot, take_snapshot
 from mvlog.view_status import ViewStatus
+
+#: A refresh of ``--watch`` whose Redis command gets no answer within this long shows "waiting for Redis".
+WATCH_SOCKET_TIMEOUT_S = 5.0
+REDIS_AWAY = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 STATUS_STYLE = {"ok": "green", "lagging": "yellow", "stalled": "bold red", "stopped": "red", "unknown": "dim"}
 
@@ -161,33 +169,112 @@ def lag_table(snapshot: PipelineSnapshot, only: tuple[str, ...]) -> Table:
 
 def _run(settings: Settings, watch: float | None, output: str, render: Callable[[PipelineSnapshot], Table],
          document: Callable[[PipelineSnapshot], Any]) -> None:
+    if watch is not None:
+        _watch(settings, watch, output, render, document)
+        return
     client = connect_redis(settings)
     with backend_errors(settings):
         require_serving_state(settings, client)
     if (problem := unreachable_broker(settings.bootstrap_servers, 2.0)) is not None:
         click.echo(f"Warning: the Kafka broker at {settings.bootstrap_servers} is unreachable ({problem}): no "
                    "table or view commits an epoch until it is back; the figures below are the last ones.", err=True)
-    if watch is None:
-        with backend_errors(settings):
-            snapshot = take_snapshot(settings, client)
-        if output == "json":
-            print_json(document(snapshot))
-        else:
-            console().print(render(snapshot))
-        return
-    monitor = LagMonitor(settings, client)
     with backend_errors(settings):
+        snapshot = take_snapshot(settings, client)
+    if output == "json":
+        print_json(document(snapshot))
+    else:
+        console().print(render(snapshot))
+
+
+@dataclass
+class _Outages:
+    """What ``--watch`` last found away (Redis, the broker), and since when: pure, times given by the caller."""
+
+    redis_since: float | None = None
+    redis_error: str = ""
+    broker_problem: str | None = None
+
+    def redis_down(self, now: float, error: BaseException) -> None:
+        if self.redis_since is None:
+            self.redis_since = now
+        self.redis_error = str(error)
+
+    def redis_back(self) -> None:
+        self.redis_since = None
+
+    def state(self) -> tuple[bool, str | None]:
+        """What is away, without how long: a change of it is worth a line."""
+        return self.redis_since is not None, self.broker_problem
+
+    def lines(self, settings: Settings, now: float) -> list[str]:
+        said = []
+        if self.redis_since is not None:
+            said.append(f"waiting for Redis at {redis_address(settings)}: unreachable for "
+                        f"{fmt_seconds(now - self.redis_since)} ({self.redis_error}); the figures below are the "
+                        "last ones")
+        if self.broker_problem is not None:
+            said.append(f"Kafka broker at {settings.bootstrap_servers} unreachable ({self.broker_problem}): no "
+                        "table or view commits an epoch until it is back")
+        return said
+
+    def to_json(self, settings: Settings, now: float) -> dict[str, Any]:
+        return {"redis": None if self.redis_since is None else {
+                    "waiting_for": redis_address(settings), "down_s": round(now - self.redis_since, 1),
+                    "error": self.redis_error},
+                "broker": None if self.broker_problem is None else {
+                    "unreachable": settings.bootstrap_servers, "error": self.broker_problem}}
+
+
+def _watch(settings: Settings, watch: float, output: str, render: Callable[[PipelineSnapshot], Table],
+           document: Callable[[PipelineSnapshot], Any]) -> None:
+    """Refresh until Ctrl-C, through outages: a refresh that finds Redis away shows the last figures under
+    "waiting for Redis", and the broker's state is probed at every refresh. Commands fail at once rather
+    than wait (the next refresh tries again), so the screen never freezes on a dead server."""
+    client = connect_redis(settings)
+    watch_client = redis_client.connect(settings, outage_timeout_s=0, socket_timeout=WATCH_SOCKET_TIMEOUT_S)
+    with backend_errors(settings):
+        require_serving_state(settings, client)
+        monitor = LagMonitor(settings, watch_client)
         monitor.preload()
+    outages = _Outages()
+    last: PipelineSnapshot | None = None
+    said_for = [outages.state()]
+
+    def refresh() -> Any:
+        nonlocal last
+        outages.broker_problem = unreachable_broker(settings.bootstrap_servers, min(watch, 2.0))
+        try:
+            if outages.redis_since is not None:  # back: a wiped or replaced Redis is rebuilt (or waited for)
+                require_serving_state(settings, watch_client)
+            last = take_snapshot(settings, watch_client, monitor)
+            outages.redis_back()
+        except REDIS_AWAY as error:
+            outages.redis_down(time.monotonic(), error)
+        now = time.monotonic()
+        if output == "json":
+            shown = document(last) if last is not None else {}
+            away = outages.to_json(settings, now)
+            if isinstance(shown, dict):  # status: the outages beside the figures, in the same document
+                return {**shown, **away}
+            if outages.state() != said_for[0]:  # lag's rows keep their shape: outages are said on stderr
+                lines = outages.lines(settings, now)
+                click.echo("Warning: " + " ".join(lines) if lines else "Redis and the Kafka broker answer again.",
+                           err=True)
+                said_for[0] = outages.state()
+            return shown
+        warnings = [Text(line, style="bold red") for line in outages.lines(settings, now)]
+        return Group(*warnings, render(last)) if last is not None else Group(*warnings)
+
+    with backend_errors(settings):
         try:
             if output == "json":  # one JSON document per line and refresh
                 while True:
-                    click.echo(_compact(document(take_snapshot(settings, client, monitor))))
+                    click.echo(_compact(refresh()))
                     time.sleep(watch)
-            with Live(render(take_snapshot(settings, client, monitor)), console=console(),
-                      auto_refresh=False) as live:
+            with Live(refresh(), console=console(), auto_refresh=False) as live:
                 while True:
                     time.sleep(watch)
-                    live.update(render(take_snapshot(settings, client, monitor)), refresh=True)
+                    live.update(refresh(), refresh=True)
         except KeyboardInterrupt:
             pass
 
