@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ import redis
 from mvlog.config import Settings
 from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.redis_client import connect as connect_redis
 from mvlog.connectors.spark_source import _Planner, read_partition_from_kafka, read_partition_range
 from mvlog.connectors.view_store import ViewStore
 from mvlog.services.table_writer import Table
@@ -29,6 +31,7 @@ from .barrier_check import assert_barriers_once
 from .independent_consumer import read_topic
 from .processes.cache_worker import CacheWorkerProcess
 from .processes.view_runner import spawn as spawn_view_runner
+from .test_redis_restart import DOWN_S, AofRedis
 
 pytestmark = [pytest.mark.integration]
 
@@ -219,6 +222,38 @@ def test_sigkilled_worker_consumers_fall_back_and_the_restarted_worker_refills(
     assert check_oracle(settings, redis_client, ["t1", "mv1"]) > 0
     assert_barriers_once(settings, redis_client, "mv1", last)
 
+
+
+def test_worker_rides_out_a_redis_restart(make_settings: Callable[..., Settings], tmp_path: Path) -> None:
+    """redis-server SIGKILLed and restarted from its AOF under a busy table: the cache worker waits for it
+    (one line when Redis goes, one when it is back), never exits, keeps its claims on the partitions and
+    goes on aligning the table's new epochs (issue 21, item 2, for the cache worker)."""
+    aof = AofRedis(tmp_path / "redis")
+    aof.start()
+    settings = make_settings(redis_url=aof.url)
+    client = connect_redis(settings)
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=client)
+    store = ViewStore(client, settings.topic_prefix)
+    worker = CacheWorkerProcess(settings, "t1")
+    try:
+        worker.wait_ready("t1", settings.partitions)
+        with _writing(table):
+            _until(lambda: (store.mce("t1") or 0) >= 3, 60, "the table's first epochs")
+            aof.kill()
+            aof.restart_after(DOWN_S).join()
+            after = (store.mce("t1") or 0) + 3
+            _until(lambda: (store.mce("t1") or 0) >= after, 60, "the table's epochs after the restart")
+            _until(lambda: (worker.upstream("t1")["tail"] or 0) >= after, 60,
+                   f"the worker to align epoch {after} of t1")
+        worker.wait_ready("t1", settings.partitions)  # still claims every partition in Redis
+        assert worker.process.poll() is None
+    finally:
+        table.close()
+        worker.stop()
+        aof.stop()
+    output = worker.log_path.read_text()
+    assert f"Redis at 127.0.0.1:{aof.port} unreachable" in output and "back after" in output, output
+    assert "Traceback" not in output, output
 
 def test_lagged_consumer_replays_from_kafka_then_rejoins_the_cache(
         make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any) -> None:

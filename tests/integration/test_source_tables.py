@@ -44,6 +44,7 @@ from mvlog.services.source_ingest import SourceIngester, create_source_table
 from mvlog.services.status_snapshot import take_snapshot
 from mvlog.source_spec import source_group
 from tests.integration.independent_consumer import read_topic
+from tests.integration.test_redis_restart import DOWN_S, AofRedis
 
 Effect = dict[str, Any] | None  # the row a message leaves for its key, None when it deletes the key
 
@@ -564,6 +565,76 @@ def test_sigkilled_run_source_loses_and_doubles_nothing(settings: Settings, redi
     report(f"{kills} SIGKILLs of run-source, {len(source.effects)} messages, {epochs} epochs checked, "
            f"{len(expected)} rows, {dead} bad records dead-lettered once each: exact")
 
+
+
+def test_run_source_rides_out_a_redis_restart(make_settings: Callable[..., Settings], tmp_path: Path,
+                                              report: Callable[[str], None]) -> None:
+    """redis-server SIGKILLed and restarted from its AOF while ``run-source`` ingests a busy topic: the
+    ingester waits for it (one line when Redis goes, one when it is back), never exits, and the table is
+    exact at every committed epoch (issue 21, item 2, for source ingesters)."""
+    aof = AofRedis(tmp_path / "redis")
+    aof.start()
+    settings = make_settings(redis_url=aof.url)
+    client = redis.Redis.from_url(aof.url)
+    rng = random.Random(2121)
+    source = SourceTopic(settings, f"{settings.topic_prefix}.orders")
+    ok = mvlog(settings, "create-table", "orders", "-c", "id:int", "-c", "v:int", "-c", "label:string",
+               "-k", "id", "--from-topic", source.name, "--format", "upsert-json")
+    assert ok.exit_code == 0, ok.output
+    stop = threading.Event()
+
+    def produce() -> None:
+        writer_rng = random.Random(rng.random())
+        while not stop.is_set():
+            upsert_workload(source, writer_rng, 50)
+            time.sleep(0.05)
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")} | env_of(settings)
+    log_file = tmp_path / "run-source.log"
+    with log_file.open("wb") as sink:
+        child = subprocess.Popen([*MVLOG, "run-source", "orders"], env=env, stdout=sink, stderr=subprocess.STDOUT)
+    producer = threading.Thread(target=produce, daemon=True)
+    store = ViewStore(client, settings.topic_prefix)
+    try:
+        def alive() -> None:
+            assert child.poll() is None, f"run-source exited with {child.returncode}:\n{log_file.read_text()}"
+
+        def wait(condition: Callable[[], bool], what: str, timeout: float = 90) -> None:
+            deadline = time.monotonic() + timeout
+            while not condition():
+                alive()
+                assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{log_file.read_text()}"
+                time.sleep(0.1)
+
+        producer.start()
+        wait(lambda: (store.mce("orders") or 0) >= 3, "the first epochs")
+        before = store.mce("orders") or 0
+        aof.kill()
+        aof.restart_after(DOWN_S).join()
+        wait(lambda: (store.mce("orders") or 0) > before + 3, "epochs after the restart")
+        stop.set()
+        producer.join(30)
+        source.flush()
+        ends = end_offsets(settings, source.name, 3)
+        wait(lambda: committed_offsets(settings, "orders", source.name, 3) == ends, "the topic's end", 120)
+        alive()
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(60) == 0, log_file.read_text()
+    finally:
+        stop.set()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        aof.stop()
+        aof.start()  # the checks below read the table's Redis state
+    output = log_file.read_text()
+    assert f"Redis at 127.0.0.1:{aof.port} unreachable" in output and "back after" in output, output
+    assert "Traceback" not in output, output
+    assert table_rows(client, settings, "orders", ("id",)) == source.fold()
+    epochs = check_every_epoch(settings, "orders", ("id",), source)
+    aof.stop()
+    report(f"run-source through a {DOWN_S:.0f} s Redis outage: {len(source.effects)} messages, {epochs} epochs "
+           "checked against the fold, no exit")
 
 @pytest.fixture(autouse=True)
 def _no_stray_env(monkeypatch: pytest.MonkeyPatch) -> None:
