@@ -8,6 +8,7 @@ the same transaction, so an epoch's input and output are either both done or bot
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -37,6 +38,10 @@ from mvlog.schemas.codec import (
 from mvlog.views.change_batch import ChangeBatch
 from mvlog.vnode import VNODE_COUNT, partition_of_vnode, vnode_of
 
+#: ``send_offsets_to_transaction``'s timeout, and how much longer the writer waits for it to return at all.
+OFFSETS_TIMEOUT_S = 30.0
+STUCK_GRACE_S = 10.0
+
 
 class WriterFencedError(RuntimeError):
     """Another writer with the same transactional id took over; this one must stop."""
@@ -44,6 +49,13 @@ class WriterFencedError(RuntimeError):
 
 class EpochWriteError(RuntimeError):
     """The epoch's transaction was aborted; nothing of it is visible to read_committed consumers."""
+
+
+class WriterStuckError(EpochWriteError):
+    """A transactional call did not return within its bound (librdkafka's ``send_offsets_to_transaction``
+    can wait forever for a group coordinator that went away with a broker restart: librdkafka issues
+    #5456 and #5511). The producer is left behind, unusable; the caller starts a new writer with the same
+    transactional id, whose ``init_transactions`` fences this one and aborts its open transaction."""
 
 
 class RecordTooLargeError(EpochWriteError):
@@ -174,6 +186,7 @@ class ChangelogWriter:
         self._producer = Producer({"error_cb": self._refusals, **config})
         self._partition_of_vnode = [partition_of_vnode(v, partitions) for v in range(VNODE_COUNT)]
         self._closed = False
+        self._stuck = False  # a transactional call never returned: the producer is abandoned
         self._session = uuid.uuid4().hex[:12]
         self._transactions = 0
         self._init_transactions(60.0)
@@ -245,10 +258,11 @@ class ChangelogWriter:
                                   ts_ms, mutation, txn)
                 self._produce(None, encode_barrier(barrier), partition, _BARRIER_HEADERS, on_barrier)
             if consumed_offsets:
-                self._run(producer.send_offsets_to_transaction, list(consumed_offsets), group_metadata, 60.0)
+                self._run_bounded(producer.send_offsets_to_transaction, OFFSETS_TIMEOUT_S, list(consumed_offsets),
+                                  group_metadata, OFFSETS_TIMEOUT_S)
             self._run(producer.commit_transaction, 60.0)
-        except WriterFencedError:
-            raise
+        except (WriterFencedError, WriterStuckError):
+            raise  # nothing to abort with: fenced, or a call still runs in the stuck producer
         except RecordTooLargeError:
             self._abort()
             raise
@@ -275,6 +289,8 @@ class ChangelogWriter:
         the garbage collector can block interpreter exit once the broker is gone)."""
         if not self._closed:
             self._closed = True
+            if self._stuck:  # a call still runs inside it: releasing the producer would pull it from under it
+                return
             self._producer.flush(10)
             self._producer.close()
 
@@ -311,6 +327,31 @@ class ChangelogWriter:
                 self._refusals.check()
                 if remaining <= 1.0:
                     raise
+
+    def _run_bounded(self, call: Any, bound_s: float, *args: Any) -> Any:
+        """:meth:`_run` on a helper thread, waiting at most ``bound_s`` (plus a grace) for it: for calls whose
+        own timeout librdkafka does not always honour. Past it the writer is stuck for good
+        (:class:`WriterStuckError`)."""
+        outcome: list[Any] = []
+
+        def call_it() -> None:
+            try:
+                outcome.append((True, self._run(call, *args)))
+            except BaseException as error:  # handed to the caller's thread
+                outcome.append((False, error))
+
+        thread = threading.Thread(target=call_it, name=f"{self.view}-txn-call", daemon=True)
+        thread.start()
+        thread.join(bound_s + STUCK_GRACE_S)
+        if not outcome:
+            self._stuck = True
+            raise WriterStuckError(f"{self.view}: {getattr(call, '__name__', call)} did not return within "
+                                   f"{bound_s + STUCK_GRACE_S:.0f} s (librdkafka lost the group coordinator); this "
+                                   "writer is abandoned and a new one fences it")
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
 
     def _run(self, call: Any, *args: Any) -> Any:
         try:

@@ -125,6 +125,14 @@ class IngestProgress:
     redelivered: int = 0  # Debezium changes skipped as redeliveries (position at or below the key's last)
     dead_letters: int = 0  # bad records this run dead-lettered (committed with their epochs)
 
+    def plus(self, other: IngestProgress) -> IngestProgress:
+        """Both runs together (``run-source`` starting an ingester again; messages of an epoch that failed
+        are counted by both, as both read them)."""
+        return IngestProgress(self.messages + other.messages, self.changes + other.changes,
+                              self.epochs + other.epochs, other.last_epoch if other.last_epoch is not None
+                              else self.last_epoch, self.redelivered + other.redelivered,
+                              self.dead_letters + other.dead_letters)
+
 
 class SourceIngester:
     """Consumes a source table's topic into the table, one epoch per barrier interval (see module doc)."""

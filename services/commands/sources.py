@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from typing import TYPE_CHECKING
 
 import click
+import redis
 
 from mvlog.config import Settings
+from mvlog.connectors.changelog_writer import EpochWriteError, RecordTooLargeError
+from mvlog.restart_budget import RestartBudget
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.run_view import _StopOnSignal
 from mvlog.source_records import BadRecordError
+
+if TYPE_CHECKING:
+    from mvlog.services.source_ingest import IngestProgress
 
 
 @click.command("run-source")
@@ -29,19 +38,47 @@ def run_source(settings: Settings, name: str, until_caught_up: bool) -> None:
     ingestion goes on (counted in `mvlog status` and /metrics). A topic that is gone, or offsets deleted
     by retention, stop the source with what to do (exit code 1, and shown by `mvlog status`).
     """
-    from mvlog.services.source_ingest import SourceError, SourceIngester
+    from mvlog.services.source_ingest import SourceError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = connect_redis(settings, wait=True)
     with backend_errors(settings):
         require_kafka(settings)
         try:
-            with _StopOnSignal() as stop, SourceIngester(settings, name, client) as ingester:
-                click.echo(f"{name}: ingesting topic {ingester.spec.topic} ({ingester.spec.format.value}), "
-                           f"consumer group {ingester.group}", err=True)
-                progress = ingester.run(stop.requested, until_caught_up=until_caught_up)
+            with _StopOnSignal() as stop:
+                progress = _ingest(settings, name, client, stop.requested, until_caught_up)
         except (SourceError, BadRecordError) as error:
             raise click.ClickException(str(error)) from None
     dead = f", {progress.dead_letters} bad record(s) dead-lettered" if progress.dead_letters else ""
     click.echo(f"{name}: {progress.messages} message(s), {progress.changes} change(s) in {progress.epochs} "
                f"epoch(s){'' if progress.last_epoch is None else f', last {progress.last_epoch}'}{dead}.", err=True)
+
+
+def _ingest(settings: Settings, name: str, client: redis.Redis, stop: threading.Event,
+            until_caught_up: bool) -> IngestProgress:
+    """Run an ingester until ``stop`` (or caught up); an epoch the broker failed (its transaction aborted, or
+    a producer call that never returned after a broker restart) starts a new ingester after a growing delay:
+    its writer fences the old one and it resumes from the committed offsets, so nothing is lost or doubled.
+    Failures that keep coming (``view_restarts`` within ``view_restart_window_s``) stop the command."""
+    from mvlog.services.source_ingest import IngestProgress, SourceIngester
+
+    budget = RestartBudget(settings.view_restarts, settings.view_restart_window_s)
+    total = IngestProgress()
+    while True:
+        with SourceIngester(settings, name, client) as ingester:
+            click.echo(f"{name}: ingesting topic {ingester.spec.topic} ({ingester.spec.format.value}), "
+                       f"consumer group {ingester.group}", err=True)
+            try:
+                return total.plus(ingester.run(stop, until_caught_up=until_caught_up))
+            except RecordTooLargeError:
+                raise  # the same epoch again would fail the same way
+            except EpochWriteError as error:
+                total = total.plus(ingester.progress)
+                reason = str(error)
+        delay = budget.after_failure(time.monotonic())
+        if delay is None:
+            raise click.ClickException(f"{reason} ({budget.restarts} restarts within "
+                                       f"{settings.view_restart_window_s:.0f} s: giving up)")
+        click.echo(f"{reason}; ingesting again from the committed offsets in {delay:.0f} s", err=True)
+        if stop.wait(delay):
+            return total

@@ -44,6 +44,7 @@ from mvlog.services.source_ingest import SourceIngester, create_source_table
 from mvlog.services.status_snapshot import take_snapshot
 from mvlog.source_spec import source_group
 from tests.integration.independent_consumer import read_topic
+from tests.integration.test_durable_stack import own_stack, stack_settings
 from tests.integration.test_redis_restart import DOWN_S, AofRedis
 
 Effect = dict[str, Any] | None  # the row a message leaves for its key, None when it deletes the key
@@ -635,6 +636,62 @@ def test_run_source_rides_out_a_redis_restart(make_settings: Callable[..., Setti
     aof.stop()
     report(f"run-source through a {DOWN_S:.0f} s Redis outage: {len(source.effects)} messages, {epochs} epochs "
            "checked against the fold, no exit")
+
+
+def test_run_source_rides_out_a_broker_restart(tmp_path: Path, report: Callable[[str], None]) -> None:
+    """The Kafka broker SIGKILLed while ``run-source`` ingests (its epoch's transaction open) and restarted on
+    its log folder: the ingester reconnects, never exits, and the table is exact at every committed epoch
+    (issue 21, item 2, for source ingesters)."""
+    with own_stack(tmp_path) as stack:
+        settings = stack_settings(stack, "brokerkill")
+        client = redis.Redis.from_url(settings.redis_url)
+        source = SourceTopic(settings, f"{settings.topic_prefix}.orders")
+        ok = mvlog(settings, "create-table", "orders", "-c", "id:int", "-c", "v:int", "-c", "label:string",
+                   "-k", "id", "--from-topic", source.name, "--format", "upsert-json")
+        assert ok.exit_code == 0, ok.output
+        rng = random.Random(2122)
+        upsert_workload(source, rng, 2000)
+        source.flush()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")} | env_of(settings)
+        log_file = tmp_path / "run-source.log"
+        with log_file.open("wb") as sink:
+            child = subprocess.Popen([*MVLOG, "run-source", "orders"], env=env, stdout=sink,
+                                     stderr=subprocess.STDOUT)
+        store = ViewStore(client, settings.topic_prefix)
+        try:
+            def wait(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+                deadline = time.monotonic() + timeout
+                while not condition():
+                    assert child.poll() is None, f"run-source exited ({child.returncode}):\n{log_file.read_text()}"
+                    assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{log_file.read_text()}"
+                    time.sleep(0.1)
+
+            wait(lambda: (store.mce("orders") or 0) >= 2, "the first epochs")
+            upsert_workload(source, rng, 500)  # being ingested when the broker dies
+            source.producer.poll(0.2)
+            before = store.mce("orders") or 0
+            stack.kill("kafka")
+            restart = stack.start()
+            assert restart.started == ("kafka",)
+            upsert_workload(source, rng, 2000)
+            source.flush()
+            wait(lambda: (store.mce("orders") or 0) > before + 2, "epochs after the restart")
+            ends = end_offsets(settings, source.name, 3)
+            wait(lambda: committed_offsets(settings, "orders", source.name, 3) == ends, "the topic's end")
+            child.send_signal(signal.SIGTERM)
+            assert child.wait(60) == 0, log_file.read_text()
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        output = log_file.read_text()
+        assert "Traceback" not in output, output
+        assert table_rows(client, settings, "orders", ("id",)) == source.fold()
+        epochs = check_every_epoch(settings, "orders", ("id",), source)
+        client.close()
+    restarts = [line for line in output.splitlines() if "ingesting again from the committed offsets" in line]
+    report(f"run-source through a broker SIGKILL and restart: {len(source.effects)} messages, {epochs} epochs "
+           f"checked against the fold, no exit; ingester restarted {len(restarts)} time(s) {restarts[:1]}")
 
 @pytest.fixture(autouse=True)
 def _no_stray_env(monkeypatch: pytest.MonkeyPatch) -> None:
