@@ -53,13 +53,14 @@ LOCK_TIMEOUT_S = 600.0  # how long a process waits for another one's rebuild
 LOCK_LEASE_S = 15.0  # the rebuild lock's lease, renewed while the rebuild runs
 
 
-def _rebuild_lock_name(prefix: str) -> str:
+def rebuild_lock_name(prefix: str) -> str:
+    """The Redis lock a rebuild holds (a Redis key, so it is gone with a wipe too)."""
     return f"{prefix}:control-plane:rebuild"
 
 
 def rebuild_running(client: redis.Redis, prefix: str) -> bool:
     """Whether a process holds the rebuild's lock right now."""
-    return bool(client.exists(_rebuild_lock_name(prefix)))
+    return bool(client.exists(rebuild_lock_name(prefix)))
 
 
 @contextmanager
@@ -134,7 +135,7 @@ def ensure_control_plane(settings: Settings, client: redis.Redis,
     catalog = CatalogStore(settings, client)
     if not catalog.wiped():
         return False
-    with _rebuild_lock(client, _rebuild_lock_name(settings.topic_prefix)):
+    with _rebuild_lock(client, rebuild_lock_name(settings.topic_prefix)):
         if not catalog.wiped():
             return False  # another process rebuilt it while we waited
         started = time.monotonic()

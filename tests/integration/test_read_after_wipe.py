@@ -10,6 +10,9 @@ consumer runs again (the consumer redoes that epoch). The table's last epoch is 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,8 +21,10 @@ import redis
 
 from mvlog.config import Settings
 from mvlog.connectors.view_store import ViewStore
+from mvlog.services.control_plane import rebuild_lock_name
 from mvlog.services.view_consumer import ViewConsumer
-from tests.integration.test_cli_views import T1, lines, mvlog, ok, read_json
+from tests.integration.test_cli_views import T1, env_of, lines, mvlog, ok, read_json
+from tests.integration.test_durable_stack import MVLOG
 
 pytestmark = pytest.mark.integration
 
@@ -69,3 +74,36 @@ def test_read_views_and_status_rebuild_a_wiped_redis_from_kafka(
     catch_up()  # the consumer redoes what the rebuild could not prove: mv1 is whole again
     assert read_json(settings, "mv1")["epoch"] == epochs[-1]
     assert ViewStore(client, settings.topic_prefix).mce("mv1") == epochs[-1]
+
+
+def test_a_read_during_a_rebuild_says_so_and_waits_for_it(
+        make_settings: Callable[..., Settings], own_redis: str) -> None:
+    """Another process holds the rebuild's lock (it is rebuilding a wiped Redis): ``mvlog read`` says that a
+    rebuild is running and waits for it instead of showing an empty table, then shows the table's rows."""
+    settings = make_settings(redis_url=own_redis)
+    client = redis.Redis.from_url(own_redis)
+    ok(mvlog(settings, *T1))
+    ok(mvlog(settings, "insert", "t1", input=lines(*({"id": i, "v1": i, "deleted": False} for i in range(1, 11)))))
+    ok(mvlog(settings, "insert", "t1", input=lines({"id": 11, "v1": 11, "deleted": False})))  # proves the first
+    client.flushall()
+    other = client.lock(rebuild_lock_name(settings.topic_prefix), timeout=60, thread_local=False)
+    assert other.acquire(blocking=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")} | env_of(settings)
+    reader = subprocess.Popen([*MVLOG, "read", "t1", "--output", "json"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert reader.stderr is not None
+        said = reader.stderr.readline()
+        assert "A rebuild of Redis from Kafka is running (another process): waiting for it" in said, said
+        time.sleep(2.0)
+        assert reader.poll() is None, "the read went on while the rebuild's lock was held"
+        other.release()  # the "other process" gave up without rebuilding: the reader rebuilds itself
+        out, err = reader.communicate(timeout=120)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    assert reader.returncode == 0, err
+    assert "rebuilt 1 table(s) and view(s) from Kafka" in err, err
+    rows = json.loads(out)["rows"]
+    assert {row["id"] for row in rows} >= set(range(1, 11)), rows  # at most its unproven last epoch is back
