@@ -82,7 +82,8 @@ def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis 
     if (existing := catalog.find(name)) is not None:
         raise CatalogError(f"{existing.kind} {name!r} already exists")
     plan = plan_for(catalog, name, sql)
-    choice = resolve_backfill(settings, client, plan.sources, backfill, join=plan.is_join)
+    # A subquery's state is not seeded from a snapshot either: chosen as for a join.
+    choice = resolve_backfill(settings, client, plan.sources, backfill, join=plan.is_join or bool(plan.inner))
     options = {"backfill": choice.method} if choice.method != "changelog" else {}
     if backfill == "auto":
         options["backfill_auto"] = choice.reason  # why auto chose it (shown by create-view)

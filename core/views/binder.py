@@ -107,9 +107,11 @@ def _type_name(kind: ColumnType | None) -> str:
 class Binder:
     """Binds the expressions of one parsed SELECT against its sources."""
 
-    def __init__(self, parsed: ParsedSelect, sources: Sequence[Source]) -> None:
+    def __init__(self, parsed: ParsedSelect, sources: Sequence[Source],
+                 nullable_sides: frozenset[int] = frozenset()) -> None:
         self.parsed = parsed
         self.sources = tuple(sources)
+        self.nullable_sides = nullable_sides  # sources an outer join may null-extend: every column nullable
 
     # -- entry points -------------------------------------------------------------------------------
 
@@ -133,7 +135,7 @@ class Binder:
 
     def column(self, node: exp.Column) -> ColumnRef:
         side, column = self._resolve(node)
-        return ColumnRef(side, column.name, column.type, column.nullable)
+        return ColumnRef(side, column.name, column.type, column.nullable or side in self.nullable_sides)
 
     def resolves(self, node: exp.Column) -> bool:
         """Whether ``node`` names a column of a source (GROUP BY falls back to SELECT aliases if not)."""
@@ -180,7 +182,8 @@ class Binder:
         side, column = found[0]
         if column.hidden:
             source = self.sources[side]
-            raise ViewDefinitionError(f"column {column.name!r} of view {source.view!r} is hidden (a key "
+            owner = f"subquery {source.alias}" if source.view.startswith("$") else f"view {source.view!r}"
+            raise ViewDefinitionError(f"column {column.name!r} of {owner} is hidden (a key "
                                       f"column the view does not select) in {self.describe(node)}")
         return side, column
 
@@ -192,6 +195,8 @@ class Binder:
         return folded[0] if len(folded) == 1 else None
 
     def _source_label(self, source: Source) -> str:
+        if source.view.startswith("$"):  # a subquery's or WITH query's internal name
+            return f"subquery {source.alias}"
         return source.view if source.alias == source.view else f"{source.view} AS {source.alias}"
 
     def _columns_label(self, side: int) -> str:

@@ -13,6 +13,11 @@ every mvlog changelog carries) never turns a row into a Python object; a join ma
 aggregate folds its groups, row by row inside their stages, and an upstream that changes a key
 several times in one epoch is netted per key first.
 
+Subqueries in FROM, WITH queries, the subqueries of IN/EXISTS and the branches of a UNION ALL are
+operators nested in the view's (``ViewPlan.inner``): they run first on the epoch's changes of their
+upstreams, their state under their own key prefix, and their output changes are the input of the
+query that reads them.
+
 To hydrate a new view's state (backfill), feed the upstream's rows as ``READ`` changes, in one epoch or
 in chunks over several.
 """
@@ -32,7 +37,8 @@ from mvlog.views.evaluate import arrow_type, column_field, evaluate
 from mvlog.views.join import JoinStage
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import Source
-from mvlog.views.state import StateReader
+from mvlog.views.state import PrefixedState, StateReader
+from mvlog.views.union import union_changes
 
 
 @dataclass(frozen=True)
@@ -50,8 +56,11 @@ class ViewOperator:
         self.plan = plan
         query = plan.query
         self._columns = referenced_columns(query)
-        self._join = JoinStage(query) if plan.is_join else None
+        self._join = JoinStage(query) if len(query.sources) > 1 and not plan.union else None
         self._aggregate = AggregateStage(query) if query.is_aggregate else None
+        # Subqueries and WITH queries: operators of their own, run first, each with its state under its
+        # own prefix; their output changes are the input of this query's source of that name.
+        self._inner = [(name, ViewOperator(inner), b"(" + name.encode() + b")") for name, inner in plan.inner]
 
     def apply_epoch(self, changes: Mapping[str, ChangeBatch], state: StateReader) -> EpochOutput:
         """The view's output for one epoch, given each upstream's changes of that epoch (by view name;
@@ -62,6 +71,16 @@ class ViewOperator:
                              f"not {', '.join(unknown)}")
         query = self.plan.query
         writes: dict[bytes, bytes | None] = {}
+        if self._inner:
+            changes = dict(changes)
+            for name, operator, prefix in self._inner:
+                inputs = {view: changes[view] for view in operator.plan.sources if view in changes}
+                output = operator.apply_epoch(inputs, PrefixedState(state, prefix))
+                writes.update({prefix + key: value for key, value in output.state_writes.items()})
+                changes[name] = output.changes
+            if self.plan.union:
+                branches = [changes[name] for name, _, _ in self._inner]
+                return EpochOutput(union_changes(self.plan.schema, [p for _, p in self.plan.inner], branches), writes)
         if self._join is not None:
             netted: dict[str, list[SignedRow]] = {}
             for source in query.sources:

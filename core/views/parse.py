@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sqlglot
 from sqlglot import Token, TokenType, exp
 from sqlglot.errors import ParseError, TokenError
 
 from mvlog.views.errors import SqlSyntaxError, UnsupportedSql, ViewDefinitionError
+from mvlog.views.query import JoinKind
 
 DIALECT = "spark"
 
@@ -24,7 +25,6 @@ Keyword = TokenType | str  # a token type, or words (e.g. a function's names: "C
 
 # Clauses of a SELECT that the subset does not have, with the keyword that introduces them.
 _REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
-    "with": ("WITH (common table expression)", TokenType.WITH),
     "distinct": ("SELECT DISTINCT", TokenType.DISTINCT),
     "having": ("HAVING", TokenType.HAVING),
     "order": ("ORDER BY", TokenType.ORDER_BY),
@@ -40,7 +40,7 @@ _REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
     "sample": ("TABLESAMPLE", TokenType.TABLE_SAMPLE),
     "hint": ("query hint", None),
 }
-_ALLOWED_CLAUSES = {"expressions", "from", "joins", "where", "group"}
+_ALLOWED_CLAUSES = {"expressions", "from", "joins", "where", "group", "with"}
 _SET_OPERATIONS: dict[type[exp.Expr], tuple[str, Keyword]] = {
     exp.Union: ("UNION", TokenType.UNION),
     exp.Intersect: ("INTERSECT", TokenType.INTERSECT),
@@ -56,11 +56,21 @@ def arg(node: exp.Expr, name: str) -> object:
 
 @dataclass(frozen=True)
 class TableRef:
-    """One view named in FROM or JOIN, with the alias its columns are qualified by."""
+    """One view named in FROM or JOIN (or a subquery there), with the alias its columns are qualified by."""
 
-    view: str
+    view: str  # "" for a subquery
     alias: str
-    node: exp.Table
+    node: exp.Table | exp.Subquery
+    subquery: ParsedSelect | None = None  # a subquery in FROM, checked like the statement
+
+
+@dataclass(frozen=True)
+class JoinRef:
+    """One JOIN of the FROM clause: its kind and its ON condition."""
+
+    kind: JoinKind
+    on: exp.Expr
+    node: exp.Join
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,7 @@ class ParsedSelect:
     select: exp.Select
     tokens: tuple[Token, ...]
     tables: tuple[TableRef, ...]
-    join_on: exp.Expr | None
+    joins: tuple[JoinRef, ...]  # one per table after the first
 
     def position(self, node: exp.Expr, keyword: Keyword | None = None) -> tuple[int, int] | None:
         """(line, col), 1-based, of ``node``: the ``keyword`` token (a token type, or a word such as a
@@ -120,7 +130,56 @@ def line_col(sql: str, offset: int) -> tuple[int, int]:
 
 
 def parse_select(sql: str) -> ParsedSelect:
-    """Parse ``sql`` and check it is one SELECT over one view or an inner join of two."""
+    """Parse ``sql`` and check it is one SELECT over one view or a chain of joins."""
+    tokens, statement = _statement(sql)
+    partial = ParsedSelect(sql, exp.Select(), tokens, (), ())
+    for kind, (construct, keyword) in _SET_OPERATIONS.items():
+        if isinstance(statement, kind):
+            raise partial.unsupported(construct, statement, keyword)
+    if isinstance(statement, exp.Subquery):
+        raise partial.unsupported("parenthesized query", statement)
+    if not isinstance(statement, exp.Select):
+        raise partial.unsupported(f"{statement.key.upper()} statement", statement,
+                                  hint="a view is defined by a SELECT")
+    _check_clauses(partial, statement)
+    tables, joins = _check_from(partial, statement)
+    return ParsedSelect(sql, statement, tokens, tables, joins)
+
+
+@dataclass(frozen=True)
+class UnionAll:
+    """``branch UNION ALL branch ...``: each branch a SELECT of the supported shape, in order."""
+
+    parsed: ParsedSelect  # the statement's context (its SELECT is a placeholder)
+    node: exp.Union
+    branches: tuple[ParsedSelect, ...]
+
+
+def parse_union_all(sql: str) -> UnionAll | None:
+    """The branches of ``sql`` when it is a UNION ALL of SELECTs (None for any other statement, which
+    :func:`parse_select` checks)."""
+    tokens, statement = _statement(sql)
+    if not isinstance(statement, exp.Union):
+        return None
+    partial = ParsedSelect(sql, exp.Select(), tokens, (), ())
+    nodes: list[exp.Expr] = []
+    node: exp.Expr = statement
+    while isinstance(node, exp.Union):
+        for name in ("by_name", "side", "kind", "on", "order", "limit", "offset"):
+            if node.args.get(name):
+                raise partial.unsupported(f"UNION ALL with {name.replace('_', ' ').upper()}", node, TokenType.UNION)
+        if node.args.get("distinct"):  # pointed at by the keyword before its right-hand query
+            raise partial.unsupported("UNION", node.expression, TokenType.UNION,
+                                      hint="UNION removes duplicates; write UNION ALL")
+        nodes.append(node.expression)
+        node = node.this
+    nodes.append(node)
+    branches = tuple(check_subquery(partial, branch) for branch in reversed(nodes))
+    return UnionAll(partial, statement, branches)
+
+
+def _statement(sql: str) -> tuple[tuple[Token, ...], exp.Expr]:
+    """The tokens and the one statement of ``sql``."""
     try:
         tokens = tuple(sqlglot.tokenize(sql, read=DIALECT))
         statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
@@ -137,19 +196,7 @@ def parse_select(sql: str) -> ParsedSelect:
     if len(statements) > 1:
         raise UnsupportedSql("more than one statement", fragment(statements[1]),
                              hint="a view is defined by exactly one SELECT")
-    statement = statements[0]
-    partial = ParsedSelect(sql, exp.Select(), tokens, (), None)
-    for kind, (construct, keyword) in _SET_OPERATIONS.items():
-        if isinstance(statement, kind):
-            raise partial.unsupported(construct, statement, keyword)
-    if isinstance(statement, exp.Subquery):
-        raise partial.unsupported("parenthesized query", statement)
-    if not isinstance(statement, exp.Select):
-        raise partial.unsupported(f"{statement.key.upper()} statement", statement,
-                                  hint="a view is defined by a SELECT")
-    _check_clauses(partial, statement)
-    tables, join_on = _check_from(partial, statement)
-    return ParsedSelect(sql, statement, tokens, tables, join_on)
+    return tokens, statements[0]
 
 
 # A comma followed by one of these (or by nothing) separates nothing: sqlglot drops such empty items
@@ -210,6 +257,39 @@ def _unclosed_quote(sql: str) -> int | None:
     return start if quote is not None else None
 
 
+def check_subquery(parsed: ParsedSelect, node: exp.Expr) -> ParsedSelect:
+    """A subquery (in FROM, or a WITH's common table expression) checked as a statement is: one SELECT
+    of the supported shape. Positions stay those in the whole statement."""
+    for kind, (construct, keyword) in _SET_OPERATIONS.items():
+        if isinstance(node, kind):
+            raise parsed.unsupported(construct, node, keyword)
+    if isinstance(node, exp.Subquery):
+        raise parsed.unsupported("parenthesized query", node)
+    if not isinstance(node, exp.Select):
+        raise parsed.unsupported(f"{node.key.upper()} in a subquery", node)
+    _check_clauses(parsed, node)
+    tables, joins = _check_from(parsed, node)
+    return replace(parsed, select=node, tables=tables, joins=joins)
+
+
+def common_table_expressions(parsed: ParsedSelect, node: exp.Expr | None = None
+                             ) -> list[tuple[str, ParsedSelect, exp.CTE]]:
+    """The WITH clause of ``parsed``'s SELECT (or of ``node``): (name, its query, its node), in order."""
+    clause = arg(node if node is not None else parsed.select, "with")
+    if not isinstance(clause, exp.With):
+        return []
+    if clause.args.get("recursive"):
+        raise parsed.unsupported("WITH RECURSIVE", clause, TokenType.WITH,
+                                 hint="a recursive query is not maintained incrementally")
+    out = []
+    for cte in clause.expressions:
+        alias = cte.args.get("alias")
+        if isinstance(alias, exp.TableAlias) and alias.columns:
+            raise parsed.unsupported("column aliases on a common table expression", cte)
+        out.append((cte.alias, check_subquery(parsed, cte.this), cte))
+    return out
+
+
 def _check_clauses(parsed: ParsedSelect, select: exp.Select) -> None:
     for name, value in select.args.items():
         clause = name.rstrip("_")
@@ -230,52 +310,52 @@ def _check_clauses(parsed: ParsedSelect, select: exp.Select) -> None:
         raise ViewDefinitionError("the view's SELECT list is empty")
 
 
-def _check_from(parsed: ParsedSelect, select: exp.Select
-                ) -> tuple[tuple[TableRef, ...], exp.Expr | None]:
+def _check_from(parsed: ParsedSelect, select: exp.Select) -> tuple[tuple[TableRef, ...], tuple[JoinRef, ...]]:
     source = arg(select, "from")
     if not isinstance(source, exp.From):
         raise ViewDefinitionError("the view's SELECT has no FROM clause; a view reads one view or a join "
-                                  "of two")
+                                  "of several")
     if source.expressions:
         raise parsed.unsupported("FROM with several views (implicit cross join)", source, TokenType.FROM,
                                  hint="write FROM a JOIN b ON a.x = b.y")
     tables = [_table(parsed, source.this)]
     joins: Sequence[exp.Join] = select.args.get("joins") or []
-    join_on: exp.Expr | None = None
-    if len(joins) > 1:
-        raise parsed.unsupported("join of more than two views", joins[1], TokenType.JOIN,
-                                 hint="a view joins at most two views; build a view on a view instead")
-    if joins:
-        join = joins[0]
-        _check_join(parsed, join)
+    refs = []
+    for join in joins:
+        kind = _check_join(parsed, join)
         tables.append(_table(parsed, join.this))
-        join_on = join.args["on"]
-    return tuple(tables), join_on
+        refs.append(JoinRef(kind, join.args["on"], join))
+    return tuple(tables), tuple(refs)
 
 
-def _check_join(parsed: ParsedSelect, join: exp.Join) -> None:
+def _check_join(parsed: ParsedSelect, join: exp.Join) -> JoinKind:
     side = str(join.args.get("side") or "").upper()
     kind = str(join.args.get("kind") or "").upper()
     method = str(join.args.get("method") or "").upper()
-    if side:
-        raise parsed.unsupported(f"{side} OUTER JOIN", join, getattr(TokenType, side),
-                                 hint="only inner equi-joins are maintained")
     if method:
         raise parsed.unsupported(f"{method} JOIN", join, getattr(TokenType, method, None))
-    if kind and kind != "INNER":
-        raise parsed.unsupported(f"{kind} JOIN", join, getattr(TokenType, kind, None),
-                                 hint="only inner equi-joins are maintained")
+    if kind and kind not in ("INNER", "OUTER"):
+        construct = f"{side} {kind} JOIN" if side else f"{kind} JOIN"
+        raise parsed.unsupported(construct, join, getattr(TokenType, side or kind, None),
+                                 hint="the joins are [INNER], LEFT, RIGHT and FULL [OUTER] JOIN ... ON")
     if join.args.get("using"):
         raise parsed.unsupported("JOIN ... USING", join, TokenType.USING, hint="write ON a.x = b.x")
     on = join.args.get("on")
     if on is None or (isinstance(on, exp.Boolean) and "start" not in on.meta):  # Spark reads it as ON TRUE
         raise parsed.unsupported("JOIN without ON", join, TokenType.JOIN, hint="write ON a.x = b.y")
+    return JoinKind(side) if side else JoinKind.INNER
 
 
 def _table(parsed: ParsedSelect, node: exp.Expr) -> TableRef:
-    if isinstance(node, exp.Subquery | exp.Select):
-        raise parsed.unsupported("subquery in FROM", node, TokenType.SELECT,
-                                 hint="create the subquery as a view and read it")
+    if isinstance(node, exp.Subquery):
+        alias = node.args.get("alias")
+        if not isinstance(alias, exp.TableAlias) or not alias.name:
+            raise ViewDefinitionError(f"a subquery in FROM needs a name: {parsed.describe(node)} AS name")
+        if alias.columns:
+            raise parsed.unsupported("column aliases on a subquery in FROM", node)
+        return TableRef("", alias.name, node, check_subquery(parsed, node.this))
+    if isinstance(node, exp.Select):
+        raise parsed.unsupported("subquery in FROM", node, TokenType.SELECT)
     if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
         raise parsed.unsupported(f"{node.key.upper()} in FROM", node, hint="FROM must name a view")
     for name in ("laterals", "joins", "pivots", "sample", "version", "when", "partition", "changes"):

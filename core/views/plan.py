@@ -7,12 +7,19 @@ The key (``ViewPlan.key_columns``, ``schema.primary_key``):
 
 - filter/project: the upstream's key (each upstream row gives at most one view row);
 - aggregate: the GROUP BY values (the empty tuple for a global aggregate, which always has one row);
-- join: the left key followed by the right key (each pair of rows gives at most one view row).
+- join: the sources' keys in FROM order (each combination of rows gives at most one view row); a source
+  an outer join null-extends has NULL key values in its null-extended rows, and where its own key values
+  may all be NULL as well, its presence is one more (hidden) key column (see ``_join_key``).
 
 The key is always made of columns of the view's rows, so ``schema.key_of(row)`` works for every view:
 a key component the SELECT list already holds as-is (``SELECT id, ...``, ``SELECT g, count(*) ... GROUP
 BY g``) is that column; any other is added as a *hidden* column, stored with the rows (and in the
 changelog and snapshots) but left out of ``SELECT *`` and not referable by views built on this one.
+
+Subqueries in FROM, WITH queries, the subqueries of ``IN``/``EXISTS`` (see ``semi_join``) and the
+branches of a ``UNION ALL`` (see ``union``) are planned as views of their own, held in ``ViewPlan.inner``
+and read by the query under an internal name (``$...``); ``ViewPlan.sources`` still lists only real
+upstream views.
 """
 
 from __future__ import annotations
@@ -21,14 +28,24 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlglot import exp
+from sqlglot import TokenType, exp
 
-from mvlog.row_schema import Column, RowSchema
+from mvlog.row_schema import Column, ColumnType, RowSchema
 from mvlog.views.binder import Binder, IncompatibleTypes, common_type
 from mvlog.views.errors import ViewDefinitionError
-from mvlog.views.expr import AggregateCall, ColumnRef, Expr, GroupRef
-from mvlog.views.parse import ParsedSelect, TableRef, parse_select
-from mvlog.views.query import JoinCondition, OutputColumn, Query, Source
+from mvlog.views.expr import AggregateCall, Binary, BinaryOp, ColumnRef, Expr, GroupRef, walk
+from mvlog.views.parse import (
+    JoinRef,
+    ParsedSelect,
+    TableRef,
+    UnionAll,
+    common_table_expressions,
+    parse_select,
+    parse_union_all,
+)
+from mvlog.views.query import PRESENT, JoinCondition, JoinKind, JoinStep, OutputColumn, Query, Source, extendable_sides
+from mvlog.views.semi_join import SemiJoins
+from mvlog.views.union import union_schema
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -39,9 +56,24 @@ class ViewPlan:
 
     name: str
     sql: str
-    sources: tuple[str, ...]  # upstream view names, in FROM order, each once
+    sources: tuple[str, ...]  # upstream view names, in FROM order, each once (those of subqueries too)
     schema: RowSchema  # the view's rows: SELECT list, then hidden key columns; primary_key = the key
     query: Query
+    # The subqueries in FROM and the WITH queries the query reads, each planned as a view of its own
+    # (internal name -> plan); ``query.sources`` name them by their internal name (``$name``).
+    inner: tuple[tuple[str, ViewPlan], ...] = ()
+    # A UNION ALL: ``inner`` holds its branches in order, and ``query`` only lists them as its sources.
+    union: bool = False
+
+    @property
+    def upstream_schemas(self) -> dict[str, RowSchema]:
+        """The schema of each upstream view in ``sources``."""
+        schemas: dict[str, RowSchema] = {}
+        for _, plan in self.inner:
+            schemas.update(plan.upstream_schemas)
+        inner = {name for name, _ in self.inner}
+        schemas.update({s.view: s.schema for s in self.query.sources if s.view not in inner})
+        return schemas
 
     @property
     def key_columns(self) -> tuple[Column, ...]:
@@ -54,7 +86,7 @@ class ViewPlan:
 
     @property
     def is_join(self) -> bool:
-        return len(self.query.sources) == 2
+        return len(self.query.sources) > 1
 
 
 def plan_view(name: str, sql: str, upstreams: Mapping[str, RowSchema]) -> ViewPlan:
@@ -63,16 +95,58 @@ def plan_view(name: str, sql: str, upstreams: Mapping[str, RowSchema]) -> ViewPl
     Raises ``ViewDefinitionError`` (``UnsupportedSql`` for constructs outside the subset) naming the
     problem and where it is in ``sql``.
     """
-    parsed = parse_select(sql)
-    sources = tuple(_source(parsed, table, name, upstreams) for table in parsed.tables)
-    if len(sources) == 2 and sources[0].alias.casefold() == sources[1].alias.casefold():
-        example = f"FROM {sources[0].view} a JOIN {sources[1].view} b"
-        raise ViewDefinitionError(f"both sides of the join are called {sources[0].alias!r}; give them "
-                                  f"different aliases, e.g. {example}")
-    binder = Binder(parsed, sources)
-    join = _join_conditions(parsed, binder)
+    union = parse_union_all(sql)
+    if union is not None:
+        return _plan_union(union, name, upstreams)
+    return _plan(parse_select(sql), name, upstreams, {})
+
+
+# Common table expressions in scope, by folded name: (internal name, plan).
+Scope = dict[str, tuple[str, ViewPlan]]
+
+
+def _plan_union(union: UnionAll, name: str, upstreams: Mapping[str, RowSchema]) -> ViewPlan:
+    """A UNION ALL: each branch planned in the scope of the statement's WITH clause."""
+    scope = _scope(union.parsed, name, upstreams, {}, union.node)
+    branches = [_plan(branch, name, upstreams, scope) for branch in union.branches]
+    schema = union_schema(branches)
+    inner = tuple((f"$(branch{i})", branch) for i, branch in enumerate(branches))
+    sources = tuple(Source(f"branch{i}", internal, branch.schema) for i, (internal, branch) in enumerate(inner))
+    query = Query(sources, (), None, (), (), (), False)
+    views = tuple(dict.fromkeys(view for branch in branches for view in branch.sources))
+    return ViewPlan(name, union.parsed.sql, views, schema, query, inner, union=True)
+
+
+def _scope(parsed: ParsedSelect, name: str, upstreams: Mapping[str, RowSchema], scope: Scope,
+           node: exp.Expr | None = None) -> Scope:
+    """``scope`` plus the WITH queries of ``parsed``'s SELECT (or of ``node``), each planned in turn."""
+    scope = dict(scope)
+    for cte_name, cte_query, _ in common_table_expressions(parsed, node):
+        scope[cte_name.casefold()] = (f"${cte_name}", _plan(cte_query, name, upstreams, scope))
+    return scope
+
+
+def _plan(parsed: ParsedSelect, name: str, upstreams: Mapping[str, RowSchema], scope: Scope) -> ViewPlan:
+    """The plan of one SELECT (the statement, or a subquery of it)."""
+    sql = parsed.sql
+    scope = _scope(parsed, name, upstreams, scope)
+    inner: dict[str, ViewPlan] = {}
+    sources = tuple(_source(parsed, table, name, upstreams, scope, inner) for table in parsed.tables)
+    aliases = [s.alias.casefold() for s in sources]
+    for side, source in enumerate(sources):
+        if side and source.alias.casefold() in aliases[:side]:
+            other = sources[aliases.index(source.alias.casefold())]
+            example = f"FROM {other.view} a JOIN {source.view} b"
+            raise ViewDefinitionError(f"two joined views are called {source.alias!r}; give them "
+                                      f"different aliases, e.g. {example}")
+    extendable = extendable_sides(tuple(JoinStep(ref.kind, ()) for ref in parsed.joins))
+    binder = Binder(parsed, sources, extendable)
+    joins = tuple(_join_step(parsed, binder, index, ref) for index, ref in enumerate(parsed.joins))
     where_clause = parsed.select.args.get("where")
-    where = binder.condition(where_clause.this, "WHERE") if isinstance(where_clause, exp.Where) else None
+    semi = SemiJoins(parsed, binder, lambda sub: _plan(sub, name, upstreams, scope),
+                     lambda sub, table: _source(sub, table, name, upstreams, scope, {}))
+    where_node = semi.extract(where_clause.this if isinstance(where_clause, exp.Where) else None)
+    where = binder.condition(where_node, "WHERE") if where_node is not None else None
     items = list(parsed.select.expressions)
     group_clause = parsed.select.args.get("group")
     group_nodes = list(group_clause.expressions) if isinstance(group_clause, exp.Group) else []
@@ -85,21 +159,34 @@ def plan_view(name: str, sql: str, upstreams: Mapping[str, RowSchema]) -> ViewPl
     else:
         group_by, aggregates = (), ()
         outputs = _projection_outputs(parsed, binder, items)
-        key = [(ColumnRef(side, pk, s.schema.column(pk).type, s.schema.column(pk).nullable), pk)
-               for side, s in enumerate(sources) for pk in s.schema.primary_key]
+        key = _join_key(sources, extendable)
     _check_names(outputs)
     outputs, primary_key = _with_key(outputs, key, sources)
-    query = Query(sources, join, where, group_by, aggregates, tuple(outputs), is_aggregate)
+    inner.update(semi.inner)
+    query = Query((*sources, *semi.sources), (*joins, *semi.steps), where, group_by, aggregates, tuple(outputs),
+                  is_aggregate)
     columns = []
     for output in outputs:
         if output.expr.type is None:
             raise ViewDefinitionError(f"cannot infer a type for column {output.name!r}: it is always NULL")
         columns.append(Column(output.name, output.expr.type, output.expr.nullable, output.hidden))
     schema = RowSchema(tuple(columns), tuple(primary_key))
-    return ViewPlan(name, sql, tuple(dict.fromkeys(s.view for s in sources)), schema, query)
+    views = [v for s in query.sources for v in (inner[s.view].sources if s.view in inner else (s.view,))]
+    return ViewPlan(name, sql, tuple(dict.fromkeys(views)), schema, query, tuple(inner.items()))
 
 
-def _source(parsed: ParsedSelect, table: TableRef, view: str, upstreams: Mapping[str, RowSchema]) -> Source:
+def _source(parsed: ParsedSelect, table: TableRef, view: str, upstreams: Mapping[str, RowSchema], scope: Scope,
+            inner: dict[str, ViewPlan]) -> Source:
+    """The source ``table`` names: a subquery, a WITH query in scope, else an upstream view. A subquery or
+    WITH query becomes an inner plan, registered in ``inner`` under its internal name."""
+    if table.subquery is not None:
+        internal = f"$({table.alias})"
+        inner[internal] = _plan(table.subquery, view, upstreams, scope)
+        return Source(table.alias, internal, inner[internal].schema)
+    if (found := scope.get(table.view.casefold())) is not None:
+        internal, plan = found
+        inner[internal] = plan
+        return Source(table.alias, internal, plan.schema)
     if table.view == view:
         raise ViewDefinitionError(f"view {view!r} cannot read itself ({parsed.describe(table.node)})")
     name = table.view if table.view in upstreams else next(
@@ -112,34 +199,68 @@ def _source(parsed: ParsedSelect, table: TableRef, view: str, upstreams: Mapping
     return Source(alias, name, upstreams[name])
 
 
-def _join_conditions(parsed: ParsedSelect, binder: Binder) -> tuple[JoinCondition, ...]:
-    if parsed.join_on is None:
-        return ()
-    conjuncts = list(parsed.join_on.flatten()) if isinstance(parsed.join_on, exp.And) else [parsed.join_on]
-    conditions = []
+def _join_key(sources: tuple[Source, ...], extendable: frozenset[int]) -> list[tuple[Expr, str]]:
+    """The key of a projection: every source's primary key, in FROM order (NULL where an outer join
+    null-extends the source). Where a source's key columns may all be NULL themselves (a view grouped by
+    a nullable column, a global aggregate), NULLs would not tell its null-extended rows from its rows,
+    so its presence (``PRESENT``: TRUE, or NULL when null-extended) is a key component too."""
+    key: list[tuple[Expr, str]] = []
+    for side, source in enumerate(sources):
+        columns = [source.schema.column(pk) for pk in source.schema.primary_key]
+        nullable = side in extendable
+        key += [(ColumnRef(side, c.name, c.type, c.nullable or nullable), c.name) for c in columns]
+        if nullable and all(c.nullable for c in columns):
+            key.append((ColumnRef(side, PRESENT, ColumnType.BOOLEAN, True), f"{source.alias}_present"))
+    return key
+
+
+def _join_step(parsed: ParsedSelect, binder: Binder, index: int, ref: JoinRef) -> JoinStep:
+    """The ``index``-th JOIN: its column equalities between the joined view and the views before it, and
+    every other conjunct of ON as the residual condition on the pairs they match."""
+    joined = index + 1
+    conjuncts = list(ref.on.flatten()) if isinstance(ref.on, exp.And) else [ref.on]
+    conditions: list[JoinCondition] = []
+    residual: Expr | None = None
     for conjunct in conjuncts:
         node = conjunct.unnest()
-        if not isinstance(node, exp.EQ):
-            raise parsed.unsupported("non-equi join condition", node,
-                                     hint="the ON clause must be column = column [AND ...]; filter in WHERE")
-        if not (isinstance(node.this, exp.Column) and isinstance(node.expression, exp.Column)):
-            raise parsed.unsupported("join condition on an expression", node,
-                                     hint="the ON clause must be column = column [AND ...]")
-        left, right = binder.column(node.this), binder.column(node.expression)
-        if left.side == right.side:
-            raise parsed.unsupported("join condition within one side", node,
-                                     hint="each equality must compare a column of each joined view")
-        if left.side == 1:
-            left, right = right, left
-        try:
-            kind = common_type([left.type, right.type])
-        except IncompatibleTypes:
-            kind = None
-        if kind is None:
-            raise ViewDefinitionError(f"type error in {parsed.describe(node)}: cannot join "
-                                      f"{left.type} with {right.type}")
-        conditions.append(JoinCondition(left, right, kind))
-    return tuple(conditions)
+        condition = _equality(parsed, binder, node, joined)
+        if condition is not None:
+            conditions.append(condition)
+            continue
+        bound = binder.condition(node, "ON")
+        later = sorted({e.side for e in walk(bound) if isinstance(e, ColumnRef) and e.side > joined})
+        if later:
+            names = ", ".join(binder.sources[s].alias for s in later)
+            raise ViewDefinitionError(f"{parsed.describe(node)} in the ON clause of the join of "
+                                      f"{binder.sources[joined].alias!r} reads {names}, joined after it")
+        residual = bound if residual is None else Binary(BinaryOp.AND, residual, bound, ColumnType.BOOLEAN,
+                                                          residual.nullable or bound.nullable)
+    if not conditions:
+        keyword = TokenType.JOIN if ref.kind is JoinKind.INNER else getattr(TokenType, ref.kind.value)
+        raise parsed.unsupported("join without an equality between the joined views", ref.node, keyword,
+                                 hint="ON needs a column = column between the joined view and one before it; "
+                                      "other conditions may stand beside it with AND")
+    return JoinStep(ref.kind, tuple(conditions), residual)
+
+
+def _equality(parsed: ParsedSelect, binder: Binder, node: exp.Expr, joined: int) -> JoinCondition | None:
+    """``node`` as an equi-join condition (a column of a view before ``joined`` = a column of it), else None."""
+    if not (isinstance(node, exp.EQ) and isinstance(node.this, exp.Column)
+            and isinstance(node.expression, exp.Column)):
+        return None
+    left, right = binder.column(node.this), binder.column(node.expression)
+    if left.side == joined:
+        left, right = right, left
+    if right.side != joined or left.side >= joined:
+        return None
+    try:
+        kind = common_type([left.type, right.type])
+    except IncompatibleTypes:
+        kind = None
+    if kind is None:
+        raise ViewDefinitionError(f"type error in {parsed.describe(node)}: cannot join "
+                                  f"{left.type} with {right.type}")
+    return JoinCondition(left, right, kind)
 
 
 def _projection_outputs(parsed: ParsedSelect, binder: Binder, items: list[exp.Expr]) -> list[OutputColumn]:
@@ -163,7 +284,7 @@ def _expand_star(parsed: ParsedSelect, binder: Binder, item: exp.Expr) -> list[O
         sides = [i for i, s in enumerate(binder.sources) if s.alias.casefold() == item.table.casefold()]
         if not sides:
             raise ViewDefinitionError(f"unknown view or alias {item.table!r} in {parsed.describe(item)}")
-    return [OutputColumn(c.name, ColumnRef(side, c.name, c.type, c.nullable))
+    return [OutputColumn(c.name, ColumnRef(side, c.name, c.type, c.nullable or side in binder.nullable_sides))
             for side in sides for c in binder.sources[side].schema.columns if not c.hidden]
 
 
@@ -244,7 +365,7 @@ def _with_key(outputs: list[OutputColumn], key: list[tuple[Expr, str]], sources:
 
 def _free_name(base: str, expr: Expr, sources: tuple[Source, ...], taken: set[str]) -> str:
     candidates = [base]
-    if isinstance(expr, ColumnRef) and len(sources) == 2:
+    if isinstance(expr, ColumnRef) and len(sources) >= 2:
         candidates.append(f"{sources[expr.side].alias}_{base}")
     for candidate in candidates:
         if candidate.casefold() not in taken:

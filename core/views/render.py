@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from sqlglot import exp
 
 from mvlog.row_schema import ColumnType
+from mvlog.views.batch import referenced_columns
 from mvlog.views.errors import ViewDefinitionError
 from mvlog.views.expr import (
     AggregateCall,
@@ -37,7 +38,8 @@ from mvlog.views.expr import (
     Not,
 )
 from mvlog.views.plan import ViewPlan
-from mvlog.views.query import Query
+from mvlog.views.query import PRESENT, JoinKind, Query
+from mvlog.views.union import column_sources
 
 _SQL_TYPES = {ColumnType.INT: "BIGINT", ColumnType.FLOAT: "DOUBLE", ColumnType.STRING: "STRING",
               ColumnType.BOOLEAN: "BOOLEAN", ColumnType.BYTES: "BINARY"}
@@ -73,24 +75,81 @@ def to_sql(plan: ViewPlan, table_names: Mapping[str, str], dialect: str) -> str:
     if missing:
         raise ViewDefinitionError(f"no table given for upstream view(s) {', '.join(missing)} of "
                                   f"{plan.name!r}")
-    return _select(plan.query, table_names, dialect).sql(dialect=dialect, identify=True)
+    if plan.union:
+        return _union(plan, table_names, dialect).sql(dialect=dialect, identify=True)
+    return _select(plan.query, table_names, dialect, dict(plan.inner)).sql(dialect=dialect, identify=True)
 
 
-def _select(query: Query, table_names: Mapping[str, str], dialect: str) -> exp.Select:
+def _union(plan: ViewPlan, table_names: Mapping[str, str], dialect: str) -> exp.Expr:
+    """Each branch's query selecting the view's columns (its own, cast to the view's types; its number;
+    its key in its hidden key columns, NULL in the others'), under UNION ALL."""
+    branches = [branch for _, branch in plan.inner]
+    selects = []
+    for number, branch in enumerate(branches):
+        rows = exp.alias_(exp.Subquery(this=_select(branch.query, table_names, dialect, dict(branch.inner))),
+                          "b", table=True, quoted=True)
+        items = []
+        for column, source in zip(plan.schema.columns, column_sources(plan.schema, branches, number), strict=True):
+            value: exp.Expr
+            if isinstance(source, str):
+                value = exp.column(source, table="b", quoted=True)
+                if branch.schema.column(source).type is not column.type:
+                    value = exp.cast(value, _SQL_TYPES[column.type])
+            elif source is None:
+                value = exp.cast(exp.Null(), _SQL_TYPES[column.type])
+            else:
+                value = _literal(source, column.type)
+            items.append(exp.alias_(value, column.name, quoted=True))
+        selects.append(exp.select(*items).from_(rows))
+    union: exp.Expr = selects[0]
+    for select in selects[1:]:
+        union = exp.union(union, select, distinct=False)
+    return union
+
+
+def _select(query: Query, table_names: Mapping[str, str], dialect: str,
+            inner: Mapping[str, ViewPlan] | None = None) -> exp.Select:
     items = [exp.alias_(render_expr(o.expr, query), o.name, quoted=True) for o in query.outputs]
     select = exp.select(*items)
-    tables = [exp.alias_(exp.to_table(table_names[s.view], dialect=dialect), s.alias, table=True, quoted=True)
-              for s in query.sources]
+    tables = [_source(query, side, table_names, dialect, inner or {}) for side in range(len(query.sources))]
     select = select.from_(tables[0])
-    if len(tables) == 2:
-        conditions = [exp.EQ(this=render_expr(c.left, query), expression=render_expr(c.right, query))
-                      for c in query.join]
-        select = select.join(tables[1], on=exp.and_(*conditions), join_type="INNER")
+    for index, join in enumerate(query.joins):
+        conditions: list[exp.Expr] = [exp.EQ(this=render_expr(c.left, query), expression=render_expr(c.right, query))
+                                      for c in join.on]
+        if join.residual is not None:
+            conditions.append(_paren(render_expr(join.residual, query)))
+        if join.kind.filters:  # a semi or anti join: the subquery of WHERE it came from, correlated
+            exists = exp.Exists(this=exp.select(exp.Literal.number(1)).from_(tables[index + 1])
+                                .where(exp.and_(*conditions)))
+            select = select.where(exists if join.kind is JoinKind.SEMI else exp.Not(this=exists))
+            continue
+        select = select.join(tables[index + 1], on=exp.and_(*conditions), join_type=join.kind.value)
     if query.where is not None:
         select = select.where(render_expr(query.where, query))
     if query.group_by:
         select = select.group_by(*(render_expr(g, query) for g in query.group_by))
     return select
+
+
+def _source(query: Query, side: int, table_names: Mapping[str, str], dialect: str,
+            inner: Mapping[str, ViewPlan]) -> exp.Expr:
+    """A source's table (or a subquery's or WITH query's SELECT, inlined) under its alias; where the plan
+    reads its ``PRESENT`` pseudo-column, a subquery adding it (TRUE on every row, so NULL exactly where an
+    outer join null-extends the source)."""
+    source = query.sources[side]
+    table: exp.Expr
+    if source.view in inner:
+        plan = inner[source.view]
+        table = exp.alias_(exp.Subquery(this=_select(plan.query, table_names, dialect, dict(plan.inner))),
+                           source.alias, table=True, quoted=True)
+        if (side, PRESENT) not in referenced_columns(query):
+            return table
+    else:
+        table = exp.to_table(table_names[source.view], dialect=dialect)
+    if (side, PRESENT) in referenced_columns(query):
+        present = exp.select(exp.Star(), exp.alias_(exp.true(), PRESENT, quoted=True)).from_(table)
+        return exp.alias_(exp.Subquery(this=present), source.alias, table=True, quoted=True)
+    return exp.alias_(table, source.alias, table=True, quoted=True)
 
 
 def render_expr(expr: Expr, query: Query) -> exp.Expr:

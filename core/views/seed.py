@@ -57,7 +57,11 @@ def multiset_column(index: int) -> str:
 
 
 def check_seedable(plan: ViewPlan) -> None:
-    """Raise ViewDefinitionError for a view a snapshot cannot seed (a join)."""
+    """Raise ViewDefinitionError for a view a snapshot cannot seed (a join, a subquery or WITH query)."""
+    if plan.inner:
+        raise ViewDefinitionError(
+            f"view {plan.name!r} reads a subquery or WITH query: its operator state holds the inner queries' "
+            "too, which snapshot backfill does not seed; use --backfill chunked")
     if plan.is_join:
         raise ViewDefinitionError(
             f"view {plan.name!r} joins {' and '.join(plan.sources)}: snapshot backfill reads one upstream's "

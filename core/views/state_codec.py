@@ -4,7 +4,11 @@ State keys are relative to one view (the caller namespaces them, e.g. one Redis 
 ``<tag><json array of the key's values>``:
 
 - ``g[...]``: an aggregate group, the array holds the GROUP BY values (``g[]`` for a global aggregate);
-- ``j0[...]`` / ``j1[...]``: the rows of join side 0 (FROM) / 1 (JOIN) whose join key is the array.
+- ``j0[...]`` / ``j1[...]``: the rows of join side 0 (FROM) / 1 (JOIN) whose join key is the array;
+  for the ``i``-th join of a chain (``i >= 1``), ``j<i>.0[...]`` (the rows of the joins before it, per
+  source a row or null) and ``j<i>.1[...]`` (the rows of the view it joins);
+- ``(<name>)<key>``: a key of the operator nested for a subquery, WITH query or UNION ALL branch
+  (``$(x)`` for ``FROM (...) x``, ``$x`` for ``WITH x``, ``$(branch<i>)``), itself one of the above.
 
 Values are compact JSON (no whitespace). Every value is encoded by its column type, which the plan fixes
 per position: ints and strings as themselves, floats as floats (an int in a float column is widened,

@@ -43,6 +43,13 @@ VIEWS = [
             "FROM mv1 GROUP BY k"),
     ("mv5", "SELECT k, n * 2 AS n2, hi FROM mv4 WHERE n > 1"),
     ("mvj", "SELECT a.id, a.v1, b.w FROM mv1 a JOIN t2 b ON a.v1 = b.id"),
+    # Outer joins: t2's deletes empty a side, so rows of t1 are null-extended again.
+    ("mvl", "SELECT a.id, a.k, b.id AS bid, b.w FROM t1 a LEFT JOIN t2 b ON a.v1 = b.id"),
+    # Over mv4, whose key k may be NULL (the presence column in the key), with a residual condition.
+    ("mvf", "SELECT a.k, a.n, b.id AS bid, b.w FROM mv4 a FULL JOIN t2 b ON a.n = b.w AND b.id > 0"),
+    # A WITH query, a semi join and a UNION ALL, nested in one view's operator.
+    ("mvs", "WITH pos AS (SELECT id, v1 FROM t1 WHERE v1 > 0) SELECT p.id, p.v1 FROM pos p "
+            "WHERE EXISTS (SELECT 1 FROM t2 WHERE t2.id = p.v1) UNION ALL SELECT id, w FROM t2"),
 ]
 
 t1_ops = st.one_of(
