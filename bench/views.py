@@ -76,6 +76,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from mvlog.config import Settings
+from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.view_store import ViewStore
 from mvlog.infra.local_stack import LocalStack, free_ports
 from mvlog.schemas.codec import decode_row
@@ -85,7 +86,11 @@ from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt_rate, machine_info, peak_rss_mib
+from _common import REPO_ROOT, fmt_rate, machine_info, peak_rss_mib
+
+sys.path.insert(0, str(REPO_ROOT))
+
+from tests.integration.processes.cache_worker import CacheWorkerProcess
 
 TABLE = "t1"
 COLUMNS = {"id": "int", "k": "int", "v1": "int", "deleted": "boolean"}
@@ -306,15 +311,23 @@ class LiveResult:
     epochs: int
     changes: int
     interval_s: float
+    from_cache: int  # partition-epochs the consumers read from the log cache during the live phase
+    from_kafka: int  # ... and from Kafka
 
 
 def run_live(settings: Settings, spark: SparkSession, table: Table, workload: Workload, epochs: int,
-             batch: int, interval_s: float) -> LiveResult:
-    """Both consumers running; the table commits an epoch every ``interval_s``; flush -> MCE latency."""
+             batch: int, interval_s: float, cache_worker: bool) -> LiveResult:
+    """Both consumers running; the table commits an epoch every ``interval_s``; flush -> MCE latency. With
+    ``cache_worker``, a log-cache worker (``mvlog cache-worker``, a child process) follows the table, and
+    the partition-epochs the consumers read from it and from Kafka during the live phase are counted."""
     views = [view_name(v) for v in VIEWS]
     consumers = [ViewConsumer(settings, name, spark=spark) for name in views]
     poll_client = redis.Redis.from_url(settings.redis_url)
     store = ViewStore(poll_client, settings.topic_prefix)
+    registry = CacheRegistry(poll_client, settings.topic_prefix)
+    worker = CacheWorkerProcess(settings, TABLE) if cache_worker else None
+    if worker is not None:
+        worker.wait_ready(TABLE, settings.partitions, timeout=300)
     committed: list[tuple[int, float]] = []  # (epoch, time the table's flush returned)
     reached: dict[str, dict[int, float]] = {name: {} for name in views}
     done = threading.Event()
@@ -342,6 +355,7 @@ def run_live(settings: Settings, spark: SparkSession, table: Table, workload: Wo
             time.sleep(interval_s)
         for consumer in consumers:
             consumer.wait_for_epoch(epoch, timeout=300)
+        reads_before = registry.reads(TABLE)
         poller = threading.Thread(target=poll, name="mce-poller", daemon=True)
         poller.start()
         next_tick = time.perf_counter()
@@ -357,15 +371,18 @@ def run_live(settings: Settings, spark: SparkSession, table: Table, workload: Wo
         time.sleep(0.05)  # the poller sees the last MCE
         done.set()
         poller.join()
+        cached, kafka = (after - before for after, before in zip(registry.reads(TABLE), reads_before, strict=True))
         batches = {name: [p for p in query.recentProgress if p.numInputRows]
                    for name, query in zip(views, queries, strict=True)}
     finally:
         done.set()
         for consumer in consumers:
             consumer.stop()
+        if worker is not None:
+            worker.stop()
         poll_client.close()
     latencies = {name: [reached[name][e] - t for e, t in committed] for name in views}
-    return LiveResult(latencies, batches, epochs, epochs * batch, interval_s)
+    return LiveResult(latencies, batches, epochs, epochs * batch, interval_s, cached, kafka)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -388,6 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--live-epochs", type=int, default=50, help="recorded live epochs (default 50)")
     parser.add_argument("--live-batch", type=int, default=100, help="changes per live epoch (default 100)")
     parser.add_argument("--live-interval-ms", type=int, default=200, help="live epoch interval (default 200)")
+    parser.add_argument("--cache-worker", action=argparse.BooleanOptionalAction, default=True,
+                        help="run a log-cache worker on t1 during the live phase and count the consumers' reads "
+                             "from it (default: on)")
     parser.add_argument("--repeat", type=int, default=2,
                         help="catch-up measurements per side and view, best one reported (default 2)")
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
@@ -456,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     checks[view] = check_view(store, view, name, workload)
 
             live = run_live(settings, spark, table, workload, args.live_epochs, args.live_batch,
-                            args.live_interval_ms / 1000)
+                            args.live_interval_ms / 1000, args.cache_worker)
             for view in VIEWS:
                 after_live = check_view(store, view, view_name(view), workload).split()[0]
                 checks[view] += f" after catch-up, {after_live} after live"
@@ -499,6 +519,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {view:<6} latency p50 {percentile(values, 50) * 1000:6.0f} ms  p99 "
               f"{percentile(values, 99) * 1000:6.0f} ms  (min {min(values) * 1000:.0f}, mean "
               f"{statistics.fmean(values) * 1000:.0f}, max {max(values) * 1000:.0f} ms)")
+    if args.cache_worker:
+        read = live.from_cache + live.from_kafka
+        share = f"{live.from_cache / read:.1%}" if read else "-"
+        print(f"  live: partition-epochs the consumers read from the log cache (a worker following t1): "
+              f"{live.from_cache}/{read} ({share}; the rest from Kafka)")
     phases = ("latestOffset", "queryPlanning", "addBatch", "triggerExecution")
     for view in VIEWS:
         batches = live.batches[view_name(view)]
