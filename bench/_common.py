@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import os
 import platform
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mvlog.infra.local_stack import LocalStack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,3 +78,21 @@ class Throughput:
         mb_s = self.wire_bytes / self.seconds / 1e6
         return (f"  {self.name:<9} {fmt_rate(self.rate):>9} records/s  {mb_s:6.1f} MB/s "
                 f"({self.records:,} records, {self.wire_bytes / 1e6:.1f} MB in {self.seconds:.2f} s){self.detail}")
+
+
+@contextmanager
+def temporary_stack(prefix: str = "mvlog-bench-") -> Iterator[tuple[LocalStack, Path]]:
+    """A local stack (Apache Kafka + redis-server) of the benchmark's own, on free loopback ports in a
+    temporary folder, and that folder; stopped and deleted at the end, and killed with the benchmark if it
+    dies (``die_with_parent``)."""
+    from mvlog.infra.local_stack import LocalStack, free_ports
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        kafka_port, redis_port = free_ports(2)
+        stack = LocalStack(data_dir=Path(tmp) / "stack", kafka_port=kafka_port, redis_port=redis_port,
+                           die_with_parent=True)
+        stack.start()
+        try:
+            yield stack, Path(tmp)
+        finally:
+            stack.stop()

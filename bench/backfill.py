@@ -47,7 +47,6 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -56,11 +55,11 @@ from pathlib import Path
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO_ROOT, fmt_rate, machine_info
+from _common import REPO_ROOT, fmt_rate, machine_info, temporary_stack
 
 from mvlog.config import Settings
 from mvlog.connectors.view_store import Lifecycle, ViewStore
-from mvlog.infra.local_stack import LocalStack, free_ports
+from mvlog.infra.local_stack import LocalStack
 from mvlog.services.snapshot_compaction import build_snapshot
 from mvlog.services.spark_session import spark_session
 from mvlog.services.table_writer import Table
@@ -207,15 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     logging.basicConfig(level=logging.WARNING)
     print(machine_info(), flush=True)
-    with tempfile.TemporaryDirectory(prefix="mvlog-bench-") as tmp:
-        kafka_port, redis_port = free_ports(2)
-        stack = LocalStack(data_dir=Path(tmp) / "stack", kafka_port=kafka_port, redis_port=redis_port,
-                           die_with_parent=True)
-        stack.start()
-        try:
-            return run(args, rates, methods, stack, Path(tmp))
-        finally:
-            stack.stop()
+    with temporary_stack("mvlog-bench-") as (stack, tmp):
+        return run(args, rates, methods, stack, tmp)
 
 
 def run(args: argparse.Namespace, rates: list[int], methods: list[str], stack: LocalStack, tmp: Path) -> int:

@@ -49,14 +49,13 @@ import argparse
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
 import redis
-from _common import REPO_ROOT, fmt_rate, machine_info
+from _common import REPO_ROOT, fmt_rate, machine_info, temporary_stack
 from _follower import position_key
 from confluent_kafka import Consumer, TopicPartition
 
@@ -67,7 +66,6 @@ from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.spark_source import _Planner, read_partition_from_kafka
 from mvlog.connectors.view_store import ViewStore
-from mvlog.infra.local_stack import LocalStack, free_ports
 from mvlog.services.table_writer import Table
 from tests.integration.processes.cache_worker import CacheWorkerProcess
 
@@ -316,15 +314,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", choices=["rate"], help="run this phase alone")
     args = parser.parse_args(argv)
     print(machine_info(), flush=True)
-    with tempfile.TemporaryDirectory(prefix="mvlog-bench-cache-") as tmp:
-        kafka_port, redis_port = free_ports(2)
-        stack = LocalStack(data_dir=Path(tmp) / "stack", kafka_port=kafka_port, redis_port=redis_port,
-                           die_with_parent=True)
-        stack.start()
+    with temporary_stack("mvlog-bench-cache-") as (stack, tmp):
         worker: CacheWorkerProcess | None = None
         try:
             settings = stack.settings(topic_prefix="bench", partitions=3, barrier_interval_ms=200,
-                                      stack_dir=Path(tmp) / "mvlog", cache_max_bytes=args.cache_mib * 2**20)
+                                      stack_dir=tmp / "mvlog", cache_max_bytes=args.cache_mib * 2**20)
             client = redis.Redis.from_url(settings.redis_url)
             ratios = ""
             if args.only is None:
@@ -390,7 +384,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             if worker is not None:
                 worker.stop()
-            stack.stop()
     return 0
 
 

@@ -33,7 +33,6 @@ import json
 import logging
 import pstats
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -45,11 +44,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from mvlog.config import Settings
 from mvlog.connectors.topics import ensure_topic
-from mvlog.infra.local_stack import LocalStack, free_ports
 from mvlog.services.source_ingest import SourceIngester, create_source_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Throughput, machine_info, peak_rss_mib, sample_row
+from _common import Throughput, machine_info, peak_rss_mib, sample_row, temporary_stack
 
 COLUMNS = {"id": "int", "cust": "string", "sku": "string", "qty": "int", "price": "float", "paid": "boolean"}
 
@@ -185,30 +183,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     profile = cProfile.Profile() if args.profile else None
-    with tempfile.TemporaryDirectory(prefix="mvlog-bench-") as tmp:
-        kafka_port, redis_port = free_ports(2)
-        stack = LocalStack(data_dir=Path(tmp) / "stack", kafka_port=kafka_port, redis_port=redis_port,
-                           die_with_parent=True)
-        stack.start()
-        try:
-            settings = stack.settings(topic_prefix="bench", partitions=args.partitions)
-            client = redis.Redis.from_url(settings.redis_url)
-            records = encoded(args.records)
-            baselines, runs = [], []
-            for run in range(1, args.repeat + 1):
-                plain_topic, table_topic = f"bench.plain-{run}", f"bench.source-{run}"
-                for topic in (plain_topic, table_topic):
-                    ensure_topic(settings, topic, args.partitions)
-                wire = produce(stack.bootstrap_servers, plain_topic, records)
-                produce(stack.bootstrap_servers, table_topic, records)
-                baselines.append(run_baseline(stack.bootstrap_servers, plain_topic, args.partitions, len(records),
-                                              wire))
-                runs.append(run_mvlog(settings, client, f"orders-{run}", table_topic, len(records), wire, profile))
-            p50, p99, steady_records, steady_epochs = steady_latency(settings, client, args.partitions, args.rate,
-                                                                     args.steady_s)
-            client.close()
-        finally:
-            stack.stop()
+    with temporary_stack("mvlog-bench-") as (stack, _):
+        settings = stack.settings(topic_prefix="bench", partitions=args.partitions)
+        client = redis.Redis.from_url(settings.redis_url)
+        records = encoded(args.records)
+        baselines, runs = [], []
+        for run in range(1, args.repeat + 1):
+            plain_topic, table_topic = f"bench.plain-{run}", f"bench.source-{run}"
+            for topic in (plain_topic, table_topic):
+                ensure_topic(settings, topic, args.partitions)
+            wire = produce(stack.bootstrap_servers, plain_topic, records)
+            produce(stack.bootstrap_servers, table_topic, records)
+            baselines.append(run_baseline(stack.bootstrap_servers, plain_topic, args.partitions, len(records),
+                                          wire))
+            runs.append(run_mvlog(settings, client, f"orders-{run}", table_topic, len(records), wire, profile))
+        p50, p99, steady_records, steady_epochs = steady_latency(settings, client, args.partitions, args.rate,
+                                                                 args.steady_s)
+        client.close()
 
     print(f"ingest benchmark: {args.records:,} records (upsert-json, ~{wire // args.records} bytes key + value), "
           f"{args.partitions} partition(s), Apache Kafka + redis-server on loopback")

@@ -31,7 +31,6 @@ import argparse
 import io
 import logging
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,12 +43,11 @@ from fastavro import parse_schema, schemaless_writer
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
 from mvlog.connectors.topics import ensure_topic
-from mvlog.infra.local_stack import LocalStack, free_ports
 from mvlog.schemas.codec import encode_change, encode_key
 from mvlog.services.table_writer import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Throughput, machine_info, peak_rss_mib, sample_row
+from _common import Throughput, machine_info, peak_rss_mib, sample_row, temporary_stack
 
 COLUMNS = {"id": "int", "cust": "string", "sku": "string", "qty": "int", "price": "float", "paid": "boolean"}
 ROW_SCHEMA = parse_schema({
@@ -136,23 +134,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     rows = [sample_row(i) for i in range(args.rows)]
-    with tempfile.TemporaryDirectory(prefix="mvlog-bench-") as tmp:
-        kafka_port, redis_port = free_ports(2)
-        stack = LocalStack(data_dir=Path(tmp) / "stack", kafka_port=kafka_port, redis_port=redis_port,
-                           die_with_parent=True)
-        stack.start()
-        try:
-            settings = stack.settings(topic_prefix="bench", partitions=args.partitions)
-            baselines, runs = [], []
-            for run in range(1, args.repeat + 1):
-                baseline_topic = f"bench.baseline-{run}"
-                ensure_topic(settings, baseline_topic, args.partitions)
-                baselines.append(run_baseline(stack.bootstrap_servers, baseline_topic, rows))
-                if run == 1:
-                    rss_baseline = peak_rss_mib()
-                runs.append(run_mvlog(settings, f"orders-{run}", rows, args.batch, args.mode))
-        finally:
-            stack.stop()
+    with temporary_stack("mvlog-bench-") as (stack, _):
+        settings = stack.settings(topic_prefix="bench", partitions=args.partitions)
+        baselines, runs = [], []
+        for run in range(1, args.repeat + 1):
+            baseline_topic = f"bench.baseline-{run}"
+            ensure_topic(settings, baseline_topic, args.partitions)
+            baselines.append(run_baseline(stack.bootstrap_servers, baseline_topic, rows))
+            if run == 1:
+                rss_baseline = peak_rss_mib()
+            runs.append(run_mvlog(settings, f"orders-{run}", rows, args.batch, args.mode))
 
     how = ("background epoch loop, barrier interval "
            f"{settings.barrier_interval_ms} ms, close() at the end" if args.mode == "loop"

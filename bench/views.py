@@ -61,7 +61,6 @@ import pstats
 import random
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -78,7 +77,6 @@ from pyspark.sql.types import StructType
 from mvlog.config import Settings
 from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.view_store import ViewStore
-from mvlog.infra.local_stack import LocalStack, free_ports
 from mvlog.schemas.codec import decode_row
 from mvlog.services.spark_session import spark_session
 from mvlog.services.table_writer import Table
@@ -86,7 +84,7 @@ from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO_ROOT, fmt_rate, machine_info, peak_rss_mib
+from _common import REPO_ROOT, fmt_rate, machine_info, peak_rss_mib, temporary_stack
 
 sys.path.insert(0, str(REPO_ROOT))
 
@@ -427,11 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     catch_up: dict[str, list[tuple[float, int, float, float]]] = {view: [] for view in VIEWS}
     baseline: dict[str, list[float]] = {view: [] for view in VIEWS}
     checks: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="mvlog-bench-") as tmp:
-        kafka_port, redis_port = free_ports(2)
-        stack = LocalStack(data_dir=Path(tmp) / "stack", kafka_port=kafka_port, redis_port=redis_port,
-                           die_with_parent=True)
-        stack.start()
+    with temporary_stack("mvlog-bench-") as (stack, _):
         spark: SparkSession | None = None
         try:
             settings = stack.settings(topic_prefix="bench", partitions=args.partitions, spark_master=args.master)
@@ -485,7 +479,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             if spark is not None:
                 spark.stop()
-            stack.stop()
 
     n = args.changes
     print(f"views benchmark: {n:,} changes of t1 ({mix['insert']:,} inserts, {mix['update']:,} updates, "
