@@ -337,6 +337,7 @@ class Soak:
     events: Events = field(default_factory=Events)
     scheduled: list[tuple[float, Callable[[], bool], Callable[[], None]]] = field(default_factory=list)
     steady_reads: SteadyReads = field(default_factory=SteadyReads)
+    _next_sample: float = 0.0
     client: redis.Redis = field(init=False)
 
     def __post_init__(self) -> None:
@@ -388,12 +389,8 @@ class Soak:
             (started + BROKER_KILL_AT * seconds, lambda: self.events.applied_epoch is not None, self.kill_broker),
         ]
         next_kill = started + rng.uniform(0.5 * kill_every, 1.5 * kill_every)
-        next_sample = started
         while (now := time.monotonic()) < deadline:
-            if now >= next_sample:
-                with contextlib.suppress(redis.RedisError):  # Redis may be down (its own kill)
-                    self.steady_reads.sample(now, *CacheRegistry(self.client, self.settings.topic_prefix).reads("t1"))
-                next_sample = now + READS_SAMPLE_S
+            self.sample_reads(now)
             self.restart_dead()
             self.run_due_event(now)
             self.follow_events()
@@ -409,6 +406,13 @@ class Soak:
                 print(f"  {clock()} SIGKILL {victim.name} (kill {self.kills})", flush=True)
                 next_kill = time.monotonic() + rng.uniform(0.5 * kill_every, 1.5 * kill_every)
             time.sleep(0.2)
+
+    def sample_reads(self, now: float) -> None:
+        """Every :data:`READS_SAMPLE_S`: the consumers' cache and Kafka reads of t1 (:class:`SteadyReads`)."""
+        if now >= self._next_sample:
+            with contextlib.suppress(redis.RedisError):  # Redis may be down (its own kill)
+                self.steady_reads.sample(now, *CacheRegistry(self.client, self.settings.topic_prefix).reads("t1"))
+            self._next_sample = now + READS_SAMPLE_S
 
     def run_due_event(self, now: float) -> None:
         if self.scheduled and self.scheduled[0][0] <= now and self.scheduled[0][1]():
@@ -618,6 +622,7 @@ class Soak:
                 print(f"  {clock()} waiting for {'; '.join(self.waiting_for())}", flush=True)
                 next_report = time.monotonic() + WAITING_REPORT_S
             self.restart_dead(" after the chaos")
+            self.sample_reads(time.monotonic())
             self.run_due_event(time.monotonic())
             # Lifted only once a chunk committed under the limit: when kills kept the online view's consumer
             # restarting through the whole chaos, lifting it at once let the backfill finish in one epoch,

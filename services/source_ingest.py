@@ -198,7 +198,7 @@ class SourceIngester:
 
     def run(self, stop: threading.Event | None = None, *, until_caught_up: bool = False) -> IngestProgress:
         """Ingest until ``stop`` is set (or, with ``until_caught_up``, until every partition is read to its
-        end), committing an epoch every barrier interval in which messages were consumed. Bad records go
+        end), committing an epoch every barrier interval (an empty one when nothing came). Bad records go
         to the dead-letter topic; a source that cannot be read (:class:`SourceError`) stops after
         committing what came before, its problem recorded for ``mvlog status``.
 
@@ -227,7 +227,7 @@ class SourceIngester:
                 work_s += time.monotonic() - started
                 if time.monotonic() >= next_cut or (cap is not None and taken >= cap):
                     started = time.monotonic()
-                    if self.commit() is not None:
+                    if self.commit(idle=True) is not None and taken:
                         pace.observe(taken, work_s + time.monotonic() - started)
                     taken, work_s = 0, 0.0
                     next_cut = time.monotonic() + interval
@@ -365,10 +365,13 @@ class SourceIngester:
                               f"({error.str()})")
         raise SourceError(f"{self.name}: reading {self.spec.topic}: {error.str()}")
 
-    def commit(self) -> int | None:
-        """Commit the queued changes, the dead letters and the offsets they came from as one epoch
-        (nothing to do when no message was consumed since the last one); returns the epoch."""
-        if not self._uncommitted:
+    def commit(self, *, idle: bool = False) -> int | None:
+        """Commit the queued changes, the dead letters and the offsets they came from as one epoch; returns
+        the epoch. When no message was consumed since the last one there is nothing to do, unless ``idle``:
+        then an empty epoch is committed all the same, as a written table's epoch loop does every interval.
+        A table that cuts no epoch while its topic is quiet would hold back every view that joins it with
+        another: a join follows its inputs only up to the epoch they have all reached."""
+        if not self._uncommitted and not idle:
             return None
         dead = self._dead
         total = self.dead_letters + len(dead)

@@ -456,8 +456,8 @@ class TimedIngester(SourceIngester):
         super().__init__(*args)
         self.commits: list[tuple[float, dict[int, int]]] = []
 
-    def commit(self) -> int | None:
-        epoch = super().commit()
+    def commit(self, *, idle: bool = False) -> int | None:
+        epoch = super().commit(idle=idle)
         if epoch is not None:
             self.commits.append((time.time(), dict(self.positions)))
         return epoch
@@ -467,7 +467,8 @@ def test_an_idle_and_a_lagging_partition_do_not_hold_epochs_back(settings: Setti
                                                                   report: Callable[[str], None]) -> None:
     """Partition 0 gets a steady stream, partition 1 starts with a backlog of 30k messages, partition 2 gets
     none: epochs are still cut every barrier interval (the pace caps an epoch at what commits in time),
-    and the live messages of partition 0 are committed within seconds, backlog or not."""
+    and the live messages of partition 0 are committed within seconds, backlog or not. Once the topic is
+    quiet, the table goes on cutting (empty) epochs, so a view joining it with another is not held back."""
     interval = settings.barrier_interval_ms / 1000
     source = SourceTopic(settings, f"{settings.topic_prefix}.skewed")
     create_source_table(settings, "skewed", {"id": "int", "v": "int", "label": "string"}, ["id"], source.name,
@@ -491,10 +492,18 @@ def test_an_idle_and_a_lagging_partition_do_not_hold_epochs_back(settings: Setti
         runner.start()
         producer.start()
         producer.join(60)
-        time.sleep(4 * interval)
+        deadline = time.monotonic() + 60
+        while not (ingester.commits and ingester.commits[-1][1].get(1) == 30_000
+                   and ingester.commits[-1][1].get(0) == 160):
+            assert time.monotonic() < deadline, "the ingester did not catch up"
+            time.sleep(0.05)
+        quiet_from = time.time()  # nothing more to read: the table still cuts (empty) epochs
+        time.sleep(6 * interval)
         stop.set()
         runner.join(60)
     commits = ingester.commits
+    quiet = [t for t, _ in commits if t > quiet_from]
+    assert len(quiet) >= 3, f"{len(quiet)} epochs in {6 * interval:.1f} s of a quiet topic"
     gaps = [b - a for (a, _), (b, _) in itertools.pairwise(commits)]
     assert commits[-1][1].get(1) == 30_000 and 2 not in commits[-1][1]  # the backlog is in, partition 2 idle
     assert len(commits) >= 8 / interval * 0.6, f"{len(commits)} epochs in 8 s"
