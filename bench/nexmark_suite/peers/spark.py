@@ -1,0 +1,31 @@
+"""Spark Structured Streaming as a Nexmark peer: ``jobs/spark_job.py`` in the venv of
+``requirements/spark.txt``, with Spark's own Kafka connector from Maven Central (``poms/spark``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .base import PeerJob
+from .engine import SubprocessPeer
+from .jars import spark_jars
+from .venvs import pinned_version
+
+
+class SparkPeer(SubprocessPeer):
+    name = "Spark Structured Streaming"
+    engine = "spark"
+    guarantee = "at-least-once"
+    queries = ("q0", "q1", "q2", "q3", "q17")
+
+    def extra_args(self, job: PeerJob, run_dir: Path) -> list[str]:
+        return ["--jars", ",".join(str(jar) for jar in spark_jars())]
+
+    def note(self, job: PeerJob) -> str:
+        version = pinned_version("spark", "pyspark")
+        self.settings = (f"pyspark {version} with spark-sql-kafka-0-10_2.13 {version}, local[{job.parallelism}], "
+                         f"{job.parallelism} shuffle partitions, default trigger, checkpointed state; Kafka sink "
+                         "at-least-once (Spark offers no exactly-once Kafka sink)")
+        return super().note(job)
+
+
+RUNNER = SparkPeer()
