@@ -4,7 +4,8 @@ events: each engine's final result equals DuckDB's over the same events.
 Opt-in: it needs the peers' venvs (``make bench-peers``, several GB and minutes on first use) and takes
 minutes per engine, so it runs only with ``NEXMARK_TEST_PEERS`` set: ``NEXMARK_TEST_PEERS=1`` for every
 engine, or a comma-separated subset (``NEXMARK_TEST_PEERS=quix,spark``). ``NEXMARK_TEST_QUERIES`` picks
-queries (default q0,q1,q2,q3,q17). (Not ``MVLOG_*`` variables: tests/conftest.py clears those.)
+queries (default q0,q1,q2,q3,q17,q20,q21,q22: all the peers run). (Not ``MVLOG_*`` variables:
+tests/conftest.py clears those.)
 
 The events come from a small seeded producer of this module (the shapes and key relations of Nexmark's:
 persons, their auctions, bids on them; a few auctions name a seller that comes after them; two days of
@@ -23,7 +24,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.nexmark_suite.model import NexmarkTopics  # noqa: E402
 from bench.nexmark_suite.peers import engine as peer_engine  # noqa: E402
 from bench.nexmark_suite.peers.base import PeerJob, SteadyPhase, SteadyProduced  # noqa: E402
 from bench.nexmark_suite.peers.measure import ensure_topic  # noqa: E402
@@ -44,7 +45,7 @@ from bench.nexmark_suite.peers.queries import QUERIES, multiset, normalize_row, 
 ALL_ENGINES = ("quix", "spark", "pathway", "flink")
 _WANTED = os.environ.get("NEXMARK_TEST_PEERS", "")
 ENGINES = ALL_ENGINES if _WANTED in ("1", "all") else tuple(e for e in _WANTED.split(",") if e)
-QUERY_NAMES = tuple(os.environ.get("NEXMARK_TEST_QUERIES", "q0,q1,q2,q3,q17").split(","))
+QUERY_NAMES = tuple(os.environ.get("NEXMARK_TEST_QUERIES", "q0,q1,q2,q3,q17,q20,q21,q22").split(","))
 
 pytestmark = [
     pytest.mark.integration,
@@ -55,20 +56,6 @@ pytestmark = [
 
 DAY_MS = 86_400_000
 BASE_MS = 1_700_000_000_000 - 3_600_000  # an hour before a day boundary: q17 sees two days
-
-
-@dataclass(frozen=True)
-class Topics:
-    person: str
-    auction: str
-    bid: str
-    partitions: int = 1
-
-    def topic_of(self, table: str) -> str:
-        return {"person": self.person, "auction": self.auction, "bid": self.bid}[table]
-
-    def all(self) -> tuple[str, str, str]:
-        return self.person, self.auction, self.bid
 
 
 def nexmark_events(count: int, seed: int, base_ms: int, step_ms: float) -> list[tuple[str, dict[str, Any]]]:
@@ -97,14 +84,19 @@ def nexmark_events(count: int, seed: int, base_ms: int, step_ms: float) -> list[
         else:
             auction = 1000 + rng.randrange(max(1, auctions))
             if rng.random() < 0.2:
-                auction = 1107 if auctions > 107 else 1000  # q2's filter: auction % 123 == 0
+                auction = 1107  # q2's filter: auction % 123 == 0 (it needs no such auction)
+            channel = rng.choice(("Google", "Apple", "baidu", "channel-7", "channel-12"))
+            url = rng.choice(("https://www.nexmark.com/abc/de/item.htm?query=1",
+                              f"https://www.nexmark.com/x/{n % 7}/y/item.htm?query=1&channel_id={n % 13}",
+                              f"http://n.com?channel_id={n % 5}&a=b", "https://x/y"))
             events.append(("bid", {"auction": auction, "bidder": 1000 + rng.randrange(persons),
-                                   "price": round(10 ** (rng.random() * 7)), "channel": rng.choice(("Google", "c-1")),
-                                   "url": "https://x/y", "date_time": now, "extra": f"e{n}"}))
+                                   "price": round(10 ** (rng.random() * 7)), "channel": channel, "url": url,
+                                   "date_time": now, "extra": f"e{n}"}))
     return events
 
 
-def produce(bootstrap: str, topics: Topics, events: list[tuple[str, dict[str, Any]]], rate: float = 0.0) -> list[float]:
+def produce(bootstrap: str, topics: NexmarkTopics, events: list[tuple[str, dict[str, Any]]],
+            rate: float = 0.0) -> list[float]:
     """Write ``events`` (paced at ``rate`` events/s when > 0); the wall-clock time of each produce call."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
     times: list[float] = []
@@ -125,16 +117,16 @@ def produce(bootstrap: str, topics: Topics, events: list[tuple[str, dict[str, An
     return times
 
 
-def fresh_topics(bootstrap: str) -> Topics:
+def fresh_topics(bootstrap: str) -> NexmarkTopics:
     prefix = f"nx-{uuid.uuid4().hex[:8]}-"
-    topics = Topics(prefix + "person", prefix + "auction", prefix + "bid")
+    topics = NexmarkTopics.with_prefix(prefix)
     for topic in topics.all():
         ensure_topic(bootstrap, topic, topics.partitions)
     return topics
 
 
 @pytest.fixture(scope="module")
-def catch_up_events(stack: StackEndpoints) -> Iterator[tuple[Topics, list[tuple[str, dict[str, Any]]]]]:
+def catch_up_events(stack: StackEndpoints) -> Iterator[tuple[NexmarkTopics, list[tuple[str, dict[str, Any]]]]]:
     events = nexmark_events(600, seed=20, base_ms=BASE_MS, step_ms=12_000)  # 600 events over two days
     topics = fresh_topics(stack.bootstrap_servers)
     produce(stack.bootstrap_servers, topics, events)
@@ -160,7 +152,7 @@ def runner_of(name: str) -> Any:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_peer_matches_duckdb(engine: str, stack: StackEndpoints, tmp_path: Path,
-                             catch_up_events: tuple[Topics, list[tuple[str, dict[str, Any]]]],
+                             catch_up_events: tuple[NexmarkTopics, list[tuple[str, dict[str, Any]]]],
                              report: Callable[[str], None]) -> None:
     topics, events = catch_up_events
     runner = runner_of(engine)

@@ -130,6 +130,10 @@ class SubprocessPeer:
         """How the job encodes the query's output (see :mod:`.measure`)."""
         return "upsert" if query.updating else "append"
 
+    def renames(self, query: PeerQuery) -> dict[str, str]:
+        """Output columns the job names otherwise (a name the engine reserves) -> the query's names."""
+        return {}
+
     def extra_args(self, job: PeerJob, run_dir: Path) -> list[str]:
         """Engine-specific arguments (jars, ...)."""
         return []
@@ -165,7 +169,7 @@ class SubprocessPeer:
         ensure_topic(job.bootstrap, output_topic, job.parallelism)
         expected = None if produce is not None else oracle_rows(query, read_topics(job.bootstrap, inputs))
         tail = OutputTail(job.bootstrap, query, output_topic, self.encoding(query),
-                          inputs if produce is not None else None)
+                          inputs if produce is not None else None, self.renames(query))
         tail.start()
         process: JobProcess | None = None
         try:

@@ -15,7 +15,7 @@ class FlinkPeer(SubprocessPeer):
     name = "Flink SQL"
     engine = "flink"
     guarantee = "exactly-once"
-    queries = ("q0", "q1", "q2", "q3", "q17")
+    queries = ("q0", "q1", "q2", "q3", "q17", "q20", "q21", "q22")
 
     def extra_args(self, job: PeerJob, run_dir: Path) -> list[str]:
         return ["--jars", ",".join(str(jar) for jar in flink_jars())]

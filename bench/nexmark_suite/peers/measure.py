@@ -122,7 +122,7 @@ class OutputTail(threading.Thread):
     """Reads an engine's output topic (and, to time latencies, its input topics) until :meth:`stop`."""
 
     def __init__(self, bootstrap: str, query: PeerQuery, output_topic: str, encoding: str,
-                 inputs: Mapping[str, str] | None = None) -> None:
+                 inputs: Mapping[str, str] | None = None, renames: Mapping[str, str] | None = None) -> None:
         super().__init__(name=f"peer-tail-{output_topic}", daemon=True)
         if encoding not in ENCODINGS:
             raise ValueError(f"unknown output encoding {encoding!r}; expected one of {ENCODINGS}")
@@ -130,6 +130,7 @@ class OutputTail(threading.Thread):
             raise ValueError(f"{query.name} is append-only: its output cannot be read as upserts")
         self.bootstrap, self.query, self.output_topic, self.encoding = bootstrap, query, output_topic, encoding
         self.inputs = dict(inputs or {})  # table -> topic, read only when latencies are wanted
+        self.renames = dict(renames or {})  # the engine's output column -> the query's (a name it reserves)
         self.state = TailState()
         self.lock = threading.Lock()
         self.matched_at: float | None = None  # wall clock when the result last became equal to the expected
@@ -174,6 +175,14 @@ class OutputTail(threading.Thread):
             self._assigned.set()
             consumer.close()
 
+    def _decode(self, data: bytes | None) -> Any:
+        decoded = json.loads(data or b"null")
+        if self.renames and isinstance(decoded, dict):
+            for engine_name, name in self.renames.items():
+                if engine_name in decoded:
+                    decoded[name] = decoded.pop(engine_name)
+        return decoded
+
     def _output(self, key: bytes | None, value: bytes | None, received: float) -> None:
         self.output_records += 1
         self.last_output_at = received
@@ -181,13 +190,13 @@ class OutputTail(threading.Thread):
         if self.encoding == "upsert":
             assert query.key is not None
             if value is None:
-                key_row = json.loads(key or b"null")
+                key_row = self._decode(key)
                 key_tuple = tuple(key_row[c] for c in query.key)
                 old = self.state.by_key.pop(key_tuple, None)
                 if old is not None:
                     self.state.add(old, -1)
                 return
-            row_dict = json.loads(value)
+            row_dict = self._decode(value)
             row = normalize_row(query, row_dict)
             key_tuple = tuple(row_dict[c] for c in query.key)
             old = self.state.by_key.get(key_tuple)
@@ -197,7 +206,7 @@ class OutputTail(threading.Thread):
             self.state.add(row, 1)
             diff = 1
         else:
-            row_dict = json.loads(value or b"null")
+            row_dict = self._decode(value)
             diff = int(row_dict.get("diff", 1)) if self.encoding == "diff" else 1
             self.state.add(normalize_row(query, row_dict), diff)
         if self.inputs and diff > 0:

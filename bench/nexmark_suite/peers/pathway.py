@@ -12,10 +12,13 @@ class PathwayPeer(SubprocessPeer):
     name = "Pathway"
     engine = "pathway"
     guarantee = "at-least-once"
-    queries = ("q0", "q1", "q2", "q3", "q17")
+    queries = ("q0", "q1", "q2", "q3", "q17", "q20", "q21", "q22")
 
     def encoding(self, query: PeerQuery) -> str:
         return "diff"
+
+    def renames(self, query: PeerQuery) -> dict[str, str]:
+        return {"auction_id": "id"} if query.name == "q3" else {}  # `id` is Pathway's row-key column
 
     def env(self, job: PeerJob) -> dict[str, str]:
         env = super().env(job)

@@ -13,6 +13,9 @@ Deviations from the published Nexmark queries, the same in every engine and the 
 
 * q1 keeps ``price`` as the decimal ``0.908 * price`` (compared rounded to 3 decimals: exact).
 * q17's ``avg_price`` is the average as a double (Flink's ``AVG(BIGINT)`` would truncate to a BIGINT).
+* q21 and q22 follow Spark's (and DuckDB's) functions where engines differ: ``regexp_extract`` and
+  ``split_part`` give ``''``, not NULL, when nothing matches, so q21's ``WHERE`` keeps every bid; engines
+  whose functions give NULL (Flink) wrap them in ``COALESCE(..., '')``.
 """
 
 from __future__ import annotations
@@ -83,6 +86,20 @@ def _q17_output_key(row: Record) -> Hashable:
     return (row["auction"], (datetime.date(year, month, day) - datetime.date(1970, 1, 1)).days)
 
 
+_Q20_COLUMNS = ("auction", "bidder", "price", "channel", "url", "bid_date_time", "bid_extra", "item_name",
+                "description", "initial_bid", "reserve", "auction_date_time", "expires", "seller", "category",
+                "auction_extra")
+_CHANNEL_ID = "regexp_extract(url, '(&|^)channel_id=([^&]*)', 2)"
+
+
+def _bid_price_key(table: str, record: Record) -> Hashable | None:
+    return (record["auction"], record["bidder"], record["price"]) if table == "bid" else None
+
+
+def _q20_key(table: str, record: Record) -> Hashable | None:
+    return (record["auction"], record["bidder"], record["date_time"]) if table == "bid" else None
+
+
 QUERIES: Mapping[str, PeerQuery] = {q.name: q for q in (
     PeerQuery(
         "q0", ("bid",), ("auction", "bidder", "price", "date_time", "extra"), None,
@@ -113,6 +130,25 @@ QUERIES: Mapping[str, PeerQuery] = {q.name: q for q in (
         "max(price) AS max_price, avg(price) AS avg_price, sum(price) AS sum_price "
         "FROM bid GROUP BY auction, day",
         _q17_key, _q17_output_key, covers=lambda row: int(row["total_bids"])),
+    PeerQuery(
+        "q20", ("bid", "auction"), _Q20_COLUMNS, None,
+        "SELECT B.auction, B.bidder, B.price, B.channel, B.url, B.date_time AS bid_date_time, B.extra AS bid_extra, "
+        "A.item_name, A.description, A.initial_bid, A.reserve, A.date_time AS auction_date_time, A.expires, "
+        "A.seller, A.category, A.extra AS auction_extra FROM bid AS B JOIN auction AS A ON B.auction = A.id "
+        "WHERE A.category = 10",
+        _q20_key, lambda row: (row["auction"], row["bidder"], row["bid_date_time"])),
+    PeerQuery(
+        "q21", ("bid",), ("auction", "bidder", "price", "channel", "channel_id"), None,
+        "SELECT auction, bidder, price, channel, CASE WHEN lower(channel) = 'apple' THEN '0' "
+        "WHEN lower(channel) = 'google' THEN '1' WHEN lower(channel) = 'facebook' THEN '2' "
+        f"WHEN lower(channel) = 'baidu' THEN '3' ELSE {_CHANNEL_ID} END AS channel_id FROM bid "
+        f"WHERE {_CHANNEL_ID} IS NOT NULL OR lower(channel) IN ('apple', 'google', 'facebook', 'baidu')",
+        _bid_price_key, lambda row: (row["auction"], row["bidder"], row["price"])),
+    PeerQuery(
+        "q22", ("bid",), ("auction", "bidder", "price", "channel", "dir1", "dir2", "dir3"), None,
+        "SELECT auction, bidder, price, channel, split_part(url, '/', 4) AS dir1, split_part(url, '/', 5) AS dir2, "
+        "split_part(url, '/', 6) AS dir3 FROM bid",
+        _bid_price_key, lambda row: (row["auction"], row["bidder"], row["price"])),
 )}
 
 

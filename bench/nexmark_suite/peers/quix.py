@@ -11,7 +11,7 @@ class QuixPeer(SubprocessPeer):
     name = "Quix Streams"
     engine = "quix"
     guarantee = "exactly-once"
-    queries = ("q0", "q1", "q2", "q3", "q17")
+    queries = ("q0", "q1", "q2", "q3", "q17", "q20", "q21", "q22")
 
     def note(self, job: PeerJob) -> str:
         self.settings = (f"quixstreams {pinned_version('quix', 'quixstreams')}, processing_guarantee=exactly-once "

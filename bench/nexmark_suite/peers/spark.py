@@ -15,10 +15,15 @@ class SparkPeer(SubprocessPeer):
     name = "Spark Structured Streaming"
     engine = "spark"
     guarantee = "at-least-once"
-    queries = ("q0", "q1", "q2", "q3", "q17")
+    queries = ("q0", "q1", "q2", "q3", "q17", "q20", "q21", "q22")
 
     def extra_args(self, job: PeerJob, run_dir: Path) -> list[str]:
         return ["--jars", ",".join(str(jar) for jar in spark_jars())]
+
+    def env(self, job: PeerJob) -> dict[str, str]:
+        env = super().env(job)
+        env["SPARK_LOCAL_IP"] = "127.0.0.1"  # else Spark binds to the host's first non-loopback address
+        return env
 
     def note(self, job: PeerJob) -> str:
         version = pinned_version("spark", "pyspark")

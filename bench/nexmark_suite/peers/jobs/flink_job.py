@@ -8,8 +8,8 @@ Kafka sink with ``sink.delivery-guarantee`` = ``exactly-once`` (Kafka transactio
 checkpoint completes; ``transaction.timeout.ms`` 10 minutes, under the broker's 15-minute maximum), sources
 reading ``read_committed``. Output is visible to a ``read_committed`` consumer only at checkpoints.
 
-Every query is pure SQL (no Python UDF, so no Python worker): q0-q3 append to a ``kafka`` table; q17 (an
-updating aggregation) upserts to an ``upsert-kafka`` table keyed by (auction, day).
+Every query is pure SQL (no Python UDF, so no Python worker): q0-q3 and q20-q22 append to a ``kafka``
+table; q17 (an updating aggregation) upserts to an ``upsert-kafka`` table keyed by (auction, day).
 """
 
 from __future__ import annotations
@@ -47,8 +47,27 @@ QUERIES: dict[str, tuple[str, str | None, str]] = {
             "COUNT(*) FILTER (WHERE price >= 1000000) AS rank3_bids, MIN(price) AS min_price, "
             "MAX(price) AS max_price, AVG(CAST(price AS DOUBLE)) AS avg_price, SUM(price) AS sum_price "
             "FROM bid GROUP BY auction, DATE_FORMAT(TO_TIMESTAMP_LTZ(date_time, 3), 'yyyy-MM-dd')"),
+    "q20": ("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, bid_date_time BIGINT, "
+            "bid_extra STRING, item_name STRING, description STRING, initial_bid BIGINT, reserve BIGINT, "
+            "auction_date_time BIGINT, expires BIGINT, seller BIGINT, category BIGINT, auction_extra STRING", None,
+            "SELECT B.auction, B.bidder, B.price, B.channel, B.url, B.date_time AS bid_date_time, "
+            "B.extra AS bid_extra, A.item_name, A.description, A.initial_bid, A.reserve, "
+            "A.date_time AS auction_date_time, A.expires, A.seller, A.category, A.extra AS auction_extra "
+            "FROM bid AS B INNER JOIN auction AS A ON B.auction = A.id WHERE A.category = 10"),
+    # REGEXP_EXTRACT and SPLIT_INDEX give NULL where Spark's functions give '' (see peers/queries.py).
+    "q21": ("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, channel_id STRING", None,
+            "SELECT auction, bidder, price, channel, CASE WHEN LOWER(channel) = 'apple' THEN '0' "
+            "WHEN LOWER(channel) = 'google' THEN '1' WHEN LOWER(channel) = 'facebook' THEN '2' "
+            "WHEN LOWER(channel) = 'baidu' THEN '3' "
+            "ELSE COALESCE(REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2), '') END AS channel_id FROM bid "
+            "WHERE COALESCE(REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2), '') IS NOT NULL "
+            "OR LOWER(channel) IN ('apple', 'google', 'facebook', 'baidu')"),
+    "q22": ("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, dir1 STRING, dir2 STRING, dir3 STRING", None,
+            "SELECT auction, bidder, price, channel, COALESCE(SPLIT_INDEX(url, '/', 3), '') AS dir1, "
+            "COALESCE(SPLIT_INDEX(url, '/', 4), '') AS dir2, COALESCE(SPLIT_INDEX(url, '/', 5), '') AS dir3 FROM bid"),
 }
-TABLES = {"q0": ("bid",), "q1": ("bid",), "q2": ("bid",), "q3": ("person", "auction"), "q17": ("bid",)}
+TABLES = {"q0": ("bid",), "q1": ("bid",), "q2": ("bid",), "q3": ("person", "auction"), "q17": ("bid",),
+          "q20": ("bid", "auction"), "q21": ("bid",), "q22": ("bid",)}
 
 
 def main(argv: list[str]) -> int:
@@ -83,12 +102,13 @@ def main(argv: list[str]) -> int:
             "'sink.delivery-guarantee' = 'exactly-once', "
             f"'sink.transactional-id-prefix' = '{args.group}', 'properties.transaction.timeout.ms' = '600000'")
     if key is None:
-        t_env.execute_sql(f"CREATE TABLE out ({columns}) WITH ('connector' = 'kafka', {sink}, 'format' = 'json')")
+        t_env.execute_sql(f"CREATE TABLE nexmark_out ({columns}) WITH ('connector' = 'kafka', {sink}, "
+                          "'format' = 'json')")
     else:
-        t_env.execute_sql(f"CREATE TABLE out ({columns}, PRIMARY KEY ({key}) NOT ENFORCED) WITH ("
+        t_env.execute_sql(f"CREATE TABLE nexmark_out ({columns}, PRIMARY KEY ({key}) NOT ENFORCED) WITH ("
                           f"'connector' = 'upsert-kafka', {sink}, 'key.format' = 'json', 'value.format' = 'json')")
     job_args.ready()
-    t_env.execute_sql(f"INSERT INTO out {select}").wait()
+    t_env.execute_sql(f"INSERT INTO nexmark_out {select}").wait()
     return 0
 
 

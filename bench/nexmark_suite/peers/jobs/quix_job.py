@@ -12,11 +12,11 @@ by running more processes of one application in one consumer group, so ``--paral
   person (or that it does not qualify) and the auctions that came before it.
 * q17: bids re-keyed by (auction, day), one stateful ``apply`` keeps the aggregates and emits the new row
   (an upsert keyed by auction and day).
+* q20: as q3, bids and auctions keyed by the auction id. q21, q22: ``apply`` (``nexmark_py``).
 """
 
 from __future__ import annotations
 
-import datetime
 import multiprocessing
 import sys
 from pathlib import Path
@@ -24,13 +24,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import job_args
+import nexmark_py
 
 
 def build(app: Any, args: Any) -> None:
     topics = job_args.topics(args)
     query = args.query
     out = app.topic(args.output, value_serializer="json", key_serializer="json")
-    if query in ("q0", "q1", "q2", "q17"):
+    if query in ("q0", "q1", "q2", "q17", "q21", "q22"):
         bids = app.dataframe(app.topic(topics["bid"], value_deserializer="json", key_deserializer="json"))
         if query == "q0":
             sdf = bids.apply(lambda v: {"auction": v["auction"], "bidder": v["bidder"], "price": v["price"],
@@ -41,8 +42,17 @@ def build(app: Any, args: Any) -> None:
         elif query == "q2":
             sdf = bids.filter(lambda v: v["auction"] % 123 == 0).apply(
                 lambda v: {"auction": v["auction"], "price": v["price"]})
+        elif query == "q21":  # the WHERE keeps every bid (regexp_extract gives '' at worst, never NULL)
+            sdf = bids.apply(lambda v: {"auction": v["auction"], "bidder": v["bidder"], "price": v["price"],
+                                        "channel": v["channel"], "channel_id": nexmark_py.channel_id(v["channel"],
+                                                                                                    v["url"])})
+        elif query == "q22":
+            sdf = bids.apply(lambda v: {"auction": v["auction"], "bidder": v["bidder"], "price": v["price"],
+                                        "channel": v["channel"], "dir1": nexmark_py.split_part(v["url"], "/", 4),
+                                        "dir2": nexmark_py.split_part(v["url"], "/", 5),
+                                        "dir3": nexmark_py.split_part(v["url"], "/", 6)})
         else:
-            sdf = bids.group_by(lambda v: [v["auction"], _day(v["date_time"])], name="q17_auction_day")
+            sdf = bids.group_by(lambda v: [v["auction"], nexmark_py.day(v["date_time"])], name="q17_auction_day")
             sdf = sdf.apply(_q17, stateful=True)
             sdf.to_topic(out, key=lambda row: {"auction": row["auction"], "day": row["day"]})
             return
@@ -57,11 +67,30 @@ def build(app: Any, args: Any) -> None:
         joined = persons.concat(auctions).apply(_q3, stateful=True, expand=True)
         joined.to_topic(out)
         return
+    if query == "q20":
+        bids = app.dataframe(app.topic(topics["bid"], value_deserializer="json", key_deserializer="json"))
+        auctions = app.dataframe(app.topic(topics["auction"], value_deserializer="json", key_deserializer="json"))
+        bids = bids.group_by(lambda v: v["auction"], name="q20_bid_auction").apply(lambda v: {"b": v})
+        auctions = auctions.group_by(lambda v: v["id"], name="q20_auction_id").apply(lambda v: {"a": v})
+        bids.concat(auctions).apply(_q20, stateful=True, expand=True).to_topic(out)
+        return
     raise SystemExit(f"quix_job: no query {query!r}")
 
 
-def _day(date_time_ms: int) -> str:
-    return datetime.datetime.fromtimestamp(date_time_ms / 1000, datetime.UTC).strftime("%Y-%m-%d")
+def _q20(value: dict[str, Any], state: Any) -> list[dict[str, Any]]:
+    if "a" in value:
+        auction = value["a"]
+        qualifies = auction["category"] == 10
+        state.set("auction", auction if qualifies else False)
+        waiting = state.get("bids", [])
+        state.delete("bids")
+        return [nexmark_py.q20_row(bid, auction) for bid in waiting] if qualifies else []
+    bid = value["b"]
+    auction = state.get("auction", None)
+    if auction is None:  # the auction is not known yet: keep the bid until it is
+        state.set("bids", [*state.get("bids", []), bid])
+        return []
+    return [nexmark_py.q20_row(bid, auction)] if auction else []
 
 
 def _q3(value: dict[str, Any], state: Any) -> list[dict[str, Any]]:
@@ -90,7 +119,7 @@ def _q17(bid: dict[str, Any], state: Any) -> dict[str, Any]:
     agg["r1" if price < 10_000 else "r2" if price < 1_000_000 else "r3"] += 1
     agg["min"], agg["max"], agg["sum"] = min(agg["min"], price), max(agg["max"], price), agg["sum"] + price
     state.set("agg", agg)
-    return {"auction": bid["auction"], "day": _day(bid["date_time"]), "total_bids": agg["total"],
+    return {"auction": bid["auction"], "day": nexmark_py.day(bid["date_time"]), "total_bids": agg["total"],
             "rank1_bids": agg["r1"], "rank2_bids": agg["r2"], "rank3_bids": agg["r3"], "min_price": agg["min"],
             "max_price": agg["max"], "avg_price": agg["sum"] / agg["total"], "sum_price": agg["sum"]}
 

@@ -12,6 +12,7 @@ The queries are Spark SQL over temporary views of the three streams (times stay 
 * q0-q2: projections and filters, append mode.
 * q3: a stream-stream inner join without watermark (append mode; Spark keeps both sides' state).
 * q17: a streaming aggregation in update mode, its rows written as upserts keyed by (auction, day).
+* q20: a stream-stream inner join like q3's; q21, q22: scalar functions (``regexp_extract``, ``split_part``).
 """
 
 from __future__ import annotations
@@ -41,8 +42,20 @@ QUERIES: dict[str, tuple[str, tuple[str, ...] | None]] = {
             "count_if(price >= 1000000) AS rank3_bids, min(price) AS min_price, max(price) AS max_price, "
             "avg(price) AS avg_price, sum(price) AS sum_price FROM bid GROUP BY auction, "
             "date_format(timestamp_millis(date_time), 'yyyy-MM-dd')", ("auction", "day")),
+    "q20": ("SELECT B.auction, B.bidder, B.price, B.channel, B.url, B.date_time AS bid_date_time, "
+            "B.extra AS bid_extra, A.item_name, A.description, A.initial_bid, A.reserve, "
+            "A.date_time AS auction_date_time, A.expires, A.seller, A.category, A.extra AS auction_extra "
+            "FROM bid AS B JOIN auction AS A ON B.auction = A.id WHERE A.category = 10", None),
+    "q21": ("SELECT auction, bidder, price, channel, CASE WHEN lower(channel) = 'apple' THEN '0' "
+            "WHEN lower(channel) = 'google' THEN '1' WHEN lower(channel) = 'facebook' THEN '2' "
+            "WHEN lower(channel) = 'baidu' THEN '3' ELSE regexp_extract(url, '(&|^)channel_id=([^&]*)', 2) END "
+            "AS channel_id FROM bid WHERE regexp_extract(url, '(&|^)channel_id=([^&]*)', 2) IS NOT NULL "
+            "OR lower(channel) IN ('apple', 'google', 'facebook', 'baidu')", None),
+    "q22": ("SELECT auction, bidder, price, channel, split_part(url, '/', 4) AS dir1, split_part(url, '/', 5) AS dir2, "
+            "split_part(url, '/', 6) AS dir3 FROM bid", None),
 }
-TABLES = {"q0": ("bid",), "q1": ("bid",), "q2": ("bid",), "q3": ("person", "auction"), "q17": ("bid",)}
+TABLES = {"q0": ("bid",), "q1": ("bid",), "q2": ("bid",), "q3": ("person", "auction"), "q17": ("bid",),
+          "q20": ("bid", "auction"), "q21": ("bid",), "q22": ("bid",)}
 
 
 def main(argv: list[str]) -> int:
