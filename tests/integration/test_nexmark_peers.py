@@ -50,6 +50,7 @@ QUERY_NAMES = tuple(os.environ.get("NEXMARK_TEST_QUERIES", "q0,q1,q2,q3,q17,q20,
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
+    pytest.mark.timeout(3600),  # 8 queries x 2 runs per engine; a JVM engine's start takes 20-70 s when loaded
     pytest.mark.skipif(not ENGINES, reason="opt-in: set NEXMARK_TEST_PEERS=1 (or e.g. quix,spark); needs the peers' "
                                            "venvs (make bench-peers) and minutes per engine"),
 ]

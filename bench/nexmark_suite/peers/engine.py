@@ -13,7 +13,9 @@ For each :class:`~.base.PeerJob`:
    the expected final result; a fresh output topic is tailed (:class:`~.measure.OutputTail`); the job
    starts on the filled topics; the clock stops when the output equals the expected result (checked for
    2 s more). An output that never equals it is reported with its difference, timed to its last record.
-2. **Steady** (when ``job.steady``): a second job on the empty steady topics; once it is ready, the
+2. **Steady** (when ``job.steady``): a second job on the empty steady topics; once it runs (Flink: its
+   first checkpoint completed; Spark: its first micro-batch committed; engines that do not show it:
+   ``settle_s`` after the READY line), the
    generator's ``produce()`` paces its events; the tail reads inputs and output; the latency of each
    counted event is the time from its produce call to the receipt of the first committed output row that
    reflects it (:func:`~.measure.latencies`), once the output equals the oracle's over the steady input.
@@ -28,6 +30,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -99,10 +102,48 @@ class Phase:
 
     seconds: float | None  # ready -> output complete (None: never equal to the expected result)
     ready_s: float  # launch -> ready
+    running_s: float | None  # ready -> the engine shows the query running (None: it does not show it)
     output_records: int
+    tail_lag_s: float | None  # receipt of the completing output - its broker append time
     final_rows: list[dict[str, Any]]
     difference: str  # "" when the output equals the oracle's result
     tail: OutputTail
+
+
+class _RunningWatch(threading.Thread):
+    """Notes when the peer's ``running(run_dir)`` first says yes (polled every 50 ms until stopped)."""
+
+    def __init__(self, peer: SubprocessPeer, run_dir: Path) -> None:
+        super().__init__(name=f"peer-running-{run_dir.name}", daemon=True)
+        self.peer, self.run_dir = peer, run_dir
+        self.running_at: float | None = None
+        self.shows = peer.running(run_dir) is not None
+        self._stopping = threading.Event()
+        self._seen = threading.Event()
+        if self.shows:
+            self.start()
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            if self.peer.running(self.run_dir):
+                self.running_at = time.time()
+                self._seen.set()
+                return
+            self._stopping.wait(0.05)
+
+    def wait(self, timeout: float) -> float | None:
+        """When the query runs (None when the engine does not show it); an error after ``timeout``."""
+        if not self.shows:
+            return None
+        if not self._seen.wait(timeout):
+            raise RuntimeError(f"the peer job in {self.run_dir} was not running after {timeout:.0f} s")
+        return self.running_at
+
+    def stop(self) -> float | None:
+        self._stopping.set()
+        if self.is_alive():
+            self.join(5)
+        return self.running_at
 
 
 class SubprocessPeer:
@@ -129,6 +170,11 @@ class SubprocessPeer:
     def encoding(self, query: PeerQuery) -> str:
         """How the job encodes the query's output (see :mod:`.measure`)."""
         return "upsert" if query.updating else "append"
+
+    def running(self, run_dir: Path) -> bool | None:
+        """Whether the job's query is running (its tasks deployed), when the engine shows it; None when it
+        does not."""
+        return None
 
     def renames(self, query: PeerQuery) -> dict[str, str]:
         """Output columns the job names otherwise (a name the engine reserves) -> the query's names."""
@@ -166,7 +212,8 @@ class SubprocessPeer:
         for topic in topics.all():
             ensure_topic(job.bootstrap, topic, topics.partitions)
         output_topic = f"peer-out-{run_dir.name}"
-        ensure_topic(job.bootstrap, output_topic, job.parallelism)
+        # The broker stamps output records with their append time (details: how far the tail lagged).
+        ensure_topic(job.bootstrap, output_topic, job.parallelism, config={"message.timestamp.type": "LogAppendTime"})
         expected = None if produce is not None else oracle_rows(query, read_topics(job.bootstrap, inputs))
         tail = OutputTail(job.bootstrap, query, output_topic, self.encoding(query),
                           inputs if produce is not None else None, self.renames(query))
@@ -179,9 +226,11 @@ class SubprocessPeer:
             process = JobProcess(self.command(job, topics, output_topic, run_dir), run_dir / "job.log",
                                  self.env(job))
             ready = process.wait_ready(self.ready_timeout_s)
+            watch = _RunningWatch(self, run_dir)
             samples: list[float] = []
             if produce is not None:
-                time.sleep(self.settle_s)
+                if watch.wait(self.ready_timeout_s) is None:
+                    time.sleep(self.settle_s)  # the engine does not show when it runs
                 produced = produce()
                 cutoff = (produced.produce_times[produced.warmup_events]
                           if produced.warmup_events < len(produced.produce_times) else float("inf"))
@@ -193,8 +242,12 @@ class SubprocessPeer:
                 with tail.lock:
                     samples = latencies(query, list(tail.input_events), list(tail.outputs), cutoff)
             finished = done if done is not None else (tail.last_output_at or time.time())
+            running_at = watch.stop()
             phase = Phase(seconds=None if done is None else finished - ready, ready_s=ready - process.launched,
+                          running_s=None if running_at is None else running_at - ready,
                           output_records=tail.output_records, final_rows=tail.final_rows(),
+                          tail_lag_s=(None if done is None or tail.matched_appended_at is None
+                                      else done - tail.matched_appended_at),
                           difference="" if done is not None else tail.difference(), tail=tail)
             return phase, samples
         finally:
@@ -210,11 +263,15 @@ class SubprocessPeer:
         catch_up, _ = self._phase(job, query, job.topics, "catchup")
         details: dict[str, Any] = {"catch_up_ready_s": round(catch_up.ready_s, 2),
                                    "catch_up_output_records": catch_up.output_records}
+        if catch_up.running_s is not None:
+            details["catch_up_deploy_s"] = round(catch_up.running_s, 2)
         note = self.note(job)
         events_per_s = None
         if catch_up.seconds is not None:
             events_per_s = job.expected_events / catch_up.seconds
             details["catch_up_s"] = round(catch_up.seconds, 3)
+            if catch_up.tail_lag_s is not None:
+                details["catch_up_tail_lag_s"] = round(catch_up.tail_lag_s, 3)
         else:
             note += f"; catch-up output differs from DuckDB's: {catch_up.difference}"
         p50 = p99 = None

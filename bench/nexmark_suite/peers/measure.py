@@ -20,27 +20,30 @@ Output encodings (an engine's job picks one per query):
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from .queries import PeerQuery, Record, normalize_row
 
 ENCODINGS = ("append", "upsert", "diff")
+_json = msgspec.json.Decoder().decode  # the tail must keep up with the engines: msgspec, not json
 
 
-def ensure_topic(bootstrap: str, name: str, partitions: int, timeout: float = 30.0) -> None:
-    """Create topic ``name`` when missing (an existing one is kept as it is)."""
+def ensure_topic(bootstrap: str, name: str, partitions: int, timeout: float = 30.0,
+                 config: Mapping[str, str] | None = None) -> None:
+    """Create topic ``name`` (with ``config``) when missing (an existing one is kept as it is)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     if name in admin.list_topics(timeout=timeout).topics:
         return
-    for topic, future in admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=timeout).items():
+    new = NewTopic(name, partitions, 1, config=dict(config or {}))
+    for topic, future in admin.create_topics([new], operation_timeout=timeout).items():
         try:
             future.result()
         except KafkaException as error:
@@ -81,7 +84,7 @@ def read_topics(bootstrap: str, topics: Mapping[str, str], timeout: float = 120.
                         pending.discard((message.topic(), message.partition()))
                         continue
                     raise RuntimeError(f"reading {message.topic()}: {error}")
-                records[table_of[message.topic() or ""]].append(json.loads(message.value() or b"null"))
+                records[table_of[message.topic() or ""]].append(_json(message.value() or b"null"))
     finally:
         consumer.close()
     return records
@@ -134,6 +137,10 @@ class OutputTail(threading.Thread):
         self.state = TailState()
         self.lock = threading.Lock()
         self.matched_at: float | None = None  # wall clock when the result last became equal to the expected
+        # ... and the broker's append time of the newest output record then (LogAppendTime output topics):
+        # receipt minus this is how far the tail lagged behind the engine's writes.
+        self.matched_appended_at: float | None = None
+        self.last_appended_at = 0.0
         self.last_output_at: float | None = None
         self.output_records = 0
         self.outputs: list[tuple[float, Record]] = []  # (receipt time, row) of inserted rows, when timing
@@ -160,13 +167,15 @@ class OutputTail(threading.Thread):
                             raise RuntimeError(f"reading {message.topic()}: {message.error()}")
                         topic = message.topic()
                         if topic == self.output_topic:
+                            self.last_appended_at = max(self.last_appended_at, message.timestamp()[1] / 1000)
                             self._output(message.key(), message.value(), received)
                         else:
-                            record = json.loads(message.value() or b"null")
+                            record = _json(message.value() or b"null")
                             self.input_events.append((message.timestamp()[1] / 1000, table_of[topic or ""], record))
                     if messages and self.state.matches:
                         if self.matched_at is None:
                             self.matched_at = received
+                            self.matched_appended_at = self.last_appended_at
                     elif messages:
                         self.matched_at = None
         except BaseException as error:  # surfaced by wait_result
@@ -176,7 +185,7 @@ class OutputTail(threading.Thread):
             consumer.close()
 
     def _decode(self, data: bytes | None) -> Any:
-        decoded = json.loads(data or b"null")
+        decoded = _json(data or b"null")
         if self.renames and isinstance(decoded, dict):
             for engine_name, name in self.renames.items():
                 if engine_name in decoded:

@@ -20,6 +20,10 @@ class SparkPeer(SubprocessPeer):
     def extra_args(self, job: PeerJob, run_dir: Path) -> list[str]:
         return ["--jars", ",".join(str(jar) for jar in spark_jars())]
 
+    def running(self, run_dir: Path) -> bool | None:
+        # The first micro-batch (batch 0, run even on empty topics) committed: the query is planned and running.
+        return (run_dir / "checkpoint" / "commits" / "0").exists()
+
     def env(self, job: PeerJob) -> dict[str, str]:
         env = super().env(job)
         env["SPARK_LOCAL_IP"] = "127.0.0.1"  # else Spark binds to the host's first non-loopback address
