@@ -100,6 +100,13 @@ class GeneratorConfig:
         """Event time (epoch ms) of event ``number``: the reference's ``baseTime + (long)(n * delayUs) / 1000``."""
         return self.base_time_ms + int(number * (1e6 / self.event_rate)) // 1000
 
+    def table_of(self, number: int) -> str:
+        """``"person"``, ``"auction"`` or ``"bid"``: the kind of event ``number`` (the mix is by position)."""
+        kind = (self.first_event_id + number) % self.total_proportion
+        if kind < self.person_proportion:
+            return "person"
+        return "auction" if kind < self.person_proportion + self.auction_proportion else "bid"
+
     # --- ids: pure functions of the event id, as in the reference ---------------------------------------
 
     def last_base0_person_id(self, event_id: int) -> int:
