@@ -104,7 +104,7 @@ class Phase:
     ready_s: float  # launch -> ready
     running_s: float | None  # ready -> the engine shows the query running (None: it does not show it)
     output_records: int
-    tail_lag_s: float | None  # receipt of the completing output - its broker append time
+    tail_lag_s: float | None  # receipt of the completing output - its broker append time (commit wait + tail lag)
     final_rows: list[dict[str, Any]]
     difference: str  # "" when the output equals the oracle's result
     tail: OutputTail

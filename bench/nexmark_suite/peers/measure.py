@@ -138,7 +138,8 @@ class OutputTail(threading.Thread):
         self.lock = threading.Lock()
         self.matched_at: float | None = None  # wall clock when the result last became equal to the expected
         # ... and the broker's append time of the newest output record then (LogAppendTime output topics):
-        # receipt minus this is how far the tail lagged behind the engine's writes.
+        # receipt minus this is the wait for its transaction's commit (exactly-once sinks) plus the tail's
+        # own lag behind the engine's writes.
         self.matched_appended_at: float | None = None
         self.last_appended_at = 0.0
         self.last_output_at: float | None = None
