@@ -264,7 +264,9 @@ class SubprocessPeer:
         details: dict[str, Any] = {"catch_up_ready_s": round(catch_up.ready_s, 2),
                                    "catch_up_output_records": catch_up.output_records}
         if catch_up.running_s is not None:
-            details["catch_up_deploy_s"] = round(catch_up.running_s, 2)
+            # READY -> the engine's first commit (Flink: first checkpoint, so the job was deployed; Spark: first
+            # micro-batch, which in a catch-up holds most of the backlog).
+            details["catch_up_first_commit_s"] = round(catch_up.running_s, 2)
         note = self.note(job)
         events_per_s = None
         if catch_up.seconds is not None:

@@ -29,7 +29,8 @@ class FlinkPeer(SubprocessPeer):
         self.settings = (f"apache-flink {pinned_version('flink', 'apache-flink')} ({jars}), local mini-cluster, "
                          "checkpoints EXACTLY_ONCE every 1 s, Kafka sink delivery-guarantee exactly-once "
                          "(transactions committed at checkpoints), sources read_committed; the catch-up time "
-                         "includes the job's deployment (details: catch_up_deploy_s, READY to first checkpoint)")
+                         "includes the job's deployment (details: catch_up_first_commit_s, READY to the first "
+                         "checkpoint)")
         return super().note(job)
 
 

@@ -147,6 +147,7 @@ class OutputTail(threading.Thread):
         self.outputs: list[tuple[float, Record]] = []  # (receipt time, row) of inserted rows, when timing
         self.input_events: list[tuple[float, str, Record]] = []  # (Kafka timestamp s, table, record)
         self.error: BaseException | None = None
+        self._raw: dict[tuple[Any, ...], Record] = {}  # a normalized row -> the row as the engine wrote it
         self._stopping = threading.Event()
         self._assigned = threading.Event()
 
@@ -208,6 +209,7 @@ class OutputTail(threading.Thread):
                 return
             row_dict = self._decode(value)
             row = normalize_row(query, row_dict)
+            self._raw[row] = row_dict
             key_tuple = tuple(row_dict[c] for c in query.key)
             old = self.state.by_key.get(key_tuple)
             if old is not None:
@@ -218,7 +220,9 @@ class OutputTail(threading.Thread):
         else:
             row_dict = self._decode(value)
             diff = int(row_dict.get("diff", 1)) if self.encoding == "diff" else 1
-            self.state.add(normalize_row(query, row_dict), diff)
+            row = normalize_row(query, row_dict)
+            self._raw.setdefault(row, row_dict)
+            self.state.add(row, diff)
         if self.inputs and diff > 0:
             self.outputs.append((received, row_dict))
 
@@ -264,8 +268,9 @@ class OutputTail(threading.Thread):
                     f"(e.g. {extra[:limit]})")
 
     def final_rows(self) -> list[dict[str, Any]]:
+        """The current result as the engine wrote its rows (values not rounded), the query's columns only."""
         with self.lock:
-            return [dict(zip(self.query.columns, row, strict=True))
+            return [{column: self._raw[row][column] for column in self.query.columns}
                     for row, count in sorted(self.state.counts.items(), key=repr) for _ in range(max(count, 0))]
 
     def stop(self) -> None:
