@@ -4,7 +4,9 @@ a view, each view checked against DuckDB on the same table rows at every committ
 Which queries run is not listed here: it is whatever mvlog's planner accepts today
 (``bench/nexmark_suite/mvlog_tables.plan_queries``), so queries join this test as the SQL subset grows;
 q0, q1 and q3 must always be among them. The events come in waves, the first before the ingesters and
-the views start (a backlog) and the rest while they run (live epochs), over two partitions per topic.
+the views start (a backlog) and the rest while they run (live epochs), over two partitions per topic;
+the closing wave goes table by table so that every join can apply all it holds (see the comment there:
+a join over source tables leaves its second table's tail waiting while its first table is idle).
 Besides the oracle (tests/oracle.py: each view's changelog summed up to each barrier equals DuckDB's
 evaluation of its SQL over the upstream tables' rows at that epoch; Redis equals the changelog), the
 tables themselves are compared with the generated events, so the views' inputs are the stream itself.
