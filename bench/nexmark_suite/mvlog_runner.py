@@ -12,7 +12,8 @@ broker and Redis), so nothing of an earlier run is reused.
   the effect of the last event committed. For a join, the last epoch it can reach (see
   :func:`reachable_epoch`: events of its second table after the first table's last epoch wait for a later
   epoch of the first, which an idle source table does not cut).
-* **steady**: the ingesters and the consumer run on empty topics of the run's own; a producer writes events
+* **steady**: the ingesters and the consumer run on empty topics of the run's own (once each ingester
+  says it consumes and the view's streaming query ran its first micro-batch); a producer writes events
   at a fixed rate; each event's latency is from its produce call to the first time the view's MCE covers
   the source-table epoch that consumed its offset (each table epoch records the source offsets it consumed
   on its barriers, :mod:`mvlog.source_offsets`; the MCE is polled every few ms).
@@ -76,6 +77,19 @@ class SourceProcesses:
             args = [*mvlog_command(), "run-source", table] + (["--until-caught-up"] if self.until_caught_up else [])
             with (self.log_dir / f"run-source-{table}.log").open("wb") as log:
                 self.processes[table] = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until every ingester says it is consuming (its ``ingesting topic`` line)."""
+        deadline = time.monotonic() + timeout
+        for table, process in self.processes.items():
+            log = self.log_dir / f"run-source-{table}.log"
+            while "ingesting topic" not in log.read_text(errors="replace"):
+                if process.poll() is not None:
+                    self._check(table, process.returncode)
+                    raise RuntimeError(f"mvlog run-source {table} exited before ingesting")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"mvlog run-source {table} did not start in {timeout:.0f} s")
+                time.sleep(0.05)
 
     def wait(self, timeout: float) -> None:
         """Wait for every ingester to exit (``--until-caught-up``); a failure is raised with its log."""
@@ -311,7 +325,14 @@ class MvlogNexmark:
         try:
             with MceWatch(store, [view]) as watch:
                 sources.start()
-                consumer.start()
+                query = consumer.start()
+                # Counted events start once everything runs (as the peers' runners wait for their job).
+                sources.wait_ready(self.timeout_s)
+                deadline = time.monotonic() + self.timeout_s
+                while query.lastProgress is None:
+                    if query.exception() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"{view}: the streaming query did not start: {query.exception()}")
+                    time.sleep(0.05)
                 produced = phase.produce()
                 wait_ingested(settings, topics, tables, self.timeout_s)
                 sources.stop()
