@@ -37,6 +37,7 @@ import logging
 import math
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import traceback
@@ -138,6 +139,10 @@ def load_peers(names: Sequence[str]) -> dict[str, PeerRunner | str]:
     return out
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--events", type=int, default=200_000, help="events in the catch-up topics (default 200000)")
@@ -174,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     peers = load_peers([e for e in engines if e != MVLOG])
     cells: dict[str, dict[str, Cell]] = {q: {} for q in ids}
     produced_note = ""
+    signal.signal(signal.SIGTERM, _interrupt)
     tmp = Path(tempfile.mkdtemp(prefix="mvlog-nexmark-"))
     kafka_port, redis_port = free_ports(2)
     stack = LocalStack(data_dir=tmp / "stack", kafka_port=kafka_port, redis_port=redis_port, die_with_parent=True)
@@ -260,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                               guarantee=peer.guarantee)
                     traceback.print_exc()
                 print(f"  {engine} {qid}: {cells[qid][engine].text()} {cells[qid][engine].note[:200]}", flush=True)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the table of what ran so far is still worth printing
+        print("interrupted: the table below holds the runs finished so far", flush=True)
     finally:
         if spark is not None:
             spark.stop()

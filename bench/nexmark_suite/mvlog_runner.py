@@ -303,10 +303,10 @@ class MvlogNexmark:
                 ingested = time.time()
                 last = reachable_epoch(store, sources_of(planned))
                 if not last:
-                    first, *others = sources_of(planned)
+                    leader, *others = sources_of(planned)
                     raise RuntimeError(
-                        f"{view} can commit nothing: its first table {first} has no epoch at or below the last "
-                        f"epoch of {', '.join(others)} (the join follows {first}'s epochs, never past the other "
+                        f"{view} can commit nothing: its first table {leader} has no epoch at or below the last "
+                        f"epoch of {', '.join(others)} (the join follows {leader}'s epochs, never past the other "
                         "side's last one; each table here committed its backlog in its own epochs, and a source "
                         "table cuts no epoch while idle)")
                 consumer.wait_for_epoch(last, self.timeout_s)  # raises when the view's query failed
