@@ -22,6 +22,7 @@ broker and Redis), so nothing of an earlier run is reused.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,18 @@ class SourceProcesses:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"mvlog run-source {table} did not start in {timeout:.0f} s")
                 time.sleep(0.05)
+
+    def ready_time(self) -> float | None:
+        """When the last ingester began consuming (``time.time()``), from the timestamp of its ``ingesting``
+        log line; None when a log lacks it."""
+        times = []
+        for table in self.processes:
+            text = (self.log_dir / f"run-source-{table}.log").read_text(errors="replace")
+            found = re.search(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO \S+: \S+: ingesting ", text, re.M)
+            if found is None:
+                return None
+            times.append(datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp())
+        return max(times) if times else None
 
     def wait(self, timeout: float) -> None:
         """Wait for every ingester to exit (``--until-caught-up``); a failure is raised with its log."""
@@ -253,6 +267,7 @@ class CatchUp:
     epochs: int  # epochs the view committed
     ingest_seconds: float  # from the start until the last ingester exited (its tables complete)
     first_epoch_seconds: float | None  # from the start until the view's first commit
+    startup_seconds: float | None  # from the start until the last ingester began consuming (process start-up)
 
 
 @dataclass
@@ -314,7 +329,9 @@ class MvlogNexmark:
             rows = view_rows(settings, client, view)
             history = watch.history[view]
             first = history[0][0] - start if history else None
-            return CatchUp(reached - start, rows, len(history), ingested - start, first)
+            ready = sources.ready_time()
+            return CatchUp(reached - start, rows, len(history), ingested - start, first,
+                           ready - start if ready is not None else None)
         finally:
             sources.kill_all()
             consumer.stop()
