@@ -10,6 +10,9 @@
 #   make lint    ruff and mypy only
 #   make soak    setup + the chaos soak test (tests/integration/test_soak.py; not in `make test`: see README)
 #   make bench   the benchmarks (bench/run.py)
+#   make bench-peers   the Nexmark peer engines' venvs (~/.cache/mvlog/peers/<engine>/venv: Spark, Quix
+#                Streams, Pathway, Flink) and their Kafka connector jars from Maven Central; PEERS="quix spark"
+#                for some (several GB in all; bench/nexmark.py also makes them on first use)
 #   make up / make down   start / stop the local stack (Apache Kafka + Redis) on mvlog's default ports
 #   make purge   stop the local stack and delete its data (.mvlog/kafka, .mvlog/redis)
 
@@ -35,7 +38,7 @@ TEST_TIMEOUT ?= 600
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help setup system-deps kafka connect lint test soak demo bench up down purge clean
+.PHONY: help setup system-deps kafka connect lint test soak demo bench bench-peers up down purge clean
 
 help:
 	@awk '/^#/ { sub(/^# ?/, ""); print; next } { exit }' Makefile
@@ -128,6 +131,11 @@ bench: setup
 	@if [ -f bench/run.py ]; then \
 		PYSPARK_PYTHON="$(CURDIR)/$(PY)" "$(PY)" bench/run.py; \
 	else echo "No benchmarks yet (bench/run.py)."; fi
+
+# Each peer in a venv of its own (its pins never meet mvlog's), from bench/nexmark_suite/peers/requirements.
+PEERS ?=
+bench-peers: setup
+	"$(PY)" -m bench.nexmark_suite.peers.venvs $(PEERS)
 
 up: setup
 	$(VENV)/bin/mvlog up
