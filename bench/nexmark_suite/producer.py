@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from confluent_kafka import KafkaException, Producer
@@ -79,12 +79,13 @@ def encode(event: Event) -> tuple[bytes, bytes]:
 
 def produce(bootstrap: str, topics: NexmarkTopics, config: GeneratorConfig, rate: float = 0.0,
             on_event: Callable[[Event, float], None] | None = None, producer_config: dict[str, object] | None = None,
-            skip: int = 0) -> ProduceStats:
+            skip: int = 0, only: Collection[str] | None = None) -> ProduceStats:
     """Generate ``config.events`` events into ``topics``; paced at ``rate`` events/s when ``rate > 0`` (then
     event time starts at the wall clock and advances at ``rate``). ``on_event(event, produce_time)`` is
     called after each ``produce`` call, with ``time.time()`` at that call (the message's timestamp).
     ``skip``: the first ``skip`` events are generated but not written (a second wave of the same stream,
-    unpaced only: paced event times start at the wall clock). Returns once every message is acknowledged."""
+    unpaced only: paced event times start at the wall clock); ``only``: write the events of these tables
+    alone (of person / auction / bid). Returns once every message is acknowledged."""
     if skip and rate > 0:
         raise ValueError("skip is for unpaced waves: a paced run's event times start at the wall clock")
     if rate < 0:
@@ -106,7 +107,7 @@ def produce(bootstrap: str, topics: NexmarkTopics, config: GeneratorConfig, rate
     if rate > 0:  # event time from now on, at the pace of the writes (the generator's tables are built)
         generator.config = replace(config, event_rate=rate, base_time_ms=int(start * 1000))
     for event in generator:
-        if event.number < skip:
+        if event.number < skip or (only is not None and event.table.name not in only):
             continue
         if rate > 0 and event.number % _PACE_CHECK == 0:
             ahead = start + event.number / rate - time.time()
