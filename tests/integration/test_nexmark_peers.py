@@ -37,7 +37,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.nexmark_suite.model import NexmarkTopics  # noqa: E402
-from bench.nexmark_suite.peers import engine as peer_engine  # noqa: E402
 from bench.nexmark_suite.peers.base import PeerJob, SteadyPhase, SteadyProduced  # noqa: E402
 from bench.nexmark_suite.peers.measure import ensure_topic  # noqa: E402
 from bench.nexmark_suite.peers.queries import QUERIES, multiset, normalize_row, oracle_rows  # noqa: E402
@@ -184,7 +183,3 @@ def test_peer_matches_duckdb(engine: str, stack: StackEndpoints, tmp_path: Path,
             failures.append(f"{name}: no latency sample in the steady phase ({result.details})")
     assert not failures, f"{runner.name}: " + " | ".join(failures)
 
-
-def test_engine_module_names_its_job() -> None:
-    for engine in ENGINES:
-        assert (peer_engine.JOBS / f"{engine}_job.py").is_file()

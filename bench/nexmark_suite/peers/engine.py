@@ -235,7 +235,8 @@ class SubprocessPeer:
                 cutoff = (produced.produce_times[produced.warmup_events]
                           if produced.warmup_events < len(produced.produce_times) else float("inf"))
                 tail.expect(oracle_rows(query, read_topics(job.bootstrap, inputs)))
-            done = tail.wait_result(time.time() + job.timeout_s, alive=process.alive)
+            done = tail.wait_result(time.time() + job.timeout_s, alive=process.alive,
+                                    starting=lambda: watch.shows and watch.running_at is None)
             if done is None and not process.alive():
                 raise RuntimeError(f"the {self.name} job ended early; its log ({process.log}) ends:\n{process.tail()}")
             if produce is not None:
@@ -248,7 +249,8 @@ class SubprocessPeer:
                           output_records=tail.output_records, final_rows=tail.final_rows(),
                           tail_lag_s=(None if done is None or tail.matched_appended_at is None
                                       else done - tail.matched_appended_at),
-                          difference="" if done is not None else tail.difference(), tail=tail)
+                          difference="" if done is not None else
+                          f"{tail.difference()}; the job's log ends: {process.tail(600)!r}", tail=tail)
             return phase, samples
         finally:
             if process is not None:

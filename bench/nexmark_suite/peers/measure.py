@@ -240,18 +240,22 @@ class OutputTail(threading.Thread):
             self.matched_at = time.time() if self.state.matches else None
 
     def wait_result(self, deadline: float, *, grace_s: float = 2.0, quiet_s: float = 60.0,
-                    alive: Any = None) -> float | None:
+                    alive: Any = None, starting: Any = None) -> float | None:
         """The wall-clock time at which the output first equalled the expected result and stayed so for
         ``grace_s``; ``None`` when it differs and nothing was output for ``quiet_s`` (or the deadline, a
-        ``time.time()``, passed, or ``alive()`` says the engine's process ended)."""
-        started = time.time()
+        ``time.time()``, passed, or ``alive()`` says the engine's process ended). While ``starting()`` says
+        the engine is still starting its query (a JVM engine's deployment can take a minute on a loaded
+        machine), silence does not count."""
+        quiet_from = time.time()
         while True:
             time.sleep(0.05)
             now = time.time()
             if self.error is not None:
                 raise RuntimeError(f"reading {self.output_topic!r} failed: {self.error}") from self.error
+            if starting is not None and starting():
+                quiet_from = now
             with self.lock:
-                matched_at, last = self.matched_at, self.last_output_at or started
+                matched_at, last = self.matched_at, max(self.last_output_at or 0.0, quiet_from)
             if matched_at is not None and now - matched_at >= grace_s:
                 return matched_at
             if matched_at is None and (now - last > quiet_s or now > deadline or (alive is not None and not alive())):
