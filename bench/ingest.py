@@ -99,8 +99,8 @@ class TimedIngester(SourceIngester):
         super().__init__(*args)
         self.commits: list[tuple[float, int, dict[int, int]]] = []  # (wall time, messages so far, positions)
 
-    def commit(self) -> int | None:
-        epoch = super().commit()
+    def commit(self, *, idle: bool = False) -> int | None:
+        epoch = super().commit(idle=idle)
         if epoch is not None:
             self.commits.append((time.time(), self.progress.messages, dict(self.positions)))
         return epoch

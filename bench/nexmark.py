@@ -36,10 +36,8 @@ import importlib
 import logging
 import math
 import re
-import shutil
 import signal
 import sys
-import tempfile
 import traceback
 from collections import Counter
 from collections.abc import Sequence
@@ -51,7 +49,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
-from _common import fmt_rate, machine_info  # noqa: E402
+from _common import fmt_rate, machine_info, temporary_stack  # noqa: E402
 
 from bench.nexmark_suite.generator import GeneratorConfig  # noqa: E402
 from bench.nexmark_suite.model import NexmarkTopics  # noqa: E402
@@ -172,7 +170,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown engine(s) {unknown}; known: mvlog, {', '.join(PEER_MODULES)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    from mvlog.infra.local_stack import LocalStack, free_ports
     from mvlog.services.spark_session import spark_session
 
     planned = {p.query.id: p for p in plan_queries(ids)}
@@ -180,104 +177,100 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells: dict[str, dict[str, Cell]] = {q: {} for q in ids}
     produced_note = ""
     signal.signal(signal.SIGTERM, _interrupt)
-    tmp = Path(tempfile.mkdtemp(prefix="mvlog-nexmark-"))
-    kafka_port, redis_port = free_ports(2)
-    stack = LocalStack(data_dir=tmp / "stack", kafka_port=kafka_port, redis_port=redis_port, die_with_parent=True)
-    stack.start()
-    spark = None
-    try:
-        bootstrap = stack.bootstrap_servers
-        topics = NexmarkTopics(partitions=args.partitions)
-        stats = produce(bootstrap, topics, GeneratorConfig(seed=args.seed, events=args.events))
-        produced_note = (f"{stats.events:,} events ({stats.counts['person']:,} persons, {stats.counts['auction']:,} "
-                         f"auctions, {stats.counts['bid']:,} bids; {stats.wire_bytes / 1e6:.1f} MB of JSON) written "
-                         f"in {stats.seconds:.1f} s before the clocks, {args.partitions} partition(s) per topic")
-        print(produced_note, flush=True)
+    with temporary_stack("mvlog-nexmark-") as (stack, tmp):
+        spark = None
+        try:
+            bootstrap = stack.bootstrap_servers
+            topics = NexmarkTopics(partitions=args.partitions)
+            stats = produce(bootstrap, topics, GeneratorConfig(seed=args.seed, events=args.events))
+            counts = stats.counts
+            produced_note = (f"{stats.events:,} events ({counts['person']:,} persons, {counts['auction']:,} "
+                             f"auctions, {counts['bid']:,} bids; {stats.wire_bytes / 1e6:.1f} MB of JSON) written "
+                             f"in {stats.seconds:.1f} s before the clocks, {args.partitions} partition(s) per topic")
+            print(produced_note, flush=True)
 
-        if MVLOG in engines:
-            from bench.nexmark_suite.mvlog_runner import MvlogNexmark
+            if MVLOG in engines:
+                from bench.nexmark_suite.mvlog_runner import MvlogNexmark
 
-            def settings_for(prefix: str) -> Any:
-                return stack.settings(topic_prefix=prefix, partitions=args.mvlog_partitions,
-                                      spark_master=args.master, barrier_interval_ms=args.barrier_ms)
+                def settings_for(prefix: str) -> Any:
+                    return stack.settings(topic_prefix=prefix, partitions=args.mvlog_partitions,
+                                          spark_master=args.master, barrier_interval_ms=args.barrier_ms)
 
-            spark = spark_session(settings_for("nxsession"), app_name="mvlog-nexmark")
-            runner = MvlogNexmark(settings_for, spark, tmp / "mvlog", timeout_s=args.timeout)
-            runnable = [planned[q] for q in ids if planned[q].runnable]
-            if runnable:  # warm-up, untimed: the Spark session's first reads, the data source, Python workers
-                warm = NexmarkTopics.with_prefix("nexmark-warmup-")
-                produce(bootstrap, warm, GeneratorConfig(seed=args.seed, events=1000))
-                runner.catch_up("nxwarm", runnable[0], warm)
-            for qid in ids:
-                p: Planned = planned[qid]
-                cell = cells[qid].setdefault(MVLOG, Cell(guarantee="exactly-once"))
-                if not p.runnable:
-                    cell.note = f"not planned: {p.refusal}"
-                    continue
-                try:
-                    result = runner.catch_up(f"nx{qid}c", p, topics)
-                    # Like the peers' runners: the engine's start-up (here the run-source processes' start, until
-                    # each consumes) is left out of the time; the figure with it is in the note.
-                    startup = result.startup_seconds or 0.0
-                    cell.events_per_s = stats.events / (result.seconds - startup)
-                    cell.note = (f"{stats.events / result.seconds:,.0f} events/s with the ingesters' start-up "
-                                 f"({startup:.1f} s) counted")
-                    cell.rows = result.rows
-                    cell.details.update(seconds=result.seconds, epochs=result.epochs,
-                                        ingest_seconds=result.ingest_seconds,
-                                        first_epoch_seconds=result.first_epoch_seconds)
-                    first = (f"{result.first_epoch_seconds:.1f} s" if result.first_epoch_seconds is not None
-                             else "never")
-                    print(f"  mvlog {qid} catch-up: {result.seconds:.1f} s ({result.epochs} view epochs; ingesters "
-                          f"consuming after {startup:.1f} s, done after {result.ingest_seconds:.1f} s, the view's "
-                          f"first commit after {first})", flush=True)
-                    if not args.no_steady:
-                        mine = steady_phase(bootstrap, NexmarkTopics.with_prefix(f"nexmark-steady-mvlog-{qid}-"),
-                                            args.steady_rate, args.steady_events, args.warmup_events,
-                                            seed=args.seed + 1)
-                        steady = runner.steady(f"nx{qid}s", p, mine)
-                        cell.p50_ms, cell.p99_ms = steady.p50_ms, steady.p99_ms
-                        if steady.uncovered:
-                            cell.note += f"; {steady.uncovered} steady event(s) never reached the view"
-                except Exception as error:
-                    cell.note = f"failed: {type(error).__name__}: {str(error)[:300]}"
-                    traceback.print_exc()
-                print(f"  mvlog {qid}: {cell.text()} {cell.note}", flush=True)
-            spark.stop()
-            spark = None
+                spark = spark_session(settings_for("nxsession"), app_name="mvlog-nexmark")
+                runner = MvlogNexmark(settings_for, spark, tmp / "mvlog", timeout_s=args.timeout)
+                runnable = [planned[q] for q in ids if planned[q].runnable]
+                if runnable:  # warm-up, untimed: the Spark session's first reads, the data source, Python workers
+                    warm = NexmarkTopics.with_prefix("nexmark-warmup-")
+                    produce(bootstrap, warm, GeneratorConfig(seed=args.seed, events=1000))
+                    runner.catch_up("nxwarm", runnable[0], warm)
+                for qid in ids:
+                    p: Planned = planned[qid]
+                    cell = cells[qid].setdefault(MVLOG, Cell(guarantee="exactly-once"))
+                    if not p.runnable:
+                        cell.note = f"not planned: {p.refusal}"
+                        continue
+                    try:
+                        result = runner.catch_up(f"nx{qid}c", p, topics)
+                        # Like the peers' runners: the engine's start-up (here the run-source processes' start, until
+                        # each consumes) is left out of the time; the figure with it is in the note.
+                        startup = result.startup_seconds or 0.0
+                        cell.events_per_s = stats.events / (result.seconds - startup)
+                        cell.note = (f"{stats.events / result.seconds:,.0f} events/s with the ingesters' start-up "
+                                     f"({startup:.1f} s) counted")
+                        cell.rows = result.rows
+                        cell.details.update(seconds=result.seconds, epochs=result.epochs,
+                                            ingest_seconds=result.ingest_seconds,
+                                            first_epoch_seconds=result.first_epoch_seconds)
+                        first = (f"{result.first_epoch_seconds:.1f} s" if result.first_epoch_seconds is not None
+                                 else "never")
+                        print(f"  mvlog {qid} catch-up: {result.seconds:.1f} s ({result.epochs} view epochs; ingesters "
+                              f"consuming after {startup:.1f} s, done after {result.ingest_seconds:.1f} s, the view's "
+                              f"first commit after {first})", flush=True)
+                        if not args.no_steady:
+                            mine = steady_phase(bootstrap, NexmarkTopics.with_prefix(f"nexmark-steady-mvlog-{qid}-"),
+                                                args.steady_rate, args.steady_events, args.warmup_events,
+                                                seed=args.seed + 1)
+                            steady = runner.steady(f"nx{qid}s", p, mine)
+                            cell.p50_ms, cell.p99_ms = steady.p50_ms, steady.p99_ms
+                            if steady.uncovered:
+                                cell.note += f"; {steady.uncovered} steady event(s) never reached the view"
+                    except Exception as error:
+                        cell.note = f"failed: {type(error).__name__}: {str(error)[:300]}"
+                        traceback.print_exc()
+                    print(f"  mvlog {qid}: {cell.text()} {cell.note}", flush=True)
+                spark.stop()
+                spark = None
 
-        for engine, peer in peers.items():
-            for qid in ids:
-                if isinstance(peer, str):
-                    cells[qid][engine] = Cell(note=peer)
-                    continue
-                reason = peer.supports(qid)
-                if reason is not None:
-                    cells[qid][engine] = Cell(note=f"not run: {reason}", guarantee=peer.guarantee)
-                    continue
-                phase = None if args.no_steady else steady_phase(
-                    bootstrap, NexmarkTopics.with_prefix(f"nexmark-steady-{engine}-{qid}-"), args.steady_rate,
-                    args.steady_events, args.warmup_events, seed=args.seed + 1)
-                work = tmp / "peers" / engine / qid
-                work.mkdir(parents=True, exist_ok=True)
-                job = PeerJob(qid, planned[qid].query.sql, bootstrap, topics, stats.events, work,
-                              parallelism=args.parallelism, steady=phase, timeout_s=args.timeout)
-                try:
-                    res: PeerResult = peer.run(job)
-                    cells[qid][engine] = Cell(res.events_per_s, res.latency_p50_ms, res.latency_p99_ms,
-                                              res.final_rows, res.note, res.guarantee, dict(res.details))
-                except Exception as error:
-                    cells[qid][engine] = Cell(note=f"failed: {type(error).__name__}: {str(error)[:300]}",
-                                              guarantee=peer.guarantee)
-                    traceback.print_exc()
-                print(f"  {engine} {qid}: {cells[qid][engine].text()} {cells[qid][engine].note[:200]}", flush=True)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the table of what ran so far is still worth printing
-        print("interrupted: the table below holds the runs finished so far", flush=True)
-    finally:
-        if spark is not None:
-            spark.stop()
-        stack.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+            for engine, peer in peers.items():
+                for qid in ids:
+                    if isinstance(peer, str):
+                        cells[qid][engine] = Cell(note=peer)
+                        continue
+                    reason = peer.supports(qid)
+                    if reason is not None:
+                        cells[qid][engine] = Cell(note=f"not run: {reason}", guarantee=peer.guarantee)
+                        continue
+                    phase = None if args.no_steady else steady_phase(
+                        bootstrap, NexmarkTopics.with_prefix(f"nexmark-steady-{engine}-{qid}-"), args.steady_rate,
+                        args.steady_events, args.warmup_events, seed=args.seed + 1)
+                    work = tmp / "peers" / engine / qid
+                    work.mkdir(parents=True, exist_ok=True)
+                    job = PeerJob(qid, planned[qid].query.sql, bootstrap, topics, stats.events, work,
+                                  parallelism=args.parallelism, steady=phase, timeout_s=args.timeout)
+                    try:
+                        res: PeerResult = peer.run(job)
+                        cells[qid][engine] = Cell(res.events_per_s, res.latency_p50_ms, res.latency_p99_ms,
+                                                  res.final_rows, res.note, res.guarantee, dict(res.details))
+                    except Exception as error:
+                        cells[qid][engine] = Cell(note=f"failed: {type(error).__name__}: {str(error)[:300]}",
+                                                  guarantee=peer.guarantee)
+                        traceback.print_exc()
+                    print(f"  {engine} {qid}: {cells[qid][engine].text()} {cells[qid][engine].note[:200]}", flush=True)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the table of what ran so far is still worth printing
+            print("interrupted: the table below holds the runs finished so far", flush=True)
+        finally:
+            if spark is not None:
+                spark.stop()
 
     report(args, engines, peers, planned, cells, produced_note)
     return 0
