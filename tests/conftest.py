@@ -100,7 +100,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 LONGEST_FIRST = tuple(f"tests/integration/{name}.py" for name in (
     "test_views_exactly_once", "test_soak", "test_source_tables", "test_replacement_crash", "test_backfill",
     "test_demo", "test_durable_stack", "test_retention", "test_kafka_security",
-    "test_operator_actions", "test_cdc_postgres", "test_redis_restart", "test_read_after_wipe",
+    "test_nexmark", "test_operator_actions", "test_cdc_postgres", "test_redis_restart", "test_read_after_wipe",
     "test_log_cache", "test_rebuild_from_kafka", "test_snapshot", "test_replacement_join", "test_replacement",
 ))
 
