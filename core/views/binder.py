@@ -49,6 +49,10 @@ _AGGREGATES: dict[type[exp.Expr], AggregateFunction] = {
     exp.Count: AggregateFunction.COUNT, exp.Sum: AggregateFunction.SUM, exp.Avg: AggregateFunction.AVG,
     exp.Min: AggregateFunction.MIN, exp.Max: AggregateFunction.MAX,
 }
+_DISTINCT_AGGREGATES: dict[AggregateFunction, AggregateFunction] = {
+    AggregateFunction.COUNT: AggregateFunction.COUNT_DISTINCT, AggregateFunction.SUM: AggregateFunction.SUM_DISTINCT,
+    AggregateFunction.AVG: AggregateFunction.AVG_DISTINCT,
+}
 _OPERATOR_NAMES: dict[type[exp.Expr], str] = {
     exp.Mod: "operator %", exp.IntDiv: "operator DIV", exp.NullSafeEQ: "operator <=>",
     exp.NullSafeNEQ: "operator IS DISTINCT FROM", exp.DPipe: "operator ||", exp.BitwiseAnd: "operator &",
@@ -387,8 +391,11 @@ class Binder:
         name = function.value
         target = node.this
         if isinstance(target, exp.Distinct):
-            raise self.parsed.unsupported(f"{name}(DISTINCT ...)", node,
-                                          hint="DISTINCT aggregates are not maintained incrementally")
+            if len(target.expressions) != 1:
+                raise self.parsed.unsupported(f"{name}(DISTINCT ...) of several expressions", node,
+                                              hint="count the distinct values of one expression")
+            function = _DISTINCT_AGGREGATES.get(function, function)  # min/max of distinct values: the same
+            target = target.expressions[0]
         if node.expressions:
             raise self.parsed.unsupported(f"{name}() with several arguments", node)
         arg: Expr | None
@@ -406,14 +413,15 @@ class Binder:
         return AggregateRef(ctx.aggregates.index(call), result, call.nullable)
 
     def _aggregate_type(self, node: exp.Expr, function: AggregateFunction, arg: Expr) -> ColumnType:
-        if function is AggregateFunction.COUNT:
+        if function in (AggregateFunction.COUNT, AggregateFunction.COUNT_DISTINCT):
             return ColumnType.INT
         if arg.type is None:
             raise self._type_error(node, f"cannot infer the type of {function.value} of an always-NULL value")
-        if function in (AggregateFunction.SUM, AggregateFunction.AVG):
+        if function in (AggregateFunction.SUM, AggregateFunction.AVG, *_DISTINCT_AGGREGATES.values()):
             if arg.type not in _NUMERIC:
                 raise self._type_error(node, f"{function.value} needs numbers, got {_type_name(arg.type)}")
-            return ColumnType.FLOAT if function is AggregateFunction.AVG else arg.type
+            average = function in (AggregateFunction.AVG, AggregateFunction.AVG_DISTINCT)
+            return ColumnType.FLOAT if average else arg.type
         return arg.type
 
     def _type_error(self, node: exp.Expr, problem: str) -> ViewDefinitionError:

@@ -25,8 +25,6 @@ Keyword = TokenType | str  # a token type, or words (e.g. a function's names: "C
 # Clauses of a SELECT that the subset does not have, with the keyword that introduces them.
 _REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
     "with": ("WITH (common table expression)", TokenType.WITH),
-    "distinct": ("SELECT DISTINCT", TokenType.DISTINCT),
-    "having": ("HAVING", TokenType.HAVING),
     "order": ("ORDER BY", TokenType.ORDER_BY),
     "limit": ("LIMIT", TokenType.LIMIT),
     "offset": ("OFFSET", TokenType.OFFSET),
@@ -40,7 +38,7 @@ _REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
     "sample": ("TABLESAMPLE", TokenType.TABLE_SAMPLE),
     "hint": ("query hint", None),
 }
-_ALLOWED_CLAUSES = {"expressions", "from", "joins", "where", "group"}
+_ALLOWED_CLAUSES = {"expressions", "from", "joins", "where", "group", "distinct", "having"}
 _SET_OPERATIONS: dict[type[exp.Expr], tuple[str, Keyword]] = {
     exp.Union: ("UNION", TokenType.UNION),
     exp.Intersect: ("INTERSECT", TokenType.INTERSECT),
@@ -220,6 +218,10 @@ def _check_clauses(parsed: ParsedSelect, select: exp.Select) -> None:
         if isinstance(value, list) and value and isinstance(value[0], exp.Expr):
             node = value[0]
         raise parsed.unsupported(construct, node, keyword)
+    distinct = select.args.get("distinct")
+    if isinstance(distinct, exp.Distinct) and distinct.args.get("on") is not None:
+        raise parsed.unsupported("SELECT DISTINCT ON", distinct.args["on"], TokenType.DISTINCT,
+                                 hint="write SELECT DISTINCT over whole rows, or a top-N per group")
     group = select.args.get("group")
     if isinstance(group, exp.Group):
         for name in ("rollup", "cube", "grouping_sets", "totals", "all"):

@@ -21,10 +21,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlglot import exp
+from sqlglot import TokenType, exp
 
-from mvlog.row_schema import Column, RowSchema
-from mvlog.views.binder import Binder, IncompatibleTypes, common_type
+from mvlog.row_schema import Column, ColumnType, RowSchema
+from mvlog.views.binder import Binder, IncompatibleTypes, coerce, common_type
 from mvlog.views.errors import ViewDefinitionError
 from mvlog.views.expr import AggregateCall, ColumnRef, Expr, GroupRef
 from mvlog.views.parse import ParsedSelect, TableRef, parse_select
@@ -76,12 +76,26 @@ def plan_view(name: str, sql: str, upstreams: Mapping[str, RowSchema]) -> ViewPl
     items = list(parsed.select.expressions)
     group_clause = parsed.select.args.get("group")
     group_nodes = list(group_clause.expressions) if isinstance(group_clause, exp.Group) else []
-    is_aggregate = bool(group_nodes) or any(isinstance(n, exp.AggFunc) for item in items for n in item.walk())
-    if is_aggregate:
-        group_by, aggregates, outputs = _aggregate_outputs(parsed, binder, items, group_nodes)
+    having_clause = parsed.select.args.get("having")
+    having_node = having_clause.this if isinstance(having_clause, exp.Having) else None
+    is_aggregate = bool(group_nodes) or having_node is not None or any(
+        isinstance(n, exp.AggFunc) for item in items for n in item.walk())
+    distinct = isinstance(parsed.select.args.get("distinct"), exp.Distinct)
+    having: Expr | None = None
+    if distinct and is_aggregate:
+        raise parsed.unsupported("SELECT DISTINCT over an aggregate", parsed.select.args["distinct"],
+                                 TokenType.DISTINCT, hint="the rows of a GROUP BY are distinct already")
+    if is_aggregate or distinct:
+        if distinct:  # the distinct rows are the groups of the selected expressions
+            group_by, aggregates, outputs = _distinct_outputs(_projection_outputs(parsed, binder, items))
+        else:
+            group_by, aggregates, outputs = _aggregate_outputs(parsed, binder, items, group_nodes)
+        if having_node is not None:
+            having, aggregates = _having(parsed, binder, items, having_node, group_by, aggregates)
         key: list[tuple[Expr, str]] = [
             (GroupRef(i, g.type, g.nullable), g.column if isinstance(g, ColumnRef) else f"group_{i}")
             for i, g in enumerate(group_by)]
+        is_aggregate = True
     else:
         group_by, aggregates = (), ()
         outputs = _projection_outputs(parsed, binder, items)
@@ -89,7 +103,7 @@ def plan_view(name: str, sql: str, upstreams: Mapping[str, RowSchema]) -> ViewPl
                for side, s in enumerate(sources) for pk in s.schema.primary_key]
     _check_names(outputs)
     outputs, primary_key = _with_key(outputs, key, sources)
-    query = Query(sources, join, where, group_by, aggregates, tuple(outputs), is_aggregate)
+    query = Query(sources, join, where, group_by, aggregates, tuple(outputs), is_aggregate, having)
     columns = []
     for output in outputs:
         if output.expr.type is None:
@@ -211,6 +225,38 @@ def _aggregate_outputs(parsed: ParsedSelect, binder: Binder, items: list[exp.Exp
         node, name = _named(item, position)
         outputs.append(OutputColumn(name, binder.output_expr(node, group_by, aggregates)))
     return tuple(group_by), tuple(aggregates), outputs
+
+
+def _distinct_outputs(outputs: list[OutputColumn]
+                      ) -> tuple[tuple[Expr, ...], tuple[AggregateCall, ...], list[OutputColumn]]:
+    """``SELECT DISTINCT e1, e2, ...`` as ``SELECT e1, e2, ... GROUP BY e1, e2, ...``."""
+    group_by = list(dict.fromkeys(o.expr for o in outputs))
+    grouped = [OutputColumn(o.name, GroupRef(group_by.index(o.expr), o.expr.type, o.expr.nullable))
+               for o in outputs]
+    return tuple(group_by), (), grouped
+
+
+def _having(parsed: ParsedSelect, binder: Binder, items: list[exp.Expr], node: exp.Expr,
+            group_by: tuple[Expr, ...], aggregates: tuple[AggregateCall, ...]
+            ) -> tuple[Expr, tuple[AggregateCall, ...]]:
+    """The HAVING condition over the groups and aggregate calls (new calls are added to ``aggregates``);
+    a name that is no source column but a SELECT alias means that item's expression, as in Spark."""
+    aliases = {item.alias.casefold(): item.this for item in items if isinstance(item, exp.Alias)}
+
+    def expand(n: exp.Expr) -> exp.Expr:
+        if isinstance(n, exp.Column) and not n.table and not binder.resolves(n) \
+                and n.name.casefold() in aliases:
+            alias: exp.Expr = aliases[n.name.casefold()].copy()
+            return alias
+        return n
+
+    expanded = node.copy().transform(expand) if aliases else node
+    calls = list(aggregates)
+    bound = binder.output_expr(expanded, group_by, calls)
+    if bound.type not in (ColumnType.BOOLEAN, None):
+        raise ViewDefinitionError(f"type error in {parsed.describe(node, TokenType.HAVING)}: HAVING needs a "
+                                  f"boolean, this is {bound.type.value if bound.type else 'NULL'}")
+    return coerce(bound, ColumnType.BOOLEAN), tuple(calls)
 
 
 def _check_names(outputs: list[OutputColumn]) -> None:

@@ -51,6 +51,11 @@ _AGGREGATES: dict[AggregateFunction, type[exp.AggFunc]] = {
     AggregateFunction.MIN: exp.Min, AggregateFunction.MAX: exp.Max,
 }
 
+_DISTINCT: dict[AggregateFunction, type[exp.AggFunc]] = {
+    AggregateFunction.COUNT_DISTINCT: exp.Count, AggregateFunction.SUM_DISTINCT: exp.Sum,
+    AggregateFunction.AVG_DISTINCT: exp.Avg,
+}
+
 
 def sql_type(kind: ColumnType) -> str:
     """The SQL type mvlog renders a column type as (the same on Spark and DuckDB)."""
@@ -90,6 +95,8 @@ def _select(query: Query, table_names: Mapping[str, str], dialect: str) -> exp.S
         select = select.where(render_expr(query.where, query))
     if query.group_by:
         select = select.group_by(*(render_expr(g, query) for g in query.group_by))
+    if query.having is not None:
+        select = select.having(render_expr(query.having, query))
     return select
 
 
@@ -133,6 +140,8 @@ def _aggregate(call: AggregateCall, query: Query) -> exp.Expr:
     if call.function is AggregateFunction.COUNT_ROWS:
         return exp.Count(this=exp.Star())
     assert call.arg is not None
+    if call.function in _DISTINCT:
+        return _DISTINCT[call.function](this=exp.Distinct(expressions=[render_expr(call.arg, query)]))
     return _AGGREGATES[call.function](this=render_expr(call.arg, query))
 
 

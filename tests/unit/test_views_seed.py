@@ -33,6 +33,10 @@ VIEWS = [
     "SELECT deleted, s, min(v2) AS lo, max(v2) AS hi, sum(v2) AS total, max(v1 + 1) AS top FROM t1 "
     "GROUP BY deleted, s",
     "SELECT count(*) AS n, min(v1) AS lo, max(s) AS hi, avg(v2) AS mean FROM t1 WHERE deleted",
+    "SELECT DISTINCT s, v1 > 0 AS positive FROM t1",
+    "SELECT s, count(DISTINCT v1) AS nv, sum(DISTINCT v2) AS sf, count(*) AS n FROM t1 GROUP BY s "
+    "HAVING count(*) > 1 AND min(v1) < 3",
+    "SELECT count(DISTINCT v2) AS nf, avg(DISTINCT v1) AS av FROM t1 HAVING count(*) > 3",
 ]
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
