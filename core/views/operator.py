@@ -33,6 +33,7 @@ from mvlog.views.join import JoinStage
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import Source
 from mvlog.views.state import StateReader
+from mvlog.views.topn import TopNStage
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class ViewOperator:
         self._columns = referenced_columns(query)
         self._join = JoinStage(query) if plan.is_join else None
         self._aggregate = AggregateStage(query) if query.is_aggregate else None
+        self._top_n = TopNStage(query, plan.schema) if query.top_n is not None else None
 
     def apply_epoch(self, changes: Mapping[str, ChangeBatch], state: StateReader) -> EpochOutput:
         """The view's output for one epoch, given each upstream's changes of that epoch (by view name;
@@ -98,6 +100,9 @@ class ViewOperator:
             batch = batch.filter(evaluate(query.where, batch))  # NULL drops the row, as in SQL
         if self._aggregate is not None:
             changes = self._aggregate.apply(batch, state, writes)
+            return EpochOutput(ChangeBatch.from_changes(self.plan.schema, changes), writes)
+        if self._top_n is not None:
+            changes = self._top_n.apply(batch, state, writes)
             return EpochOutput(ChangeBatch.from_changes(self.plan.schema, changes), writes)
         weights = batch.column(WEIGHT).to_pylist()
         if self._join is None:

@@ -23,7 +23,7 @@ DIALECT = "spark"
 Keyword = TokenType | str  # a token type, or words (e.g. a function's names: "CAST|TRY_CAST")
 
 # Clauses of a SELECT that the subset does not have, with the keyword that introduces them.
-_REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
+REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
     "with": ("WITH (common table expression)", TokenType.WITH),
     "order": ("ORDER BY", TokenType.ORDER_BY),
     "limit": ("LIMIT", TokenType.LIMIT),
@@ -119,6 +119,12 @@ def line_col(sql: str, offset: int) -> tuple[int, int]:
 
 def parse_select(sql: str) -> ParsedSelect:
     """Parse ``sql`` and check it is one SELECT over one view or an inner join of two."""
+    tokens, statement = parse_statement(sql)
+    return check_select(sql, tokens, statement)
+
+
+def parse_statement(sql: str) -> tuple[tuple[Token, ...], exp.Expr]:
+    """``sql``'s tokens and its one statement, parsed but not checked (``check_select`` checks it)."""
     try:
         tokens = tuple(sqlglot.tokenize(sql, read=DIALECT))
         statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
@@ -135,7 +141,11 @@ def parse_select(sql: str) -> ParsedSelect:
     if len(statements) > 1:
         raise UnsupportedSql("more than one statement", fragment(statements[1]),
                              hint="a view is defined by exactly one SELECT")
-    statement = statements[0]
+    return tokens, statements[0]
+
+
+def check_select(sql: str, tokens: tuple[Token, ...], statement: exp.Expr) -> ParsedSelect:
+    """``statement`` (of ``sql``, whose tokens locate its parts) checked to be a SELECT of the subset."""
     partial = ParsedSelect(sql, exp.Select(), tokens, (), None)
     for kind, (construct, keyword) in _SET_OPERATIONS.items():
         if isinstance(statement, kind):
@@ -213,7 +223,7 @@ def _check_clauses(parsed: ParsedSelect, select: exp.Select) -> None:
         clause = name.rstrip("_")
         if not value or clause in _ALLOWED_CLAUSES:
             continue
-        construct, keyword = _REFUSED_CLAUSES.get(clause, (clause.upper(), None))
+        construct, keyword = REFUSED_CLAUSES.get(clause, (clause.upper(), None))
         node = value if isinstance(value, exp.Expr) else select
         if isinstance(value, list) and value and isinstance(value[0], exp.Expr):
             node = value[0]
@@ -282,7 +292,7 @@ def _table(parsed: ParsedSelect, node: exp.Expr) -> TableRef:
         raise parsed.unsupported(f"{node.key.upper()} in FROM", node, hint="FROM must name a view")
     for name in ("laterals", "joins", "pivots", "sample", "version", "when", "partition", "changes"):
         if node.args.get(name):
-            raise parsed.unsupported(_REFUSED_CLAUSES.get(name, (name.upper(), None))[0], node)
+            raise parsed.unsupported(REFUSED_CLAUSES.get(name, (name.upper(), None))[0], node)
     if node.args.get("db") or node.args.get("catalog"):
         raise ViewDefinitionError(f"view names are not qualified by a database: {parsed.describe(node)}")
     alias = node.args.get("alias")

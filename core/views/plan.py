@@ -27,7 +27,7 @@ from mvlog.row_schema import Column, ColumnType, RowSchema
 from mvlog.views.binder import Binder, IncompatibleTypes, coerce, common_type
 from mvlog.views.errors import ViewDefinitionError
 from mvlog.views.expr import AggregateCall, ColumnRef, Expr, GroupRef
-from mvlog.views.parse import ParsedSelect, TableRef, parse_select
+from mvlog.views.parse import ParsedSelect, TableRef, check_select, parse_statement
 from mvlog.views.query import JoinCondition, OutputColumn, Query, Source
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -63,7 +63,17 @@ def plan_view(name: str, sql: str, upstreams: Mapping[str, RowSchema]) -> ViewPl
     Raises ``ViewDefinitionError`` (``UnsupportedSql`` for constructs outside the subset) naming the
     problem and where it is in ``sql``.
     """
-    parsed = parse_select(sql)
+    tokens, statement = parse_statement(sql)
+    from mvlog.views.topn_plan import plan_top_n, row_number_item  # builds on this module: imported late
+
+    if row_number_item(statement) is not None:  # before any other handling of a subquery in FROM
+        return plan_top_n(name, sql, tokens, statement, upstreams)
+    return plan_select(name, check_select(sql, tokens, statement), upstreams)
+
+
+def plan_select(name: str, parsed: ParsedSelect, upstreams: Mapping[str, RowSchema]) -> ViewPlan:
+    """Plan view ``name`` defined by the checked SELECT ``parsed`` (see ``plan_view``)."""
+    sql = parsed.sql
     sources = tuple(_source(parsed, table, name, upstreams) for table in parsed.tables)
     if len(sources) == 2 and sources[0].alias.casefold() == sources[1].alias.casefold():
         example = f"FROM {sources[0].view} a JOIN {sources[1].view} b"

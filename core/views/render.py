@@ -35,6 +35,7 @@ from mvlog.views.expr import (
     Literal,
     Negate,
     Not,
+    RowNumber,
 )
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import Query
@@ -82,8 +83,14 @@ def to_sql(plan: ViewPlan, table_names: Mapping[str, str], dialect: str) -> str:
 
 
 def _select(query: Query, table_names: Mapping[str, str], dialect: str) -> exp.Select:
+    if query.top_n is not None:
+        return _top_n(query, table_names, dialect)
     items = [exp.alias_(render_expr(o.expr, query), o.name, quoted=True) for o in query.outputs]
-    select = exp.select(*items)
+    return _from_where_group(exp.select(*items), query, table_names, dialect)
+
+
+def _from_where_group(select: exp.Select, query: Query, table_names: Mapping[str, str], dialect: str
+                      ) -> exp.Select:
     tables = [exp.alias_(exp.to_table(table_names[s.view], dialect=dialect), s.alias, table=True, quoted=True)
               for s in query.sources]
     select = select.from_(tables[0])
@@ -98,6 +105,33 @@ def _select(query: Query, table_names: Mapping[str, str], dialect: str) -> exp.S
     if query.having is not None:
         select = select.having(render_expr(query.having, query))
     return select
+
+
+_RANK = "__mvlog_rank"
+
+
+def _top_n(query: Query, table_names: Mapping[str, str], dialect: str) -> exp.Select:
+    """``SELECT <outputs> FROM (SELECT <outputs>, ROW_NUMBER() OVER (...) AS rank FROM ...) WHERE rank <= N``,
+    the ORDER BY followed by the sources' key (the operator's tiebreak)."""
+    assert query.top_n is not None
+    rank = next((o.name for o in query.outputs if isinstance(o.expr, RowNumber)), _RANK)
+    items = [exp.alias_(render_expr(o.expr, query), o.name, quoted=True) for o in query.outputs]
+    if rank == _RANK:
+        items.append(exp.alias_(render_expr(RowNumber(), query), rank, quoted=True))
+    inner = _from_where_group(exp.select(*items), query, table_names, dialect)
+    outer = exp.select(*(exp.column(o.name, table="_top_n", quoted=True) for o in query.outputs))
+    limit = exp.LTE(this=exp.column(rank, table="_top_n", quoted=True),
+                    expression=exp.Literal.number(query.top_n.limit))
+    return outer.from_(inner.subquery("_top_n", copy=False)).where(limit)
+
+
+def _row_number(query: Query) -> exp.Expr:
+    assert query.top_n is not None
+    terms = [exp.Ordered(this=render_expr(k.expr, query), desc=k.descending, nulls_first=k.nulls_first)
+             for k in query.top_n.order]
+    terms += [exp.Ordered(this=render_expr(t, query), desc=False, nulls_first=True) for t in query.top_n.tiebreak]
+    partition = [render_expr(p, query) for p in query.top_n.partition]
+    return exp.Window(this=exp.RowNumber(), partition_by=partition or None, order=exp.Order(expressions=terms))
 
 
 def render_expr(expr: Expr, query: Query) -> exp.Expr:
@@ -133,6 +167,8 @@ def render_expr(expr: Expr, query: Query) -> exp.Expr:
         case Coalesce(args=args):
             first, *rest = (render_expr(a, query) for a in args)
             return exp.Coalesce(this=first, expressions=rest)
+        case RowNumber():
+            return _row_number(query)
     raise TypeError(f"cannot render {expr!r}")  # unreachable for plans made by plan_view
 
 

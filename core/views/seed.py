@@ -14,7 +14,7 @@ query returns must be exactly what the operator would have built from the same r
   row written at E (a float ``avg`` computed by Spark could differ from the operator's in the last
   bit, and a downstream view retracting it would then miss its row);
 - joins are refused: their state is every row of both sides, and their two upstreams' snapshots are
-  not taken at one epoch.
+  not taken at one epoch; so is a top-N (its state is every row of each partition).
 
 Pure: builds SQL text with sqlglot and turns Arrow record batches into rows and state entries.
 """
@@ -56,12 +56,22 @@ def multiset_column(index: int) -> str:
     return f"_m{index}"
 
 
-def check_seedable(plan: ViewPlan) -> None:
-    """Raise ViewDefinitionError for a view a snapshot cannot seed (a join)."""
+def unseedable(plan: ViewPlan) -> str | None:
+    """Why a snapshot cannot seed ``plan`` (None: it can)."""
     if plan.is_join:
-        raise ViewDefinitionError(
-            f"view {plan.name!r} joins {' and '.join(plan.sources)}: snapshot backfill reads one upstream's "
-            "snapshot, and a join's state holds both sides at one epoch; use --backfill chunked")
+        return (f"view {plan.name!r} joins {' and '.join(plan.sources)}: snapshot backfill reads one upstream's "
+                "snapshot, and a join's state holds both sides at one epoch")
+    if plan.query.top_n is not None:
+        return (f"view {plan.name!r} is a top-N: its state holds every row of each partition, which the seed "
+                "(decoded in batches that may split a partition) does not build")
+    return None
+
+
+def check_seedable(plan: ViewPlan) -> None:
+    """Raise ViewDefinitionError for a view a snapshot cannot seed (a join, a top-N)."""
+    reason = unseedable(plan)
+    if reason is not None:
+        raise ViewDefinitionError(f"{reason}; use --backfill chunked")
 
 
 def seed_sql(plan: ViewPlan, table: str, dialect: str = "spark") -> str:

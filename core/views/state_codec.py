@@ -4,7 +4,9 @@ State keys are relative to one view (the caller namespaces them, e.g. one Redis 
 ``<tag><json array of the key's values>``:
 
 - ``g[...]``: an aggregate group, the array holds the GROUP BY values (``g[]`` for a global aggregate);
-- ``j0[...]`` / ``j1[...]``: the rows of join side 0 (FROM) / 1 (JOIN) whose join key is the array.
+- ``j0[...]`` / ``j1[...]``: the rows of join side 0 (FROM) / 1 (JOIN) whose join key is the array;
+- ``t[...]``: the rows of a top-N partition (the array holds the PARTITION BY values), each as
+  ``[ORDER BY values, the sources' key, output values]``.
 
 Values are compact JSON (no whitespace). Every value is encoded by its column type, which the plan fixes
 per position: ints and strings as themselves, floats as floats (an int in a float column is widened,
@@ -23,6 +25,7 @@ from mvlog.row_schema import ColumnType
 
 GROUP_TAG = b"g"
 JOIN_TAGS = (b"j0", b"j1")
+TOP_N_TAG = b"t"
 
 
 def encode_value(value: Any, kind: ColumnType | None) -> Any:

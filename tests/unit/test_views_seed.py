@@ -161,3 +161,12 @@ def test_a_join_cannot_be_seeded_from_one_snapshot() -> None:
         seed_sql(plan, "snap")
     with pytest.raises(ViewDefinitionError, match="use --backfill chunked"):
         SeedDecoder(plan)
+
+
+def test_a_top_n_cannot_be_seeded_from_a_snapshot() -> None:
+    plan = plan_view("mv", "SELECT * FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY s ORDER BY v1) AS rn FROM t1) "
+                           "WHERE rn <= 2", {"t1": T1})
+    with pytest.raises(ViewDefinitionError, match=r"'mv' is a top-N: .*; use --backfill chunked"):
+        seed_sql(plan, "snap")
+    with pytest.raises(ViewDefinitionError, match="use --backfill chunked"):
+        SeedDecoder(plan)
