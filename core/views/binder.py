@@ -31,10 +31,11 @@ from mvlog.views.expr import (
     Literal,
     Negate,
     Not,
+    WindowStart,
     walk,
 )
 from mvlog.views.parse import ParsedSelect, fragment
-from mvlog.views.query import Source
+from mvlog.views.query import Source, TimeWindow
 
 _NUMERIC = (ColumnType.INT, ColumnType.FLOAT)
 _ARITHMETIC: dict[type[exp.Expr], BinaryOp] = {
@@ -61,6 +62,11 @@ _OPERATOR_NAMES: dict[type[exp.Expr], str] = {
     exp.Distinct: "DISTINCT", exp.Star: "*", exp.Interval: "INTERVAL", exp.HexString: "hex literal",
     exp.Xor: "XOR",
 }
+
+
+def window_end(size: int) -> Expr:
+    """``window.end``: its start plus the window's size (a GROUP BY expression beside the start)."""
+    return Binary(BinaryOp.ADD, WindowStart(), Literal(size, ColumnType.INT), ColumnType.INT, False)
 
 
 class IncompatibleTypes(Exception):  # noqa: N818 - internal signal, never shown to users
@@ -114,6 +120,7 @@ class Binder:
     def __init__(self, parsed: ParsedSelect, sources: Sequence[Source]) -> None:
         self.parsed = parsed
         self.sources = tuple(sources)
+        self.window: TimeWindow | None = None  # the GROUP BY's time window, once planned
 
     # -- entry points -------------------------------------------------------------------------------
 
@@ -207,6 +214,9 @@ class Binder:
     def _bind(self, node: exp.Expr, ctx: _Context) -> Expr:
         while isinstance(node, exp.Paren):
             node = node.this
+        if isinstance(node, exp.Column) and node.table.casefold() == "window" and not any(
+                s.alias.casefold() == "window" for s in self.sources):
+            return self._window_column(node, ctx)
         if ctx.aggregating:
             if isinstance(node, exp.AggFunc):
                 return self._aggregate(node, ctx)
@@ -216,13 +226,31 @@ class Binder:
                 if bound in groups:
                     index = groups.index(bound)
                     return GroupRef(index, bound.type, bound.nullable)
-                if not any(isinstance(e, ColumnRef) for e in walk(bound)):
+                if not any(isinstance(e, ColumnRef | WindowStart) for e in walk(bound)):
                     return bound
                 if isinstance(node, exp.Column):
                     raise ViewDefinitionError(
                         f"column {node.name!r} in {self.describe(node)} must be in GROUP BY or inside an "
                         "aggregate function (count, sum, min, max, avg)")
         return self._structural(node, ctx)
+
+    def _window_column(self, node: exp.Column, ctx: _Context) -> Expr:
+        """``window.start`` / ``window.end`` of a GROUP BY window(...): INT epoch milliseconds."""
+        if self.window is None:
+            raise ViewDefinitionError(f"{self.describe(node)} needs a time window in GROUP BY, e.g. "
+                                      "GROUP BY window(ts, '10 seconds')")
+        if ctx.clause not in ("SELECT", "HAVING"):
+            raise self.parsed.unsupported(f"window.{node.name} in {ctx.clause}", node,
+                                          hint="window.start and window.end are selected, or used in HAVING")
+        field = node.name.casefold()
+        if field not in ("start", "end"):
+            raise ViewDefinitionError(f"unknown field {node.name!r} in {self.describe(node)}: a window has start "
+                                      "and end")
+        bound = WindowStart() if field == "start" else window_end(self.window.size)
+        groups = list(ctx.groups or ())
+        if ctx.aggregating and bound in groups:
+            return GroupRef(groups.index(bound), bound.type, bound.nullable)
+        return bound
 
     def _structural(self, node: exp.Expr, ctx: _Context) -> Expr:
         kind = type(node)

@@ -31,6 +31,7 @@ from mvlog.views.expr import (
     Literal,
     Negate,
     Not,
+    WindowStart,
 )
 
 Datum = Any  # pa.Array | pa.ChunkedArray | pa.Scalar: what pyarrow.compute takes and returns
@@ -60,6 +61,9 @@ _KERNELS: dict[BinaryOp, Callable[..., Datum]] = {
 
 def arrow_type(kind: ColumnType | None) -> pa.DataType:
     return pa.null() if kind is None else _ARROW_TYPES[kind]
+
+
+WINDOW_START = "__window_start"  # the batch column of a row's window start (``mvlog.views.window``)
 
 
 def column_field(side: int, column: str) -> str:
@@ -92,6 +96,8 @@ def _eval(expr: Expr, batch: pa.Table) -> Datum:
             return batch.column(group_field(index))
         case AggregateRef(index=index):
             return batch.column(aggregate_field(index))
+        case WindowStart():
+            return batch.column(WINDOW_START)
         case Literal(value=value, type=kind):
             return pa.scalar(value, arrow_type(kind))
         case Cast(operand=operand, type=kind):

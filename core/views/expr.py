@@ -199,8 +199,23 @@ class RowNumber:
         return False
 
 
+@dataclass(frozen=True)
+class WindowStart:
+    """The start (epoch milliseconds) of the time window a row is counted in (the query's ``window``):
+    a row of a hopping window's input is counted once per window it falls in, so this is not a function
+    of the row but a column the window stage adds to the batch, one copy of the row per window."""
+
+    @property
+    def type(self) -> ColumnType | None:
+        return ColumnType.INT
+
+    @property
+    def nullable(self) -> bool:
+        return False
+
+
 Expr = (ColumnRef | Literal | Binary | Not | Negate | IsNull | Case | Coalesce | Cast | GroupRef | AggregateRef
-        | RowNumber)
+        | RowNumber | WindowStart)
 
 
 def children(expr: Expr) -> Iterator[Expr]:

@@ -34,6 +34,7 @@ from mvlog.views.plan import ViewPlan
 from mvlog.views.query import Source
 from mvlog.views.state import StateReader
 from mvlog.views.topn import TopNStage
+from mvlog.views.window import expand as expand_windows
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class ViewOperator:
         query = self.plan.query
         if query.where is not None:
             batch = batch.filter(evaluate(query.where, batch))  # NULL drops the row, as in SQL
+        if query.window is not None:
+            batch = expand_windows(batch, query.window)
         if self._aggregate is not None:
             changes = self._aggregate.apply(batch, state, writes)
             return EpochOutput(ChangeBatch.from_changes(self.plan.schema, changes), writes)

@@ -8,12 +8,14 @@ sqlglot's token offsets, because "unsupported SQL" alone does not tell a user wh
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import Token, TokenType, exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 
 from mvlog.views.errors import SqlSyntaxError, UnsupportedSql, ViewDefinitionError
@@ -127,7 +129,11 @@ def parse_statement(sql: str) -> tuple[tuple[Token, ...], exp.Expr]:
     """``sql``'s tokens and its one statement, parsed but not checked (``check_select`` checks it)."""
     try:
         tokens = tuple(sqlglot.tokenize(sql, read=DIALECT))
-        statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
+        for token, following in itertools.pairwise(tokens):
+            if token.token_type == TokenType.WINDOW and following.token_type == TokenType.L_PAREN:
+                token.token_type = TokenType.VAR  # Spark's window(ts, '10 seconds'), not a WINDOW clause
+        dialect = Dialect.get_or_raise(DIALECT)
+        statements = [s for s in dialect.parser().parse(list(tokens), sql) if s is not None]
     except ParseError as error:
         raise _syntax_error(sql, error) from None
     except TokenError:

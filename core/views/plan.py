@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from sqlglot import TokenType, exp
 
 from mvlog.row_schema import Column, ColumnType, RowSchema
-from mvlog.views.binder import Binder, IncompatibleTypes, coerce, common_type
+from mvlog.views.binder import Binder, IncompatibleTypes, coerce, common_type, window_end
 from mvlog.views.errors import ViewDefinitionError
-from mvlog.views.expr import AggregateCall, ColumnRef, Expr, GroupRef
+from mvlog.views.expr import AggregateCall, ColumnRef, Expr, GroupRef, WindowStart
 from mvlog.views.parse import ParsedSelect, TableRef, check_select, parse_statement
-from mvlog.views.query import JoinCondition, OutputColumn, Query, Source
+from mvlog.views.query import JoinCondition, OutputColumn, Query, Source, TimeWindow
+from mvlog.views.window import plan_window
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -99,11 +100,16 @@ def plan_select(name: str, parsed: ParsedSelect, upstreams: Mapping[str, RowSche
         if distinct:  # the distinct rows are the groups of the selected expressions
             group_by, aggregates, outputs = _distinct_outputs(_projection_outputs(parsed, binder, items))
         else:
+            window = _time_window(parsed, binder, group_nodes)
+            if window is not None:
+                binder.window = window
             group_by, aggregates, outputs = _aggregate_outputs(parsed, binder, items, group_nodes)
         if having_node is not None:
             having, aggregates = _having(parsed, binder, items, having_node, group_by, aggregates)
         key: list[tuple[Expr, str]] = [
-            (GroupRef(i, g.type, g.nullable), g.column if isinstance(g, ColumnRef) else f"group_{i}")
+            (GroupRef(i, g.type, g.nullable), g.column if isinstance(g, ColumnRef) else
+             "window_start" if isinstance(g, WindowStart) else
+             "window_end" if binder.window is not None and g == window_end(binder.window.size) else f"group_{i}")
             for i, g in enumerate(group_by)]
         is_aggregate = True
     else:
@@ -113,7 +119,8 @@ def plan_select(name: str, parsed: ParsedSelect, upstreams: Mapping[str, RowSche
                for side, s in enumerate(sources) for pk in s.schema.primary_key]
     _check_names(outputs)
     outputs, primary_key = _with_key(outputs, key, sources)
-    query = Query(sources, join, where, group_by, aggregates, tuple(outputs), is_aggregate, having)
+    query = Query(sources, join, where, group_by, aggregates, tuple(outputs), is_aggregate, having,
+                  window=binder.window)
     columns = []
     for output in outputs:
         if output.expr.type is None:
@@ -217,6 +224,11 @@ def _aggregate_outputs(parsed: ParsedSelect, binder: Binder, items: list[exp.Exp
         if isinstance(node, exp.Rollup | exp.Cube | exp.GroupingSets):
             construct = {exp.Rollup: "ROLLUP", exp.Cube: "CUBE"}.get(type(node), "GROUPING SETS")
             raise parsed.unsupported(f"GROUP BY {construct}", node, construct.split()[0])
+        if _is_window_call(node):
+            for bound in (WindowStart(), window_end(binder.window.size)):  # type: ignore[union-attr]
+                if bound not in group_by:
+                    group_by.append(bound)
+            continue
         target = node
         if isinstance(node, exp.Column) and not node.table and not binder.resolves(node) \
                 and node.name.casefold() in aliases:
@@ -235,6 +247,35 @@ def _aggregate_outputs(parsed: ParsedSelect, binder: Binder, items: list[exp.Exp
         node, name = _named(item, position)
         outputs.append(OutputColumn(name, binder.output_expr(node, group_by, aggregates)))
     return tuple(group_by), tuple(aggregates), outputs
+
+
+def _is_window_call(node: exp.Expr) -> bool:
+    return isinstance(node, exp.Anonymous) and str(node.this).casefold() == "window"
+
+
+def _time_window(parsed: ParsedSelect, binder: Binder, group_nodes: list[exp.Expr]) -> TimeWindow | None:
+    """The ``window(ts, size[, slide])`` among the GROUP BY expressions, checked (None: there is none)."""
+    calls = [node for node in group_nodes if _is_window_call(node)]
+    if not calls:
+        return None
+    call = calls[0]
+    where = parsed.describe(call, "window")
+    if len(calls) > 1:
+        raise parsed.unsupported("more than one time window in GROUP BY", calls[1], "window")
+    if len(binder.sources) > 1:
+        raise parsed.unsupported("time window over a join", call, "window",
+                                 hint="create the join as a view and window it in a view on that one")
+    args = list(call.expressions)
+    if not 2 <= len(args) <= 3:
+        raise parsed.unsupported("window() with a start offset" if len(args) == 4 else "window() arguments", call,
+                                 "window", hint="window(ts, '10 seconds') or window(ts, '10 seconds', '2 seconds')")
+    durations = []
+    for duration in args[1:]:
+        if not (isinstance(duration, exp.Literal) and duration.is_string):
+            raise parsed.unsupported("window() duration that is not a string literal", duration, "window",
+                                     hint="write it as '10 seconds'")
+        durations.append(str(duration.this))
+    return plan_window(binder.row_expr(args[0], "window()"), durations, where)
 
 
 def _distinct_outputs(outputs: list[OutputColumn]

@@ -62,6 +62,17 @@ class TopN:
 
 
 @dataclass(frozen=True)
+class TimeWindow:
+    """Spark's ``window(time, size[, slide])`` over an INT column of epoch milliseconds: tumbling when
+    ``slide == size``, else hopping (a row falls in every window [start, start + size) that holds it,
+    the starts being multiples of ``slide``)."""
+
+    time: Expr
+    size: int  # milliseconds
+    slide: int  # milliseconds
+
+
+@dataclass(frozen=True)
 class Query:
     sources: tuple[Source, ...]  # one, or two for a join
     join: tuple[JoinCondition, ...]  # empty unless two sources
@@ -77,3 +88,5 @@ class Query:
     # Top-N per partition (``mvlog.views.topn_plan``): set, the outputs are over source columns plus
     # the ``RowNumber`` of the row in its partition, and only rows ranked within the limit are rows.
     top_n: TopN | None = None
+    # A time window in GROUP BY (``mvlog.views.window``): the batch gets a ``WindowStart`` column first.
+    window: TimeWindow | None = None

@@ -19,6 +19,7 @@ from sqlglot import exp
 
 from mvlog.row_schema import ColumnType
 from mvlog.views.errors import ViewDefinitionError
+from mvlog.views.evaluate import WINDOW_START
 from mvlog.views.expr import (
     AggregateCall,
     AggregateFunction,
@@ -36,9 +37,11 @@ from mvlog.views.expr import (
     Negate,
     Not,
     RowNumber,
+    WindowStart,
 )
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import Query
+from mvlog.views.window import windowed_source
 
 _SQL_TYPES = {ColumnType.INT: "BIGINT", ColumnType.FLOAT: "DOUBLE", ColumnType.STRING: "STRING",
               ColumnType.BOOLEAN: "BOOLEAN", ColumnType.BYTES: "BINARY"}
@@ -93,6 +96,10 @@ def _from_where_group(select: exp.Select, query: Query, table_names: Mapping[str
                       ) -> exp.Select:
     tables = [exp.alias_(exp.to_table(table_names[s.view], dialect=dialect), s.alias, table=True, quoted=True)
               for s in query.sources]
+    if query.window is not None:  # one copy of each row per time window it falls in
+        source = query.sources[0]
+        tables[0] = windowed_source(query, exp.to_table(table_names[source.view], dialect=dialect), source.alias,
+                                    render_expr(query.window.time, query))
     select = select.from_(tables[0])
     if len(tables) == 2:
         conditions = [exp.EQ(this=render_expr(c.left, query), expression=render_expr(c.right, query))
@@ -131,7 +138,8 @@ def _row_number(query: Query) -> exp.Expr:
              for k in query.top_n.order]
     terms += [exp.Ordered(this=render_expr(t, query), desc=False, nulls_first=True) for t in query.top_n.tiebreak]
     partition = [render_expr(p, query) for p in query.top_n.partition]
-    return exp.Window(this=exp.RowNumber(), partition_by=partition or None, order=exp.Order(expressions=terms))
+    window = exp.Window(this=exp.RowNumber(), partition_by=partition or None, order=exp.Order(expressions=terms))
+    return exp.cast(window, "BIGINT")  # Spark's row_number() is an INT
 
 
 def render_expr(expr: Expr, query: Query) -> exp.Expr:
@@ -169,6 +177,8 @@ def render_expr(expr: Expr, query: Query) -> exp.Expr:
             return exp.Coalesce(this=first, expressions=rest)
         case RowNumber():
             return _row_number(query)
+        case WindowStart():
+            return exp.column(WINDOW_START, table=query.sources[0].alias, quoted=True)
     raise TypeError(f"cannot render {expr!r}")  # unreachable for plans made by plan_view
 
 

@@ -34,6 +34,7 @@ from mvlog.views.errors import ViewDefinitionError
 from mvlog.views.expr import AggregateFunction
 from mvlog.views.plan import ViewPlan
 from mvlog.views.render import render_expr, sql_type, to_sql
+from mvlog.views.window import windowed_source
 
 _COUNTED = (AggregateFunction.COUNT, AggregateFunction.SUM, AggregateFunction.AVG)
 _SUMMED = (AggregateFunction.SUM, AggregateFunction.AVG)
@@ -83,6 +84,9 @@ def seed_sql(plan: ViewPlan, table: str, dialect: str = "spark") -> str:
     query = plan.query
     stage = AggregateStage(query)
     source = exp.alias_(exp.to_table(table, dialect=dialect), query.sources[0].alias, table=True, quoted=True)
+    if query.window is not None:  # one copy of each row per time window it falls in
+        source = windowed_source(query, exp.to_table(table, dialect=dialect), query.sources[0].alias,
+                                 render_expr(query.window.time, query))
     where = render_expr(query.where, query) if query.where is not None else None
     groups = [render_expr(g, query) for g in query.group_by]
 

@@ -45,12 +45,16 @@ def _wait_for_line(child: subprocess.Popen[str], prefix: str, timeout: float) ->
 def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
         make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
     settings = make_settings(barrier_interval_ms=500)  # fewer, larger epochs: the kills are what matters
-    views = ["mv1", "mv2", "mv3"]
+    views = ["mv1", "mv2", "mv3", "mvt"]
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
                          client=redis_client)
     create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
     create_view(settings, "mv2", "SELECT sum(v1) AS s FROM mv1", client=redis_client)
     create_view(settings, "mv3", "SELECT count(v1) AS c FROM mv1", client=redis_client)
+    # A top-N run by the same consumers: v1 repeats over 200 ids (ties broken by id), upserts and deletes
+    # move rows in and out of each partition's first three.
+    create_view(settings, "mvt", "SELECT * FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY deleted "
+                                 "ORDER BY v1 DESC) AS rn FROM t1) WHERE rn <= 3", client=redis_client)
     stop = threading.Event()
     rng = random.Random()
 

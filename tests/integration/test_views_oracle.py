@@ -43,6 +43,18 @@ VIEWS = [
             "FROM mv1 GROUP BY k"),
     ("mv5", "SELECT k, n * 2 AS n2, hi FROM mv4 WHERE n > 1"),
     ("mvj", "SELECT a.id, a.v1, b.w FROM mv1 a JOIN t2 b ON a.v1 = b.id"),
+    # Top-N per k (ties in v1 broken by id; deletes and `deleted` move rows up and empty partitions),
+    # and a view on it.
+    ("mvt", "SELECT * FROM (SELECT id, k, v1, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v1 DESC) AS rn "
+            "FROM mv1) WHERE rn <= 2"),
+    ("mvt2", "SELECT k, count(*) AS n, max(rn) AS deepest FROM mvt GROUP BY k"),
+    # DISTINCT aggregates and HAVING (groups retracted and emitted again), SELECT DISTINCT.
+    ("mvh", "SELECT k, count(DISTINCT v1) AS nd, sum(DISTINCT v1) AS sd, count(*) AS n FROM t1 GROUP BY k "
+            "HAVING count(*) > 2"),
+    ("mvd", "SELECT DISTINCT k, deleted FROM t1"),
+    # A hopping window over id as event time (INT epoch milliseconds): rows in two windows each.
+    ("mvw", "SELECT window.start AS ws, window.end AS we, k, count(*) AS n, max(v1) AS top FROM t1 "
+            "GROUP BY window(id, '4 milliseconds', '2 milliseconds'), k"),
 ]
 
 t1_ops = st.one_of(

@@ -37,6 +37,8 @@ VIEWS = [
     "SELECT s, count(DISTINCT v1) AS nv, sum(DISTINCT v2) AS sf, count(*) AS n FROM t1 GROUP BY s "
     "HAVING count(*) > 1 AND min(v1) < 3",
     "SELECT count(DISTINCT v2) AS nf, avg(DISTINCT v1) AS av FROM t1 HAVING count(*) > 3",
+    "SELECT window.start AS ws, window.end AS we, s, count(*) AS n, max(v2) AS top FROM t1 "
+    "GROUP BY window(v1, '3 milliseconds', '1 millisecond'), s",
 ]
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
