@@ -117,10 +117,12 @@ def _type_name(kind: ColumnType | None) -> str:
 class Binder:
     """Binds the expressions of one parsed SELECT against its sources."""
 
-    def __init__(self, parsed: ParsedSelect, sources: Sequence[Source]) -> None:
+    def __init__(self, parsed: ParsedSelect, sources: Sequence[Source],
+                 nullable_sides: frozenset[int] = frozenset()) -> None:
         self.parsed = parsed
         self.sources = tuple(sources)
         self.window: TimeWindow | None = None  # the GROUP BY's time window, once planned
+        self.nullable_sides = nullable_sides  # sources an outer join may null-extend: every column nullable
 
     # -- entry points -------------------------------------------------------------------------------
 
@@ -144,7 +146,7 @@ class Binder:
 
     def column(self, node: exp.Column) -> ColumnRef:
         side, column = self._resolve(node)
-        return ColumnRef(side, column.name, column.type, column.nullable)
+        return ColumnRef(side, column.name, column.type, column.nullable or side in self.nullable_sides)
 
     def resolves(self, node: exp.Column) -> bool:
         """Whether ``node`` names a column of a source (GROUP BY falls back to SELECT aliases if not)."""

@@ -19,6 +19,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 
 from mvlog.views.errors import SqlSyntaxError, UnsupportedSql, ViewDefinitionError
+from mvlog.views.query import JoinKind
 
 DIALECT = "spark"
 
@@ -64,6 +65,15 @@ class TableRef:
 
 
 @dataclass(frozen=True)
+class JoinRef:
+    """One JOIN of the FROM clause: its kind and its ON condition."""
+
+    kind: JoinKind
+    on: exp.Expr
+    node: exp.Join
+
+
+@dataclass(frozen=True)
 class ParsedSelect:
     """A SELECT of the supported shape, with what is needed to point at any of its parts."""
 
@@ -71,7 +81,7 @@ class ParsedSelect:
     select: exp.Select
     tokens: tuple[Token, ...]
     tables: tuple[TableRef, ...]
-    join_on: exp.Expr | None
+    joins: tuple[JoinRef, ...]  # one per table after the first
 
     def position(self, node: exp.Expr, keyword: Keyword | None = None) -> tuple[int, int] | None:
         """(line, col), 1-based, of ``node``: the ``keyword`` token (a token type, or a word such as a
@@ -120,7 +130,7 @@ def line_col(sql: str, offset: int) -> tuple[int, int]:
 
 
 def parse_select(sql: str) -> ParsedSelect:
-    """Parse ``sql`` and check it is one SELECT over one view or an inner join of two."""
+    """Parse ``sql`` and check it is one SELECT over one view or a chain of joins."""
     tokens, statement = parse_statement(sql)
     return check_select(sql, tokens, statement)
 
@@ -152,7 +162,7 @@ def parse_statement(sql: str) -> tuple[tuple[Token, ...], exp.Expr]:
 
 def check_select(sql: str, tokens: tuple[Token, ...], statement: exp.Expr) -> ParsedSelect:
     """``statement`` (of ``sql``, whose tokens locate its parts) checked to be a SELECT of the subset."""
-    partial = ParsedSelect(sql, exp.Select(), tokens, (), None)
+    partial = ParsedSelect(sql, exp.Select(), tokens, (), ())
     for kind, (construct, keyword) in _SET_OPERATIONS.items():
         if isinstance(statement, kind):
             raise partial.unsupported(construct, statement, keyword)
@@ -162,8 +172,8 @@ def check_select(sql: str, tokens: tuple[Token, ...], statement: exp.Expr) -> Pa
         raise partial.unsupported(f"{statement.key.upper()} statement", statement,
                                   hint="a view is defined by a SELECT")
     _check_clauses(partial, statement)
-    tables, join_on = _check_from(partial, statement)
-    return ParsedSelect(sql, statement, tokens, tables, join_on)
+    tables, joins = _check_from(partial, statement)
+    return ParsedSelect(sql, statement, tokens, tables, joins)
 
 
 # A comma followed by one of these (or by nothing) separates nothing: sqlglot drops such empty items
@@ -248,46 +258,40 @@ def _check_clauses(parsed: ParsedSelect, select: exp.Select) -> None:
         raise ViewDefinitionError("the view's SELECT list is empty")
 
 
-def _check_from(parsed: ParsedSelect, select: exp.Select
-                ) -> tuple[tuple[TableRef, ...], exp.Expr | None]:
+def _check_from(parsed: ParsedSelect, select: exp.Select) -> tuple[tuple[TableRef, ...], tuple[JoinRef, ...]]:
     source = arg(select, "from")
     if not isinstance(source, exp.From):
         raise ViewDefinitionError("the view's SELECT has no FROM clause; a view reads one view or a join "
-                                  "of two")
+                                  "of several")
     if source.expressions:
         raise parsed.unsupported("FROM with several views (implicit cross join)", source, TokenType.FROM,
                                  hint="write FROM a JOIN b ON a.x = b.y")
     tables = [_table(parsed, source.this)]
     joins: Sequence[exp.Join] = select.args.get("joins") or []
-    join_on: exp.Expr | None = None
-    if len(joins) > 1:
-        raise parsed.unsupported("join of more than two views", joins[1], TokenType.JOIN,
-                                 hint="a view joins at most two views; build a view on a view instead")
-    if joins:
-        join = joins[0]
-        _check_join(parsed, join)
+    refs = []
+    for join in joins:
+        kind = _check_join(parsed, join)
         tables.append(_table(parsed, join.this))
-        join_on = join.args["on"]
-    return tuple(tables), join_on
+        refs.append(JoinRef(kind, join.args["on"], join))
+    return tuple(tables), tuple(refs)
 
 
-def _check_join(parsed: ParsedSelect, join: exp.Join) -> None:
+def _check_join(parsed: ParsedSelect, join: exp.Join) -> JoinKind:
     side = str(join.args.get("side") or "").upper()
     kind = str(join.args.get("kind") or "").upper()
     method = str(join.args.get("method") or "").upper()
-    if side:
-        raise parsed.unsupported(f"{side} OUTER JOIN", join, getattr(TokenType, side),
-                                 hint="only inner equi-joins are maintained")
     if method:
         raise parsed.unsupported(f"{method} JOIN", join, getattr(TokenType, method, None))
-    if kind and kind != "INNER":
-        raise parsed.unsupported(f"{kind} JOIN", join, getattr(TokenType, kind, None),
-                                 hint="only inner equi-joins are maintained")
+    if kind and kind not in ("INNER", "OUTER"):
+        construct = f"{side} {kind} JOIN" if side else f"{kind} JOIN"
+        raise parsed.unsupported(construct, join, getattr(TokenType, side or kind, None),
+                                 hint="the joins are [INNER], LEFT, RIGHT and FULL [OUTER] JOIN ... ON")
     if join.args.get("using"):
         raise parsed.unsupported("JOIN ... USING", join, TokenType.USING, hint="write ON a.x = b.x")
     on = join.args.get("on")
     if on is None or (isinstance(on, exp.Boolean) and "start" not in on.meta):  # Spark reads it as ON TRUE
         raise parsed.unsupported("JOIN without ON", join, TokenType.JOIN, hint="write ON a.x = b.y")
+    return JoinKind(side) if side else JoinKind.INNER
 
 
 def _table(parsed: ParsedSelect, node: exp.Expr) -> TableRef:

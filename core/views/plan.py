@@ -7,7 +7,9 @@ The key (``ViewPlan.key_columns``, ``schema.primary_key``):
 
 - filter/project: the upstream's key (each upstream row gives at most one view row);
 - aggregate: the GROUP BY values (the empty tuple for a global aggregate, which always has one row);
-- join: the left key followed by the right key (each pair of rows gives at most one view row).
+- join: the sources' keys in FROM order (each combination of rows gives at most one view row); a source
+  an outer join null-extends has NULL key values in its null-extended rows, and where its own key values
+  may all be NULL as well, its presence is one more (hidden) key column (see ``_join_key``).
 
 The key is always made of columns of the view's rows, so ``schema.key_of(row)`` works for every view:
 a key component the SELECT list already holds as-is (``SELECT id, ...``, ``SELECT g, count(*) ... GROUP
@@ -26,9 +28,19 @@ from sqlglot import TokenType, exp
 from mvlog.row_schema import Column, ColumnType, RowSchema
 from mvlog.views.binder import Binder, IncompatibleTypes, coerce, common_type, window_end
 from mvlog.views.errors import ViewDefinitionError
-from mvlog.views.expr import AggregateCall, ColumnRef, Expr, GroupRef, WindowStart
-from mvlog.views.parse import ParsedSelect, TableRef, check_select, parse_statement
-from mvlog.views.query import JoinCondition, OutputColumn, Query, Source, TimeWindow
+from mvlog.views.expr import AggregateCall, Binary, BinaryOp, ColumnRef, Expr, GroupRef, WindowStart, walk
+from mvlog.views.parse import JoinRef, ParsedSelect, TableRef, check_select, parse_statement
+from mvlog.views.query import (
+    PRESENT,
+    JoinCondition,
+    JoinKind,
+    JoinStep,
+    OutputColumn,
+    Query,
+    Source,
+    TimeWindow,
+    extendable_sides,
+)
 from mvlog.views.window import plan_window
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -55,7 +67,7 @@ class ViewPlan:
 
     @property
     def is_join(self) -> bool:
-        return len(self.query.sources) == 2
+        return len(self.query.sources) > 1
 
 
 def plan_view(name: str, sql: str, upstreams: Mapping[str, RowSchema]) -> ViewPlan:
@@ -76,12 +88,16 @@ def plan_select(name: str, parsed: ParsedSelect, upstreams: Mapping[str, RowSche
     """Plan view ``name`` defined by the checked SELECT ``parsed`` (see ``plan_view``)."""
     sql = parsed.sql
     sources = tuple(_source(parsed, table, name, upstreams) for table in parsed.tables)
-    if len(sources) == 2 and sources[0].alias.casefold() == sources[1].alias.casefold():
-        example = f"FROM {sources[0].view} a JOIN {sources[1].view} b"
-        raise ViewDefinitionError(f"both sides of the join are called {sources[0].alias!r}; give them "
-                                  f"different aliases, e.g. {example}")
-    binder = Binder(parsed, sources)
-    join = _join_conditions(parsed, binder)
+    aliases = [s.alias.casefold() for s in sources]
+    for side, source in enumerate(sources):
+        if side and source.alias.casefold() in aliases[:side]:
+            other = sources[aliases.index(source.alias.casefold())]
+            example = f"FROM {other.view} a JOIN {source.view} b"
+            raise ViewDefinitionError(f"two joined views are called {source.alias!r}; give them "
+                                      f"different aliases, e.g. {example}")
+    extendable = extendable_sides(tuple(JoinStep(ref.kind, ()) for ref in parsed.joins))
+    binder = Binder(parsed, sources, extendable)
+    joins = tuple(_join_step(parsed, binder, index, ref) for index, ref in enumerate(parsed.joins))
     where_clause = parsed.select.args.get("where")
     where = binder.condition(where_clause.this, "WHERE") if isinstance(where_clause, exp.Where) else None
     items = list(parsed.select.expressions)
@@ -115,11 +131,10 @@ def plan_select(name: str, parsed: ParsedSelect, upstreams: Mapping[str, RowSche
     else:
         group_by, aggregates = (), ()
         outputs = _projection_outputs(parsed, binder, items)
-        key = [(ColumnRef(side, pk, s.schema.column(pk).type, s.schema.column(pk).nullable), pk)
-               for side, s in enumerate(sources) for pk in s.schema.primary_key]
+        key = _join_key(sources, extendable)
     _check_names(outputs)
     outputs, primary_key = _with_key(outputs, key, sources)
-    query = Query(sources, join, where, group_by, aggregates, tuple(outputs), is_aggregate, having,
+    query = Query(sources, joins, where, group_by, aggregates, tuple(outputs), is_aggregate, having,
                   window=binder.window)
     columns = []
     for output in outputs:
@@ -143,34 +158,68 @@ def _source(parsed: ParsedSelect, table: TableRef, view: str, upstreams: Mapping
     return Source(alias, name, upstreams[name])
 
 
-def _join_conditions(parsed: ParsedSelect, binder: Binder) -> tuple[JoinCondition, ...]:
-    if parsed.join_on is None:
-        return ()
-    conjuncts = list(parsed.join_on.flatten()) if isinstance(parsed.join_on, exp.And) else [parsed.join_on]
-    conditions = []
+def _join_key(sources: tuple[Source, ...], extendable: frozenset[int]) -> list[tuple[Expr, str]]:
+    """The key of a projection: every source's primary key, in FROM order (NULL where an outer join
+    null-extends the source). Where a source's key columns may all be NULL themselves (a view grouped by
+    a nullable column, a global aggregate), NULLs would not tell its null-extended rows from its rows,
+    so its presence (``PRESENT``: TRUE, or NULL when null-extended) is a key component too."""
+    key: list[tuple[Expr, str]] = []
+    for side, source in enumerate(sources):
+        columns = [source.schema.column(pk) for pk in source.schema.primary_key]
+        nullable = side in extendable
+        key += [(ColumnRef(side, c.name, c.type, c.nullable or nullable), c.name) for c in columns]
+        if nullable and all(c.nullable for c in columns):
+            key.append((ColumnRef(side, PRESENT, ColumnType.BOOLEAN, True), f"{source.alias}_present"))
+    return key
+
+
+def _join_step(parsed: ParsedSelect, binder: Binder, index: int, ref: JoinRef) -> JoinStep:
+    """The ``index``-th JOIN: its column equalities between the joined view and the views before it, and
+    every other conjunct of ON as the residual condition on the pairs they match."""
+    joined = index + 1
+    conjuncts = list(ref.on.flatten()) if isinstance(ref.on, exp.And) else [ref.on]
+    conditions: list[JoinCondition] = []
+    residual: Expr | None = None
     for conjunct in conjuncts:
         node = conjunct.unnest()
-        if not isinstance(node, exp.EQ):
-            raise parsed.unsupported("non-equi join condition", node,
-                                     hint="the ON clause must be column = column [AND ...]; filter in WHERE")
-        if not (isinstance(node.this, exp.Column) and isinstance(node.expression, exp.Column)):
-            raise parsed.unsupported("join condition on an expression", node,
-                                     hint="the ON clause must be column = column [AND ...]")
-        left, right = binder.column(node.this), binder.column(node.expression)
-        if left.side == right.side:
-            raise parsed.unsupported("join condition within one side", node,
-                                     hint="each equality must compare a column of each joined view")
-        if left.side == 1:
-            left, right = right, left
-        try:
-            kind = common_type([left.type, right.type])
-        except IncompatibleTypes:
-            kind = None
-        if kind is None:
-            raise ViewDefinitionError(f"type error in {parsed.describe(node)}: cannot join "
-                                      f"{left.type} with {right.type}")
-        conditions.append(JoinCondition(left, right, kind))
-    return tuple(conditions)
+        condition = _equality(parsed, binder, node, joined)
+        if condition is not None:
+            conditions.append(condition)
+            continue
+        bound = binder.condition(node, "ON")
+        later = sorted({e.side for e in walk(bound) if isinstance(e, ColumnRef) and e.side > joined})
+        if later:
+            names = ", ".join(binder.sources[s].alias for s in later)
+            raise ViewDefinitionError(f"{parsed.describe(node)} in the ON clause of the join of "
+                                      f"{binder.sources[joined].alias!r} reads {names}, joined after it")
+        residual = bound if residual is None else Binary(BinaryOp.AND, residual, bound, ColumnType.BOOLEAN,
+                                                          residual.nullable or bound.nullable)
+    if not conditions:
+        keyword = TokenType.JOIN if ref.kind is JoinKind.INNER else getattr(TokenType, ref.kind.value)
+        raise parsed.unsupported("join without an equality between the joined views", ref.node, keyword,
+                                 hint="ON needs a column = column between the joined view and one before it; "
+                                      "other conditions may stand beside it with AND")
+    return JoinStep(ref.kind, tuple(conditions), residual)
+
+
+def _equality(parsed: ParsedSelect, binder: Binder, node: exp.Expr, joined: int) -> JoinCondition | None:
+    """``node`` as an equi-join condition (a column of a view before ``joined`` = a column of it), else None."""
+    if not (isinstance(node, exp.EQ) and isinstance(node.this, exp.Column)
+            and isinstance(node.expression, exp.Column)):
+        return None
+    left, right = binder.column(node.this), binder.column(node.expression)
+    if left.side == joined:
+        left, right = right, left
+    if right.side != joined or left.side >= joined:
+        return None
+    try:
+        kind = common_type([left.type, right.type])
+    except IncompatibleTypes:
+        kind = None
+    if kind is None:
+        raise ViewDefinitionError(f"type error in {parsed.describe(node)}: cannot join "
+                                  f"{left.type} with {right.type}")
+    return JoinCondition(left, right, kind)
 
 
 def _projection_outputs(parsed: ParsedSelect, binder: Binder, items: list[exp.Expr]) -> list[OutputColumn]:
@@ -194,7 +243,7 @@ def _expand_star(parsed: ParsedSelect, binder: Binder, item: exp.Expr) -> list[O
         sides = [i for i, s in enumerate(binder.sources) if s.alias.casefold() == item.table.casefold()]
         if not sides:
             raise ViewDefinitionError(f"unknown view or alias {item.table!r} in {parsed.describe(item)}")
-    return [OutputColumn(c.name, ColumnRef(side, c.name, c.type, c.nullable))
+    return [OutputColumn(c.name, ColumnRef(side, c.name, c.type, c.nullable or side in binder.nullable_sides))
             for side in sides for c in binder.sources[side].schema.columns if not c.hidden]
 
 
@@ -341,7 +390,7 @@ def _with_key(outputs: list[OutputColumn], key: list[tuple[Expr, str]], sources:
 
 def _free_name(base: str, expr: Expr, sources: tuple[Source, ...], taken: set[str]) -> str:
     candidates = [base]
-    if isinstance(expr, ColumnRef) and len(sources) == 2:
+    if isinstance(expr, ColumnRef) and len(sources) >= 2:
         candidates.append(f"{sources[expr.side].alias}_{base}")
     for candidate in candidates:
         if candidate.casefold() not in taken:

@@ -7,9 +7,15 @@ plan is a plain value that can be compared, hashed and shared between threads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from mvlog.row_schema import ColumnType, RowSchema
 from mvlog.views.expr import AggregateCall, ColumnRef, Expr
+
+# A pseudo-column of every source of a join: TRUE when the joined row has a row of that source, NULL when
+# an outer join null-extends it. A view key uses it where NULL key values alone would not tell a
+# null-extended row from a row whose key is NULL (see plan.py).
+PRESENT = "__present"
 
 
 @dataclass(frozen=True)
@@ -23,11 +29,39 @@ class Source:
 
 @dataclass(frozen=True)
 class JoinCondition:
-    """``left = right`` with ``left`` on side 0 and ``right`` on side 1, compared as ``type``."""
+    """``left = right`` with ``left`` on a side already joined and ``right`` on the side being joined,
+    compared as ``type``."""
 
     left: ColumnRef
     right: ColumnRef
     type: ColumnType
+
+
+class JoinKind(StrEnum):
+    INNER = "INNER"
+    LEFT = "LEFT"
+    RIGHT = "RIGHT"
+    FULL = "FULL"
+
+    @property
+    def keeps_left(self) -> bool:
+        """Whether a row of the left input without a match is kept, null-extended."""
+        return self in (JoinKind.LEFT, JoinKind.FULL)
+
+    @property
+    def keeps_right(self) -> bool:
+        return self in (JoinKind.RIGHT, JoinKind.FULL)
+
+
+@dataclass(frozen=True)
+class JoinStep:
+    """Source ``i + 1`` joined to the result of sources ``0..i`` (a left-deep chain): equal on ``on``
+    (at least one column pair) and, for the pairs equal there, ``residual`` true. For an outer join the
+    residual decides what matches, so a row whose pairs all fail it is null-extended, not dropped."""
+
+    kind: JoinKind
+    on: tuple[JoinCondition, ...]
+    residual: Expr | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +91,7 @@ class TopN:
 
     partition: tuple[Expr, ...]
     order: tuple[SortKey, ...]
-    tiebreak: tuple[ColumnRef, ...]
+    tiebreak: tuple[Expr, ...]
     limit: int
 
 
@@ -74,8 +108,8 @@ class TimeWindow:
 
 @dataclass(frozen=True)
 class Query:
-    sources: tuple[Source, ...]  # one, or two for a join
-    join: tuple[JoinCondition, ...]  # empty unless two sources
+    sources: tuple[Source, ...]  # one, or several joined
+    joins: tuple[JoinStep, ...]  # one per source after the first: joins[i] joins source i + 1
     where: Expr | None
     group_by: tuple[Expr, ...]
     aggregates: tuple[AggregateCall, ...]
@@ -90,3 +124,18 @@ class Query:
     top_n: TopN | None = None
     # A time window in GROUP BY (``mvlog.views.window``): the batch gets a ``WindowStart`` column first.
     window: TimeWindow | None = None
+
+    @property
+    def extendable_sides(self) -> frozenset[int]:
+        """The sources an outer join may null-extend (their columns may be NULL in a joined row)."""
+        return extendable_sides(self.joins)
+
+
+def extendable_sides(joins: tuple[JoinStep, ...]) -> frozenset[int]:
+    sides: set[int] = set()
+    for index, step in enumerate(joins):
+        if step.kind.keeps_left:
+            sides.add(index + 1)
+        if step.kind.keeps_right:
+            sides.update(range(index + 1))
+    return frozenset(sides)

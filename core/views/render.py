@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from sqlglot import exp
 
 from mvlog.row_schema import ColumnType
+from mvlog.views.batch import referenced_columns
 from mvlog.views.errors import ViewDefinitionError
 from mvlog.views.evaluate import WINDOW_START
 from mvlog.views.expr import (
@@ -40,7 +41,7 @@ from mvlog.views.expr import (
     WindowStart,
 )
 from mvlog.views.plan import ViewPlan
-from mvlog.views.query import Query
+from mvlog.views.query import PRESENT, Query
 from mvlog.views.window import windowed_source
 
 _SQL_TYPES = {ColumnType.INT: "BIGINT", ColumnType.FLOAT: "DOUBLE", ColumnType.STRING: "STRING",
@@ -94,17 +95,18 @@ def _select(query: Query, table_names: Mapping[str, str], dialect: str) -> exp.S
 
 def _from_where_group(select: exp.Select, query: Query, table_names: Mapping[str, str], dialect: str
                       ) -> exp.Select:
-    tables = [exp.alias_(exp.to_table(table_names[s.view], dialect=dialect), s.alias, table=True, quoted=True)
-              for s in query.sources]
+    tables = [_source(query, side, table_names, dialect) for side in range(len(query.sources))]
     if query.window is not None:  # one copy of each row per time window it falls in
         source = query.sources[0]
         tables[0] = windowed_source(query, exp.to_table(table_names[source.view], dialect=dialect), source.alias,
                                     render_expr(query.window.time, query))
     select = select.from_(tables[0])
-    if len(tables) == 2:
-        conditions = [exp.EQ(this=render_expr(c.left, query), expression=render_expr(c.right, query))
-                      for c in query.join]
-        select = select.join(tables[1], on=exp.and_(*conditions), join_type="INNER")
+    for index, join in enumerate(query.joins):
+        conditions: list[exp.Expr] = [exp.EQ(this=render_expr(c.left, query), expression=render_expr(c.right, query))
+                                      for c in join.on]
+        if join.residual is not None:
+            conditions.append(_paren(render_expr(join.residual, query)))
+        select = select.join(tables[index + 1], on=exp.and_(*conditions), join_type=join.kind.value)
     if query.where is not None:
         select = select.where(render_expr(query.where, query))
     if query.group_by:
@@ -140,6 +142,17 @@ def _row_number(query: Query) -> exp.Expr:
     partition = [render_expr(p, query) for p in query.top_n.partition]
     window = exp.Window(this=exp.RowNumber(), partition_by=partition or None, order=exp.Order(expressions=terms))
     return exp.cast(window, "BIGINT")  # Spark's row_number() is an INT
+
+
+def _source(query: Query, side: int, table_names: Mapping[str, str], dialect: str) -> exp.Expr:
+    """A source's table under its alias; where the plan reads its ``PRESENT`` pseudo-column, a subquery
+    adding it (TRUE on every row, so NULL exactly where an outer join null-extends the source)."""
+    source = query.sources[side]
+    table = exp.to_table(table_names[source.view], dialect=dialect)
+    if (side, PRESENT) in referenced_columns(query):
+        inner = exp.select(exp.Star(), exp.alias_(exp.true(), PRESENT, quoted=True)).from_(table)
+        return exp.alias_(exp.Subquery(this=inner), source.alias, table=True, quoted=True)
+    return exp.alias_(table, source.alias, table=True, quoted=True)
 
 
 def render_expr(expr: Expr, query: Query) -> exp.Expr:

@@ -25,7 +25,7 @@ from sqlglot import Token, TokenType, exp
 from mvlog.row_schema import Column, RowSchema
 from mvlog.views.binder import Binder
 from mvlog.views.errors import ViewDefinitionError
-from mvlog.views.expr import ColumnRef, Expr, Literal, RowNumber
+from mvlog.views.expr import Expr, Literal, RowNumber
 from mvlog.views.parse import REFUSED_CLAUSES, ParsedSelect, arg, check_select
 from mvlog.views.plan import ViewPlan, _check_names, _with_key, plan_select
 from mvlog.views.query import OutputColumn, Query, SortKey, TopN
@@ -56,7 +56,7 @@ def plan_top_n(name: str, sql: str, tokens: tuple[Token, ...], statement: exp.Ex
     assert isinstance(statement, exp.Select)
     item = row_number_item(statement)
     assert item is not None
-    outer = ParsedSelect(sql, statement, tokens, (), None)  # locates the parts of the whole statement
+    outer = ParsedSelect(sql, statement, tokens, (), ())  # locates the parts of the whole statement
     window = item.this
     if not item.alias:
         raise outer.unsupported("ROW_NUMBER() without an alias", window, "ROW_NUMBER",
@@ -83,7 +83,7 @@ def plan_top_n(name: str, sql: str, tokens: tuple[Token, ...], statement: exp.Ex
     if inner.is_aggregate:
         raise outer.unsupported("ROW_NUMBER() over an aggregate", inner_select, TokenType.SELECT,
                                 hint="create the aggregate as a view and rank its rows in a view on it")
-    binder = Binder(inner_parsed, inner.query.sources)
+    binder = Binder(inner_parsed, inner.query.sources, inner.query.extendable_sides)
     partition = tuple(binder.row_expr(p, "PARTITION BY") for p in window.args.get("partition_by") or [])
     order = tuple(SortKey(binder.row_expr(o.this, "ORDER BY"), bool(o.args.get("desc")),
                           bool(o.args.get("nulls_first")))
@@ -99,11 +99,12 @@ def plan_top_n(name: str, sql: str, tokens: tuple[Token, ...], statement: exp.Ex
     outputs = _outer_outputs(outer, statement, columns, subquery.alias_or_name)
     _check_names(outputs)
     sources = inner.query.sources
-    tiebreak = tuple(ColumnRef(side, pk, s.schema.column(pk).type, s.schema.column(pk).nullable)
-                     for side, s in enumerate(sources) for pk in s.schema.primary_key)
-    key: list[tuple[Expr, str]] = [(ref, ref.column) for ref in tiebreak]
+    # The subquery's key (its sources' keys) is the view's, and breaks ties.
+    inner_outputs = {o.name: o.expr for o in inner.query.outputs}
+    tiebreak = tuple(inner_outputs[name] for name in inner.schema.primary_key)
+    key: list[tuple[Expr, str]] = list(zip(tiebreak, inner.schema.primary_key, strict=True))
     outputs, primary_key = _with_key(outputs, key, sources)
-    query = Query(sources, inner.query.join, inner.query.where, (), (), tuple(outputs), False,
+    query = Query(sources, inner.query.joins, inner.query.where, (), (), tuple(outputs), False,
                   top_n=TopN(partition, order, tiebreak, limit))
     schema = RowSchema(tuple(Column(o.name, o.expr.type, o.expr.nullable, o.hidden)  # type: ignore[arg-type]
                              for o in outputs), tuple(primary_key))

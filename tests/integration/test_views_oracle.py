@@ -43,6 +43,10 @@ VIEWS = [
             "FROM mv1 GROUP BY k"),
     ("mv5", "SELECT k, n * 2 AS n2, hi FROM mv4 WHERE n > 1"),
     ("mvj", "SELECT a.id, a.v1, b.w FROM mv1 a JOIN t2 b ON a.v1 = b.id"),
+    # Outer joins: t2's deletes empty a side, so rows of t1 are null-extended again.
+    ("mvl", "SELECT a.id, a.k, b.id AS bid, b.w FROM t1 a LEFT JOIN t2 b ON a.v1 = b.id"),
+    # Over mv4, whose key k may be NULL (the presence column in the key), with a residual condition.
+    ("mvf", "SELECT a.k, a.n, b.id AS bid, b.w FROM mv4 a FULL JOIN t2 b ON a.n = b.w AND b.id > 0"),
     # Top-N per k (ties in v1 broken by id; deletes and `deleted` move rows up and empty partitions),
     # and a view on it.
     ("mvt", "SELECT * FROM (SELECT id, k, v1, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v1 DESC) AS rn "

@@ -4,6 +4,8 @@ rows paired into changes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -14,7 +16,8 @@ from mvlog.connectors.changelog_writer import change_values, encode_batch
 from mvlog.key_order import order_member, order_members
 from mvlog.row_schema import RowSchema
 from mvlog.schemas.arrow_rows import encode_rows
-from mvlog.schemas.codec import encode_change_rows, encode_key, encode_row
+from mvlog.schemas.codec import decode_key, encode_change_rows, encode_key, encode_row
+from mvlog.views import plan_view
 from mvlog.views.change_batch import ChangeBatch, consolidate_signed
 from mvlog.views.errors import InconsistentChanges
 from mvlog.vnode import vnode_of
@@ -101,3 +104,21 @@ def test_the_data_sources_signed_rows_pair_into_changes_and_one_change_per_key_i
     signed, weights = once.signed()
     assert (signed.to_pylist(), weights.to_pylist()) == (rows.slice(0, 4).to_pylist(), [-1, 1, 1, -1])
     assert len(ChangeBatch.from_signed(VIEW, rows.slice(0, 0), pa.array([], pa.int32()), pa.array([]))) == 0
+
+
+def test_outer_join_keys_with_null_components_round_trip_through_the_key_codec() -> None:
+    """A null-extended row's key has NULL components (and a presence column NULL or TRUE): they are
+    encoded as the Avro key map's null branch, distinct from every value, and decode back to None."""
+    t1 = RowSchema.of({"id": "int", "v": "int"}, ["id"])
+    grouped = plan_view("g", "SELECT v, count(*) AS n FROM t1 GROUP BY v", {"t1": t1})
+    plan = plan_view("j", "SELECT a.id, g.n FROM t1 a LEFT JOIN g ON a.v = g.v", {"t1": t1, "g": grouped.schema})
+    columns = plan.schema.primary_key
+    assert columns == ("id", "v", "g_present")
+    rows: list[dict[str, Any]] = [{"id": 1, "n": None, "v": None, "g_present": None},  # null-extended
+            {"id": 2, "n": 3, "v": None, "g_present": True},  # the key of a row with NULL in its key column
+            {"id": 3, "n": 1, "v": 0, "g_present": True}]
+    batch = ChangeBatch.from_changes(plan.schema, [Change(Op.CREATE, plan.schema.key_of(r), None, r) for r in rows])
+    encoded = encode_batch(columns, batch)
+    assert encoded.keys == [encode_key(columns, plan.schema.key_of(r)) for r in rows]
+    assert len(set(encoded.keys)) == 3
+    assert [decode_key(columns, k) for k in encoded.keys] == [(1, None, None), (2, None, True), (3, 0, True)]

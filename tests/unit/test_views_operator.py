@@ -265,6 +265,87 @@ def test_self_join(all_epochs):
               all_epochs)
 
 
+# -- outer joins, residual conditions, chains of joins ---------------------------------------------------
+# The random epochs change join keys (a row moves between buckets), delete the last row of a bucket (a
+# join side empties: its matches are null-extended again) and fill it again, in one epoch or several.
+
+
+@SETTINGS
+@given(epochs("t1", "t2"))
+def test_outer_joins(all_epochs):
+    run_views([
+        ("left", "SELECT a.id, a.v1, b.w, b.tag FROM t1 a LEFT JOIN t2 b ON a.v1 = b.k"),
+        ("right", "SELECT a.s, b.id AS bid, b.k FROM t1 a RIGHT OUTER JOIN t2 b ON a.v1 = b.k"),
+        ("full", "SELECT a.id AS aid, a.s, b.id AS bid, b.raw FROM t1 a FULL JOIN t2 b ON a.v1 = b.k AND a.s = b.tag"),
+        ("unmatched", "SELECT a.id, a.s FROM t1 a LEFT JOIN t2 b ON a.v1 = b.k WHERE b.id IS NULL"),
+        ("per_s", "SELECT a.s, count(*) AS n, count(b.id) AS matched, sum(b.w) AS total, max(b.tag) AS top "
+                  "FROM t1 a LEFT JOIN t2 b ON a.v1 = b.k GROUP BY a.s"),
+        ("coalesced", "SELECT coalesce(a.v2, b.w) AS x FROM t1 a FULL JOIN t2 b ON a.v2 = b.k"),  # float = int
+    ], all_epochs)
+
+
+@SETTINGS
+@given(epochs("t1", "t2"))
+def test_outer_joins_of_views_whose_key_may_be_null(all_epochs):
+    """A null-extended row of a view grouped by a nullable column, or of a global aggregate (an empty
+    key), would have the key of one of its rows: their presence is part of the key."""
+    run_views([
+        ("by_v1", "SELECT v1, count(*) AS n FROM t1 GROUP BY v1"),
+        ("by_k", "SELECT k, sum(w) AS total FROM t2 GROUP BY k"),
+        ("both", "SELECT x.v1, x.n, y.k, y.total FROM by_v1 x FULL JOIN by_k y ON x.v1 = y.k"),
+        ("everything", "SELECT count(*) AS n FROM t1"),
+        ("sized", "SELECT b.id, e.n FROM t2 b LEFT JOIN everything e ON b.k = e.n"),
+        ("sized_right", "SELECT b.id, e.n FROM everything e LEFT JOIN t2 b ON b.k = e.n"),
+    ], all_epochs)
+
+
+@SETTINGS
+@given(epochs("t1", "t2"))
+def test_residual_conditions_beside_the_equality(all_epochs):
+    """For an outer join the residual decides what matches: a row whose pairs all fail it is kept,
+    null-extended, where WHERE would drop it."""
+    run_views([
+        ("inner", "SELECT a.id, b.id AS bid, b.w FROM t1 a JOIN t2 b ON a.v1 = b.k AND b.w > a.v2"),
+        ("left", "SELECT a.id, a.v2, b.id AS bid, b.w FROM t1 a LEFT JOIN t2 b ON a.v1 = b.k AND b.w > a.v2"),
+        ("right", "SELECT a.id, b.id AS bid FROM t1 a RIGHT JOIN t2 b ON a.v1 = b.k AND a.s = 'a'"),
+        ("full", "SELECT a.id AS aid, b.id AS bid, a.s, b.tag FROM t1 a FULL JOIN t2 b "
+                 "ON b.k = a.v1 AND (b.tag = a.s OR a.deleted) AND b.id <> a.id"),
+        ("counted", "SELECT a.id, count(b.id) AS n FROM t1 a LEFT JOIN t2 b ON a.v1 = b.k AND b.w >= 1.0 "
+                    "GROUP BY a.id"),
+    ], all_epochs)
+
+
+@SETTINGS
+@given(epochs("t1", "t2"))
+def test_chains_of_three_and_four_joins(all_epochs):
+    run_views([
+        ("three", "SELECT a.id, b.id AS bid, c.id AS cid, c.s FROM t1 a JOIN t2 b ON a.v1 = b.k "
+                  "JOIN t1 c ON c.v1 = b.id"),
+        ("outer", "SELECT a.id, b.id AS bid, c.id AS cid, d.id AS did FROM t1 a LEFT JOIN t2 b ON a.v1 = b.k "
+                  "FULL JOIN t2 c ON c.k = a.id AND c.w > b.w RIGHT JOIN t1 d ON d.s = b.tag"),
+        ("grouped", "SELECT c.s, count(*) AS n, sum(b.w) AS total FROM t1 a JOIN t2 b ON a.v1 = b.k "
+                    "LEFT JOIN t1 c ON c.v1 = b.id AND c.id = a.id GROUP BY c.s"),
+    ], all_epochs)
+
+
+def test_left_join_retracts_the_null_extended_row_at_the_first_match_and_restores_it_at_the_last():
+    pipeline = Pipeline([("v", "SELECT a.id, b.id AS bid FROM t1 a LEFT JOIN t2 b ON a.v1 = b.k")])
+    row = {"v1": 1, "v2": None, "s": None, "deleted": None}
+    other = {"w": None, "tag": None, "raw": None}
+    pipeline.epoch({"t1": [(1, row, False)], "t2": []})
+    assert pipeline.rows["v"] == {(1, None): {"id": 1, "bid": None}}
+    pipeline.epoch({"t1": [], "t2": [(5, {**other, "k": 1}, False), (6, {**other, "k": 1}, False)]})
+    assert set(pipeline.rows["v"]) == {(1, 5), (1, 6)}
+    pipeline.epoch({"t1": [], "t2": [(5, {**other, "k": 2}, False)]})  # a match changes its join key
+    assert set(pipeline.rows["v"]) == {(1, 6)}
+    pipeline.epoch({"t1": [], "t2": [(6, None, False)]})  # the last match leaves
+    assert pipeline.rows["v"] == {(1, None): {"id": 1, "bid": None}}
+    pipeline.epoch({"t1": [(1, {**row, "v1": 2}, False)], "t2": []})  # the left row moves to the match
+    assert pipeline.rows["v"] == {(1, 5): {"id": 1, "bid": 5}}
+    pipeline.epoch({"t1": [(1, None, False)], "t2": [(5, None, False)]})
+    assert pipeline.rows["v"] == {} and len(pipeline.states["v"]) == 0
+
+
 # -- depth-2 chains -------------------------------------------------------------------------------------
 
 

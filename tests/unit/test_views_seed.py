@@ -157,9 +157,16 @@ def test_a_seeded_view_carries_on_exactly_as_one_built_by_the_operator(
         assert set(seeded.data) == set(built.data)
 
 
-def test_a_join_cannot_be_seeded_from_one_snapshot() -> None:
-    plan = plan_view("mv", "SELECT a.id, b.k FROM t1 a JOIN t2 b ON a.v1 = b.k", {"t1": T1, "t2": T2})
-    with pytest.raises(ViewDefinitionError, match="joins t1 and t2: snapshot backfill reads one upstream"):
+@pytest.mark.parametrize(("sql", "views"), [
+    ("SELECT a.id, b.k FROM t1 a JOIN t2 b ON a.v1 = b.k", "t1 and t2"),
+    ("SELECT a.id, b.k FROM t1 a LEFT JOIN t2 b ON a.v1 = b.k AND b.k > a.id", "t1 and t2"),
+    ("SELECT a.id, b.k FROM t1 a FULL JOIN t2 b ON a.v1 = b.k", "t1 and t2"),
+    ("SELECT a.id, b.id AS bid FROM t1 a RIGHT JOIN t1 b ON a.v1 = b.v1", "t1"),  # a self-join: one upstream
+    ("SELECT a.id, c.id AS cid FROM t1 a JOIN t2 b ON a.v1 = b.k LEFT JOIN t1 c ON c.v1 = b.k", "t1 and t2"),
+])
+def test_a_join_cannot_be_seeded_from_one_snapshot(sql: str, views: str) -> None:
+    plan = plan_view("mv", sql, {"t1": T1, "t2": T2})
+    with pytest.raises(ViewDefinitionError, match=f"joins {views}: snapshot backfill reads one upstream"):
         seed_sql(plan, "snap")
     with pytest.raises(ViewDefinitionError, match="use --backfill chunked"):
         SeedDecoder(plan)
