@@ -34,6 +34,7 @@ from mvlog.views.expr import (
     WindowStart,
     walk,
 )
+from mvlog.views.functions import bind_function
 from mvlog.views.parse import ParsedSelect, fragment
 from mvlog.views.query import Source, TimeWindow
 
@@ -67,6 +68,10 @@ _OPERATOR_NAMES: dict[type[exp.Expr], str] = {
 def window_end(size: int) -> Expr:
     """``window.end``: its start plus the window's size (a GROUP BY expression beside the start)."""
     return Binary(BinaryOp.ADD, WindowStart(), Literal(size, ColumnType.INT), ColumnType.INT, False)
+
+
+FUNCTIONS_HINT = ("the functions are coalesce, lower, upper, concat, instr, split_part, regexp_extract, "
+                  "date_format, hour, minute, and count, sum, min, max, avg")
 
 
 class IncompatibleTypes(Exception):  # noqa: N818 - internal signal, never shown to users
@@ -294,6 +299,9 @@ class Binder:
         if kind in _AGGREGATES:
             where = "another aggregate" if ctx.clause.startswith("the argument") else ctx.clause
             raise ViewDefinitionError(f"aggregate function {self.describe(node)} is not allowed in {where}")
+        call = bind_function(node, lambda arg: self._bind(arg, ctx), self.describe)
+        if call is not None:
+            return call
         raise self._refuse(node)
 
     def _refuse(self, node: exp.Expr) -> UnsupportedSql:
@@ -311,13 +319,13 @@ class Binder:
             construct = _OPERATOR_NAMES[type(node)]
         elif isinstance(node, exp.Anonymous):
             construct = f"function {node.name}()"
-            hint = "the functions are coalesce, count, sum, min, max and avg"
+            hint = FUNCTIONS_HINT
         elif isinstance(node, exp.AggFunc):
             construct = f"aggregate function {node.sql_name().lower()}()"
             hint = "the aggregates are count, sum, min, max and avg"
         elif isinstance(node, exp.Func):
             construct = f"function {node.sql_name().lower()}()"
-            hint = "the functions are coalesce, count, sum, min, max and avg"
+            hint = FUNCTIONS_HINT
         else:
             construct = node.key.upper()
         return self.parsed.unsupported(construct, node, keyword, hint=hint)

@@ -21,6 +21,7 @@ from mvlog.views.expr import (
     AggregateRef,
     Binary,
     BinaryOp,
+    Call,
     Case,
     Cast,
     Coalesce,
@@ -33,6 +34,7 @@ from mvlog.views.expr import (
     Not,
     WindowStart,
 )
+from mvlog.views.functions import evaluate_call
 
 Datum = Any  # pa.Array | pa.ChunkedArray | pa.Scalar: what pyarrow.compute takes and returns
 
@@ -98,6 +100,8 @@ def _eval(expr: Expr, batch: pa.Table) -> Datum:
             return batch.column(aggregate_field(index))
         case WindowStart():
             return batch.column(WINDOW_START)
+        case Call(args=args):
+            return evaluate_call(expr, [_eval(a, batch) for a in args], batch.num_rows)
         case Literal(value=value, type=kind):
             return pa.scalar(value, arrow_type(kind))
         case Cast(operand=operand, type=kind):

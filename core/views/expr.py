@@ -214,8 +214,18 @@ class WindowStart:
         return False
 
 
+@dataclass(frozen=True)
+class Call:
+    """A scalar function (``mvlog.views.functions``: its name there, its arguments bound and typed)."""
+
+    function: str
+    args: tuple[Expr, ...]
+    type: ColumnType | None
+    nullable: bool
+
+
 Expr = (ColumnRef | Literal | Binary | Not | Negate | IsNull | Case | Coalesce | Cast | GroupRef | AggregateRef
-        | RowNumber | WindowStart)
+        | RowNumber | WindowStart | Call)
 
 
 def children(expr: Expr) -> Iterator[Expr]:
@@ -231,7 +241,7 @@ def children(expr: Expr) -> Iterator[Expr]:
                 yield condition
                 yield value
             yield default
-        case Coalesce(args=args):
+        case Coalesce(args=args) | Call(args=args):
             yield from args
         case _:
             return

@@ -27,6 +27,7 @@ from mvlog.views.expr import (
     AggregateRef,
     Binary,
     BinaryOp,
+    Call,
     Case,
     Cast,
     Coalesce,
@@ -40,6 +41,7 @@ from mvlog.views.expr import (
     RowNumber,
     WindowStart,
 )
+from mvlog.views.functions import render_call
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import PRESENT, Query
 from mvlog.views.window import windowed_source
@@ -192,6 +194,8 @@ def render_expr(expr: Expr, query: Query) -> exp.Expr:
             return _row_number(query)
         case WindowStart():
             return exp.column(WINDOW_START, table=query.sources[0].alias, quoted=True)
+        case Call(args=args):
+            return render_call(expr, [render_expr(a, query) for a in args])
     raise TypeError(f"cannot render {expr!r}")  # unreachable for plans made by plan_view
 
 
