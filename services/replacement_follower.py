@@ -75,7 +75,7 @@ class ReplacementFollower:
 
     def _batches(self, changes: Mapping[str, Sequence[Change]]) -> dict[str, ChangeBatch]:
         """Upstream changes read in the row form (snapshots, changelog history) as the operator's input."""
-        schemas = {source.view: source.schema for source in self.plan.query.sources}
+        schemas = self.plan.upstream_schemas
         return {name: ChangeBatch.from_changes(schemas[name], found) for name, found in changes.items()}
 
     def _commit(self, epoch: int, inputs: Mapping[str, ChangeBatch],

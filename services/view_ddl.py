@@ -83,6 +83,7 @@ def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis 
     if (existing := catalog.find(name)) is not None:
         raise CatalogError(f"{existing.kind} {name!r} already exists")
     plan = plan_for(catalog, name, sql)
+    # A subquery's state, a join's and a top-N's are not seeded from a snapshot: chunked (see unseedable).
     choice = resolve_backfill(settings, client, plan.sources, backfill, join=plan.is_join,
                               unseedable=None if plan.is_join else unseedable(plan))
     options = {"backfill": choice.method} if choice.method != "changelog" else {}

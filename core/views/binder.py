@@ -198,7 +198,8 @@ class Binder:
         side, column = found[0]
         if column.hidden:
             source = self.sources[side]
-            raise ViewDefinitionError(f"column {column.name!r} of view {source.view!r} is hidden (a key "
+            owner = f"subquery {source.alias}" if source.view.startswith("$") else f"view {source.view!r}"
+            raise ViewDefinitionError(f"column {column.name!r} of {owner} is hidden (a key "
                                       f"column the view does not select) in {self.describe(node)}")
         return side, column
 
@@ -210,6 +211,8 @@ class Binder:
         return folded[0] if len(folded) == 1 else None
 
     def _source_label(self, source: Source) -> str:
+        if source.view.startswith("$"):  # a subquery's or WITH query's internal name
+            return f"subquery {source.alias}"
         return source.view if source.alias == source.view else f"{source.view} AS {source.alias}"
 
     def _columns_label(self, side: int) -> str:

@@ -15,6 +15,9 @@ a residual, "matches nothing" is "the other side's bucket is empty", so only a b
 non-empty touches rows beyond the epoch's changes; with one, the rows whose matches can have changed
 (those changed, and those a changed row of the other side matches) are tested against the bucket.
 
+A semi join (``IN``/``EXISTS``) outputs its left rows that have a match, an anti join (``NOT EXISTS``)
+those without: the latter are the rows an outer join would null-extend, the former all rows but those.
+
 A row whose join key has a NULL never matches (``NULL = x`` is not true) and is not stored; on a
 preserved side it is null-extended straight away. The output of a step that is not the last is netted
 and fed to the next; the output of the last goes on to the filter, projection or aggregation like the
@@ -36,7 +39,7 @@ from mvlog.views.deltas import SignedRow, Values
 from mvlog.views.errors import InconsistentChanges
 from mvlog.views.evaluate import evaluate
 from mvlog.views.expr import ColumnRef, Expr, walk
-from mvlog.views.query import Query
+from mvlog.views.query import JoinKind, Query
 from mvlog.views.state import StateReader
 from mvlog.views.state_codec import JOIN_TAGS, decode_value, dumps, encode_key, encode_value, key_value, loads
 
@@ -81,7 +84,11 @@ class _Step:
         self.query = query
         self.index = index
         join = query.joins[index]
-        self.keeps = (join.kind.keeps_left, join.kind.keeps_right)
+        self.kind = join.kind
+        # Null-extended rows output: an outer join's, and an anti join's left rows without a match.
+        self.keeps = (join.kind.keeps_left or join.kind is JoinKind.ANTI, join.kind.keeps_right)
+        # Rows whose having a match is followed: those, and a semi join's (its rows are those matched).
+        self.tracks = (self.keeps[0] or join.kind.filters, self.keeps[1])
         self.key_types: list[ColumnType | None] = [c.type for c in join.on]
         self.sides = (tuple(range(index + 1)), (index + 1,))  # the sources of each input
         self.tags = JOIN_TAGS if index == 0 else (b"j%d.0" % index, b"j%d.1" % index)
@@ -124,6 +131,14 @@ class _Step:
         for k in touched:
             (l_old, r_old), (l_new, r_new) = (old[0][k], old[1][k]), (new[0][k], new[1][k])
             d_left, d_right = deltas[0].get(k, []), deltas[1].get(k, [])
+            if self.kind.filters:  # unmatched = rows without a match; semi = all rows - unmatched
+                unmatched = self._extensions(test, 0, l_old, l_new, r_old, r_new, d_left, affected.get((0, k)))
+                if self.kind is JoinKind.ANTI:
+                    out.extend(unmatched)
+                else:
+                    out.extend((weight, self._extended(0, combo)) for weight, combo in d_left)
+                    out.extend((-weight, combo) for weight, combo in unmatched)
+                continue
             for weight, left_combo in d_left:  # ΔA ⋈ B_old
                 out.extend((weight, left_combo + r) for r in r_old.values() if _matches(test, left_combo, r))
             for weight, right_combo in d_right:  # A_new ⋈ ΔB
@@ -181,7 +196,7 @@ class _Step:
         pairs = []
         for k in touched:
             for side in (0, 1):
-                if not self.keeps[side]:
+                if not self.tracks[side]:
                     continue
                 other_delta = deltas[1 - side].get(k, [])
                 rows = {self._identity(side, combo) for _, combo in deltas[side].get(k, [])}

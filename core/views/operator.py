@@ -32,8 +32,9 @@ from mvlog.views.evaluate import arrow_type, column_field, evaluate
 from mvlog.views.join import JoinStage
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import Source
-from mvlog.views.state import StateReader
+from mvlog.views.state import PrefixedState, StateReader
 from mvlog.views.topn import TopNStage
+from mvlog.views.union import union_changes
 from mvlog.views.window import expand as expand_windows
 
 
@@ -52,9 +53,12 @@ class ViewOperator:
         self.plan = plan
         query = plan.query
         self._columns = referenced_columns(query)
-        self._join = JoinStage(query) if plan.is_join else None
+        self._join = JoinStage(query) if len(query.sources) > 1 and not plan.union else None
         self._aggregate = AggregateStage(query) if query.is_aggregate else None
         self._top_n = TopNStage(query, plan.schema) if query.top_n is not None else None
+        # Subqueries and WITH queries: operators of their own, run first, each with its state under its
+        # own prefix; their output changes are the input of this query's source of that name.
+        self._inner = [(name, ViewOperator(inner), b"(" + name.encode() + b")") for name, inner in plan.inner]
 
     def apply_epoch(self, changes: Mapping[str, ChangeBatch], state: StateReader) -> EpochOutput:
         """The view's output for one epoch, given each upstream's changes of that epoch (by view name;
@@ -65,6 +69,16 @@ class ViewOperator:
                              f"not {', '.join(unknown)}")
         query = self.plan.query
         writes: dict[bytes, bytes | None] = {}
+        if self._inner:
+            changes = dict(changes)
+            for name, operator, prefix in self._inner:
+                inputs = {view: changes[view] for view in operator.plan.sources if view in changes}
+                output = operator.apply_epoch(inputs, PrefixedState(state, prefix))
+                writes.update({prefix + key: value for key, value in output.state_writes.items()})
+                changes[name] = output.changes
+            if self.plan.union:
+                branches = [changes[name] for name, _, _ in self._inner]
+                return EpochOutput(union_changes(self.plan.schema, [p for _, p in self.plan.inner], branches), writes)
         if self._join is not None:
             netted: dict[str, list[SignedRow]] = {}
             for source in query.sources:

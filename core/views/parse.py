@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sqlglot
 from sqlglot import Token, TokenType, exp
@@ -27,7 +27,6 @@ Keyword = TokenType | str  # a token type, or words (e.g. a function's names: "C
 
 # Clauses of a SELECT that the subset does not have, with the keyword that introduces them.
 REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
-    "with": ("WITH (common table expression)", TokenType.WITH),
     "order": ("ORDER BY", TokenType.ORDER_BY),
     "limit": ("LIMIT", TokenType.LIMIT),
     "offset": ("OFFSET", TokenType.OFFSET),
@@ -41,7 +40,7 @@ REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
     "sample": ("TABLESAMPLE", TokenType.TABLE_SAMPLE),
     "hint": ("query hint", None),
 }
-_ALLOWED_CLAUSES = {"expressions", "from", "joins", "where", "group", "distinct", "having"}
+_ALLOWED_CLAUSES = {"expressions", "from", "joins", "where", "group", "with", "distinct", "having"}
 _SET_OPERATIONS: dict[type[exp.Expr], tuple[str, Keyword]] = {
     exp.Union: ("UNION", TokenType.UNION),
     exp.Intersect: ("INTERSECT", TokenType.INTERSECT),
@@ -57,11 +56,12 @@ def arg(node: exp.Expr, name: str) -> object:
 
 @dataclass(frozen=True)
 class TableRef:
-    """One view named in FROM or JOIN, with the alias its columns are qualified by."""
+    """One view named in FROM or JOIN (or a subquery there), with the alias its columns are qualified by."""
 
-    view: str
+    view: str  # "" for a subquery
     alias: str
-    node: exp.Table
+    node: exp.Table | exp.Subquery
+    subquery: ParsedSelect | None = None  # a subquery in FROM, checked like the statement
 
 
 @dataclass(frozen=True)
@@ -132,11 +132,54 @@ def line_col(sql: str, offset: int) -> tuple[int, int]:
 def parse_select(sql: str) -> ParsedSelect:
     """Parse ``sql`` and check it is one SELECT over one view or a chain of joins."""
     tokens, statement = parse_statement(sql)
-    return check_select(sql, tokens, statement)
+    partial = ParsedSelect(sql, exp.Select(), tokens, (), ())
+    for kind, (construct, keyword) in _SET_OPERATIONS.items():
+        if isinstance(statement, kind):
+            raise partial.unsupported(construct, statement, keyword)
+    if isinstance(statement, exp.Subquery):
+        raise partial.unsupported("parenthesized query", statement)
+    if not isinstance(statement, exp.Select):
+        raise partial.unsupported(f"{statement.key.upper()} statement", statement,
+                                  hint="a view is defined by a SELECT")
+    _check_clauses(partial, statement)
+    tables, joins = _check_from(partial, statement)
+    return ParsedSelect(sql, statement, tokens, tables, joins)
+
+
+@dataclass(frozen=True)
+class UnionAll:
+    """``branch UNION ALL branch ...``: each branch a SELECT of the supported shape, in order."""
+
+    parsed: ParsedSelect  # the statement's context (its SELECT is a placeholder)
+    node: exp.Union
+    branches: tuple[ParsedSelect, ...]
+
+
+def parse_union_all(sql: str) -> UnionAll | None:
+    """The branches of ``sql`` when it is a UNION ALL of SELECTs (None for any other statement, which
+    :func:`parse_select` checks)."""
+    tokens, statement = parse_statement(sql)
+    if not isinstance(statement, exp.Union):
+        return None
+    partial = ParsedSelect(sql, exp.Select(), tokens, (), ())
+    nodes: list[exp.Expr] = []
+    node: exp.Expr = statement
+    while isinstance(node, exp.Union):
+        for name in ("by_name", "side", "kind", "on", "order", "limit", "offset"):
+            if node.args.get(name):
+                raise partial.unsupported(f"UNION ALL with {name.replace('_', ' ').upper()}", node, TokenType.UNION)
+        if node.args.get("distinct"):  # pointed at by the keyword before its right-hand query
+            raise partial.unsupported("UNION", node.expression, TokenType.UNION,
+                                      hint="UNION removes duplicates; write UNION ALL")
+        nodes.append(node.expression)
+        node = node.this
+    nodes.append(node)
+    branches = tuple(check_subquery(partial, branch) for branch in reversed(nodes))
+    return UnionAll(partial, statement, branches)
 
 
 def parse_statement(sql: str) -> tuple[tuple[Token, ...], exp.Expr]:
-    """``sql``'s tokens and its one statement, parsed but not checked (``check_select`` checks it)."""
+    """The tokens and the one statement of ``sql``."""
     try:
         tokens = tuple(sqlglot.tokenize(sql, read=DIALECT))
         for token, following in itertools.pairwise(tokens):
@@ -158,22 +201,6 @@ def parse_statement(sql: str) -> tuple[tuple[Token, ...], exp.Expr]:
         raise UnsupportedSql("more than one statement", fragment(statements[1]),
                              hint="a view is defined by exactly one SELECT")
     return tokens, statements[0]
-
-
-def check_select(sql: str, tokens: tuple[Token, ...], statement: exp.Expr) -> ParsedSelect:
-    """``statement`` (of ``sql``, whose tokens locate its parts) checked to be a SELECT of the subset."""
-    partial = ParsedSelect(sql, exp.Select(), tokens, (), ())
-    for kind, (construct, keyword) in _SET_OPERATIONS.items():
-        if isinstance(statement, kind):
-            raise partial.unsupported(construct, statement, keyword)
-    if isinstance(statement, exp.Subquery):
-        raise partial.unsupported("parenthesized query", statement)
-    if not isinstance(statement, exp.Select):
-        raise partial.unsupported(f"{statement.key.upper()} statement", statement,
-                                  hint="a view is defined by a SELECT")
-    _check_clauses(partial, statement)
-    tables, joins = _check_from(partial, statement)
-    return ParsedSelect(sql, statement, tokens, tables, joins)
 
 
 # A comma followed by one of these (or by nothing) separates nothing: sqlglot drops such empty items
@@ -232,6 +259,39 @@ def _unclosed_quote(sql: str) -> int | None:
             quote = None
         index += 1
     return start if quote is not None else None
+
+
+def check_subquery(parsed: ParsedSelect, node: exp.Expr) -> ParsedSelect:
+    """A subquery (in FROM, or a WITH's common table expression) checked as a statement is: one SELECT
+    of the supported shape. Positions stay those in the whole statement."""
+    for kind, (construct, keyword) in _SET_OPERATIONS.items():
+        if isinstance(node, kind):
+            raise parsed.unsupported(construct, node, keyword)
+    if isinstance(node, exp.Subquery):
+        raise parsed.unsupported("parenthesized query", node)
+    if not isinstance(node, exp.Select):
+        raise parsed.unsupported(f"{node.key.upper()} in a subquery", node)
+    _check_clauses(parsed, node)
+    tables, joins = _check_from(parsed, node)
+    return replace(parsed, select=node, tables=tables, joins=joins)
+
+
+def common_table_expressions(parsed: ParsedSelect, node: exp.Expr | None = None
+                             ) -> list[tuple[str, ParsedSelect, exp.CTE]]:
+    """The WITH clause of ``parsed``'s SELECT (or of ``node``): (name, its query, its node), in order."""
+    clause = arg(node if node is not None else parsed.select, "with")
+    if not isinstance(clause, exp.With):
+        return []
+    if clause.args.get("recursive"):
+        raise parsed.unsupported("WITH RECURSIVE", clause, TokenType.WITH,
+                                 hint="a recursive query is not maintained incrementally")
+    out = []
+    for cte in clause.expressions:
+        alias = cte.args.get("alias")
+        if isinstance(alias, exp.TableAlias) and alias.columns:
+            raise parsed.unsupported("column aliases on a common table expression", cte)
+        out.append((cte.alias, check_subquery(parsed, cte.this), cte))
+    return out
 
 
 def _check_clauses(parsed: ParsedSelect, select: exp.Select) -> None:
@@ -295,9 +355,15 @@ def _check_join(parsed: ParsedSelect, join: exp.Join) -> JoinKind:
 
 
 def _table(parsed: ParsedSelect, node: exp.Expr) -> TableRef:
-    if isinstance(node, exp.Subquery | exp.Select):
-        raise parsed.unsupported("subquery in FROM", node, TokenType.SELECT,
-                                 hint="create the subquery as a view and read it")
+    if isinstance(node, exp.Subquery):
+        alias = node.args.get("alias")
+        if not isinstance(alias, exp.TableAlias) or not alias.name:
+            raise ViewDefinitionError(f"a subquery in FROM needs a name: {parsed.describe(node)} AS name")
+        if alias.columns:
+            raise parsed.unsupported("column aliases on a subquery in FROM", node)
+        return TableRef("", alias.name, node, check_subquery(parsed, node.this))
+    if isinstance(node, exp.Select):
+        raise parsed.unsupported("subquery in FROM", node, TokenType.SELECT)
     if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
         raise parsed.unsupported(f"{node.key.upper()} in FROM", node, hint="FROM must name a view")
     for name in ("laterals", "joins", "pivots", "sample", "version", "when", "partition", "changes"):

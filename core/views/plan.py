@@ -29,7 +29,16 @@ from mvlog.row_schema import Column, ColumnType, RowSchema
 from mvlog.views.binder import Binder, IncompatibleTypes, coerce, common_type, window_end
 from mvlog.views.errors import ViewDefinitionError
 from mvlog.views.expr import AggregateCall, Binary, BinaryOp, ColumnRef, Expr, GroupRef, WindowStart, walk
-from mvlog.views.parse import JoinRef, ParsedSelect, TableRef, check_select, parse_statement
+from mvlog.views.parse import (
+    JoinRef,
+    ParsedSelect,
+    TableRef,
+    UnionAll,
+    common_table_expressions,
+    parse_select,
+    parse_statement,
+    parse_union_all,
+)
 from mvlog.views.query import (
     PRESENT,
     JoinCondition,
@@ -41,6 +50,8 @@ from mvlog.views.query import (
     TimeWindow,
     extendable_sides,
 )
+from mvlog.views.semi_join import SemiJoins
+from mvlog.views.union import union_schema
 from mvlog.views.window import plan_window
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -52,9 +63,24 @@ class ViewPlan:
 
     name: str
     sql: str
-    sources: tuple[str, ...]  # upstream view names, in FROM order, each once
+    sources: tuple[str, ...]  # upstream view names, in FROM order, each once (those of subqueries too)
     schema: RowSchema  # the view's rows: SELECT list, then hidden key columns; primary_key = the key
     query: Query
+    # The subqueries in FROM and the WITH queries the query reads, each planned as a view of its own
+    # (internal name -> plan); ``query.sources`` name them by their internal name (``$name``).
+    inner: tuple[tuple[str, ViewPlan], ...] = ()
+    # A UNION ALL: ``inner`` holds its branches in order, and ``query`` only lists them as its sources.
+    union: bool = False
+
+    @property
+    def upstream_schemas(self) -> dict[str, RowSchema]:
+        """The schema of each upstream view in ``sources``."""
+        schemas: dict[str, RowSchema] = {}
+        for _, plan in self.inner:
+            schemas.update(plan.upstream_schemas)
+        inner = {name for name, _ in self.inner}
+        schemas.update({s.view: s.schema for s in self.query.sources if s.view not in inner})
+        return schemas
 
     @property
     def key_columns(self) -> tuple[Column, ...]:
@@ -76,18 +102,53 @@ def plan_view(name: str, sql: str, upstreams: Mapping[str, RowSchema]) -> ViewPl
     Raises ``ViewDefinitionError`` (``UnsupportedSql`` for constructs outside the subset) naming the
     problem and where it is in ``sql``.
     """
+    union = parse_union_all(sql)
+    if union is not None:
+        return _plan_union(union, name, upstreams)
     tokens, statement = parse_statement(sql)
     from mvlog.views.topn_plan import plan_top_n, row_number_item  # builds on this module: imported late
 
     if row_number_item(statement) is not None:  # before any other handling of a subquery in FROM
         return plan_top_n(name, sql, tokens, statement, upstreams)
-    return plan_select(name, check_select(sql, tokens, statement), upstreams)
+    return _plan(parse_select(sql), name, upstreams, {})
 
 
 def plan_select(name: str, parsed: ParsedSelect, upstreams: Mapping[str, RowSchema]) -> ViewPlan:
     """Plan view ``name`` defined by the checked SELECT ``parsed`` (see ``plan_view``)."""
+    return _plan(parsed, name, upstreams, {})
+
+
+# Common table expressions in scope, by folded name: (internal name, plan).
+Scope = dict[str, tuple[str, ViewPlan]]
+
+
+def _plan_union(union: UnionAll, name: str, upstreams: Mapping[str, RowSchema]) -> ViewPlan:
+    """A UNION ALL: each branch planned in the scope of the statement's WITH clause."""
+    scope = _scope(union.parsed, name, upstreams, {}, union.node)
+    branches = [_plan(branch, name, upstreams, scope) for branch in union.branches]
+    schema = union_schema(branches)
+    inner = tuple((f"$(branch{i})", branch) for i, branch in enumerate(branches))
+    sources = tuple(Source(f"branch{i}", internal, branch.schema) for i, (internal, branch) in enumerate(inner))
+    query = Query(sources, (), None, (), (), (), False)
+    views = tuple(dict.fromkeys(view for branch in branches for view in branch.sources))
+    return ViewPlan(name, union.parsed.sql, views, schema, query, inner, union=True)
+
+
+def _scope(parsed: ParsedSelect, name: str, upstreams: Mapping[str, RowSchema], scope: Scope,
+           node: exp.Expr | None = None) -> Scope:
+    """``scope`` plus the WITH queries of ``parsed``'s SELECT (or of ``node``), each planned in turn."""
+    scope = dict(scope)
+    for cte_name, cte_query, _ in common_table_expressions(parsed, node):
+        scope[cte_name.casefold()] = (f"${cte_name}", _plan(cte_query, name, upstreams, scope))
+    return scope
+
+
+def _plan(parsed: ParsedSelect, name: str, upstreams: Mapping[str, RowSchema], scope: Scope) -> ViewPlan:
+    """The plan of one SELECT (the statement, or a subquery of it)."""
     sql = parsed.sql
-    sources = tuple(_source(parsed, table, name, upstreams) for table in parsed.tables)
+    scope = _scope(parsed, name, upstreams, scope)
+    inner: dict[str, ViewPlan] = {}
+    sources = tuple(_source(parsed, table, name, upstreams, scope, inner) for table in parsed.tables)
     aliases = [s.alias.casefold() for s in sources]
     for side, source in enumerate(sources):
         if side and source.alias.casefold() in aliases[:side]:
@@ -99,7 +160,10 @@ def plan_select(name: str, parsed: ParsedSelect, upstreams: Mapping[str, RowSche
     binder = Binder(parsed, sources, extendable)
     joins = tuple(_join_step(parsed, binder, index, ref) for index, ref in enumerate(parsed.joins))
     where_clause = parsed.select.args.get("where")
-    where = binder.condition(where_clause.this, "WHERE") if isinstance(where_clause, exp.Where) else None
+    semi = SemiJoins(parsed, binder, lambda sub: _plan(sub, name, upstreams, scope),
+                     lambda sub, table: _source(sub, table, name, upstreams, scope, {}))
+    where_node = semi.extract(where_clause.this if isinstance(where_clause, exp.Where) else None)
+    where = binder.condition(where_node, "WHERE") if where_node is not None else None
     items = list(parsed.select.expressions)
     group_clause = parsed.select.args.get("group")
     group_nodes = list(group_clause.expressions) if isinstance(group_clause, exp.Group) else []
@@ -134,18 +198,31 @@ def plan_select(name: str, parsed: ParsedSelect, upstreams: Mapping[str, RowSche
         key = _join_key(sources, extendable)
     _check_names(outputs)
     outputs, primary_key = _with_key(outputs, key, sources)
-    query = Query(sources, joins, where, group_by, aggregates, tuple(outputs), is_aggregate, having,
-                  window=binder.window)
+    inner.update(semi.inner)
+    query = Query((*sources, *semi.sources), (*joins, *semi.steps), where, group_by, aggregates, tuple(outputs),
+                  is_aggregate, having, window=binder.window)
     columns = []
     for output in outputs:
         if output.expr.type is None:
             raise ViewDefinitionError(f"cannot infer a type for column {output.name!r}: it is always NULL")
         columns.append(Column(output.name, output.expr.type, output.expr.nullable, output.hidden))
     schema = RowSchema(tuple(columns), tuple(primary_key))
-    return ViewPlan(name, sql, tuple(dict.fromkeys(s.view for s in sources)), schema, query)
+    views = [v for s in query.sources for v in (inner[s.view].sources if s.view in inner else (s.view,))]
+    return ViewPlan(name, sql, tuple(dict.fromkeys(views)), schema, query, tuple(inner.items()))
 
 
-def _source(parsed: ParsedSelect, table: TableRef, view: str, upstreams: Mapping[str, RowSchema]) -> Source:
+def _source(parsed: ParsedSelect, table: TableRef, view: str, upstreams: Mapping[str, RowSchema], scope: Scope,
+            inner: dict[str, ViewPlan]) -> Source:
+    """The source ``table`` names: a subquery, a WITH query in scope, else an upstream view. A subquery or
+    WITH query becomes an inner plan, registered in ``inner`` under its internal name."""
+    if table.subquery is not None:
+        internal = f"$({table.alias})"
+        inner[internal] = _plan(table.subquery, view, upstreams, scope)
+        return Source(table.alias, internal, inner[internal].schema)
+    if (found := scope.get(table.view.casefold())) is not None:
+        internal, plan = found
+        inner[internal] = plan
+        return Source(table.alias, internal, plan.schema)
     if table.view == view:
         raise ViewDefinitionError(f"view {view!r} cannot read itself ({parsed.describe(table.node)})")
     name = table.view if table.view in upstreams else next(
@@ -314,6 +391,9 @@ def _time_window(parsed: ParsedSelect, binder: Binder, group_nodes: list[exp.Exp
     if len(binder.sources) > 1:
         raise parsed.unsupported("time window over a join", call, "window",
                                  hint="create the join as a view and window it in a view on that one")
+    if binder.sources[0].view.startswith("$"):  # an inner query's internal name
+        raise parsed.unsupported("time window over a subquery or WITH query", call, "window",
+                                 hint="create the subquery as a view and window it in a view on that one")
     args = list(call.expressions)
     if not 2 <= len(args) <= 3:
         raise parsed.unsupported("window() with a start offset" if len(args) == 4 else "window() arguments", call,

@@ -42,6 +42,15 @@ class JoinKind(StrEnum):
     LEFT = "LEFT"
     RIGHT = "RIGHT"
     FULL = "FULL"
+    # ``IN (subquery)`` / ``EXISTS``, and ``NOT EXISTS``: the left rows with a match / without one, each
+    # once, with no column of the right (a subquery of the WHERE clause, invisible to the rest).
+    SEMI = "SEMI"
+    ANTI = "ANTI"
+
+    @property
+    def filters(self) -> bool:
+        """Whether the join keeps left rows only (a semi or anti join)."""
+        return self in (JoinKind.SEMI, JoinKind.ANTI)
 
     @property
     def keeps_left(self) -> bool:

@@ -43,7 +43,8 @@ from mvlog.views.expr import (
 )
 from mvlog.views.functions import render_call
 from mvlog.views.plan import ViewPlan
-from mvlog.views.query import PRESENT, Query
+from mvlog.views.query import PRESENT, JoinKind, Query
+from mvlog.views.union import column_sources
 from mvlog.views.window import windowed_source
 
 _SQL_TYPES = {ColumnType.INT: "BIGINT", ColumnType.FLOAT: "DOUBLE", ColumnType.STRING: "STRING",
@@ -85,19 +86,49 @@ def to_sql(plan: ViewPlan, table_names: Mapping[str, str], dialect: str) -> str:
     if missing:
         raise ViewDefinitionError(f"no table given for upstream view(s) {', '.join(missing)} of "
                                   f"{plan.name!r}")
-    return _select(plan.query, table_names, dialect).sql(dialect=dialect, identify=True)
+    if plan.union:
+        return _union(plan, table_names, dialect).sql(dialect=dialect, identify=True)
+    return _select(plan.query, table_names, dialect, dict(plan.inner)).sql(dialect=dialect, identify=True)
 
 
-def _select(query: Query, table_names: Mapping[str, str], dialect: str) -> exp.Select:
+def _union(plan: ViewPlan, table_names: Mapping[str, str], dialect: str) -> exp.Expr:
+    """Each branch's query selecting the view's columns (its own, cast to the view's types; its number;
+    its key in its hidden key columns, NULL in the others'), under UNION ALL."""
+    branches = [branch for _, branch in plan.inner]
+    selects = []
+    for number, branch in enumerate(branches):
+        rows = exp.alias_(exp.Subquery(this=_select(branch.query, table_names, dialect, dict(branch.inner))),
+                          "b", table=True, quoted=True)
+        items = []
+        for column, source in zip(plan.schema.columns, column_sources(plan.schema, branches, number), strict=True):
+            value: exp.Expr
+            if isinstance(source, str):
+                value = exp.column(source, table="b", quoted=True)
+                if branch.schema.column(source).type is not column.type:
+                    value = exp.cast(value, _SQL_TYPES[column.type])
+            elif source is None:
+                value = exp.cast(exp.Null(), _SQL_TYPES[column.type])
+            else:
+                value = _literal(source, column.type)
+            items.append(exp.alias_(value, column.name, quoted=True))
+        selects.append(exp.select(*items).from_(rows))
+    union: exp.Expr = selects[0]
+    for select in selects[1:]:
+        union = exp.union(union, select, distinct=False)
+    return union
+
+
+def _select(query: Query, table_names: Mapping[str, str], dialect: str,
+            inner: Mapping[str, ViewPlan] | None = None) -> exp.Select:
     if query.top_n is not None:
-        return _top_n(query, table_names, dialect)
+        return _top_n(query, table_names, dialect, inner or {})
     items = [exp.alias_(render_expr(o.expr, query), o.name, quoted=True) for o in query.outputs]
-    return _from_where_group(exp.select(*items), query, table_names, dialect)
+    return _from_where_group(exp.select(*items), query, table_names, dialect, inner or {})
 
 
-def _from_where_group(select: exp.Select, query: Query, table_names: Mapping[str, str], dialect: str
-                      ) -> exp.Select:
-    tables = [_source(query, side, table_names, dialect) for side in range(len(query.sources))]
+def _from_where_group(select: exp.Select, query: Query, table_names: Mapping[str, str], dialect: str,
+                      inner: Mapping[str, ViewPlan]) -> exp.Select:
+    tables = [_source(query, side, table_names, dialect, inner) for side in range(len(query.sources))]
     if query.window is not None:  # one copy of each row per time window it falls in
         source = query.sources[0]
         tables[0] = windowed_source(query, exp.to_table(table_names[source.view], dialect=dialect), source.alias,
@@ -108,6 +139,11 @@ def _from_where_group(select: exp.Select, query: Query, table_names: Mapping[str
                                       for c in join.on]
         if join.residual is not None:
             conditions.append(_paren(render_expr(join.residual, query)))
+        if join.kind.filters:  # a semi or anti join: the subquery of WHERE it came from, correlated
+            exists = exp.Exists(this=exp.select(exp.Literal.number(1)).from_(tables[index + 1])
+                                .where(exp.and_(*conditions)))
+            select = select.where(exists if join.kind is JoinKind.SEMI else exp.Not(this=exists))
+            continue
         select = select.join(tables[index + 1], on=exp.and_(*conditions), join_type=join.kind.value)
     if query.where is not None:
         select = select.where(render_expr(query.where, query))
@@ -121,7 +157,8 @@ def _from_where_group(select: exp.Select, query: Query, table_names: Mapping[str
 _RANK = "__mvlog_rank"
 
 
-def _top_n(query: Query, table_names: Mapping[str, str], dialect: str) -> exp.Select:
+def _top_n(query: Query, table_names: Mapping[str, str], dialect: str, inner: Mapping[str, ViewPlan]
+           ) -> exp.Select:
     """``SELECT <outputs> FROM (SELECT <outputs>, ROW_NUMBER() OVER (...) AS rank FROM ...) WHERE rank <= N``,
     the ORDER BY followed by the sources' key (the operator's tiebreak)."""
     assert query.top_n is not None
@@ -129,11 +166,11 @@ def _top_n(query: Query, table_names: Mapping[str, str], dialect: str) -> exp.Se
     items = [exp.alias_(render_expr(o.expr, query), o.name, quoted=True) for o in query.outputs]
     if rank == _RANK:
         items.append(exp.alias_(render_expr(RowNumber(), query), rank, quoted=True))
-    inner = _from_where_group(exp.select(*items), query, table_names, dialect)
+    ranked = _from_where_group(exp.select(*items), query, table_names, dialect, inner)
     outer = exp.select(*(exp.column(o.name, table="_top_n", quoted=True) for o in query.outputs))
     limit = exp.LTE(this=exp.column(rank, table="_top_n", quoted=True),
                     expression=exp.Literal.number(query.top_n.limit))
-    return outer.from_(inner.subquery("_top_n", copy=False)).where(limit)
+    return outer.from_(ranked.subquery("_top_n", copy=False)).where(limit)
 
 
 def _row_number(query: Query) -> exp.Expr:
@@ -146,14 +183,24 @@ def _row_number(query: Query) -> exp.Expr:
     return exp.cast(window, "BIGINT")  # Spark's row_number() is an INT
 
 
-def _source(query: Query, side: int, table_names: Mapping[str, str], dialect: str) -> exp.Expr:
-    """A source's table under its alias; where the plan reads its ``PRESENT`` pseudo-column, a subquery
-    adding it (TRUE on every row, so NULL exactly where an outer join null-extends the source)."""
+def _source(query: Query, side: int, table_names: Mapping[str, str], dialect: str,
+            inner: Mapping[str, ViewPlan]) -> exp.Expr:
+    """A source's table (or a subquery's or WITH query's SELECT, inlined) under its alias; where the plan
+    reads its ``PRESENT`` pseudo-column, a subquery adding it (TRUE on every row, so NULL exactly where an
+    outer join null-extends the source)."""
     source = query.sources[side]
-    table = exp.to_table(table_names[source.view], dialect=dialect)
+    table: exp.Expr
+    if source.view in inner:
+        plan = inner[source.view]
+        table = exp.alias_(exp.Subquery(this=_select(plan.query, table_names, dialect, dict(plan.inner))),
+                           source.alias, table=True, quoted=True)
+        if (side, PRESENT) not in referenced_columns(query):
+            return table
+    else:
+        table = exp.to_table(table_names[source.view], dialect=dialect)
     if (side, PRESENT) in referenced_columns(query):
-        inner = exp.select(exp.Star(), exp.alias_(exp.true(), PRESENT, quoted=True)).from_(table)
-        return exp.alias_(exp.Subquery(this=inner), source.alias, table=True, quoted=True)
+        present = exp.select(exp.Star(), exp.alias_(exp.true(), PRESENT, quoted=True)).from_(table)
+        return exp.alias_(exp.Subquery(this=present), source.alias, table=True, quoted=True)
     return exp.alias_(table, source.alias, table=True, quoted=True)
 
 

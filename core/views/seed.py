@@ -59,6 +59,9 @@ def multiset_column(index: int) -> str:
 
 def unseedable(plan: ViewPlan) -> str | None:
     """Why a snapshot cannot seed ``plan`` (None: it can)."""
+    if plan.inner:
+        return (f"view {plan.name!r} reads a subquery or WITH query: its operator state holds the inner "
+                "queries' too, which snapshot backfill does not seed")
     if plan.is_join:
         return (f"view {plan.name!r} joins {' and '.join(plan.sources)}: snapshot backfill reads one upstream's "
                 "snapshot, and a join's state holds both sides at one epoch")

@@ -36,3 +36,17 @@ class InMemoryState:
 
     def __len__(self) -> int:
         return len(self.data)
+
+
+class PrefixedState:
+    """The part of a state store under ``prefix``, read with keys relative to it: the state of an
+    operator nested in another one (a subquery's), kept apart from its host's and its siblings'."""
+
+    def __init__(self, reader: StateReader, prefix: bytes) -> None:
+        self.reader = reader
+        self.prefix = prefix
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        found = self.reader.get_many([self.prefix + key for key in keys])
+        size = len(self.prefix)
+        return {key[size:]: value for key, value in found.items()}

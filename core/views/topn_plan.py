@@ -26,7 +26,7 @@ from mvlog.row_schema import Column, RowSchema
 from mvlog.views.binder import Binder
 from mvlog.views.errors import ViewDefinitionError
 from mvlog.views.expr import Expr, Literal, RowNumber
-from mvlog.views.parse import REFUSED_CLAUSES, ParsedSelect, arg, check_select
+from mvlog.views.parse import REFUSED_CLAUSES, ParsedSelect, arg, check_subquery
 from mvlog.views.plan import ViewPlan, _check_names, _with_key, plan_select
 from mvlog.views.query import OutputColumn, Query, SortKey, TopN
 
@@ -78,7 +78,7 @@ def plan_top_n(name: str, sql: str, tokens: tuple[Token, ...], statement: exp.Ex
     placeholder = inner_select.copy()
     placeholder.set("expressions", [exp.alias_(exp.Literal.number(0), rank_name, quoted=item.args["alias"].quoted)
                                     if i is item else i.copy() for i in inner_select.expressions])
-    inner_parsed = check_select(sql, tokens, placeholder)
+    inner_parsed = check_subquery(outer, placeholder)
     inner = plan_select(name, inner_parsed, upstreams)
     if inner.is_aggregate:
         raise outer.unsupported("ROW_NUMBER() over an aggregate", inner_select, TokenType.SELECT,
@@ -108,7 +108,7 @@ def plan_top_n(name: str, sql: str, tokens: tuple[Token, ...], statement: exp.Ex
                   top_n=TopN(partition, order, tiebreak, limit))
     schema = RowSchema(tuple(Column(o.name, o.expr.type, o.expr.nullable, o.hidden)  # type: ignore[arg-type]
                              for o in outputs), tuple(primary_key))
-    return ViewPlan(name, sql, inner.sources, schema, query)
+    return ViewPlan(name, sql, inner.sources, schema, query, inner.inner)
 
 
 def _check_outer(outer: ParsedSelect, statement: exp.Select) -> None:

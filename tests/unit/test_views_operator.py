@@ -346,6 +346,79 @@ def test_left_join_retracts_the_null_extended_row_at_the_first_match_and_restore
     assert pipeline.rows["v"] == {} and len(pipeline.states["v"]) == 0
 
 
+# -- subqueries in FROM and WITH ---------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(epochs("t1", "t2"))
+def test_subqueries_in_from_and_with(all_epochs):
+    """Each subquery or WITH query runs as an operator nested in the view's, its state under its own
+    prefix, its changes the input of the query that reads it."""
+    run_views([
+        ("filtered_groups", "SELECT x.s, x.n FROM (SELECT s, count(*) AS n FROM t1 GROUP BY s) x WHERE x.n > 1"),
+        ("joined_cte", "WITH big AS (SELECT id, v1, s FROM t1 WHERE v1 > 0) "
+                       "SELECT b.s, count(*) AS n, sum(c.w) AS total FROM big b JOIN t2 c ON b.v1 = c.k GROUP BY b.s"),
+        ("left_of_aggregate", "WITH g AS (SELECT k, sum(w) AS total, count(*) AS n FROM t2 GROUP BY k) "
+                              "SELECT a.id, g.total, g.n FROM t1 a LEFT JOIN g ON a.v1 = g.k"),
+        ("cte_twice", "WITH p AS (SELECT id, v1 FROM t1 WHERE NOT deleted) "
+                      "SELECT x.id, y.id AS yid FROM p x JOIN p y ON x.v1 = y.v1"),
+        ("nested", "SELECT * FROM (SELECT s, max(n) AS top, count(*) AS groups FROM "
+                   "(SELECT s, v1, count(*) AS n FROM t1 GROUP BY s, v1) q GROUP BY s) r WHERE r.top > 1"),
+        ("chained_ctes", "WITH a AS (SELECT id, v1, v2 FROM t1 WHERE v2 IS NOT NULL), "
+                         "b AS (SELECT v1, min(v2) AS lo FROM a GROUP BY v1) "
+                         "SELECT b.v1, b.lo, t.id FROM b FULL JOIN t2 t ON b.v1 = t.k AND t.w > b.lo"),
+    ], all_epochs)
+
+
+def test_a_subquery_keeps_its_state_under_its_own_prefix():
+    pipeline = Pipeline([("v", "WITH g AS (SELECT k, count(*) AS n FROM t2 GROUP BY k) "
+                               "SELECT a.id, g.n FROM t1 a JOIN g ON a.v1 = g.k")])
+    pipeline.epoch({"t1": [(1, {"v1": 4, "v2": None, "s": None, "deleted": None}, False)],
+                    "t2": [(3, {"k": 4, "w": None, "tag": None, "raw": None}, False)]})
+    assert pipeline.rows["v"] == {(1, 4): {"id": 1, "n": 1, "k": 4}}
+    assert pipeline.states["v"].data == {b'($g)g[4]': b'{"n":1,"c":[0],"s":[0],"m":[]}',
+                                         b"j0[4]": b'[[1,4,null,null,null]]', b"j1[4]": b"[[4,1]]"}
+
+
+# -- IN / EXISTS / NOT EXISTS: semi and anti joins ----------------------------------------------------------
+
+
+@SETTINGS
+@given(epochs("t1", "t2"))
+def test_in_exists_and_not_exists(all_epochs):
+    """A row is kept (semi) or dropped (anti) when its first match arrives, and the other way round when
+    its last match leaves; each row once however many matches it has."""
+    run_views([
+        ("in_subquery", "SELECT id, s FROM t1 WHERE v1 IN (SELECT k FROM t2 WHERE w > 0) AND s IS NOT NULL"),
+        ("exists", "SELECT a.id, a.v2 FROM t1 a WHERE EXISTS (SELECT * FROM t2 b WHERE b.k = a.v1 AND a.s = b.tag)"),
+        ("not_exists", "SELECT a.id FROM t1 a WHERE NOT EXISTS (SELECT 1 FROM t2 b WHERE b.k = a.v1 AND b.tag = 'a')"),
+        ("grouped", "SELECT s, count(*) AS n FROM t1 a WHERE NOT deleted AND EXISTS "
+                    "(SELECT 1 FROM t2 WHERE t2.k = a.v1) GROUP BY s"),
+        ("after_join", "SELECT a.id, b.id AS bid FROM t1 a LEFT JOIN t2 b ON a.v1 = b.k "
+                       "WHERE NOT EXISTS (SELECT 1 FROM t1 c WHERE c.v1 = b.id) AND a.v2 IN (SELECT w FROM t2)"),
+        ("in_aggregate", "SELECT id FROM t1 WHERE v1 IN (SELECT count(*) AS n FROM t2 GROUP BY k)"),
+    ], all_epochs)
+
+
+# -- UNION ALL ---------------------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(epochs("t1", "t2"))
+def test_union_all(all_epochs):
+    """The view key is the branch and the branch's key: a row of each branch stays apart from the other
+    branches' rows with the same values; views built on a union read it like any view."""
+    run_views([
+        ("mixed", "SELECT id, v1 AS x, s FROM t1 WHERE v1 > 0 UNION ALL SELECT id, w, tag FROM t2"),
+        ("counts", "WITH c AS (SELECT s, count(*) AS n FROM t1 GROUP BY s) "
+                   "SELECT s AS label, n FROM c UNION ALL SELECT tag, count(*) FROM t2 GROUP BY tag "
+                   "UNION ALL SELECT 'all', count(*) FROM t1"),
+        ("joined", "SELECT a.id, b.w FROM t1 a LEFT JOIN t2 b ON a.v1 = b.k UNION ALL SELECT id, w FROM t2"),
+        ("same_twice", "SELECT v1 FROM t1 UNION ALL SELECT v1 FROM t1 WHERE deleted"),
+        ("over_union", "SELECT x > 0 AS positive, count(*) AS n, sum(x) AS total FROM mixed GROUP BY x > 0"),
+    ], all_epochs)
+
+
 # -- depth-2 chains -------------------------------------------------------------------------------------
 
 

@@ -129,6 +129,52 @@ def test_join_chain_key_and_on_scoping():
         plan("SELECT a.v1 FROM t1 a JOIN t2 b ON a.id = b.t1id JOIN t1 a ON a.id = b.id")
 
 
+def test_subqueries_and_with_queries_are_inner_plans():
+    p = plan("WITH g AS (SELECT t1id, count(*) AS n FROM t2 GROUP BY t1id) "
+             "SELECT a.v1, g.n FROM (SELECT id, v1 FROM t1 WHERE NOT deleted) a LEFT JOIN g ON a.id = g.t1id")
+    assert p.sources == ("t1", "t2") and [name for name, _ in p.inner] == ["$(a)", "$g"]
+    assert p.upstream_schemas == {"t1": T1, "t2": T2}
+    assert p.schema.primary_key == ("id", "t1id", "g_present")
+    assert dict(p.inner)["$g"].schema.primary_key == ("t1id",)
+    unused = plan("WITH g AS (SELECT * FROM t2) SELECT v1 FROM t1")
+    assert unused.sources == ("t1",) and unused.inner == ()
+    shadowing = plan("WITH t2 AS (SELECT * FROM t1 WHERE deleted) SELECT v1 FROM t2")  # WITH names come first
+    assert shadowing.sources == ("t1",)
+    with pytest.raises(ViewDefinitionError, match=r"a subquery in FROM needs a name: `\(SELECT \* FROM t1\)`"):
+        plan("SELECT * FROM (SELECT * FROM t1)")
+    with pytest.raises(ViewDefinitionError, match=r"column 'id' of subquery x is hidden"):
+        plan("WITH x AS (SELECT v1 FROM t1) SELECT id FROM x")
+    with pytest.raises(ViewDefinitionError, match=r"unknown view 'nope' in `nope` at line 1, col 26"):
+        plan("WITH x AS (SELECT * FROM nope) SELECT * FROM t1")
+
+
+def test_in_and_exists_are_semi_joins_that_leave_the_key_alone():
+    p = plan("SELECT * FROM t1 a WHERE a.v1 > 0 AND EXISTS (SELECT 1 FROM t2 b WHERE b.t1id = a.id AND b.w > 1) "
+             "AND v1 IN (SELECT t1id FROM t2)")
+    assert p.schema == T1 and p.sources == ("t1", "t2")  # one row per t1 row, whatever the matches
+    assert [j.kind.value for j in p.query.joins] == ["SEMI", "SEMI"] and len(p.query.sources) == 3
+    anti = plan("SELECT id FROM t1 WHERE NOT EXISTS (SELECT 1 FROM t2 WHERE t2.t1id = t1.id)")
+    assert [j.kind.value for j in anti.query.joins] == ["ANTI"]
+    with pytest.raises(ViewDefinitionError, match=r"must select one column, not 2"):
+        plan("SELECT * FROM t1 WHERE id IN (SELECT t1id, w FROM t2)")
+    with pytest.raises(ViewDefinitionError, match=r"cannot compare int with string"):
+        plan("SELECT * FROM t1 WHERE id IN (SELECT tag FROM t2)")
+
+
+def test_union_all_key_is_the_branch_and_its_key():
+    p = plan("SELECT v1 AS x, id FROM t1 UNION ALL SELECT w, id FROM t2 UNION ALL SELECT count(*), 0 FROM t2")
+    assert p.union and p.sources == ("t1", "t2") and [n for n, _ in p.inner] == ["$(branch0)", "$(branch1)",
+                                                                                 "$(branch2)"]
+    assert [(c.name, c.type.value, c.nullable, c.hidden) for c in p.schema.columns] == [
+        ("x", "float", True, False), ("id", "int", False, False), ("_branch", "int", False, True),
+        ("_b0_id", "int", True, True), ("_b1_id", "int", True, True)]  # a global count has the empty key
+    assert p.schema.primary_key == ("_branch", "_b0_id", "_b1_id")
+    with pytest.raises(ViewDefinitionError, match=r"UNION ALL: branch 2 selects 2 column\(s\), branch 1 selects 1"):
+        plan("SELECT v1 FROM t1 UNION ALL SELECT id, w FROM t2")
+    with pytest.raises(ViewDefinitionError, match=r"column 1 \(v1\) has types that do not combine"):
+        plan("SELECT v1 FROM t1 UNION ALL SELECT tag FROM t2")
+
+
 def test_self_join_needs_aliases_and_reads_the_view_once():
     p = plan("SELECT a.id, b.id AS id2 FROM t1 a JOIN t1 b ON a.v1 = b.v1")
     assert p.sources == ("t1",)
@@ -303,10 +349,20 @@ NO_EQUALITY = "join without an equality between the joined views"
     ("SELECT * FROM t1 LIMIT 10 OFFSET 5", "LIMIT", (1, 18)),
     ("SELECT v1, row_number() OVER (PARTITION BY v1) AS r FROM t1", "window function", (1, 12)),
     ("SELECT sum(v1) OVER () AS s FROM t1", "window function", (1, 8)),
-    ("SELECT * FROM (SELECT * FROM t1) x", "subquery in FROM", (1, 16)),
-    ("SELECT * FROM t1 WHERE id IN (SELECT t1id FROM t2)", "subquery", (1, 24)),
+    ("SELECT * FROM (SELECT v1 FROM t1 UNION ALL SELECT t1id FROM t2) x", "UNION", (1, 34)),
+    ("SELECT * FROM (SELECT * FROM t1 ORDER BY v1) x", "ORDER BY", (1, 33)),
+    ("WITH x AS (SELECT v1 FROM t1 LIMIT 3) SELECT * FROM x", "LIMIT", (1, 30)),
+    ("WITH RECURSIVE x AS (SELECT * FROM t1) SELECT * FROM x", "WITH RECURSIVE", (1, 1)),
+    ("SELECT * FROM (SELECT * FROM t1) x(a, b, c)", "column aliases on a subquery in FROM", (1, 16)),
+    ("SELECT * FROM t1 WHERE id NOT IN (SELECT t1id FROM t2)", "NOT IN (subquery)", (1, 24)),
+    ("SELECT * FROM t1 WHERE v1 > 0 OR id IN (SELECT t1id FROM t2)", "subquery", (1, 34)),
+    ("SELECT * FROM t1 WHERE v1 + 1 IN (SELECT t1id FROM t2)", "IN (subquery) of an expression", (1, 24)),
+    ("SELECT * FROM t1 WHERE EXISTS (SELECT 1 FROM t2 WHERE t2.t1id > t1.id)",
+     "correlated condition other than an equality", (1, 55)),
+    ("SELECT * FROM t1 WHERE EXISTS (SELECT t1id, count(*) FROM t2 WHERE t2.t1id = t1.id GROUP BY t1id)",
+     "EXISTS over an aggregate subquery", (1, 24)),
     ("SELECT (SELECT max(v1) FROM t1) AS m FROM t1", "subquery", (1, 9)),
-    ("SELECT * FROM t1 WHERE EXISTS (SELECT * FROM t2)", "subquery", None),
+    ("SELECT * FROM t1 WHERE EXISTS (SELECT * FROM t2)", "EXISTS without a correlating equality", (1, 24)),
     ("SELECT a.v1 FROM t1 a JOIN t2 b ON a.id < b.t1id", NO_EQUALITY, (1, 23)),
     ("SELECT a.v1 FROM t1 a JOIN t2 b ON a.id = b.t1id OR a.v1 = b.t1id", NO_EQUALITY, (1, 23)),
     ("SELECT a.v1 FROM t1 a LEFT JOIN t2 b ON a.id + 1 = b.t1id", NO_EQUALITY, (1, 23)),
@@ -320,10 +376,10 @@ NO_EQUALITY = "join without an equality between the joined views"
     ("SELECT a.v1 FROM t1 a JOIN t2 b USING (id)", "JOIN ... USING", (1, 33)),
     ("SELECT a.v1 FROM t1 a JOIN t2 b", "JOIN without ON", (1, 23)),
     ("SELECT v1 FROM t1 UNION SELECT t1id FROM t2", "UNION", (1, 19)),
-    ("SELECT v1 FROM t1 UNION ALL SELECT t1id FROM t2", "UNION", (1, 19)),
+    ("SELECT v1 FROM t1 UNION ALL SELECT t1id FROM t2 UNION SELECT 1", "UNION", (1, 49)),
+    ("SELECT v1 FROM t1 UNION ALL SELECT t1id FROM t2 ORDER BY v1", "UNION ALL with ORDER", (1, 19)),
     ("SELECT v1 FROM t1 EXCEPT SELECT t1id FROM t2", "EXCEPT", (1, 19)),
     ("SELECT v1 FROM t1 INTERSECT SELECT t1id FROM t2", "INTERSECT", (1, 19)),
-    ("WITH x AS (SELECT * FROM t1) SELECT * FROM x", "WITH (common table expression)", (1, 1)),
     ("SELECT foo(v1) AS f FROM t1", "function foo()", (1, 8)),
     ("SELECT reverse(tag) AS u FROM t2", "function reverse()", (1, 8)),
     ("SELECT stddev(v1) AS s FROM t1", "aggregate function stddev()", (1, 8)),

@@ -179,3 +179,13 @@ def test_a_top_n_cannot_be_seeded_from_a_snapshot() -> None:
         seed_sql(plan, "snap")
     with pytest.raises(ViewDefinitionError, match="use --backfill chunked"):
         SeedDecoder(plan)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT x.s, x.n FROM (SELECT s, count(*) AS n FROM t1 GROUP BY s) x",
+    "WITH f AS (SELECT id, v1 FROM t1 WHERE v1 > 0) SELECT * FROM f",
+])
+def test_a_view_over_a_subquery_cannot_be_seeded_from_a_snapshot(sql: str) -> None:
+    plan = plan_view("mv", sql, {"t1": T1, "t2": T2})
+    with pytest.raises(ViewDefinitionError, match=r"reads a subquery or WITH query: .* use --backfill chunked"):
+        seed_sql(plan, "snap")
