@@ -101,10 +101,10 @@ def bind_function(node: exp.Expr, bind: Bind, describe: Callable[[exp.Expr], str
     if isinstance(node, exp.TimeToStr) and isinstance(node.this, exp.TimeStrToTime):
         time = _event_time(bind(node.this.this), error)
         layout = node.args.get("format")
-        text = str(layout.this).replace("strict", "") if isinstance(layout, exp.Literal) else None
-        if text is None or any(d not in _DATE_DIRECTIVES for d in re.findall(r"%.", text)):
+        strftime = str(layout.this).replace("strict", "") if isinstance(layout, exp.Literal) else None
+        if strftime is None or any(d not in _DATE_DIRECTIVES for d in re.findall(r"%.", strftime)):
             raise error("date_format takes a literal pattern of the letters yyyy, MM, dd, HH, mm and ss")
-        return Call("date_format", (time, Literal(text, ColumnType.STRING)), ColumnType.STRING, time.nullable)
+        return Call("date_format", (time, Literal(strftime, ColumnType.STRING)), ColumnType.STRING, time.nullable)
     part = None
     if isinstance(node, exp.Hour | exp.Minute):
         part, operand = node.key.lower(), node.this
@@ -157,7 +157,7 @@ def evaluate_call(call: Call, args: Sequence[Any], rows: int) -> Any:
     if name == "instr":
         return _rows(lambda s, sub: s.find(sub) + 1, args, rows, pa.int64())
     if name == "split_part":
-        delimiter, index = call.args[1].value, call.args[2].value  # type: ignore[union-attr]
+        delimiter, index = str(_value(call.args[1])), int(_value(call.args[2]))
 
         def part(s: str) -> str:
             parts = s.split(delimiter)
@@ -165,21 +165,27 @@ def evaluate_call(call: Call, args: Sequence[Any], rows: int) -> Any:
 
         return _rows(part, args[:1], rows, pa.string())
     if name == "regexp_extract":
-        pattern, group = re.compile(call.args[1].value), call.args[2].value  # type: ignore[union-attr, arg-type]
+        pattern, group = re.compile(str(_value(call.args[1]))), int(_value(call.args[2]))
 
         def extract(s: str) -> str:
             match = pattern.search(s)
-            return (match.group(group) or "") if match else ""
+            found: str | None = match.group(group) if match else None
+            return found or ""
 
         return _rows(extract, args[:1], rows, pa.string())
     if name == "date_format":
-        layout = str(call.args[1].value)  # type: ignore[union-attr]
+        layout = str(_value(call.args[1]))
         return _rows(lambda ms: (_EPOCH + timedelta(milliseconds=ms)).strftime(layout), args[:1], rows, pa.string())
     if name == "hour":
         return _rows(lambda ms: ms // 3_600_000 % 24, args[:1], rows, pa.int64())
     if name == "minute":
         return _rows(lambda ms: ms // 60_000 % 60, args[:1], rows, pa.int64())
     raise TypeError(f"cannot evaluate {call!r}")
+
+
+def _value(arg: Expr) -> Any:
+    assert isinstance(arg, Literal)  # bind_function makes these arguments literals
+    return arg.value
 
 
 def _rows(function: Callable[..., Any], args: Sequence[Any], rows: int, kind: pa.DataType) -> pa.Array:
