@@ -13,6 +13,11 @@ every mvlog changelog carries) never turns a row into a Python object; a join ma
 aggregate folds its groups, row by row inside their stages, and an upstream that changes a key
 several times in one epoch is netted per key first.
 
+Subqueries in FROM, WITH queries, the subqueries of IN/EXISTS and the branches of a UNION ALL are
+operators nested in the view's (``ViewPlan.inner``): they run first on the epoch's changes of their
+upstreams, their state under their own key prefix, and their output changes are the input of the
+query that reads them.
+
 To hydrate a new view's state (backfill), feed the upstream's rows as ``READ`` changes, in one epoch or
 in chunks over several.
 """

@@ -15,6 +15,11 @@ The key is always made of columns of the view's rows, so ``schema.key_of(row)`` 
 a key component the SELECT list already holds as-is (``SELECT id, ...``, ``SELECT g, count(*) ... GROUP
 BY g``) is that column; any other is added as a *hidden* column, stored with the rows (and in the
 changelog and snapshots) but left out of ``SELECT *`` and not referable by views built on this one.
+
+Subqueries in FROM, WITH queries, the subqueries of ``IN``/``EXISTS`` (see ``semi_join``) and the
+branches of a ``UNION ALL`` (see ``union``) are planned as views of their own, held in ``ViewPlan.inner``
+and read by the query under an internal name (``$...``); ``ViewPlan.sources`` still lists only real
+upstream views.
 """
 
 from __future__ import annotations

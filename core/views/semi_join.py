@@ -119,7 +119,7 @@ class SemiJoins:
 
     def _add(self, node: exp.Expr, kind: JoinKind, plan: ViewPlan, pairs: list[tuple[ColumnRef, str]]) -> None:
         side = len(self.binder.sources) + len(self.sources)
-        alias = f"__subquery{len(self.sources)}"
+        alias = f"__mvlog_subquery{len(self.sources)}"  # not a name a user would give a view
         internal = f"$({alias})"
         self.inner[internal] = plan
         self.sources.append(Source(alias, internal, plan.schema))

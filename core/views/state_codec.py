@@ -5,6 +5,10 @@ State keys are relative to one view (the caller namespaces them, e.g. one Redis 
 
 - ``g[...]``: an aggregate group, the array holds the GROUP BY values (``g[]`` for a global aggregate);
 - ``j0[...]`` / ``j1[...]``: the rows of join side 0 (FROM) / 1 (JOIN) whose join key is the array;
+  for the ``i``-th join of a chain (``i >= 1``), ``j<i>.0[...]`` (the rows of the joins before it, per
+  source a row or null) and ``j<i>.1[...]`` (the rows of the view it joins);
+- ``(<name>)<key>``: a key of the operator nested for a subquery, WITH query or UNION ALL branch
+  (``$(x)`` for ``FROM (...) x``, ``$x`` for ``WITH x``, ``$(branch<i>)``), itself one of the above.
 - ``t[...]``: the rows of a top-N partition (the array holds the PARTITION BY values), each as
   ``[ORDER BY values, the sources' key, output values]``.
 

@@ -47,6 +47,9 @@ VIEWS = [
     ("mvl", "SELECT a.id, a.k, b.id AS bid, b.w FROM t1 a LEFT JOIN t2 b ON a.v1 = b.id"),
     # Over mv4, whose key k may be NULL (the presence column in the key), with a residual condition.
     ("mvf", "SELECT a.k, a.n, b.id AS bid, b.w FROM mv4 a FULL JOIN t2 b ON a.n = b.w AND b.id > 0"),
+    # A WITH query, a semi join and a UNION ALL, nested in one view's operator.
+    ("mvs", "WITH pos AS (SELECT id, v1 FROM t1 WHERE v1 > 0) SELECT p.id, p.v1 FROM pos p "
+            "WHERE EXISTS (SELECT 1 FROM t2 WHERE t2.id = p.v1) UNION ALL SELECT id, w FROM t2"),
     # Top-N per k (ties in v1 broken by id; deletes and `deleted` move rows up and empty partitions),
     # and a view on it.
     ("mvt", "SELECT * FROM (SELECT id, k, v1, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v1 DESC) AS rn "
