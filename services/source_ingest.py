@@ -372,7 +372,8 @@ class SourceIngester:
         """What a schema change that stops the source says (with what the operator does)."""
         return (f"{self.name}: source stopped at {change.where} (topic {self.spec.topic}): writer schema id "
                 f"{change.schema_id}, field {change.field!r}: {change.problem}. Nothing after it is ingested. "
-                f"To go on: recreate the table (drop-table, create-table) with columns this schema has, or accept the schema with "
+                "To go on: recreate the table (drop-table, create-table) with columns this schema has, or accept "
+                "the schema with "
                 f"`mvlog run-source {self.name} --accept-schema {change.schema_id}` (its missing nullable "
                 "columns become NULL, records it cannot type are dead-lettered)")
 
