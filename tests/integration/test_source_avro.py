@@ -272,7 +272,7 @@ def test_sigkilled_run_source_on_an_avro_topic(settings: Settings, redis_client:
     def produce() -> None:
         writer_rng = random.Random(rng.random())
         while not stop.is_set():
-            upsert_avro_workload(source, writer_rng, 200, bad_share=0.03)
+            upsert_avro_workload(source, writer_rng, 50, bad_share=0.03)  # about 1000 messages/s
             time.sleep(0.05)
 
     producer = threading.Thread(target=produce, daemon=True)
@@ -287,8 +287,10 @@ def test_sigkilled_run_source_on_an_avro_topic(settings: Settings, redis_client:
                 time.sleep(rng.uniform(0.2, 2.5))
             else:  # while it ingests
                 assert child.stderr is not None
+                lines: list[str] = []
                 while "ingesting topic" not in (line := child.stderr.readline()):
-                    assert line, f"run-source ended: {child.communicate()[1]}"
+                    lines.append(line)
+                    assert line, f"run-source ended (kill {kills}): {''.join(lines)}{child.communicate()[1]}"
                 time.sleep(rng.uniform(0.05, 2.0))
             assert child.poll() is None, child.communicate()[1]
             child.send_signal(signal.SIGKILL)
