@@ -307,6 +307,7 @@ def test_sigkilled_run_source_on_an_avro_topic(settings: Settings, redis_client:
     assert table_rows(redis_client, settings, "akilled", ("id",)) == expected
     assert committed_offsets(settings, "akilled", source.name, 3) == end_offsets(settings, source.name, 3)
     epochs = check_every_epoch(settings, "akilled", ("id",), source)
+    assert epochs > kills  # most runs committed epochs before their kill
     dead = check_dead_letters(settings, "akilled", source)
     counted = SourceStatusStore(redis_client, settings.topic_prefix).read(
         settings, [CatalogStore(settings, redis_client).get("akilled")])["akilled"].dead_letters
