@@ -96,9 +96,10 @@ def column_type_of(avro_type: Any) -> tuple[ColumnType, bool] | None:
         logical = inner.get("logicalType")
         if isinstance(logical, str) and logical in _LOGICAL:
             return _LOGICAL[logical], nullable
-        inner = inner.get("type")
-        if isinstance(inner, str | list | Mapping) and not isinstance(inner, str):
-            return column_type_of(inner) if not nullable else _nullable(column_type_of(inner))
+        inner = inner.get("type")  # {"type": "string", ...}, {"type": "enum", ...}, or a nested type
+        if isinstance(inner, list | Mapping):
+            found = column_type_of(inner)
+            return _nullable(found) if nullable else found
     if isinstance(inner, str) and inner in _PRIMITIVES:
         return _PRIMITIVES[inner], nullable
     return None
