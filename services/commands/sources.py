@@ -39,7 +39,8 @@ def run_source(settings: Settings, name: str, until_caught_up: bool, accept_sche
     A bad record (undecodable, no key, wrong types, a row the table refuses) goes to the dead-letter
     topic <prefix>.NAME.dlq in the same transaction, with headers saying why and where it was, and
     ingestion goes on (counted in `mvlog status` and /metrics). A topic that is gone, offsets deleted
-    by retention, or an Avro writer schema the table's columns cannot take (see --accept-schema) stop the source with what to do (exit code 1, and shown by `mvlog status`).
+    by retention, or an Avro writer schema the table's columns cannot take (see --accept-schema) stop the
+    source with what to do (exit code 1, and shown by `mvlog status`).
     """
     from mvlog.services.source_ingest import SourceError
 
