@@ -2,7 +2,8 @@
 
 * Kafka changelogs: ``changelog_writer`` (one transaction per epoch), ``changelog_reader`` and
   ``changelog_records`` (barrier-aligned reads, poison records to ``dead_letter``), ``topics``,
-  ``retention`` (what the log still holds), ``consumer_groups`` (re-delivery), ``kafka_security``.
+  ``retention`` (what the log still holds), ``consumer_groups`` (re-delivery), ``kafka_security``,
+  ``schema_registry`` (writer schemas of Avro source topics).
 * Redis state: ``view_store`` (rows, MCE, operator state, backfill progress, in Lua scripts built on
   ``lua_prelude`` and sent by ``packed_script``), ``epoch_index``, ``catalog_store``, ``snapshot_store``,
   ``replacement_store``, ``lag_store``, ``cache_registry``, ``consumer_lease``, ``backpressure``,

@@ -73,6 +73,8 @@ class Settings(BaseSettings):
     # see mvlog.services.http_auth. Read-only endpoints need none.
     http_token: SecretStr | None = None
     spark_master: str = "local[2]"
+    # The Confluent-compatible Schema Registry of Avro source tables (a table's own overrides it).
+    schema_registry_url: str | None = None
     stack_dir: Path = Path(".mvlog")
     bind_host: str = "127.0.0.1"
     # Records above this size are not decoded: they go to the view's dead-letter topic (memory stays bounded).

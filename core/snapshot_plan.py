@@ -159,12 +159,14 @@ class BackfillChoice:
 
 
 def choose_backfill(requested: str, sources: Sequence[str], snapshots: Mapping[str, SnapshotRecord | None],
-                    upstream_rows: Mapping[str, int], threshold: int, *, join: bool = False) -> BackfillChoice:
+                    upstream_rows: Mapping[str, int], threshold: int, *, join: bool = False,
+                    unseedable: str | None = None) -> BackfillChoice:
     """The backfill method of a new view: as requested, or for ``auto`` snapshot when its one upstream
     has a snapshot and holds more than ``threshold`` rows, else chunked.
 
     ``snapshot`` itself is refused when it cannot work: a join (of two views, or of one view with
-    itself: its state holds both sides, which one snapshot does not seed), or no snapshot of the upstream."""
+    itself: its state holds both sides, which one snapshot does not seed), a view whose state no seed
+    builds (``unseedable`` says why, e.g. a top-N), or no snapshot of the upstream."""
     if requested not in (*CONCRETE_BACKFILLS, "auto"):
         raise SnapshotError(f"unknown backfill method {requested!r}; known: "
                             f"{', '.join((*CONCRETE_BACKFILLS, 'auto'))}")
@@ -175,6 +177,10 @@ def choose_backfill(requested: str, sources: Sequence[str], snapshots: Mapping[s
             raise SnapshotError("--backfill snapshot cannot backfill a join (its state holds both sides at one "
                                 "epoch; snapshot backfill seeds a view from one upstream's snapshot): use chunked")
         return BackfillChoice("chunked", "a join: snapshot backfill seeds a view from one upstream's snapshot")
+    if unseedable is not None:
+        if requested == "snapshot":
+            raise SnapshotError(f"--backfill snapshot cannot backfill {unseedable}: use chunked")
+        return BackfillChoice("chunked", unseedable)
     (source,) = sources
     snapshot = snapshots.get(source)
     if snapshot is None:

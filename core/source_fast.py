@@ -58,7 +58,7 @@ _GENERATED_KEY_CHARS = 42  # "<partition>-<offset>": two 64-bit numbers and a da
 def fast_decoder_for(spec: SourceSpec, schema: RowSchema, text_limit: int) -> FastDecoder | None:
     """The fast decoder of ``spec``'s format for a table of ``schema`` whose rows with at most
     ``text_limit`` characters of text surely fit the changelog; None where there is none."""
-    if msgspec is None or spec.format is SourceFormat.DEBEZIUM_JSON:
+    if msgspec is None or spec.format not in (SourceFormat.UPSERT_JSON, SourceFormat.APPEND_JSON):
         return None
     if any(schema.column(name).type is ColumnType.BYTES or schema.column(name).nullable for name in schema.primary_key):
         return None  # base64 keys, nullable key columns: the reference way

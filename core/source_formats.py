@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mvlog.row_schema import RowSchema
+from mvlog.source_avro import AvroDecoder, SchemaResolver
 from mvlog.source_dedupe import debezium_position
 from mvlog.source_records import BadRecordError, RowChange, SourceMessage, typed_key, typed_row
 from mvlog.source_spec import SourceFormat, SourceSpec
@@ -20,8 +21,14 @@ from mvlog.source_spec import SourceFormat, SourceSpec
 Decoder = Callable[[SourceMessage], list[RowChange]]
 
 
-def decoder_for(spec: SourceSpec, schema: RowSchema) -> Decoder:
-    """The decoder of ``spec``'s format for a table of ``schema``."""
+def decoder_for(spec: SourceSpec, schema: RowSchema, resolve: SchemaResolver | None = None,
+                accepted: frozenset[int] = frozenset()) -> Decoder:
+    """The decoder of ``spec``'s format for a table of ``schema``; an Avro format finds its writer
+    schemas through ``resolve`` (schema id -> JSON text) and skips the evolution check for ``accepted`` ids."""
+    if spec.format.is_avro:
+        if resolve is None:
+            raise ValueError(f"{spec.format.value} needs a resolver of Avro schema ids")
+        return AvroDecoder(schema, spec.format.kind, resolve, spec.generated_key, accepted)
     if spec.format is SourceFormat.UPSERT_JSON:
         return lambda message: decode_upsert_json(schema, message)
     if spec.format is SourceFormat.APPEND_JSON:

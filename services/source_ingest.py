@@ -28,7 +28,14 @@ epoch's barrier too (:func:`mvlog.source_offsets.dead_letters_of`) and from ther
 ``mvlog status`` and ``/metrics``.
 
 **What stops a source** (with what to do, in its error, in Redis for ``mvlog status``, never silently):
-a topic that does not exist, a committed offset that retention deleted, a broker error on the topic.
+a topic that does not exist, a committed offset that retention deleted, a broker error on the topic, an
+Avro writer schema the table's columns cannot take (:class:`mvlog.source_avro.SchemaChangeError`: the
+epoch before it commits, its offset is not passed, so nothing after it is ingested until an operator
+accepts the schema id or recreates the table), a Schema Registry that does not answer.
+
+**Avro formats** find each message's writer schema by its id: first among the ``.avsc`` files the table
+was created with (kept in its catalog entry), then in the Schema Registry (the table's URL, else
+``MVLOG_SCHEMA_REGISTRY_URL``), cached by id (:mod:`mvlog.connectors.schema_registry`).
 
 **Idle and lagging partitions** hold nothing back: an epoch is cut every barrier interval from whatever
 the consumer returned, from any partitions; no partition waits for another (there is no per-partition
@@ -55,11 +62,13 @@ from mvlog.connectors.changelog_reader import reader_consumer
 from mvlog.connectors.changelog_records import PoisonRecord
 from mvlog.connectors.changelog_writer import ConsumedInput
 from mvlog.connectors.dead_letter import DLQ_MAX_VALUE_BYTES, DeadLetterRecord, dead_letter_record
+from mvlog.connectors.schema_registry import SchemaRegistryClient, SchemaRegistryError
 from mvlog.connectors.source_status import SourceStatusStore
 from mvlog.connectors.topics import ensure_topic
 from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
 from mvlog.services.table_writer import RowValidationError, Table
+from mvlog.source_avro import SchemaChangeError, SchemaResolver, derive_columns
 from mvlog.source_dedupe import PositionFilter
 from mvlog.source_fast import fast_decoder_for
 from mvlog.source_formats import decoder_for
@@ -99,12 +108,64 @@ def source_topic_partitions(settings: Settings, topic: str) -> int:
     return len(found.partitions)
 
 
-def create_source_table(settings: Settings, name: str, columns: Mapping[str, str], primary_key: Sequence[str],
-                        topic: str, format: str | SourceFormat, *, generated_key: str | None = None,
-                        partitions: int | None = None, client: redis.Redis | None = None) -> SourceSpec:
+def avro_resolver(settings: Settings, spec: SourceSpec) -> SchemaResolver:
+    """Schema id -> writer schema JSON of an Avro source: its ``.avsc`` schemas, then its registry's.
+    A registry that does not answer stops the source (:class:`SourceError`); an id nobody knows is a
+    bad record (the resolver returns None)."""
+    url = spec.schema_registry or settings.schema_registry_url
+    registry = SchemaRegistryClient(url) if url else None
+
+    def resolve(schema_id: int) -> str | None:
+        text = spec.avro_schemas.get(schema_id)
+        if text is not None or registry is None:
+            return text
+        try:
+            return registry.schema(schema_id)
+        except SchemaRegistryError as error:
+            raise SourceError(f"{spec.topic}: the writer schema id {schema_id} cannot be fetched: {error}") from None
+
+    return resolve
+
+
+def latest_value_schema(settings: Settings, spec: SourceSpec) -> str:
+    """The writer schema columns are derived from when ``create-table`` names none: the registry's latest
+    ``<topic>-value`` schema, else the ``.avsc`` schema of the highest id."""
+    url = spec.schema_registry or settings.schema_registry_url
+    if url:
+        subject = f"{spec.topic}-value"
+        try:
+            found = SchemaRegistryClient(url).latest(subject)
+        except SchemaRegistryError as error:
+            raise SourceError(str(error)) from None
+        if found is None:
+            raise SourceError(f"the Schema Registry {url} has no subject {subject!r}: register the topic's value "
+                              "schema, or declare the columns (-c NAME:TYPE)")
+        return found[1]
+    if spec.avro_schemas:
+        return spec.avro_schemas[max(spec.avro_schemas)]
+    raise SourceError("no columns (-c) and no Avro schema to derive them from: give a Schema Registry URL "
+                      "(--schema-registry or MVLOG_SCHEMA_REGISTRY_URL) or --avro-schema ID=FILE.avsc")
+
+
+def create_source_table(settings: Settings, name: str, columns: Mapping[str, str] | None,
+                        primary_key: Sequence[str], topic: str, format: str | SourceFormat, *,
+                        generated_key: str | None = None, partitions: int | None = None,
+                        client: redis.Redis | None = None, schema_registry: str | None = None,
+                        avro_schemas: Mapping[int, str] | None = None) -> SourceSpec:
     """Declare table ``name`` fed by ``topic`` in ``format`` (the Python side of
-    ``mvlog create-table NAME --from-topic TOPIC --format FORMAT``); ``mvlog run-source`` ingests it."""
-    spec = SourceSpec(topic, SourceFormat.parse(format) if isinstance(format, str) else format, generated_key)
+    ``mvlog create-table NAME --from-topic TOPIC --format FORMAT``); ``mvlog run-source`` ingests it.
+    For an Avro format ``columns`` may be None: they are derived from the latest value schema
+    (:func:`mvlog.source_avro.derive_columns`)."""
+    spec = SourceSpec(topic, SourceFormat.parse(format) if isinstance(format, str) else format, generated_key,
+                      schema_registry, dict(avro_schemas or {}))
+    if columns is None:
+        if not spec.format.is_avro:
+            raise SourceSpecError(f"{spec.format.value} needs its columns declared (-c NAME:TYPE)")
+        try:
+            derived = derive_columns(latest_value_schema(settings, spec), spec.format.kind == "debezium")
+        except ValueError as error:
+            raise SourceSpecError(f"columns cannot be derived from the Avro schema: {error}") from None
+        columns = {n: t.value for n, t in derived.items()}
     spec.check(RowSchema.of(columns, primary_key))
     source_topic_partitions(settings, topic)
     table = Table.create(settings, name, columns, primary_key, partitions=partitions, client=client,
@@ -137,7 +198,8 @@ class IngestProgress:
 class SourceIngester:
     """Consumes a source table's topic into the table, one epoch per barrier interval (see module doc)."""
 
-    def __init__(self, settings: Settings, name: str, client: redis.Redis | None = None) -> None:
+    def __init__(self, settings: Settings, name: str, client: redis.Redis | None = None, *,
+                 accept_schemas: frozenset[int] = frozenset()) -> None:
         self.settings = settings
         self._redis = client or redis_client.connect(settings)
         entry = CatalogStore(settings, self._redis).get(name)
@@ -151,7 +213,8 @@ class SourceIngester:
         self.progress = IngestProgress()
         self.status = SourceStatusStore(self._redis, settings.topic_prefix)
         self.dead_letter_topic = settings.dead_letter_topic_of(name)
-        self._decode = decoder_for(spec, entry.schema)
+        self._decode = decoder_for(spec, entry.schema, avro_resolver(settings, spec) if spec.format.is_avro
+                                   else None, accept_schemas)
         try:
             partitions = source_topic_partitions(settings, spec.topic)
         except SourceError as error:
@@ -163,7 +226,7 @@ class SourceIngester:
         self._fast = fast_decoder_for(spec, entry.schema, self.table.text_limit)
         self._partition_count = partitions
         self._seen = PositionFilter()
-        if spec.format is SourceFormat.DEBEZIUM_JSON:
+        if spec.format.kind == "debezium":
             self._seen.load(committed_positions(settings, name))
         # A bounded prefetch per partition: librdkafka's one queue is first in, first out, so a partition's
         # backlog fetched ahead in bulk would put another partition's new messages behind all of it.
@@ -269,7 +332,15 @@ class SourceIngester:
                         continue
                     if plain:
                         self._queue_plain(plain)
-                self._apply_one(message, run, origins)
+                try:
+                    self._apply_one(message, run, origins)
+                except (SchemaChangeError, SourceError) as stop:
+                    handled -= 1  # not passed: the next ingester stops at it again
+                    self._queue_plain(plain)
+                    self._queue(run, origins)
+                    if isinstance(stop, SourceError):
+                        raise
+                    raise SourceError(self._schema_stop(stop)) from None
             self._queue_plain(plain)
             self._queue(run, origins)
         finally:
@@ -296,6 +367,15 @@ class SourceIngester:
                 self._queue(run, origins)
             run.append(change)
             origins.append(source)
+
+    def _schema_stop(self, change: SchemaChangeError) -> str:
+        """What a schema change that stops the source says (with what the operator does)."""
+        return (f"{self.name}: source stopped at {change.where} (topic {self.spec.topic}): writer schema id "
+                f"{change.schema_id}, field {change.field!r}: {change.problem}. Nothing after it is ingested. "
+                "To go on: recreate the table (drop-table, create-table) with columns this schema has, or accept "
+                "the schema with "
+                f"`mvlog run-source {self.name} --accept-schema {change.schema_id}` (its missing nullable "
+                "columns become NULL, records it cannot type are dead-lettered)")
 
     def _queue_plain(self, plain: dict[Key, Row | None]) -> None:
         """Hand the fast path's normalized changes to the table (in the order they came)."""

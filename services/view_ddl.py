@@ -20,6 +20,7 @@ from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.epoch import EpochClock
 from mvlog.snapshot_plan import BackfillChoice, SnapshotError, choose_backfill
 from mvlog.views import ViewPlan, plan_view
+from mvlog.views.seed import unseedable
 
 
 class DependentViewsError(CatalogError):
@@ -46,14 +47,14 @@ BACKFILL_METHODS: tuple[str, ...] = ("chunked", "changelog", "snapshot", "auto")
 
 
 def resolve_backfill(settings: Settings, client: redis.Redis, sources: tuple[str, ...],
-                     requested: str, *, join: bool = False) -> BackfillChoice:
+                     requested: str, *, join: bool = False, unseedable: str | None = None) -> BackfillChoice:
     """The concrete backfill method for a view over ``sources`` (see :func:`mvlog.snapshot_plan.choose_backfill`)."""
     snapshots = SnapshotStore.of(settings, client)
     store = ViewStore(client, settings.topic_prefix)
     try:
         choice = choose_backfill(requested, sources, {s: snapshots.latest(s) for s in sources},
                                  {s: store.row_count(s) for s in sources}, settings.snapshot_backfill_min_rows,
-                                 join=join)
+                                 join=join, unseedable=unseedable)
     except SnapshotError as error:
         raise CatalogError(str(error)) from error
     if choice.method == "changelog":
@@ -82,8 +83,9 @@ def create_view(settings: Settings, name: str, sql: str, *, client: redis.Redis 
     if (existing := catalog.find(name)) is not None:
         raise CatalogError(f"{existing.kind} {name!r} already exists")
     plan = plan_for(catalog, name, sql)
-    # A subquery's state is not seeded from a snapshot either: chosen as for a join.
-    choice = resolve_backfill(settings, client, plan.sources, backfill, join=plan.is_join or bool(plan.inner))
+    # A subquery's state, a join's and a top-N's are not seeded from a snapshot: chunked (see unseedable).
+    choice = resolve_backfill(settings, client, plan.sources, backfill, join=plan.is_join,
+                              unseedable=None if plan.is_join else unseedable(plan))
     options = {"backfill": choice.method} if choice.method != "changelog" else {}
     if backfill == "auto":
         options["backfill_auto"] = choice.reason  # why auto chose it (shown by create-view)

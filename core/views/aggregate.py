@@ -1,12 +1,18 @@
 """Incremental GROUP BY: per-group deltas computed vectorised, merged into per-group state.
 
 Per group the state holds the row count, for every count/sum/avg the count of non-NULL arguments and
-their sum, and for every distinct min/max argument a multiset (value -> count): deleting the current
-minimum then just moves to the next value, without rereading the group's rows. Sums are exact for ints
-(Python ints); float sums are running sums, exact only while the values are exactly representable.
+their sum, and for every distinct argument of min/max and of the DISTINCT aggregates (count, sum, avg)
+a multiset (value -> count): deleting the current minimum then just moves to the next value, and
+deleting one of two equal values leaves the distinct count as it was, without rereading the group's
+rows. Sums are exact for ints (Python ints); float sums are running sums, exact only while the values
+are exactly representable.
 
 A global aggregate (no GROUP BY) always has one row, as in SQL (count 0, other aggregates NULL over no
 rows); its state is kept even when empty so the operator knows the row was already emitted.
+
+HAVING filters the rows, not the state: a group whose HAVING turns false keeps its state and its row is
+retracted; when it turns true again the row is emitted anew. ``SELECT DISTINCT`` is planned as a GROUP BY
+of the selected expressions with no aggregate calls.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ from mvlog.views.state_codec import GROUP_TAG, decode_value, dumps, encode_key, 
 _COUNTED = (AggregateFunction.COUNT, AggregateFunction.SUM, AggregateFunction.AVG)
 _SUMMED = (AggregateFunction.SUM, AggregateFunction.AVG)
 _EXTREMES = (AggregateFunction.MIN, AggregateFunction.MAX)
+# Aggregates computed from a per-group multiset of their argument's non-NULL values (value -> count).
+_MULTISET = (*_EXTREMES, AggregateFunction.COUNT_DISTINCT, AggregateFunction.SUM_DISTINCT,
+             AggregateFunction.AVG_DISTINCT)
 
 
 @dataclass
@@ -70,7 +79,7 @@ class AggregateStage:
         extremes: list[Expr] = []
         self.multiset_of: dict[int, int] = {}  # aggregate call index -> multiset index
         for index, call in enumerate(self.calls):
-            if call.function in _EXTREMES:
+            if call.function in _MULTISET:
                 assert call.arg is not None
                 if call.arg not in extremes:
                     extremes.append(call.arg)
@@ -184,7 +193,7 @@ class AggregateStage:
 
     # -- final rows, vectorised -------------------------------------------------------------------
 
-    def _rows(self, groups: list[tuple[Key, GroupState]]) -> list[Row]:
+    def _rows(self, groups: list[tuple[Key, GroupState]]) -> list[Row | None]:
         if not groups:
             return []
         columns: dict[str, pa.Array] = {}
@@ -195,7 +204,12 @@ class AggregateStage:
             columns[aggregate_field(i)] = pa.array(results, arrow_type(call.type))
         table = pa.table(columns)
         outputs = [(o.name, evaluate(o.expr, table).to_pylist()) for o in self.query.outputs]
-        return [{name: values[position] for name, values in outputs} for position in range(len(groups))]
+        rows: list[Row | None] = [{name: values[position] for name, values in outputs}
+                                  for position in range(len(groups))]
+        if self.query.having is not None:  # a group HAVING is not true for has no row (NULL: not true)
+            passed = pc.fill_null(evaluate(self.query.having, table), False).to_pylist()
+            rows = [row if keep else None for row, keep in zip(rows, passed, strict=True)]
+        return rows
 
     def _result(self, index: int, state: GroupState) -> Any:
         call = self.calls[index]
@@ -214,6 +228,14 @@ class AggregateStage:
             case AggregateFunction.MAX:
                 multiset = state.multisets[self.multiset_of[index]]
                 return max(multiset) if multiset else None
+            case AggregateFunction.COUNT_DISTINCT:
+                return len(state.multisets[self.multiset_of[index]])
+            case AggregateFunction.SUM_DISTINCT:
+                multiset = state.multisets[self.multiset_of[index]]
+                return sum(sorted(multiset)) if multiset else None
+            case AggregateFunction.AVG_DISTINCT:
+                multiset = state.multisets[self.multiset_of[index]]
+                return sum(sorted(multiset)) / len(multiset) if multiset else None
         raise AssertionError(call.function)
 
     # -- seeding from a full computation (snapshot backfill) ------------------------------------------
@@ -244,8 +266,9 @@ class AggregateStage:
         return group, state
 
     def rows_of(self, groups: list[tuple[Key, GroupState]]) -> list[Row]:
-        """The view rows of groups in these states: what the operator emits for them."""
-        return self._rows(groups)
+        """The view rows of groups in these states: what the operator emits for them (none for a group
+        HAVING filters out, whose state is kept all the same)."""
+        return [row for row in self._rows(groups) if row is not None]
 
     def state_entry(self, group: Key, state: GroupState) -> tuple[bytes, bytes]:
         """The operator-state key and value of a group, as :meth:`apply` stores them."""

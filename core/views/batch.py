@@ -27,6 +27,10 @@ def referenced_columns(query: Query) -> set[tuple[int, str]]:
     exprs += [call.arg for call in query.aggregates if call.arg is not None]
     if query.where is not None:
         exprs.append(query.where)
+    if query.window is not None:
+        exprs.append(query.window.time)
+    if query.top_n is not None:
+        exprs += [*query.top_n.partition, *(k.expr for k in query.top_n.order), *query.top_n.tiebreak]
     return {(e.side, e.column) for expr in exprs for e in walk(expr) if isinstance(e, ColumnRef)}
 
 

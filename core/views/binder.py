@@ -31,10 +31,12 @@ from mvlog.views.expr import (
     Literal,
     Negate,
     Not,
+    WindowStart,
     walk,
 )
+from mvlog.views.functions import bind_function
 from mvlog.views.parse import ParsedSelect, fragment
-from mvlog.views.query import Source
+from mvlog.views.query import Source, TimeWindow
 
 _NUMERIC = (ColumnType.INT, ColumnType.FLOAT)
 _ARITHMETIC: dict[type[exp.Expr], BinaryOp] = {
@@ -49,6 +51,10 @@ _AGGREGATES: dict[type[exp.Expr], AggregateFunction] = {
     exp.Count: AggregateFunction.COUNT, exp.Sum: AggregateFunction.SUM, exp.Avg: AggregateFunction.AVG,
     exp.Min: AggregateFunction.MIN, exp.Max: AggregateFunction.MAX,
 }
+_DISTINCT_AGGREGATES: dict[AggregateFunction, AggregateFunction] = {
+    AggregateFunction.COUNT: AggregateFunction.COUNT_DISTINCT, AggregateFunction.SUM: AggregateFunction.SUM_DISTINCT,
+    AggregateFunction.AVG: AggregateFunction.AVG_DISTINCT,
+}
 _OPERATOR_NAMES: dict[type[exp.Expr], str] = {
     exp.Mod: "operator %", exp.IntDiv: "operator DIV", exp.NullSafeEQ: "operator <=>",
     exp.NullSafeNEQ: "operator IS DISTINCT FROM", exp.DPipe: "operator ||", exp.BitwiseAnd: "operator &",
@@ -57,6 +63,15 @@ _OPERATOR_NAMES: dict[type[exp.Expr], str] = {
     exp.Distinct: "DISTINCT", exp.Star: "*", exp.Interval: "INTERVAL", exp.HexString: "hex literal",
     exp.Xor: "XOR",
 }
+
+
+def window_end(size: int) -> Expr:
+    """``window.end``: its start plus the window's size (a GROUP BY expression beside the start)."""
+    return Binary(BinaryOp.ADD, WindowStart(), Literal(size, ColumnType.INT), ColumnType.INT, False)
+
+
+FUNCTIONS_HINT = ("the functions are coalesce, lower, upper, concat, instr, split_part, regexp_extract, "
+                  "date_format, hour, minute, and count, sum, min, max, avg")
 
 
 class IncompatibleTypes(Exception):  # noqa: N818 - internal signal, never shown to users
@@ -111,6 +126,7 @@ class Binder:
                  nullable_sides: frozenset[int] = frozenset()) -> None:
         self.parsed = parsed
         self.sources = tuple(sources)
+        self.window: TimeWindow | None = None  # the GROUP BY's time window, once planned
         self.nullable_sides = nullable_sides  # sources an outer join may null-extend: every column nullable
 
     # -- entry points -------------------------------------------------------------------------------
@@ -208,6 +224,9 @@ class Binder:
     def _bind(self, node: exp.Expr, ctx: _Context) -> Expr:
         while isinstance(node, exp.Paren):
             node = node.this
+        if isinstance(node, exp.Column) and node.table.casefold() == "window" and not any(
+                s.alias.casefold() == "window" for s in self.sources):
+            return self._window_column(node, ctx)
         if ctx.aggregating:
             if isinstance(node, exp.AggFunc):
                 return self._aggregate(node, ctx)
@@ -217,13 +236,31 @@ class Binder:
                 if bound in groups:
                     index = groups.index(bound)
                     return GroupRef(index, bound.type, bound.nullable)
-                if not any(isinstance(e, ColumnRef) for e in walk(bound)):
+                if not any(isinstance(e, ColumnRef | WindowStart) for e in walk(bound)):
                     return bound
                 if isinstance(node, exp.Column):
                     raise ViewDefinitionError(
                         f"column {node.name!r} in {self.describe(node)} must be in GROUP BY or inside an "
                         "aggregate function (count, sum, min, max, avg)")
         return self._structural(node, ctx)
+
+    def _window_column(self, node: exp.Column, ctx: _Context) -> Expr:
+        """``window.start`` / ``window.end`` of a GROUP BY window(...): INT epoch milliseconds."""
+        if self.window is None:
+            raise ViewDefinitionError(f"{self.describe(node)} needs a time window in GROUP BY, e.g. "
+                                      "GROUP BY window(ts, '10 seconds')")
+        if ctx.clause not in ("SELECT", "HAVING"):
+            raise self.parsed.unsupported(f"window.{node.name} in {ctx.clause}", node,
+                                          hint="window.start and window.end are selected, or used in HAVING")
+        field = node.name.casefold()
+        if field not in ("start", "end"):
+            raise ViewDefinitionError(f"unknown field {node.name!r} in {self.describe(node)}: a window has start "
+                                      "and end")
+        bound = WindowStart() if field == "start" else window_end(self.window.size)
+        groups = list(ctx.groups or ())
+        if ctx.aggregating and bound in groups:
+            return GroupRef(groups.index(bound), bound.type, bound.nullable)
+        return bound
 
     def _structural(self, node: exp.Expr, ctx: _Context) -> Expr:
         kind = type(node)
@@ -265,6 +302,9 @@ class Binder:
         if kind in _AGGREGATES:
             where = "another aggregate" if ctx.clause.startswith("the argument") else ctx.clause
             raise ViewDefinitionError(f"aggregate function {self.describe(node)} is not allowed in {where}")
+        call = bind_function(node, lambda arg: self._bind(arg, ctx), self.describe)
+        if call is not None:
+            return call
         raise self._refuse(node)
 
     def _refuse(self, node: exp.Expr) -> UnsupportedSql:
@@ -282,13 +322,13 @@ class Binder:
             construct = _OPERATOR_NAMES[type(node)]
         elif isinstance(node, exp.Anonymous):
             construct = f"function {node.name}()"
-            hint = "the functions are coalesce, count, sum, min, max and avg"
+            hint = FUNCTIONS_HINT
         elif isinstance(node, exp.AggFunc):
             construct = f"aggregate function {node.sql_name().lower()}()"
             hint = "the aggregates are count, sum, min, max and avg"
         elif isinstance(node, exp.Func):
             construct = f"function {node.sql_name().lower()}()"
-            hint = "the functions are coalesce, count, sum, min, max and avg"
+            hint = FUNCTIONS_HINT
         else:
             construct = node.key.upper()
         return self.parsed.unsupported(construct, node, keyword, hint=hint)
@@ -392,8 +432,11 @@ class Binder:
         name = function.value
         target = node.this
         if isinstance(target, exp.Distinct):
-            raise self.parsed.unsupported(f"{name}(DISTINCT ...)", node,
-                                          hint="DISTINCT aggregates are not maintained incrementally")
+            if len(target.expressions) != 1:
+                raise self.parsed.unsupported(f"{name}(DISTINCT ...) of several expressions", node,
+                                              hint="count the distinct values of one expression")
+            function = _DISTINCT_AGGREGATES.get(function, function)  # min/max of distinct values: the same
+            target = target.expressions[0]
         if node.expressions:
             raise self.parsed.unsupported(f"{name}() with several arguments", node)
         arg: Expr | None
@@ -411,14 +454,15 @@ class Binder:
         return AggregateRef(ctx.aggregates.index(call), result, call.nullable)
 
     def _aggregate_type(self, node: exp.Expr, function: AggregateFunction, arg: Expr) -> ColumnType:
-        if function is AggregateFunction.COUNT:
+        if function in (AggregateFunction.COUNT, AggregateFunction.COUNT_DISTINCT):
             return ColumnType.INT
         if arg.type is None:
             raise self._type_error(node, f"cannot infer the type of {function.value} of an always-NULL value")
-        if function in (AggregateFunction.SUM, AggregateFunction.AVG):
+        if function in (AggregateFunction.SUM, AggregateFunction.AVG, *_DISTINCT_AGGREGATES.values()):
             if arg.type not in _NUMERIC:
                 raise self._type_error(node, f"{function.value} needs numbers, got {_type_name(arg.type)}")
-            return ColumnType.FLOAT if function is AggregateFunction.AVG else arg.type
+            average = function in (AggregateFunction.AVG, AggregateFunction.AVG_DISTINCT)
+            return ColumnType.FLOAT if average else arg.type
         return arg.type
 
     def _type_error(self, node: exp.Expr, problem: str) -> ViewDefinitionError:

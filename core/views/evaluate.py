@@ -21,6 +21,7 @@ from mvlog.views.expr import (
     AggregateRef,
     Binary,
     BinaryOp,
+    Call,
     Case,
     Cast,
     Coalesce,
@@ -31,7 +32,9 @@ from mvlog.views.expr import (
     Literal,
     Negate,
     Not,
+    WindowStart,
 )
+from mvlog.views.functions import evaluate_call
 
 Datum = Any  # pa.Array | pa.ChunkedArray | pa.Scalar: what pyarrow.compute takes and returns
 
@@ -60,6 +63,9 @@ _KERNELS: dict[BinaryOp, Callable[..., Datum]] = {
 
 def arrow_type(kind: ColumnType | None) -> pa.DataType:
     return pa.null() if kind is None else _ARROW_TYPES[kind]
+
+
+WINDOW_START = "__window_start"  # the batch column of a row's window start (``mvlog.views.window``)
 
 
 def column_field(side: int, column: str) -> str:
@@ -92,6 +98,10 @@ def _eval(expr: Expr, batch: pa.Table) -> Datum:
             return batch.column(group_field(index))
         case AggregateRef(index=index):
             return batch.column(aggregate_field(index))
+        case WindowStart():
+            return batch.column(WINDOW_START)
+        case Call(args=args):
+            return evaluate_call(expr, [_eval(a, batch) for a in args], batch.num_rows)
         case Literal(value=value, type=kind):
             return pa.scalar(value, arrow_type(kind))
         case Cast(operand=operand, type=kind):

@@ -50,6 +50,10 @@ class AggregateFunction(StrEnum):
     AVG = "avg"
     MIN = "min"
     MAX = "max"
+    # Over the distinct non-NULL values of the argument (a per-group multiset, like min/max keep).
+    COUNT_DISTINCT = "count(DISTINCT)"
+    SUM_DISTINCT = "sum(DISTINCT)"
+    AVG_DISTINCT = "avg(DISTINCT)"
 
 
 @dataclass(frozen=True)
@@ -177,10 +181,51 @@ class AggregateCall:
     @property
     def nullable(self) -> bool:
         """count is never NULL; the others are NULL over no (non-NULL) values."""
-        return self.function not in (AggregateFunction.COUNT_ROWS, AggregateFunction.COUNT)
+        return self.function not in (AggregateFunction.COUNT_ROWS, AggregateFunction.COUNT,
+                                     AggregateFunction.COUNT_DISTINCT)
 
 
-Expr = ColumnRef | Literal | Binary | Not | Negate | IsNull | Case | Coalesce | Cast | GroupRef | AggregateRef
+@dataclass(frozen=True)
+class RowNumber:
+    """In a top-N view's output: the row's rank in its partition (``ROW_NUMBER() OVER (...)``, the
+    query's ``top_n``), 1-based; filled in by the top-N stage, never by the expression evaluator."""
+
+    @property
+    def type(self) -> ColumnType | None:
+        return ColumnType.INT
+
+    @property
+    def nullable(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class WindowStart:
+    """The start (epoch milliseconds) of the time window a row is counted in (the query's ``window``):
+    a row of a hopping window's input is counted once per window it falls in, so this is not a function
+    of the row but a column the window stage adds to the batch, one copy of the row per window."""
+
+    @property
+    def type(self) -> ColumnType | None:
+        return ColumnType.INT
+
+    @property
+    def nullable(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Call:
+    """A scalar function (``mvlog.views.functions``: its name there, its arguments bound and typed)."""
+
+    function: str
+    args: tuple[Expr, ...]
+    type: ColumnType | None
+    nullable: bool
+
+
+Expr = (ColumnRef | Literal | Binary | Not | Negate | IsNull | Case | Coalesce | Cast | GroupRef | AggregateRef
+        | RowNumber | WindowStart | Call)
 
 
 def children(expr: Expr) -> Iterator[Expr]:
@@ -196,7 +241,7 @@ def children(expr: Expr) -> Iterator[Expr]:
                 yield condition
                 yield value
             yield default
-        case Coalesce(args=args):
+        case Coalesce(args=args) | Call(args=args):
             yield from args
         case _:
             return

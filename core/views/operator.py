@@ -38,7 +38,9 @@ from mvlog.views.join import JoinStage
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import Source
 from mvlog.views.state import PrefixedState, StateReader
+from mvlog.views.topn import TopNStage
 from mvlog.views.union import union_changes
+from mvlog.views.window import expand as expand_windows
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class ViewOperator:
         self._columns = referenced_columns(query)
         self._join = JoinStage(query) if len(query.sources) > 1 and not plan.union else None
         self._aggregate = AggregateStage(query) if query.is_aggregate else None
+        self._top_n = TopNStage(query, plan.schema) if query.top_n is not None else None
         # Subqueries and WITH queries: operators of their own, run first, each with its state under its
         # own prefix; their output changes are the input of this query's source of that name.
         self._inner = [(name, ViewOperator(inner), b"(" + name.encode() + b")") for name, inner in plan.inner]
@@ -115,8 +118,13 @@ class ViewOperator:
         query = self.plan.query
         if query.where is not None:
             batch = batch.filter(evaluate(query.where, batch))  # NULL drops the row, as in SQL
+        if query.window is not None:
+            batch = expand_windows(batch, query.window)
         if self._aggregate is not None:
             changes = self._aggregate.apply(batch, state, writes)
+            return EpochOutput(ChangeBatch.from_changes(self.plan.schema, changes), writes)
+        if self._top_n is not None:
+            changes = self._top_n.apply(batch, state, writes)
             return EpochOutput(ChangeBatch.from_changes(self.plan.schema, changes), writes)
         weights = batch.column(WEIGHT).to_pylist()
         if self._join is None:

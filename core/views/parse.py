@@ -8,12 +8,14 @@ sqlglot's token offsets, because "unsupported SQL" alone does not tell a user wh
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import sqlglot
 from sqlglot import Token, TokenType, exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 
 from mvlog.views.errors import SqlSyntaxError, UnsupportedSql, ViewDefinitionError
@@ -24,9 +26,7 @@ DIALECT = "spark"
 Keyword = TokenType | str  # a token type, or words (e.g. a function's names: "CAST|TRY_CAST")
 
 # Clauses of a SELECT that the subset does not have, with the keyword that introduces them.
-_REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
-    "distinct": ("SELECT DISTINCT", TokenType.DISTINCT),
-    "having": ("HAVING", TokenType.HAVING),
+REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
     "order": ("ORDER BY", TokenType.ORDER_BY),
     "limit": ("LIMIT", TokenType.LIMIT),
     "offset": ("OFFSET", TokenType.OFFSET),
@@ -40,7 +40,7 @@ _REFUSED_CLAUSES: dict[str, tuple[str, Keyword | None]] = {
     "sample": ("TABLESAMPLE", TokenType.TABLE_SAMPLE),
     "hint": ("query hint", None),
 }
-_ALLOWED_CLAUSES = {"expressions", "from", "joins", "where", "group", "with"}
+_ALLOWED_CLAUSES = {"expressions", "from", "joins", "where", "group", "with", "distinct", "having"}
 _SET_OPERATIONS: dict[type[exp.Expr], tuple[str, Keyword]] = {
     exp.Union: ("UNION", TokenType.UNION),
     exp.Intersect: ("INTERSECT", TokenType.INTERSECT),
@@ -131,7 +131,7 @@ def line_col(sql: str, offset: int) -> tuple[int, int]:
 
 def parse_select(sql: str) -> ParsedSelect:
     """Parse ``sql`` and check it is one SELECT over one view or a chain of joins."""
-    tokens, statement = _statement(sql)
+    tokens, statement = parse_statement(sql)
     partial = ParsedSelect(sql, exp.Select(), tokens, (), ())
     for kind, (construct, keyword) in _SET_OPERATIONS.items():
         if isinstance(statement, kind):
@@ -158,7 +158,7 @@ class UnionAll:
 def parse_union_all(sql: str) -> UnionAll | None:
     """The branches of ``sql`` when it is a UNION ALL of SELECTs (None for any other statement, which
     :func:`parse_select` checks)."""
-    tokens, statement = _statement(sql)
+    tokens, statement = parse_statement(sql)
     if not isinstance(statement, exp.Union):
         return None
     partial = ParsedSelect(sql, exp.Select(), tokens, (), ())
@@ -178,11 +178,15 @@ def parse_union_all(sql: str) -> UnionAll | None:
     return UnionAll(partial, statement, branches)
 
 
-def _statement(sql: str) -> tuple[tuple[Token, ...], exp.Expr]:
+def parse_statement(sql: str) -> tuple[tuple[Token, ...], exp.Expr]:
     """The tokens and the one statement of ``sql``."""
     try:
         tokens = tuple(sqlglot.tokenize(sql, read=DIALECT))
-        statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
+        for token, following in itertools.pairwise(tokens):
+            if token.token_type == TokenType.WINDOW and following.token_type == TokenType.L_PAREN:
+                token.token_type = TokenType.VAR  # Spark's window(ts, '10 seconds'), not a WINDOW clause
+        dialect = Dialect.get_or_raise(DIALECT)
+        statements = [s for s in dialect.parser().parse(list(tokens), sql) if s is not None]
     except ParseError as error:
         raise _syntax_error(sql, error) from None
     except TokenError:
@@ -295,11 +299,15 @@ def _check_clauses(parsed: ParsedSelect, select: exp.Select) -> None:
         clause = name.rstrip("_")
         if not value or clause in _ALLOWED_CLAUSES:
             continue
-        construct, keyword = _REFUSED_CLAUSES.get(clause, (clause.upper(), None))
+        construct, keyword = REFUSED_CLAUSES.get(clause, (clause.upper(), None))
         node = value if isinstance(value, exp.Expr) else select
         if isinstance(value, list) and value and isinstance(value[0], exp.Expr):
             node = value[0]
         raise parsed.unsupported(construct, node, keyword)
+    distinct = select.args.get("distinct")
+    if isinstance(distinct, exp.Distinct) and distinct.args.get("on") is not None:
+        raise parsed.unsupported("SELECT DISTINCT ON", distinct.args["on"], TokenType.DISTINCT,
+                                 hint="write SELECT DISTINCT over whole rows, or a top-N per group")
     group = select.args.get("group")
     if isinstance(group, exp.Group):
         for name in ("rollup", "cube", "grouping_sets", "totals", "all"):
@@ -360,7 +368,7 @@ def _table(parsed: ParsedSelect, node: exp.Expr) -> TableRef:
         raise parsed.unsupported(f"{node.key.upper()} in FROM", node, hint="FROM must name a view")
     for name in ("laterals", "joins", "pivots", "sample", "version", "when", "partition", "changes"):
         if node.args.get(name):
-            raise parsed.unsupported(_REFUSED_CLAUSES.get(name, (name.upper(), None))[0], node)
+            raise parsed.unsupported(REFUSED_CLAUSES.get(name, (name.upper(), None))[0], node)
     if node.args.get("db") or node.args.get("catalog"):
         raise ViewDefinitionError(f"view names are not qualified by a database: {parsed.describe(node)}")
     alias = node.args.get("alias")

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from sqlglot import TokenType, exp
 
 from mvlog.row_schema import Column, ColumnType, RowSchema
-from mvlog.views.binder import Binder, IncompatibleTypes, common_type
+from mvlog.views.binder import Binder, IncompatibleTypes, coerce, common_type, window_end
 from mvlog.views.errors import ViewDefinitionError
-from mvlog.views.expr import AggregateCall, Binary, BinaryOp, ColumnRef, Expr, GroupRef, walk
+from mvlog.views.expr import AggregateCall, Binary, BinaryOp, ColumnRef, Expr, GroupRef, WindowStart, walk
 from mvlog.views.parse import (
     JoinRef,
     ParsedSelect,
@@ -41,11 +41,23 @@ from mvlog.views.parse import (
     UnionAll,
     common_table_expressions,
     parse_select,
+    parse_statement,
     parse_union_all,
 )
-from mvlog.views.query import PRESENT, JoinCondition, JoinKind, JoinStep, OutputColumn, Query, Source, extendable_sides
+from mvlog.views.query import (
+    PRESENT,
+    JoinCondition,
+    JoinKind,
+    JoinStep,
+    OutputColumn,
+    Query,
+    Source,
+    TimeWindow,
+    extendable_sides,
+)
 from mvlog.views.semi_join import SemiJoins
 from mvlog.views.union import union_schema
+from mvlog.views.window import plan_window
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -98,7 +110,17 @@ def plan_view(name: str, sql: str, upstreams: Mapping[str, RowSchema]) -> ViewPl
     union = parse_union_all(sql)
     if union is not None:
         return _plan_union(union, name, upstreams)
+    tokens, statement = parse_statement(sql)
+    from mvlog.views.topn_plan import plan_top_n, row_number_item  # builds on this module: imported late
+
+    if row_number_item(statement) is not None:  # before any other handling of a subquery in FROM
+        return plan_top_n(name, sql, tokens, statement, upstreams)
     return _plan(parse_select(sql), name, upstreams, {})
+
+
+def plan_select(name: str, parsed: ParsedSelect, upstreams: Mapping[str, RowSchema]) -> ViewPlan:
+    """Plan view ``name`` defined by the checked SELECT ``parsed`` (see ``plan_view``)."""
+    return _plan(parsed, name, upstreams, {})
 
 
 # Common table expressions in scope, by folded name: (internal name, plan).
@@ -150,12 +172,31 @@ def _plan(parsed: ParsedSelect, name: str, upstreams: Mapping[str, RowSchema], s
     items = list(parsed.select.expressions)
     group_clause = parsed.select.args.get("group")
     group_nodes = list(group_clause.expressions) if isinstance(group_clause, exp.Group) else []
-    is_aggregate = bool(group_nodes) or any(isinstance(n, exp.AggFunc) for item in items for n in item.walk())
-    if is_aggregate:
-        group_by, aggregates, outputs = _aggregate_outputs(parsed, binder, items, group_nodes)
+    having_clause = parsed.select.args.get("having")
+    having_node = having_clause.this if isinstance(having_clause, exp.Having) else None
+    is_aggregate = bool(group_nodes) or having_node is not None or any(
+        isinstance(n, exp.AggFunc) for item in items for n in item.walk())
+    distinct = isinstance(parsed.select.args.get("distinct"), exp.Distinct)
+    having: Expr | None = None
+    if distinct and is_aggregate:
+        raise parsed.unsupported("SELECT DISTINCT over an aggregate", parsed.select.args["distinct"],
+                                 TokenType.DISTINCT, hint="the rows of a GROUP BY are distinct already")
+    if is_aggregate or distinct:
+        if distinct:  # the distinct rows are the groups of the selected expressions
+            group_by, aggregates, outputs = _distinct_outputs(_projection_outputs(parsed, binder, items))
+        else:
+            window = _time_window(parsed, binder, group_nodes)
+            if window is not None:
+                binder.window = window
+            group_by, aggregates, outputs = _aggregate_outputs(parsed, binder, items, group_nodes)
+        if having_node is not None:
+            having, aggregates = _having(parsed, binder, items, having_node, group_by, aggregates)
         key: list[tuple[Expr, str]] = [
-            (GroupRef(i, g.type, g.nullable), g.column if isinstance(g, ColumnRef) else f"group_{i}")
+            (GroupRef(i, g.type, g.nullable), g.column if isinstance(g, ColumnRef) else
+             "window_start" if isinstance(g, WindowStart) else
+             "window_end" if binder.window is not None and g == window_end(binder.window.size) else f"group_{i}")
             for i, g in enumerate(group_by)]
+        is_aggregate = True
     else:
         group_by, aggregates = (), ()
         outputs = _projection_outputs(parsed, binder, items)
@@ -164,7 +205,7 @@ def _plan(parsed: ParsedSelect, name: str, upstreams: Mapping[str, RowSchema], s
     outputs, primary_key = _with_key(outputs, key, sources)
     inner.update(semi.inner)
     query = Query((*sources, *semi.sources), (*joins, *semi.steps), where, group_by, aggregates, tuple(outputs),
-                  is_aggregate)
+                  is_aggregate, having, window=binder.window)
     columns = []
     for output in outputs:
         if output.expr.type is None:
@@ -314,6 +355,11 @@ def _aggregate_outputs(parsed: ParsedSelect, binder: Binder, items: list[exp.Exp
         if isinstance(node, exp.Rollup | exp.Cube | exp.GroupingSets):
             construct = {exp.Rollup: "ROLLUP", exp.Cube: "CUBE"}.get(type(node), "GROUPING SETS")
             raise parsed.unsupported(f"GROUP BY {construct}", node, construct.split()[0])
+        if _is_window_call(node):
+            for bound in (WindowStart(), window_end(binder.window.size)):  # type: ignore[union-attr]
+                if bound not in group_by:
+                    group_by.append(bound)
+            continue
         target = node
         if isinstance(node, exp.Column) and not node.table and not binder.resolves(node) \
                 and node.name.casefold() in aliases:
@@ -332,6 +378,70 @@ def _aggregate_outputs(parsed: ParsedSelect, binder: Binder, items: list[exp.Exp
         node, name = _named(item, position)
         outputs.append(OutputColumn(name, binder.output_expr(node, group_by, aggregates)))
     return tuple(group_by), tuple(aggregates), outputs
+
+
+def _is_window_call(node: exp.Expr) -> bool:
+    return isinstance(node, exp.Anonymous) and str(node.this).casefold() == "window"
+
+
+def _time_window(parsed: ParsedSelect, binder: Binder, group_nodes: list[exp.Expr]) -> TimeWindow | None:
+    """The ``window(ts, size[, slide])`` among the GROUP BY expressions, checked (None: there is none)."""
+    calls = [node for node in group_nodes if _is_window_call(node)]
+    if not calls:
+        return None
+    call = calls[0]
+    where = parsed.describe(call, "window")
+    if len(calls) > 1:
+        raise parsed.unsupported("more than one time window in GROUP BY", calls[1], "window")
+    if len(binder.sources) > 1:
+        raise parsed.unsupported("time window over a join", call, "window",
+                                 hint="create the join as a view and window it in a view on that one")
+    if binder.sources[0].view.startswith("$"):  # an inner query's internal name
+        raise parsed.unsupported("time window over a subquery or WITH query", call, "window",
+                                 hint="create the subquery as a view and window it in a view on that one")
+    args = list(call.expressions)
+    if not 2 <= len(args) <= 3:
+        raise parsed.unsupported("window() with a start offset" if len(args) == 4 else "window() arguments", call,
+                                 "window", hint="window(ts, '10 seconds') or window(ts, '10 seconds', '2 seconds')")
+    durations = []
+    for duration in args[1:]:
+        if not (isinstance(duration, exp.Literal) and duration.is_string):
+            raise parsed.unsupported("window() duration that is not a string literal", duration, "window",
+                                     hint="write it as '10 seconds'")
+        durations.append(str(duration.this))
+    return plan_window(binder.row_expr(args[0], "window()"), durations, where)
+
+
+def _distinct_outputs(outputs: list[OutputColumn]
+                      ) -> tuple[tuple[Expr, ...], tuple[AggregateCall, ...], list[OutputColumn]]:
+    """``SELECT DISTINCT e1, e2, ...`` as ``SELECT e1, e2, ... GROUP BY e1, e2, ...``."""
+    group_by = list(dict.fromkeys(o.expr for o in outputs))
+    grouped = [OutputColumn(o.name, GroupRef(group_by.index(o.expr), o.expr.type, o.expr.nullable))
+               for o in outputs]
+    return tuple(group_by), (), grouped
+
+
+def _having(parsed: ParsedSelect, binder: Binder, items: list[exp.Expr], node: exp.Expr,
+            group_by: tuple[Expr, ...], aggregates: tuple[AggregateCall, ...]
+            ) -> tuple[Expr, tuple[AggregateCall, ...]]:
+    """The HAVING condition over the groups and aggregate calls (new calls are added to ``aggregates``);
+    a name that is no source column but a SELECT alias means that item's expression, as in Spark."""
+    aliases = {item.alias.casefold(): item.this for item in items if isinstance(item, exp.Alias)}
+
+    def expand(n: exp.Expr) -> exp.Expr:
+        if isinstance(n, exp.Column) and not n.table and not binder.resolves(n) \
+                and n.name.casefold() in aliases:
+            alias: exp.Expr = aliases[n.name.casefold()].copy()
+            return alias
+        return n
+
+    expanded = node.copy().transform(expand) if aliases else node
+    calls = list(aggregates)
+    bound = binder.output_expr(expanded, group_by, calls)
+    if bound.type not in (ColumnType.BOOLEAN, None):
+        raise ViewDefinitionError(f"type error in {parsed.describe(node, TokenType.HAVING)}: HAVING needs a "
+                                  f"boolean, this is {bound.type.value if bound.type else 'NULL'}")
+    return coerce(bound, ColumnType.BOOLEAN), tuple(calls)
 
 
 def _check_names(outputs: list[OutputColumn]) -> None:

@@ -83,6 +83,39 @@ class OutputColumn:
 
 
 @dataclass(frozen=True)
+class SortKey:
+    """One ORDER BY term: ``expr`` ascending or descending, NULLs first or last (Spark's defaults:
+    first ascending, last descending)."""
+
+    expr: Expr
+    descending: bool
+    nulls_first: bool
+
+
+@dataclass(frozen=True)
+class TopN:
+    """``ROW_NUMBER() OVER (PARTITION BY partition ORDER BY order) <= limit``: per partition, the rows
+    ranked 1..limit. Ties are broken by ``tiebreak`` (the source's key, ascending), in the operator and
+    in the rendered SQL alike, so the ranking is a function of the rows."""
+
+    partition: tuple[Expr, ...]
+    order: tuple[SortKey, ...]
+    tiebreak: tuple[Expr, ...]
+    limit: int
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    """Spark's ``window(time, size[, slide])`` over an INT column of epoch milliseconds: tumbling when
+    ``slide == size``, else hopping (a row falls in every window [start, start + size) that holds it,
+    the starts being multiples of ``slide``)."""
+
+    time: Expr
+    size: int  # milliseconds
+    slide: int  # milliseconds
+
+
+@dataclass(frozen=True)
 class Query:
     sources: tuple[Source, ...]  # one, or several joined
     joins: tuple[JoinStep, ...]  # one per source after the first: joins[i] joins source i + 1
@@ -93,6 +126,13 @@ class Query:
     # aggregate; hidden key columns come last.
     outputs: tuple[OutputColumn, ...]
     is_aggregate: bool
+    # HAVING: over GroupRef/AggregateRef like an aggregate's outputs; a group it is not true for has no row.
+    having: Expr | None = None
+    # Top-N per partition (``mvlog.views.topn_plan``): set, the outputs are over source columns plus
+    # the ``RowNumber`` of the row in its partition, and only rows ranked within the limit are rows.
+    top_n: TopN | None = None
+    # A time window in GROUP BY (``mvlog.views.window``): the batch gets a ``WindowStart`` column first.
+    window: TimeWindow | None = None
 
     @property
     def extendable_sides(self) -> frozenset[int]:

@@ -20,12 +20,14 @@ from sqlglot import exp
 from mvlog.row_schema import ColumnType
 from mvlog.views.batch import referenced_columns
 from mvlog.views.errors import ViewDefinitionError
+from mvlog.views.evaluate import WINDOW_START
 from mvlog.views.expr import (
     AggregateCall,
     AggregateFunction,
     AggregateRef,
     Binary,
     BinaryOp,
+    Call,
     Case,
     Cast,
     Coalesce,
@@ -36,10 +38,14 @@ from mvlog.views.expr import (
     Literal,
     Negate,
     Not,
+    RowNumber,
+    WindowStart,
 )
+from mvlog.views.functions import render_call
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import PRESENT, JoinKind, Query
 from mvlog.views.union import column_sources
+from mvlog.views.window import windowed_source
 
 _SQL_TYPES = {ColumnType.INT: "BIGINT", ColumnType.FLOAT: "DOUBLE", ColumnType.STRING: "STRING",
               ColumnType.BOOLEAN: "BOOLEAN", ColumnType.BYTES: "BINARY"}
@@ -51,6 +57,11 @@ _BINARY: dict[BinaryOp, type[exp.Binary]] = {
 _AGGREGATES: dict[AggregateFunction, type[exp.AggFunc]] = {
     AggregateFunction.COUNT: exp.Count, AggregateFunction.SUM: exp.Sum, AggregateFunction.AVG: exp.Avg,
     AggregateFunction.MIN: exp.Min, AggregateFunction.MAX: exp.Max,
+}
+
+_DISTINCT: dict[AggregateFunction, type[exp.AggFunc]] = {
+    AggregateFunction.COUNT_DISTINCT: exp.Count, AggregateFunction.SUM_DISTINCT: exp.Sum,
+    AggregateFunction.AVG_DISTINCT: exp.Avg,
 }
 
 
@@ -109,9 +120,19 @@ def _union(plan: ViewPlan, table_names: Mapping[str, str], dialect: str) -> exp.
 
 def _select(query: Query, table_names: Mapping[str, str], dialect: str,
             inner: Mapping[str, ViewPlan] | None = None) -> exp.Select:
+    if query.top_n is not None:
+        return _top_n(query, table_names, dialect, inner or {})
     items = [exp.alias_(render_expr(o.expr, query), o.name, quoted=True) for o in query.outputs]
-    select = exp.select(*items)
-    tables = [_source(query, side, table_names, dialect, inner or {}) for side in range(len(query.sources))]
+    return _from_where_group(exp.select(*items), query, table_names, dialect, inner or {})
+
+
+def _from_where_group(select: exp.Select, query: Query, table_names: Mapping[str, str], dialect: str,
+                      inner: Mapping[str, ViewPlan]) -> exp.Select:
+    tables = [_source(query, side, table_names, dialect, inner) for side in range(len(query.sources))]
+    if query.window is not None:  # one copy of each row per time window it falls in
+        source = query.sources[0]
+        tables[0] = windowed_source(query, exp.to_table(table_names[source.view], dialect=dialect), source.alias,
+                                    render_expr(query.window.time, query))
     select = select.from_(tables[0])
     for index, join in enumerate(query.joins):
         conditions: list[exp.Expr] = [exp.EQ(this=render_expr(c.left, query), expression=render_expr(c.right, query))
@@ -128,7 +149,38 @@ def _select(query: Query, table_names: Mapping[str, str], dialect: str,
         select = select.where(render_expr(query.where, query))
     if query.group_by:
         select = select.group_by(*(render_expr(g, query) for g in query.group_by))
+    if query.having is not None:
+        select = select.having(render_expr(query.having, query))
     return select
+
+
+_RANK = "__mvlog_rank"
+
+
+def _top_n(query: Query, table_names: Mapping[str, str], dialect: str, inner: Mapping[str, ViewPlan]
+           ) -> exp.Select:
+    """``SELECT <outputs> FROM (SELECT <outputs>, ROW_NUMBER() OVER (...) AS rank FROM ...) WHERE rank <= N``,
+    the ORDER BY followed by the sources' key (the operator's tiebreak)."""
+    assert query.top_n is not None
+    rank = next((o.name for o in query.outputs if isinstance(o.expr, RowNumber)), _RANK)
+    items = [exp.alias_(render_expr(o.expr, query), o.name, quoted=True) for o in query.outputs]
+    if rank == _RANK:
+        items.append(exp.alias_(render_expr(RowNumber(), query), rank, quoted=True))
+    ranked = _from_where_group(exp.select(*items), query, table_names, dialect, inner)
+    outer = exp.select(*(exp.column(o.name, table="_top_n", quoted=True) for o in query.outputs))
+    limit = exp.LTE(this=exp.column(rank, table="_top_n", quoted=True),
+                    expression=exp.Literal.number(query.top_n.limit))
+    return outer.from_(ranked.subquery("_top_n", copy=False)).where(limit)
+
+
+def _row_number(query: Query) -> exp.Expr:
+    assert query.top_n is not None
+    terms = [exp.Ordered(this=render_expr(k.expr, query), desc=k.descending, nulls_first=k.nulls_first)
+             for k in query.top_n.order]
+    terms += [exp.Ordered(this=render_expr(t, query), desc=False, nulls_first=True) for t in query.top_n.tiebreak]
+    partition = [render_expr(p, query) for p in query.top_n.partition]
+    window = exp.Window(this=exp.RowNumber(), partition_by=partition or None, order=exp.Order(expressions=terms))
+    return exp.cast(window, "BIGINT")  # Spark's row_number() is an INT
 
 
 def _source(query: Query, side: int, table_names: Mapping[str, str], dialect: str,
@@ -185,6 +237,12 @@ def render_expr(expr: Expr, query: Query) -> exp.Expr:
         case Coalesce(args=args):
             first, *rest = (render_expr(a, query) for a in args)
             return exp.Coalesce(this=first, expressions=rest)
+        case RowNumber():
+            return _row_number(query)
+        case WindowStart():
+            return exp.column(WINDOW_START, table=query.sources[0].alias, quoted=True)
+        case Call(args=args):
+            return render_call(expr, [render_expr(a, query) for a in args])
     raise TypeError(f"cannot render {expr!r}")  # unreachable for plans made by plan_view
 
 
@@ -192,6 +250,8 @@ def _aggregate(call: AggregateCall, query: Query) -> exp.Expr:
     if call.function is AggregateFunction.COUNT_ROWS:
         return exp.Count(this=exp.Star())
     assert call.arg is not None
+    if call.function in _DISTINCT:
+        return _DISTINCT[call.function](this=exp.Distinct(expressions=[render_expr(call.arg, query)]))
     return _AGGREGATES[call.function](this=render_expr(call.arg, query))
 
 

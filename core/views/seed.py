@@ -14,7 +14,7 @@ query returns must be exactly what the operator would have built from the same r
   row written at E (a float ``avg`` computed by Spark could differ from the operator's in the last
   bit, and a downstream view retracting it would then miss its row);
 - joins are refused: their state is every row of both sides, and their two upstreams' snapshots are
-  not taken at one epoch.
+  not taken at one epoch; so is a top-N (its state is every row of each partition).
 
 Pure: builds SQL text with sqlglot and turns Arrow record batches into rows and state entries.
 """
@@ -34,6 +34,7 @@ from mvlog.views.errors import ViewDefinitionError
 from mvlog.views.expr import AggregateFunction
 from mvlog.views.plan import ViewPlan
 from mvlog.views.render import render_expr, sql_type, to_sql
+from mvlog.views.window import windowed_source
 
 _COUNTED = (AggregateFunction.COUNT, AggregateFunction.SUM, AggregateFunction.AVG)
 _SUMMED = (AggregateFunction.SUM, AggregateFunction.AVG)
@@ -56,16 +57,25 @@ def multiset_column(index: int) -> str:
     return f"_m{index}"
 
 
-def check_seedable(plan: ViewPlan) -> None:
-    """Raise ViewDefinitionError for a view a snapshot cannot seed (a join, a subquery or WITH query)."""
+def unseedable(plan: ViewPlan) -> str | None:
+    """Why a snapshot cannot seed ``plan`` (None: it can)."""
     if plan.inner:
-        raise ViewDefinitionError(
-            f"view {plan.name!r} reads a subquery or WITH query: its operator state holds the inner queries' "
-            "too, which snapshot backfill does not seed; use --backfill chunked")
+        return (f"view {plan.name!r} reads a subquery or WITH query: its operator state holds the inner "
+                "queries' too, which snapshot backfill does not seed")
     if plan.is_join:
-        raise ViewDefinitionError(
-            f"view {plan.name!r} joins {' and '.join(plan.sources)}: snapshot backfill reads one upstream's "
-            "snapshot, and a join's state holds both sides at one epoch; use --backfill chunked")
+        return (f"view {plan.name!r} joins {' and '.join(plan.sources)}: snapshot backfill reads one upstream's "
+                "snapshot, and a join's state holds both sides at one epoch")
+    if plan.query.top_n is not None:
+        return (f"view {plan.name!r} is a top-N: its state holds every row of each partition, which the seed "
+                "(decoded in batches that may split a partition) does not build")
+    return None
+
+
+def check_seedable(plan: ViewPlan) -> None:
+    """Raise ViewDefinitionError for a view a snapshot cannot seed (a join, a top-N)."""
+    reason = unseedable(plan)
+    if reason is not None:
+        raise ViewDefinitionError(f"{reason}; use --backfill chunked")
 
 
 def seed_sql(plan: ViewPlan, table: str, dialect: str = "spark") -> str:
@@ -77,6 +87,9 @@ def seed_sql(plan: ViewPlan, table: str, dialect: str = "spark") -> str:
     query = plan.query
     stage = AggregateStage(query)
     source = exp.alias_(exp.to_table(table, dialect=dialect), query.sources[0].alias, table=True, quoted=True)
+    if query.window is not None:  # one copy of each row per time window it falls in
+        source = windowed_source(query, exp.to_table(table, dialect=dialect), query.sources[0].alias,
+                                 render_expr(query.window.time, query))
     where = render_expr(query.where, query) if query.where is not None else None
     groups = [render_expr(g, query) for g in query.group_by]
 

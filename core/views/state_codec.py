@@ -9,6 +9,8 @@ State keys are relative to one view (the caller namespaces them, e.g. one Redis 
   source a row or null) and ``j<i>.1[...]`` (the rows of the view it joins);
 - ``(<name>)<key>``: a key of the operator nested for a subquery, WITH query or UNION ALL branch
   (``$(x)`` for ``FROM (...) x``, ``$x`` for ``WITH x``, ``$(branch<i>)``), itself one of the above.
+- ``t[...]``: the rows of a top-N partition (the array holds the PARTITION BY values), each as
+  ``[ORDER BY values, the sources' key, output values]``.
 
 Values are compact JSON (no whitespace). Every value is encoded by its column type, which the plan fixes
 per position: ints and strings as themselves, floats as floats (an int in a float column is widened,
@@ -27,6 +29,7 @@ from mvlog.row_schema import ColumnType
 
 GROUP_TAG = b"g"
 JOIN_TAGS = (b"j0", b"j1")
+TOP_N_TAG = b"t"
 
 
 def encode_value(value: Any, kind: ColumnType | None) -> Any:

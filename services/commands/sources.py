@@ -26,8 +26,11 @@ if TYPE_CHECKING:
 @click.argument("name")
 @click.option("--until-caught-up", is_flag=True,
               help="Stop once every partition of the topic is ingested to its end (else run until stopped).")
+@click.option("--accept-schema", "accept_schemas", multiple=True, type=int, metavar="ID",
+              help="Avro: take messages of this writer schema id although the table's columns do not match it "
+                   "(after a source stopped on a schema change; give it at every start). Repeatable.")
 @pass_settings
-def run_source(settings: Settings, name: str, until_caught_up: bool) -> None:
+def run_source(settings: Settings, name: str, until_caught_up: bool, accept_schemas: tuple[int, ...]) -> None:
     """Ingest table NAME's source topic (declared with `create-table NAME --from-topic TOPIC --format ...`).
 
     Every barrier interval the messages consumed become one epoch of the table, and the consumed offsets
@@ -35,8 +38,9 @@ def run_source(settings: Settings, name: str, until_caught_up: bool) -> None:
     SIGKILL, resumes exactly after the last committed epoch. SIGINT/SIGTERM commit what is read and stop.
     A bad record (undecodable, no key, wrong types, a row the table refuses) goes to the dead-letter
     topic <prefix>.NAME.dlq in the same transaction, with headers saying why and where it was, and
-    ingestion goes on (counted in `mvlog status` and /metrics). A topic that is gone, or offsets deleted
-    by retention, stop the source with what to do (exit code 1, and shown by `mvlog status`).
+    ingestion goes on (counted in `mvlog status` and /metrics). A topic that is gone, offsets deleted
+    by retention, or an Avro writer schema the table's columns cannot take (see --accept-schema) stop the
+    source with what to do (exit code 1, and shown by `mvlog status`).
     """
     from mvlog.services.source_ingest import SourceError
 
@@ -46,7 +50,8 @@ def run_source(settings: Settings, name: str, until_caught_up: bool) -> None:
         require_kafka(settings)
         try:
             with _StopOnSignal() as stop:
-                progress = _ingest(settings, name, client, stop.requested, until_caught_up)
+                progress = _ingest(settings, name, client, stop.requested, until_caught_up,
+                                   frozenset(accept_schemas))
         except (SourceError, BadRecordError) as error:
             raise click.ClickException(str(error)) from None
     dead = f", {progress.dead_letters} bad record(s) dead-lettered" if progress.dead_letters else ""
@@ -55,7 +60,7 @@ def run_source(settings: Settings, name: str, until_caught_up: bool) -> None:
 
 
 def _ingest(settings: Settings, name: str, client: redis.Redis, stop: threading.Event,
-            until_caught_up: bool) -> IngestProgress:
+            until_caught_up: bool, accept_schemas: frozenset[int] = frozenset()) -> IngestProgress:
     """Run an ingester until ``stop`` (or caught up); an epoch the broker failed (its transaction aborted, or
     a producer call that never returned after a broker restart) starts a new ingester after a growing delay:
     its writer fences the old one and it resumes from the committed offsets, so nothing is lost or doubled.
@@ -65,7 +70,7 @@ def _ingest(settings: Settings, name: str, client: redis.Redis, stop: threading.
     budget = RestartBudget(settings.view_restarts, settings.view_restart_window_s)
     total = IngestProgress()
     while True:
-        with SourceIngester(settings, name, client) as ingester:
+        with SourceIngester(settings, name, client, accept_schemas=accept_schemas) as ingester:
             click.echo(f"{name}: ingesting topic {ingester.spec.topic} ({ingester.spec.format.value}), "
                        f"consumer group {ingester.group}", err=True)
             try:

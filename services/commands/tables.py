@@ -62,9 +62,10 @@ def parse_primary_key(values: Sequence[str], columns: dict[str, ColumnType]) -> 
 
 @click.command("create-table")
 @click.argument("name")
-@click.option("--column", "-c", "columns", multiple=True, required=True, metavar="NAME:TYPE",
+@click.option("--column", "-c", "columns", multiple=True, metavar="NAME:TYPE",
               help=f"A column (repeat for each, in order). Types: {', '.join(ColumnType)}; "
-                   "key columns are NOT NULL, the others nullable.")
+                   "key columns are NOT NULL, the others nullable. An Avro source without columns takes "
+                   "them from its latest value schema.")
 @click.option("--primary-key", "-k", "primary_key", multiple=True, required=True, metavar="COLUMN",
               help="Primary key column(s), in key order: repeat the option or separate with commas.")
 @click.option("--partitions", type=PARTITIONS, default=None,
@@ -75,10 +76,14 @@ def parse_primary_key(values: Sequence[str], columns: dict[str, ColumnType]) -> 
               help=f"Format of --from-topic's messages: {', '.join(SourceFormat)}.")
 @click.option("--generated-key", "generated_key", default=None, metavar="COLUMN",
               help='append-json: the (string) key column filled with "<partition>-<offset>" of each message.')
+@click.option("--schema-registry", "schema_registry", default=None, metavar="URL",
+              help="Avro formats: the Schema Registry of the topic's schemas (default: MVLOG_SCHEMA_REGISTRY_URL).")
+@click.option("--avro-schema", "avro_schemas", multiple=True, metavar="ID=FILE.avsc",
+              help="Avro formats without a registry: the writer schema of Confluent schema id ID (repeatable).")
 @pass_settings
 def create_table(settings: Settings, name: str, columns: tuple[str, ...], primary_key: tuple[str, ...],
                  partitions: int | None, from_topic: str | None, source_format: str | None,
-                 generated_key: str | None) -> None:
+                 generated_key: str | None, schema_registry: str | None, avro_schemas: tuple[str, ...]) -> None:
     """Create root table NAME: its catalog entry and its changelog topic.
 
     Example: mvlog create-table t1 --column id:int --column v1:int --column deleted:boolean --primary-key id
@@ -87,10 +92,17 @@ def create_table(settings: Settings, name: str, columns: tuple[str, ...], primar
     README's "Source tables"), ingested exactly once by `mvlog run-source NAME`.
     """
     check_name(name, "table")
+    schemas = _avro_schemas(avro_schemas)
+    if not columns:
+        if from_topic is not None and source_format is not None and source_format.strip().lower().endswith("-avro"):
+            _create_avro_derived(settings, name, primary_key, partitions, from_topic, source_format,
+                                 generated_key, schema_registry, schemas)
+            return
+        raise click.UsageError("give the table's columns (--column NAME:TYPE, repeatable)")
     types = parse_columns(columns)
     key = parse_primary_key(primary_key, types)
     schema = RowSchema.of({n: t.value for n, t in types.items()}, key)
-    spec = _source_spec(from_topic, source_format, generated_key, schema)
+    spec = _source_spec(from_topic, source_format, generated_key, schema, schema_registry, schemas)
     client = connect_redis(settings)
     with backend_errors(settings):
         if (existing := CatalogStore(settings, client).find(name)) is not None:
@@ -102,7 +114,8 @@ def create_table(settings: Settings, name: str, columns: tuple[str, ...], primar
             try:
                 create_source_table(settings, name, {n: t.value for n, t in types.items()}, key, spec.topic,
                                     spec.format, generated_key=spec.generated_key, partitions=partitions,
-                                    client=client)
+                                    client=client, schema_registry=spec.schema_registry,
+                                    avro_schemas=spec.avro_schemas)
             except SourceError as error:
                 raise click.ClickException(str(error)) from None
             click.echo(f"Created table {name} ({describe_schema(schema)}) fed by topic {spec.topic} "
@@ -116,17 +129,66 @@ def create_table(settings: Settings, name: str, columns: tuple[str, ...], primar
                f"changelog topic {settings.changelog_topic(name)}.")
 
 
+def _avro_schemas(values: Sequence[str]) -> dict[int, str]:
+    """``--avro-schema ID=FILE.avsc`` as schema id -> the file's JSON (checked to parse as Avro)."""
+    from fastavro import parse_schema
+
+    schemas: dict[int, str] = {}
+    for value in values:
+        schema_id, equals, path = value.partition("=")
+        if not equals or not schema_id.strip().isdigit():
+            raise click.BadParameter(f"{value!r} is not ID=FILE.avsc (ID: the Confluent schema id)",
+                                     param_hint="--avro-schema")
+        try:
+            with open(path.strip(), encoding="utf-8") as file:
+                text = file.read()
+            parse_schema(json.loads(text))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise click.BadParameter(f"{path.strip()}: not a readable Avro schema: {error}",
+                                     param_hint="--avro-schema") from None
+        schemas[int(schema_id)] = json.dumps(json.loads(text), separators=(",", ":"))
+    return schemas
+
+
+def _create_avro_derived(settings: Settings, name: str, primary_key: tuple[str, ...], partitions: int | None,
+                         topic: str, format_name: str, generated_key: str | None, schema_registry: str | None,
+                         schemas: dict[int, str]) -> None:
+    """create-table of an Avro source without columns: they come from its latest value schema."""
+    from mvlog.services.source_ingest import SourceError, create_source_table
+
+    key = [k.strip() for value in primary_key for k in value.split(",") if k.strip()]
+    if not key:
+        raise click.BadParameter("name at least one column", param_hint="--primary-key")
+    client = connect_redis(settings)
+    with backend_errors(settings):
+        if (existing := CatalogStore(settings, client).find(name)) is not None:
+            raise click.ClickException(f"{existing.kind} {name!r} already exists")
+        require_kafka(settings)
+        try:
+            spec = create_source_table(settings, name, None, key, topic, format_name, generated_key=generated_key,
+                                       partitions=partitions, client=client, schema_registry=schema_registry,
+                                       avro_schemas=schemas)
+        except (SourceError, SourceSpecError, ValueError) as error:
+            raise click.ClickException(str(error)) from None
+        entry = CatalogStore(settings, client).get(name)
+    click.echo(f"Created table {name} ({describe_schema(entry.schema)}, columns from the Avro schema) fed by "
+               f"topic {spec.topic} ({spec.format.value}); changelog topic {settings.changelog_topic(name)}. "
+               f"Ingest it with: mvlog run-source {name}")
+
+
 def _source_spec(topic: str | None, format_name: str | None, generated_key: str | None,
-                 schema: RowSchema) -> SourceSpec | None:
+                 schema: RowSchema, schema_registry: str | None = None,
+                 avro_schemas: dict[int, str] | None = None) -> SourceSpec | None:
     """The source declared by --from-topic/--format/--generated-key, checked against the schema."""
     if topic is None:
-        if format_name is not None or generated_key is not None:
+        if format_name is not None or generated_key is not None or schema_registry or avro_schemas:
             raise click.UsageError("--format and --generated-key declare a source table: give --from-topic too")
         return None
     if format_name is None:
         raise click.UsageError(f"--from-topic needs --format ({', '.join(SourceFormat)})")
     try:
-        spec = SourceSpec(topic, SourceFormat.parse(format_name), generated_key)
+        spec = SourceSpec(topic, SourceFormat.parse(format_name), generated_key, schema_registry,
+                          dict(avro_schemas or {}))
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--format") from None
     try:

@@ -39,6 +39,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 EVENTS = 4000
 WAVES = (2000, 2500, 3000, 3500, 3950)  # written before the start, then three waves live, then closing
 MUST_RUN = {"q0", "q1", "q3"}
+# Planned, but not checkable by this test's ending: a join follows its FROM-first table's epochs up to its
+# other table's MCE, so once the ingesters stop, the other table's epochs after the first table's last one
+# stay out of the view. q8's first table (person) must close last for q8 and first for q3; the closing
+# order below serves q3 and q20. While ingesters run, idle tables cut empty epochs and a join lags by at
+# most a barrier interval.
+NOT_HERE = {"q8": "a join whose FROM-first table (person) is not the first to stop"}
 
 
 def started(query: Any, timeout: float = 120.0) -> None:
@@ -60,7 +66,7 @@ def test_nexmark_queries_equal_duckdb_at_every_epoch(make_settings: Any, spark: 
     topics = NexmarkTopics.with_prefix(f"{settings.topic_prefix}.nexmark-", partitions=2)
     config = GeneratorConfig(seed=20, events=EVENTS)
     planned = plan_queries()
-    runnable = [p.query.id for p in planned if p.runnable]
+    runnable = [p.query.id for p in planned if p.runnable and p.query.id not in NOT_HERE]
     assert set(runnable) >= MUST_RUN, {p.query.id: p.refusal for p in planned if p.query.id in MUST_RUN}
     for p in planned:
         assert p.runnable or p.refusal, p.query.id  # a refused query says why
@@ -90,7 +96,7 @@ def test_nexmark_queries_equal_duckdb_at_every_epoch(make_settings: Any, spark: 
         sources.stop()
         store = ViewStore(client, settings.topic_prefix)
         for p in planned:
-            if p.plan is not None:
+            if p.plan is not None and p.query.id in runnable:
                 consumer = next(c for c in consumers if c.entry.name == p.query.id)
                 consumer.wait_for_epoch(reachable_epoch(store, p.plan.sources), timeout=180)
     finally:

@@ -45,7 +45,7 @@ def _wait_for_line(child: subprocess.Popen[str], prefix: str, timeout: float) ->
 def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
         make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
     settings = make_settings(barrier_interval_ms=500)  # fewer, larger epochs: the kills are what matters
-    views = ["mv1", "mv2", "mv3", "mvl"]
+    views = ["mv1", "mv2", "mv3", "mvl", "mvt"]
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
                          client=redis_client)
     create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
@@ -55,6 +55,10 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
     # (upserts change v1, deletes and `deleted` empty a side) and rows are null-extended again.
     create_view(settings, "mvl", "SELECT a.id, a.v1, b.id AS bid, b.deleted FROM mv1 a LEFT JOIN t1 b "
                                  "ON a.v1 = b.id", client=redis_client)
+    # A top-N run by the same consumers: v1 repeats over 200 ids (ties broken by id), upserts and deletes
+    # move rows in and out of each partition's first three.
+    create_view(settings, "mvt", "SELECT * FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY deleted "
+                                 "ORDER BY v1 DESC) AS rn FROM t1) WHERE rn <= 3", client=redis_client)
     stop = threading.Event()
     rng = random.Random()
 

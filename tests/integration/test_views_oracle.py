@@ -50,6 +50,18 @@ VIEWS = [
     # A WITH query, a semi join and a UNION ALL, nested in one view's operator.
     ("mvs", "WITH pos AS (SELECT id, v1 FROM t1 WHERE v1 > 0) SELECT p.id, p.v1 FROM pos p "
             "WHERE EXISTS (SELECT 1 FROM t2 WHERE t2.id = p.v1) UNION ALL SELECT id, w FROM t2"),
+    # Top-N per k (ties in v1 broken by id; deletes and `deleted` move rows up and empty partitions),
+    # and a view on it.
+    ("mvt", "SELECT * FROM (SELECT id, k, v1, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v1 DESC) AS rn "
+            "FROM mv1) WHERE rn <= 2"),
+    ("mvt2", "SELECT k, count(*) AS n, max(rn) AS deepest FROM mvt GROUP BY k"),
+    # DISTINCT aggregates and HAVING (groups retracted and emitted again), SELECT DISTINCT.
+    ("mvh", "SELECT k, count(DISTINCT v1) AS nd, sum(DISTINCT v1) AS sd, count(*) AS n FROM t1 GROUP BY k "
+            "HAVING count(*) > 2"),
+    ("mvd", "SELECT DISTINCT k, deleted FROM t1"),
+    # A hopping window over id as event time (INT epoch milliseconds): rows in two windows each.
+    ("mvw", "SELECT window.start AS ws, window.end AS we, k, count(*) AS n, max(v1) AS top FROM t1 "
+            "GROUP BY window(id, '4 milliseconds', '2 milliseconds'), k"),
 ]
 
 t1_ops = st.one_of(

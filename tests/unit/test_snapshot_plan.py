@@ -127,5 +127,10 @@ def test_auto_picks_snapshot_only_for_a_large_upstream_with_a_snapshot() -> None
     with pytest.raises(SnapshotError, match=r"cannot backfill a join .* use chunked"):
         choose_backfill("snapshot", ("t1",), snap, {"t1": 10**6}, 100, join=True)
     assert choose_backfill("auto", ("t1",), snap, {"t1": 10**6}, 100, join=True).method == "chunked"
+    # A view whose state a seed does not build (a top-N): chunked, saying why.
+    with pytest.raises(SnapshotError, match=r"cannot backfill view 'v' is a top-N.*: use chunked"):
+        choose_backfill("snapshot", ("t1",), snap, {"t1": 10**6}, 100, unseedable="view 'v' is a top-N")
+    auto = choose_backfill("auto", ("t1",), snap, {"t1": 10**6}, 100, unseedable="view 'v' is a top-N")
+    assert (auto.method, auto.reason) == ("chunked", "view 'v' is a top-N")
     with pytest.raises(SnapshotError, match="unknown"):
         choose_backfill("fast", ("t1",), snap, {}, 100)

@@ -33,6 +33,12 @@ VIEWS = [
     "SELECT deleted, s, min(v2) AS lo, max(v2) AS hi, sum(v2) AS total, max(v1 + 1) AS top FROM t1 "
     "GROUP BY deleted, s",
     "SELECT count(*) AS n, min(v1) AS lo, max(s) AS hi, avg(v2) AS mean FROM t1 WHERE deleted",
+    "SELECT DISTINCT s, v1 > 0 AS positive FROM t1",
+    "SELECT s, count(DISTINCT v1) AS nv, sum(DISTINCT v2) AS sf, count(*) AS n FROM t1 GROUP BY s "
+    "HAVING count(*) > 1 AND min(v1) < 3",
+    "SELECT count(DISTINCT v2) AS nf, avg(DISTINCT v1) AS av FROM t1 HAVING count(*) > 3",
+    "SELECT window.start AS ws, window.end AS we, s, count(*) AS n, max(v2) AS top FROM t1 "
+    "GROUP BY window(v1, '3 milliseconds', '1 millisecond'), s",
 ]
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -161,6 +167,15 @@ def test_a_seeded_view_carries_on_exactly_as_one_built_by_the_operator(
 def test_a_join_cannot_be_seeded_from_one_snapshot(sql: str, views: str) -> None:
     plan = plan_view("mv", sql, {"t1": T1, "t2": T2})
     with pytest.raises(ViewDefinitionError, match=f"joins {views}: snapshot backfill reads one upstream"):
+        seed_sql(plan, "snap")
+    with pytest.raises(ViewDefinitionError, match="use --backfill chunked"):
+        SeedDecoder(plan)
+
+
+def test_a_top_n_cannot_be_seeded_from_a_snapshot() -> None:
+    plan = plan_view("mv", "SELECT * FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY s ORDER BY v1) AS rn FROM t1) "
+                           "WHERE rn <= 2", {"t1": T1})
+    with pytest.raises(ViewDefinitionError, match=r"'mv' is a top-N: .*; use --backfill chunked"):
         seed_sql(plan, "snap")
     with pytest.raises(ViewDefinitionError, match="use --backfill chunked"):
         SeedDecoder(plan)
