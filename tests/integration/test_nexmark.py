@@ -34,7 +34,7 @@ from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 from tests.oracle import check_oracle
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(1200)]
 
 EVENTS = 4000
 WAVES = (2000, 2500, 3000, 3500, 3950)  # written before the start, then three waves live, then closing
