@@ -31,13 +31,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +48,8 @@ from mvlog.connectors import redis_client
 from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.epoch_index import EpochIndex
+from mvlog.connectors.source_status import SourceLagProbe
+from mvlog.connectors.topics import ensure_topic
 from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.infra.local_stack import (
     DEFAULT_KAFKA_PORT,
@@ -63,20 +63,25 @@ from mvlog.infra.local_stack import (
 from mvlog.row_schema import Row
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
+from mvlog.services.commands.demo_workload import DebeziumTopic, Workload, cdc_topic
 from mvlog.services.commands.output import age, cell_text, console, output_option
 from mvlog.services.commands.read import read_rows
 from mvlog.services.commands.run_view import _short, _StopOnSignal, _wait_between_triggers
 from mvlog.services.commands.values import PORT_OR_ANY, SECONDS, count, seconds
 from mvlog.services.dashboard.server import DashboardServer
+from mvlog.services.source_ingest import create_source_table
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
+from mvlog.source_spec import SourceSpec
 
 if TYPE_CHECKING:  # pyspark is imported when the demo runs
     from pyspark.sql.streaming.query import StreamingQuery
 
     from mvlog.services.view_consumer import ViewConsumer
 
-#: The root tables: name -> (columns, primary key).
+#: The root tables: name -> (columns, primary key). t1 is a source table fed by a Debezium-shaped topic
+#: (:mod:`mvlog.services.commands.demo_workload`), t2 is written through the Table API.
+SOURCE_TABLE = "t1"
 TABLES: dict[str, tuple[dict[str, str], list[str]]] = {
     "t1": ({"id": "int", "v1": "int", "deleted": "boolean"}, ["id"]),
     "t2": ({"id": "int", "name": "string"}, ["id"]),
@@ -95,8 +100,6 @@ ONLINE_VIEW_AFTER_S = 15.0
 #: What the progress table shows in its "value" column: view -> column of its single row.
 AGGREGATES = {"mv2": "total", "mv3": "n"}
 
-NAMES = ("ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal", "ivy", "jo")
-KEY_SPACE = 2000
 DRAIN_TIMEOUT_S = 120.0
 RESTARTS = 3  # per view: how often the demo restarts a view whose query failed
 
@@ -166,80 +169,24 @@ def ensure_stack(settings: Settings, no_stack: bool) -> _Stack:
 
 
 def create_definitions(settings: Settings, client: redis.Redis) -> None:
-    """The tables and views of the demo, each created unless it exists already (idempotent)."""
+    """The tables and views of the demo, each created unless it exists already (idempotent): t1 over its
+    Debezium topic (created first, as a connector would), t2 a table of its own."""
     catalog = CatalogStore(settings, client)
     for name, (columns, key) in TABLES.items():
-        if catalog.find(name) is None:
+        existing = catalog.find(name)
+        if name == SOURCE_TABLE:
+            if existing is None:
+                topic = cdc_topic(settings, name)
+                ensure_topic(settings, topic, settings.partitions)
+                create_source_table(settings, name, columns, key, topic, "debezium-json", client=client)
+            elif SourceSpec.from_options(existing.options) is None:
+                raise click.ClickException(f"prefix {settings.topic_prefix!r} holds a {name} written through the "
+                                           "Table API (an earlier demo); run the demo under a new --prefix")
+        elif existing is None:
             Table.create(settings, name, columns, key, client=client, exist_ok=True, auto_commit=False).close()
     for name, sql in VIEWS.items():
         if catalog.find(name) is None:
             create_view(settings, name, sql, client=client)
-
-
-# -------------------------------------------------------------------------------------------- workload
-
-
-@dataclass
-class Workload:
-    """Writes inserts, updates and deletes into t1 and t2 at about ``rate`` changes per second."""
-
-    t1: Table
-    t2: Table
-    rate: int
-    seed: int = 0
-    changes: int = 0
-    error: BaseException | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="mvlog-demo-workload", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _run(self) -> None:
-        rng = random.Random(self.seed)
-        tick = 0.1
-        owed = 0.0
-        next_tick = time.monotonic()
-        try:
-            while not self._stop.is_set():
-                owed += self.rate * tick
-                count, owed = int(owed), owed - int(owed)
-                self._write(rng, count)
-                self.changes += count
-                next_tick += tick
-                self._stop.wait(max(0.0, next_tick - time.monotonic()))
-        except BaseException as error:  # the supervisor reports it
-            self.error = error
-
-    def _write(self, rng: random.Random, count: int) -> None:
-        t1_rows: list[dict[str, Any]] = []
-        t1_deletes: list[int] = []
-        t2_rows: list[dict[str, Any]] = []
-        t2_deletes: list[int] = []
-        for _ in range(count):
-            draw, key = rng.random(), rng.randrange(KEY_SPACE)
-            if draw < 0.65:  # insert or update (a tenth of them mark the row deleted)
-                t1_rows.append({"id": key, "v1": rng.randrange(1000), "deleted": rng.random() < 0.1})
-            elif draw < 0.75:
-                t1_deletes.append(key)
-            elif draw < 0.95:
-                t2_rows.append({"id": key, "name": f"{rng.choice(NAMES)}{rng.randrange(100)}"})
-            else:
-                t2_deletes.append(key)
-        if t1_rows:
-            self.t1.upsert(t1_rows)
-        if t1_deletes:
-            self.t1.delete(t1_deletes)
-        if t2_rows:
-            self.t2.upsert(t2_rows)
-        if t2_deletes:
-            self.t2.delete(t2_deletes)
 
 
 # -------------------------------------------------------------------------------------------- progress
@@ -301,7 +248,8 @@ def print_progress(records: list[dict[str, Any]], title: str) -> None:
 # ------------------------------------------------------------------------------------------ final check
 
 
-def check_contents(settings: Settings, client: redis.Redis) -> dict[str, Any]:
+def check_contents(settings: Settings, client: redis.Redis,
+                   database: dict[Any, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Each view's rows against its upstreams' rows, as read from the serving state (views at rest)."""
     catalog = CatalogStore(settings, client)
     store = ViewStore(client, settings.topic_prefix)
@@ -319,7 +267,10 @@ def check_contents(settings: Settings, client: redis.Redis) -> dict[str, Any]:
     n = rows["mv3"][0]["n"] if rows["mv3"] else None
     expected_join = sorted((k, r["v1"], t2[k]["name"]) for k, r in mv1.items() if k in t2)
     join = sorted((r["id"], r["v1"], r["name"]) for r in rows["mvj"])
-    checks = {
+    checks = {}
+    if database is not None:  # what the "database" holds, which its Debezium topic carried into t1
+        checks["t1 = the database's rows (its Debezium topic, ingested)"] = t1 == database
+    checks |= {
         "mv1 = t1 rows not deleted": mv1 == expected_mv1,
         "mv2.total = sum(v1) over mv1": (total or 0) == sum(v1s) and (total is None) == (not v1s),
         "mv3.n = count(v1) over mv1": (n or 0) == len(v1s),
@@ -350,25 +301,32 @@ def start_dashboard(settings: Settings, port: int | None) -> DashboardServer:
 
 
 @dataclass
-class CacheWorkerProcess:
-    """The Faust log-cache worker (``mvlog cache-worker``) as a child process, logging to the stack dir."""
+class ChildProcess:
+    """An mvlog command the demo runs beside itself as a child process, logging to the stack dir."""
 
     process: subprocess.Popen[bytes]
-    url: str
     log_path: Path
 
     @classmethod
-    def start(cls, settings: Settings) -> CacheWorkerProcess:
-        port = free_port() if port_in_use(settings.bind_host, settings.cache_port) else settings.cache_port
-        log_path = Path(settings.stack_dir) / f"cache-worker-{settings.topic_prefix}.log"
+    def start(cls, settings: Settings, args: list[str], log_name: str) -> ChildProcess:
+        log_path = Path(settings.stack_dir) / f"{log_name}-{settings.topic_prefix}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")}, **settings.to_env()}
         with log_path.open("ab") as log:
-            command = [sys.executable, "-m", "mvlog.services.cli", "cache-worker", "--port", str(port)]
-            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        return cls(process, f"http://{settings.bind_host}:{port}/", log_path)
+            process = subprocess.Popen([sys.executable, "-m", "mvlog.services.cli", *args], env=env, stdout=log,
+                                       stderr=subprocess.STDOUT)
+        return cls(process, log_path)
+
+    def failure(self) -> str | None:
+        """Why the process is gone (its exit code and the log's last line), None while it runs."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        return f"exit {code}" + (f": {lines[-1]}" if lines else "")
 
     def stop(self) -> None:
+        """SIGTERM (a source ingester commits what it read), SIGKILL after 20 s."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -382,14 +340,50 @@ def start_companions(settings: Settings, dashboard_port: int | None) -> list[Cal
     """Services that run beside the pipeline for the whole demo; returns their stops (called in reverse):
     the Faust log-cache worker (the views' consumers read recent epochs from it, Kafka otherwise) and
     the lag dashboard with its sampler."""
-    worker = CacheWorkerProcess.start(settings)
-    click.echo(f"Log-cache worker (Faust): {worker.url}  (log: {worker.log_path})", err=True)
+    port = free_port() if port_in_use(settings.bind_host, settings.cache_port) else settings.cache_port
+    worker = ChildProcess.start(settings, ["cache-worker", "--port", str(port)], "cache-worker")
+    click.echo(f"Log-cache worker (Faust): http://{settings.bind_host}:{port}/  (log: {worker.log_path})", err=True)
     dashboard = start_dashboard(settings, dashboard_port)
     click.echo(f"Lag dashboard: {dashboard.url}  (Prometheus: {dashboard.url}metrics)", err=True)
     return [worker.stop, dashboard.stop]
 
 
 # ---------------------------------------------------------------------------------------------- command
+
+
+def current_rows(settings: Settings, client: redis.Redis, name: str) -> list[dict[str, Any]]:
+    """The visible rows ``name`` serves now (a demo reusing its prefix starts from them)."""
+    entry = CatalogStore(settings, client).get(name)
+    return [_visible(entry, row) for row in read_rows(ViewStore(client, settings.topic_prefix), entry, None)[1]]
+
+
+def _wait_ingested(settings: Settings, client: redis.Redis, source: ChildProcess, timeout: float) -> int:
+    """Until the source table's ingester committed its topic's end; returns an epoch of the table at or
+    after the one that did. The committed offsets are in Kafka once that epoch's transaction commits, a
+    moment before its MCE reaches Redis, so the epoch is the first MCE after the one seen then."""
+    entry = CatalogStore(settings, client).get(SOURCE_TABLE)
+    store = ViewStore(client, settings.topic_prefix)
+    probe = SourceLagProbe(settings)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if (gone := source.failure()) is not None:
+                raise click.ClickException(f"mvlog run-source {SOURCE_TABLE} stopped ({gone}); see {source.log_path}")
+            lags = probe.measure([entry])
+            if lags and lags[0].records == 0:
+                break
+            if time.monotonic() > deadline:
+                raise click.ClickException(f"{SOURCE_TABLE} did not ingest its topic within {timeout:.0f} s "
+                                           f"(lag: {lags[0].records if lags else '?'} records); see {source.log_path}")
+            time.sleep(0.2)
+        seen = store.mce(SOURCE_TABLE) or 0
+        while (mce := store.mce(SOURCE_TABLE) or 0) <= seen:  # the source cuts an epoch every interval
+            if time.monotonic() > deadline or source.failure() is not None:
+                raise click.ClickException(f"{SOURCE_TABLE} committed no epoch after ingesting its topic")
+            time.sleep(0.05)
+        return mce
+    finally:
+        probe.close()
 
 
 def _wait_caught_up(consumers: list[ViewConsumer], queries: list[StreamingQuery], targets: dict[str, int],
@@ -509,6 +503,7 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
         queries: list[StreamingQuery] = []
         tables: list[Table] = []
         workload: Workload | None = None
+        source: ChildProcess | None = None
         restarts: dict[str, int] = {}
         try:
             with _StopOnSignal() as stop:
@@ -519,13 +514,18 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     consumer = _view_consumer(settings, name, spark, client)
                     consumers.append(consumer)
                     queries.append(consumer.start())
-                tables = [Table.open(settings, name) for name in TABLES]
-                workload = Workload(tables[0], tables[1], rate, seed=time.time_ns())
+                source = ChildProcess.start(settings, ["run-source", SOURCE_TABLE], "run-source")
+                stops.append(source.stop)
+                tables = [Table.open(settings, name) for name in TABLES if name != SOURCE_TABLE]
+                database = DebeziumTopic(settings, SOURCE_TABLE, "id", rows=current_rows(settings, client,
+                                                                                         SOURCE_TABLE))
+                workload = Workload(database, tables[0], rate, seed=time.time_ns())
                 if not stop.requested.is_set():
                     workload.start()
                     until = "until Ctrl-C" if duration is None else f"for {duration:g} s"
-                    click.echo(f"Workload: about {rate} inserts/updates/deletes per second into t1 and t2, "
-                               f"{until}.", err=True)
+                    click.echo(f"Workload: about {rate} inserts/updates/deletes per second, {until}: t1's as "
+                               f"Debezium change events on topic {database.topic}, ingested by `mvlog run-source "
+                               f"t1` (log: {source.log_path}); t2's through the Table API.", err=True)
                 started = time.monotonic()
                 end = None if duration is None else started + duration
                 online_at = started + min(ONLINE_VIEW_AFTER_S, duration / 2 if duration is not None else 1e9)
@@ -549,6 +549,9 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     if workload.error is not None:
                         failure = f"the workload stopped: {workload.error}"
                         break
+                    if (gone := source.failure()) is not None:
+                        failure = f"mvlog run-source {SOURCE_TABLE} stopped ({gone}); see {source.log_path}"
+                        break
                     if now >= next_print:
                         next_print += interval
                         print_progress(snapshot(settings, client),
@@ -564,11 +567,13 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     # Commit the last writes now; the tables keep committing (empty) epochs, which the
                     # join needs to move past the other side's last epoch.
                     last = {table.entry.name: table.flush() for table in tables}
+                    last[SOURCE_TABLE] = _wait_ingested(settings, client, source, DRAIN_TIMEOUT_S)
                     targets = {"mv1": last["t1"], "mv2": last["t1"], "mv3": last["t1"],
                                "mvj": max(last["t1"], last["t2"]), ONLINE_VIEW[0]: last["t1"]}
                     click.echo("Waiting for the views to catch up with the last writes...", err=True)
                     caught_up = _wait_caught_up(consumers, queries, targets, DRAIN_TIMEOUT_S)
                     # The tables stop here; the views then follow them to their last (empty) epochs.
+                    source.stop()
                     for table in tables:
                         table.close()
                     if caught_up:
@@ -586,7 +591,7 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     reads = {name: registry.reads(name) for name in (*TABLES, "mv1")}
                     summary["read_from_cache"] = {name: {"cache": c, "kafka": k} for name, (c, k) in reads.items()}
                     if caught_up:
-                        summary.update(check_contents(settings, client))
+                        summary.update(check_contents(settings, client, database.rows))
                     elif failure is None:
                         click.echo(f"The views did not catch up within {DRAIN_TIMEOUT_S:.0f} s: contents not "
                                    "checked.", err=True)
