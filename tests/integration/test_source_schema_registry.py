@@ -12,6 +12,8 @@ effect the producer meant each message to have, at every committed epoch
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
 import random
 import urllib.error
@@ -29,7 +31,7 @@ from mvlog.config import Settings
 from mvlog.infra.local_stack import free_port
 from mvlog.infra.schema_registry import CCOMPAT_PATH, RegistryServer
 from mvlog.services.cli import main
-from tests.integration.test_source_avro import ORDER_KEY, ORDER_V1, ORDER_V2, ORDER_V3, AvroTopic
+from tests.integration.test_source_avro import ENVELOPE, ORDER_KEY, ORDER_V1, ORDER_V2, ORDER_V3, AvroTopic
 from tests.integration.test_source_tables import _no_stray_env as _no_stray_env  # the same clean environment
 from tests.integration.test_source_tables import (
     check_dead_letters,
@@ -149,6 +151,53 @@ def test_upsert_avro_through_a_real_schema_registry_with_an_added_field(
     assert committed_offsets(settings, "rorders", source.name, 3) == end_offsets(settings, source.name, 3)
     assert check_every_epoch(settings, "rorders", ("id",), source) >= 2
     assert check_dead_letters(settings, "rorders", source) == 1
+
+
+def test_debezium_avro_columns_from_the_registry_equals_the_fold(
+        settings: Settings, redis_client: redis.Redis, schema_registry: RegistryServer) -> None:
+    """debezium-avro: the columns come from the ``after`` record of the envelope the registry holds (a
+    record referenced by name in it); snapshot reads, inserts, updates and deletes (each followed by its
+    tombstone), all framed by Confluent's serializer with the registry's ids."""
+    source = AvroTopic(settings, f"{settings.topic_prefix}.db1.public.items")
+    register(schema_registry, f"{source.name}-key", ORDER_KEY)
+    register(schema_registry, f"{source.name}-value", ENVELOPE)
+    created = mvlog(settings, "create-table", "ritems", "-k", "id", "--from-topic", source.name,
+                    "--format", "debezium-avro", "--schema-registry", schema_registry.url)
+    assert created.exit_code == 0, created.output
+    assert "(id int primary key, price float, ok boolean, data bytes, at int, columns from the Avro" in created.stdout
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    keys, values = serializer(client, ORDER_KEY), serializer(client, ENVELOPE)
+    rng = random.Random(1813)
+    present: dict[int, dict[str, Any]] = {}
+    for i in range(600):
+        k = rng.randrange(30)
+        src = {"connector": "postgresql", "lsn": 5000 + 8 * i, "snapshot": "true" if i < 10 else "false"}
+        before = present.get(k)
+        effect: dict[str, Any] | None
+        if before is not None and rng.random() < 0.3:
+            event: dict[str, Any] = {"op": "d", "before": {"id": k}, "after": None, "source": src}
+            effect = None
+            del present[k]
+        else:
+            cents, at = rng.randrange(100000), 1732540000000 + rng.randrange(10**9)
+            after = {"id": k, "price": None if cents % 7 == 0 else decimal.Decimal(cents).scaleb(-2),
+                     "ok": rng.random() < 0.5, "data": rng.randbytes(3),
+                     "at": datetime.datetime.fromtimestamp(at / 1000, tz=datetime.UTC)}
+            event = {"op": "r" if i < 10 else "c" if before is None else "u", "before": before, "after": after,
+                     "source": src}
+            present[k] = after
+            effect = {**after, "price": None if after["price"] is None else cents / 100, "at": at}
+        key = keys({"id": k}, SerializationContext(source.name, MessageField.KEY))
+        value = values(event, SerializationContext(source.name, MessageField.VALUE))
+        assert key is not None and value is not None
+        source.send_raw(key, value, (k,), effect)
+        if effect is None:
+            source.send_raw(key, None, (k,), None)  # the tombstone: no change
+    source.flush()
+    run = mvlog(settings, "run-source", "ritems", "--until-caught-up")
+    assert run.exit_code == 0, run.output
+    assert table_rows(redis_client, settings, "ritems", ("id",)) == source.fold()
+    assert check_every_epoch(settings, "ritems", ("id",), source) >= 1
 
 
 def test_a_registered_schema_the_columns_cannot_take_stops_the_source(
