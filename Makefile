@@ -3,7 +3,8 @@
 #   make setup   ready a fresh clone: Debian packages (redis-server, a Java runtime, Maven) when missing,
 #                then .venv with mvlog installed in editable mode (strict) with its dev tools, then
 #                Apache Kafka's jars from Maven Central (infra/kafka/pom.xml) into ~/.cache/mvlog, and
-#                Kafka Connect's + Debezium's PostgreSQL connector's (infra/connect/pom.xml; the CDC test)
+#                Kafka Connect's + Debezium's PostgreSQL connector's (infra/connect/pom.xml; the CDC test),
+#                and Apicurio Registry (infra/registry/pom.xml; the Schema Registry test of Avro sources)
 #   make test    setup + lint (ruff, mypy) + the whole pytest suite (integration tests start their
 #                own Apache Kafka broker and redis-server on free loopback ports)
 #   make demo    setup + the demo
@@ -38,12 +39,12 @@ TEST_TIMEOUT ?= 600
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: help setup system-deps kafka connect lint test soak demo bench bench-peers up down purge clean
+.PHONY: help setup system-deps kafka connect registry lint test soak demo bench bench-peers up down purge clean
 
 help:
 	@awk '/^#/ { sub(/^# ?/, ""); print; next } { exit }' Makefile
 
-setup: system-deps $(STAMP) kafka connect
+setup: system-deps $(STAMP) kafka connect registry
 
 # Apache Kafka's jars (kafka_2.13, its run-time dependencies and a logging binding), resolved from Maven
 # Central by mvn into ~/.cache/mvlog/kafka-<version> (MVLOG_KAFKA_HOME), reused when present.
@@ -57,6 +58,13 @@ kafka: $(STAMP)
 connect: $(STAMP)
 	@"$(PY)" -c 'from mvlog.infra.kafka_connect import ensure_connect_jars; \
 		print(f"Kafka Connect + Debezium jars: {ensure_connect_jars()}")'
+
+# Apicurio Registry (a Schema Registry with Confluent's API; its Quarkus application, published whole on Maven
+# Central as a tar.gz), unpacked by mvn into ~/.cache/mvlog/apicurio-registry-<version> (MVLOG_SCHEMA_REGISTRY_HOME),
+# reused when present: the tests of Avro sources look their writer schemas up in it.
+registry: $(STAMP)
+	@"$(PY)" -c 'from mvlog.infra.schema_registry import ensure_registry_app; \
+		print(f"Apicurio Registry: {ensure_registry_app()}")'
 
 # Debian packages the stack needs: redis-server (the local stack's Redis), a Java runtime >= 17 (Spark and
 # Apache Kafka), maven (resolves Kafka's jars from Maven Central), postgresql (the CDC test's database;

@@ -1,9 +1,10 @@
 """JVM components from Maven Central: a small pom, its run-time dependencies copied by ``mvn`` into a cache
 folder outside the work tree, reused when present.
 
-Apache Kafka (``kafka/pom.xml``) and Kafka Connect with Debezium (``connect/pom.xml``) are resolved the
-same way; only their pom, their cache folder and what proves a folder complete differ. A resolution goes
-to ``<folder>.partial`` and is renamed when whole, so an interrupted one is never taken for a complete one.
+Apache Kafka (``kafka/pom.xml``), Kafka Connect with Debezium (``connect/pom.xml``) and Apicurio Registry
+(``registry/pom.xml``, an archive unpacked rather than jars copied) are resolved the same way; only their
+pom, their cache folder and what proves a folder complete differ. A resolution goes to ``<folder>.partial``
+and is renamed when whole, so an interrupted one is never taken for a complete one.
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ def cache_folder(env_var: str, name: str, environ: Mapping[str, str] = os.enviro
 
 
 def resolve_jars(pom: Path, home: Path, *, what: str, env_var: str,
-                 properties: Mapping[str, str] | None = None) -> Path:
-    """Copy ``pom``'s run-time dependencies into ``home/libs`` with ``mvn`` and return that folder.
+                 properties: Mapping[str, str] | None = None, unpack: bool = False, folder: str = "libs") -> Path:
+    """Copy ``pom``'s run-time dependencies into ``home/<folder>`` with ``mvn`` and return that folder.
     ``what`` names the component in messages; ``env_var`` is the setting that points at jars resolved
-    elsewhere; ``properties`` are passed to Maven as ``-Dname=value``."""
+    elsewhere; ``properties`` are passed to Maven as ``-Dname=value``. ``unpack``: run the pom's
+    ``dependency:unpack`` instead (an application published whole as an archive: its artifact items)."""
     mvn = shutil.which("mvn")
     if mvn is None:
         raise JarSetupError(f"{what}'s jars are not resolved yet and Maven is missing: install it "
@@ -49,9 +51,10 @@ def resolve_jars(pom: Path, home: Path, *, what: str, env_var: str,
                             "whose libs/ holds them.")
     partial = home.with_name(home.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    command = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", "-DincludeScope=runtime",
+    goal = ["dependency:unpack"] if unpack else ["dependency:copy-dependencies", "-DincludeScope=runtime"]
+    command = [mvn, "-q", "-B", "-f", str(pom), *goal,
                *(f"-D{name}={value}" for name, value in (properties or {}).items()),
-               f"-DoutputDirectory={partial / 'libs'}"]
+               f"-DoutputDirectory={partial / folder}"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise JarSetupError(f"Maven could not resolve {what} (`{' '.join(command)}`):\n"
@@ -59,4 +62,4 @@ def resolve_jars(pom: Path, home: Path, *, what: str, env_var: str,
     home.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(home, ignore_errors=True)
     partial.replace(home)  # whole or absent
-    return home / "libs"
+    return home / folder

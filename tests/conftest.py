@@ -20,6 +20,11 @@ Fixtures
     database. At teardown it deletes the keys that start with this test's ``topic_prefix``.
 ``own_redis`` (function)
     The URL of a redis-server of the test's own, without persistence, for tests that FLUSHALL it.
+``schema_registry`` (session)
+    A real Schema Registry: Apicurio Registry (:mod:`mvlog.infra.schema_registry`, from Maven Central by
+    ``make setup``) on a free port of 127.0.0.1, in-memory, started on first use and stopped when the session
+    ends. ``schema_registry.url`` is its Confluent-compatible API (``.../apis/ccompat/v7``). Tests share it:
+    name subjects from the test's ``topic_prefix``.
 ``make_settings`` (function)
     ``make_settings(**overrides)``: more :class:`Settings` on the same prefix (e.g. another view's
     process with other options).
@@ -46,6 +51,7 @@ import redis
 
 from mvlog.config import Settings
 from mvlog.infra.local_stack import LocalStack, find_redis_server, free_port, free_ports, kafka_answers, redis_answers
+from mvlog.infra.schema_registry import RegistryServer
 from tests.cdc_fixtures import debezium, postgres  # noqa: F401  (the CDC pipeline's fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -204,6 +210,16 @@ def own_redis(tmp_path: Path) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
+    """Apicurio Registry's Confluent API on a free loopback port, for the session (started on first use)."""
+    server = RegistryServer(tmp_path_factory.mktemp("schema-registry"), free_port()).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 oracle fold at every committed epoch, schema evolution (an added nullable field accepted, a changed type
 stopping the source at that message), bad records dead-lettered, and SIGKILLs of ``mvlog run-source``.
 
-Writer schemas come from ``.avsc`` files given to ``create-table --avro-schema ID=FILE`` (no Schema
-Registry runs here: see the README). Messages are encoded by fastavro's writer behind Confluent's framing
+Writer schemas come from ``.avsc`` files given to ``create-table --avro-schema ID=FILE`` (a real Schema
+Registry: ``test_source_schema_registry.py``). Messages are encoded by fastavro's writer behind Confluent's framing
 (byte 0, the 4-byte schema id), independently of the decoder under test; the oracle is the effect the
 producer meant each message to have (:class:`tests.integration.test_source_tables.SourceTopic`).
 """
