@@ -117,10 +117,12 @@ def fold_debezium_topic(settings: Settings, topic: str) -> dict[Any, dict[str, A
             if message is None:
                 continue
             assert message.error() is None, message.error()
-            positions[message.partition()] = message.offset() + 1
-            if message.value() is None:
+            partition, offset, value = message.partition(), message.offset(), message.value()
+            assert partition is not None and offset is not None
+            positions[partition] = offset + 1
+            if value is None:
                 continue  # the tombstone after a delete
-            event = json.loads(message.value())
+            event = json.loads(value)
             if event["op"] == "d":
                 rows.pop(event["before"]["id"], None)
             else:
