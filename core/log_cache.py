@@ -7,6 +7,11 @@ barrier names the previous committed epoch) every committed epoch in ``(floor, t
 So a range ``(after, upto]`` is fully served from memory iff ``floor <= after`` and ``upto <= tail``;
 below the floor the epochs were evicted (read them from Kafka), above the tail they are not there yet.
 
+An epoch too large to keep (over the byte bound, or over the worker's per-epoch budget) leaves a
+*hole*: the epochs before it stay, and a range that spans the hole is answered like an eviction whose
+floor is the hole (the reader takes everything up to it from Kafka, the rest from memory). So one large
+epoch costs its readers that epoch's range, not every epoch the cache held.
+
 Bounds are in bytes (over all upstreams) and in epochs (per upstream); whichever is reached first
 evicts the oldest epochs. Payloads are opaque (the worker stores Arrow record batches per partition),
 so this module stays pure and unit-testable.
@@ -26,7 +31,7 @@ T = TypeVar("T")
 
 class RangeStatus(StrEnum):
     HIT = "hit"  # every committed epoch of the range is in the cache
-    EVICTED = "evicted"  # the range starts below the floor: those epochs are in Kafka only
+    EVICTED = "evicted"  # the range starts below the floor (or spans a hole): up to the floor, Kafka only
     NOT_YET = "not_yet"  # the range ends above the tail: the cache has not aligned those epochs yet
     EMPTY = "empty"  # the cache holds nothing of this upstream
 
@@ -44,7 +49,7 @@ class CachedEpoch(Generic[T]):
 @dataclass(frozen=True)
 class RangeLookup(Generic[T]):
     status: RangeStatus
-    floor: int | None  # every committed epoch above it and up to ``tail`` is cached
+    floor: int | None  # every committed epoch above it and up to ``upto`` (up to ``tail`` unless EVICTED) is cached
     tail: int | None
     epochs: list[CachedEpoch[T]] = field(default_factory=list)  # the range's epochs when status is HIT
 
@@ -58,7 +63,13 @@ class _Run(Generic[T]):
     epochs: deque[CachedEpoch[T]] = field(default_factory=deque)
     numbers: deque[int] = field(default_factory=deque)  # epoch numbers, ascending, for bisect
     floor: int | None = None
+    holes: deque[int] = field(default_factory=deque)  # skipped epochs above the floor, ascending
+    last: int | None = None  # the newest committed epoch put or skipped: the tail
     nbytes: int = 0
+
+    @property
+    def tail(self) -> int | None:
+        return self.last if self.last is not None else self.floor
 
 
 class LogCache(Generic[T]):
@@ -78,8 +89,8 @@ class LogCache(Generic[T]):
     def put(self, upstream: str, epoch: CachedEpoch[T]) -> None:
         """Append the next committed epoch of ``upstream`` (its ``prev_epoch`` must be the tail).
 
-        An epoch larger than the whole byte bound is not kept: the run is emptied and restarts after it,
-        so readers of it go to Kafka and the bound holds.
+        An epoch larger than the whole byte bound is not kept: it is skipped (a hole, see :meth:`skip`),
+        so its readers go to Kafka and the bound holds.
         """
         if epoch.nbytes > self.max_bytes:
             self.skip(upstream, epoch.epoch, epoch.prev_epoch)
@@ -89,6 +100,7 @@ class LogCache(Generic[T]):
             run.floor = epoch.prev_epoch
         run.epochs.append(epoch)
         run.numbers.append(epoch.epoch)
+        run.last = epoch.epoch
         run.nbytes += epoch.nbytes
         self.nbytes += epoch.nbytes
         while len(run.epochs) > self.max_epochs:
@@ -97,16 +109,21 @@ class LogCache(Generic[T]):
             self._evict_oldest(self._oldest_upstream())
 
     def skip(self, upstream: str, epoch: int, prev_epoch: int) -> None:
-        """The next committed epoch of ``upstream`` is not kept (too large): the run is emptied and
-        restarts after it, so its readers go to Kafka."""
-        self._check_follows(upstream, epoch, prev_epoch)
-        self._drop_run(upstream)
-        self._runs[upstream] = _Run(floor=epoch)
+        """The next committed epoch of ``upstream`` is not kept (too large): a hole in the run, which
+        readers of a range across it take from Kafka up to it; the epochs before it stay (a run holding
+        none restarts after it)."""
+        run = self._check_follows(upstream, epoch, prev_epoch)
+        if run.epochs:
+            run.holes.append(epoch)
+            run.last = epoch
+        else:
+            run.floor, run.last = epoch, None
+            run.holes.clear()
         self.evicted_epochs += 1
 
     def _check_follows(self, upstream: str, epoch: int, prev_epoch: int) -> _Run[T]:
         run = self._runs.setdefault(upstream, _Run())
-        tail = run.numbers[-1] if run.numbers else run.floor
+        tail = run.tail
         if tail is not None and prev_epoch != tail:
             raise CacheError(f"{upstream}: epoch {epoch} follows {prev_epoch}, the cache's tail is {tail}")
         return run
@@ -129,6 +146,9 @@ class LogCache(Generic[T]):
         oldest = run.epochs.popleft()
         run.numbers.popleft()
         run.floor = oldest.epoch
+        # Holes right above the new floor go with it: the floor's successor is a cached epoch, or nothing.
+        while run.holes and (not run.numbers or run.holes[0] < run.numbers[0]):
+            run.floor = run.holes.popleft()
         run.nbytes -= oldest.nbytes
         self.nbytes -= oldest.nbytes
         self.evicted_epochs += 1
@@ -141,9 +161,7 @@ class LogCache(Generic[T]):
 
     def tail(self, upstream: str) -> int | None:
         run = self._runs.get(upstream)
-        if run is None:
-            return None
-        return run.numbers[-1] if run.numbers else run.floor
+        return run.tail if run is not None else None
 
     def epoch_count(self, upstream: str) -> int:
         run = self._runs.get(upstream)
@@ -157,11 +175,16 @@ class LogCache(Generic[T]):
         run = self._runs.get(upstream)
         if run is None or run.floor is None:
             return RangeLookup(RangeStatus.EMPTY, None, None)
-        tail = run.numbers[-1] if run.numbers else run.floor
+        tail = run.tail
+        assert tail is not None
         if after < run.floor:
             return RangeLookup(RangeStatus.EVICTED, run.floor, tail)
         if upto > tail:
             return RangeLookup(RangeStatus.NOT_YET, run.floor, tail)
+        # The newest hole in the range, if any: the epochs up to it are not all here.
+        hole = bisect.bisect_right(run.holes, upto)
+        if hole and run.holes[hole - 1] > after:
+            return RangeLookup(RangeStatus.EVICTED, run.holes[hole - 1], tail)
         # Bisect over the deque: its indexing walks blocks of 64 entries, cheap for a few thousand epochs.
         numbers = run.numbers
         low = bisect.bisect_right(numbers, after)

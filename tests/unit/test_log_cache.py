@@ -16,6 +16,28 @@ def _epoch(epoch: int, prev: int, nbytes: int) -> CachedEpoch[str]:
     return CachedEpoch(epoch, prev, {0: f"e{epoch}"}, nbytes)
 
 
+def read_like_a_reader(cache: LogCache[str], committed: list[int], upstream: str, after: int, upto: int
+                       ) -> list[int]:
+    """The epochs of ``(after, upto]`` as a reader collects them (connectors/log_cache_client.read_with_cache):
+    an eviction's range up to its floor from Kafka (``committed``), the rest from the cache, or from Kafka
+    once the cache does not have it yet."""
+    collected: list[int] = []
+    done = after
+    while done < upto:
+        found = cache.lookup(upstream, done, upto)
+        if found.status is RangeStatus.HIT:
+            assert [e.parts[0] for e in found.epochs] == [f"e{e.epoch}" for e in found.epochs]
+            return collected + [e.epoch for e in found.epochs]
+        if found.status is RangeStatus.NOT_YET:  # the reader waits, then reads the rest from Kafka
+            assert found.tail is not None and upto > found.tail
+            return collected + [e for e in committed if done < e <= upto]
+        assert found.status is RangeStatus.EVICTED and found.floor is not None and found.floor > done
+        reach = min(found.floor, upto)
+        collected += [e for e in committed if done < e <= reach]
+        done = reach
+    return collected
+
+
 @settings(max_examples=200, deadline=None)
 @given(max_bytes=st.integers(1, 400), max_epochs=st.integers(1, 12),
        writes=st.lists(st.tuples(st.sampled_from(UPSTREAMS), st.integers(1, 3), st.integers(0, 120)),
@@ -43,6 +65,7 @@ def test_bounds_hold_and_hits_are_exact(max_bytes: int, max_epochs: int, writes:
             assert [e.parts[0] for e in found.epochs] == [f"e{e}" for e in expected]
         elif found.status is RangeStatus.EVICTED:
             assert found.floor is not None and after < found.floor
+            assert read_like_a_reader(cache, committed[upstream], upstream, after, upto) == expected
         elif found.status is RangeStatus.NOT_YET:
             assert found.tail is not None and upto > found.tail
         else:
@@ -78,14 +101,31 @@ def test_byte_bound_evicts_the_globally_oldest_epoch() -> None:
     assert cache.lookup("a", 0, 3).status is RangeStatus.EVICTED
 
 
-def test_an_epoch_larger_than_the_bound_is_not_kept_and_the_run_restarts_after_it() -> None:
+def test_an_epoch_larger_than_the_bound_is_a_hole_the_epochs_before_it_stay() -> None:
     cache: LogCache[str] = LogCache(max_bytes=50, max_epochs=10)
     cache.put("u", _epoch(1, 0, 10))
     cache.put("u", _epoch(2, 1, 60))
-    assert cache.nbytes == 0 and cache.floor("u") == 2
-    assert cache.lookup("u", 1, 2).status is RangeStatus.EVICTED
+    assert cache.nbytes == 10 and (cache.floor("u"), cache.tail("u")) == (0, 2)
+    assert [e.epoch for e in cache.lookup("u", 0, 1).epochs] == [1]  # before the hole: still served
+    across = cache.lookup("u", 0, 2)
+    assert (across.status, across.floor) == (RangeStatus.EVICTED, 2)  # Kafka up to the hole, then the cache
     cache.put("u", _epoch(3, 2, 10))
     assert [e.epoch for e in cache.lookup("u", 2, 3).epochs] == [3]
+    assert cache.lookup("u", 1, 3).status is RangeStatus.EVICTED
+
+
+def test_a_skip_with_nothing_cached_restarts_the_run_after_it_and_eviction_passes_holes() -> None:
+    cache: LogCache[str] = LogCache(max_bytes=1000, max_epochs=2)
+    cache.skip("u", 1, 0)
+    assert (cache.floor("u"), cache.tail("u")) == (1, 1)
+    cache.put("u", _epoch(2, 1, 10))
+    cache.skip("u", 3, 2)
+    cache.skip("u", 4, 3)
+    cache.put("u", _epoch(5, 4, 10))
+    cache.put("u", _epoch(6, 5, 10))  # over max_epochs: epoch 2 goes, and the holes 3 and 4 with it
+    assert (cache.floor("u"), cache.tail("u")) == (4, 6)
+    assert [e.epoch for e in cache.lookup("u", 4, 6).epochs] == [5, 6]
+    assert cache.lookup("u", 3, 6).status is RangeStatus.EVICTED
 
 
 def test_a_gap_in_the_chain_is_refused() -> None:

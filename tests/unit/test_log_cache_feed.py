@@ -73,7 +73,9 @@ def test_an_epoch_over_the_budget_commits_and_the_cache_skips_it() -> None:
             # the complete epoch held for confirmation and the open one, each within the budget, and a run
             assert feed.held_bytes <= 2 * 4000 + 1000
     assert [e.epoch for e in committed] == [1, 2, 3] and skipped == [2]
-    assert cache.lookup("t1", 0, 3).status is RangeStatus.EVICTED  # epochs 1-2: from Kafka
+    across = cache.lookup("t1", 0, 3)
+    assert (across.status, across.floor) == (RangeStatus.EVICTED, 2)  # epochs 1-2 from Kafka, 3 from memory
+    assert [e.epoch for e in cache.lookup("t1", 0, 1).epochs] == [1]  # the epoch before the hole stays
     hit = cache.lookup("t1", 2, 3)
     assert hit.status is RangeStatus.HIT and [e.epoch for e in hit.epochs] == [3]
     assert len(feed._open) <= 1  # only epoch 4's attempt, complete and held for confirmation
