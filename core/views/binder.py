@@ -19,6 +19,7 @@ from mvlog.views.expr import (
     AggregateCall,
     AggregateFunction,
     AggregateRef,
+    Between,
     Binary,
     BinaryOp,
     Case,
@@ -27,6 +28,7 @@ from mvlog.views.expr import (
     ColumnRef,
     Expr,
     GroupRef,
+    InList,
     IsNull,
     Literal,
     Negate,
@@ -59,7 +61,7 @@ _OPERATOR_NAMES: dict[type[exp.Expr], str] = {
     exp.Mod: "operator %", exp.IntDiv: "operator DIV", exp.NullSafeEQ: "operator <=>",
     exp.NullSafeNEQ: "operator IS DISTINCT FROM", exp.DPipe: "operator ||", exp.BitwiseAnd: "operator &",
     exp.BitwiseOr: "operator |", exp.BitwiseXor: "operator ^", exp.BitwiseNot: "operator ~",
-    exp.Like: "LIKE", exp.ILike: "ILIKE", exp.RegexpLike: "RLIKE", exp.Between: "BETWEEN", exp.In: "IN",
+    exp.Like: "LIKE", exp.ILike: "ILIKE", exp.RegexpLike: "RLIKE", exp.Between: "BETWEEN SYMMETRIC", exp.In: "IN",
     exp.Distinct: "DISTINCT", exp.Star: "*", exp.Interval: "INTERVAL", exp.HexString: "hex literal",
     exp.Xor: "XOR",
 }
@@ -295,6 +297,10 @@ class Binder:
                 return IsNull(self._bind(node.this, ctx), negated=False)
             raise self.parsed.unsupported(f"IS {fragment(node.expression).upper()}", node,
                                           hint="only IS NULL and IS NOT NULL are supported")
+        if isinstance(node, exp.Between) and not node.args.get("symmetric"):
+            return self._between(node, ctx)
+        if isinstance(node, exp.In) and self._is_value_list(node):
+            return self._in_list(node, ctx)
         if isinstance(node, exp.Case):
             return self._case(node, ctx)
         if isinstance(node, exp.Coalesce):
@@ -390,6 +396,37 @@ class Binder:
         for operand in operands:
             if operand.type not in (ColumnType.BOOLEAN, None):
                 raise self._type_error(node, f"{what} needs booleans, got {_type_name(operand.type)}")
+
+    def _between(self, node: exp.Between, ctx: _Context) -> Expr:
+        operand, low, high = (self._bind(node.args[name], ctx) for name in ("this", "low", "high"))
+        try:
+            kind = common_type([operand.type, low.type, high.type])
+        except IncompatibleTypes:
+            raise self._type_error(node, f"BETWEEN cannot compare {_type_name(operand.type)} with "
+                                         f"{_type_name(low.type)} and {_type_name(high.type)}") from None
+        if kind is None:
+            return Literal(None, ColumnType.BOOLEAN)
+        return Between(coerce(operand, kind), coerce(low, kind), coerce(high, kind),
+                       operand.nullable or low.nullable or high.nullable)
+
+    @staticmethod
+    def _is_value_list(node: exp.In) -> bool:
+        """``x IN (v, ...)``: no subquery (a semi join, planned from WHERE), no UNNEST, no field."""
+        return bool(node.expressions) and not any(node.args.get(name) for name in ("query", "unnest", "field"))
+
+    def _in_list(self, node: exp.In, ctx: _Context) -> Expr:
+        operand = self._bind(node.this, ctx)
+        values = [self._bind(value, ctx) for value in node.expressions]
+        try:
+            kind = common_type([operand.type, *(v.type for v in values)])
+        except IncompatibleTypes:
+            types = ", ".join(dict.fromkeys(_type_name(v.type) for v in values))
+            raise self._type_error(node, f"IN cannot compare {_type_name(operand.type)} with a list of "
+                                         f"{types}") from None
+        if kind is None:
+            return Literal(None, ColumnType.BOOLEAN)
+        return InList(coerce(operand, kind), tuple(coerce(v, kind) for v in values),
+                      operand.nullable or any(v.nullable for v in values))
 
     def _case(self, node: exp.Case, ctx: _Context) -> Expr:
         subject = self._bind(node.this, ctx) if node.this is not None else None

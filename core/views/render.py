@@ -25,6 +25,7 @@ from mvlog.views.expr import (
     AggregateCall,
     AggregateFunction,
     AggregateRef,
+    Between,
     Binary,
     BinaryOp,
     Call,
@@ -34,6 +35,7 @@ from mvlog.views.expr import (
     ColumnRef,
     Expr,
     GroupRef,
+    InList,
     IsNull,
     Literal,
     Negate,
@@ -229,6 +231,13 @@ def render_expr(expr: Expr, query: Query) -> exp.Expr:
         case IsNull(operand=operand, negated=negated):
             test = exp.Is(this=_paren(render_expr(operand, query)), expression=exp.Null())
             return exp.Not(this=exp.Paren(this=test)) if negated else test
+        case Between(operand=operand, low=low, high=high):
+            return exp.Paren(this=exp.Between(this=_paren(render_expr(operand, query)),
+                                              low=_paren(render_expr(low, query)),
+                                              high=_paren(render_expr(high, query))))
+        case InList(operand=operand, values=values):
+            return exp.Paren(this=exp.In(this=_paren(render_expr(operand, query)),
+                                         expressions=[render_expr(v, query) for v in values]))
         case Case(whens=whens, default=default):
             case = exp.Case()
             for condition, result in whens:
