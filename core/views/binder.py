@@ -72,8 +72,8 @@ def window_end(size: int) -> Expr:
     return Binary(BinaryOp.ADD, WindowStart(), Literal(size, ColumnType.INT), ColumnType.INT, False)
 
 
-FUNCTIONS_HINT = ("the functions are coalesce, lower, upper, concat, instr, split_part, regexp_extract, "
-                  "date_format, hour, minute, and count, sum, min, max, avg")
+FUNCTIONS_HINT = ("the functions are coalesce, lower, upper, concat, length, replace, instr, split_part, "
+                  "regexp_extract, date_format, hour, minute, and count, sum, min, max, avg")
 
 
 class IncompatibleTypes(Exception):  # noqa: N818 - internal signal, never shown to users
