@@ -232,6 +232,8 @@ class Binder:
         if ctx.aggregating:
             if isinstance(node, exp.AggFunc):
                 return self._aggregate(node, ctx)
+            if isinstance(node, exp.Filter) and isinstance(node.this, exp.AggFunc):
+                return self._aggregate(node.this, ctx, node)
             if not any(isinstance(n, exp.AggFunc) for n in node.walk()):
                 bound = self._bind(node, _Context(ctx.clause))
                 groups = list(ctx.groups or ())
@@ -305,7 +307,7 @@ class Binder:
             return self._case(node, ctx)
         if isinstance(node, exp.Coalesce):
             return self._coalesce(node, ctx)
-        if kind in _AGGREGATES:
+        if kind in _AGGREGATES or (isinstance(node, exp.Filter) and type(node.this) in _AGGREGATES):
             where = "another aggregate" if ctx.clause.startswith("the argument") else ctx.clause
             raise ViewDefinitionError(f"aggregate function {self.describe(node)} is not allowed in {where}")
         call = bind_function(node, lambda arg: self._bind(arg, ctx), self.describe)
@@ -462,7 +464,8 @@ class Binder:
             return Literal(None, None)
         return Coalesce(tuple(coerce(a, kind) for a in args), kind, all(a.nullable for a in args))
 
-    def _aggregate(self, node: exp.AggFunc, ctx: _Context) -> Expr:
+    def _aggregate(self, node: exp.AggFunc, ctx: _Context, filtered: exp.Filter | None = None) -> Expr:
+        """An aggregate call (with ``filtered``, the FILTER (WHERE ...) node around it)."""
         function = _AGGREGATES.get(type(node))
         if function is None:
             raise self._refuse(node)
@@ -484,11 +487,23 @@ class Binder:
                 raise ViewDefinitionError(f"{name} needs a column or expression: {self.describe(node)}")
             arg = self._bind(target, _Context(f"the argument of {name}"))
             result = self._aggregate_type(node, function, arg)
-        call = AggregateCall(function, arg, result)
+        condition = self._aggregate_filter(filtered) if filtered is not None else None
+        call = AggregateCall(function, arg, result, condition)
         assert ctx.aggregates is not None
         if call not in ctx.aggregates:
             ctx.aggregates.append(call)
         return AggregateRef(ctx.aggregates.index(call), result, call.nullable)
+
+    def _aggregate_filter(self, node: exp.Filter) -> Expr:
+        """The condition of ``agg(...) FILTER (WHERE condition)``: over one input row, like WHERE."""
+        where = node.expression
+        if not isinstance(where, exp.Where):
+            raise self.parsed.unsupported("FILTER without WHERE", node, "FILTER")
+        condition = self._bind(where.this, _Context("FILTER (WHERE ...)"))
+        if condition.type not in (ColumnType.BOOLEAN, None):
+            raise self._type_error(where.this, f"FILTER (WHERE ...) needs a boolean, this is "
+                                               f"{_type_name(condition.type)}")
+        return coerce(condition, ColumnType.BOOLEAN)
 
     def _aggregate_type(self, node: exp.Expr, function: AggregateFunction, arg: Expr) -> ColumnType:
         if function in (AggregateFunction.COUNT, AggregateFunction.COUNT_DISTINCT):

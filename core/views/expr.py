@@ -209,6 +209,8 @@ class AggregateCall:
     function: AggregateFunction
     arg: Expr | None  # None for count(*)
     type: ColumnType
+    # ``FILTER (WHERE condition)``: only rows the condition is true for are aggregated (NULL: not true).
+    filter: Expr | None = None
 
     @property
     def nullable(self) -> bool:

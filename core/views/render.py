@@ -256,12 +256,18 @@ def render_expr(expr: Expr, query: Query) -> exp.Expr:
 
 
 def _aggregate(call: AggregateCall, query: Query) -> exp.Expr:
+    node: exp.Expr
     if call.function is AggregateFunction.COUNT_ROWS:
-        return exp.Count(this=exp.Star())
-    assert call.arg is not None
-    if call.function in _DISTINCT:
-        return _DISTINCT[call.function](this=exp.Distinct(expressions=[render_expr(call.arg, query)]))
-    return _AGGREGATES[call.function](this=render_expr(call.arg, query))
+        node = exp.Count(this=exp.Star())
+    elif call.function in _DISTINCT:
+        assert call.arg is not None
+        node = _DISTINCT[call.function](this=exp.Distinct(expressions=[render_expr(call.arg, query)]))
+    else:
+        assert call.arg is not None
+        node = _AGGREGATES[call.function](this=render_expr(call.arg, query))
+    if call.filter is not None:
+        node = exp.Filter(this=node, expression=exp.Where(this=render_expr(call.filter, query)))
+    return node
 
 
 def _literal(value: object, kind: ColumnType | None) -> exp.Expr:
