@@ -10,6 +10,12 @@ are exactly representable.
 A global aggregate (no GROUP BY) always has one row, as in SQL (count 0, other aggregates NULL over no
 rows); its state is kept even when empty so the operator knows the row was already emitted.
 
+``agg(x) FILTER (WHERE c)`` is kept as ``agg(CASE WHEN c THEN x END)`` (``count(*) FILTER (WHERE c)`` as
+``count(CASE WHEN c THEN 1 END)``): every aggregate skips NULLs, so that is the same value, and its state
+is the state of any other call (a count and a sum, or a multiset of the rows the condition is true for),
+which retractions update alike. The view's SQL keeps the FILTER clause (``render``), so the oracle checks
+this rewriting too.
+
 HAVING filters the rows, not the state: a group whose HAVING turns false keeps its state and its row is
 retracted; when it turns true again the row is emitted anew. ``SELECT DISTINCT`` is planned as a GROUP BY
 of the selected expressions with no aggregate calls.
@@ -29,7 +35,7 @@ from mvlog.row_schema import ColumnType, Key, Row
 from mvlog.views.batch import WEIGHT
 from mvlog.views.errors import InconsistentChanges
 from mvlog.views.evaluate import aggregate_field, arrow_type, evaluate, group_field
-from mvlog.views.expr import AggregateFunction, Expr
+from mvlog.views.expr import AggregateCall, AggregateFunction, Case, Expr, Literal
 from mvlog.views.query import Query
 from mvlog.views.state import StateReader
 from mvlog.views.state_codec import GROUP_TAG, decode_value, dumps, encode_key, encode_value, key_value, loads
@@ -69,13 +75,26 @@ class GroupState:
         return self.rows >= 0 and counts_ok and all(c > 0 for m in self.multisets for c in m.values())
 
 
+def unfiltered(call: AggregateCall) -> AggregateCall:
+    """``call`` without its FILTER clause: the same aggregate of the argument where the condition is true,
+    NULL elsewhere (``count(*)`` becoming a count of such an argument)."""
+    if call.filter is None:
+        return call
+    function, arg = call.function, call.arg
+    if function is AggregateFunction.COUNT_ROWS:
+        function, arg = AggregateFunction.COUNT, Literal(1, ColumnType.INT)
+    assert arg is not None
+    guarded = Case(((call.filter, arg),), Literal(None, arg.type), arg.type, True)
+    return AggregateCall(function, guarded, call.type)
+
+
 class AggregateStage:
     """Turns a filtered batch of signed rows into the changes of the groups it touches."""
 
     def __init__(self, query: Query) -> None:
         self.query = query
         self.group_types = [g.type for g in query.group_by]
-        self.calls = query.aggregates
+        self.calls = tuple(unfiltered(call) for call in query.aggregates)
         extremes: list[Expr] = []
         self.multiset_of: dict[int, int] = {}  # aggregate call index -> multiset index
         for index, call in enumerate(self.calls):

@@ -25,6 +25,7 @@ def referenced_columns(query: Query) -> set[tuple[int, str]]:
     """(side, column) pairs the query's expressions read."""
     exprs = [o.expr for o in query.outputs] + list(query.group_by)
     exprs += [call.arg for call in query.aggregates if call.arg is not None]
+    exprs += [call.filter for call in query.aggregates if call.filter is not None]
     if query.where is not None:
         exprs.append(query.where)
     if query.window is not None:

@@ -19,6 +19,7 @@ from mvlog.views.expr import (
     AggregateCall,
     AggregateFunction,
     AggregateRef,
+    Between,
     Binary,
     BinaryOp,
     Case,
@@ -27,6 +28,7 @@ from mvlog.views.expr import (
     ColumnRef,
     Expr,
     GroupRef,
+    InList,
     IsNull,
     Literal,
     Negate,
@@ -59,7 +61,7 @@ _OPERATOR_NAMES: dict[type[exp.Expr], str] = {
     exp.Mod: "operator %", exp.IntDiv: "operator DIV", exp.NullSafeEQ: "operator <=>",
     exp.NullSafeNEQ: "operator IS DISTINCT FROM", exp.DPipe: "operator ||", exp.BitwiseAnd: "operator &",
     exp.BitwiseOr: "operator |", exp.BitwiseXor: "operator ^", exp.BitwiseNot: "operator ~",
-    exp.Like: "LIKE", exp.ILike: "ILIKE", exp.RegexpLike: "RLIKE", exp.Between: "BETWEEN", exp.In: "IN",
+    exp.Like: "LIKE", exp.ILike: "ILIKE", exp.RegexpLike: "RLIKE", exp.Between: "BETWEEN SYMMETRIC", exp.In: "IN",
     exp.Distinct: "DISTINCT", exp.Star: "*", exp.Interval: "INTERVAL", exp.HexString: "hex literal",
     exp.Xor: "XOR",
 }
@@ -70,8 +72,8 @@ def window_end(size: int) -> Expr:
     return Binary(BinaryOp.ADD, WindowStart(), Literal(size, ColumnType.INT), ColumnType.INT, False)
 
 
-FUNCTIONS_HINT = ("the functions are coalesce, lower, upper, concat, instr, split_part, regexp_extract, "
-                  "date_format, hour, minute, and count, sum, min, max, avg")
+FUNCTIONS_HINT = ("the functions are coalesce, lower, upper, concat, length, replace, instr, split_part, "
+                  "regexp_extract, date_format, hour, minute, and count, sum, min, max, avg")
 
 
 class IncompatibleTypes(Exception):  # noqa: N818 - internal signal, never shown to users
@@ -230,6 +232,8 @@ class Binder:
         if ctx.aggregating:
             if isinstance(node, exp.AggFunc):
                 return self._aggregate(node, ctx)
+            if isinstance(node, exp.Filter) and isinstance(node.this, exp.AggFunc):
+                return self._aggregate(node.this, ctx, node)
             if not any(isinstance(n, exp.AggFunc) for n in node.walk()):
                 bound = self._bind(node, _Context(ctx.clause))
                 groups = list(ctx.groups or ())
@@ -295,11 +299,15 @@ class Binder:
                 return IsNull(self._bind(node.this, ctx), negated=False)
             raise self.parsed.unsupported(f"IS {fragment(node.expression).upper()}", node,
                                           hint="only IS NULL and IS NOT NULL are supported")
+        if isinstance(node, exp.Between) and not node.args.get("symmetric"):
+            return self._between(node, ctx)
+        if isinstance(node, exp.In) and self._is_value_list(node):
+            return self._in_list(node, ctx)
         if isinstance(node, exp.Case):
             return self._case(node, ctx)
         if isinstance(node, exp.Coalesce):
             return self._coalesce(node, ctx)
-        if kind in _AGGREGATES:
+        if kind in _AGGREGATES or (isinstance(node, exp.Filter) and type(node.this) in _AGGREGATES):
             where = "another aggregate" if ctx.clause.startswith("the argument") else ctx.clause
             raise ViewDefinitionError(f"aggregate function {self.describe(node)} is not allowed in {where}")
         call = bind_function(node, lambda arg: self._bind(arg, ctx), self.describe)
@@ -391,6 +399,37 @@ class Binder:
             if operand.type not in (ColumnType.BOOLEAN, None):
                 raise self._type_error(node, f"{what} needs booleans, got {_type_name(operand.type)}")
 
+    def _between(self, node: exp.Between, ctx: _Context) -> Expr:
+        operand, low, high = (self._bind(node.args[name], ctx) for name in ("this", "low", "high"))
+        try:
+            kind = common_type([operand.type, low.type, high.type])
+        except IncompatibleTypes:
+            raise self._type_error(node, f"BETWEEN cannot compare {_type_name(operand.type)} with "
+                                         f"{_type_name(low.type)} and {_type_name(high.type)}") from None
+        if kind is None:
+            return Literal(None, ColumnType.BOOLEAN)
+        return Between(coerce(operand, kind), coerce(low, kind), coerce(high, kind),
+                       operand.nullable or low.nullable or high.nullable)
+
+    @staticmethod
+    def _is_value_list(node: exp.In) -> bool:
+        """``x IN (v, ...)``: no subquery (a semi join, planned from WHERE), no UNNEST, no field."""
+        return bool(node.expressions) and not any(node.args.get(name) for name in ("query", "unnest", "field"))
+
+    def _in_list(self, node: exp.In, ctx: _Context) -> Expr:
+        operand = self._bind(node.this, ctx)
+        values = [self._bind(value, ctx) for value in node.expressions]
+        try:
+            kind = common_type([operand.type, *(v.type for v in values)])
+        except IncompatibleTypes:
+            types = ", ".join(dict.fromkeys(_type_name(v.type) for v in values))
+            raise self._type_error(node, f"IN cannot compare {_type_name(operand.type)} with a list of "
+                                         f"{types}") from None
+        if kind is None:
+            return Literal(None, ColumnType.BOOLEAN)
+        return InList(coerce(operand, kind), tuple(coerce(v, kind) for v in values),
+                      operand.nullable or any(v.nullable for v in values))
+
     def _case(self, node: exp.Case, ctx: _Context) -> Expr:
         subject = self._bind(node.this, ctx) if node.this is not None else None
         whens: list[tuple[Expr, Expr]] = []
@@ -425,7 +464,8 @@ class Binder:
             return Literal(None, None)
         return Coalesce(tuple(coerce(a, kind) for a in args), kind, all(a.nullable for a in args))
 
-    def _aggregate(self, node: exp.AggFunc, ctx: _Context) -> Expr:
+    def _aggregate(self, node: exp.AggFunc, ctx: _Context, filtered: exp.Filter | None = None) -> Expr:
+        """An aggregate call (with ``filtered``, the FILTER (WHERE ...) node around it)."""
         function = _AGGREGATES.get(type(node))
         if function is None:
             raise self._refuse(node)
@@ -447,11 +487,23 @@ class Binder:
                 raise ViewDefinitionError(f"{name} needs a column or expression: {self.describe(node)}")
             arg = self._bind(target, _Context(f"the argument of {name}"))
             result = self._aggregate_type(node, function, arg)
-        call = AggregateCall(function, arg, result)
+        condition = self._aggregate_filter(filtered) if filtered is not None else None
+        call = AggregateCall(function, arg, result, condition)
         assert ctx.aggregates is not None
         if call not in ctx.aggregates:
             ctx.aggregates.append(call)
         return AggregateRef(ctx.aggregates.index(call), result, call.nullable)
+
+    def _aggregate_filter(self, node: exp.Filter) -> Expr:
+        """The condition of ``agg(...) FILTER (WHERE condition)``: over one input row, like WHERE."""
+        where = node.expression
+        if not isinstance(where, exp.Where):
+            raise self.parsed.unsupported("FILTER without WHERE", node, "FILTER")
+        condition = self._bind(where.this, _Context("FILTER (WHERE ...)"))
+        if condition.type not in (ColumnType.BOOLEAN, None):
+            raise self._type_error(where.this, f"FILTER (WHERE ...) needs a boolean, this is "
+                                               f"{_type_name(condition.type)}")
+        return coerce(condition, ColumnType.BOOLEAN)
 
     def _aggregate_type(self, node: exp.Expr, function: AggregateFunction, arg: Expr) -> ColumnType:
         if function in (AggregateFunction.COUNT, AggregateFunction.COUNT_DISTINCT):

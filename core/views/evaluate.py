@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from mvlog.row_schema import ColumnType
 from mvlog.views.expr import (
     AggregateRef,
+    Between,
     Binary,
     BinaryOp,
     Call,
@@ -28,6 +29,7 @@ from mvlog.views.expr import (
     ColumnRef,
     Expr,
     GroupRef,
+    InList,
     IsNull,
     Literal,
     Negate,
@@ -119,6 +121,15 @@ def _eval(expr: Expr, batch: pa.Table) -> Datum:
         case IsNull(operand=operand, negated=negated):
             value = _eval(operand, batch)
             return pc.is_valid(value) if negated else pc.is_null(value)
+        case Between(operand=operand, low=low, high=high):
+            value = _eval(operand, batch)
+            return pc.and_kleene(pc.greater_equal(value, _eval(low, batch)), pc.less_equal(value, _eval(high, batch)))
+        case InList(operand=operand, values=values):
+            value = _eval(operand, batch)
+            found = pc.equal(value, _eval(values[0], batch))
+            for other in values[1:]:  # three-valued: TRUE on a match, else NULL if a NULL was compared
+                found = pc.or_kleene(found, pc.equal(value, _eval(other, batch)))
+            return found
         case Case(whens=whens, default=default, type=kind):
             return _case(whens, default, arrow_type(kind), batch)
         case Coalesce(args=args):

@@ -126,6 +126,38 @@ class IsNull:
 
 
 @dataclass(frozen=True)
+class Between:
+    """``operand BETWEEN low AND high``: ``operand >= low AND operand <= high`` in three-valued logic
+    (NULL when either comparison is NULL and neither is false); ``NOT BETWEEN`` is ``Not(Between)``.
+    A node of its own, not the two comparisons, so the rendered SQL says BETWEEN and the oracle
+    checks the engines' BETWEEN against the operator's."""
+
+    operand: Expr
+    low: Expr
+    high: Expr
+    nullable: bool
+
+    @property
+    def type(self) -> ColumnType | None:
+        return ColumnType.BOOLEAN
+
+
+@dataclass(frozen=True)
+class InList:
+    """``operand IN (v1, v2, ...)`` over a list of values (not a subquery: that is a semi join): TRUE if
+    the operand equals one, else NULL if the operand or any value is NULL, else FALSE, as in SQL (so
+    ``NOT IN`` a list holding a NULL is never true); ``NOT IN`` is ``Not(InList)``."""
+
+    operand: Expr
+    values: tuple[Expr, ...]
+    nullable: bool
+
+    @property
+    def type(self) -> ColumnType | None:
+        return ColumnType.BOOLEAN
+
+
+@dataclass(frozen=True)
 class Case:
     """``CASE WHEN c1 THEN v1 ... ELSE d END``; a condition that is NULL counts as false."""
 
@@ -177,6 +209,8 @@ class AggregateCall:
     function: AggregateFunction
     arg: Expr | None  # None for count(*)
     type: ColumnType
+    # ``FILTER (WHERE condition)``: only rows the condition is true for are aggregated (NULL: not true).
+    filter: Expr | None = None
 
     @property
     def nullable(self) -> bool:
@@ -224,8 +258,8 @@ class Call:
     nullable: bool
 
 
-Expr = (ColumnRef | Literal | Binary | Not | Negate | IsNull | Case | Coalesce | Cast | GroupRef | AggregateRef
-        | RowNumber | WindowStart | Call)
+Expr = (ColumnRef | Literal | Binary | Not | Negate | IsNull | Between | InList | Case | Coalesce | Cast | GroupRef
+        | AggregateRef | RowNumber | WindowStart | Call)
 
 
 def children(expr: Expr) -> Iterator[Expr]:
@@ -236,6 +270,13 @@ def children(expr: Expr) -> Iterator[Expr]:
             yield right
         case Not(operand=operand) | Negate(operand=operand) | IsNull(operand=operand) | Cast(operand=operand):
             yield operand
+        case Between(operand=operand, low=low, high=high):
+            yield operand
+            yield low
+            yield high
+        case InList(operand=operand, values=values):
+            yield operand
+            yield from values
         case Case(whens=whens, default=default):
             for condition, value in whens:
                 yield condition

@@ -8,6 +8,8 @@ operator computes:
 - ``a % b`` / ``mod(a, b)`` (int or float; the sign of ``a``, as Java and C), ``a DIV b`` (ints, truncated);
   a zero divisor gives NULL, as ``/`` does;
 - ``lower(s)``, ``upper(s)``, ``concat(s, ...)`` / ``s || t`` (strings; NULL if any argument is NULL),
+  ``length(s)`` / ``char_length(s)`` / ``character_length(s)`` (characters, not bytes), ``replace(s, search[,
+  replacement])`` (every non-overlapping occurrence, left to right; an empty search changes nothing),
   ``instr(s, sub)`` (1-based, 0 if absent), ``split_part(s, delimiter, n)`` (n >= 1, '' past the end),
   ``regexp_extract(s, pattern, group)`` ('' without a match; write patterns in the common subset of
   Java's, RE2's and Python's syntax);
@@ -70,6 +72,17 @@ def bind_function(node: exp.Expr, bind: Bind, describe: Callable[[exp.Expr], str
     if isinstance(node, exp.Lower | exp.Upper):
         (arg,) = strings(node.this)
         return Call(node.key.lower(), (arg,), ColumnType.STRING, arg.nullable)
+    if isinstance(node, exp.Length):
+        if node.args.get("binary") or node.args.get("encoding") is not None:
+            return None
+        (arg,) = strings(node.this)
+        return Call("length", (arg,), ColumnType.INT, arg.nullable)
+    if isinstance(node, exp.Replace):
+        replacement = node.args.get("replacement")
+        args = strings(node.this, node.expression, *([replacement] if replacement is not None else []))
+        if replacement is None:  # Spark's two-argument form removes the occurrences
+            args.append(Literal("", ColumnType.STRING))
+        return Call("replace", tuple(args), ColumnType.STRING, any(a.nullable for a in args))
     if isinstance(node, exp.Concat | exp.DPipe):
         parts = list(node.expressions) if isinstance(node, exp.Concat) else [node.this, node.expression]
         args = strings(*parts)
@@ -154,6 +167,14 @@ def evaluate_call(call: Call, args: Sequence[Any], rows: int) -> Any:
         return pc.utf8_upper(args[0])
     if name == "concat":
         return pc.binary_join_element_wise(*args, "")
+    if name == "length":
+        return pc.cast(pc.utf8_length(args[0]), pa.int64())  # code points, as Spark's and DuckDB's length
+    if name == "replace":
+        search, replacement = call.args[1:]
+        if isinstance(search, Literal) and isinstance(replacement, Literal) and search.value \
+                and replacement.value is not None:
+            return pc.replace_substring(args[0], str(search.value), str(replacement.value))
+        return _rows(lambda s, old, new: s.replace(old, new) if old else s, args, rows, pa.string())
     if name == "instr":
         return _rows(lambda s, sub: s.find(sub) + 1, args, rows, pa.int64())
     if name == "split_part":
@@ -214,6 +235,10 @@ def render_call(call: Call, args: Sequence[exp.Expr]) -> exp.Expr:
         for arg in args[1:]:
             node = exp.DPipe(this=_paren(node), expression=_paren(arg), safe=True)
         return exp.Paren(this=node)
+    if name == "length":
+        return exp.Length(this=args[0])
+    if name == "replace":
+        return exp.Replace(this=args[0], expression=args[1], replacement=args[2])
     if name == "instr":
         return exp.StrPosition(this=args[0], substr=args[1])
     if name == "split_part":

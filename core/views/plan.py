@@ -171,7 +171,8 @@ def _plan(parsed: ParsedSelect, name: str, upstreams: Mapping[str, RowSchema], s
     where = binder.condition(where_node, "WHERE") if where_node is not None else None
     items = list(parsed.select.expressions)
     group_clause = parsed.select.args.get("group")
-    group_nodes = list(group_clause.expressions) if isinstance(group_clause, exp.Group) else []
+    # ``GROUP BY (window(...))`` is ``GROUP BY window(...)``: parentheses around one expression change nothing.
+    group_nodes = [_unparen(n) for n in group_clause.expressions] if isinstance(group_clause, exp.Group) else []
     having_clause = parsed.select.args.get("having")
     having_node = having_clause.this if isinstance(having_clause, exp.Having) else None
     is_aggregate = bool(group_nodes) or having_node is not None or any(
@@ -378,6 +379,12 @@ def _aggregate_outputs(parsed: ParsedSelect, binder: Binder, items: list[exp.Exp
         node, name = _named(item, position)
         outputs.append(OutputColumn(name, binder.output_expr(node, group_by, aggregates)))
     return tuple(group_by), tuple(aggregates), outputs
+
+
+def _unparen(node: exp.Expr) -> exp.Expr:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
 
 
 def _is_window_call(node: exp.Expr) -> bool:

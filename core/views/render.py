@@ -25,6 +25,7 @@ from mvlog.views.expr import (
     AggregateCall,
     AggregateFunction,
     AggregateRef,
+    Between,
     Binary,
     BinaryOp,
     Call,
@@ -34,6 +35,7 @@ from mvlog.views.expr import (
     ColumnRef,
     Expr,
     GroupRef,
+    InList,
     IsNull,
     Literal,
     Negate,
@@ -229,6 +231,13 @@ def render_expr(expr: Expr, query: Query) -> exp.Expr:
         case IsNull(operand=operand, negated=negated):
             test = exp.Is(this=_paren(render_expr(operand, query)), expression=exp.Null())
             return exp.Not(this=exp.Paren(this=test)) if negated else test
+        case Between(operand=operand, low=low, high=high):
+            return exp.Paren(this=exp.Between(this=_paren(render_expr(operand, query)),
+                                              low=_paren(render_expr(low, query)),
+                                              high=_paren(render_expr(high, query))))
+        case InList(operand=operand, values=values):
+            return exp.Paren(this=exp.In(this=_paren(render_expr(operand, query)),
+                                         expressions=[render_expr(v, query) for v in values]))
         case Case(whens=whens, default=default):
             case = exp.Case()
             for condition, result in whens:
@@ -247,12 +256,18 @@ def render_expr(expr: Expr, query: Query) -> exp.Expr:
 
 
 def _aggregate(call: AggregateCall, query: Query) -> exp.Expr:
+    node: exp.Expr
     if call.function is AggregateFunction.COUNT_ROWS:
-        return exp.Count(this=exp.Star())
-    assert call.arg is not None
-    if call.function in _DISTINCT:
-        return _DISTINCT[call.function](this=exp.Distinct(expressions=[render_expr(call.arg, query)]))
-    return _AGGREGATES[call.function](this=render_expr(call.arg, query))
+        node = exp.Count(this=exp.Star())
+    elif call.function in _DISTINCT:
+        assert call.arg is not None
+        node = _DISTINCT[call.function](this=exp.Distinct(expressions=[render_expr(call.arg, query)]))
+    else:
+        assert call.arg is not None
+        node = _AGGREGATES[call.function](this=render_expr(call.arg, query))
+    if call.filter is not None:
+        node = exp.Filter(this=node, expression=exp.Where(this=render_expr(call.filter, query)))
+    return node
 
 
 def _literal(value: object, kind: ColumnType | None) -> exp.Expr:

@@ -95,7 +95,7 @@ def seed_sql(plan: ViewPlan, table: str, dialect: str = "spark") -> str:
 
     items: list[exp.Expr] = [exp.alias_(g.copy(), group_column(i), quoted=True) for i, g in enumerate(groups)]
     items.append(exp.alias_(exp.Count(this=exp.Star()), ROWS, quoted=True))
-    for index, call in enumerate(query.aggregates):
+    for index, call in enumerate(stage.calls):  # FILTER clauses as the operator keeps them (``unfiltered``)
         if call.arg is None or call.function not in _COUNTED:
             continue
         arg = render_expr(call.arg, query)

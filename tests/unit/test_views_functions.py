@@ -43,6 +43,23 @@ def test_string_functions(all_epochs):
     ], all_epochs)
 
 
+@SETTINGS
+@given(epochs("t2"))
+def test_length_and_replace(all_epochs):
+    """Characters, not bytes (``é`` is two bytes); q14's count of a character as a difference of lengths."""
+    run_views([
+        ("lengths", "SELECT id, length(tag) AS n, char_length(concat(tag, 'é', tag)) AS chars, "
+                    "character_length(concat(tag, tag, 'xy')) AS n3, length('') AS empty, "
+                    "replace(concat(tag, 'cc', tag), 'c', '') AS no_c, replace(concat(tag, 'aaa'), 'aa', 'b') AS once, "
+                    "replace(concat(tag, 'é'), 'é') AS two_args, replace(tag, '', 'x') AS empty_search, "
+                    "replace(concat('a', tag), tag, upper(tag)) AS by_column, "
+                    "length(concat(tag, 'cbc')) - length(replace(concat(tag, 'cbc'), 'c', '')) AS c_count "
+                    "FROM t2 WHERE length(tag) BETWEEN 1 AND 3 OR tag IS NULL"),
+        ("by_length", "SELECT length(concat(tag, tag)) AS n, count(*) AS rows FROM t2 "
+                      "GROUP BY length(concat(tag, tag))"),
+    ], all_epochs)
+
+
 @pytest.mark.parametrize(("sql", "problem"), [
     ("SELECT date_format(v1, 'yyyy-MM-dd EEE') AS d FROM t1", "pattern of the letters yyyy, MM, dd"),
     ("SELECT date_format(v2, 'yyyy') AS d FROM t1", "event time is an int of epoch milliseconds"),
@@ -52,6 +69,8 @@ def test_string_functions(all_epochs):
     ("SELECT regexp_extract(s, '(a', 1) AS p FROM t1", "does not compile"),
     ("SELECT regexp_extract(s, '(a)', 2) AS p FROM t1", "has 1 group"),
     ("SELECT lower(v1) AS l FROM t1", "needs strings"),
+    ("SELECT length(v1) AS l FROM t1", "length needs strings, got int"),
+    ("SELECT replace(s, 1, 'x') AS r FROM t1", "replace needs strings, got int"),
     ("SELECT v2 DIV 2 AS d FROM t1", "DIV needs ints"),
     ("SELECT s % 2 AS m FROM t1", "% needs numbers"),
 ])

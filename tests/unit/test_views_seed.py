@@ -39,6 +39,9 @@ VIEWS = [
     "SELECT count(DISTINCT v2) AS nf, avg(DISTINCT v1) AS av FROM t1 HAVING count(*) > 3",
     "SELECT window.start AS ws, window.end AS we, s, count(*) AS n, max(v2) AS top FROM t1 "
     "GROUP BY window(v1, '3 milliseconds', '1 millisecond'), s",
+    "SELECT s, count(*) FILTER (WHERE v1 < 0) AS low, count(DISTINCT v2) FILTER (WHERE v1 BETWEEN 0 AND 2) AS nv, "
+    "sum(v1) FILTER (WHERE deleted) AS total, avg(v2) FILTER (WHERE v1 IN (1, 2)) AS mean, "
+    "max(v1) FILTER (WHERE v2 > 0) AS hi FROM t1 WHERE length(s) = 1 OR s IS NULL GROUP BY s",
 ]
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -28,6 +28,8 @@ def test_tumbling_and_hopping_windows(all_epochs):
         ("by_id", "SELECT deleted, window.end - 1 AS last, count(*) AS n FROM t1 "
                   "GROUP BY deleted, window(id, '4 milliseconds', '2 milliseconds')"),
         ("on_windows", "SELECT count(*) AS windows, sum(n) AS rows FROM hopping"),  # a view on a windowed view
+        ("parenthesized", "SELECT window.end AS we, max(v1) AS top FROM t1 "
+                          "GROUP BY (window(v1, '2 milliseconds'))"),  # as Nexmark q7 writes it
     ], all_epochs)
 
 
