@@ -52,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import redis
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from mvlog.config import Settings
@@ -88,6 +88,7 @@ _PREFETCH_PARTITION_BYTES = 256 * 1024  # max.partition.fetch.bytes: one partiti
 # and fetches again as soon as the queue drains.
 _PREFETCH_BACKOFF_MS = 5
 _FIRST_PACE_S = 50e-6  # an epoch's work per message assumed before one is measured (loaded 2-core machine: 25-35)
+_PARTITIONS_CHECK_S = 10.0  # how often a running ingester asks whether the topic gained partitions
 _DLQ_HEADROOM = 8192  # bytes under the producer's record limit kept for a dead letter's key and headers
 
 
@@ -274,6 +275,7 @@ class SourceIngester:
         interval = self.settings.barrier_interval_ms / 1000
         pace = self.pace
         next_cut = time.monotonic() + interval
+        next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
         taken, work_s = 0, 0.0  # messages of the epoch being read, and the seconds spent applying them
         try:
             while not stop.is_set():
@@ -293,6 +295,9 @@ class SourceIngester:
                     if self.commit(idle=True) is not None and taken:
                         pace.observe(taken, work_s + time.monotonic() - started)
                     taken, work_s = 0, 0.0
+                    if time.monotonic() >= next_partitions_check:
+                        self.follow_new_partitions()
+                        next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
                     next_cut = time.monotonic() + interval
                     if until_caught_up and not messages and self.caught_up():
                         break
@@ -470,6 +475,26 @@ class SourceIngester:
         self.progress.epochs += 1
         self.progress.last_epoch = committed.epoch
         return committed.epoch
+
+    def follow_new_partitions(self) -> list[int]:
+        """Start reading the partitions added to the topic since this ingester started (an operator's
+        ``kafka-topics --alter --partitions``), from their committed offsets or their beginning: a
+        producer may write to them at once, and nothing it writes there may be missed. Returns them."""
+        try:
+            topic = self._consumer.list_topics(self.spec.topic, timeout=5.0).topics.get(self.spec.topic)
+        except KafkaException as error:  # asked again at the next check
+            log.warning("%s: the partitions of %s could not be listed: %s", self.name, self.spec.topic, error)
+            return []
+        if topic is None or topic.error is not None or len(topic.partitions) <= self._partition_count:
+            return []  # a topic that is gone is reported by the consumer's own error
+        added = list(range(self._partition_count, len(topic.partitions)))
+        committed = self._consumer.committed([TopicPartition(self.spec.topic, p) for p in added], 30.0)
+        self._consumer.incremental_assign([TopicPartition(self.spec.topic, tp.partition,
+                                                          tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+                                           for tp in committed])
+        self._partition_count = len(topic.partitions)
+        log.info("%s: %s gained partition(s) %s; reading them from their start", self.name, self.spec.topic, added)
+        return added
 
     def caught_up(self) -> bool:
         """Every partition read to its end (the high watermark at this moment)."""

@@ -28,7 +28,7 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # type: ignore[attr-defined]
 from prometheus_client import generate_latest
 
 from mvlog.config import Settings
@@ -520,6 +520,47 @@ def test_an_idle_and_a_lagging_partition_do_not_hold_epochs_back(settings: Setti
     assert worst < 8.0, f"live messages waited up to {worst:.2f} s (p50 {p50:.2f} s)"
     report(f"idle + lagging partitions: {len(commits)} epochs, longest cut {max(gaps):.2f} s (interval {interval} s); "
            f"live partition 0 while a 30k backlog was read: p50 {p50:.2f} s, max {worst:.2f} s")
+
+
+def test_partitions_added_while_the_source_runs_are_read_from_their_start(settings: Settings,
+                                                                         redis_client: redis.Redis) -> None:
+    """An operator adds partitions to a source topic while `run-source` runs, and a producer writes to them
+    at once: the running ingester starts reading them (from their first message), nothing is missed."""
+    source = SourceTopic(settings, f"{settings.topic_prefix}.grown", partitions=1)
+    create_source_table(settings, "grown", {"id": "int", "v": "int"}, ["id"], source.name, "upsert-json",
+                        client=redis_client)
+    for k in range(40):
+        source.send({"id": k}, {"id": k, "v": k}, (k,), {"id": k, "v": k})
+    source.flush()
+    stop = threading.Event()
+
+    def table_is(expected: dict[Key, Any], what: str) -> None:
+        deadline = time.monotonic() + 60
+        while table_rows(redis_client, settings, "grown", ("id",)) != expected:
+            assert runner.is_alive(), "the ingester stopped"
+            assert time.monotonic() < deadline, f"the table never held {what}"
+            time.sleep(0.1)
+
+    with SourceIngester(settings, "grown", redis_client) as ingester:
+        runner = threading.Thread(target=ingester.run, args=(stop,), daemon=True)
+        runner.start()
+        try:
+            table_is(source.fold(), "partition 0's messages")
+            admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+            admin.create_partitions([NewPartitions(source.name, 3)])[source.name].result(30)
+            deadline = time.monotonic() + 30
+            while len(source.producer.list_topics(source.name, 10).topics[source.name].partitions) < 3:
+                assert time.monotonic() < deadline, "the producer never saw the new partitions"
+                time.sleep(0.1)
+            for k in range(40, 100):  # to the new partitions, updates of old keys among them
+                key = k if k % 3 else k - 40
+                source.send({"id": key}, {"id": key, "v": k}, (key,), {"id": key, "v": k}, partition=1 + k % 2)
+            source.flush()
+            table_is(source.fold(), "the new partitions' messages")
+        finally:
+            stop.set()
+            runner.join(60)
+    assert committed_offsets(settings, "grown", source.name, 3) == end_offsets(settings, source.name, 3)
 
 
 def test_sigkilled_run_source_loses_and_doubles_nothing(settings: Settings, redis_client: redis.Redis,
