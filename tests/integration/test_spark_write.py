@@ -13,15 +13,19 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 
 from mvlog.config import Settings
+from mvlog.connectors.redis_keys import view_key
 from mvlog.connectors.view_store import ViewStore
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import decode_row
@@ -31,6 +35,7 @@ from tests.integration.independent_consumer import read_topic
 COLUMNS = {"id": "int", "name": "string", "score": "float", "flag": "boolean"}
 DDL = "id BIGINT, name STRING, score DOUBLE, flag BOOLEAN"
 Rows = dict[Key, dict[str, Any]]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def generate(rng: random.Random, ids: list[int]) -> list[dict[str, Any]]:
@@ -145,7 +150,7 @@ def write_file(folder: Path, index: int, rows: list[dict[str, Any]]) -> None:
     tmp.rename(path)
 
 
-def test_streaming_write_stopped_and_replayed_commits_each_batch_once(
+def test_streaming_write_replayed_and_killed_commits_each_batch_once(
         spark: Any, make_settings: Callable[..., Settings], redis_client: redis.Redis, tmp_path: Path) -> None:
     settings = make_settings()
     Table.create(settings, "s", COLUMNS, ["id"]).close()
@@ -172,21 +177,34 @@ def test_streaming_write_stopped_and_replayed_commits_each_batch_once(
     query.processAllAvailable()
     query.stop()
     # A crash after the sink committed batch 2 and before Spark's commit log said so: Spark replays it.
-    last = checkpoint / "commits" / "2"
-    assert last.is_file()
-    last.unlink()
+    (checkpoint / "commits" / "2").unlink()
     (checkpoint / "commits" / ".2.crc").unlink(missing_ok=True)
-
-    add_files(4)
     query = start()
-    deadline = time.monotonic() + 60
-    while not any(p["batchId"] >= 3 for p in query.recentProgress) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    query.processAllAvailable()
+    query.stop()
     replayed = [p["batchId"] for p in query.recentProgress]
     assert 2 in replayed, f"Spark did not replay batch 2: {replayed}"
-    query.stop()  # mid-run: files are left for the next start
 
-    add_files(2)
+    # The driver (JVM, Python workers and all) SIGKILLed mid-run, at a random moment after batch 4.
+    add_files(4)
+    hint = view_key(settings.topic_prefix, "s", "spark-batches")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")}
+    env.update(settings.to_env())
+    with (tmp_path / "driver.log").open("wb") as log:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.processes.spark_stream_writer", "s", str(inputs),
+             str(checkpoint), DDL], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while int(cast(bytes, redis_client.hget(hint, str(checkpoint)) or b"-1:0").split(b":")[0]) < 4:
+            assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the driver committed no batch 4 in 90 s"
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0, 2))
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(30)
+
     query = start()
     query.processAllAvailable()
     query.stop()
