@@ -131,9 +131,15 @@ def test_batch_append_overwrite_and_refusals(spark: Any, settings: Settings, red
             .option("topicPrefix", settings.topic_prefix).mode("append").save()
     assert same(table_rows(redis_client, settings, "t"), oracle)
 
+    write(spark, settings, [], "overwrite")  # an empty DataFrame: every row deleted, in one epoch
+    oracle = {}
+    expected.append({})
+    modes.append("overwrite")
+    assert table_rows(redis_client, settings, "t") == {}
+
     batches = committed_batches(settings, redis_client, "t")
     assert [payload["mode"] for payload, _ in batches] == modes, "one epoch per write, refused ones none"
-    assert len({payload["writer"] for payload, _ in batches}) == 3
+    assert len({payload["writer"] for payload, _ in batches}) == 4
     for (_, folded), want in zip(batches, expected, strict=True):
         assert same(folded, want)
     leftovers = list(redis_client.scan_iter(match=f"{settings.topic_prefix}:*spark-stage*"))
