@@ -32,7 +32,8 @@ Design (rows move executors -> Redis -> driver, never through Spark's task resul
    barriers of the changelog's partition 0 from a hint kept in Redis, counting only epochs the epoch
    index holds, so an epoch abandoned by a crash between Kafka and Redis does not count); ``b`` at or
    below it is a replay after a crash and is skipped. The writer is named by the ``writerId`` option, else
-   by the query's ``checkpointLocation`` (stable across restarts of the query, unlike its run id).
+   by the query's ``checkpointLocation`` and the query id its ``metadata`` file holds (stable across
+   restarts of the query, unlike its run id; a new checkpoint at the same path is a new writer).
 
 Memory: executors hold one record batch; the driver's commit holds the batch's rows, folded by key (the
 pending writes of one ``Table`` epoch), plus one staged record batch. A batch larger than the driver's
@@ -45,11 +46,13 @@ of a root table's epochs), so it imports that service module.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import pyarrow as pa
@@ -364,9 +367,27 @@ def batch_writer(settings: Settings, entry: CatalogEntry, schema: StructType, ov
     return _BatchWriter(_target(settings, entry, schema, overwrite, options))
 
 
+def _query_id(checkpoint: str) -> str | None:
+    """The streaming query's id from its checkpoint's ``metadata`` file (``{"id": ...}``, written when
+    the query is first started, kept across restarts), when the checkpoint is on a local file system."""
+    path = Path(checkpoint.removeprefix("file:")) / "metadata"
+    try:
+        line = path.read_text().splitlines()[0]
+        return str(json.loads(line)["id"])
+    except (OSError, IndexError, ValueError, KeyError, TypeError):
+        return None
+
+
 def stream_writer(settings: Settings, entry: CatalogEntry, schema: StructType, overwrite: bool,
                   options: Any) -> DataSourceStreamArrowWriter:
-    writer = options.get("writerId") or options.get("checkpointLocation") or options.get("checkpointlocation")
+    """The writer's name is ``writerId``, else ``checkpointLocation`` plus the query's id found there:
+    a checkpoint deleted and started afresh at the same path numbers its batches from 0 again, and
+    must not be taken for a replay of the old query's batches."""
+    writer = options.get("writerId")
+    checkpoint = options.get("checkpointLocation") or options.get("checkpointlocation")
+    if not writer and checkpoint:
+        query = _query_id(str(checkpoint))
+        writer = f"{checkpoint}#{query}" if query else checkpoint
     if not writer:
         raise SparkWriteError(f"table {entry.name}: a streaming write needs the option writerId or "
                               "checkpointLocation: it names the writer whose batches are committed once")

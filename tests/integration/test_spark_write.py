@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,7 +157,12 @@ def write_file(folder: Path, index: int, rows: list[dict[str, Any]]) -> None:
     tmp.rename(path)
 
 
-def test_streaming_write_replayed_and_killed_commits_each_batch_once(
+def last_batch(hint: Any) -> int:
+    """The batch the Spark write's hint in Redis names (-1 before any): ``{writer: b"batch:epoch"}``."""
+    return max((int(value.split(b":")[0]) for value in cast(dict[bytes, bytes], hint).values()), default=-1)
+
+
+def test_streaming_write_replayed_killed_and_restarted_commits_each_batch_once(
         spark: Any, make_settings: Callable[..., Settings], redis_client: redis.Redis, tmp_path: Path) -> None:
     settings = make_settings()
     Table.create(settings, "s", COLUMNS, ["id"]).close()
@@ -194,6 +200,7 @@ def test_streaming_write_replayed_and_killed_commits_each_batch_once(
     # The driver (JVM, Python workers and all) SIGKILLed mid-run, at a random moment after batch 4.
     add_files(4)
     hint = view_key(settings.topic_prefix, "s", "spark-batches")
+    assert last_batch(redis_client.hgetall(hint)) == 2
     env = {k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")}
     env.update(settings.to_env())
     with (tmp_path / "driver.log").open("wb") as log:
@@ -202,7 +209,7 @@ def test_streaming_write_replayed_and_killed_commits_each_batch_once(
              str(checkpoint), DDL], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
-        while int(cast(bytes, redis_client.hget(hint, str(checkpoint)) or b"-1:0").split(b":")[0]) < 4:
+        while last_batch(redis_client.hgetall(hint)) < 4:
             assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the driver committed no batch 4 in 90 s"
             time.sleep(0.05)
@@ -214,6 +221,16 @@ def test_streaming_write_replayed_and_killed_commits_each_batch_once(
     query = start()
     query.processAllAvailable()
     query.stop()
+    killed_run = len(files)
+
+    # A new checkpoint at the same path numbers its batches from 0 again: a new writer, nothing skipped.
+    shutil.rmtree(checkpoint)
+    inputs = tmp_path / "in2"
+    inputs.mkdir()
+    add_files(2)
+    query = start()
+    query.processAllAvailable()
+    query.stop()
 
     oracle: Rows = {}
     expected: list[Rows] = []
@@ -222,8 +239,11 @@ def test_streaming_write_replayed_and_killed_commits_each_batch_once(
         expected.append(dict(oracle))
     assert same(table_rows(redis_client, settings, "s"), oracle)
     batches = committed_batches(settings, redis_client, "s")
-    assert [payload["batch"] for payload, _ in batches] == list(range(len(files))), \
+    assert [payload["batch"] for payload, _ in batches] == [*range(killed_run), 0, 1], \
         "each micro-batch is one epoch, none twice, none lost"
-    assert len({payload["writer"] for payload, _ in batches}) == 1, "the writer keeps its name across restarts"
+    writers = [payload["writer"] for payload, _ in batches]
+    assert len(set(writers[:killed_run])) == 1, "the writer keeps its name across restarts"
+    assert writers[killed_run] == writers[-1] != writers[0], "a new checkpoint is a new writer"
+    assert writers[0].startswith(f"{checkpoint}#")
     for index, ((_, folded), want) in enumerate(zip(batches, expected, strict=True)):
         assert same(folded, want), f"batch {index}"
