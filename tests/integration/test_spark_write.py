@@ -247,3 +247,4 @@ def test_streaming_write_replayed_killed_and_restarted_commits_each_batch_once(
     assert writers[0].startswith(f"{checkpoint}#")
     for index, ((_, folded), want) in enumerate(zip(batches, expected, strict=True)):
         assert same(folded, want), f"batch {index}"
+
