@@ -7,6 +7,9 @@ range itself: from the Faust log cache when a worker holds those epochs (found t
 over HTTP as Arrow IPC), else from Kafka (``assign()``, no consumer group) from the barrier before the
 range to the range's last barrier.
 
+Writing into a table (``df.write`` / ``df.writeStream`` with option ``table``) is
+:mod:`mvlog.connectors.spark_sink`.
+
 Options (modelled on Spark's Kafka source):
 
 ================== ======================================================================
@@ -37,7 +40,14 @@ from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Consumer, Message, TopicPartition
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
 from pyspark.sql.types import StructType
 
 from mvlog.catalog import CatalogEntry
@@ -302,7 +312,8 @@ def _parse_epoch(value: str | None, default: str, latest: int) -> int:
 
 
 class MvlogDataSource(DataSource):
-    """``spark.read.format("mvlog").option("view", "mv1").load()``"""
+    """``spark.read.format("mvlog").option("view", "mv1").load()``; writes into tables with
+    ``df.write.format("mvlog").option("table", "t1")`` (:mod:`mvlog.connectors.spark_sink`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -310,14 +321,15 @@ class MvlogDataSource(DataSource):
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
-        if "view" not in self.options:
-            raise ValueError("the mvlog data source needs the option 'view'")
+        name = self.options.get("view") or self.options.get("table")
+        if not name:
+            raise ValueError("the mvlog data source needs the option 'view' (reads) or 'table' (reads and writes)")
         overrides: dict[str, Any] = {k: v for k, v in (("bootstrap_servers", self.options.get("bootstrapServers")),
                                        ("redis_url", self.options.get("redisUrl")),
                                        ("topic_prefix", self.options.get("topicPrefix"))) if v}
         self.settings = load_settings(**overrides)
         client = redis_client.connect(self.settings)
-        self.entry = CatalogStore(self.settings, client).get(self.options["view"])
+        self.entry = CatalogStore(self.settings, client).get(name)
 
     def schema(self) -> str:
         return spark_schema_ddl(self.entry.schema)
@@ -327,6 +339,18 @@ class MvlogDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 (Spark API)
         return _StreamReader(self.settings, self.entry, self.options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """``df.write.format("mvlog").option("table", ...)``: see :mod:`mvlog.connectors.spark_sink`."""
+        from mvlog.connectors.spark_sink import batch_writer
+
+        return batch_writer(self.settings, self.entry, schema, overwrite, self.options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802 (Spark API)
+        """``df.writeStream.format("mvlog")``: one epoch per micro-batch, see :mod:`mvlog.connectors.spark_sink`."""
+        from mvlog.connectors.spark_sink import stream_writer
+
+        return stream_writer(self.settings, self.entry, schema, overwrite, self.options)
 
 
 class _BatchReader(DataSourceReader):

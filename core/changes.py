@@ -80,6 +80,7 @@ class Mutation:
 
     kind: str  # add_downstream | drop_downstream | pause | resume | apply_replacement | schema_change
     #   | backfill_progress (a chunked backfill's committed positions, see mvlog.backfill_record)
+    #   | source_offsets (mvlog.source_offsets) | spark_batch (mvlog.spark_batch_record)
     target: str
     payload: Mapping[str, Any] = field(default_factory=dict)
 

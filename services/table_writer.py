@@ -34,6 +34,7 @@ from mvlog.record_limits import change_event_bytes, row_fits, surely_fitting_tex
 from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType, FieldError, Key, Row, RowSchema
 from mvlog.schemas.codec import (
     change_tail,
+    decode_key,
     decode_row,
     encode_change_rows,
     encode_key,
@@ -330,6 +331,25 @@ class Table:
         self._raise_background_error()
         with self._lock:
             self._pending.update(changes)
+
+    def delete_unwritten(self) -> int:
+        """Queue a delete of every committed row whose key no queued write touches: the queued writes
+        then replace the table's rows (a Spark ``mode("overwrite")``). Reads the committed keys from
+        Redis a batch at a time (HSCAN), so its memory is the queued writes plus one batch. Returns how
+        many deletes it queued. Call it under the same caller that commits next (no epoch in between)."""
+        self._raise_background_error()
+        self._ensure_serving_state()
+        columns = self.entry.key_columns
+        with self._lock:
+            written = {encode_key(columns, key) for key in self._pending}
+        gone: dict[Key, Row | None] = {}
+        for kb, _ in self.store.scan_rows(self.entry.name):
+            if kb not in written:
+                gone[decode_key(columns, kb)] = _DELETED
+        with self._lock:
+            for key in gone:
+                self._pending.setdefault(key, _DELETED)
+        return len(gone)
 
     @property
     def text_limit(self) -> int:
