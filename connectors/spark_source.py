@@ -8,7 +8,8 @@ over HTTP as Arrow IPC), else from Kafka (``assign()``, no consumer group) from 
 range to the range's last barrier.
 
 Writing into a table (``df.write`` / ``df.writeStream`` with option ``table``) is
-:mod:`mvlog.connectors.spark_sink`.
+:mod:`mvlog.services.spark_sink`, whose subclass of :class:`MvlogDataSource` adds the writers (they
+commit through the table's writer, a service) and is the one Spark sessions register.
 
 Options (modelled on Spark's Kafka source):
 
@@ -40,14 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Consumer, Message, TopicPartition
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    DataSourceStreamReader,
-    DataSourceStreamWriter,
-    DataSourceWriter,
-    InputPartition,
-)
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from mvlog.catalog import CatalogEntry
@@ -312,8 +306,8 @@ def _parse_epoch(value: str | None, default: str, latest: int) -> int:
 
 
 class MvlogDataSource(DataSource):
-    """``spark.read.format("mvlog").option("view", "mv1").load()``; writes into tables with
-    ``df.write.format("mvlog").option("table", "t1")`` (:mod:`mvlog.connectors.spark_sink`)."""
+    """``spark.read.format("mvlog").option("view", "mv1").load()`` (``option("table", ...)`` too); the
+    writers are added by :class:`mvlog.services.spark_sink.MvlogDataSource`."""
 
     @classmethod
     def name(cls) -> str:
@@ -339,18 +333,6 @@ class MvlogDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 (Spark API)
         return _StreamReader(self.settings, self.entry, self.options)
-
-    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        """``df.write.format("mvlog").option("table", ...)``: see :mod:`mvlog.connectors.spark_sink`."""
-        from mvlog.connectors.spark_sink import batch_writer
-
-        return batch_writer(self.settings, self.entry, schema, overwrite, self.options)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802 (Spark API)
-        """``df.writeStream.format("mvlog")``: one epoch per micro-batch, see :mod:`mvlog.connectors.spark_sink`."""
-        from mvlog.connectors.spark_sink import stream_writer
-
-        return stream_writer(self.settings, self.entry, schema, overwrite, self.options)
 
 
 class _BatchReader(DataSourceReader):

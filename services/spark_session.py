@@ -8,8 +8,8 @@ import sys
 from pyspark.sql import SparkSession
 
 from mvlog.config import Settings
-from mvlog.connectors.spark_source import MvlogDataSource
 from mvlog.infra.local_stack import LOOPBACK
+from mvlog.services.spark_sink import MvlogDataSource
 
 
 def spark_session(settings: Settings, app_name: str = "mvlog") -> SparkSession:

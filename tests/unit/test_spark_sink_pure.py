@@ -8,9 +8,9 @@ from pyspark.sql.types import BinaryType, DoubleType, LongType, StringType, Stru
 
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Barrier
-from mvlog.connectors.spark_sink import SparkWriteError, check_columns
 from mvlog.row_schema import RowSchema
 from mvlog.schemas.codec import decode_barrier, encode_barrier
+from mvlog.services.spark_sink import SparkWriteError, check_columns
 from mvlog.spark_batch_record import SparkBatch, spark_batch_mutation, spark_batch_of
 
 ENTRY = CatalogEntry("t", "table", RowSchema.of({"id": "int", "v": "float", "s": "string"}, ["id"]), 3)

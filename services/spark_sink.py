@@ -39,8 +39,9 @@ Memory: executors hold one record batch; the driver's commit holds the batch's r
 pending writes of one ``Table`` epoch), plus one staged record batch. A batch larger than the driver's
 memory must be split into several writes (several epochs).
 
-This connector commits through the table writer of :mod:`mvlog.services.table_writer` (the one writer
-of a root table's epochs), so it imports that service module.
+It commits through the table writer of :mod:`mvlog.services.table_writer` (the one writer of a root
+table's epochs), so it is a service: its :class:`MvlogDataSource` is the reading data source of
+:mod:`mvlog.connectors.spark_source` plus these writers, and is the one Spark sessions register.
 """
 
 from __future__ import annotations
@@ -58,7 +59,13 @@ from typing import Any, cast
 import pyarrow as pa
 import redis
 from confluent_kafka import TopicPartition
-from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -75,7 +82,7 @@ from pyspark.sql.types import (
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
+from mvlog.connectors import redis_client, spark_source
 from mvlog.connectors.changelog_reader import reader_consumer
 from mvlog.connectors.changelog_writer import ConsumedInput
 from mvlog.connectors.redis_keys import view_key
@@ -85,7 +92,8 @@ from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
 from mvlog.services.table_writer import RowValidationError, Table
 from mvlog.spark_batch_record import SparkBatch, spark_batch_mutation, spark_batch_of
 
-__all__ = ["SparkWriteError", "StagedPartition", "WriteTarget", "batch_writer", "committed_batch", "stream_writer"]
+__all__ = ["MvlogDataSource", "SparkWriteError", "StagedPartition", "WriteTarget", "batch_writer", "committed_batch",
+           "stream_writer"]
 
 log = logging.getLogger(__name__)
 
@@ -392,3 +400,14 @@ def stream_writer(settings: Settings, entry: CatalogEntry, schema: StructType, o
         raise SparkWriteError(f"table {entry.name}: a streaming write needs the option writerId or "
                               "checkpointLocation: it names the writer whose batches are committed once")
     return _StreamWriter(_target(settings, entry, schema, overwrite, options), str(writer))
+
+
+class MvlogDataSource(spark_source.MvlogDataSource):
+    """``format("mvlog")``: the reads of :class:`mvlog.connectors.spark_source.MvlogDataSource`, and
+    writes into a table (``option("table", ...)``, see the module doc)."""
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return batch_writer(self.settings, self.entry, schema, overwrite, self.options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802 (Spark API)
+        return stream_writer(self.settings, self.entry, schema, overwrite, self.options)
