@@ -10,8 +10,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Self
 
 _PR_SET_PDEATHSIG = 1
 
@@ -27,3 +30,48 @@ def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None] 
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig))
 
     return arm
+
+
+class ServerProcess:
+    """A server the tests run as a child (a JVM: Kafka Connect, the schema registry), logging to
+    :attr:`log_file`: the log's tail for error messages, and a stop that asks before it kills.
+    Subclasses (dataclasses) hold ``process`` and define :meth:`start`."""
+
+    process: subprocess.Popen[bytes] | None
+
+    @property
+    def log_file(self) -> Path:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown (what a crash does)."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(30)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (the server shuts down cleanly), SIGKILL after ``timeout``."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(30)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mvlog.infra.child_processes import die_with_parent
+from mvlog.infra.child_processes import ServerProcess, die_with_parent
 from mvlog.infra.kafka_broker import find_java, kafka_version
 from mvlog.infra.maven_jars import JarSetupError, cache_folder, pom_property, resolve_jars
 
@@ -102,7 +102,7 @@ logger.dbz.level = info
 
 
 @dataclass
-class ConnectWorker:
+class ConnectWorker(ServerProcess):
     """A Kafka Connect standalone worker in ``folder`` running one connector (``connector`` properties).
 
     ``schemas`` sets the JSON converter's ``schemas.enable`` for keys and values; ``flush_ms`` is how
@@ -185,32 +185,3 @@ class ConnectWorker:
         tasks = status.get("tasks") or []
         return str(tasks[0]["state"]) if tasks else None
 
-    def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def kill(self) -> None:
-        """SIGKILL: no offsets flushed, no clean shutdown (what a crash does)."""
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.kill()
-            process.wait(30)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (the worker flushes its offsets and stops its task), SIGKILL after ``timeout``."""
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(30)
-
-    def __enter__(self) -> ConnectWorker:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mvlog.infra.child_processes import die_with_parent
+from mvlog.infra.child_processes import ServerProcess, die_with_parent
 from mvlog.infra.kafka_broker import find_java
 from mvlog.infra.maven_jars import JarSetupError, cache_folder, pom_property, resolve_jars
 
@@ -71,7 +71,7 @@ def ensure_registry_app(home: Path | None = None) -> Path:
 
 
 @dataclass
-class RegistryServer:
+class RegistryServer(ServerProcess):
     """Apicurio Registry in ``folder`` (its log, its working directory), listening on 127.0.0.1:``port``."""
 
     folder: Path
@@ -122,26 +122,3 @@ class RegistryServer:
                 return bool(answer.status == 200)
         except (OSError, urllib.error.URLError):
             return False
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (Quarkus shuts down), SIGKILL after ``timeout``."""
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(30)
-
-    def __enter__(self) -> RegistryServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
