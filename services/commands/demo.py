@@ -51,6 +51,7 @@ from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.source_status import SourceLagProbe
 from mvlog.connectors.topics import ensure_topic
 from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.infra.child_processes import die_with_parent
 from mvlog.infra.local_stack import (
     DEFAULT_KAFKA_PORT,
     DEFAULT_REDIS_PORT,
@@ -313,8 +314,11 @@ class ChildProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")}, **settings.to_env()}
         with log_path.open("ab") as log:
+            # A session of its own: the terminal's Ctrl-C reaches the demo, which stops its children in
+            # order (the source after its last epoch is awaited), and they end with the demo if it is killed.
             process = subprocess.Popen([sys.executable, "-m", "mvlog.services.cli", *args], env=env, stdout=log,
-                                       stderr=subprocess.STDOUT)
+                                       stderr=subprocess.STDOUT, start_new_session=True,
+                                       preexec_fn=die_with_parent())
         return cls(process, log_path)
 
     def failure(self) -> str | None:
