@@ -36,7 +36,7 @@ BASE = {"t1": T1, "t2": T2}
 ARROW = {ColumnType.INT: pa.int64(), ColumnType.FLOAT: pa.float64(), ColumnType.STRING: pa.string(),
          ColumnType.BOOLEAN: pa.bool_(), ColumnType.BYTES: pa.binary()}
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # -- random epochs --------------------------------------------------------------------------------------
 

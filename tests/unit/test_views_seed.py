@@ -43,7 +43,7 @@ VIEWS = [
     "sum(v1) FILTER (WHERE deleted) AS total, avg(v2) FILTER (WHERE v1 IN (1, 2)) AS mean, "
     "max(v1) FILTER (WHERE v2 > 0) AS hi FROM t1 WHERE length(s) = 1 OR s IS NULL GROUP BY s",
 ]
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 values = st.fixed_dictionaries({
     "v1": st.one_of(st.none(), st.integers(-4, 4)),
