@@ -46,6 +46,13 @@ class ServerProcess:
     def start(self) -> Self:
         raise NotImplementedError
 
+    def _launch(self, command: list[str], cwd: Path) -> subprocess.Popen[bytes]:
+        """Start ``command`` in ``cwd``, its output appended to :attr:`log_file`, ended with its parent."""
+        with self.log_file.open("ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                            preexec_fn=die_with_parent())
+        return self.process
+
     def tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mvlog.infra.child_processes import ServerProcess, die_with_parent
+from mvlog.infra.child_processes import ServerProcess
 from mvlog.infra.kafka_broker import find_java, kafka_version
 from mvlog.infra.maven_jars import JarSetupError, cache_folder, pom_property, resolve_jars
 
@@ -158,16 +158,11 @@ class ConnectWorker(ServerProcess):
         command = [str(find_java()), *self.heap.split(), "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                    "-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={log4j}", "-Djava.awt.headless=true",
                    "org.apache.kafka.connect.cli.ConnectStandalone", str(worker_file), str(connector_file)]
-        log = self.log_file.open("ab")
-        try:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
-                                            preexec_fn=die_with_parent())
-        finally:
-            log.close()
+        process = self._launch(command, self.folder)
         deadline = time.monotonic() + timeout
         while (state := self.task_state()) != "RUNNING":
-            if self.process.poll() is not None:
-                raise JarSetupError(f"Kafka Connect exited ({self.process.returncode}):\n{self.tail()}")
+            if process.poll() is not None:
+                raise JarSetupError(f"Kafka Connect exited ({process.returncode}):\n{self.tail()}")
             if state == "FAILED" or time.monotonic() > deadline:
                 self.kill()
                 raise JarSetupError(f"Debezium's task is {state} after {timeout:.0f} s:\n{self.tail()}")

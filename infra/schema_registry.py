@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mvlog.infra.child_processes import ServerProcess, die_with_parent
+from mvlog.infra.child_processes import ServerProcess
 from mvlog.infra.kafka_broker import find_java
 from mvlog.infra.maven_jars import JarSetupError, cache_folder, pom_property, resolve_jars
 
@@ -98,16 +98,11 @@ class RegistryServer(ServerProcess):
                    # Its working files (imports, snapshots) in its folder, not /tmp.
                    f"-Dapicurio.import.work-dir={self.folder}", f"-Dapicurio.storage.snapshot.location={self.folder}",
                    "-jar", str(runner)]
-        log = self.log_file.open("ab")
-        try:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
-                                            preexec_fn=die_with_parent())
-        finally:
-            log.close()
+        process = self._launch(command, self.folder)
         deadline = time.monotonic() + timeout
         while not self.answers():
-            if self.process.poll() is not None:
-                raise JarSetupError(f"Apicurio Registry exited ({self.process.returncode}):\n{self.tail()}")
+            if process.poll() is not None:
+                raise JarSetupError(f"Apicurio Registry exited ({process.returncode}):\n{self.tail()}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise JarSetupError(f"Apicurio Registry does not answer on {self.url} after {timeout:.0f} s:\n"
