@@ -64,12 +64,13 @@ class _Run(Generic[T]):
     numbers: deque[int] = field(default_factory=deque)  # epoch numbers, ascending, for bisect
     floor: int | None = None
     holes: deque[int] = field(default_factory=deque)  # skipped epochs above the floor, ascending
-    last: int | None = None  # the newest committed epoch put or skipped: the tail
     nbytes: int = 0
 
     @property
     def tail(self) -> int | None:
-        return self.last if self.last is not None else self.floor
+        """The newest committed epoch put or skipped (the floor when the run holds neither)."""
+        ends = [d[-1] for d in (self.numbers, self.holes) if d]
+        return max(ends) if ends else self.floor
 
 
 class LogCache(Generic[T]):
@@ -100,7 +101,6 @@ class LogCache(Generic[T]):
             run.floor = epoch.prev_epoch
         run.epochs.append(epoch)
         run.numbers.append(epoch.epoch)
-        run.last = epoch.epoch
         run.nbytes += epoch.nbytes
         self.nbytes += epoch.nbytes
         while len(run.epochs) > self.max_epochs:
@@ -115,9 +115,8 @@ class LogCache(Generic[T]):
         run = self._check_follows(upstream, epoch, prev_epoch)
         if run.epochs:
             run.holes.append(epoch)
-            run.last = epoch
         else:
-            run.floor, run.last = epoch, None
+            run.floor = epoch
             run.holes.clear()
         self.evicted_epochs += 1
 
