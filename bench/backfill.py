@@ -60,10 +60,10 @@ from _common import REPO_ROOT, fmt_rate, machine_info, temporary_stack
 from mvlog.config import Settings
 from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.infra.local_stack import LocalStack
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.snapshot_compaction import build_snapshot
 from mvlog.services.spark_session import spark_session
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 
 TABLE = "t1"

@@ -78,9 +78,9 @@ from mvlog.config import Settings
 from mvlog.connectors.cache_registry import CacheRegistry
 from mvlog.connectors.view_store import ViewStore
 from mvlog.schemas.codec import decode_row
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.spark_session import spark_session
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -27,7 +27,7 @@ from mvlog.connectors.view_store import ViewStore
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row
-from mvlog.services.backfill import backfill_needed, coverage
+from mvlog.services.backfill.chunked import backfill_needed, coverage
 from mvlog.services.rederive import RedisRebuildSink
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ChangeBatch, InMemoryState, ViewOperator

@@ -29,7 +29,7 @@ from mvlog.connectors.changelog_reader import ChangelogReader
 from mvlog.connectors.view_store import ViewStore
 from mvlog.row_schema import ColumnType, Key, Row, RowSchema
 from mvlog.schemas.codec import decode_row
-from mvlog.services.backfill import coverage
+from mvlog.services.backfill.chunked import coverage
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ViewPlan, to_duckdb_sql, to_spark_sql
 

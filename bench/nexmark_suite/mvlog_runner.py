@@ -2,7 +2,7 @@
 
 The pieces a deployment runs: one ``mvlog run-source TABLE`` **process** per source table the query reads
 (each an exactly-once ingester of its topic, :mod:`mvlog.services.source_ingest`) and the view's Spark
-consumer (:class:`~mvlog.services.view_consumer.ViewConsumer`, in this process, on a shared Spark session).
+consumer (:class:`~mvlog.services.pipeline.view_consumer.ViewConsumer`, in this process, on a shared Spark session).
 Every run gets a topic prefix of its own (its own catalog, changelogs and consumer groups on the shared
 broker and Redis), so nothing of an earlier run is reused.
 
@@ -43,7 +43,7 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_reader import ChangelogReader
 from mvlog.connectors.view_store import ViewStore
 from mvlog.schemas.codec import decode_row
-from mvlog.services.view_consumer import ViewConsumer
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 from mvlog.source_offsets import offsets_of
 from mvlog.source_spec import source_group

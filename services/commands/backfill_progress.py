@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 if TYPE_CHECKING:
-    from mvlog.services.view_consumer import ViewConsumer
+    from mvlog.services.pipeline.view_consumer import ViewConsumer
 
 
 class BackfillBars:

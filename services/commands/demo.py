@@ -78,7 +78,7 @@ from mvlog.source_spec import SourceSpec
 if TYPE_CHECKING:  # pyspark is imported when the demo runs
     from pyspark.sql.streaming.query import StreamingQuery
 
-    from mvlog.services.view_consumer import ViewConsumer
+    from mvlog.services.pipeline.view_consumer import ViewConsumer
 
 #: The root tables: name -> (columns, primary key). t1 is a source table fed by a Debezium-shaped topic
 #: (:mod:`mvlog.services.commands.demo_workload`), t2 is written through the Table API.
@@ -406,7 +406,7 @@ def _wait_caught_up(consumers: list[ViewConsumer], queries: list[StreamingQuery]
 
 def _view_consumer(settings: Settings, name: str, spark: Any, client: Any) -> ViewConsumer:
     """The consumer of view ``name``, configured as the demo runs each of its views (not started)."""
-    from mvlog.services.view_consumer import ViewConsumer
+    from mvlog.services.pipeline.view_consumer import ViewConsumer
 
     return ViewConsumer(settings, name, spark=spark, client=client, trigger_interval="500 milliseconds")
 

@@ -2,7 +2,7 @@
 
 A replacement stages a new definition for a running view; the view's `mvlog run-view` hydrates it
 read-only, and applying it cuts the view over at its next epoch while the views built on it keep
-running (see :mod:`mvlog.services.replacements`).
+running (see :mod:`mvlog.services.replacement.operations`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from mvlog.services.commands.backends import backend_errors, connect_redis, requ
 from mvlog.services.commands.definitions import definition_sql
 from mvlog.services.commands.output import age, describe_epoch, output_option, print_json, print_table
 from mvlog.services.commands.values import SECONDS, count
-from mvlog.services.replacements import (
+from mvlog.services.replacement.operations import (
     apply_replacement,
     diff_replacement,
     discard_replacement,

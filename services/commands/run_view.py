@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pyspark is imported when the command runs, so `mvlog --help
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-    from mvlog.services.view_consumer import ViewConsumer
+    from mvlog.services.pipeline.view_consumer import ViewConsumer
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class _Supervisor:
 
     def start(self, name: str) -> None:
         """Start ``name``'s consumer (its catch-up first); a failure goes to :meth:`failed`."""
-        from mvlog.services.view_consumer import ViewConsumer
+        from mvlog.services.pipeline.view_consumer import ViewConsumer
 
         try:
             consumer = ViewConsumer(self.settings, name, spark=self.spark, client=self.client)

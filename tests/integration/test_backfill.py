@@ -30,9 +30,9 @@ from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.key_order import order_member
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import encode_key
-from mvlog.services.backfill import ChunkedBackfill
+from mvlog.services.backfill.chunked import ChunkedBackfill
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import alter_view, create_view, plan_for
 from mvlog.vnode import vnode_of
 

@@ -22,8 +22,8 @@ from mvlog.connectors.changelog_reader import ChangelogReader, ChangelogReadErro
 from mvlog.connectors.topics import ensure_topic
 from mvlog.connectors.view_store import ViewStore
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, TYPE_CHANGE, encode_key
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import RowValidationError, Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle

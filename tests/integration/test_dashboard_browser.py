@@ -26,8 +26,8 @@ from mvlog.connectors.epoch_index import EpochIndex
 from mvlog.connectors.view_store import ViewStore
 from mvlog.epoch import epoch_millis
 from mvlog.services.dashboard.server import DashboardServer
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 
 pytestmark = pytest.mark.integration

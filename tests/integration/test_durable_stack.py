@@ -43,8 +43,8 @@ from mvlog.connectors.view_store import ViewStore
 from mvlog.infra.child_processes import die_with_parent
 from mvlog.infra.local_stack import LocalStack, free_ports, kafka_answers, redis_answers
 from mvlog.schemas.codec import decode_row
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle

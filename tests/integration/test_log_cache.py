@@ -22,8 +22,8 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.redis_client import connect as connect_redis
 from mvlog.connectors.spark_source import _Planner, read_partition_from_kafka, read_partition_range
 from mvlog.connectors.view_store import ViewStore
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import alter_view, create_view
 
 from ..oracle import check_oracle

@@ -22,7 +22,7 @@ import redis
 from mvlog.config import Settings
 from mvlog.connectors.view_store import ViewStore
 from mvlog.services.control_plane import rebuild_lock_name
-from mvlog.services.view_consumer import ViewConsumer
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from tests.integration.test_cli_views import T1, env_of, lines, mvlog, ok, read_json
 from tests.integration.test_durable_stack import MVLOG
 

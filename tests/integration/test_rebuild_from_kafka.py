@@ -19,8 +19,8 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.view_store import ViewStore
 from mvlog.services import control_plane
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import alter_view, create_view
 
 from ..oracle import check_oracle

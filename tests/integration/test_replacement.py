@@ -23,7 +23,8 @@ from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.view_store import ViewStore
 from mvlog.replacement import IncompatibleReplacementError, ReplacementError, Status, staged_in
 from mvlog.schemas.codec import decode_row
-from mvlog.services.replacements import (
+from mvlog.services.pipeline.view_consumer import ViewConsumer
+from mvlog.services.replacement.operations import (
     apply_replacement,
     diff_replacement,
     discard_replacement,
@@ -33,7 +34,6 @@ from mvlog.services.replacements import (
     wait_for_apply,
 )
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view, plan_for
 
 from ..oracle import check_oracle, duckdb_view_rows

@@ -27,7 +27,7 @@ from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.replacement_store import ReplacementRecord, ReplacementStore
 from mvlog.connectors.view_store import ViewStore
 from mvlog.replacement import Status
-from mvlog.services.replacements import request_apply, stage_replacement, wait_for_apply
+from mvlog.services.replacement.operations import request_apply, stage_replacement, wait_for_apply
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 

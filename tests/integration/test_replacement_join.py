@@ -18,10 +18,10 @@ from mvlog.config import Settings
 from mvlog.connectors.replacement_store import ReplacementStore
 from mvlog.connectors.view_store import ViewStore
 from mvlog.schemas.codec import decode_row
-from mvlog.services.replacements import replacement_rows, request_apply, stage_replacement, wait_for_apply
+from mvlog.services.pipeline.view_consumer import ViewConsumer
+from mvlog.services.replacement.operations import replacement_rows, request_apply, stage_replacement, wait_for_apply
 from mvlog.services.snapshot_compaction import build_snapshot
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle

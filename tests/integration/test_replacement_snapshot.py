@@ -26,7 +26,8 @@ from mvlog.connectors.view_store import ViewStore
 from mvlog.replacement import Status
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row
-from mvlog.services.replacements import (
+from mvlog.services.pipeline.view_consumer import ViewConsumer
+from mvlog.services.replacement.operations import (
     discard_replacement,
     replacement_rows,
     request_apply,
@@ -35,7 +36,6 @@ from mvlog.services.replacements import (
 )
 from mvlog.services.snapshot_compaction import build_snapshot
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import assert_same_rows, check_oracle, duckdb_view_rows

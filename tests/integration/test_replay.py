@@ -21,9 +21,9 @@ from mvlog.connectors.changelog_reader import ChangelogReader
 from mvlog.connectors.view_store import ViewStore
 from mvlog.epoch import epoch_millis
 from mvlog.schemas.codec import TYPE_BARRIER, decode_barrier, record_type
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.rederive import Derivation, plan_derivation
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle

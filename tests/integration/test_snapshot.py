@@ -29,11 +29,11 @@ from mvlog.connectors.topics import ensure_topic
 from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row, encode_key, encode_row
+from mvlog.services.backfill.snapshot import LOADS_FOLDER
 from mvlog.services.cli import main
-from mvlog.services.snapshot_backfill import LOADS_FOLDER
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.snapshot_compaction import build_snapshot, snapshot_frame
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view, drop_view, plan_for
 from mvlog.vnode import vnode_of
 

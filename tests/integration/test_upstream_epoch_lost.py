@@ -15,8 +15,8 @@ import redis
 from mvlog.config import Settings
 from mvlog.connectors.epoch_index import epoch_hex
 from mvlog.connectors.view_store import ViewStore
+from mvlog.services.pipeline.view_consumer import UpstreamEpochLostError, ViewConsumer
 from mvlog.services.table_writer import Table
-from mvlog.services.view_consumer import UpstreamEpochLostError, ViewConsumer
 from mvlog.services.view_ddl import create_view
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

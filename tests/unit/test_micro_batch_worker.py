@@ -8,7 +8,7 @@ from functools import partial
 
 import pytest
 
-from mvlog.services.micro_batch_worker import MicroBatchWorker
+from mvlog.services.pipeline.micro_batch_worker import MicroBatchWorker
 
 
 def test_applies_run_in_order_one_at_a_time_off_the_calling_thread() -> None:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from mvlog.changes import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.services.replacement_follower import ReplacementFollower
+from mvlog.services.replacement.follower import ReplacementFollower
 from mvlog.views import ChangeBatch
 
 from .view_runner import main

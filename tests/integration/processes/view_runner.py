@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mvlog.backfill import Chunk
 from mvlog.config import Settings
-from mvlog.services.view_consumer import ViewConsumer
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 
 ROOT = Path(__file__).resolve().parents[3]
 

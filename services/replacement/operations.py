@@ -8,7 +8,7 @@ its own because it is not a relation: nothing can read from it, it has no change
 services that walk the catalog (caches, lag, backfill) must not mistake it for a view.
 
 The view's consumer (``mvlog run-view``) hydrates and maintains it (see
-:mod:`mvlog.services.replacement_follower`) and performs the cut-over at its next epoch once an apply
+:mod:`mvlog.services.replacement.follower`) and performs the cut-over at its next epoch once an apply
 is requested; this module only records requests and waits for their outcome.
 """
 

@@ -9,7 +9,7 @@ behind the view, so a restarted consumer redoes the view's epoch and skips the r
 
 Hydration (the replacement's rows at the view's MCE) starts with :meth:`ReplacementFollower.start`:
 the replacement's first state at an epoch F, from each upstream's snapshot or whole changelog (chosen
-by :mod:`mvlog.services.replacement_hydration`); :meth:`~ReplacementFollower.hydrate` then catches up
+by :mod:`mvlog.services.replacement.hydration`); :meth:`~ReplacementFollower.hydrate` then catches up
 over the upstream changelog's epochs after F through :data:`UpstreamHistory`.
 """
 

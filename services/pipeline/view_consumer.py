@@ -7,11 +7,11 @@ epoch's barriers to the view's changelog in one Kafka transaction, then commits 
 epoch index and MCE to Redis in one script. Redis is the commit point: an epoch that reached Kafka but
 not Redis is redone under a new transaction, and readers drop the abandoned attempt (chain rule).
 ``foreachBatch`` only collects a micro-batch: a worker thread applies it while Spark reads the next
-(:mod:`mvlog.services.micro_batch_worker`). The backlog a consumer finds when it starts is read the same
+(:mod:`mvlog.services.pipeline.micro_batch_worker`). The backlog a consumer finds when it starts is read the same
 way, micro-batch by micro-batch, with batch reads; the streaming query starts after it.
 
 A view created with ``backfill=chunked`` starts at its upstreams' current epoch instead of their log's
-start: a :class:`~mvlog.services.backfill.ChunkedBackfill` turns each upstream epoch into the changes
+start: a :class:`~mvlog.services.backfill.chunked.ChunkedBackfill` turns each upstream epoch into the changes
 at or below its positions plus a chunk of the upstream's rows, and its positions commit with the epoch.
 """
 
@@ -48,12 +48,12 @@ from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewSt
 from mvlog.key_order import order_member
 from mvlog.replacement import APPLY_MUTATION, ReplacementError, Status, applied_entry, diff_rows
 from mvlog.schemas.codec import decode_row
-from mvlog.services.backfill import ChunkedBackfill, backfill_needed
-from mvlog.services.micro_batch_worker import MicroBatchWorker
-from mvlog.services.replacement_follower import ReplacementFollower
-from mvlog.services.replacement_hydration import first_inputs, hydration_start
-from mvlog.services.replacements import complete_apply, plan_replacement
-from mvlog.services.snapshot_backfill import LOAD_PRODUCER_QUEUE, SnapshotBackfill, snapshot_backfill_needed
+from mvlog.services.backfill.chunked import ChunkedBackfill, backfill_needed
+from mvlog.services.backfill.snapshot import LOAD_PRODUCER_QUEUE, SnapshotBackfill, snapshot_backfill_needed
+from mvlog.services.pipeline.micro_batch_worker import MicroBatchWorker
+from mvlog.services.replacement.follower import ReplacementFollower
+from mvlog.services.replacement.hydration import first_inputs, hydration_start
+from mvlog.services.replacement.operations import complete_apply, plan_replacement
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ChangeBatch, EpochOutput, ViewDefinitionError, ViewOperator

@@ -1,0 +1,7 @@
+"""Backfill: how a view created on a live upstream gets the upstream's history without replaying it all.
+
+* ``chunked``: :class:`~mvlog.services.backfill.chunked.ChunkedBackfill`, the upstream's rows read from
+  its serving state in key-ordered chunks, merged with its live epochs (positions commit with each epoch).
+* ``snapshot``: :class:`~mvlog.services.backfill.snapshot.SnapshotBackfill`, the view computed by Spark SQL
+  over the upstream's snapshot at epoch E and committed as the view's first epoch.
+"""

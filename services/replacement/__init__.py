@@ -1,0 +1,9 @@
+"""Replacing a view's definition in place: stage, hydrate read-only, inspect the diff, apply at an epoch.
+
+* ``operations``: what users call (stage, request and wait for an apply, discard, diff, list) and the
+  completion of an apply a crash interrupted.
+* ``hydration``: where a staged replacement's first state comes from (an upstream's snapshot or its
+  whole changelog).
+* ``follower``: the replacement's operator, hydrated and then fed the view's epochs, writing only its own
+  Redis keys.
+"""
