@@ -12,6 +12,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any, cast
 
 import redis
@@ -24,10 +25,9 @@ from mvlog.connectors.backpressure import Backpressure
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, ConsumedInput
 from mvlog.connectors.dead_letter import DeadLetterRecord
-from mvlog.connectors.recovery import roll_forward
 from mvlog.connectors.streamed_commit import StreamedCommit
 from mvlog.connectors.topics import ensure_changelog
-from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore
+from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.epoch import EpochClock
 from mvlog.key_order import order_member
 from mvlog.record_limits import change_event_bytes, row_fits, surely_fitting_text, too_large_message
@@ -41,6 +41,7 @@ from mvlog.schemas.codec import (
     encode_row,
     native_module,
 )
+from mvlog.services.pipeline.committer import EpochCommitter
 from mvlog.vnode import VNODE_COUNT, vnode_of
 
 log = logging.getLogger(__name__)
@@ -155,23 +156,20 @@ class Table:
         self._sized_columns = [c.name for c in self.schema.columns if c.type in (ColumnType.STRING, ColumnType.BYTES)]
         self._redis = client or redis_client.connect(settings)
         self.store = ViewStore(self._redis, settings.topic_prefix)
-        # The writer's init_transactions fences any earlier writer before we read the log's tail.
-        self._writer = ChangelogWriter(settings, entry.name, entry.key_columns, entry.partitions)
+        # The committer's writer (init_transactions) fences any earlier writer before we read the log's tail.
+        self._committer = EpochCommitter.for_table(settings, self._redis, entry)
         # Rows with no more text than this fit the changelog for sure; larger ones are measured (_too_large).
         self._text_limit = surely_fitting_text(self._writer.limit, self._writer.envelope_bytes,
                                                _row_bytes_without_text(self.schema))
         self._fast_normalize = _plain_row_normalizer(self.schema, self._text_limit)
         # A table created a moment ago has an empty changelog: nothing to roll forward.
         # A view built on the table's last epoch proves it committed, should Redis have lost it (wiped).
+        # The next barrier names the last committed epoch (the committer's MCE).
         if recover:
-            views = CatalogStore(settings, self._redis).views_reading(entry.name)
-            self._clock = EpochClock(roll_forward(settings, self.store, entry, downstreams=views).max_seen)
+            views = self._committer.catalog.views_reading(entry.name)
+            self._clock = EpochClock(self._committer.roll_forward(views).max_seen)
         else:
             self._clock = EpochClock(0)
-        # The next barrier names the last *committed* epoch, abandoning any epoch a killed writer left.
-        self._prev_epoch = self.store.mce(entry.name) or 0
-        # Proof that the last epoch committed, should Redis be wiped before this writer commits one.
-        self._last_committed = self.store.index.entries_at(entry.name, entry.partitions, self._prev_epoch or None)
         self._epochs_written = 0
         self._pending: dict[Key, Row | None] = {}
         self._lock = threading.Lock()
@@ -185,6 +183,11 @@ class Table:
         if auto_commit:
             self._thread = threading.Thread(target=self._run, name=f"mvlog-table-{entry.name}", daemon=True)
             self._thread.start()
+
+    @property
+    def _writer(self) -> ChangelogWriter:
+        """The table's changelog writer (the committer's: a snapshot load never swaps a table's)."""
+        return self._committer.writer
 
     # --- creating and opening ---------------------------------------------------------------------
 
@@ -273,7 +276,7 @@ class Table:
         rows = list(rows)
         keys = [self._valid_key(row) for row in rows]
         with self._commit_lock:
-            self._ensure_serving_state()  # a wiped Redis would read as rows that do not exist
+            self._committer.ensure_serving_state()  # a wiped Redis would read as rows that do not exist
             current = self._current_rows({key for key in keys if key is not None})
             merged: list[Any] = []
             for row, key in zip(rows, keys, strict=True):
@@ -338,7 +341,7 @@ class Table:
         Redis a batch at a time (HSCAN), so its memory is the queued writes plus one batch. Returns how
         many deletes it queued. Call it under the same caller that commits next (no epoch in between)."""
         self._raise_background_error()
-        self._ensure_serving_state()
+        self._committer.ensure_serving_state()
         columns = self.entry.key_columns
         with self._lock:
             written = {encode_key(columns, key) for key in self._pending}
@@ -380,36 +383,23 @@ class Table:
                 pending, self._pending = self._pending, {}
             # Before-images come from Redis: they must be those of the last committed epoch, so a wiped
             # Redis is noticed (and rebuilt from Kafka) before the changes are computed, and after.
-            self._ensure_serving_state()
-            changes = self._changes(pending)
-            while self._ensure_serving_state():
-                changes = self._changes(pending)
+            changes = self._committer.compute(partial(self._changes, pending))
             epoch = self._clock.next()
             self._epochs_written += 1
             checkpoint = self._epochs_written % self.settings.checkpoint_frequency == 0
-            follows = self._prev_epoch
+            follows = self._committer.mce
             # The Redis side of the epoch is queued (not applied) while the epoch is encoded and produced,
             # so redis-server parses it on the other core; it applies after the Kafka transaction commits.
             staged = self.store.stream_commit(self.entry.name, epoch, follows)
-            try:
+
+            def produce(writer: ChangelogWriter) -> CommittedEpoch:
                 chunks = self._chunks(epoch, changes, staged)
                 if side_records:
                     chunks = self._with_side_records(chunks, side_records)
-                committed = self._writer.commit_records(epoch, follows, chunks, checkpoint=checkpoint,
-                                                        consumed=consumed)
-            except BaseException:
-                staged.abort()
-                raise
-            self._prev_epoch = epoch
-            self._last_committed = committed.index
-            try:
-                applied = staged.finish(committed.index) or self.store.holds(self.entry.name, epoch)
-            except ServingStateLostError:
-                self._recover()  # rolls Redis forward over this epoch too
-                applied = True
-            if not applied:
-                raise RuntimeError(f"table {self.entry.name}: epoch {epoch} is below the MCE in Redis "
-                                   f"({self.store.mce(self.entry.name)}); another writer of the table is running")
+                return writer.commit_records(epoch, follows, chunks, checkpoint=checkpoint, consumed=consumed)
+
+            committed = self._committer.commit(epoch, produce, staged)
+            assert committed is not None  # a streamed commit never withdraws its epoch
             return committed
 
     def _chunks(self, epoch: int, changes: list[_Change], staged: StreamedCommit
@@ -482,23 +472,6 @@ class Table:
             yield from chunks(ts_ms, txn)
 
         return with_side
-
-    def _ensure_serving_state(self) -> bool:
-        """True when Redis had lost this table's state (wiped) and it was rebuilt from Kafka."""
-        if self.store.mce(self.entry.name) == (self._prev_epoch or None):
-            return False
-        self._recover()
-        return True
-
-    def _recover(self) -> None:
-        from mvlog.services.control_plane import recover_after_wipe
-
-        log.warning("%s: Redis no longer holds its MCE %d: rebuilding from Kafka", self.entry.name, self._prev_epoch)
-        mce = recover_after_wipe(self.settings, self._redis, self.entry, self._last_committed)
-        if (mce or 0) != self._prev_epoch:
-            raise RuntimeError(f"table {self.entry.name}: Redis is at epoch {mce}, this writer at {self._prev_epoch}; "
-                               "another writer of the table is running")
-        self.store.set_lifecycle(self.entry.name, Lifecycle.LIVE)
 
     def _changes(self, pending: Mapping[Key, Row | None]) -> list[_Change]:
         """(key bytes, op, before, after, key) of every pending key whose row changes (each key once).
@@ -605,7 +578,7 @@ class Table:
                 has_pending = bool(self._pending)
             if has_pending:
                 self.commit_epoch()
-        self._writer.close()
+        self._committer.close()
 
     def __enter__(self) -> Table:
         return self

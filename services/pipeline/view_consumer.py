@@ -32,24 +32,29 @@ import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from mvlog.catalog import CatalogEntry, CatalogError, ViewDroppedError
+from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.changes import Change, Mutation, Op
 from mvlog.config import Settings
 from mvlog.connectors import redis_client
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.change_rows import epoch_slices
-from mvlog.connectors.changelog_writer import ChangelogWriter, encode_batch
+from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, encode_batch
 from mvlog.connectors.epoch_index import IndexEntry
 from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.retention import has_records
 from mvlog.connectors.snapshot_store import SnapshotStore
 from mvlog.connectors.spark_source import trigger_ends
-from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
+from mvlog.connectors.view_store import Lifecycle, ViewStore, commit_from_encoded
 from mvlog.key_order import order_member
 from mvlog.replacement import APPLY_MUTATION, ReplacementError, Status, applied_entry, diff_rows
 from mvlog.schemas.codec import decode_row
 from mvlog.services.backfill.chunked import ChunkedBackfill, backfill_needed
-from mvlog.services.backfill.snapshot import LOAD_PRODUCER_QUEUE, SnapshotBackfill, snapshot_backfill_needed
+from mvlog.services.backfill.snapshot import (
+    LOAD_PRODUCER_QUEUE,
+    LoadedEpoch,
+    SnapshotBackfill,
+    snapshot_backfill_needed,
+)
+from mvlog.services.pipeline.committer import EpochCommitter, EpochWithdrawn, ScriptCommit
 from mvlog.services.pipeline.micro_batch_worker import MicroBatchWorker
 from mvlog.services.replacement.follower import ReplacementFollower
 from mvlog.services.replacement.hydration import first_inputs, hydration_start
@@ -115,22 +120,13 @@ class ViewConsumer:
         self.spark = spark or spark_session(settings, app_name=f"mvlog-{view}")
         self.max_epochs_per_trigger = max_epochs_per_trigger or settings.max_epochs_per_trigger
         self.trigger_interval = trigger_interval
-        # A new transactional producer fences any earlier consumer of this view.
-        self.writer = ChangelogWriter(settings, view, self.entry.key_columns, self.entry.partitions)
-        self._last_committed: dict[int, IndexEntry] | None = None
-        topic = settings.changelog_topic(view)
-        if (self.store.mce(view) is None or self.catalog.wiped()) and has_records(settings, topic,
-                                                                                   self.entry.partitions):
-            from mvlog.services.control_plane import recover_after_wipe
-
-            # Redis was wiped (and maybe is being rebuilt by another process): rebuild from Kafka, or wait.
-            recover_after_wipe(settings, self._redis, self.entry, None)
-        self.mce = self.store.mce(view) or 0
-        # Proof that the MCE committed, should Redis be wiped before this consumer commits an epoch.
-        self._last_committed = self.store.index.entries_at(view, self.entry.partitions, self.mce or None)
+        self.backfill: ChunkedBackfill | None = None
+        # Its writer fences any earlier consumer of this view; Redis wiped (and maybe being rebuilt by
+        # another process): rebuilt from Kafka, or waited for.
+        self.committer = EpochCommitter.for_view(settings, self._redis, self.entry, self.catalog, self._lifecycle)
+        self.committer.rebuild_if_wiped()
         # A view created with --backfill chunked starts at its upstreams' current epoch and reads their
         # rows from Redis in chunks; otherwise it replays the upstream changelog from its start.
-        self.backfill: ChunkedBackfill | None = None
         if backfill_needed(self.store, self.entry):
             self.backfill = ChunkedBackfill(settings, self.store, self.catalog, self.entry, self.upstreams)
         # A view created with --backfill snapshot starts at its upstream's snapshot epoch E: the snapshot's
@@ -140,13 +136,31 @@ class ViewConsumer:
             self.snapshot_backfill = SnapshotBackfill(settings, self.store,
                                                       SnapshotStore.of(settings, self._redis),
                                                       self.entry, self.upstreams[self.entry.sources[0]], self.plan)
-        self._after = max(self.mce, self.backfill.start_epoch if self.backfill is not None else 0)
+        # A chunked backfill starts at its upstreams' epoch then, not at the start of their log.
+        self._start = self.backfill.start_epoch if self.backfill is not None else 0
         self._state = _ViewState(self.store, view)
         self._query: StreamingQuery | None = None
         self._worker = MicroBatchWorker(view)
         self._checkpoint_dir: str | None = None
         self.epochs_applied = 0
         self.backfill_done: ChunkedBackfill | None = None  # the completed backfill (its final progress)
+
+    @property
+    def mce(self) -> int:
+        """The view's max committed epoch (as this consumer follows it)."""
+        return self.committer.mce
+
+    @property
+    def writer(self) -> ChangelogWriter:
+        return self.committer.writer
+
+    @property
+    def _after(self) -> int:
+        """The last upstream epoch applied: the MCE, or the epoch a chunked backfill started after."""
+        return max(self.committer.mce, self._start)
+
+    def _lifecycle(self) -> Lifecycle:
+        return Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -215,7 +229,11 @@ class ViewConsumer:
                                                  for name in self.entry.sources})
             inputs = {name: ChangeBatch.from_changes(self.upstreams[name].schema, found)
                       for name, found in step.changes.items()}
-        output = self._compute(epoch, lambda: self.operator.apply_epoch(inputs, self._state))
+        def compute() -> EpochOutput:
+            self._check_upstream_has(epoch)
+            return self.operator.apply_epoch(inputs, self._state)
+
+        output = self.committer.compute(compute, epoch)
         if output is None:
             return
         if step is None:
@@ -228,20 +246,6 @@ class ViewConsumer:
                 log.info("%s: backfill done at epoch %d (%d rows)", self.entry.name, epoch, self.backfill.rows_done)
                 self.backfill_done = self.backfill
                 self.backfill = None
-
-    def _compute(self, epoch: int, compute: Callable[[], EpochOutput]) -> EpochOutput | None:
-        """The operator's output for ``epoch``, from the operator state of the MCE: a wiped Redis is
-        rebuilt from Kafka first (and the epoch recomputed if it was wiped while the operator ran);
-        None when the rebuilt state already holds the epoch."""
-        self._ensure_serving_state()
-        self._check_upstream_has(epoch)
-        output = compute()
-        while self._ensure_serving_state():
-            if epoch <= self.mce:
-                return None
-            self._check_upstream_has(epoch)
-            output = compute()
-        return output
 
     def _check_upstream_has(self, epoch: int) -> None:
         """Refuse an upstream epoch that its upstream's epoch index no longer has.
@@ -261,55 +265,18 @@ class ViewConsumer:
         transaction, then rows, state, MCE (and the backfill's positions, ``extra``) to Redis in one script.
         Keys and rows are encoded once, column-wise, for both."""
         encoded = encode_batch(self.entry.key_columns, output.changes)
-        committed = self.writer.commit_batches(epoch, self.mce, [encoded], mutation=mutation)
+        follows = self.committer.mce
         puts = {k: v for k, v in output.state_writes.items() if v is not None}
         deletes = [k for k, v in output.state_writes.items() if v is None]
-        commit = commit_from_encoded(epoch, output.changes.keys, encoded, committed.index, state_puts=puts,
-                                     state_deletes=deletes, follows=self.mce, **(extra or {}))
-        self._commit_redis(epoch, committed.index, partial(self.store.commit, self.entry.name, commit))
 
-    def _commit_redis(self, epoch: int, index: dict[int, IndexEntry], commit: Callable[[], bool]) -> None:
-        """Commit an epoch that is in Kafka (``index``: its barriers) to Redis with ``commit``; when Redis
-        was wiped meanwhile, roll it forward from Kafka instead."""
-        self._last_committed = index
-        try:
-            applied = commit() or self.store.holds(self.entry.name, epoch)  # a retry of an applied commit
-            lost = self.catalog.wiped()  # committed, or refused, into a Redis that another process rebuilds
-        except ServingStateLostError:
-            applied, lost = False, True
-        if lost:
-            self._recover()  # waits for the rebuild, rolls Redis forward over this epoch too, derives the state
-            applied = self.mce == epoch
-        if not applied:
-            raise RuntimeError(f"{self.entry.name}: epoch {epoch} is at or below the MCE in Redis; "
-                               "another consumer of this view is running")
-        self.mce = self._after = epoch
+        def apply(index: Mapping[int, IndexEntry]) -> bool:
+            commit = commit_from_encoded(epoch, output.changes.keys, encoded, index, state_puts=puts,
+                                         state_deletes=deletes, follows=follows, **(extra or {}))
+            return self.store.commit(self.entry.name, commit)
+
+        self.committer.commit(epoch, lambda writer: writer.commit_batches(epoch, follows, [encoded], mutation=mutation),
+                              ScriptCommit(apply))
         self.epochs_applied += 1
-
-    def _ensure_serving_state(self) -> bool:
-        """True when Redis had lost this view's state (wiped) and it was rebuilt from Kafka.
-
-        The control-plane marker must be there too: while another process rebuilds Redis, this view's
-        MCE may already be back with its operator state not re-derived yet; the consumer waits for the
-        rebuild (its lock) instead of computing an epoch from that state."""
-        if self.store.mce(self.entry.name) == (self.mce or None) and not self.catalog.wiped():
-            return False
-        if self.catalog.find(self.entry.name) is None and not self.catalog.wiped():
-            raise ViewDroppedError(f"{self.entry.name}: the view was dropped while this consumer maintained it")
-        self._recover()
-        return True
-
-    def _recover(self) -> None:
-        from mvlog.services.control_plane import recover_after_wipe
-
-        log.warning("%s: Redis no longer holds its MCE %d: rebuilding from Kafka", self.entry.name, self.mce)
-        mce = recover_after_wipe(self.settings, self._redis, self.entry, self._last_committed) or 0
-        if mce < self.mce:
-            raise RuntimeError(f"{self.entry.name}: Redis could only be rebuilt up to epoch {mce}, "
-                               f"below this consumer's {self.mce}")
-        self.mce = mce
-        self._after = max(self._after, mce)
-        self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE)
 
     def catch_up(self, upto: int | None = None) -> int:
         """Apply every committed upstream epoch above the MCE with batch reads; returns the new MCE.
@@ -337,18 +304,20 @@ class ViewConsumer:
             return
         # The epoch holds the whole view at E: its transaction gets a timeout of its own, on a writer of
         # its own (same transactional id: it fences the consumer's writer, which is made again after).
-        self.writer.close()
         timeout = max(self.settings.transaction_timeout_ms, self.settings.snapshot_load_transaction_timeout_ms)
-        writer = ChangelogWriter(self.settings, self.entry.name, self.entry.key_columns, self.entry.partitions,
-                                 producer_config={"transaction.timeout.ms": timeout, **LOAD_PRODUCER_QUEUE})
-        try:
-            loaded = backfill.load(self.spark, writer)
-        finally:
-            writer.close()
-            self.writer = ChangelogWriter(self.settings, self.entry.name, self.entry.key_columns,
-                                          self.entry.partitions)
-        self._commit_redis(loaded.epoch, loaded.index, partial(
-            self.store.commit_load, self.entry.name, loaded.epoch, loaded.index, loaded.rows, Lifecycle.LIVE.value))
+        loads: list[LoadedEpoch] = []
+
+        def produce(writer: ChangelogWriter) -> CommittedEpoch:
+            loads.append(backfill.load(self.spark, writer))
+            return CommittedEpoch(loads[0].epoch, loads[0].index)
+
+        def apply(index: Mapping[int, IndexEntry]) -> bool:
+            return self.store.commit_load(self.entry.name, backfill.epoch, index, loads[0].rows, Lifecycle.LIVE.value)
+
+        with self.committer.writer_configured({"transaction.timeout.ms": timeout, **LOAD_PRODUCER_QUEUE}):
+            self.committer.commit(backfill.epoch, produce, ScriptCommit(apply))
+        self.epochs_applied += 1
+        loaded = loads[0]
         backfill.publish(backfill.record.rows, done=True, view_rows=loaded.rows)
         log.info("%s: loaded %d rows from %s's snapshot at epoch %d", self.entry.name, loaded.rows,
                  self.entry.sources[0], loaded.epoch)
@@ -447,21 +416,28 @@ class ViewConsumer:
         mutation = Mutation(APPLY_MUTATION, view, {"replacement_id": follower.id, "sql": follower.sql,
                                                    "previous_sql": self.entry.sql, "version": version})
         encoded = encode_batch(self.entry.key_columns, changes)
-        committed = self.writer.commit_batches(epoch, self.mce, [encoded], mutation=mutation)
         # The key-order index (backfills of views built on this one read it) follows the diff.
         members: dict[str, list[bytes]] = {}
         for op, key, vnode, key_bytes in zip(encoded.ops, changes.keys, encoded.vnodes, encoded.keys, strict=True):
             members.setdefault(op, []).append(order_member(vnode, key, key_bytes))
         added, removed = members.get(Op.CREATE.value, []), members.get(Op.DELETE.value, [])
-        if not self.replacements.apply(view, follower.id, epoch, committed.index, version, added, removed):
+        follows = self.committer.mce
+
+        def apply(index: Mapping[int, IndexEntry]) -> bool:
+            if not self.replacements.apply(view, follower.id, epoch, index, version, added, removed):
+                raise EpochWithdrawn(f"{view}: replacement {follower.id} withdrawn or discarded")
+            return True
+
+        if self.committer.commit(epoch, lambda writer: writer.commit_batches(epoch, follows, [encoded],
+                                                                             mutation=mutation),
+                                 ScriptCommit(apply)) is None:
             follower.apply_requested = False
             log.info("%s: replacement %s not applied at epoch %d (withdrawn or discarded)", view, follower.id, epoch)
             return False
-        self._last_committed = committed.index
-        self.entry = applied_entry(entry, follower.sql, follower.plan.schema, follower.plan.sources, version)
+        self.entry = self.committer.entry = applied_entry(entry, follower.sql, follower.plan.schema,
+                                                          follower.plan.sources, version)
         self.catalog.put(self.entry)
         self.plan, self.operator, self.replacement = follower.plan, follower.operator, None
-        self.mce = self._after = epoch
         self.epochs_applied += 1
         log.info("%s: replacement %s applied at epoch %d (%d change(s)), version %d", view, follower.id, epoch,
                  len(changes), version)
@@ -538,6 +514,6 @@ class ViewConsumer:
         self._worker.close()
         if self._checkpoint_dir is not None:
             shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
-        self.writer.close()
+        self.committer.close()
         self.catalog.close()  # a cut-over wrote the catalog topic with its producer
 

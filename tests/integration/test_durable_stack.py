@@ -43,6 +43,7 @@ from mvlog.connectors.view_store import ViewStore
 from mvlog.infra.child_processes import die_with_parent
 from mvlog.infra.local_stack import LocalStack, free_ports, kafka_answers, redis_answers
 from mvlog.schemas.codec import decode_row
+from mvlog.services.pipeline.committer import CommitPoint, EpochCommitter, RedisSide
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
@@ -579,17 +580,32 @@ class CommitGate:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.armed, self.reached, self.release = threading.Event(), threading.Event(), threading.Event()
         self.epoch = 0
-        original = ViewConsumer._commit_redis
+        original = EpochCommitter.commit
+        gate = self
 
-        def gated(consumer: ViewConsumer, epoch: int, index: Any, commit: Any) -> None:
-            if self.armed.is_set():
-                self.armed.clear()
-                self.epoch = epoch
-                self.reached.set()
-                self.release.wait(60)
-            original(consumer, epoch, index, commit)
+        class Held:
+            """The epoch's Redis side, held until released."""
 
-        monkeypatch.setattr(ViewConsumer, "_commit_redis", gated)
+            def __init__(self, epoch: int, side: RedisSide) -> None:
+                self.epoch, self.side = epoch, side
+
+            def finish(self, index: Any) -> bool:
+                if gate.armed.is_set():
+                    gate.armed.clear()
+                    gate.epoch = self.epoch
+                    gate.reached.set()
+                    gate.release.wait(60)
+                return self.side.finish(index)
+
+            def abort(self) -> None:
+                self.side.abort()
+
+        def gated(committer: EpochCommitter, epoch: int, produce: Any, redis_side: RedisSide) -> Any:
+            if committer.commit_point is not CommitPoint.REDIS:  # a view consumer's epochs only
+                return original(committer, epoch, produce, redis_side)
+            return original(committer, epoch, produce, Held(epoch, redis_side))
+
+        monkeypatch.setattr(EpochCommitter, "commit", gated)
 
     def hold(self, timeout: float) -> int:
         """Arm the gate and wait until a consumer's epoch is held in it; returns that epoch."""
