@@ -289,7 +289,7 @@ def run_catch_up(settings: Settings, spark: SparkSession, name: str, last_epoch:
 
     collect_profile, apply_profile = profiles if profiles is not None else (None, None)
     consumer.process_batch = timed(consumer.process_batch, "collect", collect_profile)  # type: ignore[method-assign]
-    consumer._read_range = timed(consumer._read_range, "collect", collect_profile)  # type: ignore[method-assign]
+    consumer.reader.read_range = timed(consumer.reader.read_range, "collect", collect_profile)  # type: ignore[method-assign]
     consumer.apply_batch = timed(consumer.apply_batch, "apply", apply_profile)  # type: ignore[method-assign]
     try:
         start = time.perf_counter()

@@ -235,7 +235,7 @@ class Derivation:
         from pyspark.sql import Window
         from pyspark.sql import functions as F  # noqa: N812 (Spark's convention)
 
-        from mvlog.services.pipeline.view_consumer import EpochBatches, batches_from_arrow
+        from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
         from mvlog.services.spark_session import spark_session
 
         spark = self._spark or spark_session(self.settings, app_name=f"mvlog-replay-{self.plan.view}")

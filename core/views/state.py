@@ -7,7 +7,7 @@ never leaves state that is ahead of, or behind, the view it belongs to.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 
@@ -15,6 +15,17 @@ class StateReader(Protocol):
     def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         """The stored value of each key that has one; missing keys are absent from the result."""
         ...
+
+
+class StoredState:
+    """The state kept by a store, read through its function of many keys (a view's state in Redis:
+    ``StoredState(partial(store.get_state, view))``)."""
+
+    def __init__(self, read: Callable[[Sequence[bytes]], dict[bytes, bytes]]) -> None:
+        self._read = read
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        return self._read(keys)
 
 
 class InMemoryState:

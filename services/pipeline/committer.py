@@ -122,6 +122,7 @@ class EpochCommitter:
         self.writer = self._new_writer()
         self.mce = 0
         self.last_committed: dict[int, IndexEntry] | None = None
+        self.epochs_committed = 0  # by this committer
         self._reload()
 
     @classmethod
@@ -213,6 +214,7 @@ class EpochCommitter:
             raise AnotherWriterError(f"{self.entry.kind} {self.name}: epoch {epoch} is at or below the MCE in Redis "
                                      f"({self.store.mce(self.name)}); another writer of it is running")
         self.mce = epoch
+        self.epochs_committed += 1
         return committed
 
     @contextmanager

@@ -17,27 +17,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from mvlog.changes import Change
 from mvlog.connectors.changelog_writer import encode_batch
 from mvlog.connectors.replacement_store import ReplacementRecord, ReplacementStore
 from mvlog.views import ChangeBatch, ViewOperator, ViewPlan
+from mvlog.views.state import StoredState
 
 log = logging.getLogger(__name__)
 
 #: ``history(after, upto)``: each upstream's changes of its epochs in ``(after, upto]``, in one list
 #: per upstream (netting them in one operator step is exact: the operator sums signed rows per key).
 UpstreamHistory = Callable[[int, int], Mapping[str, Sequence[Change]]]
-
-
-class _ReplacementState:
-    """The replacement's operator state in Redis (the ``StateReader`` protocol)."""
-
-    def __init__(self, store: ReplacementStore, view: str) -> None:
-        self._store, self._view = store, view
-
-    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
-        return self._store.get_state(self._view, keys)
 
 
 class ReplacementFollower:
@@ -53,7 +45,7 @@ class ReplacementFollower:
         self.mce = record.mce  # None until hydrated
         self.apply_requested = record.apply_requested
         self.stale = False  # discarded (or replaced) under us: the consumer drops this follower
-        self._state = _ReplacementState(store, self.view)
+        self._state = StoredState(partial(store.get_state, self.view))  # its operator state, in Redis
 
     def start(self, epoch: int, inputs: Mapping[str, Sequence[Change]], origin: str) -> None:
         """The replacement's first state, at ``epoch``: ``inputs`` are its upstreams' rows there as

@@ -322,12 +322,12 @@ class Pipeline:
 
     @staticmethod
     def _query_error(consumer: ViewConsumer) -> Any:
-        query = consumer._query
+        query = consumer.runner.query
         return None if query is None else query.exception()
 
     @classmethod
     def _healthy(cls, consumer: ViewConsumer) -> bool:
-        query = consumer._query
+        query = consumer.runner.query
         return (consumer.failure() is None and query is not None and query.isActive
                 and query.exception() is None)
 

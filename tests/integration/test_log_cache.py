@@ -293,9 +293,9 @@ class _SlowConsumer(ViewConsumer):
     The delay is in ``_commit``, which every path of the consumer (row by row or columnar) goes through.
     """
 
-    def _commit(self, epoch: int, output: Any, extra: Any = None, mutation: Any = None) -> None:
+    def _commit(self, work: Any, output: Any) -> None:
         time.sleep(0.5)
-        super()._commit(epoch, output, extra, mutation)
+        super()._commit(work, output)
 
 
 class _CrashLoop:

@@ -45,7 +45,7 @@ def test_read_views_and_status_rebuild_a_wiped_redis_from_kafka(
         try:
             assert view.catch_up() == epochs[-1]
         finally:
-            view.writer.close()
+            view.committer.writer.close()
         found = read_json(settings, "mv1")
         seen[found["epoch"]] = found
 

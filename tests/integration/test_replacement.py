@@ -101,7 +101,7 @@ def test_replace_mv1_filter_under_running_mv2_mv3(settings: Settings, redis_clie
         redis_client.delete(*redis_client.scan_iter(f"{settings.topic_prefix}:{{mv1}}:replacement*"),
                             f"{settings.topic_prefix}:catalog")
         assert CatalogStore(settings, redis_client).rebuild_from_topic() == 1 + len(VIEWS)
-        mv1.writer.close()
+        mv1.committer.writer.close()
         mv1 = consumers[0] = ViewConsumer(settings, "mv1", spark=spark, client=redis_client)
         write_epoch()
         run_views()
@@ -156,7 +156,7 @@ def test_replace_mv1_filter_under_running_mv2_mv3(settings: Settings, redis_clie
     finally:
         t1.close()
         for consumer in consumers:
-            consumer.writer.close()
+            consumer.committer.writer.close()
 
     # I1 for mv1 under each definition in turn and for mv2, mv3 (and ref) at every epoch; each changelog
     # summed to its MCE equals its Redis rows.

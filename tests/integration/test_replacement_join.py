@@ -84,7 +84,7 @@ def test_replace_a_join_view_under_a_running_chain(settings: Settings, redis_cli
         t1.close()
         t2.close()
         for consumer in consumers:
-            consumer.writer.close()
+            consumer.committer.writer.close()
 
     # I1 at every epoch: mvj under both definitions, mvs built on it, and the untouched ref.
     assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvj", "mvs", "ref"]) >= 4 * 8

@@ -141,7 +141,7 @@ def test_replacement_hydrates_from_the_upstream_snapshot(settings: Settings, red
     finally:
         t1.close()
         for consumer in consumers:
-            consumer.writer.close()
+            consumer.committer.writer.close()
 
 
 def test_replacement_staged_while_the_upstream_is_idle_hydrates_from_the_snapshot(

@@ -288,7 +288,7 @@ def trimmed(stack: StackEndpoints, spark: Any, tmp_path_factory: pytest.TempPath
     finally:
         t1.table.close()
         for consumer in consumers:
-            consumer.writer.close()
+            consumer.committer.writer.close()
         drop_keys(client, settings.topic_prefix)
 
 
@@ -404,7 +404,7 @@ def test_view_backfilled_from_a_snapshot_after_retention_deleted_the_start(trimm
         catch_up(consumers, store.mce("t1") or 0)
     finally:
         for consumer in consumers:
-            consumer.writer.close()
+            consumer.committer.writer.close()
     for name in views:
         assert check_view_against_t1(settings, client, name, t1) == [e for e in sorted(t1.history) if e >= at_e]
         assert store.backfill_progress(name)["snapshot_epoch"] == str(at_e)
@@ -426,7 +426,7 @@ def test_a_changelog_backfill_after_retention_is_refused_or_exact(trimmed_t1: Tr
         try:
             consumer.catch_up()
         finally:
-            consumer.writer.close()
+            consumer.committer.writer.close()
     except Exception as error:  # a refusal is fine if it says why
         assert "retention" in str(error) or "first epoch" in str(error), f"unclear refusal: {error!r}"
         return
@@ -504,7 +504,7 @@ def test_replacement_hydrates_from_the_snapshot_and_stops_once_retention_passed_
     finally:
         t1.table.close()
         for consumer in consumers:
-            consumer.writer.close()
+            consumer.committer.writer.close()
     epochs = check_view_against_t1(settings, client, "mv1", t1)  # OLD before the cut-over, NEW from it on
     assert epochs == sorted(t1.history) and cut_over in epochs
     assert CatalogStore(settings, client).get("mv1").sql == NEW

@@ -15,7 +15,8 @@ import redis
 from mvlog.config import Settings
 from mvlog.connectors.epoch_index import epoch_hex
 from mvlog.connectors.view_store import ViewStore
-from mvlog.services.pipeline.view_consumer import UpstreamEpochLostError, ViewConsumer
+from mvlog.services.pipeline.reading import UpstreamEpochLostError
+from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 
@@ -35,7 +36,7 @@ def test_an_epoch_gone_from_the_upstream_index_is_refused(settings: Settings, re
         before = consumer.catch_up()
         table.upsert([{"id": i, "v1": -i, "deleted": False} for i in range(5)])
         lost = table.flush()
-        planned = consumer._read_range("t1", before, lost)  # what a micro-batch planned before held
+        planned = consumer.reader.read_range("t1", before, lost)  # what a micro-batch planned before held
         for partition in range(settings.partitions):  # as a rebuild that abandoned the epoch leaves the index
             key = store.index.key("t1", partition)
             members: list[bytes] = list(redis_client.zrange(key, 0, -1))  # type: ignore[arg-type]

@@ -107,7 +107,7 @@ def run_pipeline(settings: Settings, client: redis.Redis, spark: Any, workload: 
         for table in tables.values():
             table.close()
         for consumer in consumers:
-            consumer.writer.close()
+            consumer.committer.writer.close()
 
 
 def test_canonical_chain_and_every_construct_against_the_oracle(settings: Settings, redis_client: redis.Redis,

@@ -1,0 +1,126 @@
+"""Both backfills as stages of a view's epoch pipeline (:mod:`mvlog.services.pipeline.stage`).
+
+A view created with ``--backfill chunked`` starts at its upstreams' current epoch instead of their log's
+start: :class:`ChunkedBackfillStage` turns each upstream epoch into the changes at or below the
+positions plus a chunk of the upstream's rows, and its positions commit with the epoch. A view created
+with ``--backfill snapshot`` starts at its upstream's snapshot epoch E: :class:`SnapshotSeedStage`
+commits the snapshot's view as epoch E before anything is read, then the upstream's epochs after E
+follow as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+import redis
+from pyspark.sql import SparkSession
+
+from mvlog.catalog import CatalogEntry
+from mvlog.config import Settings
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch
+from mvlog.connectors.epoch_index import IndexEntry
+from mvlog.connectors.snapshot_store import SnapshotStore
+from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.services.backfill.chunked import BackfillStep, ChunkedBackfill, backfill_needed
+from mvlog.services.backfill.snapshot import (
+    LOAD_PRODUCER_QUEUE,
+    LoadedEpoch,
+    SnapshotBackfill,
+    snapshot_backfill_needed,
+)
+from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
+from mvlog.services.pipeline.stage import EpochWork
+from mvlog.views import ChangeBatch, ViewPlan
+
+log = logging.getLogger(__name__)
+
+
+class ChunkedBackfillStage:
+    """A chunked backfill on the pipeline. It works in the row form (it routes each change by its key's
+    position), so the epoch's input is turned into changes and back here, and only while it runs."""
+
+    def __init__(self, backfill: ChunkedBackfill, upstreams: Mapping[str, CatalogEntry]) -> None:
+        self.backfill, self._upstreams = backfill, upstreams
+        self._step: BackfillStep | None = None
+
+    def upkeep(self) -> None:
+        pass
+
+    def before_epoch(self, work: EpochWork) -> None:
+        step = self._step = self.backfill.prepare(work.epoch, {
+            name: batch.to_changes() if (batch := work.inputs.get(name)) else [] for name in self.backfill.sources})
+        work.inputs = {name: ChangeBatch.from_changes(self._upstreams[name].schema, found)
+                       for name, found in step.changes.items()}
+        work.commit_fields.update(step.commit_fields())  # the positions commit with the epoch in Redis...
+        work.mutation = step.mutation(self.backfill.view)  # ... and on its barriers, for a rebuild from Kafka
+
+    def after_commit(self, work: EpochWork) -> None:
+        assert self._step is not None
+        self.backfill.committed(self._step, time.monotonic() - work.started)
+        if self.backfill.done:
+            log.info("%s: backfill done at epoch %d (%d rows)", self.backfill.view, work.epoch, self.backfill.rows_done)
+
+    @property
+    def finished(self) -> bool:
+        return self.backfill.done
+
+
+class SnapshotSeedStage:
+    """Loads the upstream snapshot's view as the view's first epoch E (in :meth:`upkeep`, which the
+    consumer runs before it reads anything), through the committer like any epoch."""
+
+    def __init__(self, settings: Settings, backfill: SnapshotBackfill, committer: EpochCommitter,
+                 spark: SparkSession) -> None:
+        self.settings, self.backfill, self._committer, self._spark = settings, backfill, committer, spark
+        self._loaded = False
+
+    def upkeep(self) -> None:
+        if self._loaded:
+            return
+        backfill, view = self.backfill, self.backfill.entry.name
+        loads: list[LoadedEpoch] = []
+
+        def produce(writer: ChangelogWriter) -> CommittedEpoch:
+            loads.append(backfill.load(self._spark, writer))
+            return CommittedEpoch(loads[0].epoch, loads[0].index)
+
+        def apply(index: Mapping[int, IndexEntry]) -> bool:
+            return backfill.store.commit_load(view, backfill.epoch, index, loads[0].rows, Lifecycle.LIVE.value)
+
+        # The epoch holds the whole view at E: its transaction gets a timeout of its own, and a bounded
+        # producer queue, on a writer of its own.
+        timeout = max(self.settings.transaction_timeout_ms, self.settings.snapshot_load_transaction_timeout_ms)
+        with self._committer.writer_configured({"transaction.timeout.ms": timeout, **LOAD_PRODUCER_QUEUE}):
+            self._committer.commit(backfill.epoch, produce, ScriptCommit(apply))
+        backfill.publish(backfill.record.rows, done=True, view_rows=loads[0].rows)
+        log.info("%s: loaded %d rows from %s's snapshot at epoch %d", view, loads[0].rows, backfill.upstream.name,
+                 backfill.epoch)
+        self._loaded = True
+
+    def before_epoch(self, work: EpochWork) -> None:
+        pass
+
+    def after_commit(self, work: EpochWork) -> None:
+        pass
+
+    @property
+    def finished(self) -> bool:
+        return self._loaded
+
+
+def backfill_stages(settings: Settings, client: redis.Redis, store: ViewStore, catalog: CatalogStore,
+                    entry: CatalogEntry, upstreams: Mapping[str, CatalogEntry], plan: ViewPlan,
+                    committer: EpochCommitter, spark: SparkSession
+                    ) -> tuple[ChunkedBackfillStage | None, SnapshotSeedStage | None]:
+    """The backfill a view still needs, as a stage: chunked, from a snapshot, or none (it replays its
+    upstreams' changelogs from their start, or has committed epochs already)."""
+    if backfill_needed(store, entry):
+        return ChunkedBackfillStage(ChunkedBackfill(settings, store, catalog, entry, upstreams), upstreams), None
+    if snapshot_backfill_needed(store, entry):
+        snapshot = SnapshotBackfill(settings, store, SnapshotStore.of(settings, client), entry,
+                                    upstreams[entry.sources[0]], plan)
+        return None, SnapshotSeedStage(settings, snapshot, committer, spark)
+    return None, None

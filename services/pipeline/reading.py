@@ -1,0 +1,96 @@
+"""A view's upstream changelogs read through Spark (``format("mvlog")``), as epochs of Arrow rows.
+
+Executors read Kafka; the driver gets each epoch's changes as one columnar
+:class:`~mvlog.views.ChangeBatch` per upstream (the data source's signed rows), so a row never becomes a
+Python object on the way to the operator. The row form (:class:`~mvlog.changes.Change`) is made only
+where a consumer of it needs it: a chunked backfill and a replacement's hydration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+
+from mvlog.catalog import CatalogEntry
+from mvlog.changes import Change
+from mvlog.config import Settings
+from mvlog.connectors.change_rows import epoch_slices
+from mvlog.connectors.epoch_index import EpochIndex
+from mvlog.views import ChangeBatch
+
+EpochBatches = dict[int, dict[str, ChangeBatch]]  # epoch -> upstream view -> its changes
+
+
+def batches_from_arrow(table: pa.Table, upstream: CatalogEntry, into: EpochBatches) -> None:
+    """Each epoch's changes in the data source's signed rows, as one batch per epoch (barrier-only epochs
+    too: their barriers still have to be committed). The rows of a change share its partition and
+    offset; they are paired in Arrow, so a row never becomes a Python object here."""
+    for epoch, rows in epoch_slices(table):
+        change_ids = pc.add(pc.multiply(rows.column("_partition").cast(pa.int64()), 1 << 40), rows.column("_offset"))
+        into.setdefault(epoch, {})[upstream.name] = ChangeBatch.from_signed(upstream.schema, rows,
+                                                                             rows.column("_weight"), change_ids)
+
+
+class UpstreamEpochLostError(RuntimeError):
+    """An upstream epoch a consumer was about to compute is no longer committed upstream."""
+
+
+class UpstreamReader:
+    """Reads the upstreams ``upstreams`` (name -> catalog entry) of one view; ``index``: their epoch index."""
+
+    def __init__(self, settings: Settings, spark: SparkSession, upstreams: Mapping[str, CatalogEntry],
+                 index: EpochIndex, max_epochs_per_trigger: int) -> None:
+        self.settings, self.spark, self.upstreams, self.index = settings, spark, dict(upstreams), index
+        self.max_epochs_per_trigger = max_epochs_per_trigger
+
+    def require_committed(self, view: str, sources: Sequence[str], epoch: int) -> None:
+        """Refuse an upstream epoch that its upstream's epoch index no longer has.
+
+        A micro-batch planned before Redis was wiped may hold the upstream's last epoch, which the rebuild
+        abandons when nothing proves it committed (its writer died before saying so): computing it would
+        leave view ``view`` holding an epoch its upstream dropped. Raising restarts the consumer, which
+        plans again from the rebuilt index."""
+        if not any(self.index.between(source, 0, epoch - 1, epoch) for source in sources):
+            raise UpstreamEpochLostError(f"{view}: epoch {epoch} is no longer in the epoch index of "
+                                         f"{', '.join(sources)} (abandoned after Redis was wiped); "
+                                         "restart to plan again from the index")
+
+    def _options(self, view: str) -> dict[str, str]:
+        return {"view": view, "bootstrapServers": self.settings.bootstrap_servers,
+                "redisUrl": self.settings.redis_url, "topicPrefix": self.settings.topic_prefix}
+
+    def stream(self, sources: Sequence[str], after: int) -> DataFrame:
+        """The streaming read of ``sources`` from the epoch after ``after`` (the first one's micro-batches;
+        the others are aligned with it)."""
+        reader = self.spark.readStream.format("mvlog").options(**self._options(sources[0]))
+        reader = reader.option("startingEpoch", str(after))
+        reader = reader.option("maxEpochsPerTrigger", str(self.max_epochs_per_trigger))
+        reader = reader.option("maxRecordsPerTrigger", str(self.settings.max_records_per_trigger))
+        if len(sources) > 1:
+            reader = reader.option("alignWith", ",".join(sources[1:]))
+        return reader.load()
+
+    def read_range(self, view: str, after: int, upto: int) -> pa.Table:
+        """One upstream's epochs in ``(after, upto]``, collected to the driver (a batch job)."""
+        reader = self.spark.read.format("mvlog").options(**self._options(view))
+        return reader.option("startingEpoch", str(after)).option("endingEpoch", str(upto)).load().toArrow()
+
+    def epochs(self, sources: Sequence[str], after: int, upto: int, into: EpochBatches | None = None) -> EpochBatches:
+        """The epochs in ``(after, upto]`` of each of ``sources``, added to ``into``."""
+        into = {} if into is None else into
+        for source in sources:
+            batches_from_arrow(self.read_range(source, after, upto), self.upstreams[source], into)
+        return into
+
+    def changes(self, source: str, after: int, upto: int) -> list[Change]:
+        """One upstream's changes of its epochs in (after, upto], in epoch order, in the row form (a
+        replacement's hydration nets them in one operator step)."""
+        epochs = self.epochs([source], after, upto)
+        return [change for epoch in sorted(epochs) for change in epochs[epoch][source].to_changes()]
+
+    def history(self, sources: Sequence[str], after: int, upto: int) -> dict[str, list[Change]]:
+        """Each of ``sources``' changes of its epochs in (after, upto], read from its changelog."""
+        return {source: self.changes(source, after, upto) for source in sources}

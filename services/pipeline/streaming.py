@@ -1,0 +1,97 @@
+"""How a view consumer's reads run: its backlog with batch jobs, then a Structured Streaming query, each
+micro-batch applied on the worker thread, and the stages' upkeep while no micro-batch comes.
+
+A streaming query takes about a second to start (its checkpoint, the source's planning process): a
+consumer that starts behind, after a restart or a stop, would wait that long before its first epoch, and
+read its backlog through the stream's per-batch checkpointing. So the backlog is read micro-batch by
+micro-batch (the trigger's limits) with batch jobs, each applied by the worker thread while the next is
+read, and the stream starts after it. The micro-batches are the stream's, applied the same way, so the
+view commits the same epochs either way. Nothing here decides what is applied or committed: that is the
+consumer's loop (:mod:`mvlog.services.pipeline.view_consumer`).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql.streaming.query import StreamingQuery
+
+from mvlog.services.pipeline.micro_batch_worker import MicroBatchWorker
+
+log = logging.getLogger(__name__)
+
+
+class MicroBatchRunner:
+    """Runs the reads of consumer ``name``: ``apply(table)`` applies a collected micro-batch, ``upkeep()``
+    is called every ``upkeep_interval`` seconds while the query runs (its errors are logged: the next
+    micro-batch runs it again and reports a persistent failure)."""
+
+    def __init__(self, name: str, apply: Callable[[pa.Table], None], upkeep: Callable[[], None],
+                 upkeep_interval: float = 1.0) -> None:
+        self.name, self._apply, self._upkeep, self._interval = name, apply, upkeep, upkeep_interval
+        self.worker = MicroBatchWorker(name)
+        self.query: StreamingQuery | None = None
+        self._stopping = threading.Event()
+        self._upkeeper: threading.Thread | None = None
+        self._checkpoint_dir: str | None = None
+
+    def submit(self, table: pa.Table) -> None:
+        """Apply ``table`` once the previous micro-batch is applied (raises the previous one's error)."""
+        self.worker.submit(lambda: self._apply(table))
+
+    def run_backlog(self, batches: Iterable[tuple[int, Callable[[], pa.Table]]],
+                    on_progress: Callable[[int], None] | None = None) -> None:
+        """Read and submit each ``(last epoch, read)`` of the backlog, in order."""
+        self.worker = MicroBatchWorker(self.name)  # stop() closed the previous one, if any
+        for end, read in batches:
+            self.submit(read())
+            if on_progress is not None:
+                on_progress(end)
+
+    def start(self, stream: DataFrame, process_batch: Callable[[DataFrame, int], None], trigger_interval: str,
+              query_name: str) -> StreamingQuery:
+        """Start the streaming query (``process_batch``: its ``foreachBatch``) and the idle upkeep."""
+        self._checkpoint_dir = tempfile.mkdtemp(prefix=f"mvlog-{self.name}-")
+        self.query = (stream.writeStream.foreachBatch(process_batch)
+                      .option("checkpointLocation", self._checkpoint_dir)
+                      .trigger(processingTime=trigger_interval).queryName(query_name).start())
+        self._upkeeper = threading.Thread(target=self._idle_upkeep, name=f"upkeep-{self.name}", daemon=True)
+        self._upkeeper.start()
+        return self.query
+
+    def _idle_upkeep(self) -> None:
+        while not self._stopping.wait(self._interval):
+            try:
+                self._upkeep()
+            except Exception as error:
+                log.warning("%s: upkeep failed: %s", self.name, error)
+
+    def check(self) -> None:
+        """Raise the query's error, or a failed apply's (which fails the query only when the next
+        micro-batch comes)."""
+        if self.query is not None and self.query.exception() is not None:
+            raise RuntimeError(f"{self.name}: {self.query.exception()}")
+        self.worker.check()
+
+    def stop(self) -> None:
+        """Stop the upkeep and the query, and let the last micro-batch commit (or fail)."""
+        self._stopping.set()
+        if self._upkeeper is not None:
+            self._upkeeper.join(timeout=30)
+            self._upkeeper = None
+        if self.query is not None:
+            self.query.stop()
+            self.query = None
+        try:
+            self.worker.drain()
+        except Exception as error:
+            log.warning("%s: the last micro-batch failed: %s", self.name, error)
+        self.worker.close()
+        if self._checkpoint_dir is not None:
+            shutil.rmtree(self._checkpoint_dir, ignore_errors=True)

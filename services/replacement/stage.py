@@ -1,0 +1,154 @@
+"""A view's staged replacement as a stage of its epoch pipeline: followed, hydrated, then cut over.
+
+The view's consumer already reads every upstream epoch the replacement needs, so it feeds them to the
+replacement too (:mod:`mvlog.services.replacement.follower`): no second reader of the upstreams, and the
+cut-over happens at an epoch boundary of the one process that writes the view's changelog (no
+cross-process handshake). :meth:`ReplacementStage.upkeep` picks up a staged, discarded or
+apply-requested replacement and brings it to the view's MCE; :meth:`ReplacementStage.before_epoch`
+feeds it each epoch and, once an apply is pending and the replacement has the epoch, takes the epoch:
+its changes are the diff between the two definitions' rows, committed through the view's
+:class:`~mvlog.services.pipeline.committer.EpochCommitter` like any epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from mvlog.catalog import CatalogEntry, CatalogError
+from mvlog.changes import Mutation, Op
+from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, encode_batch
+from mvlog.connectors.epoch_index import IndexEntry
+from mvlog.connectors.replacement_store import ReplacementStore
+from mvlog.connectors.snapshot_store import SnapshotStore
+from mvlog.connectors.view_store import ViewStore
+from mvlog.key_order import order_member
+from mvlog.replacement import APPLY_MUTATION, ReplacementError, Status, applied_entry, diff_rows
+from mvlog.schemas.codec import decode_row
+from mvlog.services.pipeline.committer import EpochCommitter, EpochWithdrawn, ScriptCommit
+from mvlog.services.pipeline.reading import UpstreamReader
+from mvlog.services.pipeline.stage import EpochWork
+from mvlog.services.replacement.follower import ReplacementFollower
+from mvlog.services.replacement.hydration import first_inputs, hydration_start
+from mvlog.services.replacement.operations import plan_replacement
+from mvlog.views import ChangeBatch, ViewDefinitionError, ViewOperator, ViewPlan
+
+log = logging.getLogger(__name__)
+
+#: ``adopt(entry, plan, operator)``: the view's definition after a cut-over, for the consumer to run.
+Adopt = Callable[[CatalogEntry, ViewPlan, ViewOperator], None]
+
+
+class ReplacementStage:
+    """Maintains the staged replacement of view ``entry``, if any, and applies it when asked."""
+
+    def __init__(self, entry: CatalogEntry, catalog: CatalogStore, replacements: ReplacementStore, store: ViewStore,
+                 snapshots: SnapshotStore, reader: UpstreamReader, committer: EpochCommitter, adopt: Adopt) -> None:
+        self.entry, self.catalog, self.replacements, self.store = entry, catalog, replacements, store
+        self._snapshots, self._reader, self._committer, self._adopt = snapshots, reader, committer, adopt
+        self.follower: ReplacementFollower | None = None  # the staged replacement, hydrated read-only
+
+    @property
+    def finished(self) -> bool:
+        return False  # a replacement may be staged at any time
+
+    def upkeep(self) -> None:
+        """Pick up a staged, discarded or apply-requested replacement and bring it to the view's MCE:
+        hydrated from scratch, or caught up after a restart."""
+        record = self.replacements.record(self.entry.name)
+        if record is None or record.status is not Status.STAGED or "error" in (record.fields or {}):
+            self.follower = None
+            return
+        follower, mce = self.follower, self._committer.mce
+        if follower is None or follower.id != record.id:
+            try:
+                plan = plan_replacement(self.catalog, self.entry, record.sql)
+            except (CatalogError, ViewDefinitionError) as error:
+                self._failed(record.id, error)
+                return
+            follower = self.follower = ReplacementFollower(record, plan, self.replacements)
+        follower.apply_requested = record.apply_requested
+        if follower.mce is None:
+            # Each upstream from its snapshot or its whole changelog: a trimmed changelog alone would give
+            # the replacement wrong rows, and its apply a wrong diff.
+            upstreams = self._reader.upstreams
+            try:
+                start = hydration_start(self._reader.settings, self.store, self._snapshots, upstreams, mce)
+            except ReplacementError as error:
+                self._failed(record.id, error)
+                return
+            follower.start(start.epoch, first_inputs(start, self._reader.spark, upstreams, self._reader.changes),
+                           start.describe())
+            if follower.stale:
+                self.follower = None
+                return
+        if follower.mce is None or follower.mce < mce:
+            follower.hydrate(mce, lambda after, upto: self._reader.history(self.entry.sources, after, upto))
+
+    def before_epoch(self, work: EpochWork) -> None:
+        """Feed the epoch to the replacement; cut over to it at this epoch when an apply is pending."""
+        follower = self.follower
+        if follower is None:
+            return
+        try:
+            follower.follow(work.epoch, work.inputs)
+        except Exception as error:  # a broken replacement must not stop the view
+            self._failed(follower.id, error)
+            return
+        if follower.stale:
+            self.follower = None
+        elif follower.apply_requested and follower.mce is not None and follower.mce >= work.epoch:
+            work.taken = self._cut_over(work.epoch, follower)
+
+    def after_commit(self, work: EpochWork) -> None:
+        pass
+
+    def _failed(self, replacement_id: str, error: BaseException) -> None:
+        """A replacement that cannot be maintained stops; the view itself carries on unchanged."""
+        log.warning("%s: replacement %s stopped: %s", self.entry.name, replacement_id, error)
+        self.replacements.fail(self.entry.name, replacement_id, f"{type(error).__name__}: {error}")
+        self.follower = None
+
+    def _cut_over(self, epoch: int, follower: ReplacementFollower) -> bool:
+        """Epoch ``epoch``'s changes are diff(view rows at the MCE, replacement rows at ``epoch``), with an
+        apply_replacement mutation on its barriers; then one Redis script moves the replacement's rows
+        and state into the view's and commits the epoch. False (nothing applied) when the apply was
+        withdrawn or discarded meanwhile: the epoch is then redone under the old definition, and readers
+        drop the Kafka attempt by the chain rule, as for any epoch that reached Kafka but not Redis."""
+        view, schema = self.entry.name, follower.plan.schema
+        entry = self.catalog.get(view)  # staging bumped its version
+        version = entry.version + 1
+        _, old_raw, _, new_raw = self.replacements.read_both(view)
+        old = {self.entry.schema.key_of(row): row for row in map(decode_row, old_raw.values())}
+        new = {schema.key_of(row): row for row in map(decode_row, new_raw.values())}
+        changes = ChangeBatch.from_changes(schema, diff_rows(old, new, schema))
+        mutation = Mutation(APPLY_MUTATION, view, {"replacement_id": follower.id, "sql": follower.sql,
+                                                   "previous_sql": self.entry.sql, "version": version})
+        encoded = encode_batch(self.entry.key_columns, changes)
+        # The key-order index (backfills of views built on this one read it) follows the diff.
+        members: dict[str, list[bytes]] = {}
+        for op, key, vnode, key_bytes in zip(encoded.ops, changes.keys, encoded.vnodes, encoded.keys, strict=True):
+            members.setdefault(op, []).append(order_member(vnode, key, key_bytes))
+        added, removed = members.get(Op.CREATE.value, []), members.get(Op.DELETE.value, [])
+        follows = self._committer.mce
+
+        def produce(writer: ChangelogWriter) -> CommittedEpoch:
+            return writer.commit_batches(epoch, follows, [encoded], mutation=mutation)
+
+        def apply(index: Mapping[int, IndexEntry]) -> bool:
+            if not self.replacements.apply(view, follower.id, epoch, index, version, added, removed):
+                raise EpochWithdrawn(f"{view}: replacement {follower.id} withdrawn or discarded")
+            return True
+
+        if self._committer.commit(epoch, produce, ScriptCommit(apply)) is None:
+            follower.apply_requested = False
+            log.info("%s: replacement %s not applied at epoch %d (withdrawn or discarded)", view, follower.id, epoch)
+            return False
+        self.entry = applied_entry(entry, follower.sql, schema, follower.plan.sources, version)
+        self.catalog.put(self.entry)
+        self._adopt(self.entry, follower.plan, follower.operator)
+        self.follower = None
+        log.info("%s: replacement %s applied at epoch %d (%d change(s)), version %d", view, follower.id, epoch,
+                 len(changes), version)
+        return True
