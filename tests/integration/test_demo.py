@@ -98,7 +98,6 @@ def check_dashboard_answers(url: str) -> None:
     assert {"mvlog_view_epoch_lag", "mvlog_view_lag_seconds", "mvlog_view_max_committed_epoch"} <= families
 
 
-@pytest.mark.timeout(900)  # the clone's setup (a venv and its packages) comes first
 def fold_debezium_topic(settings: Settings, topic: str) -> dict[Any, dict[str, Any]]:
     """The rows of a Debezium change-event topic (JSON, no schemas): each key's last ``after``, gone after
     its ``d``; read from the start to the end offsets of every partition."""
@@ -132,6 +131,7 @@ def fold_debezium_topic(settings: Settings, topic: str) -> dict[Any, dict[str, A
         consumer.close()
 
 
+@pytest.mark.timeout(900)  # the clone's setup (a venv and its packages) comes first
 def test_demo_runs_the_chain_and_ends_consistent(settings: Settings, redis_client: redis.Redis,
                                                  tmp_path: Path, report: Callable[[str], None]) -> None:
     clone = clean_clone(tmp_path / "mvlog")
