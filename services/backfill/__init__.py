@@ -4,4 +4,5 @@
   its serving state in key-ordered chunks, merged with its live epochs (positions commit with each epoch).
 * ``snapshot``: :class:`~mvlog.services.backfill.snapshot.SnapshotBackfill`, the view computed by Spark SQL
   over the upstream's snapshot at epoch E and committed as the view's first epoch.
+* ``stages``: both as stages of a view's epoch pipeline (:mod:`mvlog.services.pipeline.stage`).
 """

@@ -1,5 +1,14 @@
-"""A view's epoch pipeline on Spark.
+"""A view's epoch pipeline: read the upstream epochs, run the stages and the operator, commit in order.
 
-* ``view_consumer``: the loop that maintains one view; ``micro_batch_worker``: applies its micro-batches
-  on one thread while Spark reads the next.
+* ``committer``: :class:`~mvlog.services.pipeline.committer.EpochCommitter`, the one owner of the commit
+  order (Kafka transaction, then Redis, roll forward from the changelog when Redis is behind) for table
+  writers, view consumers, snapshot loads and replacement cut-overs alike.
+* ``stage``: the interface of what sits between the upstream epochs and the commit (backfills and
+  replacements implement it, in their own packages).
+* ``reading``: the upstream changelogs read through Spark (``format("mvlog")``), as epochs of Arrow rows.
+* ``view_consumer``: the loop that maintains one view; ``streaming`` runs its reads (the backlog, then
+  the streaming query) and ``micro_batch_worker`` applies its micro-batches on one thread while Spark
+  reads the next.
+
+The package imports none of its modules: a table writer imports the committer without importing Spark.
 """

@@ -6,4 +6,5 @@
   whole changelog).
 * ``follower``: the replacement's operator, hydrated and then fed the view's epochs, writing only its own
   Redis keys.
+* ``stage``: all of it as a stage of the view's epoch pipeline, including the cut-over epoch.
 """
