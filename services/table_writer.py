@@ -11,47 +11,37 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, cast
 
 import redis
 
 from mvlog.catalog import CatalogEntry
-from mvlog.changes import Op
 from mvlog.config import Settings
 from mvlog.connectors import redis_client
 from mvlog.connectors.backpressure import Backpressure
 from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, ConsumedInput
 from mvlog.connectors.dead_letter import DeadLetterRecord
-from mvlog.connectors.streamed_commit import StreamedCommit
 from mvlog.connectors.topics import ensure_changelog
 from mvlog.connectors.view_store import Lifecycle, ViewStore
 from mvlog.epoch import EpochClock
-from mvlog.key_order import order_member
 from mvlog.record_limits import change_event_bytes, row_fits, surely_fitting_text, too_large_message
 from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType, FieldError, Key, Row, RowSchema
 from mvlog.schemas.codec import (
-    change_tail,
     decode_key,
     decode_row,
-    encode_change_rows,
     encode_key,
     encode_row,
     native_module,
 )
 from mvlog.services.pipeline.committer import EpochCommitter
-from mvlog.vnode import VNODE_COUNT, vnode_of
+from mvlog.services.table_epoch import READ_CHUNK, TableEpochEncoder
 
 log = logging.getLogger(__name__)
 
 _DELETED = None
-_READ_CHUNK = 10_000  # keys per HMGET of the current rows
-_SEND_EVERY = 4096  # changes encoded between two sends of the epoch's queued Redis commands
-_CREATE, _UPDATE, _DELETE = Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value
-# A change of one key: key bytes, op, row bytes before and after (None: no row), the key.
-_Change = tuple[bytes, str, bytes | None, bytes | None, Key]
 # Column kinds as the compiled normalize_row numbers them.
 _NATIVE_KINDS = {ColumnType.INT: 0, ColumnType.FLOAT: 1, ColumnType.STRING: 2, ColumnType.BOOLEAN: 3,
                  ColumnType.BYTES: 4}
@@ -162,6 +152,7 @@ class Table:
         self._text_limit = surely_fitting_text(self._writer.limit, self._writer.envelope_bytes,
                                                _row_bytes_without_text(self.schema))
         self._fast_normalize = _plain_row_normalizer(self.schema, self._text_limit)
+        self._encoder = TableEpochEncoder(entry, self.store, self._committer.writer)
         # A table created a moment ago has an empty changelog: nothing to roll forward.
         # A view built on the table's last epoch proves it committed, should Redis have lost it (wiped).
         # The next barrier names the last committed epoch (the committer's MCE).
@@ -301,8 +292,8 @@ class Table:
         with self._lock:
             rows = {key: self._pending[key] for key in keys if key in self._pending}
         unqueued = [key for key in keys if key not in rows]
-        for start in range(0, len(unqueued), _READ_CHUNK):  # bounded Redis replies
-            chunk = unqueued[start:start + _READ_CHUNK]
+        for start in range(0, len(unqueued), READ_CHUNK):  # bounded Redis replies
+            chunk = unqueued[start:start + READ_CHUNK]
             found = self.store.row_list(self.entry.name, [encode_key(self.entry.key_columns, key) for key in chunk])
             rows.update((key, None if raw is None else decode_row(raw)) for key, raw in zip(chunk, found, strict=True))
         return rows
@@ -383,7 +374,7 @@ class Table:
                 pending, self._pending = self._pending, {}
             # Before-images come from Redis: they must be those of the last committed epoch, so a wiped
             # Redis is noticed (and rebuilt from Kafka) before the changes are computed, and after.
-            changes = self._committer.compute(partial(self._changes, pending))
+            changes = self._committer.compute(partial(self._encoder.changes, pending))
             epoch = self._clock.next()
             self._epochs_written += 1
             checkpoint = self._epochs_written % self.settings.checkpoint_frequency == 0
@@ -393,145 +384,19 @@ class Table:
             staged = self.store.stream_commit(self.entry.name, epoch, follows)
 
             def produce(writer: ChangelogWriter) -> CommittedEpoch:
-                chunks = self._chunks(epoch, changes, staged)
+                chunks = self._encoder.chunks(epoch, changes, staged)
                 if side_records:
-                    chunks = self._with_side_records(chunks, side_records)
+                    chunks = self._encoder.with_side_records(chunks, side_records)
                 return writer.commit_records(epoch, follows, chunks, checkpoint=checkpoint, consumed=consumed)
 
             committed = self._committer.commit(epoch, produce, staged)
             assert committed is not None  # a streamed commit never withdraws its epoch
             return committed
 
-    def _chunks(self, epoch: int, changes: list[_Change], staged: StreamedCommit
-                ) -> Callable[[int, str], Iterator[list[tuple[bytes, int, bytes]]]]:
-        """The epoch's change events, in chunks, for :meth:`ChangelogWriter.commit_records`; each change
-        also goes to ``staged`` (row and key-order member), so every key's vnode and member is computed
-        once, and each chunk's Redis commands are sent while the next is encoded. The generator runs inside
-        the epoch's transaction: an error it raises aborts the epoch."""
-        view, key_of = self.entry.name, self.schema.key_of
-        row_kv, row_deletes = staged.row_kv, staged.row_deletes
-        order_puts, order_deletes = staged.order_puts, staged.order_deletes
-
-        def delete(vnode: int, kb: bytes, before: bytes) -> None:
-            row_deletes.append(kb)
-            order_deletes.append(order_member(vnode, key_of(decode_row(before)), kb))
-
-        def compiled(ts_ms: int, txn: str) -> Iterator[list[tuple[bytes, int, bytes]]]:
-            def tail(vnode: int, op: str) -> bytes:
-                return change_tail(view, epoch, vnode, op, ts_ms, txn)
-
-            tails: list[bytes | None] = [None] * (3 * VNODE_COUNT)  # by op (c, u, d) and vnode
-            for start in range(0, len(changes), _SEND_EVERY):
-                chunk: list[tuple[bytes, int, bytes]] = []
-                native.encode_table_changes(changes, start, start + _SEND_EVERY, tails, tail, row_kv, order_puts,
-                                            delete, order_member, chunk)
-                yield chunk
-                staged.send()
-
-        def python(ts_ms: int, txn: str) -> Iterator[list[tuple[bytes, int, bytes]]]:
-            put_row, put_member = row_kv.append, order_puts.append
-            for start in range(0, len(changes), _SEND_EVERY):
-                chunk = []
-                for kb, op, before, after, key in changes[start:start + _SEND_EVERY]:
-                    vnode = vnode_of(kb)
-                    if after is None:
-                        assert before is not None
-                        delete(vnode, kb, before)
-                    else:
-                        put_row(kb)
-                        put_row(after)
-                        put_member(order_member(vnode, key, kb))
-                    chunk.append((kb, vnode, encode_change_rows(view, epoch, vnode, op, before, after, ts_ms, txn)))
-                yield chunk
-                staged.send()
-
-        native = native_module()
-        return python if native is None else compiled
-
     @property
     def record_limit_bytes(self) -> int:
         """The largest record (key + value) this table's transactional producer sends."""
         return self._writer.limit.bytes
-
-    def _with_side_records(self, chunks: Callable[[int, str], Iterator[list[tuple[bytes, int, bytes]]]],
-                           side_records: Sequence[DeadLetterRecord]
-                           ) -> Callable[[int, str], Iterator[list[tuple[bytes, int, bytes]]]]:
-        """``chunks`` preceded by producing ``side_records`` with the changelog's transactional producer:
-        the generator runs inside the epoch's transaction (begun by the writer), so they commit or abort
-        with it. The writer produces only to its own changelog, hence its producer is used directly."""
-        producer = self._writer._producer
-
-        def with_side(ts_ms: int, txn: str) -> Iterator[list[tuple[bytes, int, bytes]]]:
-            for record in side_records:
-                while True:
-                    try:
-                        producer.produce(record.topic, record.value, record.key, headers=record.headers)
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
-            yield from chunks(ts_ms, txn)
-
-        return with_side
-
-    def _changes(self, pending: Mapping[Key, Row | None]) -> list[_Change]:
-        """(key bytes, op, before, after, key) of every pending key whose row changes (each key once).
-
-        ``before`` is the row's bytes in Redis and ``after`` the new row encoded, so an unchanged row is
-        found by comparing bytes: both are ``encode_row`` of a normalized row (columns in schema order),
-        and equal bytes decode to equal rows. Only different bytes of an existing row are decoded and
-        compared as rows (as ``change_between`` does): 0.0 and -0.0, say, are equal rows.
-        """
-        columns, view = self.entry.key_columns, self.entry.name
-        changes: list[_Change] = []
-        append = changes.append
-        if self.store.row_count(view) == 0:  # a first load: no before-images to read
-            if (native := native_module()) is not None and type(pending) is dict:
-                native.encode_created(pending, tuple(columns), _CREATE, changes, encode_key, encode_row)
-                return changes
-            for key, after in pending.items():
-                if after is not None:  # (a delete of a key without a row changes nothing)
-                    append((encode_key(columns, key), _CREATE, None, encode_row(after), key))
-            return changes
-        items = list(pending.items())
-        if (native := native_module()) is not None:
-            for start in range(0, len(items), _READ_CHUNK):
-                self._changes_compiled(native, items[start:start + _READ_CHUNK], changes)
-            return changes
-        for start in range(0, len(items), _READ_CHUNK):  # bounded Redis replies
-            chunk = items[start:start + _READ_CHUNK]
-            key_bytes = [encode_key(columns, key) for key, _ in chunk]
-            current = self.store.row_list(view, key_bytes)
-            for (key, after), kb, raw in zip(chunk, key_bytes, current, strict=True):
-                if after is None:
-                    if raw is not None:
-                        append((kb, _DELETE, raw, None, key))
-                    continue
-                after_bytes = encode_row(after)
-                if raw is None:
-                    append((kb, _CREATE, None, after_bytes, key))
-                elif raw != after_bytes and decode_row(raw) != after:
-                    append((kb, _UPDATE, raw, after_bytes, key))
-        return changes
-
-    def _changes_compiled(self, native: Any, chunk: list[tuple[Key, Row | None]], changes: list[_Change]) -> None:
-        """:meth:`_changes` of one chunk of pending keys, their keys and rows encoded by one compiled call
-        (as for a first load), then compared with the rows in Redis (one HMGET)."""
-        columns, view = self.entry.key_columns, self.entry.name
-        rows = {key: after for key, after in chunk if after is not None}
-        written: list[_Change] = []  # (key bytes, create, None, row bytes, key) of each key with a row
-        native.encode_created(rows, tuple(columns), _CREATE, written, encode_key, encode_row)
-        deleted = [key for key, after in chunk if after is None] if len(rows) < len(chunk) else []
-        deleted_bytes = [encode_key(columns, key) for key in deleted]
-        current = self.store.row_list(view, [change[0] for change in written] + deleted_bytes)
-        append = changes.append
-        for change, raw in zip(written, current, strict=False):
-            if raw is None:
-                append(change)
-            elif raw != change[3] and decode_row(raw) != rows[change[4]]:
-                append((change[0], _UPDATE, raw, change[3], change[4]))
-        for key, kb, raw in zip(deleted, deleted_bytes, current[len(written):], strict=True):
-            if raw is not None:
-                append((kb, _DELETE, raw, None, key))
 
     # --- background epochs ------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from mvlog.config import Settings
 from mvlog.connectors.streamed_commit import StreamedCommit
+from mvlog.services.table_epoch import TableEpochEncoder
 from mvlog.services.table_writer import Table
 
 HOLD_S = 2.0
@@ -37,9 +38,9 @@ _close = threading.Event()
 
 def _hold_epochs() -> None:
     """Make Table hold an epoch's transaction open after its changes when ``_hold`` is set."""
-    chunks = Table._chunks
+    chunks = TableEpochEncoder.chunks
 
-    def holding(self: Table, epoch: int, changes: list[Any], staged: StreamedCommit
+    def holding(self: TableEpochEncoder, epoch: int, changes: list[Any], staged: StreamedCommit
                 ) -> Callable[[int, str], Iterator[list[tuple[bytes, int, bytes]]]]:
         inner = chunks(self, epoch, changes, staged)
 
@@ -47,13 +48,13 @@ def _hold_epochs() -> None:
             yield from inner(ts_ms, txn)
             if _hold.is_set():
                 _hold.clear()
-                self._writer._producer.flush(10)  # the changes are on the broker, in the open transaction
+                self.writer._producer.flush(10)  # the changes are on the broker, in the open transaction
                 print(f"open {epoch} {len(changes)}", flush=True)
                 time.sleep(HOLD_S)
 
         return produce
 
-    Table._chunks = holding  # type: ignore[method-assign]
+    TableEpochEncoder.chunks = holding  # type: ignore[method-assign]
 
 
 def _commands() -> None:
