@@ -53,7 +53,7 @@ def _plain_row_normalizer(schema: RowSchema, max_text_bytes: int) -> Callable[[A
     A plain dict whose values are of exactly the column types (an int for a float column too) is valid
     and normalized here in one pass; anything else (None for the slow path) is left to the schema,
     which names each problem. So is a row whose strings and bytes exceed ``max_text_bytes``
-    (:meth:`Table._too_large` names it). The result is always what validate + normalize give.
+    (:meth:`_RowLimits.too_large` names it). The result is always what validate + normalize give.
     """
     names = frozenset(schema.names)
     columns = [(c.name, c.type, c.nullable) for c in schema.columns]
@@ -115,6 +115,44 @@ def _key_getter(primary_key: Sequence[str]) -> Callable[[Row], Key]:
     return cast(Callable[[Row], Key], operator.itemgetter(*primary_key))
 
 
+def _valid_key(schema: RowSchema, key_of: Callable[[Row], Key], row: Any) -> Key | None:
+    """The normalized primary key of a (partial) row, None when it lacks a valid one."""
+    if not isinstance(row, Mapping) or any(name not in row for name in schema.primary_key):
+        return None
+    key = tuple(row[name] for name in schema.primary_key)
+    if schema.validate_key(key):
+        return None
+    return key_of(schema.normalize(schema.key_row(key)))
+
+
+class _RowLimits:
+    """Whether a row of table ``entry`` fits one record of its changelog (``writer``'s limit)."""
+
+    def __init__(self, entry: CatalogEntry, writer: ChangelogWriter, key_of: Callable[[Row], Key]) -> None:
+        self.entry, self.writer, self.key_of = entry, writer, key_of
+        # Only string and bytes columns can make a row too large for one Kafka record: checked per row.
+        self.sized_columns = [c.name for c in entry.schema.columns if c.type in (ColumnType.STRING, ColumnType.BYTES)]
+        # Rows with no more text than this fit the changelog for sure; larger ones are measured (too_large).
+        self.text_limit = surely_fitting_text(writer.limit, writer.envelope_bytes,
+                                              _row_bytes_without_text(entry.schema))
+
+    def too_large(self, row: Row) -> tuple[str, str] | None:
+        """(largest column, problem) when a change of the row could not be one record of the changelog
+        (the broker, the producer or the readers would refuse it; an update carries the row twice): it is
+        refused now, before any epoch, rather than aborting the epoch it would be in."""
+        sizes = {name: len(value) for name in self.sized_columns if (value := row.get(name)) is not None}
+        if sum(sizes.values()) <= self.text_limit:
+            return None
+        key = self.key_of(row)
+        row_bytes, key_bytes = len(encode_row(row)), len(encode_key(self.entry.key_columns, key))
+        limit, envelope = self.writer.limit, self.writer.envelope_bytes
+        if row_fits(row_bytes, key_bytes, envelope, limit):
+            return None
+        event_bytes = change_event_bytes(key_bytes, row_bytes, row_bytes, envelope)
+        return (max(sizes, key=lambda name: sizes[name]),
+                too_large_message(key, row_bytes, event_bytes, limit, self.writer.topic))
+
+
 class RowValidationError(ValueError):
     """Some rows of a call were refused; the others (``accepted``) were queued for the next epoch."""
 
@@ -142,15 +180,12 @@ class Table:
         self._native_columns = tuple((c.name, _NATIVE_KINDS[c.type], c.nullable) for c in self.schema.columns)
         self._key_positions = tuple(self.schema.names.index(k) for k in self.schema.primary_key)
         self._key_of = _key_getter(self.schema.primary_key)
-        # Only string and bytes columns can make a row too large for one Kafka record: checked per row.
-        self._sized_columns = [c.name for c in self.schema.columns if c.type in (ColumnType.STRING, ColumnType.BYTES)]
         self._redis = client or redis_client.connect(settings)
         self.store = ViewStore(self._redis, settings.topic_prefix)
         # The committer's writer (init_transactions) fences any earlier writer before we read the log's tail.
         self._committer = EpochCommitter.for_table(settings, self._redis, entry)
-        # Rows with no more text than this fit the changelog for sure; larger ones are measured (_too_large).
-        self._text_limit = surely_fitting_text(self._writer.limit, self._writer.envelope_bytes,
-                                               _row_bytes_without_text(self.schema))
+        self._limits = _RowLimits(entry, self._writer, self._key_of)
+        self._text_limit = self._limits.text_limit
         self._fast_normalize = _plain_row_normalizer(self.schema, self._text_limit)
         self._encoder = TableEpochEncoder(entry, self.store, self._committer.writer)
         # A table created a moment ago has an empty changelog: nothing to roll forward.
@@ -230,7 +265,7 @@ class Table:
                     errors.extend(problems)
                     continue
                 normalized = self.schema.normalize(row)
-                if self._sized_columns and (problem := self._too_large(normalized)) is not None:
+                if (problem := self._limits.too_large(normalized)) is not None:
                     errors.append(FieldError(index, problem[0], problem[1]))
                     continue
             accepted[key_of(normalized)] = normalized
@@ -239,22 +274,6 @@ class Table:
         if errors:
             raise RowValidationError(self.entry.name, errors, len(accepted))
         return len(accepted)
-
-    def _too_large(self, row: Row) -> tuple[str, str] | None:
-        """(largest column, problem) when a change of the row could not be one record of the changelog
-        (the broker, the producer or the readers would refuse it; an update carries the row twice): it is
-        refused now, before any epoch, rather than aborting the epoch it would be in."""
-        sizes = {name: len(value) for name in self._sized_columns if (value := row.get(name)) is not None}
-        if sum(sizes.values()) <= self._text_limit:
-            return None
-        key = self._key_of(row)
-        row_bytes, key_bytes = len(encode_row(row)), len(encode_key(self.entry.key_columns, key))
-        limit, envelope = self._writer.limit, self._writer.envelope_bytes
-        if row_fits(row_bytes, key_bytes, envelope, limit):
-            return None
-        event_bytes = change_event_bytes(key_bytes, row_bytes, row_bytes, envelope)
-        return (max(sizes, key=lambda name: sizes[name]),
-                too_large_message(key, row_bytes, event_bytes, limit, self._writer.topic))
 
     def merge(self, rows: Iterable[Mapping[str, Any]]) -> int:
         """Like :meth:`upsert`, but a column that a row omits keeps its current value instead of becoming
@@ -265,7 +284,7 @@ class Table:
         merged rows are queued under the commit lock, so no epoch commits in between.
         """
         rows = list(rows)
-        keys = [self._valid_key(row) for row in rows]
+        keys = [_valid_key(self.schema, self._key_of, row) for row in rows]
         with self._commit_lock:
             self._committer.ensure_serving_state()  # a wiped Redis would read as rows that do not exist
             current = self._current_rows({key for key in keys if key is not None})
@@ -277,15 +296,6 @@ class Table:
                         current[key] = row  # a later row of the key merges over this one
                 merged.append(row)
             return self.upsert(merged)
-
-    def _valid_key(self, row: Any) -> Key | None:
-        """The normalized primary key of a (partial) row, None when it lacks a valid one."""
-        if not isinstance(row, Mapping) or any(name not in row for name in self.schema.primary_key):
-            return None
-        key = tuple(row[name] for name in self.schema.primary_key)
-        if self.schema.validate_key(key):
-            return None
-        return self._key_of(self.schema.normalize(self.schema.key_row(key)))
 
     def _current_rows(self, keys: set[Key]) -> dict[Key, Row | None]:
         """Each key's row as this writer leaves it so far: queued (None for a queued delete), else committed."""
