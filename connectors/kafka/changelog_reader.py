@@ -2,7 +2,7 @@
 
 The reader seeks each partition to just after the barrier of the last epoch before its start (looked up
 in the epoch index), aligns barriers across partitions and yields :class:`~mvlog.changes.Epoch` objects.
-Records it cannot use go to the view's dead-letter topic (see :mod:`mvlog.connectors.dead_letter`).
+Records it cannot use go to the view's dead-letter topic (see :mod:`mvlog.connectors.kafka.dead_letter`).
 It never uses the broker's high watermark to decide where an epoch ends: barriers do that (Tansu
 reports the watermark of the last batch's base offset, not of the log's end). An epoch is handed out
 once it is committed: named by its successor's barrier, or present in the epoch index.
@@ -20,10 +20,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from mvlog.barrier_alignment import EpochAligner
 from mvlog.changes import Epoch, IndexEntry
 from mvlog.config import Settings
-from mvlog.connectors.changelog_records import BarrierRecord, ChangeRecord, decode_record
-from mvlog.connectors.dead_letter import DeadLetterQueue
-from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.kafka_security import RefusalWatch
+from mvlog.connectors.kafka.changelog_records import BarrierRecord, ChangeRecord, decode_record
+from mvlog.connectors.kafka.dead_letter import DeadLetterQueue
+from mvlog.connectors.kafka.kafka_security import RefusalWatch
+from mvlog.connectors.redis.epoch_index import EpochIndex
 
 
 class ChangelogReadError(RuntimeError):
@@ -88,7 +88,7 @@ class ChangelogReader:
 
     def epochs(self, idle_timeout: float | None = None, poll_timeout: float = 0.2) -> Iterator[Epoch]:
         """Yield complete epochs; stop at ``upto_epoch``, or after ``idle_timeout`` s without a record.
-        Raises :class:`~mvlog.connectors.kafka_security.KafkaAccessError` if the broker refuses the reader."""
+        Raises :class:`~mvlog.connectors.kafka.kafka_security.KafkaAccessError` if the broker refuses the reader."""
         last_record = time.monotonic()
         while not self.done():
             messages = self._consumer.consume(num_messages=2000, timeout=poll_timeout)

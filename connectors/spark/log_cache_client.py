@@ -7,7 +7,7 @@ module only decides where each planned epoch is read from, never which epochs th
   stream, in the data source's row shape; the reply must carry exactly the planned epochs, one barrier
   row each, or it is discarded;
 * epochs below the worker's floor were evicted: they are read from Kafka (seeking by the epoch index,
-  :func:`~mvlog.connectors.spark_source.read_partition_from_kafka`), then the reader asks the cache
+  :func:`~mvlog.connectors.spark.spark_source.read_partition_from_kafka`), then the reader asks the cache
   again for the rest. That is the replay of lagged epochs; a reader rejoins the cache right after the
   last epoch it replayed, so no epoch is read twice or skipped;
 * epochs above the worker's tail are waited for a little (the worker aligns an epoch within
@@ -32,12 +32,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.cache_registry import CacheRegistry
-from mvlog.connectors.change_rows import BARRIER
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.cache_registry import CacheRegistry
+from mvlog.connectors.spark.change_rows import BARRIER
 
 if TYPE_CHECKING:
-    from mvlog.connectors.spark_source import PartitionRange
+    from mvlog.connectors.spark.spark_source import PartitionRange
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
 
 from mvlog.config import Settings
-from mvlog.connectors.changelog_reader import reader_consumer
-from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.topics import describe_config
+from mvlog.connectors.kafka.changelog_reader import reader_consumer
+from mvlog.connectors.kafka.topics import describe_config
+from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.replay import RetainedRange, retained_range
 from mvlog.schemas.codec import DecodeError, decode_barrier
 

@@ -27,8 +27,8 @@ from typing import Any
 from confluent_kafka import Producer
 
 from mvlog.config import Settings
-from mvlog.connectors.changelog_records import PoisonRecord
-from mvlog.connectors.topics import ensure_topic
+from mvlog.connectors.kafka.changelog_records import PoisonRecord
+from mvlog.connectors.kafka.topics import ensure_topic
 
 log = logging.getLogger(__name__)
 

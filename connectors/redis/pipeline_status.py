@@ -21,7 +21,7 @@ from typing import cast
 import redis
 
 from mvlog.catalog import CatalogEntry
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.lag import LagSample
 from mvlog.lag_status import Verdict
 from mvlog.view_status import BackfillProgress, Backpressure, CacheOccupancy, ViewStatus

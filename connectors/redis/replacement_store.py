@@ -30,9 +30,9 @@ from typing import cast
 import redis
 
 from mvlog.changes import IndexEntry
-from mvlog.connectors.epoch_index import EpochIndex, epoch_hex, index_member
-from mvlog.connectors.lua_prelude import EACH_CHUNK
-from mvlog.connectors.redis_keys import view_key
+from mvlog.connectors.redis.epoch_index import EpochIndex, epoch_hex, index_member
+from mvlog.connectors.redis.lua_prelude import EACH_CHUNK
+from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.replacement import Status
 
 _STAGE_SCRIPT = """

@@ -28,7 +28,7 @@ that the view is still empty and that everything staged is there, and renames th
 The transaction's connection is its own, outside the client's retry policy; when it breaks (Redis
 restarted), nothing queued on it applies (or EXEC did, and the MCE says so) and :meth:`StreamedCommit.finish`
 commits the epoch with the script, which the client retries until Redis is back
-(:mod:`mvlog.connectors.redis_client`).
+(:mod:`mvlog.connectors.redis.redis_client`).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from typing import Any
 import redis
 from hiredis import pack_command  # redis[hiredis] is a dependency: packs a whole chunk in C
 
-from mvlog.connectors.epoch_index import IndexEntry, epoch_hex, index_member
-from mvlog.connectors.view_store import ServingStateLostError, ViewStore
+from mvlog.connectors.redis.epoch_index import IndexEntry, epoch_hex, index_member
+from mvlog.connectors.redis.view_store import ServingStateLostError, ViewStore
 
 log = logging.getLogger(__name__)
 

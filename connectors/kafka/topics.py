@@ -21,7 +21,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from mvlog.config import Settings
-from mvlog.connectors.kafka_security import RefusalWatch, cluster_metadata, watched_admin
+from mvlog.connectors.kafka.kafka_security import RefusalWatch, cluster_metadata, watched_admin
 from mvlog.record_limits import RecordLimit, effective_record_limit, headers_bytes, topic_bytes_needed
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_CHANGE
 
@@ -45,7 +45,7 @@ def ensure_topic(settings: Settings, topic: str, partitions: int, config: dict[s
     (a watermark query, say) fails with UNKNOWN_TOPIC_OR_PARTITION.
 
     Usually mvlog's first contact with Kafka: a broker refusing the credentials or the TLS handshake
-    raises :class:`~mvlog.connectors.kafka_security.KafkaAccessError` at once, naming the reason."""
+    raises :class:`~mvlog.connectors.kafka.kafka_security.KafkaAccessError` at once, naming the reason."""
     admin, watch = watched_admin(settings)
     metadata = cluster_metadata(admin, watch, timeout=timeout)
     existing = metadata.topics.get(topic)

@@ -19,7 +19,7 @@ from redis.exceptions import NoScriptError
 
 def run_script(client: redis.Redis, script: Script, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
     """``script(keys=keys, args=args)``: the same reply, the same errors, the same retries (the client's
-    policy: :mod:`mvlog.connectors.redis_client` waits through a Redis restart, whose empty script cache
+    policy: :mod:`mvlog.connectors.redis.redis_client` waits through a Redis restart, whose empty script cache
     the NOSCRIPT fallback refills)."""
     if type(client) is not redis.Redis:  # another client (a cluster, a pipeline): its own way
         return script(keys=keys, args=args)

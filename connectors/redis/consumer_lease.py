@@ -15,7 +15,7 @@ import socket
 
 import redis
 
-from mvlog.connectors.redis_keys import view_key
+from mvlog.connectors.redis.redis_keys import view_key
 
 #: How long a lease outlives its last renewal: a few of the supervisor's renewals (every second).
 LEASE_TTL_MS = 5_000

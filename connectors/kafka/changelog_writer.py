@@ -19,11 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from mvlog.changes import Barrier, Mutation, Op
+from mvlog.changes import Barrier, IndexEntry, Mutation, Op
 from mvlog.config import Settings
-from mvlog.connectors.epoch_index import IndexEntry
-from mvlog.connectors.kafka_security import RefusalWatch
-from mvlog.connectors.topics import CHANGE_HEADER_BYTES, PRODUCER_LIMIT, changelog_record_limit
+from mvlog.connectors.kafka.kafka_security import RefusalWatch
+from mvlog.connectors.kafka.topics import CHANGE_HEADER_BYTES, PRODUCER_LIMIT, changelog_record_limit
 from mvlog.record_limits import RecordLimit, producer_max_bytes_for
 from mvlog.schemas.arrow_rows import encode_rows
 from mvlog.schemas.codec import (

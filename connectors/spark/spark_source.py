@@ -46,14 +46,14 @@ from pyspark.sql.types import StructType
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings, load_settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.change_rows import SignedRowBuilder, arrow_schema
-from mvlog.connectors.changelog_reader import ChangelogReadError, reader_consumer
-from mvlog.connectors.changelog_records import ChangeRecord, PoisonRecord, decode_change_run, decode_record
-from mvlog.connectors.dead_letter import DeadLetterQueue
-from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.log_cache_client import read_with_cache
+from mvlog.connectors.kafka.changelog_reader import ChangelogReadError, reader_consumer
+from mvlog.connectors.kafka.changelog_records import ChangeRecord, PoisonRecord, decode_change_run, decode_record
+from mvlog.connectors.kafka.dead_letter import DeadLetterQueue
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import EpochIndex
+from mvlog.connectors.spark.change_rows import SignedRowBuilder, arrow_schema
+from mvlog.connectors.spark.log_cache_client import read_with_cache
 from mvlog.gc_pause import gc_paused
 from mvlog.row_schema import Row, RowSchema
 from mvlog.trigger_limit import last_admitted
@@ -92,7 +92,7 @@ class PartitionRange(InputPartition):
 
 def read_partition_range(part: PartitionRange, batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
     """Executor side: one partition's committed epochs of the range, from the log cache when a worker
-    holds them (:mod:`mvlog.connectors.log_cache_client`), else from Kafka."""
+    holds them (:mod:`mvlog.connectors.spark.log_cache_client`), else from Kafka."""
     yield from read_with_cache(part, read_partition_from_kafka)
 
 

@@ -30,8 +30,8 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors.changelog_reader import reader_consumer
-from mvlog.connectors.redis_keys import view_key
+from mvlog.connectors.kafka.changelog_reader import reader_consumer
+from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.source_lag import PartitionPosition, SourceLag, SourceState, missing_topic, source_lag
 from mvlog.source_spec import SourceSpec, source_group
 

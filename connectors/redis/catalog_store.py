@@ -13,11 +13,11 @@ from confluent_kafka import Producer, TopicPartition
 
 from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.config import Settings
-from mvlog.connectors.changelog_reader import reader_consumer
-from mvlog.connectors.changelog_records import PoisonRecord
-from mvlog.connectors.dead_letter import DeadLetterQueue
-from mvlog.connectors.retention import has_records
-from mvlog.connectors.topics import ensure_topic
+from mvlog.connectors.kafka.changelog_reader import reader_consumer
+from mvlog.connectors.kafka.changelog_records import PoisonRecord
+from mvlog.connectors.kafka.dead_letter import DeadLetterQueue
+from mvlog.connectors.kafka.retention import has_records
+from mvlog.connectors.kafka.topics import ensure_topic
 from mvlog.schemas.codec import DecodeError, decode_catalog_entry, encode_catalog_entry
 
 

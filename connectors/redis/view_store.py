@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any, cast
 import redis
 
 from mvlog.changes import Change
-from mvlog.connectors.changelog_writer import EncodedBatch
-from mvlog.connectors.epoch_index import EpochIndex, IndexEntry, epoch_hex, index_member
-from mvlog.connectors.lua_prelude import EACH_CHUNK, SWAP_STAGED
-from mvlog.connectors.packed_script import run_script
-from mvlog.connectors.redis_keys import view_key
+from mvlog.connectors.kafka.changelog_writer import EncodedBatch
+from mvlog.connectors.redis.epoch_index import EpochIndex, IndexEntry, epoch_hex, index_member
+from mvlog.connectors.redis.lua_prelude import EACH_CHUNK, SWAP_STAGED
+from mvlog.connectors.redis.packed_script import run_script
+from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.key_order import order_member, order_members
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import encode_key, encode_row
 from mvlog.vnode import vnode_of
 
 if TYPE_CHECKING:
-    from mvlog.connectors.streamed_commit import StreamedCommit
+    from mvlog.connectors.redis.streamed_commit import StreamedCommit
 
 
 class Lifecycle(StrEnum):
@@ -269,8 +269,8 @@ class ViewStore:
 
     def stream_commit(self, view: str, epoch: int, follows: int) -> StreamedCommit:
         """An epoch commit of rows and key order whose commands are sent as they are encoded (see
-        :mod:`mvlog.connectors.streamed_commit`)."""
-        from mvlog.connectors.streamed_commit import StreamedCommit
+        :mod:`mvlog.connectors.redis.streamed_commit`)."""
+        from mvlog.connectors.redis.streamed_commit import StreamedCommit
 
         return StreamedCommit(self, view, epoch, follows)
 

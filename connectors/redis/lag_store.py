@@ -22,9 +22,9 @@ from typing import cast
 import redis
 
 from mvlog.catalog import CatalogEntry
-from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.redis_keys import view_key
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.epoch_index import EpochIndex
+from mvlog.connectors.redis.redis_keys import view_key
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.lag import LagSample, measure
 from mvlog.lag_status import LagStatus, Verdict
 

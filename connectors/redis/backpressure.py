@@ -17,8 +17,8 @@ import redis
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
 
 MAX_EPOCH_LAG = "max_epoch_lag"  # the catalog option (see mvlog.services.view_ddl.VIEW_OPTIONS)
 

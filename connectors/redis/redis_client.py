@@ -10,8 +10,8 @@ redis-py's own :class:`~redis.retry.Retry` and exponential backoff, for up to
 A retried command may have been applied before its reply was lost. Plain writes mvlog repeats are
 idempotent (HSET of the same values, a lease renewal); an epoch commit is refused at or below the MCE by
 its script, and its callers count a refused commit whose epoch *is* the MCE as applied
-(:meth:`mvlog.connectors.view_store.ViewStore.holds`). Lua scripts come back by themselves: redis-py's
-``Script`` and :func:`mvlog.connectors.packed_script.run_script` load a script again on ``NOSCRIPT``
+(:meth:`mvlog.connectors.redis.view_store.ViewStore.holds`). Lua scripts come back by themselves: redis-py's
+``Script`` and :func:`mvlog.connectors.redis.packed_script.run_script` load a script again on ``NOSCRIPT``
 (a restarted server has an empty script cache).
 
 An outage is logged once per process and server, not per retry: a warning when the first command

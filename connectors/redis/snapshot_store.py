@@ -16,7 +16,7 @@ from pathlib import Path
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.redis_keys import view_key
+from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.snapshot_plan import SnapshotRecord
 
 MANIFEST = "_mvlog_snapshot.json"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import redis
 
 from mvlog.changes import IndexEntry
-from mvlog.connectors.redis_keys import view_key
+from mvlog.connectors.redis.redis_keys import view_key
 
 __all__ = ["EpochIndex", "IndexEntry"]
 
