@@ -14,7 +14,7 @@ result here):
   ``pipeline_status``, ``source_status``, ``cache_registry`` (which log cache worker holds a partition).
 * Plumbing: ``redis_keys`` (every key of a view shares its hash tag ``{view}``, so multi-key scripts run on
   Redis Cluster), ``redis_client`` (how every process connects, and waits through a restart),
-  ``lua_prelude`` (the Lua functions the scripts share),
+  ``lua_scripts`` (the scripts in ``lua/*.lua`` with their shared functions in ``lua/lib/``),
   ``packed_script`` (a script with many arguments sent in one packed ``EVALSHA``).
 
 One unit because these modules share the key layout, the client and its retry policy, and the rule that

@@ -15,16 +15,14 @@ import socket
 
 import redis
 
+from mvlog.connectors.redis.lua_scripts import lua_script
 from mvlog.connectors.redis.redis_keys import view_key
 
 #: How long a lease outlives its last renewal: a few of the supervisor's renewals (every second).
 LEASE_TTL_MS = 5_000
 STOP_REQUEST_TTL_MS = 300_000  # a request nobody picks up (its holder died) does not outlive the view
 
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1], KEYS[2]) end
-return 0
-"""
+_RELEASE = lua_script("consumer_lease_release")
 
 
 def holder_id() -> str:

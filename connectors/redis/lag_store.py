@@ -23,22 +23,14 @@ import redis
 
 from mvlog.catalog import CatalogEntry
 from mvlog.connectors.redis.epoch_index import EpochIndex
+from mvlog.connectors.redis.lua_scripts import lua_script
 from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.lag import LagSample, measure
 from mvlog.lag_status import LagStatus, Verdict
 
-_RENEW_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
-"""
-_RELEASE_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+_RENEW_SCRIPT = lua_script("lag_sampler_renew")
+_RELEASE_SCRIPT = lua_script("lag_sampler_release")
 
 
 class LagStore:

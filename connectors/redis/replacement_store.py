@@ -31,103 +31,28 @@ import redis
 
 from mvlog.changes import IndexEntry
 from mvlog.connectors.redis.epoch_index import EpochIndex, epoch_hex, index_member
-from mvlog.connectors.redis.lua_prelude import EACH_CHUNK
+from mvlog.connectors.redis.lua_scripts import lua_script
 from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.replacement import Status
 
-_STAGE_SCRIPT = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'staged' then return redis.call('HGET', KEYS[1], 'id') end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-redis.call('HSET', KEYS[1], 'id', ARGV[1], 'sql', ARGV[2], 'status', 'staged', 'staged_ts_ms', ARGV[3])
-return false
-"""
+_STAGE_SCRIPT = lua_script("replacement_stage")
 
 # KEYS: record, rows, opstate. ARGV: id, epoch hex, epoch, ts, #row puts, #row deletes, #state puts,
 # #state deletes, then the items, then record fields to set with the commit (name, value pairs).
-_COMMIT_SCRIPT = EACH_CHUNK + """
-if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'status') ~= 'staged' then
-  return 0
-end
-local current = redis.call('HGET', KEYS[1], 'mce_hex')
-if current and current >= ARGV[2] then return 0 end
-local i = 9
-i = each_chunk('HSET', KEYS[2], i, tonumber(ARGV[5]), 2)
-i = each_chunk('HDEL', KEYS[2], i, tonumber(ARGV[6]), 1)
-i = each_chunk('HSET', KEYS[3], i, tonumber(ARGV[7]), 2)
-i = each_chunk('HDEL', KEYS[3], i, tonumber(ARGV[8]), 1)
-redis.call('HSET', KEYS[1], 'mce_hex', ARGV[2], 'mce', ARGV[3], 'mce_ts_ms', ARGV[4])
-if i <= #ARGV then redis.call('HSET', KEYS[1], unpack(ARGV, i, #ARGV)) end
-return 1
-"""
+_COMMIT_SCRIPT = lua_script("replacement_commit", lib=["each_chunk"])
 
-_REQUEST_APPLY_SCRIPT = """
-if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'status') ~= 'staged' then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'apply_requested', ARGV[2])
-return 1
-"""
+_REQUEST_APPLY_SCRIPT = lua_script("replacement_request_apply")
 
-_WITHDRAW_SCRIPT = """
-if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'status') ~= 'staged' then
-  return 0
-end
-redis.call('HDEL', KEYS[1], 'apply_requested')
-return 1
-"""
+_WITHDRAW_SCRIPT = lua_script("replacement_withdraw")
 
-_FAIL_SCRIPT = """
-if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'status') ~= 'staged' then
-  return 0
-end
-redis.call('HDEL', KEYS[1], 'apply_requested')
-redis.call('HSET', KEYS[1], 'error', ARGV[2])
-return 1
-"""
+_FAIL_SCRIPT = lua_script("replacement_fail")
 
-_DISCARD_SCRIPT = """
-if redis.call('HGET', KEYS[1], 'status') ~= 'staged' then return false end
-local id = redis.call('HGET', KEYS[1], 'id')
-redis.call('DEL', KEYS[2], KEYS[3])
-redis.call('HDEL', KEYS[1], 'apply_requested', 'mce', 'mce_hex', 'mce_ts_ms', 'error', 'hydration_epoch',
-           'hydrated_from')
-redis.call('HSET', KEYS[1], 'status', 'discarded', 'discarded_ts_ms', ARGV[1])
-return id
-"""
+_DISCARD_SCRIPT = lua_script("replacement_discard")
 
 # KEYS: record, rows, opstate, view meta, view rows, view opstate, view key-order index, index keys...
 # ARGV: id, epoch hex, epoch, ts, version, one index member per index key, then the counts of key-order
 # members added and removed (the diff's inserts and deletes) and those members.
-_APPLY_SCRIPT = """
-local record = KEYS[1]
-if redis.call('HGET', record, 'id') ~= ARGV[1] or redis.call('HGET', record, 'status') ~= 'staged'
-   or not redis.call('HGET', record, 'apply_requested') then
-  return 0
-end
-local mine = redis.call('HGET', record, 'mce_hex')
-if not mine or mine < ARGV[2] then return 0 end
-local current = redis.call('HGET', KEYS[4], 'mce_hex')
-if current and current >= ARGV[2] then return 0 end
-for k = 2, 3 do
-  if redis.call('EXISTS', KEYS[k]) == 1 then
-    redis.call('RENAME', KEYS[k], KEYS[k + 3])
-  else
-    redis.call('DEL', KEYS[k + 3])
-  end
-end
-for k = 8, #KEYS do redis.call('ZADD', KEYS[k], 0, ARGV[k - 2]) end
-local i = #KEYS - 1
-local added, removed = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
-i = i + 2
-for j = i, i + added - 1 do redis.call('ZADD', KEYS[7], 0, ARGV[j]) end
-for j = i + added, i + added + removed - 1 do redis.call('ZREM', KEYS[7], ARGV[j]) end
-redis.call('HSET', KEYS[4], 'mce_hex', ARGV[2], 'mce', ARGV[3], 'mce_ts_ms', ARGV[4])
-redis.call('HDEL', record, 'apply_requested', 'mce', 'mce_hex', 'mce_ts_ms')
-redis.call('HSET', record, 'status', 'applied', 'applied_epoch', ARGV[3], 'applied_version', ARGV[5],
-           'applied_ts_ms', ARGV[4])
-return 1
-"""
+_APPLY_SCRIPT = lua_script("replacement_apply")
 
 
 @dataclass(frozen=True)

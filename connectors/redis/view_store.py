@@ -22,7 +22,7 @@ import redis
 from mvlog.changes import Change
 from mvlog.connectors.kafka.changelog_writer import EncodedBatch
 from mvlog.connectors.redis.epoch_index import EpochIndex, IndexEntry, epoch_hex, index_member
-from mvlog.connectors.redis.lua_prelude import EACH_CHUNK, SWAP_STAGED
+from mvlog.connectors.redis.lua_scripts import lua_script
 from mvlog.connectors.redis.packed_script import run_script
 from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.key_order import order_member, order_members
@@ -45,114 +45,22 @@ class Lifecycle(StrEnum):
 
 JOURNAL_LIMIT = 100_000  # committed backfill chunks kept per view (the I5 audit trail, newest last)
 
-_COMMIT_SCRIPT = EACH_CHUNK + """
-local meta = KEYS[1]
-local current = redis.call('HGET', meta, 'mce_hex')
-if current and current >= ARGV[1] then
-  return 0
-end
-if ARGV[13] ~= '' and (current or 'none') ~= ARGV[13] then
-  return -1
-end
--- ZADD of members with score 0, 256 members per call.
-local function zadd_all(key, first, count)
-  local i = first
-  while i < first + count do
-    local args = {}
-    for j = i, math.min(i + 255, first + count - 1) do
-      args[#args + 1] = 0
-      args[#args + 1] = ARGV[j]
-    end
-    redis.call('ZADD', key, unpack(args))
-    i = i + 256
-  end
-  return first + count
-end
-local i = 14
-i = each_chunk('HSET', KEYS[2], i, tonumber(ARGV[4]), 2)
-i = each_chunk('HDEL', KEYS[2], i, tonumber(ARGV[5]), 1)
-i = each_chunk('HSET', KEYS[3], i, tonumber(ARGV[6]), 2)
-i = each_chunk('HDEL', KEYS[3], i, tonumber(ARGV[7]), 1)
-i = zadd_all(KEYS[4], i, tonumber(ARGV[8]))
-i = each_chunk('ZREM', KEYS[4], i, tonumber(ARGV[9]), 1)
-i = each_chunk('HSET', KEYS[5], i, tonumber(ARGV[10]), 2)
-local journal = tonumber(ARGV[11])
-if journal > 0 then
-  i = each_chunk('RPUSH', KEYS[6], i, journal, 1)
-  redis.call('LTRIM', KEYS[6], -JOURNAL_LIMIT, -1)
-end
-for k = 7, #KEYS do redis.call('ZADD', KEYS[k], 0, ARGV[i]); i = i + 1 end
-redis.call('HSET', meta, 'mce_hex', ARGV[1], 'mce', ARGV[2], 'mce_ts_ms', ARGV[3])
-if ARGV[12] ~= '' then
-  redis.call('HSET', meta, 'state', ARGV[12], 'reason', '', 'state_ts_ms', ARGV[3])
-end
-return 1
-""".replace("JOURNAL_LIMIT", str(JOURNAL_LIMIT))
+_COMMIT_SCRIPT = lua_script("view_commit", lib=["each_chunk"], constants={"JOURNAL_LIMIT": JOURNAL_LIMIT})
 
 # Rows of some vnodes in key order after given positions, with the MCE they reflect: one script, so the
 # rows and the epoch are read atomically (an epoch commit is one script too). ARGV: the row budget, then
 # (vnode, lower bound, upper bound) triples; vnodes are read in turn until the budget is spent.
-_READ_ORDERED_SCRIPT = """
-local out = {redis.call('HGET', KEYS[1], 'mce') or '', redis.call('HLEN', KEYS[2])}
-local budget = tonumber(ARGV[1])
-local i = 2
-while i <= #ARGV and budget > 0 do
-  local members = redis.call('ZRANGEBYLEX', KEYS[3], ARGV[i + 1], ARGV[i + 2], 'LIMIT', 0, budget)
-  local n = #members
-  out[#out + 1] = ARGV[i]
-  out[#out + 1] = n
-  out[#out + 1] = (n < budget) and 1 or 0
-  local fields = {}
-  for j = 1, n do
-    local m = members[j]
-    local len = string.byte(m, -2) * 256 + string.byte(m, -1)
-    fields[j] = string.sub(m, -2 - len, -3)
-    out[#out + 1] = m
-  end
-  local j = 1
-  while j <= n do
-    local k = math.min(j + 511, n)
-    local values = redis.call('HMGET', KEYS[2], unpack(fields, j, k))
-    for x = 1, k - j + 1 do out[#out + 1] = values[x] end
-    j = k + 1
-  end
-  budget = budget - n
-  i = i + 3
-end
-return out
-"""
+_READ_ORDERED_SCRIPT = lua_script("view_read_ordered")
 
 
-_REPLACE_SCRIPT = SWAP_STAGED + """
-local current = redis.call('HGET', KEYS[1], 'mce_hex')
-if current ~= ARGV[1] then
-  redis.call('DEL', KEYS[5], KEYS[6], KEYS[7])
-  return 0
-end
-swap_staged(5, 2, 3)
-return 1
-"""
+_REPLACE_SCRIPT = lua_script("view_replace", lib=["swap_staged"])
 
 
 # A snapshot backfill's first epoch: rows, operator state and key-order index staged under ``*.load`` keys
 # (batch by batch, so no process holds them all) are swapped in with the MCE and the epoch index, in one
 # script. Refused (0) when the view has an MCE already; -1 when the staged rows are not all there (Redis
 # was wiped or flushed meanwhile): the caller then rolls Redis forward from Kafka instead.
-_COMMIT_LOAD_SCRIPT = SWAP_STAGED + """
-if redis.call('HEXISTS', KEYS[1], 'mce_hex') == 1 then
-  return 0
-end
-if redis.call('HLEN', KEYS[5]) ~= tonumber(ARGV[5]) or redis.call('ZCARD', KEYS[7]) ~= tonumber(ARGV[5]) then
-  return -1
-end
-swap_staged(5, 2, 3)
-for k = 8, #KEYS do redis.call('ZADD', KEYS[k], 0, ARGV[k - 2]) end
-redis.call('HSET', KEYS[1], 'mce_hex', ARGV[1], 'mce', ARGV[2], 'mce_ts_ms', ARGV[3])
-if ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[1], 'state', ARGV[4], 'reason', '', 'state_ts_ms', ARGV[3])
-end
-return 1
-"""
+_COMMIT_LOAD_SCRIPT = lua_script("view_commit_load", lib=["swap_staged"])
 
 _LOAD_KEYS = ("rows.load", "opstate.load", "keyorder.load")
 
