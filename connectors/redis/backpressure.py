@@ -18,7 +18,7 @@ import redis
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
 from mvlog.connectors.redis.catalog_store import CatalogStore
-from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.redis.view_meta import ViewMeta
 
 MAX_EPOCH_LAG = "max_epoch_lag"  # the catalog option (see mvlog.services.view_ddl.VIEW_OPTIONS)
 
@@ -39,7 +39,7 @@ class Backpressure:
 
     def __init__(self, settings: Settings, client: redis.Redis, refresh_s: float = 1.0) -> None:
         self._catalog = CatalogStore(settings, client)
-        self._store = ViewStore(client, settings.topic_prefix)
+        self._store = ViewMeta(client, settings.topic_prefix)
         self._refresh_s = refresh_s
         self._entries: list[CatalogEntry] = []
         self._read_at = float("-inf")

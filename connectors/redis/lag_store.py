@@ -25,7 +25,7 @@ from mvlog.catalog import CatalogEntry
 from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.connectors.redis.lua_scripts import lua_script
 from mvlog.connectors.redis.redis_keys import view_key
-from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.redis.view_meta import ViewMeta
 from mvlog.lag import LagSample, measure
 from mvlog.lag_status import LagStatus, Verdict
 
@@ -38,7 +38,7 @@ class LagStore:
         self.redis = client
         self.prefix = prefix
         self.history_length = history
-        self.views = ViewStore(client, prefix)
+        self.views = ViewMeta(client, prefix)
         self.index = EpochIndex(client, prefix)
         self.current_key = f"{prefix}:lag"
         self.lease_key = f"{prefix}:lag:sampler"

@@ -21,7 +21,7 @@ from typing import cast
 import redis
 
 from mvlog.catalog import CatalogEntry
-from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.redis.view_keyspace import ViewKeyspace
 from mvlog.lag import LagSample
 from mvlog.lag_status import Verdict
 from mvlog.view_status import BackfillProgress, Backpressure, CacheOccupancy, ViewStatus
@@ -39,7 +39,7 @@ def read_statuses(client: redis.Redis, prefix: str, entries: list[CatalogEntry],
                   lag: Mapping[str, tuple[LagSample, Verdict | None]]) -> list[ViewStatus]:
     """One status per catalog entry, in catalog order; ``lag`` gives each view's sample and verdict."""
     upstreams = sorted({s for e in entries for s in e.sources})
-    store = ViewStore(client, prefix)
+    store = ViewKeyspace(client, prefix)
     pipe = client.pipeline(transaction=False)
     for entry in entries:
         pipe.hgetall(store.key(entry.name, "meta"))

@@ -1,7 +1,7 @@
 """An epoch's Redis commit sent while the epoch is still being written to Kafka, applied after it commits.
 
 The table writer used to build the whole epoch's argument list after the Kafka transaction committed and
-run it through the commit script (:meth:`ViewStore.commit`): Python built ~600k arguments for 200k rows,
+run it through the commit script (:meth:`EpochCommits.commit`): Python built ~600k arguments for 200k rows,
 Lua copied each of them into its ``ARGV`` and back, and the writer waited for all of it. Here the epoch
 is one Redis transaction on a connection of its own::
 
@@ -16,7 +16,7 @@ Why this keeps the commit script's guarantees:
   at the old epoch (the server drops a connection's queued commands with it); Kafka committed first;
 * the MCE was ``follows`` when watched, and any write to the view's meta since (another epoch's commit,
   a lifecycle change, a wipe: FLUSHALL touches every watched key) makes EXEC apply nothing. The commit
-  then falls back to the script (:meth:`ViewStore.commit_rows`), which checks the MCE itself: the epoch
+  then falls back to the script (:meth:`EpochCommits.commit_rows`), which checks the MCE itself: the epoch
   is applied, refused at or below the MCE, or :class:`ServingStateLostError` is raised, as before.
 
 A view without rows (a table's first load) takes a cheaper way, as a snapshot backfill's first epoch does:
@@ -43,9 +43,9 @@ from typing import Any
 import redis
 from hiredis import pack_command  # redis[hiredis] is a dependency: packs a whole chunk in C
 
+from mvlog.connectors.redis.epoch_commit import EpochCommits, ServingStateLostError
 from mvlog.connectors.redis.epoch_index import IndexEntry, epoch_hex, index_member
 from mvlog.connectors.redis.lua_scripts import lua_script
-from mvlog.connectors.redis.view_store import ServingStateLostError, ViewStore
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class StreamedCommit:
     and then, and :meth:`finish` once the Kafka transaction committed (or :meth:`abort` when it did not).
     """
 
-    def __init__(self, store: ViewStore, view: str, epoch: int, follows: int) -> None:
+    def __init__(self, store: EpochCommits, view: str, epoch: int, follows: int) -> None:
         self.store, self.view, self.epoch, self.follows = store, view, epoch, follows
         self.row_kv: list[bytes] = []
         self.row_deletes: list[bytes] = []

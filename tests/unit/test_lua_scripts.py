@@ -59,11 +59,11 @@ def test_stores_scripts_define_the_functions_they_call() -> None:
 
 
 def test_the_view_commit_gets_the_journal_limit() -> None:
-    from mvlog.connectors.redis import view_store
+    from mvlog.connectors.redis import epoch_commit
 
-    assert view_store._COMMIT_SCRIPT.startswith("\n" + read_lua("lib/each_chunk") + "\n")
-    assert "JOURNAL_LIMIT" not in view_store._COMMIT_SCRIPT
-    assert f"-{view_store.JOURNAL_LIMIT}, -1)" in view_store._COMMIT_SCRIPT
+    assert epoch_commit._COMMIT_SCRIPT.startswith("\n" + read_lua("lib/each_chunk") + "\n")
+    assert "JOURNAL_LIMIT" not in epoch_commit._COMMIT_SCRIPT
+    assert f"-{epoch_commit.JOURNAL_LIMIT}, -1)" in epoch_commit._COMMIT_SCRIPT
 
 
 @pytest.mark.parametrize("name", sorted(name for name in _lua_files() if not name.startswith("lib/")))
