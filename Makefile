@@ -32,7 +32,7 @@ STAMP := $(VENV)/.mvlog-installed
 # Strict editable installs link each file at install time: a new module needs a re-install.
 PACKAGE_FILES := pyproject.toml $(shell find core connectors services infra schemas -type f \
 	\( -name '*.py' -o -name '*.pyx' -o -name '*.pyi' -o -name '*.avsc' -o -name '*.yml' -o -name '*.conf' -o -name '*.html' -o -name '*.js' \
-	-o -name '*.css' \) -not -path '*/__pycache__/*')
+	-o -name '*.css' -o -name '*.lua' \) -not -path '*/__pycache__/*')
 TEST_TIMEOUT ?= 600
 # The suite mostly waits (brokers, JVM starts, epochs): two pytest-xdist workers, one test file each at a
 # time, halve its time. TEST_WORKERS=0 runs it in one process.

@@ -43,7 +43,7 @@ import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from mvlog.config import Settings
-from mvlog.connectors.topics import ensure_topic
+from mvlog.connectors.kafka.topics import ensure_topic
 from mvlog.services.source_ingest import SourceIngester, create_source_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

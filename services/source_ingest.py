@@ -20,7 +20,7 @@ the table's changelog when an ingester starts.
 
 **Bad records** (undecodable, no key, wrong types, a row the table refuses) never stop the source: each
 goes to the table's dead-letter topic ``<prefix>.<table>.dlq`` with the headers of
-:mod:`mvlog.connectors.dead_letter`, produced **inside the epoch's transaction** by the table's own
+:mod:`mvlog.connectors.kafka.dead_letter`, produced **inside the epoch's transaction** by the table's own
 transactional producer, and the offsets move past it. So a bad record is dead-lettered exactly when the
 epoch that skips it commits: a SIGKILL before that aborts both and the next ingester reads it again; a
 ``read_committed`` reader of the dead-letter topic sees each one once. The running total goes on the
@@ -35,7 +35,7 @@ accepts the schema id or recreates the table), a Schema Registry that does not a
 
 **Avro formats** find each message's writer schema by its id: first among the ``.avsc`` files the table
 was created with (kept in its catalog entry), then in the Schema Registry (the table's URL, else
-``MVLOG_SCHEMA_REGISTRY_URL``), cached by id (:mod:`mvlog.connectors.schema_registry`).
+``MVLOG_SCHEMA_REGISTRY_URL``), cached by id (:mod:`mvlog.connectors.kafka.schema_registry`).
 
 **Idle and lagging partitions** hold nothing back: an epoch is cut every barrier interval from whatever
 the consumer returned, from any partitions; no partition waits for another (there is no per-partition
@@ -56,15 +56,15 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Messag
 from confluent_kafka.admin import AdminClient
 
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_reader import reader_consumer
-from mvlog.connectors.changelog_records import PoisonRecord
-from mvlog.connectors.changelog_writer import ConsumedInput
-from mvlog.connectors.dead_letter import DLQ_MAX_VALUE_BYTES, DeadLetterRecord, dead_letter_record
-from mvlog.connectors.schema_registry import SchemaRegistryClient, SchemaRegistryError
-from mvlog.connectors.source_status import SourceStatusStore
-from mvlog.connectors.topics import ensure_topic
+from mvlog.connectors.kafka.changelog_reader import reader_consumer
+from mvlog.connectors.kafka.changelog_records import PoisonRecord
+from mvlog.connectors.kafka.changelog_writer import ConsumedInput
+from mvlog.connectors.kafka.dead_letter import DLQ_MAX_VALUE_BYTES, DeadLetterRecord, dead_letter_record
+from mvlog.connectors.kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
+from mvlog.connectors.kafka.topics import ensure_topic
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.source_status import SourceStatusStore
 from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
 from mvlog.services.table_writer import RowValidationError, Table

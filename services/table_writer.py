@@ -19,15 +19,15 @@ import redis
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Op
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.backpressure import Backpressure
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, ConsumedInput
-from mvlog.connectors.dead_letter import DeadLetterRecord
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, CommittedEpoch, ConsumedInput
+from mvlog.connectors.kafka.dead_letter import DeadLetterRecord
+from mvlog.connectors.kafka.topics import ensure_changelog
 from mvlog.connectors.recovery import roll_forward
-from mvlog.connectors.streamed_commit import StreamedCommit
-from mvlog.connectors.topics import ensure_changelog
-from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.backpressure import Backpressure
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.streamed_commit import StreamedCommit
+from mvlog.connectors.redis.view_store import Lifecycle, ServingStateLostError, ViewStore
 from mvlog.epoch import EpochClock
 from mvlog.key_order import order_member
 from mvlog.record_limits import change_event_bytes, row_fits, surely_fitting_text, too_large_message

@@ -35,16 +35,16 @@ from pyspark.sql.streaming.query import StreamingQuery
 from mvlog.catalog import CatalogEntry, CatalogError, ViewDroppedError
 from mvlog.changes import Change, Mutation, Op
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.change_rows import epoch_slices
-from mvlog.connectors.changelog_writer import ChangelogWriter, encode_batch
-from mvlog.connectors.epoch_index import IndexEntry
-from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.retention import has_records
-from mvlog.connectors.snapshot_store import SnapshotStore
-from mvlog.connectors.spark_source import trigger_ends
-from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, encode_batch
+from mvlog.connectors.kafka.retention import has_records
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import IndexEntry
+from mvlog.connectors.redis.replacement_store import ReplacementStore
+from mvlog.connectors.redis.snapshot_store import SnapshotStore
+from mvlog.connectors.redis.view_store import Lifecycle, ServingStateLostError, ViewStore, commit_from_encoded
+from mvlog.connectors.spark.change_rows import epoch_slices
+from mvlog.connectors.spark.spark_source import trigger_ends
 from mvlog.key_order import order_member
 from mvlog.replacement import APPLY_MUTATION, ReplacementError, Status, applied_entry, diff_rows
 from mvlog.schemas.codec import decode_row

@@ -32,9 +32,9 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # type: 
 from prometheus_client import generate_latest
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.source_status import SourceStatusStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.source_status import SourceStatusStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import decode_row
 from mvlog.services.cli import main

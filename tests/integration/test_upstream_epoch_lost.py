@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.epoch_index import epoch_hex
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.epoch_index import epoch_hex
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services.table_writer import Table
 from mvlog.services.view_consumer import UpstreamEpochLostError, ViewConsumer
 from mvlog.services.view_ddl import create_view
