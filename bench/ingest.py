@@ -35,7 +35,7 @@ import pstats
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,11 +99,8 @@ class TimedIngester(SourceIngester):
         super().__init__(*args)
         self.commits: list[tuple[float, int, dict[int, int]]] = []  # (wall time, messages so far, positions)
 
-    def commit(self, *, idle: bool = False) -> int | None:
-        epoch = super().commit(idle=idle)
-        if epoch is not None:
-            self.commits.append((time.time(), self.progress.messages, dict(self.positions)))
-        return epoch
+    def epoch_committed(self, epoch: int, positions: Mapping[int, int], messages: int) -> None:
+        self.commits.append((time.time(), messages, dict(positions)))
 
 
 def run_mvlog(settings: Settings, client: redis.Redis, table: str, topic: str, count: int, wire: int,
