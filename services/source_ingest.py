@@ -88,6 +88,10 @@ _PREFETCH_PARTITION_BYTES = 256 * 1024  # max.partition.fetch.bytes: one partiti
 # and fetches again as soon as the queue drains.
 _PREFETCH_BACKOFF_MS = 5
 _FIRST_PACE_S = 50e-6  # an epoch's work per message assumed before one is measured (loaded 2-core machine: 25-35)
+# While a backlog is read (the last epoch was cut by the pace's cap), how long a consume() waits for a full batch:
+# librdkafka returns fewer messages than asked for only at the timeout, so a short one tells soon that the backlog
+# is read to its end, and that epoch is cut then rather than at the interval (see run).
+_DRAIN_POLL_S = 0.05
 _PARTITIONS_CHECK_S = 10.0  # how often a running ingester asks whether the topic gained partitions
 _DLQ_HEADROOM = 8192  # bytes under the producer's record limit kept for a dead letter's key and headers
 
@@ -304,7 +308,10 @@ class SourceIngester:
         nothing and a lagging one returns what it has, and neither delays the cut (the consume timeout
         never runs past it). While a backlog is read, :class:`~mvlog.source_pace.EpochPace` caps each
         epoch at the messages its work can apply and commit within the interval, so epochs stay on time
-        instead of growing with the backlog.
+        instead of growing with the backlog; and the epoch that reads the backlog to its end (a consume
+        returning less than a full batch right after a capped epoch) is cut then, not at the interval: its
+        messages are already as old as they get, so waiting would only delay them (once per backlog; a quiet
+        or steady topic's epochs are cut by the interval as before).
 
         **Pipelined**: each epoch is committed on a thread of its own (:meth:`_commit_cut`) while the next one
         is consumed and decoded; at most one commit is in flight, and the next cut waits for it, so epochs
@@ -316,6 +323,7 @@ class SourceIngester:
         next_cut = time.monotonic() + interval
         next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
         taken, work_s = 0, 0.0  # messages of the epoch being read, and the seconds spent applying them
+        draining = False  # the last epoch was cut by the cap: a backlog is being read
         try:
             while not stop.is_set():
                 inflight = self._inflight
@@ -323,7 +331,8 @@ class SourceIngester:
                     self._settle()  # a commit that failed stops the loop now
                 cap = pace.max_messages()
                 want = _BATCH if cap is None else max(1, min(_BATCH, cap - taken))
-                messages = self._consumer.consume(want, max(0.0, min(0.5, next_cut - time.monotonic())))
+                timeout = max(0.0, min(_DRAIN_POLL_S if draining else 0.5, next_cut - time.monotonic()))
+                messages = self._consumer.consume(want, timeout)
                 started = time.monotonic()
                 try:
                     self._apply(messages)
@@ -332,9 +341,12 @@ class SourceIngester:
                     raise
                 taken += len(messages)
                 work_s += time.monotonic() - started
-                if time.monotonic() >= next_cut or (cap is not None and taken >= cap):
+                capped = cap is not None and taken >= cap
+                drained = draining and taken > 0 and len(messages) < want
+                if time.monotonic() >= next_cut or capped or drained:
                     self._commit_behind(taken, work_s)
                     taken, work_s = 0, 0.0
+                    draining = capped
                     if time.monotonic() >= next_partitions_check:
                         self.follow_new_partitions()
                         next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
