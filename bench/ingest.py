@@ -217,8 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("  mvlog: SourceIngester.run (mvlog run-source): decode + type, 1 epoch per barrier interval, offsets in "
           "the epoch's transaction, rows + MCE in Redis; baseline: confluent-kafka consume(5000) + json.loads")
     print(machine_info())
-    print(f"  load average (1, 5, 15 min) at the end of the runs: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
-          + (f"; {args.warmup:,} records ingested by each side untimed first (broker JIT warm-up)" if args.warmup else ""))
+    warmed = f"; {args.warmup:,} records ingested by each side untimed first (broker JIT warm-up)" \
+        if args.warmup else ""
+    print(f"  load average (1, 5, 15 min) at the end of the runs: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}{warmed}")
     baseline = min(baselines, key=lambda r: r.seconds)
     ours = min(runs, key=lambda r: r.seconds)
     if args.repeat > 1:
