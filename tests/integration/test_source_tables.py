@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -456,11 +456,8 @@ class TimedIngester(SourceIngester):
         super().__init__(*args)
         self.commits: list[tuple[float, dict[int, int]]] = []
 
-    def commit(self, *, idle: bool = False) -> int | None:
-        epoch = super().commit(idle=idle)
-        if epoch is not None:
-            self.commits.append((time.time(), dict(self.positions)))
-        return epoch
+    def epoch_committed(self, epoch: int, positions: Mapping[int, int], messages: int) -> None:
+        self.commits.append((time.time(), dict(positions)))
 
 
 def test_an_idle_and_a_lagging_partition_do_not_hold_epochs_back(settings: Settings, redis_client: redis.Redis,
