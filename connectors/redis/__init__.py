@@ -6,9 +6,12 @@ kind of Redis state; each talks to Redis only (``catalog_store`` also reloads it
 compacted catalog topic, ``source_status`` also measures a source's lag from Kafka: both keep their
 result here):
 
-* View serving state: ``view_store`` (rows, MCE and lifecycle, operator state, backfill progress,
-  staged snapshot loads, all committed per epoch by one script), ``streamed_commit`` (an epoch's rows
-  queued while Kafka is still written), ``epoch_index`` (where each epoch's barriers are in Kafka),
+* View serving state, a store per kind: ``view_meta`` (MCE and lifecycle), ``view_rows`` (rows,
+  operator state and key order, read), ``epoch_commit`` (an epoch's commit of all of them with its index
+  and MCE, one script), ``backfill_store`` (positions, journal, progress), ``load_staging`` (a snapshot
+  backfill's first epoch), on the keys of ``view_keyspace``; ``view_store`` is all of them at once, for
+  the processes that handle a view's whole state. ``streamed_commit`` (an epoch's rows queued while
+  Kafka is still written), ``epoch_index`` (where each epoch's barriers are in Kafka),
   ``snapshot_store``, ``replacement_store`` (a staged replacement and its cut-over).
 * Control plane: ``catalog_store``, ``consumer_lease``, ``backpressure``, ``lag_store``,
   ``pipeline_status``, ``source_status``, ``cache_registry`` (which log cache worker holds a partition).
