@@ -122,7 +122,7 @@ lint: setup
 test: setup lint
 	@# pytest exits 5 when it collects no test: make fails then, as on any other non-zero exit.
 	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
-		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 $(PYTEST_ARGS)
+		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
 
 # The chaos soak (5-15 minutes on two cores): every event at once, beside nothing else.
 soak: setup
