@@ -32,7 +32,7 @@ STAMP := $(VENV)/.mvlog-installed
 # Strict editable installs link each file at install time: a new module needs a re-install.
 PACKAGE_FILES := pyproject.toml $(shell find core connectors services infra schemas -type f \
 	\( -name '*.py' -o -name '*.pyx' -o -name '*.pyi' -o -name '*.avsc' -o -name '*.yml' -o -name '*.conf' -o -name '*.html' -o -name '*.js' \
-	-o -name '*.css' \) -not -path '*/__pycache__/*')
+	-o -name '*.css' -o -name '*.lua' \) -not -path '*/__pycache__/*')
 TEST_TIMEOUT ?= 600
 # The suite mostly waits (brokers, JVM starts, epochs): two pytest-xdist workers, one test file each at a
 # time, halve its time. TEST_WORKERS=0 runs it in one process.
@@ -122,7 +122,7 @@ lint: setup
 test: setup lint
 	@# pytest exits 5 when it collects no test: make fails then, as on any other non-zero exit.
 	PYSPARK_PYTHON="$(CURDIR)/$(PY)" PYSPARK_DRIVER_PYTHON="$(CURDIR)/$(PY)" \
-		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 $(PYTEST_ARGS)
+		"$(PY)" -m pytest -q --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
 
 # The chaos soak (5-15 minutes on two cores): every event at once, beside nothing else.
 soak: setup

@@ -17,8 +17,8 @@ import time
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.spark_source import _Planner, read_partition_range
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.spark.spark_source import _Planner, read_partition_range
 
 
 def position_key(settings: Settings, index: int) -> str:

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO_ROOT, fmt_rate, machine_info, temporary_stack
 
 from mvlog.config import Settings
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.infra.local_stack import LocalStack
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.snapshot_compaction import build_snapshot

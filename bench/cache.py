@@ -62,10 +62,10 @@ from confluent_kafka import Consumer, TopicPartition
 sys.path.insert(0, str(REPO_ROOT))
 
 from mvlog.config import Settings
-from mvlog.connectors.cache_registry import CacheRegistry
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.spark_source import _Planner, read_partition_from_kafka
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.cache_registry import CacheRegistry
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.spark.spark_source import _Planner, read_partition_from_kafka
 from mvlog.services.table_writer import Table
 from tests.integration.processes.cache_worker import CacheWorkerProcess
 

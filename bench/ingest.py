@@ -12,15 +12,18 @@ redis-server) that this script starts on free loopback ports in a temporary fold
   Kafka transaction, then the rows and the MCE in Redis. Timed from ``run`` until the epoch holding the
   last record is committed to Kafka and Redis.
 
-Each side runs ``--repeat`` times, interleaved, each on a new topic (and a new table); the fastest of
+First both sides ingest ``--warmup`` records once, untimed: a broker just started compiles (JIT) its
+transactional produce path during the first epochs, which cost the first timed mvlog run 0.5-1.5 s of the
+broker's CPU (its C1/C2 compiler threads) that a broker in service has long paid. Each side then runs
+``--repeat`` times, interleaved, each on a new topic (and a new table); the fastest of
 each side counts. Then the **epoch latency** at a steady rate: a producer writes ``--rate`` records/s
 for ``--steady-s`` seconds while an ingester runs; for each record, the time from its timestamp (set
 by the producer) to the commit of the epoch that holds it; p50 and p99.
 
 Run with the venv's Python from the repository root::
 
-    .venv/bin/python bench/ingest.py [--records 200000] [--partitions 4] [--repeat 2] [--rate 5000]
-                                     [--steady-s 10] [--profile FILE]
+    .venv/bin/python bench/ingest.py [--records 200000] [--partitions 4] [--repeat 2] [--warmup 20000]
+                                     [--rate 5000] [--steady-s 10] [--profile FILE]
 
 The last line is the ratio mvlog / baseline of records per second (the target is at least 0.7x).
 """
@@ -31,11 +34,12 @@ import argparse
 import cProfile
 import json
 import logging
+import os
 import pstats
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +47,7 @@ import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from mvlog.config import Settings
-from mvlog.connectors.topics import ensure_topic
+from mvlog.connectors.kafka.topics import ensure_topic
 from mvlog.services.source_ingest import SourceIngester, create_source_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -99,11 +103,8 @@ class TimedIngester(SourceIngester):
         super().__init__(*args)
         self.commits: list[tuple[float, int, dict[int, int]]] = []  # (wall time, messages so far, positions)
 
-    def commit(self, *, idle: bool = False) -> int | None:
-        epoch = super().commit(idle=idle)
-        if epoch is not None:
-            self.commits.append((time.time(), self.progress.messages, dict(self.positions)))
-        return epoch
+    def epoch_committed(self, epoch: int, positions: Mapping[int, int], messages: int) -> None:
+        self.commits.append((time.time(), messages, dict(positions)))
 
 
 def run_mvlog(settings: Settings, client: redis.Redis, table: str, topic: str, count: int, wire: int,
@@ -176,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=200_000, help="records per run (default 200000)")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the topics (default 4)")
     parser.add_argument("--repeat", type=int, default=2, help="interleaved runs of each side (default 2)")
+    parser.add_argument("--warmup", type=int, default=20_000,
+                        help="records each side ingests once, untimed, before the runs (default 20000; 0: none)")
     parser.add_argument("--rate", type=int, default=5000, help="records/s of the latency phase (default 5000)")
     parser.add_argument("--steady-s", type=float, default=10.0, help="length of the latency phase (default 10)")
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of the mvlog runs here")
@@ -187,6 +190,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = stack.settings(topic_prefix="bench", partitions=args.partitions)
         client = redis.Redis.from_url(settings.redis_url)
         records = encoded(args.records)
+        if args.warmup > 0:  # untimed: the broker's JIT warms up on both paths (see the module doc)
+            warm = encoded(args.warmup)
+            for topic in ("bench.warmup-plain", "bench.warmup-source"):
+                ensure_topic(settings, topic, args.partitions)
+                produce(stack.bootstrap_servers, topic, warm)
+            run_baseline(stack.bootstrap_servers, "bench.warmup-plain", args.partitions, len(warm), 0)
+            run_mvlog(settings, client, "warmup", "bench.warmup-source", len(warm), 0, None)
         baselines, runs = [], []
         for run in range(1, args.repeat + 1):
             plain_topic, table_topic = f"bench.plain-{run}", f"bench.source-{run}"
@@ -197,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             baselines.append(run_baseline(stack.bootstrap_servers, plain_topic, args.partitions, len(records),
                                           wire))
             runs.append(run_mvlog(settings, client, f"orders-{run}", table_topic, len(records), wire, profile))
+        load = os.getloadavg()
         p50, p99, steady_records, steady_epochs = steady_latency(settings, client, args.partitions, args.rate,
                                                                  args.steady_s)
         client.close()
@@ -206,6 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("  mvlog: SourceIngester.run (mvlog run-source): decode + type, 1 epoch per barrier interval, offsets in "
           "the epoch's transaction, rows + MCE in Redis; baseline: confluent-kafka consume(5000) + json.loads")
     print(machine_info())
+    warmed = f"; {args.warmup:,} records ingested by each side untimed first (broker JIT warm-up)" \
+        if args.warmup else ""
+    print(f"  load average (1, 5, 15 min) at the end of the runs: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}{warmed}")
     baseline = min(baselines, key=lambda r: r.seconds)
     ours = min(runs, key=lambda r: r.seconds)
     if args.repeat > 1:

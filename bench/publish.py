@@ -42,7 +42,7 @@ from fastavro import parse_schema, schemaless_writer
 
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
-from mvlog.connectors.topics import ensure_topic
+from mvlog.connectors.kafka.topics import ensure_topic
 from mvlog.schemas.codec import encode_change, encode_key
 from mvlog.services.table_writer import Table
 

@@ -27,7 +27,7 @@ the chaos time, each event waiting for the one before to be over:
   the live mv1 with a chunked backfill, and ``consumer-c`` starts;
 * at 30 %: the stack's redis-server is killed with SIGKILL and restarted after ``REDIS_DOWN_S``; it
   comes back from its append-only file, and the processes wait for it and go on (their Redis clients
-  retry for up to ``redis_outage_timeout_s``, ``mvlog.connectors.redis_client``): none should need a
+  retry for up to ``redis_outage_timeout_s``, ``mvlog.connectors.redis.redis_client``): none should need a
   restart, and any that does is counted against the kill;
 * at 45 %, once mv4's backfill has committed some rows: Redis is wiped (FLUSHALL); the running
   processes notice and rebuild it from Kafka, nobody is told;
@@ -83,11 +83,11 @@ from _common import REPO_ROOT, machine_info
 
 sys.path.insert(0, str(REPO_ROOT))
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.cache_registry import CacheRegistry
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.cache_registry import CacheRegistry
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.replacement_store import ReplacementStore
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.infra.child_processes import die_with_parent
 from mvlog.infra.local_stack import LocalStack, free_ports
 from mvlog.replacement import Status

@@ -75,8 +75,8 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from mvlog.config import Settings
-from mvlog.connectors.cache_registry import CacheRegistry
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.cache_registry import CacheRegistry
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.schemas.codec import decode_row
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.spark_session import spark_session

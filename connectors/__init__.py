@@ -1,17 +1,24 @@
-"""The I/O layer under the pure core: Kafka, Redis and Spark, each behind a narrow module.
+"""The I/O layer under the pure core: one package per system mvlog talks to.
 
-* Kafka changelogs: ``changelog_writer`` (one transaction per epoch), ``changelog_reader`` and
-  ``changelog_records`` (barrier-aligned reads, poison records to ``dead_letter``), ``topics``,
-  ``retention`` (what the log still holds), ``consumer_groups`` (re-delivery), ``kafka_security``,
-  ``schema_registry`` (writer schemas of Avro source topics).
-* Redis state: ``view_store`` (rows, MCE, operator state, backfill progress, in Lua scripts built on
-  ``lua_prelude`` and sent by ``packed_script``), ``epoch_index``, ``catalog_store``, ``snapshot_store``,
-  ``replacement_store``, ``lag_store``, ``cache_registry``, ``consumer_lease``, ``backpressure``,
-  ``pipeline_status``, ``streamed_commit``; ``redis_keys`` is their one key layout per view and
-  ``redis_client`` is how every process connects.
-* Recovery: ``recovery`` rolls Redis forward from a changelog (Kafka is the truth), ``checkpoints``.
-* Spark: ``spark_source`` (the ``mvlog`` Python data source), ``change_rows`` (changes as Arrow rows),
-  ``log_cache_client`` (reads from the Faust log cache).
+* :mod:`mvlog.connectors.kafka`: the changelogs, the truth. An epoch is one Kafka transaction; readers
+  align epochs on barriers; topics, retention, consumer groups, security, dead letters, the schema
+  registry of Avro sources.
+* :mod:`mvlog.connectors.redis`: the serving copy and the control plane. View state (rows, MCE,
+  operator state, backfill progress), the epoch index, the catalog's copy, replacements, lag, leases,
+  the log cache's registry; one key layout and one client; the Lua scripts in ``redis/lua/*.lua``.
+* :mod:`mvlog.connectors.spark`: the ``mvlog`` Python data source (driver planning, executor reads)
+  and its row shape, with the executors' read through the log cache.
 
-Nothing here imports ``mvlog.services``: processes are built on connectors, never the reverse.
+Two modules stay here, beside the three packages, because each is a rule *between* Kafka and Redis
+rather than a client of one of them; putting them in either package would hide half of what they read:
+
+* ``recovery``: rolls a view's Redis state forward from its changelog (Kafka is the truth, Redis is
+  behind after a crash or a wipe): it reads with :mod:`~mvlog.connectors.kafka.changelog_reader` and
+  commits with :mod:`~mvlog.connectors.redis.view_store`.
+* ``checkpoints``: which committed epochs are checkpoints; the flag is on the barriers in Kafka, found
+  at the offsets the Redis epoch index holds.
+
+The packages import each other sideways where one system points into another (the changelog reader
+follows the epoch index; the view store commits the bytes the changelog writer encoded). Nothing here
+imports ``mvlog.services``: processes are built on connectors, never the reverse.
 """

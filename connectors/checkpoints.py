@@ -11,8 +11,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from mvlog.changes import Barrier
 from mvlog.config import Settings
-from mvlog.connectors.changelog_reader import reader_consumer
-from mvlog.connectors.epoch_index import EpochIndex
+from mvlog.connectors.kafka.changelog_reader import reader_consumer
+from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.schemas.codec import DecodeError, decode_barrier
 
 

@@ -16,9 +16,9 @@ from mvlog.backfill_record import BACKFILL_MUTATION, BackfillReplay, load_positi
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Epoch, IndexEntry
 from mvlog.config import Settings
-from mvlog.connectors.changelog_reader import ChangelogReader
-from mvlog.connectors.retention import low_watermarks
-from mvlog.connectors.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.kafka.retention import low_watermarks
+from mvlog.connectors.redis.view_store import EpochCommit, Lifecycle, ViewStore, commit_from_changes
 from mvlog.epoch import MAX_EPOCH
 
 log = logging.getLogger(__name__)

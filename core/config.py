@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:16379/0"
     # How long a Redis command waits for Redis to answer again (a redis-server restarted from its
     # append-only file, a failover) before it raises: every mvlog process rides out shorter outages
-    # (mvlog.connectors.redis_client). 0: raise at once.
+    # (mvlog.connectors.redis.redis_client). 0: raise at once.
     redis_outage_timeout_s: float = Field(default=120.0, ge=0, le=86_400)
     # A failed view consumer of `mvlog run-view` is started again, alone, after a growing delay, at most
     # this many times within `view_restart_window_s` (mvlog.restart_budget); then its view is marked failed.

@@ -3,7 +3,7 @@
 Pure rules (no Kafka, no HTTP): :class:`AvroDecoder` turns a message of an ``upsert-avro``,
 ``append-avro`` or ``debezium-avro`` topic into the table's changes, with the writer schema of each
 message found by its id through a resolver the caller gives (``.avsc`` files kept in the table's catalog
-entry, or a Schema Registry: :mod:`mvlog.connectors.schema_registry`). Every value is framed as Confluent
+entry, or a Schema Registry: :mod:`mvlog.connectors.kafka.schema_registry`). Every value is framed as Confluent
 does: byte 0, the schema id as 4 big-endian bytes, then the Avro binary encoding (``schemaless``).
 
 **Schema evolution is judged against the table's columns** (:func:`check_writer_schema`), once per

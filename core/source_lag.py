@@ -15,7 +15,7 @@ keeps whether or not the ingester runs (so a stopped ingester shows a growing la
 * **problems**: a committed offset below the topic's start (retention deleted messages the table never
   ingested) or a topic that no longer exists, each with what to do. They are reported, never skipped.
 
-Pure: the Kafka side (:mod:`mvlog.connectors.source_status`) gathers the offsets and timestamps.
+Pure: the Kafka side (:mod:`mvlog.connectors.redis.source_status`) gathers the offsets and timestamps.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ class ViewStatus:
     backfill: BackfillProgress | None = None
     cache: dict[str, CacheOccupancy] = field(default_factory=dict)  # upstream -> its cache
     backpressure: Backpressure | None = None
-    replacement: dict[str, str] | None = None  # the staged replacement's record (connectors/replacement_store.py)
+    replacement: dict[str, str] | None = None  # the staged replacement's record (connectors/redis/replacement_store.py)
     source: SourceState | None = None  # a source table's topic, dead letters, problem and lag behind its topic
 
     @property

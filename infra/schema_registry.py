@@ -1,7 +1,7 @@
 """A real Schema Registry on loopback: Apicurio Registry, through its Confluent-compatible REST API.
 
 mvlog's Avro sources look writer schemas up in a Confluent-API Schema Registry
-(:mod:`mvlog.connectors.schema_registry`). Confluent's own registry is not on Maven Central (only on
+(:mod:`mvlog.connectors.kafka.schema_registry`). Confluent's own registry is not on Maven Central (only on
 packages.confluent.io, which is not a registry mvlog downloads from) and Karapace is not on PyPI; Apicurio
 Registry is on Maven Central, whole: ``io.apicurio:apicurio-registry-app:<version>:all`` is the Quarkus
 build of the application (a runner jar and its ``lib/``) as a tar.gz. ``infra/registry/pom.xml`` names it;

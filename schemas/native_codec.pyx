@@ -398,7 +398,7 @@ cdef int append_row(list columns, tuple names, object epoch, str change_type, ob
 
 def append_signed_rows(list columns, tuple names, object epoch, object partition, object offset, object key,
                        object before, object after):
-    """A change as signed rows appended to the column lists of ``mvlog.connectors.change_rows``: the
+    """A change as signed rows appended to the column lists of ``mvlog.connectors.spark.change_rows``: the
     retraction of ``before`` (weight -1), then the assertion of ``after`` (+1); columns are the six meta
     columns, then ``names``. Rows must be dicts (as decoded)."""
     if before is not None:

@@ -39,9 +39,9 @@ from redis.exceptions import LockError
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import IndexEntry
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.recovery import ChangelogTrimmedError, LogTail, commit_held, roll_forward
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.epoch import SEQUENCE_MASK, epoch_from_millis
 from mvlog.services.state_rebuild import ViewNotRestorableError, restore_view_state
 

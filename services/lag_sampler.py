@@ -24,11 +24,11 @@ from collections import deque
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.lag_store import LagStore
-from mvlog.connectors.source_status import SourceLagProbe, SourceStatusStore, measure_quietly
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.lag_store import LagStore
+from mvlog.connectors.redis.source_status import SourceLagProbe, SourceStatusStore, measure_quietly
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.lag import LagSample
 from mvlog.lag_status import Verdict, evaluate
 from mvlog.source_lag import SourceLag

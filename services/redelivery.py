@@ -14,10 +14,10 @@ from typing import Any
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.consumer_groups import ConsumerGroups, GroupDescription
-from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.retention import low_watermarks, retained_epochs, starts_the_log
+from mvlog.connectors.kafka.consumer_groups import ConsumerGroups, GroupDescription
+from mvlog.connectors.kafka.retention import low_watermarks, retained_epochs, starts_the_log
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.epoch import epoch_from_millis
 from mvlog.replay import PartitionStart, ReplayRangeError, RetainedRange, partition_start
 

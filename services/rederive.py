@@ -30,13 +30,13 @@ import redis
 from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.changes import Change, Epoch, Op, apply_changes
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_reader import ChangelogReader
-from mvlog.connectors.changelog_writer import ChangelogWriter, encode_batch
-from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.retention import retained_epochs, starts_the_log
-from mvlog.connectors.topics import ensure_topic
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, encode_batch
+from mvlog.connectors.kafka.retention import retained_epochs, starts_the_log
+from mvlog.connectors.kafka.topics import ensure_topic
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import EpochIndex
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.key_order import order_member
 from mvlog.replay import ReplayRangeError, ReplayTargetError, RetainedRange
 from mvlog.row_schema import Key, Row

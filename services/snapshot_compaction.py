@@ -8,7 +8,7 @@ Without an earlier snapshot (or with ``from_scratch``) the whole changelog is re
 retained from its first epoch.
 
 The folder is written under a temporary name and renamed once complete; only then is it recorded in
-Redis (:class:`~mvlog.connectors.snapshot_store.SnapshotStore`), and snapshots beyond the newest
+Redis (:class:`~mvlog.connectors.redis.snapshot_store.SnapshotStore`), and snapshots beyond the newest
 ``snapshot_keep`` are forgotten, then deleted. Every run checks that the changelog's Kafka retention
 covers the snapshot interval and returns (and logs) a warning when it does not.
 """
@@ -31,12 +31,12 @@ from pyspark.sql import functions as sf
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.checkpoints import latest_checkpoint
-from mvlog.connectors.retention import low_watermarks, starts_the_log, topic_config
-from mvlog.connectors.snapshot_store import MANIFEST, SnapshotStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.retention import low_watermarks, starts_the_log, topic_config
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.snapshot_store import MANIFEST, SnapshotStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.snapshot_plan import (
     RetentionCheck,
     SnapshotError,

@@ -20,7 +20,7 @@ the table's changelog when an ingester starts.
 
 **Bad records** (undecodable, no key, wrong types, a row the table refuses) never stop the source: each
 goes to the table's dead-letter topic ``<prefix>.<table>.dlq`` with the headers of
-:mod:`mvlog.connectors.dead_letter`, produced **inside the epoch's transaction** by the table's own
+:mod:`mvlog.connectors.kafka.dead_letter`, produced **inside the epoch's transaction** by the table's own
 transactional producer, and the offsets move past it. So a bad record is dead-lettered exactly when the
 epoch that skips it commits: a SIGKILL before that aborts both and the next ingester reads it again; a
 ``read_committed`` reader of the dead-letter topic sees each one once. The running total goes on the
@@ -35,7 +35,7 @@ accepts the schema id or recreates the table), a Schema Registry that does not a
 
 **Avro formats** find each message's writer schema by its id: first among the ``.avsc`` files the table
 was created with (kept in its catalog entry), then in the Schema Registry (the table's URL, else
-``MVLOG_SCHEMA_REGISTRY_URL``), cached by id (:mod:`mvlog.connectors.schema_registry`).
+``MVLOG_SCHEMA_REGISTRY_URL``), cached by id (:mod:`mvlog.connectors.kafka.schema_registry`).
 
 **Idle and lagging partitions** hold nothing back: an epoch is cut every barrier interval from whatever
 the consumer returned, from any partitions; no partition waits for another (there is no per-partition
@@ -49,22 +49,22 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_reader import reader_consumer
-from mvlog.connectors.changelog_records import PoisonRecord
-from mvlog.connectors.changelog_writer import ConsumedInput
-from mvlog.connectors.dead_letter import DLQ_MAX_VALUE_BYTES, DeadLetterRecord, dead_letter_record
-from mvlog.connectors.schema_registry import SchemaRegistryClient, SchemaRegistryError
-from mvlog.connectors.source_status import SourceStatusStore
-from mvlog.connectors.topics import ensure_topic
+from mvlog.connectors.kafka.changelog_reader import reader_consumer
+from mvlog.connectors.kafka.changelog_records import PoisonRecord
+from mvlog.connectors.kafka.changelog_writer import ConsumedInput
+from mvlog.connectors.kafka.dead_letter import DLQ_MAX_VALUE_BYTES, DeadLetterRecord, dead_letter_record
+from mvlog.connectors.kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
+from mvlog.connectors.kafka.topics import ensure_topic
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.source_status import SourceStatusStore
 from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
 from mvlog.services.table_writer import RowValidationError, Table
@@ -88,6 +88,10 @@ _PREFETCH_PARTITION_BYTES = 256 * 1024  # max.partition.fetch.bytes: one partiti
 # and fetches again as soon as the queue drains.
 _PREFETCH_BACKOFF_MS = 5
 _FIRST_PACE_S = 50e-6  # an epoch's work per message assumed before one is measured (loaded 2-core machine: 25-35)
+# While a backlog is read (the last epoch was cut by the pace's cap), how long a consume() waits for a full batch:
+# librdkafka returns fewer messages than asked for only at the timeout, so a short one tells soon that the backlog
+# is read to its end, and that epoch is cut then rather than at the interval (see run).
+_DRAIN_POLL_S = 0.05
 _PARTITIONS_CHECK_S = 10.0  # how often a running ingester asks whether the topic gained partitions
 _DLQ_HEADROOM = 8192  # bytes under the producer's record limit kept for a dead letter's key and headers
 
@@ -196,6 +200,31 @@ class IngestProgress:
                               self.dead_letters + other.dead_letters)
 
 
+@dataclass
+class _Cut:
+    """An epoch cut by the ingester, to commit: the fast path's changes it still holds, the offsets (with the
+    barrier's mutation), its dead letters and the running total, and for the pace and the hook: the source
+    positions, the messages read until the cut, and how many of them it took at what cost."""
+
+    held: dict[Key, Row | None]
+    consumed: ConsumedInput
+    dead: list[DeadLetterRecord]
+    total: int
+    positions: dict[int, int]
+    messages: int
+    taken: int = 0
+    cycle_s: float = 0.0
+
+
+@dataclass
+class _InFlight:
+    """The epoch whose commit runs on its own thread; ``error`` what the commit raised."""
+
+    cut: _Cut
+    thread: threading.Thread = field(default_factory=threading.Thread)
+    error: BaseException | None = None
+
+
 class SourceIngester:
     """Consumes a source table's topic into the table, one epoch per barrier interval (see module doc)."""
 
@@ -242,6 +271,10 @@ class SourceIngester:
             self.status.set_problem(name, None)
             ensure_topic(settings, self.dead_letter_topic, 1, {"cleanup.policy": "compact"})
             committed = self._consumer.committed([TopicPartition(spec.topic, p) for p in range(partitions)], 30.0)
+            # The topic's metadata before the assignment: librdkafka looks up a logical offset (the beginning
+            # of a partition without a committed offset) only once it knows the partition's leader, else it
+            # retries 500 ms later, which delayed the first messages of a new source table by half a second.
+            self._consumer.list_topics(spec.topic, timeout=15.0)
             self.positions: dict[int, int] = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
             self._consumer.assign([TopicPartition(spec.topic, p, self.positions.get(p, OFFSET_BEGINNING))
                                    for p in range(partitions)])
@@ -250,6 +283,11 @@ class SourceIngester:
             raise
         self._uncommitted = False
         self._dead: list[DeadLetterRecord] = []  # dead letters of the epoch being read
+        # The fast path's changes of the epoch being read, not handed to the table yet (see _cut): the table's
+        # pending writes belong to the epoch being committed while one is in flight.
+        self._held: dict[Key, Row | None] = {}
+        self._inflight: _InFlight | None = None  # the epoch being committed on its own thread, if any
+        self._waited_s = 0.0  # seconds the epoch being read waited for the one in flight
         self._dlq_value_bytes = max(0, min(DLQ_MAX_VALUE_BYTES, self.table.record_limit_bytes - _DLQ_HEADROOM))
         # Until an epoch is measured, assume _FIRST_PACE_S seconds of work per message: a restart in front of a
         # backlog then commits its first epoch within about the interval (unbounded, a fast read of a large
@@ -270,18 +308,31 @@ class SourceIngester:
         nothing and a lagging one returns what it has, and neither delays the cut (the consume timeout
         never runs past it). While a backlog is read, :class:`~mvlog.source_pace.EpochPace` caps each
         epoch at the messages its work can apply and commit within the interval, so epochs stay on time
-        instead of growing with the backlog."""
+        instead of growing with the backlog; and the epoch that reads the backlog to its end (a consume
+        returning less than a full batch right after a capped epoch) is cut then, not at the interval: its
+        messages are already as old as they get, so waiting would only delay them (once per backlog; a quiet
+        or steady topic's epochs are cut by the interval as before).
+
+        **Pipelined**: each epoch is committed on a thread of its own (:meth:`_commit_cut`) while the next one
+        is consumed and decoded; at most one commit is in flight, and the next cut waits for it, so epochs
+        commit one after the other, each with its own offsets in its own transaction (a failed commit stops
+        the loop, and the epoch being read, never committed, is read again by the next ingester)."""
         stop = stop or threading.Event()
         interval = self.settings.barrier_interval_ms / 1000
         pace = self.pace
         next_cut = time.monotonic() + interval
         next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
         taken, work_s = 0, 0.0  # messages of the epoch being read, and the seconds spent applying them
+        draining = False  # the last epoch was cut by the cap: a backlog is being read
         try:
             while not stop.is_set():
+                inflight = self._inflight
+                if inflight is not None and not inflight.thread.is_alive():
+                    self._settle()  # a commit that failed stops the loop now
                 cap = pace.max_messages()
                 want = _BATCH if cap is None else max(1, min(_BATCH, cap - taken))
-                messages = self._consumer.consume(want, max(0.0, min(0.5, next_cut - time.monotonic())))
+                timeout = max(0.0, min(_DRAIN_POLL_S if draining else 0.5, next_cut - time.monotonic()))
+                messages = self._consumer.consume(want, timeout)
                 started = time.monotonic()
                 try:
                     self._apply(messages)
@@ -290,11 +341,12 @@ class SourceIngester:
                     raise
                 taken += len(messages)
                 work_s += time.monotonic() - started
-                if time.monotonic() >= next_cut or (cap is not None and taken >= cap):
-                    started = time.monotonic()
-                    if self.commit(idle=True) is not None and taken:
-                        pace.observe(taken, work_s + time.monotonic() - started)
+                capped = cap is not None and taken >= cap
+                drained = draining and taken > 0 and len(messages) < want
+                if time.monotonic() >= next_cut or capped or drained:
+                    self._commit_behind(taken, work_s)
                     taken, work_s = 0, 0.0
+                    draining = capped
                     if time.monotonic() >= next_partitions_check:
                         self.follow_new_partitions()
                         next_partitions_check = time.monotonic() + _PARTITIONS_CHECK_S
@@ -315,13 +367,14 @@ class SourceIngester:
         fast = self._fast
         run: list[RowChange] = []
         origins: list[SourceMessage] = []  # the message of each change of ``run``
-        plain: dict[Key, Row | None] = {}  # fast changes not queued yet (the last of each key, in order)
+        # Fast changes not handed to the table yet (the last of each key), all of them older than ``run``'s:
+        # :meth:`_queue` hands them over before it queues a run.
+        held = self._held
         handled = fast_changes = 0
         try:
             for message in messages:
                 error = message.error()
                 if error is not None:
-                    self._queue_plain(plain)
                     self._queue(run, origins)
                     self._advance(messages, handled)
                     handled = 0
@@ -332,21 +385,17 @@ class SourceIngester:
                     if change is not None:
                         if run:
                             self._queue(run, origins)
-                        plain[change[0]] = change[1]
+                        held[change[0]] = change[1]
                         fast_changes += 1
                         continue
-                    if plain:
-                        self._queue_plain(plain)
                 try:
                     self._apply_one(message, run, origins)
                 except (SchemaChangeError, SourceError) as stop:
                     handled -= 1  # not passed: the next ingester stops at it again
-                    self._queue_plain(plain)
                     self._queue(run, origins)
                     if isinstance(stop, SourceError):
                         raise
                     raise SourceError(self._schema_stop(stop)) from None
-            self._queue_plain(plain)
             self._queue(run, origins)
         finally:
             self._advance(messages, handled)
@@ -382,11 +431,14 @@ class SourceIngester:
                 f"`mvlog run-source {self.name} --accept-schema {change.schema_id}` (its missing nullable "
                 "columns become NULL, records it cannot type are dead-lettered)")
 
-    def _queue_plain(self, plain: dict[Key, Row | None]) -> None:
-        """Hand the fast path's normalized changes to the table (in the order they came)."""
-        if plain:
-            self.table.queue_normalized(plain)
-            plain.clear()
+    def _hand_over_held(self) -> None:
+        """Before the ingester queues writes in the table itself (a run of the reference path): the epoch in
+        flight must have taken the table's pending writes (:meth:`_settle`), and the fast path's changes held
+        so far go first, so the changes of each key stay in the order they came."""
+        self._settle()
+        if self._held:
+            self.table.queue_normalized(self._held)
+            self._held.clear()  # (the same dict: _apply holds it)
 
     def _advance(self, messages: Sequence[Message], count: int) -> None:
         """``positions`` past the first ``count`` of ``messages`` (each partition's last one of them is its
@@ -413,6 +465,7 @@ class SourceIngester:
         table queued the others, and a later change of the same key still wins."""
         if not run:
             return
+        self._hand_over_held()
         try:
             if run[0].is_delete:
                 keys: list[Key] = [change.key for change in run]
@@ -451,29 +504,88 @@ class SourceIngester:
         raise SourceError(f"{self.name}: reading {self.spec.topic}: {error.str()}")
 
     def commit(self, *, idle: bool = False) -> int | None:
-        """Commit the queued changes, the dead letters and the offsets they came from as one epoch; returns
-        the epoch. When no message was consumed since the last one there is nothing to do, unless ``idle``:
-        then an empty epoch is committed all the same, as a written table's epoch loop does every interval.
-        A table that cuts no epoch while its topic is quiet would hold back every view that joins it with
-        another: a join follows its inputs only up to the epoch they have all reached."""
+        """Commit the queued changes, the dead letters and the offsets they came from as one epoch, now, on
+        this thread (after the epoch in flight, if any); returns the epoch. When no message was consumed since
+        the last one there is nothing to do, unless ``idle``: then an empty epoch is committed all the same,
+        as a written table's epoch loop does every interval. A table that cuts no epoch while its topic is
+        quiet would hold back every view that joins it with another: a join follows its inputs only up to
+        the epoch they have all reached."""
+        self._settle()
+        cut = self._cut(idle=idle)
+        return None if cut is None else self._commit_cut(cut)
+
+    def epoch_committed(self, epoch: int, positions: Mapping[int, int], messages: int) -> None:
+        """Called once each epoch committed (Kafka and Redis), on the thread that committed it, in epoch
+        order: ``positions`` the source offsets it committed, ``messages`` those read until its cut. For
+        subclasses that time epochs (the benchmark, the tests); does nothing here."""
+
+    def _commit_behind(self, taken: int, work_s: float) -> None:
+        """The run loop's cut: wait for the epoch in flight, then commit the one just read on a thread of its
+        own while the loop reads the next. ``taken`` messages took ``work_s`` seconds to apply."""
+        self._settle()
+        cut = self._cut(idle=True)
+        assert cut is not None
+        cut.taken, cut.cycle_s = taken, work_s + self._waited_s  # its apply, and its wait for the one before
+        self._waited_s = 0.0
+        inflight = _InFlight(cut)
+        inflight.thread = threading.Thread(target=self._commit_in_flight, args=(inflight,),
+                                           name=f"mvlog-source-{self.name}-commit", daemon=True)
+        self._inflight = inflight
+        inflight.thread.start()
+
+    def _commit_in_flight(self, inflight: _InFlight) -> None:
+        try:
+            self._commit_cut(inflight.cut)
+        except BaseException as error:  # raised on the loop's thread by _settle
+            inflight.error = error
+
+    def _settle(self) -> None:
+        """Wait for the epoch in flight to be committed; raise what its commit raised."""
+        inflight = self._inflight
+        if inflight is None:
+            return
+        started = time.monotonic()
+        inflight.thread.join()
+        self._waited_s += time.monotonic() - started
+        self._inflight = None
+        if inflight.error is not None:
+            raise inflight.error
+
+    def _cut(self, *, idle: bool) -> _Cut | None:
+        """End the epoch being read (no epoch in flight): its held changes, dead letters and offsets, for
+        :meth:`_commit_cut`. None when nothing was read since the last cut and not ``idle``."""
         if not self._uncommitted and not idle:
             return None
-        dead = self._dead
+        self.table.wait_for_downstreams()  # backpressure: no epoch is cut (nor read) while a downstream lags
+        dead, self._dead = self._dead, []
         total = self.dead_letters + len(dead)
         offsets = [TopicPartition(self.spec.topic, p, o) for p, o in sorted(self.positions.items())]
         consumed = ConsumedInput(offsets, self._consumer.consumer_group_metadata(),
                                  offsets_mutation(self.name, self.spec.topic, self.positions,
                                                   self._seen.take_changed(), total))
-        self.table.wait_for_downstreams()
-        committed = self.table.commit_epoch(consumed, dead)
-        self._dead = []
+        held, self._held = self._held, {}
         self._uncommitted = False
-        self.dead_letters = total
-        if dead:
-            self.status.set_dead_letters(self.name, total)
-        self.progress.dead_letters += len(dead)
+        return _Cut(held, consumed, dead, total, dict(self.positions), self.progress.messages)
+
+    def _commit_cut(self, cut: _Cut) -> int:
+        """Commit a cut epoch: its held changes join the table's pending writes (which only this epoch's
+        reading queued: the next epoch's wait, see _hand_over_held), then one Kafka transaction with the
+        offsets and dead letters, then Redis (:meth:`Table.commit_epoch`)."""
+        started = time.monotonic()
+        if cut.held:
+            self.table.queue_normalized(cut.held)
+        committed = self.table.commit_epoch(cut.consumed, cut.dead)
+        self.dead_letters = cut.total
+        if cut.dead:
+            self.status.set_dead_letters(self.name, cut.total)
+        self.progress.dead_letters += len(cut.dead)
         self.progress.epochs += 1
         self.progress.last_epoch = committed.epoch
+        if cut.taken:
+            # What the epoch cost the loop: its own apply plus its wait for the epoch before, or its commit
+            # where that took longer (the loop then waits for it at the next cut).
+            self.pace.observe(cut.taken, max(cut.cycle_s, time.monotonic() - started))
+        self.epoch_committed(committed.epoch, cut.positions, cut.messages)
         return committed.epoch
 
     def follow_new_partitions(self) -> list[int]:
@@ -508,8 +620,12 @@ class SourceIngester:
     def close(self) -> None:
         """Release the consumer and the table's producer. Commits nothing (:meth:`run` does): what is
         still queued was interrupted and is read again from the committed offsets next time."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:  # its commit uses the table's producer: let it end first (its error is moot)
+            inflight.thread.join()
         self._consumer.close()
         self._dead = []
+        self._held = {}
         self.table.discard()
         self.table.close()
 

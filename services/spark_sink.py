@@ -41,7 +41,7 @@ memory must be split into several writes (several epochs).
 
 It commits through the table writer of :mod:`mvlog.services.table_writer` (the one writer of a root
 table's epochs), so it is a service: its :class:`MvlogDataSource` is the reading data source of
-:mod:`mvlog.connectors.spark_source` plus these writers, and is the one Spark sessions register.
+:mod:`mvlog.connectors.spark.spark_source` plus these writers, and is the one Spark sessions register.
 """
 
 from __future__ import annotations
@@ -82,11 +82,12 @@ from pyspark.sql.types import (
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors import redis_client, spark_source
-from mvlog.connectors.changelog_reader import reader_consumer
-from mvlog.connectors.changelog_writer import ConsumedInput
-from mvlog.connectors.redis_keys import view_key
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_reader import reader_consumer
+from mvlog.connectors.kafka.changelog_writer import ConsumedInput
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.redis_keys import view_key
+from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.spark import spark_source
 from mvlog.row_schema import ColumnType, FieldError, RowSchema
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
 from mvlog.services.table_writer import RowValidationError, Table
@@ -403,7 +404,7 @@ def stream_writer(settings: Settings, entry: CatalogEntry, schema: StructType, o
 
 
 class MvlogDataSource(spark_source.MvlogDataSource):
-    """``format("mvlog")``: the reads of :class:`mvlog.connectors.spark_source.MvlogDataSource`, and
+    """``format("mvlog")``: the reads of :class:`mvlog.connectors.spark.spark_source.MvlogDataSource`, and
     writes into a table (``option("table", ...)``, see the module doc)."""
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:

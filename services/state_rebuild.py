@@ -21,9 +21,9 @@ from mvlog.backfill_record import load_positions
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change, Op, apply_changes, undo_changes
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_reader import ChangelogReader
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row

@@ -19,10 +19,10 @@ import redis
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.lag_store import LagStore
-from mvlog.connectors.pipeline_status import read_statuses
-from mvlog.connectors.source_status import SourceLagProbe, SourceStatusStore, measure_quietly
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.lag_store import LagStore
+from mvlog.connectors.redis.pipeline_status import read_statuses
+from mvlog.connectors.redis.source_status import SourceLagProbe, SourceStatusStore, measure_quietly
 from mvlog.lag import LagSample
 from mvlog.lag_status import LagStatus, Verdict
 from mvlog.services.lag_sampler import LagMonitor

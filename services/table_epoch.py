@@ -5,7 +5,7 @@ key) against the table's rows in Redis (the before-images: those of the last com
 the :class:`~mvlog.services.pipeline.committer.EpochCommitter` makes sure of), keeping only the keys whose
 row changes. :meth:`TableEpochEncoder.chunks` encodes them as change events for the epoch's Kafka
 transaction while the same pass queues the epoch's Redis side
-(:class:`~mvlog.connectors.streamed_commit.StreamedCommit`), so each key's vnode and key-order member is
+(:class:`~mvlog.connectors.redis.streamed_commit.StreamedCommit`), so each key's vnode and key-order member is
 computed once. Both use the compiled codec when it is built (:func:`~mvlog.schemas.codec.native_module`),
 else the same steps in Python.
 """
@@ -17,10 +17,10 @@ from typing import Any
 
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Op
-from mvlog.connectors.changelog_writer import ChangelogWriter
-from mvlog.connectors.dead_letter import DeadLetterRecord
-from mvlog.connectors.streamed_commit import StreamedCommit
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter
+from mvlog.connectors.kafka.dead_letter import DeadLetterRecord
+from mvlog.connectors.redis.streamed_commit import StreamedCommit
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.key_order import order_member
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import change_tail, decode_row, encode_change_rows, encode_key, encode_row, native_module

@@ -19,13 +19,13 @@ import redis
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.backpressure import Backpressure
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, ConsumedInput
-from mvlog.connectors.dead_letter import DeadLetterRecord
-from mvlog.connectors.topics import ensure_changelog
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, CommittedEpoch, ConsumedInput
+from mvlog.connectors.kafka.dead_letter import DeadLetterRecord
+from mvlog.connectors.kafka.topics import ensure_changelog
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.backpressure import Backpressure
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.epoch import EpochClock
 from mvlog.record_limits import change_event_bytes, row_fits, surely_fitting_text, too_large_message
 from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType, FieldError, Key, Row, RowSchema

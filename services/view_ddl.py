@@ -9,14 +9,14 @@ import redis
 
 from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.consumer_lease import ConsumerLeases
-from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.retention import starts_the_log
-from mvlog.connectors.snapshot_store import SnapshotStore
-from mvlog.connectors.topics import delete_topic, ensure_changelog
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.kafka.retention import starts_the_log
+from mvlog.connectors.kafka.topics import delete_topic, ensure_changelog
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.consumer_lease import ConsumerLeases
+from mvlog.connectors.redis.replacement_store import ReplacementStore
+from mvlog.connectors.redis.snapshot_store import SnapshotStore
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.epoch import EpochClock
 from mvlog.snapshot_plan import BackfillChoice, SnapshotError, choose_backfill
 from mvlog.views import ViewPlan, plan_view

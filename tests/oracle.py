@@ -24,9 +24,9 @@ from mvlog.backfill_record import BACKFILL_MUTATION, BackfillReplay
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Epoch, apply_changes
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_reader import ChangelogReader
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.row_schema import ColumnType, Key, Row, RowSchema
 from mvlog.schemas.codec import decode_row
 from mvlog.services.backfill.chunked import coverage

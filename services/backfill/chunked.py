@@ -50,8 +50,8 @@ from mvlog.backfill_record import BACKFILL_MUTATION, journal_line, load_position
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change, Mutation
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.key_order import order_member
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import decode_row, encode_key
@@ -78,7 +78,7 @@ class BackfillStep:
     dropped: int = 0
 
     def commit_fields(self) -> dict[str, object]:
-        """Keyword arguments of :class:`~mvlog.connectors.view_store.EpochCommit` for this step."""
+        """Keyword arguments of :class:`~mvlog.connectors.redis.view_store.EpochCommit` for this step."""
         return {"backfill": self.fields, "journal": self.journal, "lifecycle": self.lifecycle}
 
     def mutation(self, view: str) -> Mutation:

@@ -34,10 +34,10 @@ from pyspark.sql import SparkSession
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
-from mvlog.connectors.changelog_writer import ChangelogWriter, EncodedBatch, encode_batch
-from mvlog.connectors.epoch_index import IndexEntry
-from mvlog.connectors.snapshot_store import SnapshotStore
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, EncodedBatch, encode_batch
+from mvlog.connectors.redis.epoch_index import IndexEntry
+from mvlog.connectors.redis.snapshot_store import SnapshotStore
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.key_order import order_member
 from mvlog.services.snapshot_compaction import check_changelog_after, read_snapshot
 from mvlog.snapshot_plan import SnapshotError, SnapshotRecord

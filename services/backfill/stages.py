@@ -19,11 +19,11 @@ from pyspark.sql import SparkSession
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch
-from mvlog.connectors.epoch_index import IndexEntry
-from mvlog.connectors.snapshot_store import SnapshotStore
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, CommittedEpoch
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import IndexEntry
+from mvlog.connectors.redis.snapshot_store import SnapshotStore
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.services.backfill.chunked import BackfillStep, ChunkedBackfill, backfill_needed
 from mvlog.services.backfill.snapshot import (
     LOAD_PRODUCER_QUEUE,

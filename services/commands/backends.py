@@ -20,11 +20,11 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.broker_probe import unreachable_broker
-from mvlog.connectors.changelog_writer import EpochWriteError, WriterFencedError
-from mvlog.connectors.kafka_security import KafkaAccessError, RefusalWatch, cluster_metadata
-from mvlog.connectors.topics import TopicError
+from mvlog.connectors.kafka.broker_probe import unreachable_broker
+from mvlog.connectors.kafka.changelog_writer import EpochWriteError, WriterFencedError
+from mvlog.connectors.kafka.kafka_security import KafkaAccessError, RefusalWatch, cluster_metadata
+from mvlog.connectors.kafka.topics import TopicError
+from mvlog.connectors.redis import redis_client
 from mvlog.snapshot_plan import SnapshotError
 
 CONNECT_TIMEOUT_S = 5.0
@@ -53,7 +53,7 @@ def kafka_unreachable(settings: Settings, error: object) -> click.ClickException
 
 
 def connect_redis(settings: Settings, *, wait: bool = False) -> redis.Redis:
-    """A Redis client (:func:`mvlog.connectors.redis_client.connect`: it waits through a later Redis
+    """A Redis client (:func:`mvlog.connectors.redis.redis_client.connect`: it waits through a later Redis
     restart) after a first PING.
 
     A short command (``wait=False``) pings without waiting: started while Redis is not there, it says so at

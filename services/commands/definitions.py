@@ -7,7 +7,7 @@ from typing import IO
 import click
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.names import check_name

@@ -44,13 +44,13 @@ import redis
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.cache_registry import CacheRegistry
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.source_status import SourceLagProbe
-from mvlog.connectors.topics import ensure_topic
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.kafka.topics import ensure_topic
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.cache_registry import CacheRegistry
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import EpochIndex
+from mvlog.connectors.redis.source_status import SourceLagProbe
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.infra.child_processes import die_with_parent
 from mvlog.infra.local_stack import (
     DEFAULT_KAFKA_PORT,

@@ -10,8 +10,8 @@ import redis
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis
 from mvlog.services.commands.output import age, epoch_time, output_option, print_json, print_table

@@ -15,9 +15,9 @@ import click
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change, undo_changes
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_reader import ChangelogReader
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.cli import pass_settings

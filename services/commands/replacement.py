@@ -13,7 +13,7 @@ from typing import IO, Any
 import click
 
 from mvlog.config import Settings
-from mvlog.connectors.replacement_store import ReplacementRecord
+from mvlog.connectors.redis.replacement_store import ReplacementRecord
 from mvlog.row_schema import Row, RowSchema
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka

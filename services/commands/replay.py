@@ -17,9 +17,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.consumer_groups import ConsumerGroupError
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.consumer_groups import ConsumerGroupError
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.epoch import MAX_EPOCH, epoch_millis
 from mvlog.replay import ReplayRangeError, ReplayTargetError, parse_datetime_ms, parse_duration_ms
 from mvlog.services.cli import pass_settings

@@ -6,7 +6,7 @@ view: a consumer that fails (or cannot start) is started again alone after a gro
 (:class:`~mvlog.restart_budget.RestartBudget`: Spark workers that do not connect back in time, a Redis
 being rebuilt, a broker restarting), and one that keeps failing marks its view 'failed' with the reason
 and stops; a view dropped meanwhile stops alone (``drop-view`` asks through the view's consumer lease,
-:mod:`mvlog.connectors.consumer_lease`), and the others go on. The process exits when every view
+:mod:`mvlog.connectors.redis.consumer_lease`), and the others go on. The process exits when every view
 stopped or on a signal, with code 1 if a view failed. Killing the process (SIGKILL) is safe too: each
 epoch is committed atomically, and a restarted consumer carries on from the view's MCE.
 """
@@ -29,9 +29,9 @@ import redis
 
 from mvlog.catalog import ViewDroppedError
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.consumer_lease import ConsumerLeases, holder_id
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.consumer_lease import ConsumerLeases, holder_id
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.restart_budget import RestartBudget
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka

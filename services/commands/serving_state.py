@@ -13,7 +13,7 @@ import click
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.services.control_plane import ensure_control_plane, rebuild_running
 
 

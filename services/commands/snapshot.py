@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from mvlog.config import Settings
-from mvlog.connectors.snapshot_store import SnapshotStore
+from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka
 from mvlog.services.commands.output import describe_epoch

@@ -11,7 +11,7 @@ import click
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.changelog_writer import EpochWriteError, RecordTooLargeError
+from mvlog.connectors.kafka.changelog_writer import EpochWriteError, RecordTooLargeError
 from mvlog.restart_budget import RestartBudget
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka

@@ -22,9 +22,9 @@ from rich.table import Table
 from rich.text import Text
 
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.broker_probe import unreachable_broker
-from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.kafka.broker_probe import unreachable_broker
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, redis_address
 from mvlog.services.commands.output import age, console, output_option, print_json

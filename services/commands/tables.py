@@ -10,7 +10,7 @@ import click
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.row_schema import ColumnType, RowSchema
 from mvlog.services.cli import pass_settings
 from mvlog.services.commands.backends import backend_errors, connect_redis, require_kafka

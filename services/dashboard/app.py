@@ -26,10 +26,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mvlog.config import Settings, redact_url
-from mvlog.connectors import redis_client
-from mvlog.connectors.broker_probe import unreachable_broker
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.lag_store import LagStore
+from mvlog.connectors.kafka.broker_probe import unreachable_broker
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.lag_store import LagStore
 from mvlog.services.dashboard.metrics import pipeline_registry
 from mvlog.services.status_snapshot import take_snapshot
 

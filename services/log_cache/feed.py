@@ -12,11 +12,11 @@ Why it is built this way: the worker must keep up with the table writers it cach
 thousands of changes per second), so no Python code runs per record once the feed is aligned. A consume
 batch is cut into per-partition slices (C-level ``map``/``compress``), each slice is decoded a run of one
 (epoch, transaction) at a time by the compiled codec the Kafka readers use
-(:func:`~mvlog.connectors.changelog_records.decode_change_run`), each record once, and each run goes
-straight into Arrow columns (:class:`~mvlog.connectors.change_rows.SignedRowBuilder`, the data source's
+(:func:`~mvlog.connectors.kafka.changelog_records.decode_change_run`), each record once, and each run goes
+straight into Arrow columns (:class:`~mvlog.connectors.spark.change_rows.SignedRowBuilder`, the data source's
 row shape) and is serialized at once into an Arrow IPC message. The aligner only counts the run's changes
 towards their barrier (:meth:`EpochAligner.count_changes`). Barriers, and records the compiled run
-refuses, go through :func:`~mvlog.connectors.changelog_records.decode_record` one by one (a few per epoch).
+refuses, go through :func:`~mvlog.connectors.kafka.changelog_records.decode_record` one by one (a few per epoch).
 
 So an open epoch is held as IPC messages (about its records' size, not the ~3.6x of decoded Python
 objects), and a committed epoch is cached as those messages plus one barrier message per partition:
@@ -41,8 +41,8 @@ import pyarrow as pa
 from mvlog.barrier_alignment import EpochAligner
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Epoch
-from mvlog.connectors.change_rows import SignedRowBuilder, arrow_schema
-from mvlog.connectors.changelog_records import BarrierRecord, ChangeRecord, decode_change_run, decode_record
+from mvlog.connectors.kafka.changelog_records import BarrierRecord, ChangeRecord, decode_change_run, decode_record
+from mvlog.connectors.spark.change_rows import SignedRowBuilder, arrow_schema
 from mvlog.log_cache import CachedEpoch
 from mvlog.row_schema import Row
 from mvlog.schemas.codec import TYPE_BARRIER, decode_barrier, record_type

@@ -51,14 +51,14 @@ from mvlog.barrier_alignment import AlignmentError
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Epoch
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.backpressure import Backpressure
-from mvlog.connectors.cache_registry import HEARTBEATS_TO_EXPIRE, CacheRegistry
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.change_rows import arrow_schema
-from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.kafka_security import faust_broker_credentials
-from mvlog.connectors.log_cache_client import ARROW_STREAM
+from mvlog.connectors.kafka.kafka_security import faust_broker_credentials
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.backpressure import Backpressure
+from mvlog.connectors.redis.cache_registry import HEARTBEATS_TO_EXPIRE, CacheRegistry
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import EpochIndex
+from mvlog.connectors.spark.change_rows import arrow_schema
+from mvlog.connectors.spark.log_cache_client import ARROW_STREAM
 from mvlog.log_cache import CacheError, LogCache, RangeStatus
 from mvlog.process_memory import peak_rss_kib, rss_kib
 from mvlog.schemas.codec import DecodeError

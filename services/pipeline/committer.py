@@ -9,11 +9,11 @@ consumer, a snapshot load or a replacement's cut-over:
    process's rebuild waited for; then its rows rolled forward over its own changelog) and the epoch is
    computed again (:meth:`EpochCommitter.compute`).
 2. **The Kafka transaction**: the epoch's changes and barriers (and a table's consumed input offsets), on
-   the object's :class:`~mvlog.connectors.changelog_writer.ChangelogWriter`, whose transactional id
+   the object's :class:`~mvlog.connectors.kafka.changelog_writer.ChangelogWriter`, whose transactional id
    fenced every earlier writer of the object.
 3. **The Redis commit**: rows, state, epoch index and MCE at once. Its form is the caller's
    (:class:`RedisSide`): a table streams its commands while the epoch is produced
-   (:class:`~mvlog.connectors.streamed_commit.StreamedCommit` is one), a view runs one script, a snapshot
+   (:class:`~mvlog.connectors.redis.streamed_commit.StreamedCommit` is one), a view runs one script, a snapshot
    load swaps staged keys in, a cut-over moves the replacement's keys into the view's.
 4. **Redis lost meanwhile** (wiped, or the commit found an MCE it does not follow): recover as in 1, with
    the epoch's barriers as proof that it committed (:attr:`EpochCommitter.last_committed`: on a broker
@@ -36,12 +36,12 @@ import redis
 
 from mvlog.catalog import CatalogEntry, ViewDroppedError
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch
-from mvlog.connectors.epoch_index import IndexEntry
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, CommittedEpoch
+from mvlog.connectors.kafka.retention import has_records
 from mvlog.connectors.recovery import LogTail, roll_forward
-from mvlog.connectors.retention import has_records
-from mvlog.connectors.view_store import Lifecycle, ServingStateLostError, ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import IndexEntry
+from mvlog.connectors.redis.view_store import Lifecycle, ServingStateLostError, ViewStore
 from mvlog.services.control_plane import recover_after_wipe
 
 log = logging.getLogger(__name__)

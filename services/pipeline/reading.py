@@ -17,8 +17,8 @@ from pyspark.sql import DataFrame, SparkSession
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change
 from mvlog.config import Settings
-from mvlog.connectors.change_rows import epoch_slices
-from mvlog.connectors.epoch_index import EpochIndex
+from mvlog.connectors.redis.epoch_index import EpochIndex
+from mvlog.connectors.spark.change_rows import epoch_slices
 from mvlog.views import ChangeBatch
 
 EpochBatches = dict[int, dict[str, ChangeBatch]]  # epoch -> upstream view -> its changes

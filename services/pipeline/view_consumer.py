@@ -25,14 +25,14 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, encode_batch
-from mvlog.connectors.epoch_index import IndexEntry
-from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.snapshot_store import SnapshotStore
-from mvlog.connectors.spark_source import trigger_ends
-from mvlog.connectors.view_store import Lifecycle, ViewStore, commit_from_encoded
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, CommittedEpoch, encode_batch
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import IndexEntry
+from mvlog.connectors.redis.replacement_store import ReplacementStore
+from mvlog.connectors.redis.snapshot_store import SnapshotStore
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore, commit_from_encoded
+from mvlog.connectors.spark.spark_source import trigger_ends
 from mvlog.services.backfill.chunked import ChunkedBackfill
 from mvlog.services.backfill.snapshot import SnapshotBackfill
 from mvlog.services.backfill.stages import backfill_stages

@@ -4,7 +4,7 @@ The view's Spark consumer already reads every upstream epoch the replacement nee
 them to the replacement's operator: no second reader of the upstream, and the cut-over happens at an
 epoch boundary of the one process that writes the view's changelog (no cross-process handshake).
 Per epoch the replacement commits first (its own Redis keys, see
-:mod:`mvlog.connectors.replacement_store`), then the view: after a crash the replacement is never
+:mod:`mvlog.connectors.redis.replacement_store`), then the view: after a crash the replacement is never
 behind the view, so a restarted consumer redoes the view's epoch and skips the replacement's.
 
 Hydration (the replacement's rows at the view's MCE) starts with :meth:`ReplacementFollower.start`:
@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from mvlog.changes import Change
-from mvlog.connectors.changelog_writer import encode_batch
-from mvlog.connectors.replacement_store import ReplacementRecord, ReplacementStore
+from mvlog.connectors.kafka.changelog_writer import encode_batch
+from mvlog.connectors.redis.replacement_store import ReplacementRecord, ReplacementStore
 from mvlog.views import ChangeBatch, ViewOperator, ViewPlan
 from mvlog.views.state import StoredState
 

@@ -24,9 +24,9 @@ from pyspark.sql import SparkSession
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
-from mvlog.connectors.retention import starts_the_log
-from mvlog.connectors.snapshot_store import SnapshotStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.retention import starts_the_log
+from mvlog.connectors.redis.snapshot_store import SnapshotStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import ReplacementError
 from mvlog.services.snapshot_compaction import check_changelog_after, read_snapshot
 from mvlog.snapshot_plan import SnapshotError, SnapshotRecord

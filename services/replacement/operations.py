@@ -3,7 +3,7 @@
 The Python API behind ``mvlog replace`` and ``mvlog replacement ...``. A staged replacement lives in
 two places: the view's catalog entry (options ``replacement_id``/``replacement_sql``, so it is rebuilt
 from the compacted catalog topic with the entry after a Redis wipe) and its Redis record and state
-(:mod:`mvlog.connectors.replacement_store`). It is a field of the view's entry rather than an entry of
+(:mod:`mvlog.connectors.redis.replacement_store`). It is a field of the view's entry rather than an entry of
 its own because it is not a relation: nothing can read from it, it has no changelog topic, and the
 services that walk the catalog (caches, lag, backfill) must not mistake it for a view.
 
@@ -23,10 +23,10 @@ import redis
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.replacement_store import ReplacementRecord, ReplacementStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.replacement_store import ReplacementRecord, ReplacementStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import (
     DiffSummary,
     ReplacementError,

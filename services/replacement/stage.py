@@ -17,12 +17,12 @@ from collections.abc import Callable, Mapping
 
 from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.changes import Mutation, Op
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_writer import ChangelogWriter, CommittedEpoch, encode_batch
-from mvlog.connectors.epoch_index import IndexEntry
-from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.snapshot_store import SnapshotStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, CommittedEpoch, encode_batch
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import IndexEntry
+from mvlog.connectors.redis.replacement_store import ReplacementStore
+from mvlog.connectors.redis.snapshot_store import SnapshotStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.key_order import order_member
 from mvlog.replacement import APPLY_MUTATION, ReplacementError, Status, applied_entry, diff_rows
 from mvlog.schemas.codec import decode_row

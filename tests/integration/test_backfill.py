@@ -24,9 +24,9 @@ from mvlog.backfill import DONE, START, Position
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Epoch
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_reader import ChangelogReader
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.key_order import order_member
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import encode_key

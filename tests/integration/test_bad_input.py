@@ -17,10 +17,10 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_reader import ChangelogReader, ChangelogReadError
-from mvlog.connectors.topics import ensure_topic
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader, ChangelogReadError
+from mvlog.connectors.kafka.topics import ensure_topic
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, TYPE_CHANGE, encode_key
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import RowValidationError, Table

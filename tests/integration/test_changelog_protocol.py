@@ -15,9 +15,9 @@ import redis
 
 from mvlog.changes import apply_changes
 from mvlog.config import Settings
-from mvlog.connectors.changelog_reader import ChangelogReader
-from mvlog.connectors.topics import ensure_topic
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.kafka.topics import ensure_topic
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.row_schema import Key, Row
 from mvlog.services.table_writer import RowValidationError, Table
 

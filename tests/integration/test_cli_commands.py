@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.infra import local_stack
 from mvlog.infra.local_stack import free_ports, redis_answers
 

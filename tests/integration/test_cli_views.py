@@ -21,8 +21,8 @@ from click.testing import CliRunner, Result
 from confluent_kafka.admin import AdminClient
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.infra.local_stack import free_ports
 from mvlog.services.cli import main
 

@@ -22,8 +22,8 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.epoch_index import EpochIndex
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.epoch import epoch_millis
 from mvlog.services.dashboard.server import DashboardServer
 from mvlog.services.pipeline.view_consumer import ViewConsumer

@@ -38,8 +38,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.infra.child_processes import die_with_parent
 from mvlog.infra.local_stack import LocalStack, free_ports, kafka_answers, redis_answers
 from mvlog.schemas.codec import decode_row
@@ -703,7 +703,7 @@ def _crash_under_load(tmp_path: Path, spark: Any, prefix: str, view_sql: str, vi
             last = _finish(pipeline, store, held, 120, laps)
         finally:
             pipeline.close()
-        # Nobody exits: Redis clients wait for Redis (mvlog.connectors.redis_client), librdkafka reconnects to
+        # Nobody exits: Redis clients wait for Redis (mvlog.connectors.redis.redis_client), librdkafka reconnects to
         # the broker and an epoch whose transaction failed meanwhile is aborted and redone (issue 21, item 2).
         assert pipeline.writer_exits == [] and pipeline.consumer_restarts == 0, (
             f"writer exits {pipeline.writer_exits}, consumer failures {pipeline.consumer_failures}")

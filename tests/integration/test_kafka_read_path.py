@@ -8,9 +8,9 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors import change_rows, spark_source
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.spark_source import PartitionRange, _Planner, read_partition_from_kafka
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.spark import change_rows, spark_source
+from mvlog.connectors.spark.spark_source import PartitionRange, _Planner, read_partition_from_kafka
 from mvlog.services.table_writer import Table
 
 pytestmark = pytest.mark.integration

@@ -62,10 +62,10 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from pydantic import SecretStr
 
 from mvlog.config import Settings
-from mvlog.connectors.changelog_reader import ChangelogReader
-from mvlog.connectors.changelog_writer import ChangelogWriter
-from mvlog.connectors.kafka_security import KafkaAccessError, faust_broker_credentials
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter
+from mvlog.connectors.kafka.kafka_security import KafkaAccessError, faust_broker_credentials
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.infra.kafka_broker import LAPTOP_SETTINGS
 from mvlog.infra.local_stack import LocalStack, free_ports
 from mvlog.services.table_writer import Table

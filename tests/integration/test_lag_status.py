@@ -26,8 +26,8 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from mvlog.config import Settings
-from mvlog.connectors.lag_store import LagStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.lag_store import LagStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.epoch import epoch_millis
 from mvlog.services.cli import main
 from mvlog.services.dashboard.server import DashboardServer

@@ -17,11 +17,11 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.cache_registry import CacheRegistry
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.redis_client import connect as connect_redis
-from mvlog.connectors.spark_source import _Planner, read_partition_from_kafka, read_partition_range
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.cache_registry import CacheRegistry
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.redis_client import connect as connect_redis
+from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.spark.spark_source import _Planner, read_partition_from_kafka, read_partition_range
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import alter_view, create_view

@@ -32,7 +32,7 @@ from bench.nexmark_suite.mvlog_runner import SourceProcesses, reachable_epoch, v
 from bench.nexmark_suite.mvlog_tables import create_tables, plan_queries
 from bench.nexmark_suite.producer import produce
 from mvlog.config import Settings
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
 from tests.oracle import check_oracle

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import redis
 
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.infra.local_stack import LocalStack
 
 from .test_durable_stack import MVLOG, cli, own_stack, stack_settings

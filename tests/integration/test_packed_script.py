@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from mvlog.connectors.packed_script import run_script
+from mvlog.connectors.redis.packed_script import run_script
 
 ECHO = "redis.call('SET', KEYS[1], ARGV[1]) return {#KEYS, #ARGV, ARGV[#ARGV]}"
 

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services.control_plane import rebuild_lock_name
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from tests.integration.test_cli_views import T1, env_of, lines, mvlog, ok, read_json

@@ -15,9 +15,9 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
 from mvlog.connectors.recovery import roll_forward
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services import control_plane
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table

@@ -13,17 +13,17 @@ from confluent_kafka import TopicPartition
 
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
-from mvlog.connectors.changelog_reader import ChangelogReader, reader_consumer
-from mvlog.connectors.changelog_writer import (
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader, reader_consumer
+from mvlog.connectors.kafka.changelog_writer import (
     ChangelogWriter,
     EncodedBatch,
     RecordTooLargeError,
     encode_batch,
     envelope_bytes,
 )
-from mvlog.connectors.retention import topic_config
-from mvlog.connectors.topics import changelog_record_limit, changelog_topic_bytes
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.retention import topic_config
+from mvlog.connectors.kafka.topics import changelog_record_limit, changelog_topic_bytes
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.record_limits import PRODUCER_DEFAULT_MAX_BYTES, row_fits
 from mvlog.schemas.codec import decode_row, encode_key, encode_row
 from mvlog.services.table_writer import RowValidationError, Table

@@ -1,7 +1,7 @@
 """mvlog processes ride out a restart of redis-server (issue 21, item 2, the Redis half).
 
 redis-server (append-only file on) is SIGKILLed and restarted on the same port and folder a few seconds
-later, as an operator's restart or a crash would. The clients of :mod:`mvlog.connectors.redis_client`
+later, as an operator's restart or a crash would. The clients of :mod:`mvlog.connectors.redis.redis_client`
 wait for it: a ``mvlog run-view`` process and a table writer with its epoch loop go on, nothing lost or
 doubled; so does the lag sampler. The client's pieces are checked against the same server: one log
 line per state change, Lua scripts reloaded after the restart (NOSCRIPT), a probe that does not wait, and
@@ -26,11 +26,11 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors import redis_client
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.epoch_index import IndexEntry
-from mvlog.connectors.packed_script import run_script
-from mvlog.connectors.view_store import EpochCommit, ViewStore
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import IndexEntry
+from mvlog.connectors.redis.packed_script import run_script
+from mvlog.connectors.redis.view_store import EpochCommit, ViewStore
 from mvlog.infra.local_stack import find_redis_server, free_port, redis_answers
 from mvlog.services.lag_sampler import LagSampler
 from mvlog.services.table_writer import Table
@@ -110,7 +110,7 @@ def test_a_command_waits_through_a_restart_and_says_so_twice(aof_redis: AofRedis
     client.set("k", "before")
     aof_redis.kill()
     restarted = aof_redis.restart_after(DOWN_S)
-    with caplog.at_level(logging.INFO, logger="mvlog.connectors.redis_client"):
+    with caplog.at_level(logging.INFO, logger="mvlog.connectors.redis.redis_client"):
         started = time.monotonic()
         assert client.get("k") == b"before"  # waited, then read back from the AOF
         waited = time.monotonic() - started

@@ -17,10 +17,10 @@ import redis
 from mvlog.catalog import CatalogError
 from mvlog.changes import Change, Epoch
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_reader import ChangelogReader
-from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.replacement_store import ReplacementStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import IncompatibleReplacementError, ReplacementError, Status, staged_in
 from mvlog.schemas.codec import decode_row
 from mvlog.services.pipeline.view_consumer import ViewConsumer

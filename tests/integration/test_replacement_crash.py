@@ -23,9 +23,9 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.replacement_store import ReplacementRecord, ReplacementStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.replacement_store import ReplacementRecord, ReplacementStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import Status
 from mvlog.services.replacement.operations import request_apply, stage_replacement, wait_for_apply
 from mvlog.services.table_writer import Table

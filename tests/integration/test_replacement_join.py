@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.replacement_store import ReplacementStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.replacement_store import ReplacementStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.schemas.codec import decode_row
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.replacement.operations import replacement_rows, request_apply, stage_replacement, wait_for_apply

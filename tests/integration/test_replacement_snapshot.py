@@ -19,10 +19,10 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.replacement_store import ReplacementRecord, ReplacementStore
-from mvlog.connectors.retention import starts_the_log
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.retention import starts_the_log
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.replacement_store import ReplacementRecord, ReplacementStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import Status
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row

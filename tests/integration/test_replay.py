@@ -16,9 +16,9 @@ from confluent_kafka.admin import AdminClient
 
 from mvlog.changes import Change, Epoch
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_reader import ChangelogReader
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.epoch import epoch_millis
 from mvlog.schemas.codec import TYPE_BARRIER, decode_barrier, record_type
 from mvlog.services.pipeline.view_consumer import ViewConsumer

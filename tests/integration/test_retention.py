@@ -48,13 +48,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_reader import ChangelogReader, reader_consumer
-from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.replacement_store import ReplacementRecord, ReplacementStore
-from mvlog.connectors.retention import starts_the_log
-from mvlog.connectors.topics import ensure_topic
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader, reader_consumer
+from mvlog.connectors.kafka.retention import starts_the_log
+from mvlog.connectors.kafka.topics import ensure_topic
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import EpochIndex
+from mvlog.connectors.redis.replacement_store import ReplacementRecord, ReplacementStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import Status
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row

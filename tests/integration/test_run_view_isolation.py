@@ -19,9 +19,9 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.consumer_lease import ConsumerLeases
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.consumer_lease import ConsumerLeases
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from tests.integration.test_cli_views import MVLOG, T1, env_of, lines, mvlog, ok, read_json, topic_exists
 
 pytestmark = pytest.mark.integration

@@ -21,12 +21,12 @@ from click.testing import CliRunner, Result
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.changelog_reader import ChangelogReader
 from mvlog.connectors.checkpoints import latest_checkpoint
-from mvlog.connectors.snapshot_store import SnapshotStore
-from mvlog.connectors.topics import ensure_topic
-from mvlog.connectors.view_store import Lifecycle, ViewStore
+from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.kafka.topics import ensure_topic
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.snapshot_store import SnapshotStore
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row, encode_key, encode_row
 from mvlog.services.backfill.snapshot import LOADS_FOLDER

@@ -26,8 +26,8 @@ import redis
 from fastavro import parse_schema, schemaless_writer
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.source_status import SourceStatusStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.source_status import SourceStatusStore
 from mvlog.row_schema import Key
 from mvlog.services.source_ingest import SourceIngester
 from tests.integration.test_source_tables import (

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -32,9 +32,9 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # type: 
 from prometheus_client import generate_latest
 
 from mvlog.config import Settings
-from mvlog.connectors.catalog_store import CatalogStore
-from mvlog.connectors.source_status import SourceStatusStore
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.source_status import SourceStatusStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import decode_row
 from mvlog.services.cli import main
@@ -456,11 +456,8 @@ class TimedIngester(SourceIngester):
         super().__init__(*args)
         self.commits: list[tuple[float, dict[int, int]]] = []
 
-    def commit(self, *, idle: bool = False) -> int | None:
-        epoch = super().commit(idle=idle)
-        if epoch is not None:
-            self.commits.append((time.time(), dict(self.positions)))
-        return epoch
+    def epoch_committed(self, epoch: int, positions: Mapping[int, int], messages: int) -> None:
+        self.commits.append((time.time(), dict(positions)))
 
 
 def test_an_idle_and_a_lagging_partition_do_not_hold_epochs_back(settings: Settings, redis_client: redis.Redis,

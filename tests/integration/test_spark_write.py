@@ -26,8 +26,8 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.redis_keys import view_key
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.redis_keys import view_key
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import decode_row
 from mvlog.services.table_writer import Table

@@ -14,7 +14,7 @@ import redis
 from pyspark.sql import functions
 
 from mvlog.config import Settings
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.schemas.codec import decode_row
 from mvlog.services.table_writer import Table
 from tests.integration.independent_consumer import read_topic

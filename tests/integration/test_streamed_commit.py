@@ -19,9 +19,9 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.epoch_index import IndexEntry
-from mvlog.connectors.streamed_commit import CHUNK
-from mvlog.connectors.view_store import EpochCommit, Lifecycle, ServingStateLostError, ViewStore
+from mvlog.connectors.redis.epoch_index import IndexEntry
+from mvlog.connectors.redis.streamed_commit import CHUNK
+from mvlog.connectors.redis.view_store import EpochCommit, Lifecycle, ServingStateLostError, ViewStore
 from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.table_writer import Table
 

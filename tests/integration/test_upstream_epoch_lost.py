@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.epoch_index import epoch_hex
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.epoch_index import epoch_hex
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services.pipeline.reading import UpstreamEpochLostError
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table

@@ -6,8 +6,8 @@ import redis
 
 from mvlog.changes import IndexEntry
 from mvlog.config import Settings
-from mvlog.connectors.epoch_index import EpochIndex
-from mvlog.connectors.view_store import EpochCommit, ViewStore
+from mvlog.connectors.redis.epoch_index import EpochIndex
+from mvlog.connectors.redis.view_store import EpochCommit, ViewStore
 
 
 def test_commit_applies_large_epochs_once_and_refuses_epochs_at_or_below_the_mce(

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.view_store import ViewStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mvlog.changes import Barrier, Change, Mutation, Op
-from mvlog.connectors.changelog_records import BarrierRecord, ChangeRecord, PoisonRecord, decode_record
+from mvlog.connectors.kafka.changelog_records import BarrierRecord, ChangeRecord, PoisonRecord, decode_record
 from mvlog.schemas import load_schema
 from mvlog.schemas.codec import (
     HEADER_TYPE,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from mvlog.connectors.change_rows import arrow_schema, epoch_slices
+from mvlog.connectors.spark.change_rows import arrow_schema, epoch_slices
 from mvlog.row_schema import RowSchema
 
 SCHEMA = RowSchema.of({"id": "int", "v": "int"}, ["id"])

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mvlog.changes import Change, Op
-from mvlog.connectors.changelog_writer import change_values, encode_batch
+from mvlog.connectors.kafka.changelog_writer import change_values, encode_batch
 from mvlog.key_order import order_member, order_members
 from mvlog.row_schema import RowSchema
 from mvlog.schemas.arrow_rows import encode_rows

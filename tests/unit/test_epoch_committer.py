@@ -12,8 +12,8 @@ import redis
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import IndexEntry
 from mvlog.config import Settings
-from mvlog.connectors.changelog_writer import CommittedEpoch
-from mvlog.connectors.view_store import Lifecycle, ServingStateLostError
+from mvlog.connectors.kafka.changelog_writer import CommittedEpoch
+from mvlog.connectors.redis.view_store import Lifecycle, ServingStateLostError
 from mvlog.row_schema import RowSchema
 from mvlog.services.pipeline import committer as committer_module
 from mvlog.services.pipeline.committer import (

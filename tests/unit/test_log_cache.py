@@ -18,7 +18,7 @@ def _epoch(epoch: int, prev: int, nbytes: int) -> CachedEpoch[str]:
 
 def read_like_a_reader(cache: LogCache[str], committed: list[int], upstream: str, after: int, upto: int
                        ) -> list[int]:
-    """The epochs of ``(after, upto]`` as a reader collects them (connectors/log_cache_client.read_with_cache):
+    """The epochs of ``(after, upto]`` as a reader collects them (connectors/spark/log_cache_client.read_with_cache):
     an eviction's range up to its floor from Kafka (``committed``), the rest from the cache, or from Kafka
     once the cache does not have it yet."""
     collected: list[int] = []

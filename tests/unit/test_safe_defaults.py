@@ -13,7 +13,7 @@ import pytest
 from pydantic import SecretStr
 
 from mvlog.config import Settings, load_settings
-from mvlog.connectors.kafka_security import faust_broker_credentials
+from mvlog.connectors.kafka.kafka_security import faust_broker_credentials
 from mvlog.services.http_auth import authorize, token_middleware
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,7 +161,7 @@ def test_refusal_watch_keeps_only_what_retrying_cannot_cure() -> None:
     """Transport errors come and go while a broker starts: only a refused login or TLS handshake is final."""
     from confluent_kafka import KafkaError
 
-    from mvlog.connectors.kafka_security import KafkaAccessError, RefusalWatch
+    from mvlog.connectors.kafka.kafka_security import KafkaAccessError, RefusalWatch
 
     watch = RefusalWatch("broker:9093")
     watch(KafkaError(KafkaError._TRANSPORT, "connection refused"))

@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from mvlog.config import Settings
-from mvlog.connectors.cache_registry import CacheRegistry
+from mvlog.connectors.redis.cache_registry import CacheRegistry
 from mvlog.infra.local_stack import free_port
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -10,7 +10,7 @@ import sys
 
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
-from mvlog.connectors.changelog_writer import ChangelogWriter, encode_batch
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, encode_batch
 from mvlog.epoch import EpochClock
 from mvlog.row_schema import RowSchema
 from mvlog.views import ChangeBatch

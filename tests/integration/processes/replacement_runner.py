@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from mvlog.changes import IndexEntry
-from mvlog.connectors.replacement_store import ReplacementStore
+from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.services.replacement.follower import ReplacementFollower
 from mvlog.views import ChangeBatch
 

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Mapping
 
 from mvlog.config import Settings
-from mvlog.connectors.epoch_index import IndexEntry
-from mvlog.connectors.streamed_commit import StreamedCommit
+from mvlog.connectors.redis.epoch_index import IndexEntry
+from mvlog.connectors.redis.streamed_commit import StreamedCommit
 from mvlog.services.table_writer import Table
 
 

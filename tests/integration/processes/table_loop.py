@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mvlog.config import Settings
-from mvlog.connectors.streamed_commit import StreamedCommit
+from mvlog.connectors.redis.streamed_commit import StreamedCommit
 from mvlog.services.table_epoch import TableEpochEncoder
 from mvlog.services.table_writer import Table
 

@@ -1,0 +1,5 @@
+if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'status') ~= 'staged' then
+  return 0
+end
+redis.call('HDEL', KEYS[1], 'apply_requested')
+return 1

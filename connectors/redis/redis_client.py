@@ -1,0 +1,148 @@
+"""One way every mvlog process connects to Redis: a client that waits through a Redis restart.
+
+redis-py's default policy retries a failed command three times within a second, so a redis-server
+SIGKILLed and restarted from its append-only file (back within seconds) took down every running view
+consumer, table writer, cache worker and lag sampler with a stack trace. A client made by :func:`connect`
+retries connection errors, timeouts and ``LOADING`` replies (a server still reading its AOF) with
+redis-py's own :class:`~redis.retry.Retry` and exponential backoff, for up to
+``Settings.redis_outage_timeout_s`` per command, then raises the last error as before.
+
+A retried command may have been applied before its reply was lost. Plain writes mvlog repeats are
+idempotent (HSET of the same values, a lease renewal); an epoch commit is refused at or below the MCE by
+its script, and its callers count a refused commit whose epoch *is* the MCE as applied
+(:meth:`mvlog.connectors.redis.view_store.ViewStore.holds`). Lua scripts come back by themselves: redis-py's
+``Script`` and :func:`mvlog.connectors.redis.packed_script.run_script` load a script again on ``NOSCRIPT``
+(a restarted server has an empty script cache).
+
+An outage is logged once per process and server, not per retry: a warning when the first command
+fails ("Redis at 127.0.0.1:6379 unreachable: waiting up to 120 s") and one when a command succeeds
+again ("Redis at 127.0.0.1:6379 back after 4.2 s").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
+from redis.retry import Retry
+
+from mvlog.config import Settings
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Backoff between attempts: 0.1 s doubling up to 2 s, so a server back within seconds is found at once
+#: and a long outage costs one attempt every 2 s.
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 2.0
+#: A connect that gets no answer (an unreachable host, not a refused port) fails after this, then retries.
+CONNECT_TIMEOUT_S = 5.0
+#: A connection idle this long is PINGed before its next command, so a connection to a server that
+#: restarted meanwhile is replaced before use, not found broken by the command.
+HEALTH_CHECK_INTERVAL_S = 30
+RETRIED_ERRORS: tuple[type[Exception], ...] = (ConnectionError, TimeoutError, BusyLoadingError)
+
+
+class Outage:
+    """Whether a Redis server is away, as seen by the commands of one process (shared by its clients).
+
+    Pure state (times are given by the caller): :meth:`failed` is true for the first failure of an
+    outage, :meth:`recovered` gives the outage's length once, at the first success after it."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.since: float | None = None
+        self._lock = threading.Lock()
+
+    def failed(self, now: float) -> bool:
+        with self._lock:
+            if self.since is not None:
+                return False
+            self.since = now
+            return True
+
+    def recovered(self, now: float) -> float | None:
+        if self.since is None:  # the common case, without the lock
+            return None
+        with self._lock:
+            since, self.since = self.since, None
+        return None if since is None else now - since
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Outage:
+        return self  # redis-py copies its Retry for each connection: they all share the process's view
+
+
+_outages: dict[str, Outage] = {}
+_outages_lock = threading.Lock()
+
+
+def outage_of(address: str) -> Outage:
+    """The process's :class:`Outage` of the server at ``address`` (one per server, so one log line)."""
+    with _outages_lock:
+        return _outages.setdefault(address, Outage(address))
+
+
+class BoundedRetry(Retry):
+    """redis-py's Retry with exponential backoff, bounded by time rather than by a count of attempts, that
+    logs an outage's start and end. Each command (each ``call_with_retry``) retries until ``bound_s``
+    seconds have passed since it began; a connect nested in a command shares the command's bound."""
+
+    def __init__(self, outage: Outage, bound_s: float) -> None:
+        super().__init__(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), retries=-1,
+                         supported_errors=RETRIED_ERRORS)
+        self.outage = outage
+        self.bound_s = bound_s
+
+    def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any],
+                        is_retryable: Callable[[Exception], bool] | None = None,
+                        with_failure_count: bool = False) -> T:
+        started = time.monotonic()
+
+        def failed(error: Exception, failures: int) -> None:
+            if with_failure_count:
+                fail(error, failures)  # redis-py's own handler (closes the connection) runs first
+            else:
+                fail(error)
+            if self.bound_s <= 0:  # a probe: no waiting, nothing to say
+                raise error
+            now = time.monotonic()
+            if self.outage.failed(now):
+                log.warning("Redis at %s unreachable (%s): waiting up to %.0f s", self.outage.address,
+                            error, self.bound_s)
+            if now - started >= self.bound_s:
+                log.error("Redis at %s still unreachable after %.0f s: giving up (%s)", self.outage.address,
+                          now - started, error)
+                raise error
+
+        result = super().call_with_retry(do, failed, is_retryable, with_failure_count=True)
+        if (down_s := self.outage.recovered(time.monotonic())) is not None:
+            log.warning("Redis at %s back after %.1f s", self.outage.address, down_s)
+        return result
+
+
+def server_address(url: str) -> str:
+    """``host:port`` of a Redis URL (no user or password), for messages."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+
+
+def connect(settings: Settings, *, outage_timeout_s: float | None = None, **options: Any) -> redis.Redis:
+    """A client of ``settings.redis_url`` whose commands wait through an outage of up to
+    ``outage_timeout_s`` (default: ``settings.redis_outage_timeout_s``; 0 fails at once, for probes).
+    ``options`` go to :meth:`redis.Redis.from_url` (socket timeouts, ...)."""
+    bound = settings.redis_outage_timeout_s if outage_timeout_s is None else outage_timeout_s
+    options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
+    return redis.Redis.from_url(settings.redis_url, retry=BoundedRetry(outage_of(server_address(settings.redis_url)),
+                                                                       bound),
+                                retry_on_error=list(RETRIED_ERRORS), health_check_interval=HEALTH_CHECK_INTERVAL_S,
+                                **options)

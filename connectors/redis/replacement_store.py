@@ -1,0 +1,207 @@
+"""A staged replacement's state in Redis, next to its view's (same hash tag ``{view}``).
+
+Keys (``P`` = topic prefix, ``V`` = view):
+
+- ``P:{V}:replacement``: hash, the replacement's record: ``id``, ``sql``, ``status`` (staged, applied,
+  discarded), ``staged_ts_ms``; once hydrated ``mce`` (the upstream epoch its rows reflect),
+  ``mce_hex``, ``mce_ts_ms``, and where hydration started: ``hydration_epoch`` (the epoch of its
+  first commit: an upstream snapshot's, or the view's MCE when it replayed the whole changelog) and
+  ``hydrated_from`` (which snapshot or changelog each upstream came from); ``apply_requested`` (ms)
+  while an apply waits; after the cut-over ``applied_epoch``, ``applied_version``, ``applied_ts_ms``;
+  after a discard ``discarded_ts_ms``; ``error`` when its consumer had to stop maintaining it (it
+  stays staged until discarded).
+- ``P:{V}:replacement:rows`` and ``P:{V}:replacement:opstate``: its rows and operator state, encoded
+  like the view's own (``P:{V}:rows``, ``P:{V}:opstate``).
+
+Every write is a Lua script that first checks the record's ``id`` and ``status``, so a discarded or
+replaced replacement is never written by a consumer that has not noticed yet. The cut-over
+(:meth:`ReplacementStore.apply`) moves the replacement's rows and state into the view's keys and
+commits the view's MCE and epoch index in the same script: the view's serving state jumps from the
+old definition to the new one at exactly one epoch, or not at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import redis
+
+from mvlog.changes import IndexEntry
+from mvlog.connectors.redis.epoch_index import EpochIndex, epoch_hex, index_member
+from mvlog.connectors.redis.lua_scripts import lua_script
+from mvlog.connectors.redis.redis_keys import view_key
+from mvlog.replacement import Status
+
+_STAGE_SCRIPT = lua_script("replacement_stage")
+
+# KEYS: record, rows, opstate. ARGV: id, epoch hex, epoch, ts, #row puts, #row deletes, #state puts,
+# #state deletes, then the items, then record fields to set with the commit (name, value pairs).
+_COMMIT_SCRIPT = lua_script("replacement_commit", lib=["each_chunk"])
+
+_REQUEST_APPLY_SCRIPT = lua_script("replacement_request_apply")
+
+_WITHDRAW_SCRIPT = lua_script("replacement_withdraw")
+
+_FAIL_SCRIPT = lua_script("replacement_fail")
+
+_DISCARD_SCRIPT = lua_script("replacement_discard")
+
+# KEYS: record, rows, opstate, view meta, view rows, view opstate, view key-order index, index keys...
+# ARGV: id, epoch hex, epoch, ts, version, one index member per index key, then the counts of key-order
+# members added and removed (the diff's inserts and deletes) and those members.
+_APPLY_SCRIPT = lua_script("replacement_apply")
+
+
+@dataclass(frozen=True)
+class ReplacementRecord:
+    """The replacement's record as stored (see the module docstring)."""
+
+    view: str
+    id: str
+    sql: str
+    status: Status
+    mce: int | None = None  # None: not hydrated yet
+    apply_requested: bool = False
+    applied_epoch: int | None = None
+    applied_version: int | None = None
+    fields: Mapping[str, str] | None = None  # every stored field, for listings
+
+    @property
+    def hydrated(self) -> bool:
+        return self.mce is not None
+
+    @property
+    def hydration_epoch(self) -> int | None:
+        """The epoch hydration computed the replacement's first state at (None: not hydrated yet)."""
+        value = (self.fields or {}).get("hydration_epoch")
+        return int(value) if value is not None else None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ReplacementStore:
+    """Redis state of the replacements of all views under one key prefix."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.redis = client
+        self.prefix = prefix
+        self.index = EpochIndex(client, prefix)
+        self._stage = client.register_script(_STAGE_SCRIPT)
+        self._commit = client.register_script(_COMMIT_SCRIPT)
+        self._request = client.register_script(_REQUEST_APPLY_SCRIPT)
+        self._withdraw = client.register_script(_WITHDRAW_SCRIPT)
+        self._fail = client.register_script(_FAIL_SCRIPT)
+        self._discard = client.register_script(_DISCARD_SCRIPT)
+        self._apply = client.register_script(_APPLY_SCRIPT)
+
+    def key(self, view: str, what: str = "") -> str:
+        return view_key(self.prefix, view, "replacement" + (f":{what}" if what else ""))
+
+    def _view_key(self, view: str, what: str) -> str:
+        return view_key(self.prefix, view, what)  # ViewStore's keys
+
+    def _keys(self, view: str) -> list[str]:
+        return [self.key(view), self.key(view, "rows"), self.key(view, "opstate")]
+
+    # --- the record ------------------------------------------------------------------------------
+
+    def stage(self, view: str, replacement_id: str, sql: str) -> str | None:
+        """Record a new staged replacement; returns the id of one already staged instead (nothing done)."""
+        existing = self._stage(keys=self._keys(view), args=[replacement_id, sql, _now_ms()])
+        return existing.decode() if isinstance(existing, bytes) else None
+
+    def record(self, view: str) -> ReplacementRecord | None:
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(self.key(view)))
+        if not raw or b"id" not in raw:
+            return None
+        fields = {k.decode(): v.decode() for k, v in raw.items()}
+
+        def number(name: str) -> int | None:
+            return int(fields[name]) if name in fields else None
+
+        return ReplacementRecord(view, fields["id"], fields.get("sql", ""), Status(fields["status"]),
+                                 number("mce"), "apply_requested" in fields, number("applied_epoch"),
+                                 number("applied_version"), fields)
+
+    def request_apply(self, view: str, replacement_id: str) -> bool:
+        return bool(self._request(keys=[self.key(view)], args=[replacement_id, _now_ms()]))
+
+    def withdraw_apply(self, view: str, replacement_id: str) -> bool:
+        """Cancel a pending apply; False when it is no longer pending (applied or discarded meanwhile)."""
+        return bool(self._withdraw(keys=[self.key(view)], args=[replacement_id]))
+
+    def fail(self, view: str, replacement_id: str, reason: str) -> bool:
+        """Mark the staged replacement as stopped by an error (its consumer no longer maintains it)."""
+        return bool(self._fail(keys=[self.key(view)], args=[replacement_id, reason]))
+
+    def discard(self, view: str) -> str | None:
+        """Drop the staged replacement's state; returns its id (None: nothing was staged)."""
+        result = self._discard(keys=self._keys(view), args=[_now_ms()])
+        return result.decode() if isinstance(result, bytes) else None
+
+    def forget(self, view: str) -> None:
+        """Delete every key of the view's replacement (the view is dropped)."""
+        self.redis.delete(*self._keys(view))
+
+    # --- the hydrating replacement's state ---------------------------------------------------------
+
+    def commit(self, view: str, replacement_id: str, epoch: int, row_puts: Mapping[bytes, bytes],
+               row_deletes: Sequence[bytes], state_puts: Mapping[bytes, bytes],
+               state_deletes: Sequence[bytes], fields: Mapping[str, str | int] | None = None) -> bool:
+        """The replacement's rows and state at ``epoch`` (and record ``fields``), atomically; False
+        (nothing changed) when the replacement is no longer staged under ``replacement_id`` or is
+        already at ``epoch``."""
+        args: list[bytes | str | int] = [replacement_id, epoch_hex(epoch), epoch, _now_ms(), len(row_puts),
+                                         len(row_deletes), len(state_puts), len(state_deletes)]
+        for field, value in row_puts.items():
+            args += [field, value]
+        args += list(row_deletes)
+        for field, value in state_puts.items():
+            args += [field, value]
+        args += list(state_deletes)
+        for name, setting in (fields or {}).items():
+            args += [name, str(setting)]
+        return bool(self._commit(keys=self._keys(view), args=args))
+
+    def rows(self, view: str) -> dict[bytes, bytes]:
+        return cast(dict[bytes, bytes], self.redis.hgetall(self.key(view, "rows")))
+
+    def scan_rows(self, view: str, batch: int = 1000) -> Iterator[tuple[bytes, bytes]]:
+        yield from self.redis.hscan_iter(self.key(view, "rows"), count=batch)
+
+    def get_state(self, view: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        if not keys:
+            return {}
+        values = cast(list[bytes | None], self.redis.hmget(self.key(view, "opstate"), list(keys)))
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+
+    def read_both(self, view: str) -> tuple[int | None, dict[bytes, bytes], int | None, dict[bytes, bytes]]:
+        """(view MCE, view rows, replacement MCE, replacement rows) read in one MULTI."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hget(self._view_key(view, "meta"), "mce")
+        pipe.hgetall(self._view_key(view, "rows"))
+        pipe.hget(self.key(view), "mce")
+        pipe.hgetall(self.key(view, "rows"))
+        view_mce, view_rows, mce, rows = pipe.execute()
+        return (int(view_mce) if view_mce is not None else None, view_rows,
+                int(mce) if mce is not None else None, rows)
+
+    # --- the cut-over ------------------------------------------------------------------------------
+
+    def apply(self, view: str, replacement_id: str, epoch: int, index: Mapping[int, IndexEntry],
+              version: int, order_added: Sequence[bytes] = (), order_removed: Sequence[bytes] = ()) -> bool:
+        """Make the replacement's rows and state the view's at ``epoch`` and commit the view's epoch,
+        in one script; False (nothing changed) when the replacement was discarded, its apply withdrawn,
+        it has not reached ``epoch``, or the view is already at ``epoch``."""
+        partitions = sorted(index)
+        keys = self._keys(view) + [self._view_key(view, w) for w in ("meta", "rows", "opstate", "keyorder")]
+        keys += [self.index.key(view, p) for p in partitions]
+        args: list[str | int | bytes] = [replacement_id, epoch_hex(epoch), epoch, _now_ms(), version]
+        args += [index_member(epoch, index[p].offset, index[p].records) for p in partitions]
+        args += [len(order_added), len(order_removed), *order_added, *order_removed]
+        return bool(self._apply(keys=keys, args=args))
