@@ -135,7 +135,10 @@ def test_view_created_on_a_busy_upstream_is_exact_at_every_epoch(
         try:
             deadline = time.monotonic() + 150
             seen_backfilling = False
-            while any(store.lifecycle(v) != Lifecycle.LIVE for v in ("mv1", "mv2")):
+            # The lifecycle turns live in the last backfill epoch's commit; the progress hash (a display,
+            # not state) is published just after it, so both are waited for.
+            while (any(store.lifecycle(v) != Lifecycle.LIVE for v in ("mv1", "mv2"))
+                   or store.backfill_progress("mv1").get("state") != "live"):
                 seen_backfilling |= store.lifecycle("mv1") == Lifecycle.BACKFILLING
                 assert time.monotonic() < deadline, store.backfill_progress("mv1")
                 time.sleep(0.1)
