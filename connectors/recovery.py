@@ -57,7 +57,8 @@ class LogTail:
 
 def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle_timeout: float = 1.5,
                  proven: Mapping[int, IndexEntry] | None = None,
-                 downstreams: Sequence[CatalogEntry] = (), upto_epoch: int | None = None) -> LogTail:
+                 downstreams: Sequence[CatalogEntry] = (), upto_epoch: int | None = None,
+                 last_is_final: bool = False) -> LogTail:
     """Apply every committed epoch above the MCE to Redis (ChangelogTrimmedError when Redis has no MCE
     and retention deleted the start of the changelog, :func:`require_log_start`).
 
@@ -77,6 +78,12 @@ def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle
     chain rule requires; with it, no view is left holding an epoch its upstream dropped. That epoch is
     returned as ``held``: a caller that rolls the views forward afterwards (a rebuild of everything)
     finds the proof in their ``seen`` epochs without reading their changelogs twice (:func:`commit_held`).
+
+    ``last_is_final``: the caller is the changelog's own writer at its start, after its transactional id
+    fenced every earlier one, and its epochs are final once Kafka commits them (a table's: a source
+    table's transaction also committed the input offsets it consumed, so abandoning the epoch would lose
+    those messages for good). The log's last complete epoch is then in a committed transaction that no
+    writer will redo or pass over, so it is applied: the writer's next barrier names it.
     """
     mce = store.mce(entry.name) or 0
     if mce == 0:
@@ -96,7 +103,12 @@ def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle
         held = reader.release_held() if (reader.aligner.held_epoch or 0) <= (upto_epoch or MAX_EPOCH) else None
         if held is not None:
             seen.add(held.epoch)
-            if mce == 0 and built_upon(settings, downstreams, held.epoch, idle_timeout):
+            if last_is_final:
+                store.commit(entry.name, _commit_of(entry, held, backfill))
+                last = held.epoch
+                applied += 1
+                held = None
+            elif mce == 0 and built_upon(settings, downstreams, held.epoch, idle_timeout):
                 store.commit(entry.name, _commit_of(entry, held, backfill))
                 last = held.epoch
                 applied += 1

@@ -152,8 +152,11 @@ class EpochCommitter:
 
     def roll_forward(self, downstreams: list[CatalogEntry]) -> LogTail:
         """Apply the epochs a killed writer left in Kafka only (a table's start); ``downstreams``, the views
-        built on the object, prove its last epoch committed should Redis have lost it."""
-        tail = roll_forward(self.settings, self.store, self.entry, downstreams=downstreams)
+        built on the object, prove its last epoch committed should Redis have lost it. With the
+        :attr:`CommitPoint.KAFKA` point the log's last epoch is final too (this writer fenced the one that
+        wrote it, and its transaction committed a source's offsets): it is applied, never abandoned."""
+        tail = roll_forward(self.settings, self.store, self.entry, downstreams=downstreams,
+                            last_is_final=self.commit_point is CommitPoint.KAFKA)
         self._reload()
         return tail
 
