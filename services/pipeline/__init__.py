@@ -11,4 +11,6 @@
   reads the next.
 
 The package imports none of its modules: a table writer imports the committer without importing Spark.
+
+``docs/architecture.md`` draws the whole pipeline and the commit order, with what a crash leaves.
 """
