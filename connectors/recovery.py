@@ -103,17 +103,15 @@ def roll_forward(settings: Settings, store: ViewStore, entry: CatalogEntry, idle
         held = reader.release_held() if (reader.aligner.held_epoch or 0) <= (upto_epoch or MAX_EPOCH) else None
         if held is not None:
             seen.add(held.epoch)
-            if last_is_final:
+            proven_by_view = not last_is_final and mce == 0 and built_upon(settings, downstreams, held.epoch,
+                                                                            idle_timeout)
+            if last_is_final or proven_by_view:
                 store.commit(entry.name, _commit_of(entry, held, backfill))
                 last = held.epoch
                 applied += 1
                 held = None
-            elif mce == 0 and built_upon(settings, downstreams, held.epoch, idle_timeout):
-                store.commit(entry.name, _commit_of(entry, held, backfill))
-                last = held.epoch
-                applied += 1
-                held = None
-                log.warning("%s: its last epoch %d is proven committed by a view built on it", entry.name, last)
+                if proven_by_view:
+                    log.warning("%s: its last epoch %d is proven committed by a view built on it", entry.name, last)
         max_seen = max(reader.max_seen_epoch, last)
     if applied:
         log.info("%s: rolled Redis forward by %d epoch(s) to %d", entry.name, applied, last)
