@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     # see mvlog.services.http_auth. Read-only endpoints need none.
     http_token: SecretStr | None = None
     spark_master: str = "local[2]"
+    # Extra Spark settings of mvlog's sessions, over its own defaults, e.g.
+    # MVLOG_SPARK_CONF='{"spark.executor.memory": "4g", "spark.sql.shuffle.partitions": "64"}'.
+    spark_conf: dict[str, str] = Field(default_factory=dict)
     # The Confluent-compatible Schema Registry of Avro source tables (a table's own overrides it).
     schema_registry_url: str | None = None
     stack_dir: Path = Path(".mvlog")

@@ -15,9 +15,10 @@ from mvlog.services.spark_sink import MvlogDataSource
 def spark_session(settings: Settings, app_name: str = "mvlog") -> SparkSession:
     """A session with the ``mvlog`` data source registered.
 
-    Executors read Kafka and Redis themselves, so they must see the same settings: they inherit the
-    ``MVLOG_*`` environment in local mode; on a cluster, pass them with ``spark-submit --conf
-    spark.executorEnv.MVLOG_...``.
+    Executors read Kafka and Redis themselves, so they must see the same settings: the registered data
+    source carries them (:meth:`MvlogDataSource.for_settings`), and a session reused by ``getOrCreate``
+    is registered again with the new ones. The ``MVLOG_*`` environment is set too, for the user's own
+    code run in the executors.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -36,7 +37,9 @@ def spark_session(settings: Settings, app_name: str = "mvlog") -> SparkSession:
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
         builder = (builder.config("spark.driver.bindAddress", LOOPBACK)
                    .config("spark.driver.host", LOOPBACK))
+    for key, value in settings.spark_conf.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(MvlogDataSource)
+    spark.dataSource.register(MvlogDataSource.for_settings(settings))
     return spark

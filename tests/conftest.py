@@ -119,6 +119,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
 
 
+#: Spark settings of the tests' sessions. A test's Spark driver lives for seconds to minutes and many
+#: tests start one in a process of their own (the SIGKILL tests one per kill): the JIT's first tier only
+#: halves a driver's start on two busy cores (49 s -> 22 s to the first query, load average 10), and
+#: the JVM does little of mvlog's work. Never a default of mvlog's own: long runs want the full JIT.
+TEST_SPARK_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+
+
 @dataclass(frozen=True)
 class StackEndpoints:
     """Where the test stack answers."""
@@ -129,7 +136,8 @@ class StackEndpoints:
     local: LocalStack | None = None
 
     def settings(self, **overrides: Any) -> Settings:
-        values: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers, "redis_url": self.redis_url}
+        values: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers, "redis_url": self.redis_url,
+                                  "spark_conf": TEST_SPARK_CONF}
         values.update(overrides)
         return Settings(**values)
 
@@ -263,7 +271,8 @@ def redis_client(settings: Settings) -> Iterator[redis.Redis]:
 def spark(stack: StackEndpoints) -> Iterator[Any]:
     """One Spark session in local mode for the whole test session, with ``format("mvlog")`` registered.
 
-    Tests pass their own settings to the data source through its options, so one session serves all.
+    The mvlog source is bound to the shared stack's settings; tests pass their own topic prefix (or
+    whole settings) to it through its options, so one session serves all.
     """
     import sys
 
@@ -273,3 +282,17 @@ def spark(stack: StackEndpoints) -> Iterator[Any]:
     session = spark_session(stack.settings())
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _mvlog_source_bound_to_the_shared_stack(request: pytest.FixtureRequest) -> None:
+    """A test on the shared stack and ``spark`` gets ``format("mvlog")`` bound to that stack's settings.
+
+    ``getOrCreate`` hands every caller in a process the same session, so an earlier test that made a
+    session for a stack of its own (``spark_session(its settings)``) left its registration behind.
+    """
+    if "spark" in request.fixturenames and "stack" in request.fixturenames:
+        from mvlog.services.spark_sink import MvlogDataSource
+
+        stack: StackEndpoints = request.getfixturevalue("stack")
+        request.getfixturevalue("spark").dataSource.register(MvlogDataSource.for_settings(stack.settings()))

@@ -309,9 +309,24 @@ class MvlogDataSource(DataSource):
     """``spark.read.format("mvlog").option("view", "mv1").load()`` (``option("table", ...)`` too); the
     writers are added by :class:`mvlog.services.spark_sink.MvlogDataSource`."""
 
+    #: The settings of the session that registered this class (see :meth:`for_settings`), as JSON; None:
+    #: the ``MVLOG_*`` environment and settings file of the process that runs the data source.
+    session_settings_json: str | None = None
+
     @classmethod
     def name(cls) -> str:
         return "mvlog"
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> type[MvlogDataSource]:
+        """This data source bound to ``settings``: what a session registers.
+
+        Spark runs the data source in reused Python workers whose environment is the JVM's at its start,
+        so settings read from the environment there can be an earlier session's. The subclass is pickled
+        by value with the class (it is not importable by name), so the settings travel with it.
+        """
+        return type(cls.__name__, (cls,), {"session_settings_json": settings.to_executor_json(),
+                                           "__doc__": cls.__doc__})
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
@@ -321,7 +336,10 @@ class MvlogDataSource(DataSource):
         overrides: dict[str, Any] = {k: v for k, v in (("bootstrap_servers", self.options.get("bootstrapServers")),
                                        ("redis_url", self.options.get("redisUrl")),
                                        ("topic_prefix", self.options.get("topicPrefix"))) if v}
-        self.settings = load_settings(**overrides)
+        if self.session_settings_json is not None:
+            self.settings = Settings.model_validate_json(self.session_settings_json).model_copy(update=overrides)
+        else:
+            self.settings = load_settings(**overrides)
         client = redis_client.connect(self.settings)
         self.entry = CatalogStore(self.settings, client).get(name)
 

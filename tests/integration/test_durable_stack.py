@@ -51,6 +51,7 @@ from mvlog.services.view_ddl import create_view
 from ..oracle import check_oracle
 from .barrier_check import assert_barriers_once
 from .independent_consumer import PartitionLog, check_whole_epochs, read_topic
+from .laps import Laps
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(400)]
 
@@ -104,22 +105,6 @@ def own_stack(tmp_path: Path) -> Iterator[LocalStack]:
 
 def stack_settings(stack: LocalStack, prefix: str) -> Settings:
     return stack.settings(topic_prefix=prefix, barrier_interval_ms=200, partitions=3)
-
-
-class Laps:
-    """How long each phase of a test took, for its report line."""
-
-    def __init__(self) -> None:
-        self.times: dict[str, float] = {}
-        self._last = time.monotonic()
-
-    def lap(self, what: str) -> None:
-        now = time.monotonic()
-        self.times[what] = now - self._last
-        self._last = now
-
-    def __str__(self) -> str:
-        return ", ".join(f"{what} {seconds:.1f} s" for what, seconds in self.times.items())
 
 
 def wait_for(condition: Callable[[], bool], what: Callable[[], str] | str, timeout: float,

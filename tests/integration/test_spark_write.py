@@ -248,3 +248,23 @@ def test_streaming_write_replayed_killed_and_restarted_commits_each_batch_once(
     for index, ((_, folded), want) in enumerate(zip(batches, expected, strict=True)):
         assert same(folded, want), f"batch {index}"
 
+
+
+def test_a_session_made_again_for_other_settings_writes_with_them(
+        spark: Any, make_settings: Callable[..., Settings], topic_prefix: str, redis_client: redis.Redis) -> None:
+    """``spark_session(settings)`` in a process whose Spark already runs (``getOrCreate`` returns the same
+    session) binds ``format("mvlog")`` to the new settings, with no option naming them: the data source
+    runs in Spark's Python workers, whose environment is the JVM's from its start, not the caller's."""
+    from mvlog.services.spark_session import spark_session
+
+    other = make_settings(topic_prefix=f"{topic_prefix}other")
+    Table.create(other, "t", COLUMNS, ["id"]).close()
+    rows = generate(random.Random(7), list(range(20)))
+    session = spark_session(other)
+    assert session is spark
+    session.createDataFrame(rows, DDL).write.format("mvlog").option("table", "t").mode("append").save()
+    assert same(table_rows(redis_client, other, "t"), {(r["id"],): r for r in rows})
+    # And the rows are readable back through the same binding.
+    read = {r["id"] for r in session.read.format("mvlog").option("table", "t").load()
+            .where("_change_type = 'insert'").select("id").collect()}
+    assert read == set(range(20))

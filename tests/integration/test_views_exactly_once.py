@@ -20,6 +20,7 @@ from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle
 from .barrier_check import assert_barriers_once
+from .laps import Laps
 from .processes.view_runner import spawn as spawn_view_runner
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
@@ -43,7 +44,7 @@ def _wait_for_line(child: subprocess.Popen[str], prefix: str, timeout: float) ->
 
 
 def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
-        make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, report: Callable[[str], None]) -> None:
     settings = make_settings(barrier_interval_ms=500)  # fewer, larger epochs: the kills are what matters
     views = ["mv1", "mv2", "mv3", "mvl", "mvt"]
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
@@ -73,16 +74,19 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
     writer = threading.Thread(target=workload)
     writer.start()
     kills = 0
+    laps = Laps()
     try:
         while kills < KILLS:
             child = spawn_view_runner(settings, views)
             _wait_for_line(child, "ready", 120)
+            laps.lap("start to ready")
             # Somewhere in the middle of committing epochs: after 1-6 commits, plus a random delay.
             for _ in range(rng.randrange(1, 4)):
                 _wait_for_line(child, "mce", 60)
             time.sleep(rng.uniform(0, 0.3))
             child.send_signal(signal.SIGKILL)
             child.wait()
+            laps.lap("ready to kill")
             kills += 1
     finally:
         stop.set()
@@ -90,6 +94,7 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
     last = table.flush()
     table.close()
 
+    laps.lap("flush")
     child = spawn_view_runner(settings, views)
     try:
         store = ViewStore(redis_client, settings.topic_prefix)
@@ -104,9 +109,14 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
         if child.poll() is None:
             child.kill()
 
+    laps.lap("last run to caught up")
     assert kills == KILLS
     # I1 still holds at every committed epoch of every view after the kills.
-    assert check_oracle(settings, redis_client, ["t1", *views]) > 0
+    checked = check_oracle(settings, redis_client, ["t1", *views])
+    assert checked > 0
+    laps.lap("oracle")
     # Every partition carries each committed epoch's barrier exactly once.
     for view in views:
         assert_barriers_once(settings, redis_client, view, last)
+    laps.lap("barriers")
+    report(f"{KILLS} kills, {last} table epochs, {checked} (view, epoch) pairs checked; {laps}")
