@@ -29,6 +29,7 @@ from mvlog.services.view_ddl import alter_view, create_view
 from ..oracle import check_oracle
 from .barrier_check import assert_barriers_once
 from .independent_consumer import read_topic
+from .laps import Laps
 from .processes.cache_worker import CacheWorkerProcess
 from .processes.view_runner import spawn as spawn_view_runner
 from .test_redis_restart import DOWN_S, AofRedis
@@ -345,13 +346,16 @@ def test_isolation_stopped_slow_and_crash_looping_downstreams_do_not_slow_the_up
     create_view(settings, "mv2", "SELECT sum(v1) AS s FROM t1", client=redis_client)
     create_view(settings, "mv3", "SELECT count(v1) AS c FROM t1", client=redis_client)
     store = ViewStore(redis_client, settings.topic_prefix)
+    laps = Laps()
     with _worker(settings, "t1", partitions=settings.partitions):
         slow = _SlowConsumer(settings, "mv2", spark=spark, client=redis_client, max_epochs_per_trigger=5)
         try:
             with _writing(t0, seed=1), _writing(t1, seed=2), _CrashLoop(settings, "mv3") as crashing:
                 _until(lambda: crashing.kills >= 1, 120, "the crash-looping consumer's first crash")
+                laps.lap("first crash")
                 slow.start()
                 _until(lambda: (store.mce("mv2") or 0) > 0, 60, "the slow consumer to start")
+                laps.lap("slow consumer started")
                 start = {t: store.mce(t) for t in ("t0", "t1")}
                 time.sleep(4)  # the measurement window: epochs each table commits in these 4 s
                 epochs = {t: store.index.count_after(t, start[t]) for t in ("t0", "t1")}
@@ -360,9 +364,10 @@ def test_isolation_stopped_slow_and_crash_looping_downstreams_do_not_slow_the_up
             slow.stop()
     t0.close()
     t1.close()
+    laps.lap("measured")
     ratio = epochs["t1"] / epochs["t0"]
     report(f"I3: t1 (stopped, slow and crash-looping downstreams) {epochs['t1']} epochs in 4 s, t0 (none) "
-          f"{epochs['t0']}: ratio {ratio:.2f}; mv2 lags {lag} epochs; mv3 crashed {crashing.kills} times")
+           f"{epochs['t0']}: ratio {ratio:.2f}; mv2 lags {lag} epochs; mv3 crashed {crashing.kills} times")
     assert not crashing.errors, crashing.errors
     assert lag > 3, "the slow downstream really fell behind"
     assert ratio >= 0.8
@@ -371,9 +376,14 @@ def test_isolation_stopped_slow_and_crash_looping_downstreams_do_not_slow_the_up
         consumer = ViewConsumer(settings, view, spark=spark, client=redis_client, max_epochs_per_trigger=1000)
         assert consumer.catch_up() == last
         consumer.stop()
-    assert check_oracle(settings, redis_client, ["t1", "mv1", "mv2", "mv3"]) > 0
+    laps.lap("caught up")
+    checked = check_oracle(settings, redis_client, ["t1", "mv1", "mv2", "mv3"])
+    assert checked > 0
+    laps.lap("oracle")
     for view in ("mv1", "mv2", "mv3"):
         assert_barriers_once(settings, redis_client, view, last)
+    laps.lap("barriers")
+    report(f"I3's phases: {laps}; {checked} (view, epoch) pairs checked")
 
 
 def test_worker_memory_stays_within_the_cache_bound_plus_one_batch(
