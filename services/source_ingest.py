@@ -66,13 +66,13 @@ from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.source_status import SourceStatusStore
 from mvlog.row_schema import Key, Row, RowSchema
-from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
+from mvlog.services.source_committed import committed_dead_letters, committed_positions
 from mvlog.services.table_writer import RowValidationError, Table
 from mvlog.source_avro import SchemaChangeError, SchemaResolver, derive_columns
 from mvlog.source_dedupe import PositionFilter
 from mvlog.source_fast import fast_decoder_for
 from mvlog.source_formats import decoder_for
-from mvlog.source_offsets import dead_letters_of, offsets_mutation, positions_of
+from mvlog.source_offsets import offsets_mutation
 from mvlog.source_pace import EpochPace
 from mvlog.source_records import BadRecordError, RowChange, SourceMessage
 from mvlog.source_spec import SourceFormat, SourceSpec, SourceSpecError, source_group
@@ -266,7 +266,11 @@ class SourceIngester:
                                                     "fetch.queue.backoff.ms": _PREFETCH_BACKOFF_MS})
         try:
             # The running total of dead letters, from the last committed epoch (Kafka is the truth).
-            self.dead_letters = committed_dead_letters(settings, self.table)
+            dead_letters = committed_dead_letters(settings, self.table)
+            if dead_letters is None:
+                raise SourceError(f"{name}: the barrier of its last committed epoch (its running total of dead "
+                                  "letters) was not read from its changelog within 30 s: is the broker answering?")
+            self.dead_letters = dead_letters
             self.status.set_dead_letters(name, self.dead_letters)
             self.status.set_problem(name, None)
             ensure_topic(settings, self.dead_letter_topic, 1, {"cleanup.policy": "compact"})
@@ -636,64 +640,5 @@ class SourceIngester:
         self.close()
 
 
-def committed_dead_letters(settings: Settings, table: Table) -> int:
-    """The running total of dead letters on the barrier of ``table``'s last committed epoch (in its
-    changelog's partition 0, found by the epoch index), 0 before the first epoch."""
-    name = table.entry.name
-    mce = table.store.mce(name)
-    entry = table.store.index.at(name, 0, mce) if mce is not None else None
-    if entry is None:
-        return 0
-    topic = settings.changelog_topic(name)
-    consumer = reader_consumer(settings)
-    try:
-        consumer.assign([TopicPartition(topic, 0, entry.offset)])
-        deadline = time.monotonic() + 30.0
-        while time.monotonic() < deadline:
-            for message in consumer.consume(10, 0.5):
-                value, offset = message.value(), message.offset()
-                if message.error() is not None or offset is None:
-                    continue
-                if offset >= entry.offset and value is not None and \
-                        (HEADER_TYPE, TYPE_BARRIER) in (message.headers() or []):
-                    return dead_letters_of(decode_barrier(value).mutation)
-        raise SourceError(f"{name}: the barrier of its last epoch {mce} ({topic}[0]@{entry.offset}) was not read "
-                          "within 30 s")
-    finally:
-        consumer.close()
-
-
-def committed_positions(settings: Settings, table: str, idle: float = 2.0) -> list[tuple[Key, int]]:
-    """The per-key source positions every committed epoch of ``table`` recorded, in epoch order, read
-    from the barriers of its changelog's partition 0 (each epoch's barrier there holds them all; a
-    ``read_committed`` read sees no aborted epoch). Reads the whole partition: its cost grows with the
-    table's log (bounded by its retention), paid once per ingester start."""
-    topic = settings.changelog_topic(table)
-    consumer = reader_consumer(settings)
-    found: list[tuple[Key, int]] = []
-    try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), 15.0, False)
-        if high <= low:
-            return found
-        consumer.assign([TopicPartition(topic, 0, low)])
-        last_record = time.monotonic()
-        while time.monotonic() - last_record < idle:
-            for message in consumer.consume(2000, 0.2):
-                last_record = time.monotonic()
-                offset, value = message.offset(), message.value()
-                if message.error() is not None or offset is None:
-                    continue
-                if (HEADER_TYPE, TYPE_BARRIER) in (message.headers() or []) and value is not None:
-                    found.extend(positions_of(decode_barrier(value).mutation))
-                if offset + 1 >= high:
-                    return found
-            if consumer.position([TopicPartition(topic, 0)])[0].offset >= high:
-                return found
-        return found
-    finally:
-        consumer.close()
-
-
-__all__ = ["IngestProgress", "SourceError", "SourceIngester", "SourceSpecError", "committed_dead_letters",
-           "committed_positions",
-           "create_source_table", "source_topic_partitions"]
+__all__ = ["IngestProgress", "SourceError", "SourceIngester", "SourceSpecError", "create_source_table",
+           "source_topic_partitions"]
