@@ -40,6 +40,7 @@ from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
 from mvlog.services.pipeline.reading import EpochBatches, UpstreamReader, batches_from_arrow
 from mvlog.services.pipeline.stage import EpochWork, Stage
 from mvlog.services.pipeline.streaming import MicroBatchRunner
+from mvlog.services.pipeline.task_epochs import TaskEpochs
 from mvlog.services.replacement.operations import complete_apply
 from mvlog.services.replacement.stage import ReplacementStage
 from mvlog.services.spark_session import spark_session
@@ -88,6 +89,8 @@ class ViewConsumer:
         # Reads the backlog, then the stream; applies micro-batches on its worker thread (see apply_batch).
         self.runner = MicroBatchRunner(view, lambda table: self.apply_batch(table), self._upkeep)
         self._state = StoredState(partial(self.store.get_state, view))  # the operator's, in Redis
+        # Opt-in (Settings.operators_in_tasks): a filter/project view's epochs computed in Spark's tasks.
+        self.tasks = TaskEpochs.for_view(settings, self.entry, self.upstreams, self.plan, self.committer, self._redis)
 
     @property
     def mce(self) -> int:
@@ -131,9 +134,20 @@ class ViewConsumer:
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """foreachBatch: collect the micro-batch and hand it to the worker thread, which applies it once
         the previous one is applied (raises the previous one's error instead)."""
+        if (tasks := self._tasks_now()) is not None:
+            tasks.apply(batch)
+            return
         table = batch.toArrow()  # the Spark job: the executors read while the worker applies the previous one
         self.runner.submit(table)
 
+    def _tasks_now(self) -> TaskEpochs | None:
+        """The task path, when the next epochs go to Spark's tasks (:mod:`~mvlog.services.pipeline.task_epochs`):
+        the setting is on, the view can, and no stage has work on them (else the driver path applies them)."""
+        if self.tasks is None:
+            return None
+        self.runner.worker.drain()  # a micro-batch the driver path took commits first
+        self._upkeep()
+        return self.tasks if self.tasks.usable(self.stages) and self._start <= self.mce else None
     def apply_batch(self, table: pa.Table) -> None:
         """Apply every epoch above the MCE of a collected micro-batch, in order."""
         sources, after = self.entry.sources, self._after
@@ -209,7 +223,10 @@ class ViewConsumer:
         self._upkeep()
         end = min(m or 0 for m in self.store.mce_many(list(self.entry.sources)).values())
         if (end := min(end, upto) if upto is not None else end) > self._after:
-            self.apply_epochs(self.reader.epochs(self.entry.sources, self._after, end))
+            if (tasks := self._tasks_now()) is not None:
+                tasks.apply(self.reader.frame(self.entry.sources[0], self.mce, end))
+            else:
+                self.apply_epochs(self.reader.epochs(self.entry.sources, self._after, end))
         return self.mce
 
     def start(self, on_catch_up: Callable[[int, int], None] | None = None) -> StreamingQuery:
@@ -223,6 +240,12 @@ class ViewConsumer:
                             self.max_epochs_per_trigger, self.settings.max_records_per_trigger)
         reads = [(end, partial(self.reader.read_range, sources[0], begin, end))
                  for begin, end in zip([after, *ends], ends, strict=False)]
+        if (tasks := self._tasks_now()) is not None:  # each micro-batch of the backlog, one after the other
+            for begin, end in zip([after, *ends], ends, strict=False):
+                tasks.apply(self.reader.frame(sources[0], begin, end))
+                if on_catch_up is not None:
+                    on_catch_up(end, ends[-1])
+            reads = []
         self.runner.run_backlog(reads, None if on_catch_up is None else lambda end: on_catch_up(end, ends[-1]))
         name = f"mvlog_{self.settings.topic_prefix}_{self.entry.name}".replace(".", "_")
         return self.runner.start(self.reader.stream(sources, ends[-1] if ends else after), self.process_batch,
