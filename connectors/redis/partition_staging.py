@@ -29,7 +29,7 @@ from mvlog.connectors.redis.view_meta import ViewMeta
 STAGE_TTL_S = 3600
 CHUNK = 4096
 
-_COMMIT_SCRIPT = lua_script("partition_commit")
+_COMMIT_SCRIPT = lua_script("partition_commit", lib=["refuse_epoch"])
 
 
 class StagingIncompleteError(RuntimeError):

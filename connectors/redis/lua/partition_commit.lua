@@ -7,12 +7,9 @@
 -- 1: applied; 0: at or below the MCE; -1: the MCE is not the one it follows; -2: something staged is
 -- missing (nothing applied).
 local meta = KEYS[1]
-local current = redis.call('HGET', meta, 'mce_hex')
-if current and current >= ARGV[1] then
-  return 0
-end
-if ARGV[4] ~= '' and (current or 'none') ~= ARGV[4] then
-  return -1
+local refused = refuse_epoch(meta, ARGV[1], ARGV[4])
+if refused then
+  return refused
 end
 local n = tonumber(ARGV[5])
 local sizes = {'HLEN', 'SCARD', 'SCARD', 'SCARD'}
