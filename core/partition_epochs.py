@@ -38,10 +38,12 @@ def resume_partition(partition: int, after: int, epochs: Sequence[int],
     """The epochs of ``epochs`` (ascending, all above the MCE ``after``) that ``partition`` committed
     already, with their barriers; the task writes the others, in order.
 
-    ``found``: the partition's committed barriers after the MCE's barrier, in log order. They may go
-    past ``epochs`` (an earlier attempt read a longer micro-batch): those are found again by the task
-    that writes the next epochs.
+    ``found``: the partition's committed barriers after the MCE's barrier, in log order (barriers at or
+    below the MCE are the view's history, read when the MCE's barrier offset is unknown: ignored). They
+    may go past ``epochs`` (an earlier attempt read a longer micro-batch): those are found again by the
+    task that writes the next epochs.
     """
+    found = [barrier for barrier in found if barrier.epoch > after]
     if list(epochs) != sorted(set(epochs)) or (epochs and epochs[0] <= after):
         raise ValueError(f"epochs to write must be ascending and above the MCE {after}: {list(epochs)}")
     committed: dict[int, PartitionBarrier] = {}

@@ -75,7 +75,8 @@ class TaskEpochs:
         above the MCE; returns the number of epochs committed."""
         self.committer.ensure_serving_state()  # a wiped Redis is rebuilt before anything is computed
         after = self.committer.mce
-        start = {p: e.offset + 1 for p, e in (self.committer.last_committed or {}).items()}
+        at_mce = self.staging.index.entries_at(self.entry.name, self.entry.partitions, after or None)
+        start = {p: e.offset + 1 for p, e in (at_mce or {}).items()}  # the tasks read their partition from there
         job = PartitionJob(self.settings.to_executor_json(), self.entry, self.upstream, self.plan, after, start,
                            self.on_written)
         results = frame.mapInArrow(job.run, _RESULT_DDL).toArrow()

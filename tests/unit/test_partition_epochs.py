@@ -68,6 +68,11 @@ def test_committed_epochs_past_the_micro_batch_are_left_to_the_next_one() -> Non
     assert resume_partition(0, 10, [12], found) == {12: found[0]}
 
 
+def test_barriers_at_or_below_the_mce_are_history() -> None:
+    found = [_b(5, 0), _b(10, 5), _b(10, 5), _b(12, 10)]  # two attempts of 10 (the driver path redid it)
+    assert resume_partition(0, 10, [12, 15], found) == {12: found[3]}
+
+
 def test_a_second_attempt_of_an_epoch_in_the_partition_is_refused_not_doubled() -> None:
     with pytest.raises(PartitionLogError, match="names epoch 10, expected 12"):
         resume_partition(0, 10, [12, 15], [_b(12, 10), _b(12, 10)])
