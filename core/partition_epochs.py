@@ -64,6 +64,16 @@ def resume_partition(partition: int, after: int, epochs: Sequence[int],
     return committed
 
 
+def require_next(partition: int, after: int, epochs: Sequence[int], next_epoch: int | None) -> None:
+    """The first epoch a task writes must be the upstream's first committed epoch after the MCE
+    (``next_epoch``, from its epoch index): a micro-batch that starts later (planned while Redis was
+    wiped) would have each barrier name the MCE past upstream epochs the view never computed. Raised
+    before anything is written; the consumer plans again."""
+    if epochs and epochs[0] != next_epoch:
+        raise PartitionLogError(f"partition {partition}: the micro-batch starts at epoch {epochs[0]}, but the "
+                                f"upstream's first epoch after the MCE {after} is {next_epoch}")
+
+
 def prev_epochs(after: int, epochs: Sequence[int]) -> dict[int, int]:
     """The ``prev_epoch`` each epoch's barrier names: the epoch before it, the MCE for the first (the
     same in every partition, whichever task or attempt writes it)."""

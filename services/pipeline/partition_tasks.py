@@ -34,7 +34,7 @@ from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.epoch_commit import commit_from_encoded
 from mvlog.connectors.redis.partition_staging import PartitionStaging
-from mvlog.partition_epochs import PartitionBarrier, prev_epochs, resume_partition
+from mvlog.partition_epochs import PartitionBarrier, prev_epochs, require_next, resume_partition
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
 from mvlog.views import ViewOperator, ViewPlan
 from mvlog.views.state import InMemoryState
@@ -62,6 +62,7 @@ class PartitionJob:
     plan: ViewPlan
     after: int  # the view's MCE: epochs at or below it are skipped
     start_offsets: dict[int, int]  # view partition -> first offset after the MCE's barrier
+    next_epoch: int | None  # the upstream's first committed epoch after the MCE (its epoch index)
     #: Called in the task with (partition, epoch) after this attempt wrote and staged that epoch: the
     #: fault-injection tests kill the driver there (a partition committed, the others not yet).
     on_written: Callable[[int, int], None] | None = None
@@ -97,6 +98,7 @@ class PartitionEpochs:
         todo = sorted(e for e in epochs if e > job.after)
         if not todo:
             return []
+        require_next(partition, job.after, todo, job.next_epoch)
         writer = ChangelogWriter(self.settings, view.name, view.key_columns, view.partitions,
                                  transactional_id=partition_transactional_id(self.settings, view.name, partition),
                                  partition=partition)  # fences every earlier attempt of the partition

@@ -77,8 +77,9 @@ class TaskEpochs:
         after = self.committer.mce
         at_mce = self.staging.index.entries_at(self.entry.name, self.entry.partitions, after or None)
         start = {p: e.offset + 1 for p, e in (at_mce or {}).items()}  # the tasks read their partition from there
+        following = self.staging.index.first_at_or_after(self.upstream.name, 0, after + 1)
         job = PartitionJob(self.settings.to_executor_json(), self.entry, self.upstream, self.plan, after, start,
-                           self.on_written)
+                           following.epoch if following is not None else None, self.on_written)
         results = frame.mapInArrow(job.run, _RESULT_DDL).toArrow()
         by_epoch: dict[int, list[dict[str, int]]] = {}
         for row in results.to_pylist():

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from mvlog.partition_epochs import PartitionBarrier, PartitionLogError, prev_epochs, resume_partition
+from mvlog.partition_epochs import (
+    PartitionBarrier,
+    PartitionLogError,
+    prev_epochs,
+    require_next,
+    resume_partition,
+)
 from mvlog.row_schema import RowSchema
 from mvlog.views import plan_view
 from mvlog.views.partitioning import runs_in_tasks, stateless_key_preserving
@@ -93,3 +99,10 @@ def test_epochs_must_be_ascending_and_above_the_mce() -> None:
         resume_partition(0, 10, [15, 12], [])
     with pytest.raises(ValueError):
         resume_partition(0, 10, [10], [])
+
+
+def test_a_micro_batch_must_start_at_the_upstreams_next_epoch() -> None:
+    require_next(0, 10, [12, 15], 12)
+    require_next(0, 10, [], None)  # nothing to write
+    with pytest.raises(PartitionLogError, match=r"starts at epoch 15.*is 12"):
+        require_next(0, 10, [15], 12)  # 12 never computed: 15's barrier would name 10
