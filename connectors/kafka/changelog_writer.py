@@ -160,8 +160,13 @@ _BARRIER_HEADERS: Headers = [(HEADER_TYPE, TYPE_BARRIER)]
 
 class ChangelogWriter:
     def __init__(self, settings: Settings, view: str, key_columns: Sequence[str], partitions: int,
-                 transactional_id: str | None = None, producer_config: dict[str, Any] | None = None) -> None:
+                 transactional_id: str | None = None, producer_config: dict[str, Any] | None = None,
+                 partition: int | None = None) -> None:
+        """``partition``: write that partition of each epoch only (its changes and its barrier), as one
+        Spark task of a view whose operator runs in tasks does (``transactional_id`` then names the
+        partition's writer); a change of another partition aborts the epoch."""
         self.view = view
+        self.partition = partition
         self.topic = settings.changelog_topic(view)
         self.partitions = partitions
         self.key_columns = tuple(key_columns)
@@ -189,6 +194,11 @@ class ChangelogWriter:
         self._session = uuid.uuid4().hex[:12]
         self._transactions = 0
         self._init_transactions(60.0)
+
+    @property
+    def barrier_partitions(self) -> list[int]:
+        """The partitions this writer puts each epoch's barrier on: all, or its one partition."""
+        return list(range(self.partitions)) if self.partition is None else [self.partition]
 
     def commit_records(self, epoch: int, prev_epoch: int,
                        chunks: Callable[[int, str], Iterable[Iterable[tuple[bytes, int, bytes]]]], *,
@@ -245,6 +255,8 @@ class ChangelogWriter:
                         if error.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
                             raise
                         raise self._too_large(epoch, key, value) from error
+            if self.partition is not None and sum(counts) != counts[self.partition]:
+                raise ValueError(f"a change of epoch {epoch} belongs to another partition than {self.partition}")
             barrier_offsets: dict[int, int] = {}
 
             def on_barrier(err: KafkaError | None, msg: Message) -> None:
@@ -252,7 +264,7 @@ class ChangelogWriter:
                 if err is None and partition is not None and offset is not None:
                     barrier_offsets[partition] = offset
 
-            for partition in range(self.partitions):
+            for partition in self.barrier_partitions:
                 barrier = Barrier(self.view, epoch, prev_epoch, checkpoint, partition, counts[partition],
                                   ts_ms, mutation, txn)
                 self._produce(None, encode_barrier(barrier), partition, _BARRIER_HEADERS, on_barrier)
@@ -268,9 +280,9 @@ class ChangelogWriter:
         except Exception as exc:
             self._abort()
             raise EpochWriteError(f"{self.view}: epoch {epoch} was aborted: {exc}") from exc
-        if len(barrier_offsets) != self.partitions:
+        if len(barrier_offsets) != len(self.barrier_partitions):
             raise EpochWriteError(f"{self.view}: epoch {epoch} committed without all barrier offsets")
-        index = {p: IndexEntry(epoch, barrier_offsets[p], counts[p]) for p in range(self.partitions)}
+        index = {p: IndexEntry(epoch, barrier_offsets[p], counts[p]) for p in self.barrier_partitions}
         return CommittedEpoch(epoch, index)
 
     def _too_large(self, epoch: int, key: bytes, value: bytes) -> RecordTooLargeError:

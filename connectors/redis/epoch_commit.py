@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 JOURNAL_LIMIT = 100_000  # committed backfill chunks kept per view (the I5 audit trail, newest last)
 
-_COMMIT_SCRIPT = lua_script("view_commit", lib=["each_chunk"], constants={"JOURNAL_LIMIT": JOURNAL_LIMIT})
+_COMMIT_SCRIPT = lua_script("view_commit", lib=["each_chunk", "refuse_epoch"],
+                            constants={"JOURNAL_LIMIT": JOURNAL_LIMIT})
 # A view rebuilt for the MCE in ARGV[1], staged under KEYS[5..7], replaces KEYS[2..4] if the MCE is still it.
 _REPLACE_SCRIPT = lua_script("view_replace", lib=["swap_staged"])
 

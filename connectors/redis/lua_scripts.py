@@ -6,6 +6,8 @@ kept once, in ``lua/lib/*.lua``, and prefixed to the text of every script that c
 * ``each_chunk(command, key, first, count, width)``: ``redis.call(command, key, ...)`` over
   ``ARGV[first .. first + count * width - 1]`` in calls of at most 512 items of ``width`` arguments
   (Lua's stack is small); returns the index after the last argument used.
+* ``refuse_epoch(meta, epoch_hex, follows)``: 0 when the view's MCE is at or above the epoch, -1 when
+  it is not ``follows`` (``'none'``: no MCE; ``''``: unchecked), nil when the commit may go on.
 * ``swap_staged(staged, live, count)``: for i in 0 .. count - 1, ``KEYS[staged + i]`` replaces
   ``KEYS[live + i]`` (RENAME), or ``KEYS[live + i]`` is deleted when nothing was staged for it.
 

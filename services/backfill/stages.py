@@ -67,6 +67,10 @@ class ChunkedBackfillStage:
     def finished(self) -> bool:
         return self.backfill.done
 
+    @property
+    def idle(self) -> bool:
+        return self.finished
+
 
 class SnapshotSeedStage:
     """Loads the upstream snapshot's view as the view's first epoch E (in :meth:`upkeep`, which the
@@ -109,6 +113,10 @@ class SnapshotSeedStage:
     @property
     def finished(self) -> bool:
         return self._loaded
+
+    @property
+    def idle(self) -> bool:
+        return self.finished
 
 
 def backfill_stages(settings: Settings, client: redis.Redis, store: ViewStore, catalog: CatalogStore,

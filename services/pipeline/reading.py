@@ -73,10 +73,14 @@ class UpstreamReader:
             reader = reader.option("alignWith", ",".join(sources[1:]))
         return reader.load()
 
+    def frame(self, view: str, after: int, upto: int) -> DataFrame:
+        """One upstream's epochs in ``(after, upto]`` (a batch read, not run yet)."""
+        reader = self.spark.read.format("mvlog").options(**self._options(view))
+        return reader.option("startingEpoch", str(after)).option("endingEpoch", str(upto)).load()
+
     def read_range(self, view: str, after: int, upto: int) -> pa.Table:
         """One upstream's epochs in ``(after, upto]``, collected to the driver (a batch job)."""
-        reader = self.spark.read.format("mvlog").options(**self._options(view))
-        return reader.option("startingEpoch", str(after)).option("endingEpoch", str(upto)).load().toArrow()
+        return self.frame(view, after, upto).toArrow()
 
     def epochs(self, sources: Sequence[str], after: int, upto: int, into: EpochBatches | None = None) -> EpochBatches:
         """The epochs in ``(after, upto]`` of each of ``sources``, added to ``into``."""

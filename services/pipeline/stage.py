@@ -63,3 +63,9 @@ class Stage(Protocol):
     def finished(self) -> bool:
         """Nothing more to do: the pipeline drops the stage."""
         ...
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to do to the next epochs for now (:meth:`before_epoch` would leave them as they are):
+        they may be computed where the stage never sees them, in Spark's tasks."""
+        ...

@@ -40,6 +40,7 @@ from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
 from mvlog.services.pipeline.reading import EpochBatches, UpstreamReader, batches_from_arrow
 from mvlog.services.pipeline.stage import EpochWork, Stage
 from mvlog.services.pipeline.streaming import MicroBatchRunner
+from mvlog.services.pipeline.task_epochs import TaskEpochs
 from mvlog.services.replacement.operations import complete_apply
 from mvlog.services.replacement.stage import ReplacementStage
 from mvlog.services.spark_session import spark_session
@@ -88,6 +89,8 @@ class ViewConsumer:
         # Reads the backlog, then the stream; applies micro-batches on its worker thread (see apply_batch).
         self.runner = MicroBatchRunner(view, lambda table: self.apply_batch(table), self._upkeep)
         self._state = StoredState(partial(self.store.get_state, view))  # the operator's, in Redis
+        # Opt-in (Settings.operators_in_tasks): a filter/project view's epochs computed in Spark's tasks.
+        self.tasks = TaskEpochs.for_view(settings, self.entry, self.upstreams, self.plan, self.committer, self._redis)
 
     @property
     def mce(self) -> int:
@@ -131,8 +134,23 @@ class ViewConsumer:
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """foreachBatch: collect the micro-batch and hand it to the worker thread, which applies it once
         the previous one is applied (raises the previous one's error instead)."""
+        if self._in_tasks(lambda: batch):
+            return
         table = batch.toArrow()  # the Spark job: the executors read while the worker applies the previous one
         self.runner.submit(table)
+
+    def _in_tasks(self, frame: Callable[[], DataFrame]) -> bool:
+        """Apply the epochs of ``frame()`` in Spark's tasks (:mod:`~mvlog.services.pipeline.task_epochs`)
+        when the setting is on, the view can and no stage has work on them; False: the driver applies them."""
+        if self.tasks is None:
+            return False
+        self.runner.worker.drain()  # a micro-batch the driver path took commits first
+        with self._lock:  # the idle upkeep waits (a replacement staged meanwhile follows the next epochs)
+            self._upkeep()
+            if not self.tasks.usable(self.stages) or self._start > self.mce:
+                return False
+            self.tasks.apply(frame())
+            return True
 
     def apply_batch(self, table: pa.Table) -> None:
         """Apply every epoch above the MCE of a collected micro-batch, in order."""
@@ -208,7 +226,8 @@ class ViewConsumer:
         The streaming query does the same continuously; this is the one-shot form (tests, replay)."""
         self._upkeep()
         end = min(m or 0 for m in self.store.mce_many(list(self.entry.sources)).values())
-        if (end := min(end, upto) if upto is not None else end) > self._after:
+        end = min(end, upto) if upto is not None else end
+        if end > self._after and not self._in_tasks(lambda: self.reader.frame(self.entry.sources[0], self.mce, end)):
             self.apply_epochs(self.reader.epochs(self.entry.sources, self._after, end))
         return self.mce
 
@@ -221,8 +240,12 @@ class ViewConsumer:
         sources, after = self.entry.sources, self._after
         ends = trigger_ends(self.settings, [self.upstreams[s] for s in sources], after,
                             self.max_epochs_per_trigger, self.settings.max_records_per_trigger)
-        reads = [(end, partial(self.reader.read_range, sources[0], begin, end))
-                 for begin, end in zip([after, *ends], ends, strict=False)]
+        ranges = list(zip([after, *ends], ends, strict=False))
+        while ranges and self._in_tasks(partial(self.reader.frame, sources[0], *ranges[0])):
+            if on_catch_up is not None:
+                on_catch_up(ranges[0][1], ends[-1])
+            ranges.pop(0)
+        reads = [(end, partial(self.reader.read_range, sources[0], begin, end)) for begin, end in ranges]
         self.runner.run_backlog(reads, None if on_catch_up is None else lambda end: on_catch_up(end, ends[-1]))
         name = f"mvlog_{self.settings.topic_prefix}_{self.entry.name}".replace(".", "_")
         return self.runner.start(self.reader.stream(sources, ends[-1] if ends else after), self.process_batch,

@@ -53,6 +53,10 @@ class ReplacementStage:
     def finished(self) -> bool:
         return False  # a replacement may be staged at any time
 
+    @property
+    def idle(self) -> bool:
+        return self.follower is None  # none staged, discarded or to apply (as of the last upkeep)
+
     def upkeep(self) -> None:
         """Pick up a staged, discarded or apply-requested replacement and bring it to the view's MCE:
         hydrated from scratch, or caught up after a restart."""

@@ -1,10 +1,7 @@
 local meta = KEYS[1]
-local current = redis.call('HGET', meta, 'mce_hex')
-if current and current >= ARGV[1] then
-  return 0
-end
-if ARGV[13] ~= '' and (current or 'none') ~= ARGV[13] then
-  return -1
+local refused = refuse_epoch(meta, ARGV[1], ARGV[13])
+if refused then
+  return refused
 end
 -- ZADD of members with score 0, 256 members per call.
 local function zadd_all(key, first, count)

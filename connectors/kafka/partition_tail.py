@@ -1,0 +1,45 @@
+"""The barriers one changelog partition committed from an offset to its end, read ``read_committed``.
+
+A Spark task that writes one partition of a view's epochs reads them after fencing the partition's
+earlier writers (``init_transactions`` of its transactional id aborts their open transaction), so what
+it reads is all that partition will ever hold of those epochs: see :mod:`mvlog.partition_epochs`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from mvlog.config import Settings
+from mvlog.connectors.kafka.changelog_reader import ChangelogReadError, reader_consumer
+from mvlog.partition_epochs import PartitionBarrier
+from mvlog.schemas.codec import TYPE_BARRIER, decode_barrier, record_type
+
+TAIL_TIMEOUT_S = 60.0
+
+
+def partition_barriers(settings: Settings, view: str, partition: int, start_offset: int,
+                       timeout: float = TAIL_TIMEOUT_S) -> list[PartitionBarrier]:
+    """Committed barriers of ``view``'s changelog partition from ``start_offset`` to its end, in order."""
+    topic = settings.changelog_topic(view)
+    consumer = reader_consumer(settings, {"enable.partition.eof": True})
+    found: list[PartitionBarrier] = []
+    deadline = time.monotonic() + timeout
+    try:
+        consumer.assign([TopicPartition(topic, partition, start_offset)])
+        while True:
+            if time.monotonic() > deadline:
+                raise ChangelogReadError(f"{topic} partition {partition}: its end was not reached in {timeout:.0f} s")
+            for message in consumer.consume(num_messages=1000, timeout=0.5):
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        return found
+                    raise ChangelogReadError(f"{topic} partition {partition}: {error}")
+                if record_type(message.headers()) == TYPE_BARRIER:
+                    barrier = decode_barrier(message.value() or b"")
+                    found.append(PartitionBarrier(barrier.epoch, barrier.prev_epoch, message.offset() or 0,
+                                                  barrier.records))
+    finally:
+        consumer.close()

@@ -1,0 +1,49 @@
+-- One epoch of a view whose partitions were computed by separate tasks: every partition's staged rows
+-- and key-order members swapped in, the epoch index and the MCE, at once.
+-- KEYS: meta, rows, keyorder, then per partition its staged puts (hash), deletes (set), order puts
+-- (set), order deletes (set), then the epoch index of each partition.
+-- ARGV: epoch hex, epoch, now (ms), the MCE it follows ('none': no MCE; '': unchecked), partitions,
+-- then per partition the four staged counts, then an index member per partition.
+-- 1: applied; 0: at or below the MCE; -1: the MCE is not the one it follows; -2: something staged is
+-- missing (nothing applied).
+local meta = KEYS[1]
+local refused = refuse_epoch(meta, ARGV[1], ARGV[4])
+if refused then
+  return refused
+end
+local n = tonumber(ARGV[5])
+local sizes = {'HLEN', 'SCARD', 'SCARD', 'SCARD'}
+for p = 0, n - 1 do
+  for j = 0, 3 do
+    if redis.call(sizes[j + 1], KEYS[4 + 4 * p + j]) ~= tonumber(ARGV[6 + 4 * p + j]) then
+      return -2
+    end
+  end
+end
+-- redis.call(command, key, items...) in calls of at most 1024 items, each of `width` values.
+local function chunked(command, key, items, width, prefix)
+  local i = 1
+  while i <= #items do
+    local args = {}
+    for j = i, math.min(i + 1024 * width - 1, #items) do
+      if prefix then args[#args + 1] = prefix end
+      args[#args + 1] = items[j]
+    end
+    redis.call(command, key, unpack(args))
+    i = i + 1024 * width
+  end
+end
+for p = 0, n - 1 do
+  local k = 4 + 4 * p
+  chunked('HSET', KEYS[2], redis.call('HGETALL', KEYS[k]), 2, nil)
+  chunked('HDEL', KEYS[2], redis.call('SMEMBERS', KEYS[k + 1]), 1, nil)
+  chunked('ZADD', KEYS[3], redis.call('SMEMBERS', KEYS[k + 2]), 1, 0)
+  chunked('ZREM', KEYS[3], redis.call('SMEMBERS', KEYS[k + 3]), 1, nil)
+  redis.call('DEL', KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3])
+end
+local first_index = 4 + 4 * n
+for p = 0, n - 1 do
+  redis.call('ZADD', KEYS[first_index + p], 0, ARGV[6 + 4 * n + p])
+end
+redis.call('HSET', meta, 'mce_hex', ARGV[1], 'mce', ARGV[2], 'mce_ts_ms', ARGV[3])
+return 1

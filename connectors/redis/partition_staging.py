@@ -1,0 +1,104 @@
+"""A view epoch's rows staged per partition by Spark tasks, and swapped in by the driver in one script.
+
+When a view's operator runs in Spark's tasks (one per changelog partition), each task writes its
+partition's changes to Kafka itself and stages the rows they leave in Redis under keys of that epoch
+and partition (:meth:`PartitionStaging.stage`). The driver then commits the epoch: one script checks
+the MCE it follows and that every partition's staging is whole (the counts the tasks reported), applies
+all of them to the view's rows and key order, and writes the epoch index and the MCE
+(:meth:`PartitionStaging.commit`): the view's rows and MCE still change together, once per epoch.
+
+Staging is redone by every attempt of a task (a retried task, or one of a restarted consumer, stages
+again what its partition's epoch holds), so staged keys lost to a Redis restart or left by a dead
+driver never matter: they expire (:data:`STAGE_TTL_S`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import redis
+
+from mvlog.connectors.redis.epoch_commit import EpochCommit, ServingStateLostError
+from mvlog.connectors.redis.epoch_index import IndexEntry, epoch_hex, index_member
+from mvlog.connectors.redis.lua_scripts import lua_script
+from mvlog.connectors.redis.packed_script import run_script
+from mvlog.connectors.redis.view_meta import ViewMeta
+
+STAGE_TTL_S = 3600
+CHUNK = 4096
+
+_COMMIT_SCRIPT = lua_script("partition_commit", lib=["refuse_epoch"])
+
+
+class StagingIncompleteError(RuntimeError):
+    """A partition's staged rows are not what its task reported (expired, or Redis restarted): nothing
+    was applied; the epoch's tasks stage them again when the consumer redoes the epoch."""
+
+
+@dataclass(frozen=True)
+class StagedCounts:
+    """What one task staged for one epoch and partition (the commit checks Redis holds exactly that)."""
+
+    puts: int
+    deletes: int
+    order_puts: int
+    order_deletes: int
+
+
+class PartitionStaging(ViewMeta):
+    """Staged partitions of views' epochs, and their commit."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        super().__init__(client, prefix)
+        self._commit = client.register_script(_COMMIT_SCRIPT)
+
+    def staged_keys(self, view: str, epoch: int, partition: int) -> list[str]:
+        base = f"pstage:{epoch_hex(epoch)}:{partition}"
+        return [self._key(view, f"{base}:{what}") for what in ("rows", "dels", "oput", "odel")]
+
+    def stage(self, view: str, partition: int, commit: EpochCommit) -> StagedCounts:
+        """Executor side: stage one partition's rows and key-order members of ``commit.epoch`` (replacing
+        an earlier attempt's); the rest of ``commit`` is the driver's."""
+        keys = self.staged_keys(view, commit.epoch, partition)
+        puts, deletes = commit.row_puts, commit.row_deletes
+        order_puts, order_deletes = commit.order_puts, commit.order_deletes
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(*keys)
+        items = list(puts.items())
+        for start in range(0, len(items), CHUNK):
+            pipe.hset(keys[0], mapping=dict(items[start:start + CHUNK]))
+        for key, members in zip(keys[1:], (deletes, order_puts, order_deletes), strict=True):
+            for start in range(0, len(members), CHUNK):
+                pipe.sadd(key, *members[start:start + CHUNK])
+        for key in keys:
+            pipe.expire(key, STAGE_TTL_S)
+        pipe.execute()
+        return StagedCounts(len(puts), len(deletes), len(order_puts), len(order_deletes))
+
+    def commit(self, view: str, epoch: int, follows: int, staged: Mapping[int, StagedCounts],
+               index: Mapping[int, IndexEntry]) -> bool:
+        """Driver side: apply every partition's staging of ``epoch``, its index and the MCE, in one
+        script. False (nothing changed) when Redis is at or above the epoch; raises
+        :class:`ServingStateLostError` when Redis is not at ``follows``, :class:`StagingIncompleteError`
+        when a partition's staging is not whole."""
+        partitions = sorted(index)
+        if sorted(staged) != partitions:
+            raise ValueError(f"{view}: epoch {epoch} staged partitions {sorted(staged)}, indexed {partitions}")
+        keys = [self._key(view, w) for w in ("meta", "rows", "keyorder")]
+        args: list[bytes | str | int] = [epoch_hex(epoch), epoch, int(time.time() * 1000),
+                                         epoch_hex(follows) if follows > 0 else "none", len(partitions)]
+        for p in partitions:
+            keys += self.staged_keys(view, epoch, p)
+            counts = staged[p]
+            args += [counts.puts, counts.deletes, counts.order_puts, counts.order_deletes]
+        keys += [self.index.key(view, p) for p in partitions]
+        args += [index_member(epoch, index[p].offset, index[p].records) for p in partitions]
+        result = int(run_script(self.redis, self._commit, keys, args))
+        if result == -1:
+            raise ServingStateLostError(f"{view}: epoch {epoch} follows epoch {follows}, but Redis holds MCE "
+                                        f"{self.mce(view)}: the serving state was wiped or rolled back")
+        if result == -2:
+            raise StagingIncompleteError(f"{view}: epoch {epoch}: a partition's staged rows are missing in Redis")
+        return result == 1

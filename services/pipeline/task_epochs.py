@@ -1,0 +1,109 @@
+"""Driver side of a view whose operator runs in Spark's tasks (``Settings.operators_in_tasks``; issue 19,
+first slice): the driver plans a micro-batch and commits its epochs, the tasks do the rest.
+
+For a filter/project view keyed like its upstream (:mod:`mvlog.views.partitioning`), a micro-batch's
+DataFrame (the data source's read: one Spark partition per upstream changelog partition, which is the
+view's partition of the same number) goes through ``mapInArrow``: each task computes, writes and stages
+its partition's epochs (:mod:`~mvlog.services.pipeline.partition_tasks`) and returns a row per epoch.
+The driver then commits each epoch through the view's
+:class:`~mvlog.services.pipeline.committer.EpochCommitter`, in order: the Kafka side is already done
+(the partitions' transactions), and the Redis side is one script that swaps every partition's staged
+rows in with the epoch index and the MCE
+(:class:`~mvlog.connectors.redis.partition_staging.PartitionStaging`). The driver's work per epoch
+grows with partitions, never with changes.
+
+Where an epoch becomes final differs from the driver path: a partition's transaction, once committed,
+is the partition's attempt at the epoch, never redone (README, Wire format, "A transaction per
+partition"). A driver killed after some partitions committed leaves them in Kafka; the next consumer's
+tasks find them, write the others, stage all, and the driver commits the epoch in Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import pyarrow as pa
+import redis
+from pyspark.sql import DataFrame
+
+from mvlog.catalog import CatalogEntry
+from mvlog.config import Settings
+from mvlog.connectors.kafka.changelog_writer import CommittedEpoch
+from mvlog.connectors.redis.epoch_index import IndexEntry
+from mvlog.connectors.redis.partition_staging import PartitionStaging, StagedCounts
+from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
+from mvlog.services.pipeline.partition_tasks import RESULT_SCHEMA, PartitionJob
+from mvlog.services.pipeline.stage import Stage
+from mvlog.views import ViewPlan
+from mvlog.views.partitioning import runs_in_tasks
+
+_SQL_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.bool_(): "BOOLEAN"}
+_RESULT_DDL = ", ".join(f"`{f.name}` {_SQL_TYPES[f.type]}" for f in RESULT_SCHEMA)
+
+
+class TaskEpochs:
+    """Runs view ``entry``'s micro-batches in Spark's tasks and commits their epochs."""
+
+    def __init__(self, settings: Settings, entry: CatalogEntry, upstream: CatalogEntry, plan: ViewPlan,
+                 committer: EpochCommitter, client: redis.Redis) -> None:
+        self.settings, self.entry, self.upstream, self.plan = settings, entry, upstream, plan
+        self.committer = committer
+        self.staging = PartitionStaging(client, settings.topic_prefix)
+        #: Handed to the tasks (:attr:`PartitionJob.on_written`): fault injection in tests.
+        self.on_written: Callable[[int, int], None] | None = None
+        self.epochs_written = 0  # partition epochs this consumer's tasks wrote (not found committed)
+
+    @classmethod
+    def for_view(cls, settings: Settings, entry: CatalogEntry, upstreams: Mapping[str, CatalogEntry],
+                 plan: ViewPlan, committer: EpochCommitter, client: redis.Redis) -> TaskEpochs | None:
+        """The task path of the view, when the setting is on and the view can take it; else None."""
+        if not settings.operators_in_tasks or len(entry.sources) != 1:
+            return None
+        upstream = upstreams[entry.sources[0]]
+        if not runs_in_tasks(plan, upstream.key_columns, upstream.partitions, entry.partitions):
+            return None
+        return cls(settings, entry, upstream, plan, committer, client)
+
+    @staticmethod
+    def usable(stages: Sequence[Stage]) -> bool:
+        """No stage has anything to do to the next epochs (a backfill running, a replacement staged: those
+        epochs go the driver's way)."""
+        return all(stage.idle for stage in stages)
+
+    def apply(self, frame: DataFrame) -> int:
+        """Compute, write and commit every epoch of ``frame`` (the upstream's signed rows of whole epochs)
+        above the MCE; returns the number of epochs committed."""
+        self.committer.ensure_serving_state()  # a wiped Redis is rebuilt before anything is computed
+        after = self.committer.mce
+        at_mce = self.staging.index.entries_at(self.entry.name, self.entry.partitions, after or None)
+        start = {p: e.offset + 1 for p, e in (at_mce or {}).items()}  # the tasks read their partition from there
+        following = self.staging.index.first_at_or_after(self.upstream.name, 0, after + 1)
+        job = PartitionJob(self.settings.to_executor_json(), self.entry, self.upstream, self.plan, after, start,
+                           following.epoch if following is not None else None, self.on_written)
+        results = frame.mapInArrow(job.run, _RESULT_DDL).toArrow()
+        by_epoch: dict[int, list[dict[str, int]]] = {}
+        for row in results.to_pylist():
+            by_epoch.setdefault(row["epoch"], []).append(row)
+            self.epochs_written += int(row["written"])
+        committed = 0
+        for epoch in sorted(by_epoch):
+            if epoch > self.committer.mce:
+                self._commit(epoch, by_epoch[epoch])
+                committed += 1
+        return committed
+
+    def _commit(self, epoch: int, rows: list[dict[str, int]]) -> None:
+        """One epoch's Redis commit through the committer (its Kafka side is the tasks' transactions)."""
+        partitions = sorted(row["partition"] for row in rows)
+        if partitions != list(range(self.entry.partitions)):
+            raise RuntimeError(f"{self.entry.name}: epoch {epoch} came back from partitions {partitions}, "
+                               f"not all {self.entry.partitions}")
+        index = {row["partition"]: IndexEntry(epoch, row["offset"], row["records"]) for row in rows}
+        staged = {row["partition"]: StagedCounts(row["puts"], row["deletes"], row["order_puts"],
+                                                 row["order_deletes"]) for row in rows}
+        follows = self.committer.mce
+
+        def apply(committed_index: Mapping[int, IndexEntry]) -> bool:
+            return self.staging.commit(self.entry.name, epoch, follows, staged, committed_index)
+
+        self.committer.commit(epoch, lambda _writer: CommittedEpoch(epoch, index), ScriptCommit(apply))

@@ -1,0 +1,62 @@
+"""An epoch staged per partition by Spark tasks and committed by the driver in one script
+(``PartitionStaging``, ``lua/partition_commit.lua``), on a real redis-server."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from mvlog.changes import IndexEntry
+from mvlog.config import Settings
+from mvlog.connectors.redis.epoch_commit import EpochCommit, ServingStateLostError
+from mvlog.connectors.redis.partition_staging import PartitionStaging, StagedCounts, StagingIncompleteError
+from mvlog.connectors.redis.view_store import ViewStore
+
+
+def _stage(staging: PartitionStaging, epoch: int, partition: int, puts: dict[bytes, bytes],
+           deletes: list[bytes]) -> StagedCounts:
+    commit = EpochCommit(epoch, puts, deletes, {}, order_puts=[b"o" + k for k in puts],
+                         order_deletes=[b"o" + k for k in deletes])
+    return staging.stage("v", partition, commit)
+
+
+def test_staged_partitions_commit_together_with_the_index_and_the_mce(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    staging = PartitionStaging(redis_client, settings.topic_prefix)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    many = {f"k{i}".encode(): f"v{i}".encode() for i in range(5000)}  # several Lua chunks
+    staged = {0: _stage(staging, 10, 0, many, []), 1: _stage(staging, 10, 1, {b"a": b"1"}, [])}
+    index = {0: IndexEntry(10, 4, 5000), 1: IndexEntry(10, 2, 1)}
+    assert staging.commit("v", 10, 0, staged, index)
+    assert store.mce("v") == 10 and store.row_count("v") == 5001
+    assert store.get_rows("v", [b"k4999", b"a"]) == {b"k4999": b"v4999", b"a": b"1"}
+    assert redis_client.zcard(f"{settings.topic_prefix}:{{v}}:keyorder") == 5001
+    assert [e.offset for e in store.index.between("v", 1, 0, 10)] == [2]
+    assert not any(redis_client.exists(k) for p in (0, 1) for k in staging.staged_keys("v", 10, p))
+
+    # The next epoch deletes and puts; an empty partition stages nothing and commits.
+    staged = {0: _stage(staging, 11, 0, {b"k1": b"new"}, [b"k2"]), 1: _stage(staging, 11, 1, {}, [])}
+    assert staging.commit("v", 11, 10, staged, {0: IndexEntry(11, 9, 2), 1: IndexEntry(11, 3, 0)})
+    assert store.get_rows("v", [b"k1", b"k2"]) == {b"k1": b"new"}
+    assert redis_client.zscore(f"{settings.topic_prefix}:{{v}}:keyorder", b"ok2") is None
+
+    # A retry of a committed epoch changes nothing.
+    staged = {0: _stage(staging, 11, 0, {b"zombie": b"1"}, []), 1: _stage(staging, 11, 1, {}, [])}
+    assert not staging.commit("v", 11, 10, staged, {0: IndexEntry(11, 9, 2), 1: IndexEntry(11, 3, 0)})
+    assert store.get_rows("v", [b"zombie"]) == {} and store.mce("v") == 11
+
+
+def test_a_lost_staging_or_a_wiped_mce_applies_nothing(settings: Settings, redis_client: redis.Redis) -> None:
+    staging = PartitionStaging(redis_client, settings.topic_prefix)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    staged = {0: _stage(staging, 10, 0, {b"a": b"1"}, []), 1: _stage(staging, 10, 1, {b"b": b"2"}, [])}
+    redis_client.delete(staging.staged_keys("v", 10, 1)[0])  # expired, or lost with a Redis restart
+    index = {0: IndexEntry(10, 1, 1), 1: IndexEntry(10, 1, 1)}
+    with pytest.raises(StagingIncompleteError):
+        staging.commit("v", 10, 0, staged, index)
+    assert store.mce("v") is None and store.get_rows("v", [b"a"]) == {}
+
+    staged[1] = _stage(staging, 10, 1, {b"b": b"2"}, [])  # a task of the next attempt stages it again
+    with pytest.raises(ServingStateLostError):  # follows an MCE Redis does not hold (wiped)
+        staging.commit("v", 10, 7, staged, index)
+    assert staging.commit("v", 10, 0, staged, index) and store.row_count("v") == 2
