@@ -284,8 +284,8 @@ def report(args: argparse.Namespace, engines: Sequence[str], peers: dict[str, Pe
     print(f"  {produced_note}")
     print(f"  catch-up: events/s = all {args.events:,} events / (start of ingestion -> last event's effect committed), "
           "engine start-up left out (mvlog: from when its last run-source process consumes; the figure with it in "
-          "the notes), after an untimed warm-up run of 1,000 events (same Spark session); for a join, the last "
-          "epoch it can reach (see docs/benchmarks.md: the join limit)")
+          "the notes), after an untimed warm-up run of 1,000 events (same Spark session); a join to the last "
+          "epoch of all its tables")
     if args.no_steady:
         print("  latency: not measured (--no-steady)")
     else:
