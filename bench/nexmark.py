@@ -266,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                   guarantee=peer.guarantee)
                         traceback.print_exc()
                     print(f"  {engine} {qid}: {cells[qid][engine].text()} {cells[qid][engine].note[:200]}", flush=True)
+                    if cells[qid][engine].details:  # e.g. Flink's READY -> first checkpoint (its deployment)
+                        print(f"  {engine} {qid} details: {cells[qid][engine].details}", flush=True)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the table of what ran so far is still worth printing
             print("interrupted: the table below holds the runs finished so far", flush=True)
         finally:
