@@ -198,10 +198,13 @@ class Table:
         else:
             self._clock = EpochClock(0)
         # Say this writer runs; a join that planned past the table's last epoch while no writer ran sealed it
-        # through its bound, and this writer's epochs start above that (mvlog.join_bound).
+        # through its bound, and this writer's epochs start above that (mvlog.join_bound). Above the MCE of
+        # the views reading it too: a join past the table's last epoch had sealed it, and a seal lost with a
+        # wiped Redis is still behind the MCE the join committed (rebuilt from Kafka).
         self._writers = TableWriters(self._redis, settings.topic_prefix)
         self._writer_token, sealed = self._writers.open(entry.name)
-        self._clock.observe(sealed)
+        readers = [v.name for v in self._committer.catalog.views_reading(entry.name)] if recover else []
+        self._clock.observe(max([sealed, *(m or 0 for m in self.store.mce_many(readers).values())]))
         self._epochs_written = 0
         self._pending: dict[Key, Row | None] = {}
         self._lock = threading.Lock()
