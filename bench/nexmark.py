@@ -266,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                   guarantee=peer.guarantee)
                         traceback.print_exc()
                     print(f"  {engine} {qid}: {cells[qid][engine].text()} {cells[qid][engine].note[:200]}", flush=True)
+                    if cells[qid][engine].details:  # e.g. Flink's READY -> first checkpoint (its deployment)
+                        print(f"  {engine} {qid} details: {cells[qid][engine].details}", flush=True)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the table of what ran so far is still worth printing
             print("interrupted: the table below holds the runs finished so far", flush=True)
         finally:
@@ -284,8 +286,8 @@ def report(args: argparse.Namespace, engines: Sequence[str], peers: dict[str, Pe
     print(f"  {produced_note}")
     print(f"  catch-up: events/s = all {args.events:,} events / (start of ingestion -> last event's effect committed), "
           "engine start-up left out (mvlog: from when its last run-source process consumes; the figure with it in "
-          "the notes), after an untimed warm-up run of 1,000 events (same Spark session); for a join, the last "
-          "epoch it can reach (see docs/benchmarks.md: the join limit)")
+          "the notes), after an untimed warm-up run of 1,000 events (same Spark session); a join to the last "
+          "epoch of all its tables")
     if args.no_steady:
         print("  latency: not measured (--no-steady)")
     else:

@@ -25,6 +25,7 @@ from mvlog.connectors.kafka.topics import ensure_changelog
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.backpressure import Backpressure
 from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.table_writers import TableWriters
 from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.epoch import EpochClock
 from mvlog.record_limits import change_event_bytes, row_fits, surely_fitting_text, too_large_message
@@ -196,6 +197,14 @@ class Table:
             self._clock = EpochClock(self._committer.roll_forward(views).max_seen)
         else:
             self._clock = EpochClock(0)
+        # Say this writer runs; a join that planned past the table's last epoch while no writer ran sealed it
+        # through its bound, and this writer's epochs start above that (mvlog.join_bound). Above the MCE of
+        # the views reading it too: a join past the table's last epoch had sealed it, and a seal lost with a
+        # wiped Redis is still behind the MCE the join committed (rebuilt from Kafka).
+        self._writers = TableWriters(self._redis, settings.topic_prefix)
+        self._writer_token, sealed = self._writers.open(entry.name)
+        readers = [v.name for v in self._committer.catalog.views_reading(entry.name)] if recover else []
+        self._clock.observe(max([sealed, *(m or 0 for m in self.store.mce_many(readers).values())]))
         self._epochs_written = 0
         self._pending: dict[Key, Row | None] = {}
         self._lock = threading.Lock()
@@ -454,6 +463,10 @@ class Table:
             if has_pending:
                 self.commit_epoch()
         self._committer.close()
+        try:  # commits nothing more: joins over this table may plan past its last epoch (mvlog.join_bound)
+            self._writers.close(self.entry.name, self._writer_token)
+        except redis.RedisError as error:  # it stays open: joins wait for the next writer, nothing is lost
+            log.warning("%s: could not record that its writer stopped: %s", self.entry.name, error)
 
     def __enter__(self) -> Table:
         return self

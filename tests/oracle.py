@@ -149,12 +149,10 @@ def check_oracle(settings: Settings, client: redis.Redis, names: list[str], spar
             continue
         plans = [(start, plan_for(catalog, name, sql)) for start, sql in definitions(epochs, entry.sql or "")]
         plan = plans[-1][1]
-        # One epoch (and barrier) per upstream epoch, up to the least advanced upstream. A join follows its
-        # first source's epochs (ViewConsumer.stream, alignWith) and reads the others up to each of them, so
-        # it reaches the first source's last epoch at or below that bound; the other sources' epochs after
-        # it wait for the first source's next one (a stopped source table never cuts it).
-        bound = min(max(history[s]) for s in plan.sources)
-        reachable = max((e for e in history[plan.sources[0]] if e <= bound), default=0)
+        # One epoch (and barrier) per upstream epoch up to the view's MCE, which is one of them: a join's
+        # epochs are the union of its upstreams' (mvlog.join_bound). How far the view must have got is the
+        # caller's to wait for and assert (ViewConsumer.wait_for_epoch).
+        reachable = mce
         # A view backfilled online (chunked, or from a snapshot at E) starts at its upstreams' epoch of its
         # creation (or at E), not at their start.
         first = min(history[name]) if entry.options.get("backfill") in ("chunked", "snapshot") else 0

@@ -9,9 +9,8 @@ broker and Redis), so nothing of an earlier run is reused.
 * **catch-up**: the topics already hold the events. The clock starts when the ingester processes are
   spawned (their start-up counts) and the consumer starts, and stops when the view's MCE in Redis first
   reaches the last epoch of its source tables (read once the ingesters, run ``--until-caught-up``, exit):
-  the effect of the last event committed. For a join, the last epoch it can reach (see
-  :func:`reachable_epoch`: events of its second table after the first table's last epoch wait for a later
-  epoch of the first, which an idle source table does not cut).
+  the effect of the last event committed, for a join too (:func:`reachable_epoch`: the ingesters stopped,
+  so the join plans past every table's last epoch).
 * **steady**: the ingesters and the consumer run on empty topics of the run's own (once each ingester
   says it consumes and the view's streaming query ran its first micro-batch); a producer writes events
   at a fixed rate; each event's latency is from its produce call to the first time the view's MCE covers
@@ -41,6 +40,7 @@ from pyspark.sql import SparkSession
 from mvlog.config import Settings
 from mvlog.connectors.kafka.changelog_reader import ChangelogReader
 from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.table_writers import TableWriters, plan_through
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.schemas.codec import decode_row
 from mvlog.services.pipeline.view_consumer import ViewConsumer
@@ -185,20 +185,16 @@ class MceWatch:
         return seen
 
 
-def reachable_epoch(store: ViewStore, sources: Sequence[str]) -> int:
-    """The last epoch a view of ``sources`` (in its FROM order) can commit now.
-
-    One source: that table's MCE. A join: its micro-batches follow the *first* source's epochs, never past
-    the least advanced source's MCE (``ViewConsumer.stream``, ``alignWith``), and read the other side up to
-    the same epoch; so it reaches the first source's last epoch at or below that bound, and the other
-    side's later epochs wait for a later epoch of the first source. A source table cuts epochs only when
-    it consumed something, so at the end of a catch-up (or while the first source is idle) a join can
-    stay behind the events of its other side: mvlog's limit, reported by the benchmark, not hidden."""
-    bound = min(store.mce(s) or 0 for s in sources)
-    if len(sources) == 1:
-        return bound
-    entries = store.index.between(sources[0], 0, 0, bound)
-    return entries[-1].epoch if entries else 0
+def reachable_epoch(settings: Settings, client: redis.Redis, sources: Sequence[str]) -> int:
+    """The last epoch a view of ``sources`` can commit now: the bound its consumer plans through
+    (:func:`mvlog.connectors.redis.table_writers.plan_through`, without sealing anything here). One
+    source: that table's latest epoch. A join: the union of its tables' epochs up to the least latest
+    epoch of those whose ingesters run, or, once they all stopped (``--until-caught-up``), the last epoch
+    of them all: the effect of every event."""
+    catalog = CatalogStore(settings, client)
+    store = ViewStore(client, settings.topic_prefix)
+    return plan_through(store.index, TableWriters(client, settings.topic_prefix), [catalog.get(s) for s in sources],
+                        seal=False)
 
 
 def source_epochs(settings: Settings, client: redis.Redis, table: str) -> list[tuple[int, dict[int, int]]]:
@@ -316,14 +312,7 @@ class MvlogNexmark:
                 consumer.start()
                 sources.wait(self.timeout_s)
                 ingested = time.time()
-                last = reachable_epoch(store, sources_of(planned))
-                if not last:
-                    leader, *others = sources_of(planned)
-                    raise RuntimeError(
-                        f"{view} can commit nothing: its first table {leader} has no epoch at or below the last "
-                        f"epoch of {', '.join(others)} (the join follows {leader}'s epochs, never past the other "
-                        "side's last one; each table here committed its backlog in its own epochs, and a source "
-                        "table cuts no epoch while idle)")
+                last = reachable_epoch(settings, client, sources_of(planned))
                 consumer.wait_for_epoch(last, self.timeout_s)  # raises when the view's query failed
                 reached = watch.wait_at_least(view, last, 10)
             rows = view_rows(settings, client, view)
@@ -360,7 +349,7 @@ class MvlogNexmark:
                 produced = phase.produce()
                 wait_ingested(settings, topics, tables, self.timeout_s)
                 sources.stop()
-                last = reachable_epoch(store, sources_of(planned))
+                last = reachable_epoch(settings, client, sources_of(planned))
                 consumer.wait_for_epoch(last, self.timeout_s)
                 watch.wait_at_least(view, last, 10)
             epochs = {t: source_epochs(settings, client, t) for t in tables}

@@ -107,6 +107,16 @@ class SignedRowBuilder:
         return batch
 
 
+def end_marker(schema: RowSchema, epoch: int) -> pa.Table:
+    """One barrier row at ``epoch`` in partition -1 (no Kafka partition has it): the last epoch of a join's
+    micro-batch, which may be none of the read view's epochs (``alignWith`` in
+    :mod:`mvlog.connectors.spark.spark_source`). :func:`epoch_slices` yields the epoch with no rows, so the
+    consumer sees where the micro-batch ends and reads the join's other upstreams up to there."""
+    rows = SignedRowBuilder(schema, -1)
+    rows.add_barrier(epoch, -1)
+    return pa.Table.from_batches([rows.flush()])
+
+
 # --- micro-batches of signed rows, cut into their epochs without leaving Arrow --------------------------
 #
 # An epoch whose barriers are its only rows still has to be committed (its barrier goes into the

@@ -20,8 +20,13 @@ Options (modelled on Spark's Kafka source):
 ``maxEpochsPerTrigger`` streaming only: at most this many epochs per micro-batch
 ``maxRecordsPerTrigger`` streaming only: at most this many change events per micro-batch (summed over
                    the partitions from the epoch index), but always at least one whole epoch
-``alignWith``      streaming only: other views (comma-separated); a micro-batch never ends past the
-                   minimum of their latest committed epochs, so a join can read them up to the same epoch
+``alignWith``      streaming only: the other upstreams of a join (comma-separated). Micro-batches then
+                   range over the union of all their epochs and this view's, up to the epoch none of
+                   them can still commit at or below (:func:`mvlog.connectors.redis.table_writers.plan_through`:
+                   the least latest epoch of those whose writers run, past a stopped table's last epoch once
+                   it is sealed); each micro-batch ends with one barrier row of partition -1 at its last
+                   epoch (:func:`~mvlog.connectors.spark.change_rows.end_marker`), which may be none of this
+                   view's epochs: the epoch to read the other upstreams up to
 ``bootstrapServers`` / ``redisUrl`` / ``topicPrefix``: override the mvlog settings
 ================== ======================================================================
 
@@ -52,9 +57,11 @@ from mvlog.connectors.kafka.dead_letter import DeadLetterQueue
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import EpochIndex
-from mvlog.connectors.spark.change_rows import SignedRowBuilder, arrow_schema
+from mvlog.connectors.redis.table_writers import TableWriters, plan_through
+from mvlog.connectors.spark.change_rows import SignedRowBuilder, arrow_schema, end_marker
 from mvlog.connectors.spark.log_cache_client import read_with_cache
 from mvlog.gc_pause import gc_paused
+from mvlog.join_bound import union_epochs
 from mvlog.row_schema import Row, RowSchema
 from mvlog.trigger_limit import last_admitted
 
@@ -203,6 +210,14 @@ class _KafkaPartitionRead:
         self.dead_letters.close()
 
 
+@dataclass(frozen=True)
+class AlignedEnd(InputPartition):
+    """The last epoch of a micro-batch of a view read ``alignWith`` others: one barrier row (partition -1)."""
+
+    schema_json: dict[str, Any]
+    epoch: int
+
+
 class _Planner:
     """Driver side: turns an epoch range into one :class:`PartitionRange` per Kafka partition."""
 
@@ -210,15 +225,30 @@ class _Planner:
         self.settings = settings
         self.entry = entry
         self._index: EpochIndex | None = None
+        self._writers: TableWriters | None = None
+
+    def _connect(self) -> None:
+        """Made lazily: Spark pickles the reader, and a Redis client cannot be."""
+        client = redis_client.connect(self.settings)
+        self._index = EpochIndex(client, self.settings.topic_prefix)
+        self._writers = TableWriters(client, self.settings.topic_prefix)
 
     @property
     def index(self) -> EpochIndex:
-        if self._index is None:  # made lazily: Spark pickles the reader, and a Redis client cannot be
-            self._index = EpochIndex(redis_client.connect(self.settings), self.settings.topic_prefix)
+        if self._index is None:
+            self._connect()
+        assert self._index is not None
         return self._index
 
+    @property
+    def writers(self) -> TableWriters:
+        if self._writers is None:
+            self._connect()
+        assert self._writers is not None
+        return self._writers
+
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_index": None}
+        return {**self.__dict__, "_index": None, "_writers": None}
 
     def committed_epochs(self, after: int, upto: int) -> list[int]:
         """Committed epochs in ``(after, upto]``, from partition 0's index (every partition has them all)."""
@@ -257,20 +287,22 @@ class _Planner:
 def trigger_ends(settings: Settings, entries: Sequence[CatalogEntry], after: int, max_epochs: int | None,
                  max_records: int | None) -> list[int]:
     """The last epoch of each micro-batch a stream of ``entries[0]`` started after ``after`` would read
-    now, up to its latest committed epoch (never past the latest of ``entries[1:]``, as ``alignWith``)."""
+    now, up to its latest committed epoch; with ``entries[1:]`` (as ``alignWith``), over the union of all
+    their epochs up to the bound of :func:`~mvlog.connectors.redis.table_writers.plan_through`."""
     planners = [_Planner(settings, entry) for entry in entries]
     return _micro_batch_ends(planners[0], planners[1:], after, max_epochs, max_records)
 
 
 def _micro_batch_ends(planner: _Planner, aligned: Sequence[_Planner], after: int, max_epochs: int | None,
                       max_records: int | None, first_only: bool = False) -> list[int]:
-    latest = min([planner.latest_epoch()] + [p.latest_epoch() for p in aligned])
+    planners = [planner, *aligned]
+    latest = plan_through(planner.index, planner.writers, [p.entry for p in planners])
     if latest <= after:
         return []
     if max_records is not None:
-        epochs = planner.epoch_records(after, latest)
+        epochs = union_epochs([p.epoch_records(after, latest) for p in planners], after, latest)
     else:
-        epochs = [(epoch, 0) for epoch in planner.committed_epochs(after, latest)]
+        epochs = union_epochs([[(e, 0) for e in p.committed_epochs(after, latest)] for p in planners], after, latest)
     ends: list[int] = []
     while (end := last_admitted(epochs, max_epochs, max_records)) is not None:
         ends.append(end)
@@ -394,11 +426,16 @@ class _StreamReader(DataSourceStreamReader):
         return {"epoch": ends[0] if ends else after}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        return self._planner.plan(start["epoch"], end["epoch"])
+        parts: list[InputPartition] = list(self._planner.plan(start["epoch"], end["epoch"]))
+        if self._aligned and end["epoch"] > start["epoch"]:  # the epoch to read the other upstreams up to
+            parts.append(AlignedEnd(self._planner.entry.schema.to_json(), end["epoch"]))
+        return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, PartitionRange):  # Spark plans one empty partition for an empty range
             yield from read_partition_range(partition)
+        elif isinstance(partition, AlignedEnd):
+            yield from end_marker(RowSchema.from_json(partition.schema_json), partition.epoch).to_batches()
 
     def commit(self, end: dict[str, int]) -> None:
         """Progress lives in the view's MCE (Redis), not here: nothing to do."""

@@ -18,7 +18,7 @@ from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change
 from mvlog.config import Settings
 from mvlog.connectors.redis.epoch_index import EpochIndex
-from mvlog.connectors.spark.change_rows import epoch_slices
+from mvlog.connectors.spark.change_rows import arrow_schema, epoch_slices
 from mvlog.views import ChangeBatch
 
 EpochBatches = dict[int, dict[str, ChangeBatch]]  # epoch -> upstream view -> its changes
@@ -63,8 +63,9 @@ class UpstreamReader:
                 "redisUrl": self.settings.redis_url, "topicPrefix": self.settings.topic_prefix}
 
     def stream(self, sources: Sequence[str], after: int) -> DataFrame:
-        """The streaming read of ``sources`` from the epoch after ``after`` (the first one's micro-batches;
-        the others are aligned with it)."""
+        """The streaming read of ``sources`` from the epoch after ``after``: the first one's rows; for a join,
+        in micro-batches over the union of all of their epochs, each ending with the data source's end
+        marker (``alignWith``), up to which the consumer reads the others."""
         reader = self.spark.readStream.format("mvlog").options(**self._options(sources[0]))
         reader = reader.option("startingEpoch", str(after))
         reader = reader.option("maxEpochsPerTrigger", str(self.max_epochs_per_trigger))
@@ -82,11 +83,26 @@ class UpstreamReader:
         """One upstream's epochs in ``(after, upto]``, collected to the driver (a batch job)."""
         return self.frame(view, after, upto).toArrow()
 
-    def epochs(self, sources: Sequence[str], after: int, upto: int, into: EpochBatches | None = None) -> EpochBatches:
-        """The epochs in ``(after, upto]`` of each of ``sources``, added to ``into``."""
+    def read_settled(self, view: str, after: int, upto: int) -> pa.Table:
+        """:meth:`read_range` of a join's upstream up to ``upto`` or its latest epoch, whichever is lower.
+
+        A join plans up to a bound that every upstream has settled (``plan_through``): a running upstream's
+        latest epoch is at or above it, and a stopped table behind it was sealed through it, so it commits
+        nothing in (its latest, ``upto``]: its epochs up to its latest are all it has there."""
+        latest = self.index.latest(view, 0)
+        upto = min(upto, latest.epoch if latest is not None else 0)
+        if upto <= after:
+            return pa.Table.from_batches([], schema=arrow_schema(self.upstreams[view].schema))
+        return self.read_range(view, after, upto)
+
+    def epochs(self, sources: Sequence[str], after: int, upto: int, into: EpochBatches | None = None, *,
+               settled: bool = False) -> EpochBatches:
+        """The epochs in ``(after, upto]`` of each of ``sources``, added to ``into``; ``settled``: ``upto`` is
+        a join's bound, each source read up to its latest epoch below it (:meth:`read_settled`)."""
         into = {} if into is None else into
+        read = self.read_settled if settled else self.read_range
         for source in sources:
-            batches_from_arrow(self.read_range(source, after, upto), self.upstreams[source], into)
+            batches_from_arrow(read(source, after, upto), self.upstreams[source], into)
         return into
 
     def changes(self, source: str, after: int, upto: int) -> list[Change]:

@@ -31,7 +31,9 @@ from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import IndexEntry
 from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.snapshot_store import SnapshotStore
+from mvlog.connectors.redis.table_writers import TableWriters, plan_through
 from mvlog.connectors.redis.view_store import Lifecycle, ViewStore, commit_from_encoded
+from mvlog.connectors.spark.change_rows import end_marker
 from mvlog.connectors.spark.spark_source import trigger_ends
 from mvlog.services.backfill.chunked import ChunkedBackfill
 from mvlog.services.backfill.snapshot import SnapshotBackfill
@@ -164,8 +166,8 @@ class ViewConsumer:
             self._upkeep()
             epochs: EpochBatches = {}
             batches_from_arrow(table, self.upstreams[sources[0]], epochs)
-            if epochs:  # a join reads its other sides up to the same epoch
-                self.apply_epochs(self.reader.epochs(sources[1:], self._after, max(epochs), epochs))
+            if epochs:  # a join reads its other sides up to the micro-batch's last epoch (its end marker)
+                self.apply_epochs(self.reader.epochs(sources[1:], self._after, max(epochs), epochs, settled=True))
 
     def apply_epochs(self, epochs: EpochBatches) -> None:
         with self._lock:
@@ -225,10 +227,11 @@ class ViewConsumer:
 
         The streaming query does the same continuously; this is the one-shot form (tests, replay)."""
         self._upkeep()
-        end = min(m or 0 for m in self.store.mce_many(list(self.entry.sources)).values())
+        end = plan_through(self.store.index, TableWriters(self._redis, self.settings.topic_prefix),
+                           list(self.upstreams.values()))
         end = min(end, upto) if upto is not None else end
         if end > self._after and not self._in_tasks(lambda: self.reader.frame(self.entry.sources[0], self.mce, end)):
-            self.apply_epochs(self.reader.epochs(self.entry.sources, self._after, end))
+            self.apply_epochs(self.reader.epochs(self.entry.sources, self._after, end, settled=True))
         return self.mce
 
     def start(self, on_catch_up: Callable[[int, int], None] | None = None) -> StreamingQuery:
@@ -245,11 +248,20 @@ class ViewConsumer:
             if on_catch_up is not None:
                 on_catch_up(ranges[0][1], ends[-1])
             ranges.pop(0)
-        reads = [(end, partial(self.reader.read_range, sources[0], begin, end)) for begin, end in ranges]
+        # A join's micro-batch may end on an epoch of another upstream: _read_first says where, as the stream.
+        read = partial(self.reader.read_range, sources[0]) if len(sources) == 1 else self._read_first
+        reads = [(end, partial(read, begin, end)) for begin, end in ranges]
         self.runner.run_backlog(reads, None if on_catch_up is None else lambda end: on_catch_up(end, ends[-1]))
         name = f"mvlog_{self.settings.topic_prefix}_{self.entry.name}".replace(".", "_")
         return self.runner.start(self.reader.stream(sources, ends[-1] if ends else after), self.process_batch,
                                  self.trigger_interval, name)
+
+    def _read_first(self, after: int, upto: int) -> pa.Table:
+        """A join's first upstream in (after, upto] and the end marker at ``upto``: a backlog micro-batch as
+        the stream delivers it (``alignWith``)."""
+        first = self.entry.sources[0]
+        marker = end_marker(self.upstreams[first].schema, upto)
+        return pa.concat_tables([self.reader.read_settled(first, after, upto), marker], promote_options="permissive")
 
     def failure(self) -> BaseException | None:
         """The error of a micro-batch whose apply failed: the streaming query fails with it only when the

@@ -7,8 +7,8 @@ With ``NEXMARK_TEST_ALL=1`` every query mvlog's planner accepts today runs
 projection with arithmetic and the two joins (both FROM orders), each one streaming query; q0, q1 and q3 must
 always be planned. The events come in waves, the first before the ingesters and
 the views start (a backlog) and the rest while they run (live epochs), over two partitions per topic;
-the closing wave goes table by table so that every join can apply all it holds (see the comment there:
-a join over source tables leaves its second table's tail waiting while its first table is idle).
+the closing wave goes table by table, so each join's tables end at different epochs, and every view must
+then reach the end of all its tables once the ingesters stop (mvlog.join_bound: a stopped table is sealed).
 Besides the oracle (tests/oracle.py: each view's changelog summed up to each barrier equals DuckDB's
 evaluation of its SQL over the upstream tables' rows at that epoch; Redis equals the changelog), the
 tables themselves are compared with the generated events, so the views' inputs are the stream itself.
@@ -44,12 +44,6 @@ WAVES = (2000, 2500, 3000, 3500, 3950)  # written before the start, then three w
 MUST_RUN = {"q0", "q1", "q3"}
 DEFAULT = {"q1", "q3", "q20"}
 RUN_ALL = os.environ.get("NEXMARK_TEST_ALL") == "1"
-# Planned, but not checkable by this test's ending: a join follows its FROM-first table's epochs up to its
-# other table's MCE, so once the ingesters stop, the other table's epochs after the first table's last one
-# stay out of the view. q8's first table (person) must close last for q8 and first for q3; the closing
-# order below serves q3 and q20. While ingesters run, idle tables cut empty epochs and a join lags by at
-# most a barrier interval.
-NOT_HERE = {"q8": "a join whose FROM-first table (person) is not the first to stop"}
 
 
 def started(query: Any, timeout: float = 120.0) -> None:
@@ -71,7 +65,7 @@ def test_nexmark_queries_equal_duckdb_at_every_epoch(make_settings: Any, spark: 
     topics = NexmarkTopics.with_prefix(f"{settings.topic_prefix}.nexmark-", partitions=2)
     config = GeneratorConfig(seed=20, events=EVENTS)
     planned = plan_queries()
-    accepted = [p.query.id for p in planned if p.runnable and p.query.id not in NOT_HERE]
+    accepted = [p.query.id for p in planned if p.runnable]
     assert set(accepted) >= MUST_RUN, {p.query.id: p.refusal for p in planned if p.query.id in MUST_RUN}
     runnable = [q for q in accepted if RUN_ALL or q in DEFAULT]
     for p in planned:
@@ -91,10 +85,9 @@ def test_nexmark_queries_equal_duckdb_at_every_epoch(make_settings: Any, spark: 
             produce(settings.bootstrap_servers, topics, GeneratorConfig(seed=config.seed, events=upto), skip=done)
         wait_ingested(settings, topics, ("person", "auction", "bid"), timeout=120)
         # The closing 50 events table by table, each ingested before the next: bid's last epoch, then
-        # auction's, then person's. A join follows its first table's epochs up to its other table's last
-        # (mvlog_runner.reachable_epoch), so with q20 = bid x auction and q3 = auction x person every join
-        # then holds all of its first table and its other table up to there (the tail of the other
-        # table waits for an epoch of the first that an idle source table never cuts: mvlog's limit).
+        # auction's, then person's. So q3 = auction x person ends on its second table's epochs (after its
+        # first table's last one) and q20 = bid x auction on its second's too: both tails that a join
+        # following its first table's epochs never reached once the ingesters stopped.
         for table in ("bid", "auction", "person"):
             produce(settings.bootstrap_servers, topics, GeneratorConfig(seed=config.seed, events=EVENTS),
                     skip=WAVES[-1], only=(table,))
@@ -104,7 +97,10 @@ def test_nexmark_queries_equal_duckdb_at_every_epoch(make_settings: Any, spark: 
         for p in planned:
             if p.plan is not None and p.query.id in runnable:
                 consumer = next(c for c in consumers if c.entry.name == p.query.id)
-                consumer.wait_for_epoch(reachable_epoch(store, p.plan.sources), timeout=180)
+                # Every ingester stopped: each view reaches the last epoch of all its tables.
+                last = max(store.mce(s) or 0 for s in p.plan.sources)
+                assert reachable_epoch(settings, client, p.plan.sources) == last, p.query.id
+                consumer.wait_for_epoch(last, timeout=180)
     finally:
         sources.kill_all()
         for consumer in consumers:
