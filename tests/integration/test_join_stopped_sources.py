@@ -17,7 +17,6 @@ oracle (DuckDB over the tables' rows at every epoch of the view) at the end.
 from __future__ import annotations
 
 import random
-import time
 from typing import Any
 
 import pytest
@@ -30,6 +29,7 @@ from mvlog.row_schema import Key
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.source_ingest import SourceIngester, create_source_table
 from mvlog.services.view_ddl import create_view
+from tests.integration.streaming_query import started
 from tests.integration.test_source_tables import SourceTopic, table_rows
 from tests.oracle import check_oracle
 
@@ -37,15 +37,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(60
 
 VIEW_SQL = ("SELECT o.id, o.amount, c.id AS cid, c.name FROM orders AS o JOIN customers AS c "
             "ON o.customer = c.id")
-
-
-def started(query: Any, timeout: float = 120.0) -> None:
-    """Until the streaming query ran its first micro-batch."""
-    deadline = time.monotonic() + timeout
-    while query.lastProgress is None:
-        assert query.exception() is None, query.exception()
-        assert time.monotonic() < deadline, "the view's streaming query did not start"
-        time.sleep(0.1)
 
 
 def ingest(settings: Settings, client: redis.Redis, table: str) -> tuple[int, int]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from mvlog.config import Settings
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.view_ddl import create_view
+from tests.integration.streaming_query import started
 from tests.oracle import check_oracle
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(1200)]
@@ -44,15 +44,6 @@ WAVES = (2000, 2500, 3000, 3500, 3950)  # written before the start, then three w
 MUST_RUN = {"q0", "q1", "q3"}
 DEFAULT = {"q1", "q3", "q20"}
 RUN_ALL = os.environ.get("NEXMARK_TEST_ALL") == "1"
-
-
-def started(query: Any, timeout: float = 120.0) -> None:
-    """Until the streaming query ran its first micro-batch (its Python source worker is up)."""
-    deadline = time.monotonic() + timeout
-    while query.lastProgress is None:
-        assert query.exception() is None, query.exception()
-        assert time.monotonic() < deadline, "the view's streaming query did not start"
-        time.sleep(0.1)
 
 
 def frozen(row: dict[str, Any]) -> tuple[Any, ...]:
