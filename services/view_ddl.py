@@ -16,6 +16,7 @@ from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.consumer_lease import ConsumerLeases
 from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.snapshot_store import SnapshotStore
+from mvlog.connectors.redis.table_writers import TableWriters
 from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.epoch import EpochClock
 from mvlog.snapshot_plan import BackfillChoice, SnapshotError, choose_backfill
@@ -131,6 +132,7 @@ def drop_object(settings: Settings, name: str, kind: str, *, client: redis.Redis
     catalog.delete(name)
     ViewStore(client, settings.topic_prefix).drop(name, entry.partitions)
     ReplacementStore(client, settings.topic_prefix).forget(name)
+    TableWriters(client, settings.topic_prefix).forget(name)
     for snapshot in SnapshotStore.of(settings, client).drop(name):
         shutil.rmtree(snapshot.path, ignore_errors=True)
     delete_topic(settings, settings.changelog_topic(name))

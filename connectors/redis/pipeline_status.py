@@ -27,8 +27,16 @@ from mvlog.lag_status import Verdict
 from mvlog.view_status import BackfillProgress, Backpressure, CacheOccupancy, ViewStatus
 
 
-def _decoded(raw: object) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in cast(dict[bytes, bytes], raw).items()}
+def text_fields(raw: object) -> dict[str, str]:
+    """A hash's text fields. Binary ones (a chunked backfill's positions: encoded keys) are no status and
+    are left out: decoding them as text failed the status, the dashboard and /metrics."""
+    fields: dict[str, str] = {}
+    for key, value in cast(dict[bytes, bytes], raw).items():
+        try:
+            fields[key.decode()] = value.decode()
+        except UnicodeDecodeError:
+            continue
+    return fields
 
 
 def cache_key(prefix: str, upstream: str) -> str:
@@ -49,11 +57,11 @@ def read_statuses(client: redis.Redis, prefix: str, entries: list[CatalogEntry],
     for upstream in upstreams:
         pipe.hgetall(cache_key(prefix, upstream))
     replies = pipe.execute()
-    caches = {u: _decoded(r) for u, r in zip(upstreams, replies[4 * len(entries):], strict=True)}
+    caches = {u: text_fields(r) for u, r in zip(upstreams, replies[4 * len(entries):], strict=True)}
     statuses = []
     for i, entry in enumerate(entries):
         meta, rows, backfill, replacement = replies[4 * i: 4 * i + 4]
-        meta, backfill, replacement = _decoded(meta), _decoded(backfill), _decoded(replacement)
+        meta, backfill, replacement = text_fields(meta), text_fields(backfill), text_fields(replacement)
         sample, verdict = lag.get(entry.name, (None, None))
         occupancy = {u: c for u in entry.sources
                      if (c := CacheOccupancy.from_fields(caches.get(u, {}))) is not None}

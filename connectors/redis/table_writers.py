@@ -69,6 +69,10 @@ class TableWriters:
             pipe.hget(self._key(table), "state")
         return {t for t, state in zip(tables, pipe.execute(), strict=True) if state in (b"stopped", "stopped")}
 
+    def forget(self, table: str) -> None:
+        """Delete ``table``'s writer state (the table is dropped)."""
+        self.redis.delete(self._key(table))
+
     def sealed(self, table: str) -> int:
         """The epoch ``table`` is sealed through (0: never sealed)."""
         found = self.redis.hget(self._key(table), "sealed")

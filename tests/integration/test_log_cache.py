@@ -350,12 +350,14 @@ def test_isolation_stopped_slow_and_crash_looping_downstreams_do_not_slow_the_up
     with _worker(settings, "t1", partitions=settings.partitions):
         slow = _SlowConsumer(settings, "mv2", spark=spark, client=redis_client, max_epochs_per_trigger=5)
         try:
+            # Started first: its backlog is applied before start() returns, at 0.5 s an epoch, and the
+            # tables commit an epoch every interval from their creation on.
+            slow.start()
+            laps.lap("slow consumer started")
             with _writing(t0, seed=1), _writing(t1, seed=2), _CrashLoop(settings, "mv3") as crashing:
                 _until(lambda: crashing.kills >= 1, 120, "the crash-looping consumer's first crash")
+                _until(lambda: (store.mce("mv2") or 0) > 0, 60, "the slow consumer's first epoch")
                 laps.lap("first crash")
-                slow.start()
-                _until(lambda: (store.mce("mv2") or 0) > 0, 60, "the slow consumer to start")
-                laps.lap("slow consumer started")
                 start = {t: store.mce(t) for t in ("t0", "t1")}
                 time.sleep(4)  # the measurement window: epochs each table commits in these 4 s
                 epochs = {t: store.index.count_after(t, start[t]) for t in ("t0", "t1")}

@@ -87,3 +87,12 @@ def test_the_status_table_has_a_replacement_column() -> None:
     console.print(status_table(snapshot))
     text = console.export_text()
     assert "replacement" in text and "staged, hydrated to epoch 7" in text
+
+
+def test_a_backfills_binary_positions_are_left_out_of_its_status_fields() -> None:
+    """A chunked backfill's hash holds its positions as encoded keys, not text: the status reads the
+    text fields and leaves those out (decoding them failed the status, the dashboard and /metrics)."""
+    from mvlog.connectors.redis.pipeline_status import text_fields
+
+    raw = {b"done_rows": b"120", b"pos:t1:7": b"\xaf\x00\x01", b"state": b"running"}
+    assert text_fields(raw) == {"done_rows": "120", "state": "running"}
