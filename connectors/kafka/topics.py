@@ -87,12 +87,22 @@ def partition_count(settings: Settings, topic: str, timeout: float = 30.0) -> in
 
 
 def delete_topic(settings: Settings, topic: str, timeout: float = 30.0) -> None:
+    """Delete ``topic`` and return once the broker no longer lists it.
+
+    DeleteTopics answers when the controller has accepted the deletion; the brokers' metadata drops the
+    topic a moment later. Waiting for that makes a drop over when it returns: the same name created
+    again right after, or a listing, does not find the old topic."""
     admin = AdminClient(settings.kafka_client_config())
     try:
         admin.delete_topics([topic], operation_timeout=timeout)[topic].result(timeout)
     except KafkaException as exc:
         if "UNKNOWN_TOPIC" not in str(exc):
             raise TopicError(f"cannot delete topic {topic}: {exc}") from exc
+    deadline = time.monotonic() + timeout
+    while topic in admin.list_topics(timeout=10).topics:
+        if time.monotonic() > deadline:
+            raise TopicError(f"topic {topic} is still listed {timeout:.0f} s after its deletion")
+        time.sleep(0.1)
 
 
 def describe_config(settings: Settings, resource: ConfigResource, timeout: float = 10.0,
