@@ -36,6 +36,7 @@ the caller's shell are dropped at start so a developer's exported settings never
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import subprocess
@@ -52,9 +53,11 @@ import redis
 from mvlog.config import Settings
 from mvlog.infra.local_stack import LocalStack, find_redis_server, free_port, free_ports, kafka_answers, redis_answers
 from mvlog.infra.schema_registry import RegistryServer
+from mvlog.infra.spark_cds import driver_archive, java_options
 from tests.cdc_fixtures import debezium, postgres  # noqa: F401  (the CDC pipeline's fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+UNIT_TESTS = REPO_ROOT / "tests" / "unit"
 COMPOSE_FILE = REPO_ROOT / "infra" / "docker-compose.yml"
 STACK_FIXTURES = {"stack", "settings", "redis_client", "make_settings"}
 
@@ -72,6 +75,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name in [n for n in os.environ if n.startswith("MVLOG_") and n != "MVLOG_TEST_STACK"]:
         del os.environ[name]
+    # The Spark drivers' class archive, made once before any worker starts (xdist starts them after
+    # this hook); a run of the unit tests alone starts no driver and does not wait for it.
+    only_units = bool(config.args) and all(Path(a.split("::")[0]).resolve().is_relative_to(UNIT_TESTS)
+                                           for a in config.args)
+    if not hasattr(config, "workerinput") and not only_units:
+        driver_archive(JIT_OPTIONS)
 
 
 #: The name under which a test records a result line for the CI log (see :func:`report`).
@@ -119,11 +128,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
 
 
-#: Spark settings of the tests' sessions. A test's Spark driver lives for seconds to minutes and many
-#: tests start one in a process of their own (the SIGKILL tests one per kill): the JIT's first tier only
-#: halves a driver's start on two busy cores (49 s -> 22 s to the first query, load average 10), and
-#: the JVM does little of mvlog's work. Never a default of mvlog's own: long runs want the full JIT.
-TEST_SPARK_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+#: The JIT of the tests' Spark drivers. A test's driver lives for seconds to minutes and many tests
+#: start one in a process of their own (the SIGKILL tests one per kill): the JIT's first tier only halves
+#: a driver's start on two busy cores (49 s -> 22 s to the first query, load average 10), and the JVM
+#: does little of mvlog's work. Never a default of mvlog's own: long runs want the full JIT.
+JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+@functools.cache
+def test_spark_conf() -> dict[str, str]:
+    """Spark settings of the tests' sessions: the JIT above, and the class archive of
+    :mod:`mvlog.infra.spark_cds` when :func:`pytest_configure` made one (a third off each start)."""
+    archive = driver_archive(JIT_OPTIONS, create=False)
+    return {"spark.driver.extraJavaOptions": f"{JIT_OPTIONS} {java_options(archive)}".strip()}
 
 
 @dataclass(frozen=True)
@@ -137,7 +154,7 @@ class StackEndpoints:
 
     def settings(self, **overrides: Any) -> Settings:
         values: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers, "redis_url": self.redis_url,
-                                  "spark_conf": TEST_SPARK_CONF}
+                                  "spark_conf": test_spark_conf()}
         values.update(overrides)
         return Settings(**values)
 

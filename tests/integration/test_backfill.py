@@ -9,6 +9,7 @@ Once the backfill is done, every key is covered and this is I1 itself.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
 import signal
@@ -38,6 +39,7 @@ from mvlog.vnode import vnode_of
 
 from ..oracle import assert_same_rows, duckdb_view_rows, rows_at, rows_by_epoch
 from .busy_table import busy
+from .laps import Laps
 from .processes.view_runner import spawn as spawn_view_runner
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -94,12 +96,17 @@ def check_backfilled_view(settings: Settings, client: redis.Redis, view: str) ->
         "one view epoch per upstream epoch from the backfill's start"
     positions = check_journal(store, view)
     columns = upstream.key_columns
+    step_epochs = {vnode: [e for e, _ in steps] for (_, vnode), steps in positions.items()}
+    members: dict[Key, tuple[int, bytes]] = {}  # a key's vnode and key-order member: the same at every epoch
 
     def covered(key: Key, epoch: int) -> bool:
-        key_bytes = encode_key(columns, key)
-        vnode = vnode_of(key_bytes)
-        steps = [p for e, p in positions.get((source, vnode), []) if e <= epoch]
-        return bool(steps) and steps[-1].covers(order_member(vnode, key, key_bytes))
+        if key not in members:
+            key_bytes = encode_key(columns, key)
+            vnode = vnode_of(key_bytes)
+            members[key] = (vnode, order_member(vnode, key, key_bytes))
+        vnode, member = members[key]
+        last = bisect.bisect_right(step_epochs.get(vnode, []), epoch)  # steps at or before the epoch
+        return last > 0 and positions[(source, vnode)][last - 1][1].covers(member)
 
     history = rows_by_epoch(view_epochs)
     for epoch, rows in history.items():
@@ -181,7 +188,8 @@ def _read_until(child: subprocess.Popen[str], prefix: str, timeout: float, sink:
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # four Spark driver start-ups on a shared 2-core machine
 def test_backfill_killed_at_random_points_resumes_from_its_positions(
-        make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, report: Callable[[str], None]) -> None:
+    laps = Laps()
     settings = make_settings(barrier_interval_ms=400, backfill_batch_rows=40, backfill_max_batch_rows=80)
     table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
     rng = random.Random()
@@ -198,9 +206,11 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
             out: list[str] = []
             try:
                 _read_until(child, "ready", 120, out)
+                laps.lap("start to ready")
                 for _ in range(rng.randrange(1, 4)):
                     _read_until(child, "mce", 60, out)
                 time.sleep(rng.uniform(0, 0.3))
+                laps.lap("ready to kill")
             finally:
                 child.send_signal(signal.SIGKILL)
                 child.wait()
@@ -213,6 +223,7 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
     # The table stays open: its writer commits an (empty) epoch every interval, and the backfill moves
     # one chunk per upstream epoch.
     last = table.flush()
+    laps.lap("kills")
     child = spawn_view_runner(settings, ["mv1"])
     try:
         deadline = time.monotonic() + 240
@@ -228,6 +239,7 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
         child.send_signal(signal.SIGKILL)
         child.wait()
         table.close()
+    laps.lap("last run to live and caught up")
 
     # I5: sampled positions never move backwards across the kills.
     for before, after in itertools.pairwise(sampled):
@@ -254,6 +266,8 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
             redone += len(again)
     assert redone <= len(sampled) * 256
     assert check_backfilled_view(settings, redis_client, "mv1") > 0
+    laps.lap("checks")
+    report(f"{KILLS} kills, {redone} chunks redone; {laps}")
 
 
 def test_rate_limit_caps_the_backfill_and_changes_while_it_runs(

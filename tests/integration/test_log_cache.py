@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -289,13 +290,21 @@ def test_lagged_consumer_replays_from_kafka_then_rejoins_the_cache(
 
 
 class _SlowConsumer(ViewConsumer):
-    """A downstream that takes 0.5 s per epoch (an artificial delay), so it falls ever further behind.
+    """A downstream that takes 0.5 s per epoch once started (an artificial delay), so it falls ever
+    further behind; the backlog that :meth:`start` applies goes at full speed.
 
     The delay is in ``_commit``, which every path of the consumer (row by row or columnar) goes through.
     """
 
+    delay = 0.0
+
+    def start(self, on_catch_up: Callable[[int, int], None] | None = None) -> Any:
+        query = super().start(on_catch_up)
+        self.delay = 0.5
+        return query
+
     def _commit(self, work: Any, output: Any) -> None:
-        time.sleep(0.5)
+        time.sleep(self.delay)
         super()._commit(work, output)
 
 
@@ -309,6 +318,8 @@ class _CrashLoop:
         self.kills = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen[str] | None = None
         self.errors: list[str] = []
 
     def __enter__(self) -> _CrashLoop:
@@ -317,22 +328,31 @@ class _CrashLoop:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        with self._lock:  # a child still starting would print nothing for half a minute: end it now
+            if self._child is not None:
+                self._child.send_signal(signal.SIGKILL)
         self._thread.join()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             child = spawn_view_runner(self.settings, [self.view])
+            with self._lock:
+                self._child = child
+                if self._stop.is_set():
+                    child.send_signal(signal.SIGKILL)
             try:
                 assert child.stdout is not None
                 for line in child.stdout:  # "mce VIEW EPOCH" once an epoch is committed: the crash point
                     if line.startswith("mce ") or self._stop.is_set():
                         break
                 else:
-                    self.errors.append(f"the consumer exited by itself ({child.poll()})")
+                    if not self._stop.is_set():  # (killed by __exit__ otherwise)
+                        self.errors.append(f"the consumer exited by itself ({child.poll()})")
             finally:
                 child.send_signal(signal.SIGKILL)
                 child.wait()
-            self.kills += 1
+            if not self._stop.is_set():
+                self.kills += 1
 
 
 def test_isolation_stopped_slow_and_crash_looping_downstreams_do_not_slow_the_upstream(
@@ -347,14 +367,14 @@ def test_isolation_stopped_slow_and_crash_looping_downstreams_do_not_slow_the_up
     create_view(settings, "mv3", "SELECT count(v1) AS c FROM t1", client=redis_client)
     store = ViewStore(redis_client, settings.topic_prefix)
     laps = Laps()
-    with _worker(settings, "t1", partitions=settings.partitions):
+    # The crash loop's process starts while the slow consumer does (the tables commit an empty epoch
+    # every interval from their creation on: it crashes at its first commit, writes or not).
+    with _worker(settings, "t1", partitions=settings.partitions), _CrashLoop(settings, "mv3") as crashing:
         slow = _SlowConsumer(settings, "mv2", spark=spark, client=redis_client, max_epochs_per_trigger=5)
         try:
-            # Started first: its backlog is applied before start() returns, at 0.5 s an epoch, and the
-            # tables commit an epoch every interval from their creation on.
-            slow.start()
+            slow.start()  # its backlog is applied before start() returns
             laps.lap("slow consumer started")
-            with _writing(t0, seed=1), _writing(t1, seed=2), _CrashLoop(settings, "mv3") as crashing:
+            with _writing(t0, seed=1), _writing(t1, seed=2):
                 _until(lambda: crashing.kills >= 1, 120, "the crash-looping consumer's first crash")
                 _until(lambda: (store.mce("mv2") or 0) > 0, 60, "the slow consumer's first epoch")
                 laps.lap("first crash")
