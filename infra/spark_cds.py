@@ -10,8 +10,8 @@ The archive belongs to one JVM build and one class path: its file name carries b
 pyspark's version), so an upgrade makes a new one, and a JVM that still finds it stale runs without it
 (``-Xshare:auto``, the default). The archive is made by a short Spark workload in a child process
 (streaming through a Python data source into ``foreachBatch``, Arrow both ways, a shuffle), written to a
-temporary name and renamed when whole. Only the driver uses it: executors of a cluster start with
-another class path.
+temporary name and renamed when whole. A local cluster's executors start with the driver's class path
+and can map it too; a real cluster's may differ, and a JVM whose class path does not match ignores it.
 """
 
 from __future__ import annotations

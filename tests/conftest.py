@@ -138,9 +138,12 @@ JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
 @functools.cache
 def test_spark_conf() -> dict[str, str]:
     """Spark settings of the tests' sessions: the JIT above, and the class archive of
-    :mod:`mvlog.infra.spark_cds` when :func:`pytest_configure` made one (a third off each start)."""
+    :mod:`mvlog.infra.spark_cds` when :func:`pytest_configure` made one (a quarter to a third off each
+    start of a driver or a local cluster's executor)."""
     archive = driver_archive(JIT_OPTIONS, create=False)
-    return {"spark.driver.extraJavaOptions": f"{JIT_OPTIONS} {java_options(archive)}".strip()}
+    options = f"{JIT_OPTIONS} {java_options(archive)}".strip()
+    # A local cluster's executors start with the driver's class path: the archive serves them too.
+    return {"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options}
 
 
 @dataclass(frozen=True)
