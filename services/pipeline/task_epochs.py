@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 import pyarrow as pa
 import redis
 from pyspark.sql import DataFrame
-from pyspark.sql.types import IntegerType
+from pyspark.sql.types import IntegerType, StructField, StructType
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
@@ -106,7 +106,9 @@ class TaskEpochs:
         stateless view keyed like its upstream), or shuffled by the partition of each row's group."""
         if self.routing is None:
             return frame
-        schema = frame.schema.add(VIEW_PARTITION, IntegerType(), False).add(ROUTE_TOKEN, IntegerType(), False)
+        # A new StructType: ``StructType.add`` would change the frame's own (cached) schema in place.
+        schema = StructType([*frame.schema.fields, StructField(VIEW_PARTITION, IntegerType(), False),
+                             StructField(ROUTE_TOKEN, IntegerType(), False)])
         routed = frame.mapInArrow(RouteRows(self.routing).run, schema)
         return routed.repartition(self.entry.partitions, ROUTE_TOKEN)
 
