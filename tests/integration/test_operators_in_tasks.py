@@ -1,14 +1,17 @@
-"""Operators in Spark's tasks (issue 19, first slice; ``Settings.operators_in_tasks``), on the real stack
+"""Operators in Spark's tasks (issue 19, item 2; ``Settings.operators_in_tasks``), on the real stack
 with a multi-process Spark (``local-cluster[2,1,1024]``: two executors in their own JVMs and Python
-workers): filter/project views whose partitions are computed, written (a Kafka transaction per
-partition) and staged by tasks, their epochs committed in Redis by the driver.
+workers): filter/project views, and a GROUP BY shuffled by its groups' partitions, whose partitions are
+computed, written (a Kafka transaction per partition) and staged by tasks (the GROUP BY's with its
+operator state), their epochs committed in Redis by the driver.
 
 * I1: the views equal DuckDB's evaluation at every committed epoch, Redis equals their changelog, and
   an independent client reading the changelog (confluent-kafka and fastavro only) finds every epoch
   whole, one barrier per partition, though each partition committed in its own transaction.
-* I2 with a transaction per partition: the driver SIGKILLed by a task right after its partition
-  committed an epoch (other partitions had or had not): the next consumer's tasks find what committed,
-  write only the rest, and the view loses and doubles nothing.
+* I2 with a transaction per partition: the driver SIGKILLed by a GROUP BY's task right after its
+  partition committed an epoch (other partitions had or had not): the next consumer's tasks find what
+  committed, recompute it from the committed state, write only the rest, and the view loses and doubles
+  nothing. In the same run, a filter view's task kills only its own Python worker after its first
+  epoch: Spark retries it, and the retry finds that epoch committed.
 """
 
 from __future__ import annotations
@@ -117,35 +120,41 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
     settings = _settings(make_settings)
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
                          client=redis_client, auto_commit=False)
-    create_view(settings, "mvf", VIEWS[0][1], client=redis_client)
+    views = {name: sql for name, sql in VIEWS if name in ("mvf", "mvg")}
+    for name, sql in views.items():
+        create_view(settings, name, sql, client=redis_client)
     store = ViewStore(redis_client, settings.topic_prefix)
     rng = random.Random(4)
     try:
         mce = _epochs(table, rng, 2, 50)
-        assert run_views(settings, ["mvf"]).returncode == 0
-        assert store.mce("mvf") == mce
-        at_mce = store.index.entries_at("mvf", 3, mce)
+        assert run_views(settings, list(views)).returncode == 0
+        assert store.mce("mvg") == mce
+        at_mce = store.index.entries_at("mvg", 3, mce)
         assert at_mce is not None
         start = {p: e.offset + 1 for p, e in at_mce.items()}
         last = _epochs(table, rng, 4, 80)
-        killed = run_views(settings, ["mvf"], kill_partition=0)
+        # mvf's task of partition 0 dies after its first epoch and is retried; mvg's kills the driver.
+        killed = run_views(settings, list(views), kills=["mvf:0:worker", "mvg:0:driver"])
         assert killed.returncode == -9, (killed.returncode, killed.stdout, _why(killed))
+        # The retried task found its partition's first epoch committed by the attempt that died.
+        assert _done(killed.stdout)["mvf"] == (last, 4 * 3 - 1)
         # Kafka ahead of Redis: partition 0 committed an epoch above the MCE, another partition did not.
-        assert store.mce("mvf") == mce
-        before = {p: partition_barriers(settings, "mvf", p, start[p]) for p in range(3)}
+        assert store.mce("mvg") == mce
+        before = {p: partition_barriers(settings, "mvg", p, start[p]) for p in range(3)}
         assert before[0], "partition 0 committed nothing before the kill"
         assert min(len(b) for b in before.values()) < len(before[0]), before
-        resumed = run_views(settings, ["mvf"])
+        resumed = run_views(settings, ["mvg"])
         assert resumed.returncode == 0, _why(resumed)
-        resumed_mce, written = _done(resumed.stdout)["mvf"]
+        resumed_mce, written = _done(resumed.stdout)["mvg"]
         assert resumed_mce == last
     finally:
         table.close()
     # What committed before the kill stayed, at the same offsets; the rest was written once.
-    after = {p: partition_barriers(settings, "mvf", p, start[p]) for p in range(3)}
+    after = {p: partition_barriers(settings, "mvg", p, start[p]) for p in range(3)}
     for p in range(3):
         assert after[p][:len(before[p])] == before[p]
     assert written == sum(len(after[p]) - len(before[p]) for p in range(3))
     assert all(len(after[p]) == 4 for p in range(3))
-    check_oracle(settings, redis_client, ["t1", "mvf"])
-    _check_wire(settings, redis_client, "mvf", last)
+    check_oracle(settings, redis_client, ["t1", *views])
+    for view in views:
+        _check_wire(settings, redis_client, view, last)
