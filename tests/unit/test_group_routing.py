@@ -1,8 +1,9 @@
 """The pure parts of a GROUP BY view's operator in Spark's tasks (issue 19, item 2): which rows each view
 partition's task gets (the partition of the group a row falls in), that a partition's operator state
-keys are its own, that Spark's hash partitioning sends each routing token to its partition, and the
-state a task layers its epochs' writes on. No broker, no Spark: the shuffle itself runs in
-``tests/integration/test_operators_in_tasks.py`` on a local-cluster."""
+keys are its own, that Spark's hash partitioning sends each routing token to its partition, what the
+routing ``mapInArrow`` makes of the data source's rows, and the state a task layers its epochs' writes
+on. No broker, no Spark: the shuffle itself runs in ``tests/integration/test_operators_in_tasks.py`` on a
+local-cluster."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import random
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from mvlog.changes import Change, Op, apply_changes
 from mvlog.connectors.kafka.changelog_writer import encode_batch
+from mvlog.connectors.spark.change_rows import BARRIER, SignedRowBuilder
 from mvlog.connectors.spark.hash_partitioning import murmur3_hash_int, partition_tokens, spark_partition_of_int
 from mvlog.row_schema import Key, Row, RowSchema
+from mvlog.services.pipeline.partition_tasks import ROUTE_TOKEN, VIEW_PARTITION, RouteRows
 from mvlog.views import ChangeBatch, ViewOperator, plan_view
 from mvlog.views.routing import GroupRouting, grouped_by_key
 from mvlog.views.state import InMemoryState, LayeredState
@@ -168,3 +172,25 @@ def test_layered_state_reads_its_own_writes_and_deletes_over_the_base() -> None:
     layered.apply({b"b": None})
     assert layered.get_many([b"a", b"b", b"c", b"d"]) == {b"a": b"10", b"c": b"3"}
     assert base.data == {b"a": b"1", b"b": b"2"}  # the committed state is never written
+
+
+def test_route_rows_sends_changes_to_their_groups_and_every_barrier_to_every_partition() -> None:
+    """The ``mapInArrow`` before the shuffle, on the data source's signed rows: a change row gets its
+    group's partition and that partition's token; each barrier row is copied to every partition."""
+    plan = plan_view("v", "SELECT g, count(*) AS n FROM t1 GROUP BY g", {"t1": T1})
+    routing = GroupRouting(plan, 3)
+    builder = SignedRowBuilder(T1, 1)
+    row: Row = {"id": 1, "g": "a", "x": None, "v": 1, "ok": True}
+    builder.add_images(7, 10, b"k1", row, {**row, "g": "zz"})  # moves to another group
+    builder.add_images(7, 11, b"k2", None, {**row, "id": 2, "g": "b"})
+    builder.add_barrier(7, 12)
+    builder.add_barrier(8, 13)  # an epoch with no change in this upstream partition
+    out = pa.Table.from_batches(list(RouteRows(routing).run(iter([builder.flush()]))))
+    changes = out.filter(pc.not_equal(out.column("_change_type"), BARRIER))
+    assert changes.column(VIEW_PARTITION).to_pylist() == routing.partitions_of_groups([["a"], ["zz"], ["b"]])
+    tokens = partition_tokens(3)
+    assert out.column(ROUTE_TOKEN).to_pylist() == [tokens[p] for p in out.column(VIEW_PARTITION).to_pylist()]
+    barriers = out.filter(pc.equal(out.column("_change_type"), BARRIER))
+    assert sorted(zip(barriers.column("_epoch").to_pylist(), barriers.column(VIEW_PARTITION).to_pylist(),
+                      strict=True)) == [(e, p) for e in (7, 8) for p in range(3)]
+    assert set(barriers.column("_partition").to_pylist()) == {1}  # the upstream partition stays
