@@ -267,6 +267,8 @@ def run_catch_up(settings: Settings, spark: SparkSession, name: str, last_epoch:
     (the batch reads of the catch-up, then foreachBatch), seconds applying them (the consumer's worker
     thread, meanwhile)."""
     consumer = ViewConsumer(settings, name, spark=spark)
+    if settings.operators_in_tasks and consumer.tasks is None:
+        raise SystemExit(f"{name}: MVLOG_OPERATORS_IN_TASKS is on, but the view does not run in tasks")
     seconds_in = {"collect": 0.0, "apply": 0.0}
     idle = {what: threading.Event() for what in seconds_in}
     for event in idle.values():
@@ -410,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="catch-up measurements per side and view, best one reported (default 2)")
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     parser.add_argument("--tasks", action=argparse.BooleanOptionalAction, default=False,
-                        help="also catch up the filter view with its operator in Spark's tasks "
+                        help="also catch up each view with its operator in Spark's tasks "
                              "(MVLOG_OPERATORS_IN_TASKS, docs/scaling.md), same run")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--profile", type=Path, default=None,
@@ -427,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     profiles = {view: (cProfile.Profile(), cProfile.Profile()) for view in VIEWS} if args.profile else {}
     catch_up: dict[str, list[tuple[float, int, float, float]]] = {view: [] for view in VIEWS}
     baseline: dict[str, list[float]] = {view: [] for view in VIEWS}
-    in_tasks: list[tuple[float, int, float, float]] = []  # the filter view in tasks (--tasks)
+    in_tasks: dict[str, list[tuple[float, int, float, float]]] = {view: [] for view in VIEWS}  # --tasks
     checks: dict[str, str] = {}
     with temporary_stack("mvlog-bench-") as (stack, _):
         spark: SparkSession | None = None
@@ -439,8 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for rep in range(args.repeat):
                 for view, sql in VIEWS.items():
                     create_view(settings, view_name(view, rep), sql, client=client)
-                if args.tasks:
-                    create_view(settings, view_name("filter_tasks", rep), VIEWS["filter"], client=client)
+                    if args.tasks:
+                        create_view(settings, view_name(f"{view}_tasks", rep), sql, client=client)
 
             start = time.perf_counter()
             epochs = [write_epoch(table, *workload.epoch(size)) for size in epoch_sizes]
@@ -474,11 +476,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     catch_up[view].append(run_catch_up(settings, spark, name, epochs[-1],
                                                        profiles.get(view) if rep == 0 else None))
                     checks[view] = check_view(store, view, name, workload)
-                if args.tasks:
-                    name = view_name("filter_tasks", rep)
-                    in_tasks.append(run_catch_up(settings.model_copy(update={"operators_in_tasks": True}), spark,
-                                                 name, epochs[-1], None))
-                    checks["filter_tasks"] = check_view(store, "filter", name, workload)
+                    if args.tasks:
+                        name = view_name(f"{view}_tasks", rep)
+                        in_tasks[view].append(run_catch_up(settings.model_copy(update={"operators_in_tasks": True}),
+                                                           spark, name, epochs[-1], None))
+                        checks[f"{view}_tasks"] = check_view(store, view, name, workload)
 
             live = run_live(settings, spark, table, workload, args.live_epochs, args.live_batch,
                             args.live_interval_ms / 1000, args.cache_worker)
@@ -516,13 +518,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"in {seconds:.2f} s; {collecting:.2f} s reading micro-batches, {applying:.2f} s "
               f"applying them in the consumer's worker thread; runs {runs} s)")
         print(f"  {view:<6} view check: {checks[view]}")
-    if in_tasks:
-        seconds = min(t for t, _, _, _ in in_tasks)
-        runs = ", ".join(f"{t:.2f}" for t, _, _, _ in in_tasks)
-        print(f"  filter in tasks (MVLOG_OPERATORS_IN_TASKS) {fmt_rate(n / seconds):>9} changes/s ({n:,} changes in "
-              f"{seconds:.2f} s; runs {runs} s); view check: {checks['filter_tasks']}")
-        print(f"  filter in tasks: {best_baseline['filter'] / seconds:.2f}x the baseline, "
-              f"{best_catch_up['filter'][0] / seconds:.2f}x the driver path")
+    for view, runs_in_tasks in in_tasks.items():
+        if not runs_in_tasks:
+            continue
+        seconds = min(t for t, _, _, _ in runs_in_tasks)
+        runs = ", ".join(f"{t:.2f}" for t, _, _, _ in runs_in_tasks)
+        print(f"  {view:<6} in tasks (MVLOG_OPERATORS_IN_TASKS) {fmt_rate(n / seconds):>9} changes/s ({n:,} changes "
+              f"in {seconds:.2f} s; runs {runs} s); view check: {checks[f'{view}_tasks']}")
+        print(f"  {view:<6} in tasks: {best_baseline[view] / seconds:.2f}x the baseline, "
+              f"{best_catch_up[view][0] / seconds:.2f}x the driver path")
     print(f"  live: {live.epochs} epochs of {args.live_batch} changes every {args.live_interval_ms} ms, "
           "both consumers running (trigger 200 ms); table flush() return -> view MCE in Redis:")
     for view in VIEWS:

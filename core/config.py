@@ -96,10 +96,11 @@ class Settings(BaseSettings):
     # least, whatever its size), so catching up after a long stop does not hold the whole lag at once.
     max_epochs_per_trigger: int = Field(default=50, ge=1)
     max_records_per_trigger: int = Field(default=100_000, ge=1)
-    # Issue 19's first slice, opt-in: a filter/project view whose key is its upstream's (same partition
-    # count) runs its operator in Spark's tasks, one per changelog partition, each committing its partition
-    # of an epoch in a Kafka transaction of its own (mvlog.services.pipeline.partition_tasks). Off: the
-    # driver applies every epoch, as before. Other views ignore it.
+    # Issue 19, opt-in: a filter/project view whose key is its upstream's (same partition count), or a
+    # GROUP BY over one upstream (its input shuffled by its groups' partitions, mvlog.views.routing), runs
+    # its operator in Spark's tasks, one per changelog partition, each committing its partition of an epoch
+    # in a Kafka transaction of its own (mvlog.services.pipeline.partition_tasks). Off: the driver applies
+    # every epoch, as before. Other views (joins, renamed keys, ...) ignore it.
     operators_in_tasks: bool = False
     cache_heartbeat_ms: int = Field(default=1000, ge=50)
     cache_wait_ms: int = Field(default=2000, ge=0)

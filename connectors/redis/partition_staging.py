@@ -1,10 +1,11 @@
 """A view epoch's rows staged per partition by Spark tasks, and swapped in by the driver in one script.
 
 When a view's operator runs in Spark's tasks (one per changelog partition), each task writes its
-partition's changes to Kafka itself and stages the rows they leave in Redis under keys of that epoch
-and partition (:meth:`PartitionStaging.stage`). The driver then commits the epoch: one script checks
+partition's changes to Kafka itself and stages the rows they leave, and the operator state its groups
+leave (a GROUP BY view's; none for a filter), in Redis under keys of that epoch and partition
+(:meth:`PartitionStaging.stage`). The driver then commits the epoch: one script checks
 the MCE it follows and that every partition's staging is whole (the counts the tasks reported), applies
-all of them to the view's rows and key order, and writes the epoch index and the MCE
+all of them to the view's rows, operator state and key order, and writes the epoch index and the MCE
 (:meth:`PartitionStaging.commit`): the view's rows and MCE still change together, once per epoch.
 
 Staging is redone by every attempt of a task (a retried task, or one of a restarted consumer, stages
@@ -45,6 +46,12 @@ class StagedCounts:
     deletes: int
     order_puts: int
     order_deletes: int
+    state_puts: int = 0
+    state_deletes: int = 0
+
+    def as_list(self) -> list[int]:
+        """In the order of :meth:`PartitionStaging.staged_keys` (and the commit script's counts)."""
+        return [self.puts, self.deletes, self.order_puts, self.order_deletes, self.state_puts, self.state_deletes]
 
 
 class PartitionStaging(ViewMeta):
@@ -56,26 +63,30 @@ class PartitionStaging(ViewMeta):
 
     def staged_keys(self, view: str, epoch: int, partition: int) -> list[str]:
         base = f"pstage:{epoch_hex(epoch)}:{partition}"
-        return [self._key(view, f"{base}:{what}") for what in ("rows", "dels", "oput", "odel")]
+        return [self._key(view, f"{base}:{what}") for what in ("rows", "dels", "oput", "odel", "sput", "sdel")]
 
     def stage(self, view: str, partition: int, commit: EpochCommit) -> StagedCounts:
-        """Executor side: stage one partition's rows and key-order members of ``commit.epoch`` (replacing
-        an earlier attempt's); the rest of ``commit`` is the driver's."""
+        """Executor side: stage one partition's rows, key-order members and operator state of
+        ``commit.epoch`` (replacing an earlier attempt's); the rest of ``commit`` is the driver's."""
         keys = self.staged_keys(view, commit.epoch, partition)
         puts, deletes = commit.row_puts, commit.row_deletes
         order_puts, order_deletes = commit.order_puts, commit.order_deletes
+        state_puts, state_deletes = commit.state_puts or {}, commit.state_deletes
         pipe = self.redis.pipeline(transaction=False)
         pipe.delete(*keys)
-        items = list(puts.items())
-        for start in range(0, len(items), CHUNK):
-            pipe.hset(keys[0], mapping=dict(items[start:start + CHUNK]))
-        for key, members in zip(keys[1:], (deletes, order_puts, order_deletes), strict=True):
+        for key, mapping in ((keys[0], puts), (keys[4], state_puts)):
+            items = list(mapping.items())
+            for start in range(0, len(items), CHUNK):
+                pipe.hset(key, mapping=dict(items[start:start + CHUNK]))
+        for key, members in zip((keys[1], keys[2], keys[3], keys[5]),
+                                (deletes, order_puts, order_deletes, state_deletes), strict=True):
             for start in range(0, len(members), CHUNK):
                 pipe.sadd(key, *members[start:start + CHUNK])
         for key in keys:
             pipe.expire(key, STAGE_TTL_S)
         pipe.execute()
-        return StagedCounts(len(puts), len(deletes), len(order_puts), len(order_deletes))
+        return StagedCounts(len(puts), len(deletes), len(order_puts), len(order_deletes), len(state_puts),
+                            len(state_deletes))
 
     def commit(self, view: str, epoch: int, follows: int, staged: Mapping[int, StagedCounts],
                index: Mapping[int, IndexEntry]) -> bool:
@@ -86,13 +97,12 @@ class PartitionStaging(ViewMeta):
         partitions = sorted(index)
         if sorted(staged) != partitions:
             raise ValueError(f"{view}: epoch {epoch} staged partitions {sorted(staged)}, indexed {partitions}")
-        keys = [self._key(view, w) for w in ("meta", "rows", "keyorder")]
+        keys = [self._key(view, w) for w in ("meta", "rows", "keyorder", "opstate")]
         args: list[bytes | str | int] = [epoch_hex(epoch), epoch, int(time.time() * 1000),
                                          epoch_hex(follows) if follows > 0 else "none", len(partitions)]
         for p in partitions:
             keys += self.staged_keys(view, epoch, p)
-            counts = staged[p]
-            args += [counts.puts, counts.deletes, counts.order_puts, counts.order_deletes]
+            args += staged[p].as_list()
         keys += [self.index.key(view, p) for p in partitions]
         args += [index_member(epoch, index[p].offset, index[p].records) for p in partitions]
         result = int(run_script(self.redis, self._commit, keys, args))

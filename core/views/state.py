@@ -61,3 +61,25 @@ class PrefixedState:
         found = self.reader.get_many([self.prefix + key for key in keys])
         size = len(self.prefix)
         return {key[size:]: value for key, value in found.items()}
+
+
+class LayeredState:
+    """Writes of epochs not yet persisted, over the persisted state: what the operator of one partition
+    reads when a Spark task computes several epochs in a row (state read from the committed store, each
+    epoch's writes applied here before the next epoch; the store itself changes only when the driver
+    commits). Reading never falls through to a key this layer deleted."""
+
+    def __init__(self, base: StateReader) -> None:
+        self.base = base
+        self.writes: dict[bytes, bytes | None] = {}
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        found = {key: value for key in keys if (value := self.writes.get(key)) is not None}
+        rest = [key for key in keys if key not in self.writes]
+        if rest:
+            found.update(self.base.get_many(rest))
+        return found
+
+    def apply(self, writes: Mapping[bytes, bytes | None]) -> None:
+        """One epoch's writes (``None`` deletes the key), on top of the earlier ones."""
+        self.writes.update(writes)

@@ -1,9 +1,12 @@
 """Executor side of a view whose operator runs in Spark's tasks: one changelog partition's epochs,
 computed, written to Kafka in the partition's own transactions, and staged in Redis.
 
-A task gets one upstream partition's signed rows of a micro-batch (``mapInArrow`` over the data
-source's read; upstream partition ``p`` holds exactly view partition ``p``'s keys, see
-:mod:`mvlog.views.partitioning`). For its partition it:
+A task gets the signed rows of one view partition of a micro-batch: for a filter/project keyed like its
+upstream, upstream partition ``p`` itself (``mapInArrow`` over the data source's read; see
+:mod:`mvlog.views.partitioning`); for a GROUP BY, the rows Spark shuffled to it by the partition of the
+group each row falls in (:class:`RouteRows` before the shuffle, :mod:`mvlog.views.routing`), every
+upstream barrier row copied to every partition so each task sees every epoch of the micro-batch. For
+its partition it:
 
 1. makes the partition's transactional producer (``<prefix>.<view>.p<partition>``): its
    ``init_transactions`` fences any earlier attempt of this partition (a retried or speculative task, a
@@ -11,10 +14,15 @@ source's read; upstream partition ``p`` holds exactly view partition ``p``'s key
 2. reads the barriers the partition committed after the view's MCE, and writes only the epochs not
    among them, each in a transaction of its own (:func:`mvlog.partition_epochs.resume_partition`): a
    partition's committed epoch is never written twice;
-3. stages every epoch's rows in Redis (:class:`~mvlog.connectors.redis.partition_staging.PartitionStaging`),
-   whether written now or found committed (the operator is stateless, so recomputing an epoch gives
-   the changes its committed attempt holds; the counts are checked against its barrier);
-4. returns one small row per epoch: partition, epoch, barrier offset, records, staged counts, and
+3. computes the epochs in order with the pure operator; a GROUP BY reads the state of its groups from
+   the view's committed operator state in Redis (what the MCE left: never an earlier attempt's
+   staging), each epoch's writes layered over it for the next (:class:`~mvlog.views.state.LayeredState`);
+   so an epoch recomputed by a retried attempt gives the changes its committed attempt holds (the
+   counts are checked against its barrier);
+4. stages every epoch's rows and state writes in Redis
+   (:class:`~mvlog.connectors.redis.partition_staging.PartitionStaging`), whether written now or found
+   committed;
+5. returns one small row per epoch: partition, epoch, barrier offset, records, staged counts, and
    whether this attempt wrote it. The driver commits each epoch in Redis from them.
 """
 
@@ -22,10 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import TaskContext
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
@@ -34,22 +44,55 @@ from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.epoch_commit import commit_from_encoded
 from mvlog.connectors.redis.partition_staging import PartitionStaging
+from mvlog.connectors.redis.view_rows import ViewRows
+from mvlog.connectors.spark.change_rows import BARRIER
+from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.partition_epochs import PartitionBarrier, prev_epochs, require_next, resume_partition
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
 from mvlog.views import ViewOperator, ViewPlan
-from mvlog.views.state import InMemoryState
+from mvlog.views.routing import GroupRouting
+from mvlog.views.state import InMemoryState, LayeredState, StateReader, StoredState
+
+#: Columns :class:`RouteRows` adds: the view partition of the row, and the int Spark's hash partitioning
+#: sends to that partition's index (``repartition(n, ROUTE_TOKEN)``).
+VIEW_PARTITION, ROUTE_TOKEN = "_view_partition", "_route"
 
 #: One row per (partition, epoch) a task handled: what the driver needs to commit the epoch.
 RESULT_SCHEMA = pa.schema([
     ("partition", pa.int32()), ("epoch", pa.int64()), ("offset", pa.int64()), ("records", pa.int64()),
     ("puts", pa.int64()), ("deletes", pa.int64()), ("order_puts", pa.int64()), ("order_deletes", pa.int64()),
-    ("written", pa.bool_()),
+    ("state_puts", pa.int64()), ("state_deletes", pa.int64()), ("written", pa.bool_()),
 ])
 
 
 def partition_transactional_id(settings: Settings, view: str, partition: int) -> str:
     """The transactional id of the writer of one partition of ``view`` (fences that partition's attempts)."""
     return f"{settings.topic_prefix}.{view}.p{partition}"
+
+
+@dataclass(frozen=True)
+class RouteRows:
+    """``mapInArrow``'s function before a GROUP BY view's shuffle: each change row gets the view partition
+    of its group and that partition's routing token; each barrier row is copied once per view partition
+    (an epoch with no change for a partition still needs that partition's barrier)."""
+
+    routing: GroupRouting
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        partitions = self.routing.partitions
+        tokens = pa.array(partition_tokens(partitions), pa.int32())
+        for batch in batches:
+            table = pa.Table.from_batches([batch])
+            barrier = pc.equal(table.column("_change_type"), BARRIER)
+            changes = table.filter(pc.invert(barrier))
+            parts = self.routing.partitions_of(changes)
+            out = [changes.append_column(VIEW_PARTITION, parts).append_column(ROUTE_TOKEN, tokens.take(parts))]
+            barriers = table.filter(barrier)
+            for p in range(partitions) if barriers.num_rows else ():
+                column = pa.array([p] * barriers.num_rows, pa.int32())
+                out.append(barriers.append_column(VIEW_PARTITION, column)
+                           .append_column(ROUTE_TOKEN, tokens.take(column)))
+            yield from pa.concat_tables(out).to_batches()
 
 
 @dataclass(frozen=True)
@@ -66,17 +109,38 @@ class PartitionJob:
     #: Called in the task with (partition, epoch) after this attempt wrote and staged that epoch: the
     #: fault-injection tests kill the driver there (a partition committed, the others not yet).
     on_written: Callable[[int, int], None] | None = None
+    #: A GROUP BY's routing: the rows were shuffled by their group's partition (column
+    #: :data:`VIEW_PARTITION`), and the operator reads and stages state. None: a stateless view whose
+    #: partition is the upstream's (column ``_partition``).
+    routing: GroupRouting | None = None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``mapInArrow``'s function: the task's rows in, one result row per partition and epoch out."""
         table = _table(batches)
         if table is None:
             return
-        for partition in pc.unique(table.column("_partition")).to_pylist():
-            rows = table.filter(pc.equal(table.column("_partition"), partition))
+        column = "_partition" if self.routing is None else VIEW_PARTITION
+        for partition in pc.unique(table.column(column)).to_pylist():
+            if self.routing is not None:
+                _check_routed(partition)
+            rows = table.filter(pc.equal(table.column(column), partition))
+            if self.routing is not None:  # a shuffle keeps no order: the data source's, per epoch
+                rows = rows.drop_columns([VIEW_PARTITION, ROUTE_TOKEN]).sort_by(
+                    [("_epoch", "ascending"), ("_partition", "ascending"), ("_offset", "ascending"),
+                     ("_weight", "ascending")])
             results = PartitionEpochs(self, partition).run(rows)
             if results:
                 yield pa.RecordBatch.from_pylist(results, schema=RESULT_SCHEMA)
+
+
+def _check_routed(partition: int) -> None:
+    """A shuffled task must hold one view partition, the one of its own index (:data:`ROUTE_TOKEN`):
+    otherwise Spark's hash partitioning is not what ``hash_partitioning`` computes, and the partitions
+    would silently share tasks."""
+    context = TaskContext.get()
+    if context is not None and context.partitionId() != partition:
+        raise RuntimeError(f"Spark task {context.partitionId()} got the rows of view partition {partition}: "
+                           "routing tokens out of step with Spark's hash partitioning")
 
 
 def _table(batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
@@ -107,9 +171,12 @@ class PartitionEpochs:
             found = partition_barriers(self.settings, view.name, partition, job.start_offsets.get(partition, 0))
             committed = resume_partition(partition, job.after, todo, found)
             operator, prev = ViewOperator(job.plan), prev_epochs(job.after, todo)
+            state = self._state(staging)
             results: list[dict[str, Any]] = []
             for epoch in todo:
-                output = operator.apply_epoch(epochs[epoch], InMemoryState())  # stateless: reads nothing
+                output = operator.apply_epoch(epochs[epoch], state)
+                state.apply(output.state_writes)
+                self._check_state_keys(output.state_writes)
                 encoded = encode_batch(view.key_columns, output.changes)
                 barrier = committed.get(epoch)
                 if barrier is None:
@@ -118,15 +185,43 @@ class PartitionEpochs:
                 elif barrier.records != len(encoded.keys):
                     raise RuntimeError(f"{view.name} partition {partition}: epoch {epoch} committed {barrier.records} "
                                        f"change(s); recomputed, it has {len(encoded.keys)}")
-                rows_left = commit_from_encoded(epoch, output.changes.keys, encoded, {})
+                state_puts = {k: v for k, v in output.state_writes.items() if v is not None}
+                state_deletes = [k for k, v in output.state_writes.items() if v is None]
+                rows_left = commit_from_encoded(epoch, output.changes.keys, encoded, {}, state_puts=state_puts,
+                                                state_deletes=state_deletes)
                 counts = staging.stage(view.name, partition, rows_left)
                 if job.on_written is not None and epoch not in committed:
                     job.on_written(partition, epoch)
                 results.append({"partition": partition, "epoch": epoch, "offset": barrier.offset,
                                 "records": barrier.records, "puts": counts.puts, "deletes": counts.deletes,
                                 "order_puts": counts.order_puts, "order_deletes": counts.order_deletes,
+                                "state_puts": counts.state_puts, "state_deletes": counts.state_deletes,
                                 "written": epoch not in committed})
             return results
         finally:
             writer.close()
             staging.redis.close()
+
+    def _state(self, staging: PartitionStaging) -> LayeredState:
+        """The operator state this partition's epochs start from: the view's committed state in Redis (a
+        GROUP BY's groups of this partition; a stateless view reads none), under this task's own writes."""
+        base: StateReader = InMemoryState()
+        if self.job.routing is not None:
+            base = StoredState(partial(ViewRows(staging.redis, self.settings.topic_prefix).get_state,
+                                       self.job.view.name))
+        return LayeredState(base)
+
+    def _check_state_keys(self, writes: dict[bytes, bytes | None]) -> None:
+        """Every state key an epoch writes must be one of this partition's groups: the partitions' state
+        is disjoint only while the routing and the operator agree on where a group lives."""
+        routing = self.job.routing
+        if routing is None:
+            if writes:
+                raise RuntimeError(f"{self.job.view.name}: a view without routing wrote operator state")
+            return
+        keys = list(writes)
+        owners = routing.partitions_of_state_keys(keys)
+        wrong = [key for key, owner in zip(keys, owners, strict=True) if owner != self.partition]
+        if wrong:
+            raise RuntimeError(f"{self.job.view.name} partition {self.partition}: state of other partitions' "
+                               f"groups written: {wrong[:3]!r}")

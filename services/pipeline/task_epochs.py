@@ -5,6 +5,10 @@ For a filter/project view keyed like its upstream (:mod:`mvlog.views.partitionin
 DataFrame (the data source's read: one Spark partition per upstream changelog partition, which is the
 view's partition of the same number) goes through ``mapInArrow``: each task computes, writes and stages
 its partition's epochs (:mod:`~mvlog.services.pipeline.partition_tasks`) and returns a row per epoch.
+For a GROUP BY keyed by its groups (:mod:`mvlog.views.routing`), the DataFrame is first shuffled by
+Spark so that Spark partition ``p`` holds the rows of the groups of view partition ``p``
+(``RouteRows``, then ``repartition`` on a routing token), and each task also reads its groups' state
+from Redis and stages the state it leaves.
 The driver then commits each epoch through the view's
 :class:`~mvlog.services.pipeline.committer.EpochCommitter`, in order: the Kafka side is already done
 (the partitions' transactions), and the Redis side is one script that swaps every partition's staged
@@ -25,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 import pyarrow as pa
 import redis
 from pyspark.sql import DataFrame
+from pyspark.sql.types import IntegerType, StructField, StructType
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
@@ -32,10 +37,11 @@ from mvlog.connectors.kafka.changelog_writer import CommittedEpoch
 from mvlog.connectors.redis.epoch_index import IndexEntry
 from mvlog.connectors.redis.partition_staging import PartitionStaging, StagedCounts
 from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
-from mvlog.services.pipeline.partition_tasks import RESULT_SCHEMA, PartitionJob
+from mvlog.services.pipeline.partition_tasks import RESULT_SCHEMA, ROUTE_TOKEN, VIEW_PARTITION, PartitionJob, RouteRows
 from mvlog.services.pipeline.stage import Stage
 from mvlog.views import ViewPlan
 from mvlog.views.partitioning import runs_in_tasks
+from mvlog.views.routing import GroupRouting, grouped_by_key
 
 _SQL_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.bool_(): "BOOLEAN"}
 _RESULT_DDL = ", ".join(f"`{f.name}` {_SQL_TYPES[f.type]}" for f in RESULT_SCHEMA)
@@ -45,9 +51,10 @@ class TaskEpochs:
     """Runs view ``entry``'s micro-batches in Spark's tasks and commits their epochs."""
 
     def __init__(self, settings: Settings, entry: CatalogEntry, upstream: CatalogEntry, plan: ViewPlan,
-                 committer: EpochCommitter, client: redis.Redis) -> None:
+                 committer: EpochCommitter, client: redis.Redis, routing: GroupRouting | None = None) -> None:
         self.settings, self.entry, self.upstream, self.plan = settings, entry, upstream, plan
         self.committer = committer
+        self.routing = routing  # a GROUP BY's: the input is shuffled by its groups' partitions
         self.staging = PartitionStaging(client, settings.topic_prefix)
         #: Handed to the tasks (:attr:`PartitionJob.on_written`): fault injection in tests.
         self.on_written: Callable[[int, int], None] | None = None
@@ -60,9 +67,11 @@ class TaskEpochs:
         if not settings.operators_in_tasks or len(entry.sources) != 1:
             return None
         upstream = upstreams[entry.sources[0]]
-        if not runs_in_tasks(plan, upstream.key_columns, upstream.partitions, entry.partitions):
-            return None
-        return cls(settings, entry, upstream, plan, committer, client)
+        if runs_in_tasks(plan, upstream.key_columns, upstream.partitions, entry.partitions):
+            return cls(settings, entry, upstream, plan, committer, client)
+        if grouped_by_key(plan):
+            return cls(settings, entry, upstream, plan, committer, client, GroupRouting(plan, entry.partitions))
+        return None
 
     @staticmethod
     def usable(stages: Sequence[Stage]) -> bool:
@@ -79,8 +88,8 @@ class TaskEpochs:
         start = {p: e.offset + 1 for p, e in (at_mce or {}).items()}  # the tasks read their partition from there
         following = self.staging.index.first_at_or_after(self.upstream.name, 0, after + 1)
         job = PartitionJob(self.settings.to_executor_json(), self.entry, self.upstream, self.plan, after, start,
-                           following.epoch if following is not None else None, self.on_written)
-        results = frame.mapInArrow(job.run, _RESULT_DDL).toArrow()
+                           following.epoch if following is not None else None, self.on_written, self.routing)
+        results = self._partitioned(frame).mapInArrow(job.run, _RESULT_DDL).toArrow()
         by_epoch: dict[int, list[dict[str, int]]] = {}
         for row in results.to_pylist():
             by_epoch.setdefault(row["epoch"], []).append(row)
@@ -92,6 +101,17 @@ class TaskEpochs:
                 committed += 1
         return committed
 
+    def _partitioned(self, frame: DataFrame) -> DataFrame:
+        """``frame`` with Spark partition ``p`` holding the input of view partition ``p``: as read (a
+        stateless view keyed like its upstream), or shuffled by the partition of each row's group."""
+        if self.routing is None:
+            return frame
+        # A new StructType: ``StructType.add`` would change the frame's own (cached) schema in place.
+        schema = StructType([*frame.schema.fields, StructField(VIEW_PARTITION, IntegerType(), False),
+                             StructField(ROUTE_TOKEN, IntegerType(), False)])
+        routed = frame.mapInArrow(RouteRows(self.routing).run, schema)
+        return routed.repartition(self.entry.partitions, ROUTE_TOKEN)
+
     def _commit(self, epoch: int, rows: list[dict[str, int]]) -> None:
         """One epoch's Redis commit through the committer (its Kafka side is the tasks' transactions)."""
         partitions = sorted(row["partition"] for row in rows)
@@ -99,8 +119,8 @@ class TaskEpochs:
             raise RuntimeError(f"{self.entry.name}: epoch {epoch} came back from partitions {partitions}, "
                                f"not all {self.entry.partitions}")
         index = {row["partition"]: IndexEntry(epoch, row["offset"], row["records"]) for row in rows}
-        staged = {row["partition"]: StagedCounts(row["puts"], row["deletes"], row["order_puts"],
-                                                 row["order_deletes"]) for row in rows}
+        staged = {row["partition"]: StagedCounts(row["puts"], row["deletes"], row["order_puts"], row["order_deletes"],
+                                                 row["state_puts"], row["state_deletes"]) for row in rows}
         follows = self.committer.mce
 
         def apply(committed_index: Mapping[int, IndexEntry]) -> bool:

@@ -1,14 +1,17 @@
-"""Operators in Spark's tasks (issue 19, first slice; ``Settings.operators_in_tasks``), on the real stack
+"""Operators in Spark's tasks (issue 19, item 2; ``Settings.operators_in_tasks``), on the real stack
 with a multi-process Spark (``local-cluster[2,1,1024]``: two executors in their own JVMs and Python
-workers): filter/project views whose partitions are computed, written (a Kafka transaction per
-partition) and staged by tasks, their epochs committed in Redis by the driver.
+workers): filter/project views, and a GROUP BY shuffled by its groups' partitions, whose partitions are
+computed, written (a Kafka transaction per partition) and staged by tasks (the GROUP BY's with its
+operator state), their epochs committed in Redis by the driver.
 
 * I1: the views equal DuckDB's evaluation at every committed epoch, Redis equals their changelog, and
   an independent client reading the changelog (confluent-kafka and fastavro only) finds every epoch
   whole, one barrier per partition, though each partition committed in its own transaction.
-* I2 with a transaction per partition: the driver SIGKILLed by a task right after its partition
-  committed an epoch (other partitions had or had not): the next consumer's tasks find what committed,
-  write only the rest, and the view loses and doubles nothing.
+* I2 with a transaction per partition: the driver SIGKILLed by a GROUP BY's task right after its
+  partition committed an epoch (other partitions had or had not): the next consumer's tasks find what
+  committed, recompute it from the committed state, write only the rest, and the view loses and doubles
+  nothing. In the same run, a filter view's task kills only its own Python worker after its first
+  epoch: Spark retries it, and the retry finds that epoch committed.
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ VIEWS = [
     ("mvf", "SELECT * FROM t1 WHERE deleted = false"),
     ("mvp", "SELECT id, v1 + 1 AS v2, CASE WHEN v1 > 0 THEN 'pos' ELSE 'neg' END AS sign FROM t1"),
     ("mvf2", "SELECT id, v1 FROM mvf WHERE v1 > 0"),  # on a view maintained in tasks
+    # A GROUP BY: shuffled by its groups' partitions, state per group read and staged by the tasks; about
+    # three upstream keys a group, so updates and deletes empty groups (the changelog's deletes) and
+    # move the extremes.
+    ("mvg", "SELECT id % 40 AS b, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi, avg(v1) AS a "
+            "FROM t1 WHERE deleted = false GROUP BY id % 40"),
 ]
 
 
@@ -69,12 +77,15 @@ def _done(output: str) -> dict[str, tuple[int, int]]:
             if (words := line.split())[:1] == ["done"]}
 
 
-def _check_wire(settings: Settings, client: redis.Redis, view: str, mce: int) -> None:
+def _check_wire(settings: Settings, client: redis.Redis, view: str, mce: int) -> int:
+    """The barriers and the independent consumer's whole epochs; returns the changelog's deletes."""
     assert_barriers_once(settings, client, view, mce)
     logs = read_topic(settings.bootstrap_servers, settings.changelog_topic(view), 3, idle=1.5)
     indexed = {e.epoch for e in ViewStore(client, settings.topic_prefix).index.between(view, 0, 0, mce)}
     # The chain rule confirms every epoch but the last; the epoch index confirms the last.
     assert check_whole_epochs(logs) | {mce} == indexed
+    return sum(change["op"] == "d" for log in logs.values() for entries in log.changes.values()
+               for _, change in entries)
 
 
 def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
@@ -91,16 +102,17 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         assert first.returncode == 0, _why(first)
         done = _done(first.stdout)
         # Every upstream epoch, every partition, written by this run's tasks.
-        assert done["mvf"] == (last, 4 * 3) and done["mvp"] == (last, 4 * 3) and done["mvf2"] == (last, 4 * 3)
-        last = _epochs(table, rng, 3, 40)  # a second run starts after the MCE's barriers
+        assert all(done[view] == (last, 4 * 3) for view, _ in VIEWS), done
+        last = _epochs(table, rng, 3, 40)  # a second run starts after the MCE's barriers (and state)
         second = run_views(settings, [v for v, _ in VIEWS])
         assert second.returncode == 0, _why(second)
-        assert _done(second.stdout)["mvf"] == (last, 3 * 3)
+        done = _done(second.stdout)
+        assert done["mvf"] == (last, 3 * 3) and done["mvg"] == (last, 3 * 3)
     finally:
         table.close()
-    assert check_oracle(settings, redis_client, ["t1", *(v for v, _ in VIEWS)]) >= 3 * 7
-    for view, _ in VIEWS:
-        _check_wire(settings, redis_client, view, last)
+    assert check_oracle(settings, redis_client, ["t1", *(v for v, _ in VIEWS)]) >= 4 * 7
+    deletes = {view: _check_wire(settings, redis_client, view, last) for view, _ in VIEWS}
+    assert deletes["mvg"] > 0, "no group emptied: the GROUP BY's deletes went untested"
 
 
 def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing(
@@ -108,35 +120,41 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
     settings = _settings(make_settings)
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
                          client=redis_client, auto_commit=False)
-    create_view(settings, "mvf", VIEWS[0][1], client=redis_client)
+    views = {name: sql for name, sql in VIEWS if name in ("mvf", "mvg")}
+    for name, sql in views.items():
+        create_view(settings, name, sql, client=redis_client)
     store = ViewStore(redis_client, settings.topic_prefix)
     rng = random.Random(4)
     try:
         mce = _epochs(table, rng, 2, 50)
-        assert run_views(settings, ["mvf"]).returncode == 0
-        assert store.mce("mvf") == mce
-        at_mce = store.index.entries_at("mvf", 3, mce)
+        assert run_views(settings, list(views)).returncode == 0
+        assert store.mce("mvg") == mce
+        at_mce = store.index.entries_at("mvg", 3, mce)
         assert at_mce is not None
         start = {p: e.offset + 1 for p, e in at_mce.items()}
         last = _epochs(table, rng, 4, 80)
-        killed = run_views(settings, ["mvf"], kill_partition=0)
+        # mvf's task of partition 0 dies after its first epoch and is retried; mvg's kills the driver.
+        killed = run_views(settings, list(views), kills=["mvf:0:worker", "mvg:0:driver"])
         assert killed.returncode == -9, (killed.returncode, killed.stdout, _why(killed))
+        # The retried task found its partition's first epoch committed by the attempt that died.
+        assert _done(killed.stdout)["mvf"] == (last, 4 * 3 - 1)
         # Kafka ahead of Redis: partition 0 committed an epoch above the MCE, another partition did not.
-        assert store.mce("mvf") == mce
-        before = {p: partition_barriers(settings, "mvf", p, start[p]) for p in range(3)}
+        assert store.mce("mvg") == mce
+        before = {p: partition_barriers(settings, "mvg", p, start[p]) for p in range(3)}
         assert before[0], "partition 0 committed nothing before the kill"
         assert min(len(b) for b in before.values()) < len(before[0]), before
-        resumed = run_views(settings, ["mvf"])
+        resumed = run_views(settings, ["mvg"])
         assert resumed.returncode == 0, _why(resumed)
-        resumed_mce, written = _done(resumed.stdout)["mvf"]
+        resumed_mce, written = _done(resumed.stdout)["mvg"]
         assert resumed_mce == last
     finally:
         table.close()
     # What committed before the kill stayed, at the same offsets; the rest was written once.
-    after = {p: partition_barriers(settings, "mvf", p, start[p]) for p in range(3)}
+    after = {p: partition_barriers(settings, "mvg", p, start[p]) for p in range(3)}
     for p in range(3):
         assert after[p][:len(before[p])] == before[p]
     assert written == sum(len(after[p]) - len(before[p]) for p in range(3))
     assert all(len(after[p]) == 4 for p in range(3))
-    check_oracle(settings, redis_client, ["t1", "mvf"])
-    _check_wire(settings, redis_client, "mvf", last)
+    check_oracle(settings, redis_client, ["t1", *views])
+    for view in views:
+        _check_wire(settings, redis_client, view, last)

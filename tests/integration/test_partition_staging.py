@@ -14,9 +14,11 @@ from mvlog.connectors.redis.view_store import ViewStore
 
 
 def _stage(staging: PartitionStaging, epoch: int, partition: int, puts: dict[bytes, bytes],
-           deletes: list[bytes]) -> StagedCounts:
+           deletes: list[bytes], state_puts: dict[bytes, bytes] | None = None,
+           state_deletes: list[bytes] | None = None) -> StagedCounts:
     commit = EpochCommit(epoch, puts, deletes, {}, order_puts=[b"o" + k for k in puts],
-                         order_deletes=[b"o" + k for k in deletes])
+                         order_deletes=[b"o" + k for k in deletes], state_puts=state_puts,
+                         state_deletes=state_deletes or [])
     return staging.stage("v", partition, commit)
 
 
@@ -44,6 +46,31 @@ def test_staged_partitions_commit_together_with_the_index_and_the_mce(
     staged = {0: _stage(staging, 11, 0, {b"zombie": b"1"}, []), 1: _stage(staging, 11, 1, {}, [])}
     assert not staging.commit("v", 11, 10, staged, {0: IndexEntry(11, 9, 2), 1: IndexEntry(11, 3, 0)})
     assert store.get_rows("v", [b"zombie"]) == {} and store.mce("v") == 11
+
+
+def test_staged_operator_state_commits_with_the_rows(settings: Settings, redis_client: redis.Redis) -> None:
+    """A GROUP BY's partitions stage the state of their groups too; the commit swaps it into the view's
+    one operator state (partitions own disjoint keys), deletes included, and checks it is whole."""
+    staging = PartitionStaging(redis_client, settings.topic_prefix)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    many = {f"g[{i}]".encode(): b"s" for i in range(3000)}
+    staged = {0: _stage(staging, 10, 0, {b"a": b"1"}, [], many),
+              1: _stage(staging, 10, 1, {b"b": b"2"}, [], {b'g["b"]': b"n=1"})}
+    assert staged[0].state_puts == 3000
+    assert staging.commit("v", 10, 0, staged, {0: IndexEntry(10, 1, 1), 1: IndexEntry(10, 1, 1)})
+    assert store.get_state("v", [b"g[2999]", b'g["b"]']) == {b"g[2999]": b"s", b'g["b"]': b"n=1"}
+
+    staged = {0: _stage(staging, 11, 0, {}, [b"a"], {b"g[1]": b"t"}, [b"g[2]"]),
+              1: _stage(staging, 11, 1, {}, [], {}, [b'g["b"]'])}
+    redis_client.delete(staging.staged_keys("v", 11, 1)[5])  # a partition's staged state deletes lost
+    index = {0: IndexEntry(11, 3, 1), 1: IndexEntry(11, 2, 0)}
+    with pytest.raises(StagingIncompleteError):
+        staging.commit("v", 11, 10, staged, index)
+    assert store.mce("v") == 10 and store.get_state("v", [b'g["b"]']) == {b'g["b"]': b"n=1"}
+    staged[1] = _stage(staging, 11, 1, {}, [], {}, [b'g["b"]'])
+    assert staging.commit("v", 11, 10, staged, index)
+    assert store.get_state("v", [b"g[1]", b"g[2]", b'g["b"]']) == {b"g[1]": b"t"}
+    assert redis_client.hlen(f"{settings.topic_prefix}:{{v}}:opstate") == 2999
 
 
 def test_a_lost_staging_or_a_wiped_mce_applies_nothing(settings: Settings, redis_client: redis.Redis) -> None:

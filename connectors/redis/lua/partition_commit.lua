@@ -1,9 +1,10 @@
--- One epoch of a view whose partitions were computed by separate tasks: every partition's staged rows
--- and key-order members swapped in, the epoch index and the MCE, at once.
--- KEYS: meta, rows, keyorder, then per partition its staged puts (hash), deletes (set), order puts
--- (set), order deletes (set), then the epoch index of each partition.
+-- One epoch of a view whose partitions were computed by separate tasks: every partition's staged rows,
+-- key-order members and operator state swapped in, the epoch index and the MCE, at once.
+-- KEYS: meta, rows, keyorder, opstate, then per partition its staged puts (hash), deletes (set), order
+-- puts (set), order deletes (set), state puts (hash), state deletes (set), then the epoch index of each
+-- partition.
 -- ARGV: epoch hex, epoch, now (ms), the MCE it follows ('none': no MCE; '': unchecked), partitions,
--- then per partition the four staged counts, then an index member per partition.
+-- then per partition the six staged counts, then an index member per partition.
 -- 1: applied; 0: at or below the MCE; -1: the MCE is not the one it follows; -2: something staged is
 -- missing (nothing applied).
 local meta = KEYS[1]
@@ -12,10 +13,11 @@ if refused then
   return refused
 end
 local n = tonumber(ARGV[5])
-local sizes = {'HLEN', 'SCARD', 'SCARD', 'SCARD'}
+local width = 6
+local sizes = {'HLEN', 'SCARD', 'SCARD', 'SCARD', 'HLEN', 'SCARD'}
 for p = 0, n - 1 do
-  for j = 0, 3 do
-    if redis.call(sizes[j + 1], KEYS[4 + 4 * p + j]) ~= tonumber(ARGV[6 + 4 * p + j]) then
+  for j = 0, width - 1 do
+    if redis.call(sizes[j + 1], KEYS[5 + width * p + j]) ~= tonumber(ARGV[6 + width * p + j]) then
       return -2
     end
   end
@@ -34,16 +36,18 @@ local function chunked(command, key, items, width, prefix)
   end
 end
 for p = 0, n - 1 do
-  local k = 4 + 4 * p
+  local k = 5 + width * p
   chunked('HSET', KEYS[2], redis.call('HGETALL', KEYS[k]), 2, nil)
   chunked('HDEL', KEYS[2], redis.call('SMEMBERS', KEYS[k + 1]), 1, nil)
   chunked('ZADD', KEYS[3], redis.call('SMEMBERS', KEYS[k + 2]), 1, 0)
   chunked('ZREM', KEYS[3], redis.call('SMEMBERS', KEYS[k + 3]), 1, nil)
-  redis.call('DEL', KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3])
+  chunked('HSET', KEYS[4], redis.call('HGETALL', KEYS[k + 4]), 2, nil)
+  chunked('HDEL', KEYS[4], redis.call('SMEMBERS', KEYS[k + 5]), 1, nil)
+  redis.call('DEL', KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5])
 end
-local first_index = 4 + 4 * n
+local first_index = 5 + width * n
 for p = 0, n - 1 do
-  redis.call('ZADD', KEYS[first_index + p], 0, ARGV[6 + 4 * n + p])
+  redis.call('ZADD', KEYS[first_index + p], 0, ARGV[6 + width * n + p])
 end
 redis.call('HSET', meta, 'mce_hex', ARGV[1], 'mce', ARGV[2], 'mce_ts_ms', ARGV[3])
 return 1

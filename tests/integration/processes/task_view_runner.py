@@ -1,12 +1,13 @@
-"""Runs one view's consumer with its operator in Spark's tasks, in its own process (and its own Spark,
+"""Runs views' consumers with their operators in Spark's tasks, in its own process (and its own Spark,
 the settings' master: ``local-cluster`` in the tests), so a test can have a task SIGKILL it.
 
-Usage: python -m tests.integration.processes.task_view_runner SETTINGS_JSON VIEW[,VIEW...] [KILL_PARTITION]
+Usage: python -m tests.integration.processes.task_view_runner SETTINGS_JSON VIEW[,VIEW...] [KILL[,KILL...]]
 Catches each view up with its upstream, in order (:meth:`ViewConsumer.catch_up`), prints
 ``done <view> <mce> <written>`` for each (``written``: partition epochs its tasks wrote, not found
-committed) and exits. With ``KILL_PARTITION``, the first view's task of that partition SIGKILLs this
-driver process, then itself, right after it wrote and staged its first epoch: the other partitions have
-committed that epoch or not, as their tasks got.
+committed) and exits. Each ``KILL`` is ``<view>:<partition>:<what>``: the first attempt of that view's
+task of that partition, right after it wrote and staged its first epoch (the other partitions have
+committed that epoch or not, as their tasks got), SIGKILLs this driver process and then itself
+(``driver``), or only its own Python worker (``worker``: Spark retries the task).
 """
 
 from __future__ import annotations
@@ -18,47 +19,55 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyspark import TaskContext
+
 from mvlog.config import Settings
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def run(settings: Settings, views: list[str], kill_partition: int | None = None,
+def run(settings: Settings, views: list[str], kills: list[str] | None = None,
         timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """This runner in a child process; returns when it exited (or was killed)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "PYSPARK_PYTHON": sys.executable}
     args = [sys.executable, "-m", "tests.integration.processes.task_view_runner", settings.model_dump_json(),
             ",".join(views)]
-    if kill_partition is not None:
-        args.append(str(kill_partition))
+    if kills:
+        args.append(",".join(kills))
     return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout, check=False)
 
 
 @dataclass(frozen=True)
-class KillDriver:
-    """Runs in the task (pickled with the job): after ``partition`` wrote an epoch, SIGKILL the driver,
-    then the task's own Python worker, so nothing of this attempt goes further."""
+class Kill:
+    """Runs in the task (pickled with the job): after the first attempt of ``partition`` wrote an epoch,
+    SIGKILL the driver (``driver_pid``; None: not), then the task's own Python worker, so nothing of
+    this attempt goes further."""
 
-    driver_pid: int
+    driver_pid: int | None
     partition: int
 
     def __call__(self, partition: int, epoch: int) -> None:
-        if partition == self.partition:
-            os.kill(self.driver_pid, signal.SIGKILL)
+        context = TaskContext.get()
+        if partition == self.partition and (context is None or context.attemptNumber() == 0):
+            if self.driver_pid is not None:
+                os.kill(self.driver_pid, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:
     settings = Settings.model_validate_json(sys.argv[1])
+    specs = sys.argv[3].split(",") if len(sys.argv) > 3 else []
+    kills = {(words := spec.split(":"))[0]: (int(words[1]), words[2]) for spec in specs}
     spark = None
-    for position, view in enumerate(sys.argv[2].split(",")):
+    for view in sys.argv[2].split(","):
         consumer = ViewConsumer(settings, view, spark=spark)
         spark = consumer.spark
         assert consumer.tasks is not None, f"{view} does not run in tasks"
-        if position == 0 and len(sys.argv) > 3:
-            consumer.tasks.on_written = KillDriver(os.getpid(), int(sys.argv[3]))
+        if view in kills:
+            partition, what = kills[view]
+            consumer.tasks.on_written = Kill(os.getpid() if what == "driver" else None, partition)
         mce = consumer.catch_up()
         print(f"done {view} {mce} {consumer.tasks.epochs_written}", flush=True)
         consumer.stop()

@@ -1,0 +1,106 @@
+"""Which changelog partition of a GROUP BY view each input row belongs to: the partition of the group it
+falls in, so that one Spark task per view partition holds every input row of its groups (issue 19, a
+GROUP BY view's operator in Spark's tasks, shuffled by the vnode of the view's output key).
+
+The view's key is its GROUP BY values, in order (``mvlog.views.plan``): the group of an input row is
+the key of the view row it counts towards, and the changelog writer places that row by
+``vnode_of(encoded key)`` and the partition owning the vnode. :class:`GroupRouting` computes the same
+bytes from the input row (the GROUP BY expressions evaluated on it, cast to the key columns' types,
+``-0.0`` folded into ``0.0`` as the operator folds group keys), so the task of partition ``p``:
+
+- gets exactly the input rows of the groups whose view rows are in partition ``p`` (a signed row
+  each: the retraction and the assertion of an update that moves a row to another group go to the
+  two groups' partitions), and nothing else;
+- reads and writes the operator state of those groups only (the state key of a group, ``g[...]``, is
+  its GROUP BY values: :meth:`GroupRouting.partitions_of_state_keys`), so the partitions' state keys
+  are disjoint and a task never needs another task's state.
+
+Pure: Arrow in, partitions out; the Spark shuffle that uses it is in ``mvlog.services.pipeline``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mvlog.row_schema import ColumnType, RowSchema
+from mvlog.schemas.arrow_rows import encode_rows
+from mvlog.views.evaluate import arrow_type, column_field, evaluate
+from mvlog.views.plan import ViewPlan
+from mvlog.views.state_codec import GROUP_TAG, decode_value, loads
+from mvlog.vnode import VNODE_COUNT, partition_of_vnode
+
+
+def grouped_by_key(plan: ViewPlan) -> bool:
+    """A GROUP BY over one upstream whose key is its GROUP BY values and whose state is per group: the
+    views :class:`GroupRouting` can partition. Not a global aggregate (its one row has the empty key,
+    and every partition's operator would emit it), not a window (its rows expand into several
+    groups), no join, top-N, union or subquery (state of another shape)."""
+    query = plan.query
+    if (plan.inner or plan.union or len(query.sources) != 1 or not query.is_aggregate or not query.group_by
+            or query.top_n is not None or query.window is not None or query.joins):
+        return False
+    return len(plan.schema.primary_key) == len(query.group_by)
+
+
+@dataclass(frozen=True)
+class GroupRouting:
+    """Routes a GROUP BY view's input rows (its upstream's columns, by name) to the view's partitions."""
+
+    plan: ViewPlan
+    partitions: int
+    _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not grouped_by_key(self.plan):
+            raise ValueError(f"view {self.plan.name!r} is not a GROUP BY keyed by its groups")
+        object.__setattr__(self, "_of_vnode", tuple(partition_of_vnode(v, self.partitions)
+                                                    for v in range(VNODE_COUNT)))
+
+    @property
+    def _source(self) -> RowSchema:
+        return self.plan.query.sources[0].schema
+
+    @property
+    def _key_types(self) -> list[ColumnType | None]:
+        return [g.type for g in self.plan.query.group_by]
+
+    def partitions_of(self, rows: pa.Table) -> pa.Array:
+        """The view partition (int32) of each row of ``rows`` (the upstream's columns, by name)."""
+        batch = pa.table({column_field(0, c.name): rows.column(c.name).cast(arrow_type(c.type))
+                          for c in self._source.columns})
+        groups = [evaluate(expr, batch) for expr in self.plan.query.group_by]
+        return self._of_groups(groups, rows.num_rows)
+
+    def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
+        """The partition whose task owns the operator state under each key (a group's, ``g[...]``)."""
+        groups = []
+        for key in keys:
+            if not key.startswith(GROUP_TAG + b"["):
+                raise ValueError(f"{key!r} is not a group's state key")
+            values = loads(key[len(GROUP_TAG):])
+            groups.append([decode_value(v, kind) for v, kind in zip(values, self._key_types, strict=True)])
+        return self.partitions_of_groups(groups)
+
+    def partitions_of_groups(self, groups: Sequence[Sequence[Any]]) -> list[int]:
+        """The partition of each group (its GROUP BY values, in order)."""
+        columns = [pa.array([g[i] for g in groups], arrow_type(kind)) for i, kind in enumerate(self._key_types)]
+        owners: list[int] = self._of_groups(columns, len(groups)).to_pylist()
+        return owners
+
+    def _of_groups(self, groups: Sequence[pa.Array], count: int) -> pa.Array:
+        """The key bytes ``encode_batch`` gives the group's view row, hashed as the writer hashes them."""
+        key = []
+        for name, kind, values in zip(self.plan.schema.primary_key, self._key_types, groups, strict=True):
+            values = values.cast(arrow_type(kind))
+            if kind is ColumnType.FLOAT:  # the operator's group key folds -0.0 into 0.0 (key_value)
+                values = pc.if_else(pc.equal(values, 0.0), pa.scalar(0.0, pa.float64()), values)
+            key.append((name, values))
+        of_vnode = self._of_vnode
+        encoded: list[bytes] = encode_rows(key, count).to_pylist()
+        return pa.array([of_vnode[zlib.crc32(k) % VNODE_COUNT] for k in encoded], pa.int32())
