@@ -16,6 +16,7 @@ and can map it too; a real cluster's may differ, and a JVM whose class path does
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -79,6 +80,7 @@ def _java() -> str | None:
     return shutil.which("java")
 
 
+@functools.cache
 def _fingerprint(java: str) -> str:
     """Which JVM build and which Spark: an archive is valid for exactly one of each."""
     import pyspark

@@ -36,10 +36,10 @@ the caller's shell are dropped at start so a developer's exported settings never
 
 from __future__ import annotations
 
-import functools
 import gc
 import os
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -75,12 +75,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name in [n for n in os.environ if n.startswith("MVLOG_") and n != "MVLOG_TEST_STACK"]:
         del os.environ[name]
-    # The Spark drivers' class archive, made once before any worker starts (xdist starts them after
-    # this hook); a run of the unit tests alone starts no driver and does not wait for it.
+    # The Spark drivers' class archive, made once per machine (by xdist's controller, not each worker)
+    # while the first tests run: drivers started before it exists start without it. A run of the unit
+    # tests alone starts no driver and makes none.
     only_units = bool(config.args) and all(Path(a.split("::")[0]).resolve().is_relative_to(UNIT_TESTS)
                                            for a in config.args)
     if not hasattr(config, "workerinput") and not only_units:
-        driver_archive(JIT_OPTIONS)
+        _ARCHIVE_BUILD.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _ARCHIVE_BUILD.is_alive():
+        _ARCHIVE_BUILD.join(timeout=300)
 
 
 #: The name under which a test records a result line for the CI log (see :func:`report`).
@@ -135,11 +141,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
-@functools.cache
-def test_spark_conf() -> dict[str, str]:
+#: Makes the drivers' class archive (:func:`pytest_configure` starts it).
+_ARCHIVE_BUILD = threading.Thread(target=driver_archive, args=(JIT_OPTIONS,), name="spark-cds", daemon=True)
+
+
+def spark_conf_for_tests() -> dict[str, str]:
     """Spark settings of the tests' sessions: the JIT above, and the class archive of
-    :mod:`mvlog.infra.spark_cds` when :func:`pytest_configure` made one (a quarter to a third off each
-    start of a driver or a local cluster's executor)."""
+    :mod:`mvlog.infra.spark_cds` once it exists (a quarter to a third off each start of a driver or a
+    local cluster's executor)."""
     archive = driver_archive(JIT_OPTIONS, create=False)
     options = f"{JIT_OPTIONS} {java_options(archive)}".strip()
     # A local cluster's executors start with the driver's class path: the archive serves them too.
@@ -157,7 +166,7 @@ class StackEndpoints:
 
     def settings(self, **overrides: Any) -> Settings:
         values: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers, "redis_url": self.redis_url,
-                                  "spark_conf": test_spark_conf()}
+                                  "spark_conf": spark_conf_for_tests()}
         values.update(overrides)
         return Settings(**values)
 
