@@ -7,8 +7,10 @@
   replacements implement it, in their own packages).
 * ``reading``: the upstream changelogs read through Spark (``format("mvlog")``), as epochs of Arrow rows.
 * ``view_consumer``: the loop that maintains one view; ``streaming`` runs its reads (the backlog, then
-  the streaming query) and ``micro_batch_worker`` applies its micro-batches on one thread while Spark
-  reads the next.
+  the streaming query), ``micro_batch_worker`` applies its micro-batches on one thread while Spark
+  reads the next, and ``view_commit`` writes one computed epoch through the committer.
+* ``task_epochs`` and ``partition_tasks``: the opt-in path that computes a view's epochs in Spark's
+  tasks, one per changelog partition, the driver committing each epoch in one step.
 
 The package imports none of its modules: a table writer imports the committer without importing Spark.
 

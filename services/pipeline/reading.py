@@ -18,7 +18,7 @@ from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change
 from mvlog.config import Settings
 from mvlog.connectors.redis.epoch_index import EpochIndex
-from mvlog.connectors.spark.change_rows import arrow_schema, epoch_slices
+from mvlog.connectors.spark.change_rows import arrow_schema, end_marker, epoch_slices
 from mvlog.views import ChangeBatch
 
 EpochBatches = dict[int, dict[str, ChangeBatch]]  # epoch -> upstream view -> its changes
@@ -94,6 +94,12 @@ class UpstreamReader:
         if upto <= after:
             return pa.Table.from_batches([], schema=arrow_schema(self.upstreams[view].schema))
         return self.read_range(view, after, upto)
+
+    def read_aligned(self, sources: Sequence[str], after: int, upto: int) -> pa.Table:
+        """A join's first upstream in ``(after, upto]`` and the end marker at ``upto``: a backlog
+        micro-batch as the stream delivers it (``alignWith``), up to which the others are then read."""
+        marker = end_marker(self.upstreams[sources[0]].schema, upto)
+        return pa.concat_tables([self.read_settled(sources[0], after, upto), marker], promote_options="permissive")
 
     def epochs(self, sources: Sequence[str], after: int, upto: int, into: EpochBatches | None = None, *,
                settled: bool = False) -> EpochBatches:

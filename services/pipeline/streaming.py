@@ -16,6 +16,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 import pyarrow as pa
@@ -78,6 +79,16 @@ class MicroBatchRunner:
         if self.query is not None and self.query.exception() is not None:
             raise RuntimeError(f"{self.name}: {self.query.exception()}")
         self.worker.check()
+
+    def wait_until(self, reached: Callable[[], bool], what: str, timeout: float) -> None:
+        """Block until ``reached()``, raising the query's or a failed apply's error (:meth:`check`) at once
+        rather than at the timeout."""
+        deadline = time.monotonic() + timeout
+        while not reached():
+            self.check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: {what} not within {timeout}s")
+            time.sleep(0.1)
 
     def stop(self) -> None:
         """Stop the upkeep and the query, and let the last micro-batch commit (or fail)."""

@@ -11,9 +11,7 @@ abandoned attempt by the chain rule).
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
@@ -25,32 +23,28 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, CommittedEpoch, encode_batch
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.catalog_store import CatalogStore
-from mvlog.connectors.redis.epoch_index import IndexEntry
 from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.table_writers import TableWriters, plan_through
-from mvlog.connectors.redis.view_store import Lifecycle, ViewStore, commit_from_encoded
-from mvlog.connectors.spark.change_rows import end_marker
+from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.connectors.spark.spark_source import trigger_ends
 from mvlog.services.backfill.chunked import ChunkedBackfill
 from mvlog.services.backfill.snapshot import SnapshotBackfill
 from mvlog.services.backfill.stages import backfill_stages
-from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
+from mvlog.services.pipeline.committer import EpochCommitter
 from mvlog.services.pipeline.reading import EpochBatches, UpstreamReader, batches_from_arrow
 from mvlog.services.pipeline.stage import EpochWork, Stage
 from mvlog.services.pipeline.streaming import MicroBatchRunner
 from mvlog.services.pipeline.task_epochs import TaskEpochs
+from mvlog.services.pipeline.view_commit import commit_view_epoch
 from mvlog.services.replacement.operations import complete_apply
 from mvlog.services.replacement.stage import ReplacementStage
 from mvlog.services.spark_session import spark_session
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ChangeBatch, EpochOutput, ViewOperator, ViewPlan
 from mvlog.views.state import StoredState
-
-log = logging.getLogger(__name__)
 
 
 class ViewConsumer:
@@ -91,7 +85,7 @@ class ViewConsumer:
         # Reads the backlog, then the stream; applies micro-batches on its worker thread (see apply_batch).
         self.runner = MicroBatchRunner(view, lambda table: self.apply_batch(table), self._upkeep)
         self._state = StoredState(partial(self.store.get_state, view))  # the operator's, in Redis
-        # Opt-in (Settings.operators_in_tasks): a filter/project view's epochs computed in Spark's tasks.
+        # Opt-in (Settings.operators_in_tasks): a filter/project or GROUP BY view's epochs in Spark's tasks.
         self.tasks = TaskEpochs.for_view(settings, self.entry, self.upstreams, self.plan, self.committer, self._redis)
 
     @property
@@ -191,27 +185,10 @@ class ViewConsumer:
         output = self.committer.compute(compute, epoch)
         if output is None:
             return  # the rebuilt Redis holds the epoch already
-        self._commit(work, output)
+        commit_view_epoch(self.committer, self.store, self.entry, work, output)
         for stage in self.stages:
             stage.after_commit(work)
         self.stages = [stage for stage in self.stages if not stage.finished]
-
-    def _commit(self, work: EpochWork, output: EpochOutput) -> None:
-        """The epoch's changes and barriers (and the stages' mutation) to Kafka in one transaction, then
-        rows, state, MCE (and the stages' fields) to Redis in one script; keys and rows encoded once."""
-        epoch, encoded, follows = work.epoch, encode_batch(self.entry.key_columns, output.changes), self.mce
-        puts = {k: v for k, v in output.state_writes.items() if v is not None}
-        deletes = [k for k, v in output.state_writes.items() if v is None]
-
-        def produce(writer: ChangelogWriter) -> CommittedEpoch:
-            return writer.commit_batches(epoch, follows, [encoded], mutation=work.mutation)
-
-        def apply(index: Mapping[int, IndexEntry]) -> bool:
-            return self.store.commit(self.entry.name, commit_from_encoded(
-                epoch, output.changes.keys, encoded, index, state_puts=puts, state_deletes=deletes, follows=follows,
-                **work.commit_fields))
-
-        self.committer.commit(epoch, produce, ScriptCommit(apply))
 
     def _upkeep(self) -> None:
         """The stages' work outside epochs (:meth:`Stage.upkeep`), never during an epoch (the lock)."""
@@ -248,20 +225,14 @@ class ViewConsumer:
             if on_catch_up is not None:
                 on_catch_up(ranges[0][1], ends[-1])
             ranges.pop(0)
-        # A join's micro-batch may end on an epoch of another upstream: _read_first says where, as the stream.
-        read = partial(self.reader.read_range, sources[0]) if len(sources) == 1 else self._read_first
+        # A join's micro-batch may end on an epoch of another upstream: its end marker says where, as the stream's.
+        read = (partial(self.reader.read_range, sources[0]) if len(sources) == 1
+                else partial(self.reader.read_aligned, sources))
         reads = [(end, partial(read, begin, end)) for begin, end in ranges]
         self.runner.run_backlog(reads, None if on_catch_up is None else lambda end: on_catch_up(end, ends[-1]))
         name = f"mvlog_{self.settings.topic_prefix}_{self.entry.name}".replace(".", "_")
         return self.runner.start(self.reader.stream(sources, ends[-1] if ends else after), self.process_batch,
                                  self.trigger_interval, name)
-
-    def _read_first(self, after: int, upto: int) -> pa.Table:
-        """A join's first upstream in (after, upto] and the end marker at ``upto``: a backlog micro-batch as
-        the stream delivers it (``alignWith``)."""
-        first = self.entry.sources[0]
-        marker = end_marker(self.upstreams[first].schema, upto)
-        return pa.concat_tables([self.reader.read_settled(first, after, upto), marker], promote_options="permissive")
 
     def failure(self) -> BaseException | None:
         """The error of a micro-batch whose apply failed: the streaming query fails with it only when the
@@ -270,12 +241,7 @@ class ViewConsumer:
 
     def wait_for_epoch(self, epoch: int, timeout: float = 120.0) -> None:
         """Block until the view's MCE reaches ``epoch`` (raises the query's error if it failed)."""
-        deadline = time.monotonic() + timeout
-        while self.mce < epoch:
-            self.runner.check()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.entry.name}: MCE {self.mce} did not reach {epoch} in {timeout}s")
-            time.sleep(0.1)
+        self.runner.wait_until(lambda: self.mce >= epoch, f"MCE {epoch}", timeout)
 
     def stop(self) -> None:
         self.runner.stop()  # the last micro-batch commits (or fails) before the writer closes

@@ -293,7 +293,7 @@ class _SlowConsumer(ViewConsumer):
     """A downstream that takes 0.5 s per epoch once started (an artificial delay), so it falls ever
     further behind; the backlog that :meth:`start` applies goes at full speed.
 
-    The delay is in ``_commit``, which every path of the consumer (row by row or columnar) goes through.
+    The delay is in ``apply_epoch``, which every epoch the consumer's driver computes goes through.
     """
 
     delay = 0.0
@@ -303,9 +303,9 @@ class _SlowConsumer(ViewConsumer):
         self.delay = 0.5
         return query
 
-    def _commit(self, work: Any, output: Any) -> None:
+    def apply_epoch(self, epoch: int, changes: Any) -> None:
         time.sleep(self.delay)
-        super()._commit(work, output)
+        super().apply_epoch(epoch, changes)
 
 
 class _CrashLoop:
