@@ -39,7 +39,7 @@ def env_of(settings: Settings) -> dict[str, str]:
     return {"MVLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "MVLOG_REDIS_URL": settings.redis_url,
             "MVLOG_TOPIC_PREFIX": settings.topic_prefix, "MVLOG_PARTITIONS": str(settings.partitions),
             "MVLOG_BARRIER_INTERVAL_MS": str(settings.barrier_interval_ms),
-            "MVLOG_STACK_DIR": str(settings.stack_dir)}
+            "MVLOG_STACK_DIR": str(settings.stack_dir), "MVLOG_SPARK_CONF": json.dumps(settings.spark_conf)}
 
 
 def mvlog(settings: Settings, *args: str, input: str | None = None, env: dict[str, str] | None = None) -> Result:

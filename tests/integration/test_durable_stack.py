@@ -48,6 +48,7 @@ from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 
+from ..conftest import spark_conf_for_tests
 from ..oracle import check_oracle
 from .barrier_check import assert_barriers_once
 from .independent_consumer import PartitionLog, check_whole_epochs, read_topic
@@ -104,7 +105,8 @@ def own_stack(tmp_path: Path) -> Iterator[LocalStack]:
 
 
 def stack_settings(stack: LocalStack, prefix: str) -> Settings:
-    return stack.settings(topic_prefix=prefix, barrier_interval_ms=200, partitions=3)
+    return stack.settings(topic_prefix=prefix, barrier_interval_ms=200, partitions=3,
+                          spark_conf=spark_conf_for_tests())
 
 
 def wait_for(condition: Callable[[], bool], what: Callable[[], str] | str, timeout: float,

@@ -25,6 +25,7 @@ import redis
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.infra.local_stack import LocalStack
 
+from ..conftest import spark_conf_for_tests
 from .test_durable_stack import MVLOG, cli, own_stack, stack_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(400)]
@@ -72,7 +73,7 @@ def test_an_operators_day_loses_nothing_and_stops_nothing_unasked(tmp_path: Path
         typed(stack, "create-view", "mv1", "AS", "SELECT * FROM t1 WHERE v1 > 0")
         typed(stack, "create-view", "mv2", "AS", "SELECT k, count(*) AS n FROM t1 GROUP BY k")
         env = {key: value for key, value in os.environ.items() if not key.startswith("MVLOG_")}
-        env.update(stack.env())
+        env.update({**stack.env(), "MVLOG_SPARK_CONF": json.dumps(spark_conf_for_tests())})  # the tests' JIT, CDS
         log = tmp_path / "run-view.log"
         with log.open("wb") as sink:
             consumer = subprocess.Popen([*MVLOG, "run-view", "mv1", "mv2", "--progress-interval", "2"], env=env,
