@@ -17,8 +17,13 @@ A row's strings and bytes are bounded so that it surely fits one record of the c
 characters in all, the table writer's bound): each text column takes at most its share, and a row with a
 longer text goes the reference way, where the table measures it.
 
-``upsert-json`` and ``append-json`` have fast decoders; ``debezium-json`` has none (its envelope and its
-per-key positions go the reference way). Without msgspec installed there is no fast path at all.
+``upsert-json`` and ``append-json`` have fast decoders (:func:`fast_decoder_for`); ``debezium-json`` has
+its own (:func:`fast_debezium_decoder_for`), which also answers the change's source position (the per-key
+redelivery rule of :mod:`mvlog.source_dedupe`, applied by the ingester): an envelope with or without the JSON
+converter's schemas whose ``op`` is ``c``, ``r`` or ``u`` with a plain ``after`` row (and for ``u`` a
+``before`` of the same key, or none), or ``d`` with a ``before`` holding the key. Tombstones, an update
+that changes the key (two changes), a delete keyed by the message key, truncates, unknown ops and
+anything msgspec refuses go the reference way. Without msgspec installed there is no fast path at all.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Protocol
 
 from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType, Key, Row, RowSchema
+from mvlog.source_dedupe import debezium_position
 from mvlog.source_spec import SourceFormat, SourceSpec
 
 try:
@@ -51,25 +57,42 @@ class Record(Protocol):
 #: a message -> (key, normalized row or None for a delete), or None when the message is not plain (the
 #: reference decoder then maps it or names the problem).
 FastDecoder = Callable[[Record], tuple[Key, Row | None] | None]
+#: ``debezium-json``'s: (key, normalized row or None for a delete, source position or None), or None (not plain).
+DebeziumFastDecoder = Callable[[Record], tuple[Key, Row | None, int | None] | None]
 
 _GENERATED_KEY_CHARS = 42  # "<partition>-<offset>": two 64-bit numbers and a dash, at most
 
 
-def fast_decoder_for(spec: SourceSpec, schema: RowSchema, text_limit: int) -> FastDecoder | None:
-    """The fast decoder of ``spec``'s format for a table of ``schema`` whose rows with at most
-    ``text_limit`` characters of text surely fit the changelog; None where there is none."""
-    if msgspec is None or spec.format not in (SourceFormat.UPSERT_JSON, SourceFormat.APPEND_JSON):
-        return None
-    if any(schema.column(name).type is ColumnType.BYTES or schema.column(name).nullable for name in schema.primary_key):
-        return None  # base64 keys, nullable key columns: the reference way
+def _text_share(spec: SourceSpec, schema: RowSchema, text_limit: int) -> int | None:
+    """Each text column's share of ``text_limit``; None when the format's rows have no fast path for ``schema``."""
+    if msgspec is None or any(schema.column(name).type is ColumnType.BYTES or schema.column(name).nullable
+                              for name in schema.primary_key):
+        return None  # no msgspec; base64 keys, nullable key columns: the reference way
     generated = spec.generated_key if spec.format is SourceFormat.APPEND_JSON else None
     texts = [c for c in schema.columns if c.type in (ColumnType.STRING, ColumnType.BYTES) and c.name != generated]
     share = (text_limit - (_GENERATED_KEY_CHARS if generated else 0)) // max(1, len(texts))
-    if share <= 0:
+    return share if share > 0 else None
+
+
+def fast_decoder_for(spec: SourceSpec, schema: RowSchema, text_limit: int) -> FastDecoder | None:
+    """The fast decoder of ``spec``'s format (``upsert-json``, ``append-json``) for a table of ``schema`` whose
+    rows with at most ``text_limit`` characters of text surely fit the changelog; None where there is none."""
+    if spec.format not in (SourceFormat.UPSERT_JSON, SourceFormat.APPEND_JSON):
+        return None
+    share = _text_share(spec, schema, text_limit)
+    if share is None:
         return None
     if spec.format is SourceFormat.UPSERT_JSON:
         return _upsert_decoder(schema, share)
-    return _append_decoder(schema, share, generated)
+    return _append_decoder(schema, share, spec.generated_key)
+
+
+def fast_debezium_decoder_for(spec: SourceSpec, schema: RowSchema, text_limit: int) -> DebeziumFastDecoder | None:
+    """The fast decoder of a ``debezium-json`` source (see the module doc), as :func:`fast_decoder_for`."""
+    if spec.format is not SourceFormat.DEBEZIUM_JSON:
+        return None
+    share = _text_share(spec, schema, text_limit)
+    return None if share is None else _debezium_decoder(schema, share)
 
 
 def _field_type(kind: ColumnType, share: int) -> Any:
@@ -184,4 +207,68 @@ def _append_decoder(schema: RowSchema, share: int, generated: str | None) -> Fas
     return decode
 
 
-__all__ = ["FastDecoder", "Record", "fast_decoder_for"]
+def _debezium_decoder(schema: RowSchema, share: int) -> DebeziumFastDecoder:
+    """``debezium-json`` (the reference: :func:`mvlog.source_formats.decode_debezium_json`). One struct decodes
+    the envelope: ``after`` a full row (as ``typed_row``), ``before`` only its key columns (all a delete reads
+    of it, and all an update compares), ``source`` only what :func:`debezium_position` reads, and the JSON
+    converter's ``schema`` and ``payload`` left undecoded (``msgspec.Raw``); when those two are the only
+    fields, the payload is decoded as the envelope."""
+    pk = schema.primary_key
+    unset, unset_type, raw = msgspec.UNSET, msgspec.UnsetType, msgspec.Raw
+    key_struct = msgspec.defstruct("DebeziumKey", [(name, _field_type(schema.column(name).type, share) | None |
+                                                    unset_type, unset) for name in pk])
+    row_struct = _row_struct(schema, share, keys_optional=False)
+    source_struct = msgspec.defstruct("DebeziumSource", [(name, Any, unset) for name in ("connector", "snapshot",
+                                                                                       "lsn")])
+    envelope = msgspec.defstruct("DebeziumEnvelope", [
+        ("op", str | unset_type, unset), ("before", key_struct | None | unset_type, unset),
+        ("after", row_struct | None | unset_type, unset), ("source", source_struct | None | unset_type, unset),
+        ("schema", raw | unset_type, unset), ("payload", raw | unset_type, unset)])
+    decode_envelope = msgspec.json.Decoder(envelope).decode
+    decode_fields = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+    astuple, asdict, error = msgspec.structs.astuple, msgspec.structs.asdict, msgspec.MsgspecError
+    binary = _bytes_columns(schema)
+    wrapped = {"schema", "payload"}
+
+    def decode(message: Record) -> tuple[Key, Row | None, int | None] | None:
+        value = message.value()
+        if value is None:
+            return None  # a tombstone: no change (the reference says so)
+        try:
+            event: Any = decode_envelope(value)
+            if event.schema is not unset or event.payload is not unset:
+                fields = decode_fields(value)  # (the converter's wrapper has these two fields only)
+                if fields.keys() == wrapped:
+                    event = decode_envelope(fields["payload"])  # a null payload is refused: the reference way
+        except error:
+            return None
+        op, before, source = event.op, event.before, event.source
+        position = None if source is unset or source is None else debezium_position(
+            op, {name: found for name, found in zip(("connector", "snapshot", "lsn"), astuple(source), strict=True)
+                 if found is not unset})
+        if op == "d":
+            if before is unset or before is None:
+                return None  # keyed by the message key, or no key at all: the reference way
+            old = astuple(before)
+            if unset in old or None in old:
+                return None  # the reference names the missing key column
+            return old, None, position
+        if op not in ("c", "r", "u"):
+            return None
+        after = event.after
+        if after is unset or after is None:
+            return None
+        row = asdict(after)
+        if binary and not _unbase64(row, binary):
+            return None
+        key = tuple(row[name] for name in pk)
+        if op == "u" and before is not unset and before is not None:
+            old = astuple(before)
+            if unset not in old and None not in old and old != key:
+                return None  # the key changed: a delete of the old key, then the row (the reference's two changes)
+        return key, row, position
+
+    return decode
+
+
+__all__ = ["DebeziumFastDecoder", "FastDecoder", "Record", "fast_debezium_decoder_for", "fast_decoder_for"]

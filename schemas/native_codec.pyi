@@ -41,6 +41,9 @@ def encode_table_changes(
     order_puts: list[bytes], on_delete: Callable[[int, bytes, bytes], None],
     member_of: Callable[[int, tuple[Any, ...], bytes], bytes], out: list[tuple[bytes, int, bytes]],
 ) -> None: ...
+def pack_items(
+    head: tuple[str | bytes, ...], items: list[bytes], start: int, stop: int, each_before: bytes,
+) -> bytes: ...
 def normalize_row(
     row: object, columns: tuple[tuple[str, int, bool], ...], key_positions: tuple[int, ...],
 ) -> tuple[dict[str, Any], tuple[Any, ...], int] | None: ...

@@ -747,6 +747,77 @@ def encode_table_changes(list changes, Py_ssize_t start, Py_ssize_t stop, list t
         out.append((kb, vnode, value))
 
 
+# --- an epoch's Redis commands (mvlog.connectors.redis.streamed_commit) ------------------------------
+
+cdef int put_decimal(Buffer* buf, Py_ssize_t n) except -1:
+    """``n`` (>= 0) in ASCII digits."""
+    cdef char[24] digits
+    cdef int count = 0
+    if n == 0:
+        return put_byte(buf, 48)
+    while n > 0:
+        digits[count] = <char>(48 + n % 10)
+        n //= 10
+        count += 1
+    buffer_reserve(buf, count)
+    while count > 0:
+        count -= 1
+        buf.data[buf.size] = digits[count]
+        buf.size += 1
+    return 0
+
+
+cdef int put_bulk(Buffer* buf, const char* data, Py_ssize_t length) except -1:
+    """A RESP bulk string: ``$<length>\\r\\n<data>\\r\\n``."""
+    put_byte(buf, 36)
+    put_decimal(buf, length)
+    buffer_reserve(buf, length + 4)
+    buf.data[buf.size] = 13
+    buf.data[buf.size + 1] = 10
+    memcpy(buf.data + buf.size + 2, data, length)
+    buf.data[buf.size + 2 + length] = 13
+    buf.data[buf.size + 3 + length] = 10
+    buf.size += length + 4
+    return 0
+
+
+def pack_items(tuple head, list items, Py_ssize_t start, Py_ssize_t stop, bytes each_before):
+    """One Redis command in RESP, as ``hiredis.pack_command(head + items[start:stop])`` packs it: the ``head``
+    arguments (str or bytes), then the bytes of ``items[start:stop]``, each preceded by ``each_before`` unless
+    that is empty (a ZADD's score). The commit of a table's epoch sends some 30k such arguments."""
+    cdef Buffer buf
+    cdef Py_ssize_t length, count, i
+    cdef const char* text
+    cdef object arg
+    cdef bytes item
+    if stop > len(items) or start < 0 or start > stop:
+        raise IndexError("pack_items: start and stop must lie within items")
+    count = len(head) + (stop - start) * (2 if len(each_before) else 1)
+    buffer_init(&buf)
+    try:
+        put_byte(&buf, 42)
+        put_decimal(&buf, count)
+        put_byte(&buf, 13)
+        put_byte(&buf, 10)
+        for arg in head:
+            if type(arg) is str:
+                text = PyUnicode_AsUTF8AndSize(arg, &length)
+            elif type(arg) is bytes:
+                text = PyBytes_AS_STRING(<bytes>arg)
+                length = PyBytes_GET_SIZE(<bytes>arg)
+            else:
+                raise TypeError(f"pack_items: a head argument must be str or bytes, not {type(arg).__name__}")
+            put_bulk(&buf, text, length)
+        for i in range(start, stop):
+            item = <bytes?>items[i]
+            if len(each_before):
+                put_bulk(&buf, PyBytes_AS_STRING(each_before), PyBytes_GET_SIZE(each_before))
+            put_bulk(&buf, PyBytes_AS_STRING(item), PyBytes_GET_SIZE(item))
+        return PyBytes_FromStringAndSize(buf.data, buf.size)
+    finally:
+        buffer_free(&buf)
+
+
 # --- rows written to a table (mvlog.services.table_writer) ------------------------------------------
 
 cdef enum:

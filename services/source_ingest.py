@@ -70,7 +70,7 @@ from mvlog.services.source_committed import committed_dead_letters, committed_po
 from mvlog.services.table_writer import RowValidationError, Table
 from mvlog.source_avro import SchemaChangeError, SchemaResolver, derive_columns
 from mvlog.source_dedupe import PositionFilter
-from mvlog.source_fast import fast_decoder_for
+from mvlog.source_fast import fast_debezium_decoder_for, fast_decoder_for
 from mvlog.source_formats import decoder_for
 from mvlog.source_offsets import offsets_mutation
 from mvlog.source_pace import EpochPace
@@ -254,6 +254,7 @@ class SourceIngester:
         # offsets included, so the committed offsets read next are stable.
         self.table = Table(settings, entry, self._redis, auto_commit=False)
         self._fast = fast_decoder_for(spec, entry.schema, self.table.text_limit)
+        self._fast_debezium = fast_debezium_decoder_for(spec, entry.schema, self.table.text_limit)
         self._partition_count = partitions
         self._seen = PositionFilter()
         if spec.format.kind == "debezium":
@@ -366,9 +367,10 @@ class SourceIngester:
     def _apply(self, messages: Sequence[Message]) -> None:
         """Decode and queue the messages in order; ``positions`` moves past each one queued or
         dead-lettered. A plain message goes the fast way (:mod:`mvlog.source_fast`: its change straight
-        into the table's normalized rows, queued a batch at a time); any other, and every message of a
+        into the table's normalized rows, queued a batch at a time; a Debezium change's source position goes
+        through the redelivery rule first, as in :meth:`_apply_one`); any other, and every message of a
         format without a fast decoder, through the reference decoder (:mod:`mvlog.source_formats`)."""
-        fast = self._fast
+        fast, debezium, seen = self._fast, self._fast_debezium, self._seen
         run: list[RowChange] = []
         origins: list[SourceMessage] = []  # the message of each change of ``run``
         # Fast changes not handed to the table yet (the last of each key), all of them older than ``run``'s:
@@ -391,6 +393,18 @@ class SourceIngester:
                             self._queue(run, origins)
                         held[change[0]] = change[1]
                         fast_changes += 1
+                        continue
+                elif debezium is not None:
+                    positioned = debezium(message)
+                    if positioned is not None:
+                        if run:
+                            self._queue(run, origins)
+                        key, row, position = positioned
+                        if position is None or seen.admit(key, position):  # (as _apply_one: redeliveries)
+                            held[key] = row
+                            fast_changes += 1
+                        else:
+                            self.progress.redelivered += 1
                         continue
                 try:
                     self._apply_one(message, run, origins)

@@ -280,6 +280,43 @@ def test_debezium_json_topic_equals_the_fold(settings: Settings, redis_client: r
     assert check_every_epoch(settings, "items", ("id",), source) >= 1
 
 
+def test_debezium_json_redeliveries_and_key_changes_apply_once_and_in_order(settings: Settings,
+                                                                          redis_client: redis.Redis) -> None:
+    """Plain envelopes take the fast decoder (mvlog.source_fast), a key-changing update the reference one; a
+    redelivered change (its LSN at or below its key's last) is skipped on both, in message order."""
+    source = SourceTopic(settings, f"{settings.topic_prefix}.db1.public.redelivered")
+    create_source_table(settings, "items", {"id": "int", "label": "string"}, ["id"], source.name, "debezium-json",
+                        client=redis_client)
+    lsn = iter(range(100, 1000, 8))
+
+    def change(op: str, before: Any, after: Any, *, at: int | None = None, wrap: bool = False) -> dict[str, Any]:
+        envelope = {"op": op, "before": before, "after": after, "ts_ms": 1,
+                    "source": {"connector": "postgresql", "snapshot": "false", "lsn": at or next(lsn)}}
+        return {"schema": {"type": "struct"}, "payload": envelope} if wrap else envelope
+
+    def send(key: int, value: Any) -> None:
+        source.send({"id": key}, value, (key,), None, partition=0)  # one partition: one order for all keys
+
+    first_one, first_two = change("c", None, {"id": 1, "label": "a"}), change("c", None, {"id": 2, "label": "a"})
+    send(1, first_one)
+    send(2, first_two)
+    send(1, change("u", {"id": 1, "label": "a"}, {"id": 1, "label": "b"}, wrap=True))
+    send(2, change("d", {"id": 2, "label": "a"}, None))
+    send(2, None)  # its tombstone
+    send(1, first_one)  # redelivered: would overwrite b with a
+    send(2, {"schema": {}, "payload": first_two})  # redelivered (wrapped this time): would bring 2 back
+    send(3, change("c", None, {"id": 3, "label": "a"}))
+    send(4, change("u", {"id": 3, "label": "a"}, {"id": 4, "label": "moved"}))  # reference: delete 3, then 4
+    send(3, change("c", None, {"id": 3, "label": "again"}, wrap=True))  # after that delete
+    source.flush()
+    with SourceIngester(settings, "items", redis_client) as ingester:
+        progress = ingester.run(until_caught_up=True)
+    assert progress.redelivered == 2
+    assert progress.messages == 10
+    assert table_rows(redis_client, settings, "items", ("id",)) == {
+        (1,): {"id": 1, "label": "b"}, (3,): {"id": 3, "label": "again"}, (4,): {"id": 4, "label": "moved"}}
+
+
 def test_declaration_refusals_and_a_bad_record(settings: Settings, redis_client: redis.Redis) -> None:
     columns = ["-c", "id:int", "-c", "v:int", "-k", "id"]
     unknown = mvlog(settings, "create-table", "s1", *columns, "--from-topic", "x", "--format", "avro")

@@ -298,3 +298,34 @@ def test_normalize_row_is_the_schemas_validate_and_normalize(row: dict[str, Any]
                                        "ok": st.booleans(), "blob": st.binary()}))
 def test_valid_plain_rows_are_normalized_in_one_call(row: dict[str, Any]) -> None:
     assert native.normalize_row(row, NATIVE_COLUMNS, (0, 1)) is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=st.lists(st.binary(max_size=40), max_size=30), data=st.data())
+def test_pack_items_packs_as_hiredis_does(items: list[bytes], data: st.DataObject) -> None:
+    """An epoch's Redis chunks (mvlog.connectors.redis.streamed_commit): the compiled packing and the Python
+    one both give hiredis' bytes, for HSET-like commands and ZADD's score before each member."""
+    from hiredis import pack_command
+
+    from mvlog.connectors.redis.streamed_commit import _pack_items_python
+
+    start = data.draw(st.integers(0, len(items)))
+    stop = data.draw(st.integers(start, len(items)))
+    head: tuple[str | bytes, ...] = data.draw(st.sampled_from([("HSET", "p:{t}:rows"), ("ZADD", b"p:{\xc3\xa9}:k"),
+                                                               ("HDEL", "p:{é}:rows\r\n")]))
+    for each_before in (b"", b"0"):
+        args: list[Any] = []
+        for item in items[start:stop]:
+            args += [each_before, item] if each_before else [item]
+        expected = bytes(pack_command((*head, *args)))
+        assert native.pack_items(head, items, start, stop, each_before) == expected
+        assert _pack_items_python(head, items, start, stop, each_before) == expected
+
+
+def test_pack_items_refuses_what_it_cannot_pack() -> None:
+    with pytest.raises(IndexError):
+        native.pack_items(("HSET", "k"), [b"a"], 0, 2, b"")
+    with pytest.raises(TypeError):
+        native.pack_items(("HSET", 1), [b"a"], 0, 1, b"")
+    with pytest.raises(TypeError):
+        native.pack_items(("HSET", "k"), ["text"], 0, 1, b"")

@@ -12,7 +12,7 @@ import pytest
 
 from mvlog.row_schema import Column, ColumnType, RowSchema
 from mvlog.schemas.codec import native_module
-from mvlog.source_fast import fast_decoder_for
+from mvlog.source_fast import fast_debezium_decoder_for, fast_decoder_for
 from mvlog.source_formats import decoder_for
 from mvlog.source_records import BadRecordError, SourceMessage
 from mvlog.source_spec import SourceFormat, SourceSpec
@@ -148,11 +148,134 @@ def test_append_key_from_the_value_or_generated() -> None:
                                                                          "amount": None})
 
 
-def test_no_fast_path_for_debezium_or_without_text_room() -> None:
-    assert fast_decoder_for(SourceSpec("t", SourceFormat.DEBEZIUM_JSON), SCHEMA, TEXT_LIMIT) is None
+def test_each_format_has_its_own_fast_path_or_none_without_text_room() -> None:
+    assert fast_decoder_for(DEBEZIUM, SCHEMA, TEXT_LIMIT) is None  # (its own: fast_debezium_decoder_for)
+    assert fast_debezium_decoder_for(UPSERT, SCHEMA, TEXT_LIMIT) is None
     assert fast_decoder_for(UPSERT, SCHEMA, 1) is None
+    assert fast_debezium_decoder_for(DEBEZIUM, SCHEMA, 1) is None
 
 
 def test_the_reference_names_what_the_fast_path_left() -> None:
     with pytest.raises(BadRecordError, match="differs from the message key"):
         decoder_for(UPSERT, SCHEMA)(SourceMessage("t", 1, 42, raw(1), raw({"id": 2})))
+
+
+# --- debezium-json ----------------------------------------------------------------------------------------
+
+DEBEZIUM = SourceSpec("t", SourceFormat.DEBEZIUM_JSON)
+PG = {"version": "3.3.2.Final", "connector": "postgresql", "name": "db", "ts_ms": 1, "snapshot": "false",
+      "db": "shop", "schema": "public", "table": "t", "txId": 771, "lsn": 24023128, "xmin": None}
+ROW = {"id": 7, "name": "x", "price": 2, "active": False, "blob": B64}
+
+
+def check_debezium(schema: RowSchema, key: Any, value: Any, *, fast_expected: bool) -> None:
+    """As :func:`check`, for a Debezium envelope: the same key, normalized row and source position as the
+    reference's one change; a message the fast path leaves is the reference's (whatever it maps it to)."""
+    fast = fast_debezium_decoder_for(DEBEZIUM, schema, TEXT_LIMIT)
+    assert fast is not None
+    record = Record(raw(key), raw(value))
+    got = fast(record)
+    assert (got is not None) == fast_expected, got
+    if got is None:
+        return
+    [reference] = decoder_for(DEBEZIUM, schema)(SourceMessage("t", 1, 42, record.key(), record.value()))
+    assert got[0] == reference.key
+    assert got[2] == reference.position
+    if reference.row is None:
+        assert got[1] is None
+    else:
+        assert got[1] == normalized(schema, reference.row)
+        assert list(got[1]) == schema.names
+        assert [type(v) for v in got[1].values()] == [type(v) for v in normalized(schema, reference.row).values()]
+
+
+def wrapped(envelope: Any) -> dict[str, Any]:
+    """The JSON converter's form with schemas.enable=true (the schema's content is never read)."""
+    return {"schema": {"type": "struct", "fields": [{"field": "op", "type": "string"}], "name": "env"},
+            "payload": envelope}
+
+
+@pytest.mark.parametrize("value", [
+    {"op": "c", "before": None, "after": ROW, "source": PG, "ts_ms": 5},
+    {"op": "r", "after": {**ROW, "price": 2.5, "blob": None}, "source": {**PG, "snapshot": "true"}},
+    {"op": "r", "after": ROW, "source": {**PG, "snapshot": "last"}},
+    {"op": "u", "before": {**ROW, "name": "old"}, "after": {**ROW, "name": "new"}, "source": PG},
+    {"op": "u", "before": None, "after": ROW, "source": PG},  # REPLICA IDENTITY DEFAULT: no before
+    {"op": "u", "before": {"name": "no key"}, "after": ROW, "source": PG},
+    {"op": "u", "before": {"id": None}, "after": ROW, "source": PG},
+    {"op": "d", "before": ROW, "after": None, "source": PG},
+    {"op": "d", "before": {"id": 7}, "source": {**PG, "lsn": "24023999"}},  # lsn as text
+    {"op": "c", "after": ROW, "source": {**PG, "lsn": True}},  # no position: applied as it comes
+    {"op": "c", "after": ROW, "source": {**PG, "lsn": None}},
+    {"op": "c", "after": ROW, "source": {**PG, "lsn": "not a number"}},
+    {"op": "c", "after": ROW, "source": {"connector": "mysql", "file": "binlog.1", "pos": 4}},
+    {"op": "c", "after": ROW, "source": {"connector": "postgresql", "lsn": 5}},  # snapshot absent: streamed
+    {"op": "c", "after": ROW, "source": {"connector": "postgresql", "lsn": 5, "snapshot": None}},
+    {"op": "c", "after": ROW, "source": None},
+    {"op": "c", "after": ROW},
+    {"op": "c", "after": {"id": 1, "unknown": {"nested": [1, 2]}}, "source": PG},  # nullable columns NULL
+    wrapped({"op": "c", "after": ROW, "source": PG}),
+    wrapped({"op": "d", "before": {"id": 3}, "source": PG}),
+    {"op": "c", "after": ROW, "schema": "x", "payload": None},  # not the wrapper (three fields): the envelope
+])
+def test_debezium_plain_envelopes_agree_with_the_reference(value: Any) -> None:
+    check_debezium(SCHEMA, {"id": 7}, value, fast_expected=True)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ({"id": 7}, None),  # the tombstone after a delete: no change
+    ({"id": 7}, {"op": "u", "before": {"id": 6}, "after": ROW, "source": PG}),  # the key changed: two changes
+    ({"id": 7}, {"op": "d", "before": None, "source": PG}),  # keyed by the message key
+    (None, {"op": "d", "source": PG}),  # no key at all
+    ({"id": 7}, {"op": "d", "before": {"name": "x"}, "source": PG}),
+    ({"id": 7}, {"op": "d", "before": {"id": None}, "source": PG}),
+    ({"id": 7}, {"op": "d", "before": {"id": "7"}, "source": PG}),
+    ({"id": 7}, {"op": "c", "after": None, "source": PG}),
+    ({"id": 7}, {"op": "c", "source": PG}),
+    ({"id": 7}, {"op": "c", "after": {"name": "no id"}, "source": PG}),
+    ({"id": 7}, {"op": "c", "after": {**ROW, "id": 7.0}, "source": PG}),  # the reference maps it
+    ({"id": 7}, {"op": "c", "after": {**ROW, "price": "2.50"}, "source": PG}),  # decimal.handling.mode=string
+    ({"id": 7}, {"op": "c", "after": {**ROW, "blob": "***"}, "source": PG}),
+    ({"id": 7}, {"op": "c", "after": {**ROW, "name": "x" * 600}, "source": PG}),  # the table measures it
+    ({"id": 7}, {"op": "c", "after": [1, 2], "source": PG}),
+    ({"id": 7}, {"op": "c", "after": ROW, "source": "postgresql"}),
+    ({"id": 7}, {"op": "t", "source": PG}),
+    ({"id": 7}, {"op": "x", "after": ROW}),
+    ({"id": 7}, {"op": 1, "after": ROW}),
+    ({"id": 7}, {"after": ROW}),
+    ({"id": 7}, [1, 2]),
+    ({"id": 7}, "text"),
+    ({"id": 7}, b"{oops"),
+    ({"id": 7}, b"null"),
+    ({"id": 7}, wrapped(None)),  # a null payload: no change
+    ({"id": 7}, wrapped(wrapped({"op": "c", "after": ROW}))),  # unwrapped once only, as the reference does
+    ({"id": 7}, {"schema": {}, "payload": {"op": "c", "after": ROW}, "op": "c"}),  # not the wrapper: no after
+])
+def test_debezium_anything_else_goes_the_reference_way(key: Any, value: Any) -> None:
+    check_debezium(SCHEMA, key, value, fast_expected=False)
+
+
+def test_debezium_composite_key_and_required_columns() -> None:
+    schema = RowSchema((Column("a", ColumnType.INT, False), Column("b", ColumnType.STRING, False),
+                        Column("v", ColumnType.FLOAT, True)), ("a", "b"))
+    after = {"a": 1, "b": "x", "v": 3}
+    check_debezium(schema, None, {"op": "c", "after": after, "source": PG}, fast_expected=True)
+    check_debezium(schema, None, {"op": "u", "before": {"a": 1, "b": "x"}, "after": after, "source": PG},
+                   fast_expected=True)
+    check_debezium(schema, None, {"op": "u", "before": {"a": 1}, "after": after, "source": PG}, fast_expected=True)
+    check_debezium(schema, None, {"op": "u", "before": {"a": 1, "b": "y"}, "after": after, "source": PG},
+                   fast_expected=False)
+    check_debezium(schema, None, {"op": "d", "before": {"b": "x", "a": 1, "v": "any"}, "source": PG},
+                   fast_expected=True)
+    check_debezium(schema, None, {"op": "d", "before": {"a": 1}, "source": PG}, fast_expected=False)
+    check_debezium(schema, None, {"op": "c", "after": {"a": 1, "v": 3}, "source": PG}, fast_expected=False)
+    check_debezium(schema, None, {"op": "c", "after": {"a": 1, "b": None}, "source": PG}, fast_expected=False)
+
+
+def test_debezium_messages_the_fast_path_leaves_keep_their_reference_errors() -> None:
+    reference = decoder_for(DEBEZIUM, SCHEMA)
+    for value, problem in [({"op": "t", "source": PG}, "truncate"), ({"op": "c", "source": PG}, "without an 'after'"),
+                           ({"op": "d", "before": {"id": None}}, "missing or null in the before"),
+                           ([1], "not a Debezium change event")]:
+        with pytest.raises(BadRecordError, match=problem):
+            reference(SourceMessage("t", 1, 42, raw({"id": 7}), raw(value)))
