@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -158,17 +158,6 @@ _CHANGE_HEADERS: Headers = [(HEADER_TYPE, TYPE_CHANGE)]
 _BARRIER_HEADERS: Headers = [(HEADER_TYPE, TYPE_BARRIER)]
 
 
-@dataclass
-class _BoundedCall:
-    """A transactional call running on a helper thread (:meth:`ChangelogWriter._start_bounded`)."""
-
-    name: str
-    deadline: float  # monotonic time past which the writer counts as stuck
-    bound_s: float
-    thread: threading.Thread = field(default_factory=threading.Thread)
-    outcome: list[tuple[bool, Any]] = field(default_factory=list)
-
-
 class ChangelogWriter:
     def __init__(self, settings: Settings, view: str, key_columns: Sequence[str], partitions: int,
                  transactional_id: str | None = None, producer_config: dict[str, Any] | None = None,
@@ -249,14 +238,7 @@ class ChangelogWriter:
         self._transactions += 1
         txn = f"{self._session}-{self._transactions}"
         self._run(producer.begin_transaction)
-        offsets: _BoundedCall | None = None
         try:
-            if consumed_offsets:
-                # Sent while the epoch's records are produced: its two round trips (AddOffsetsToTxn, then
-                # TxnOffsetCommit to the group coordinator) overlap the produce instead of following it; the
-                # transaction commits the offsets with the records or neither, whatever the order within it.
-                offsets = self._start_bounded(producer.send_offsets_to_transaction, OFFSETS_TIMEOUT_S,
-                                              list(consumed_offsets), group_metadata, OFFSETS_TIMEOUT_S)
             ts_ms = int(time.time() * 1000)
             counts = [0] * self.partitions
             partition_of = self._partition_of_vnode
@@ -286,19 +268,16 @@ class ChangelogWriter:
                 barrier = Barrier(self.view, epoch, prev_epoch, checkpoint, partition, counts[partition],
                                   ts_ms, mutation, txn)
                 self._produce(None, encode_barrier(barrier), partition, _BARRIER_HEADERS, on_barrier)
-            if offsets is not None:
-                call, offsets = offsets, None
-                self._finish_bounded(call)
+            if consumed_offsets:
+                self._run_bounded(producer.send_offsets_to_transaction, OFFSETS_TIMEOUT_S, list(consumed_offsets),
+                                  group_metadata, OFFSETS_TIMEOUT_S)
             self._run(producer.commit_transaction, 60.0)
         except (WriterFencedError, WriterStuckError):
-            self._settle_bounded(offsets)
             raise  # nothing to abort with: fenced, or a call still runs in the stuck producer
         except RecordTooLargeError:
-            self._settle_bounded(offsets)
             self._abort()
             raise
         except Exception as exc:
-            self._settle_bounded(offsets)
             self._abort()
             raise EpochWriteError(f"{self.view}: epoch {epoch} was aborted: {exc}") from exc
         if len(barrier_offsets) != len(self.barrier_partitions):
@@ -364,48 +343,26 @@ class ChangelogWriter:
         """:meth:`_run` on a helper thread, waiting at most ``bound_s`` (plus a grace) for it: for calls whose
         own timeout librdkafka does not always honour. Past it the writer is stuck for good
         (:class:`WriterStuckError`)."""
-        return self._finish_bounded(self._start_bounded(call, bound_s, *args))
-
-    def _start_bounded(self, call: Any, bound_s: float, *args: Any) -> _BoundedCall:
-        """Start :meth:`_run_bounded`'s call; :meth:`_finish_bounded` waits for it (the bound counts from now)."""
-        bounded = _BoundedCall(getattr(call, "__name__", str(call)), time.monotonic() + bound_s + STUCK_GRACE_S,
-                               bound_s + STUCK_GRACE_S)
+        outcome: list[Any] = []
 
         def call_it() -> None:
             try:
-                bounded.outcome.append((True, self._run(call, *args)))
+                outcome.append((True, self._run(call, *args)))
             except BaseException as error:  # handed to the caller's thread
-                bounded.outcome.append((False, error))
+                outcome.append((False, error))
 
-        bounded.thread = threading.Thread(target=call_it, name=f"{self.view}-txn-call", daemon=True)
-        bounded.thread.start()
-        return bounded
-
-    def _finish_bounded(self, bounded: _BoundedCall) -> Any:
-        """Wait for a started call until its bound; its result, or what it raised."""
-        bounded.thread.join(max(0.0, bounded.deadline - time.monotonic()))
-        if not bounded.outcome:
+        thread = threading.Thread(target=call_it, name=f"{self.view}-txn-call", daemon=True)
+        thread.start()
+        thread.join(bound_s + STUCK_GRACE_S)
+        if not outcome:
             self._stuck = True
-            raise WriterStuckError(f"{self.view}: {bounded.name} did not return within {bounded.bound_s:.0f} s "
-                                   "(librdkafka lost the group coordinator); this writer is abandoned and a new "
-                                   "one fences it")
-        ok, value = bounded.outcome[0]
+            raise WriterStuckError(f"{self.view}: {getattr(call, '__name__', call)} did not return within "
+                                   f"{bound_s + STUCK_GRACE_S:.0f} s (librdkafka lost the group coordinator); this "
+                                   "writer is abandoned and a new one fences it")
+        ok, value = outcome[0]
         if not ok:
             raise value
         return value
-
-    def _settle_bounded(self, bounded: _BoundedCall | None) -> None:
-        """Before aborting (or giving up on) a transaction: let a call started in it end first (a transactional
-        call still running would make the abort fail); its own error is moot then, a stuck call is not: the
-        writer is then abandoned (:class:`WriterStuckError`), with nothing aborted."""
-        if bounded is None:
-            return
-        try:
-            self._finish_bounded(bounded)
-        except WriterStuckError:
-            raise
-        except Exception:  # (the transaction is aborted for another reason already)
-            pass
 
     def _run(self, call: Any, *args: Any) -> Any:
         try:
