@@ -8,14 +8,6 @@ transaction while the same pass queues the epoch's Redis side
 (:class:`~mvlog.connectors.redis.streamed_commit.StreamedCommit`), so each key's vnode and key-order member is
 computed once. Both use the compiled codec when it is built (:func:`~mvlog.schemas.codec.native_module`),
 else the same steps in Python.
-
-Before-images are read only for keys the table may hold: a :class:`~mvlog.key_presence.KeyPresence` filter,
-seeded with the table's keys at the MCE the writer follows (read with that MCE in one MULTI, at the first
-epoch) and given every key an epoch writes a row for, answers "surely absent" for most keys the table never
-held, whose read would miss anyway (an insert-heavy source: every key). It stays a superset of the table's
-keys because only this writer changes them (a newer writer fences it before writing anything) and a Redis
-rebuilt after a wipe holds the same keys, rebuilt from the same changelog. A table with more than
-:data:`PRESENCE_SEED_MAX_ROWS` rows at the writer's start reads every before-image, as before.
 """
 
 from __future__ import annotations
@@ -30,15 +22,11 @@ from mvlog.connectors.kafka.dead_letter import DeadLetterRecord
 from mvlog.connectors.redis.streamed_commit import StreamedCommit
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.key_order import order_member
-from mvlog.key_presence import KeyPresence
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import change_tail, decode_row, encode_change_rows, encode_key, encode_row, native_module
 from mvlog.vnode import VNODE_COUNT, vnode_of
 
 READ_CHUNK = 10_000  # keys per HMGET of the current rows
-# A writer whose table has more rows than this at its start does not read their keys (one HKEYS in a MULTI)
-# to seed its key-presence filter: it reads every before-image instead.
-PRESENCE_SEED_MAX_ROWS = 1_000_000
 SEND_EVERY = 4096  # changes encoded between two sends of the epoch's queued Redis commands
 _CREATE, _UPDATE, _DELETE = Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value
 #: A change of one key: key bytes, op, row bytes before and after (None: no row), the key.
@@ -50,56 +38,21 @@ Chunks = Callable[[int, str], Iterator[list[tuple[bytes, int, bytes]]]]
 class TableEpochEncoder:
     """Computes and encodes the epochs of table ``entry`` (rows in ``store``, changelog by ``writer``)."""
 
-    def __init__(self, entry: CatalogEntry, store: ViewStore, writer: ChangelogWriter, *,
-                 presence_seed_max_rows: int = PRESENCE_SEED_MAX_ROWS) -> None:
+    def __init__(self, entry: CatalogEntry, store: ViewStore, writer: ChangelogWriter) -> None:
         self.entry, self.store, self.writer = entry, store, writer
-        self.presence: KeyPresence | None = None  # seeded at the first epoch (see the module doc)
-        self._presence_seed_max_rows = presence_seed_max_rows
-        self._presence_unseedable = False  # too many rows at the start: every before-image is read
 
-    def _seed_presence(self, follows: int) -> KeyPresence | None:
-        """The filter, seeded from the table's keys if not yet: only when Redis holds them at the MCE the writer
-        follows (a wiped, or half rebuilt, Redis would seed it with too few keys; it is tried again next epoch)."""
-        if self.presence is not None or self._presence_unseedable:
-            return self.presence
-        mce, keys = self.store.row_keys_at_consistent_epoch(self.entry.name, self._presence_seed_max_rows)
-        if (mce or 0) != follows:
-            return None
-        if keys is None:
-            self._presence_unseedable = True
-            return None
-        presence = KeyPresence()
-        presence.add(keys)
-        self.presence = presence
-        return presence
-
-    def _before_images(self, presence: KeyPresence | None, key_bytes: list[bytes]) -> list[bytes | None]:
-        """The rows of ``key_bytes`` in Redis (None: no row), read only for keys ``presence`` may hold."""
-        if presence is None:
-            return self.store.row_list(self.entry.name, key_bytes)
-        maybe = presence.maybe_present(key_bytes)
-        asked = [kb for kb, present in zip(key_bytes, maybe, strict=True) if present]
-        if not asked:
-            return [None] * len(key_bytes)
-        found = iter(self.store.row_list(self.entry.name, asked))
-        return [next(found) if present else None for present in maybe]
-
-    def changes(self, pending: Mapping[Key, Row | None], follows: int) -> list[TableChange]:
-        """(key bytes, op, before, after, key) of every pending key whose row changes (each key once), against
-        the rows of epoch ``follows`` in Redis (the writer's MCE, which the committer makes sure Redis holds).
+    def changes(self, pending: Mapping[Key, Row | None]) -> list[TableChange]:
+        """(key bytes, op, before, after, key) of every pending key whose row changes (each key once).
 
         ``before`` is the row's bytes in Redis and ``after`` the new row encoded, so an unchanged row is
         found by comparing bytes: both are ``encode_row`` of a normalized row (columns in schema order),
         and equal bytes decode to equal rows. Only different bytes of an existing row are decoded and
-        compared as rows (as ``change_between`` does): 0.0 and -0.0, say, are equal rows. Every key written
-        a row goes into the key-presence filter before the epoch commits (an epoch that does not commit
-        leaves keys the table does not hold: a superset still).
+        compared as rows (as ``change_between`` does): 0.0 and -0.0, say, are equal rows.
         """
         columns, view = self.entry.key_columns, self.entry.name
         changes: list[TableChange] = []
         append = changes.append
-        presence = self._seed_presence(follows)
-        if presence is None and self.store.row_count(view) == 0:  # a first load: no before-images to read
+        if self.store.row_count(view) == 0:  # a first load: no before-images to read
             if (native := native_module()) is not None and type(pending) is dict:
                 native.encode_created(pending, tuple(columns), _CREATE, changes, encode_key, encode_row)
                 return changes
@@ -110,14 +63,12 @@ class TableEpochEncoder:
         items = list(pending.items())
         if (native := native_module()) is not None:
             for start in range(0, len(items), READ_CHUNK):
-                self._changes_compiled(native, items[start:start + READ_CHUNK], changes, presence)
+                self._changes_compiled(native, items[start:start + READ_CHUNK], changes)
             return changes
         for start in range(0, len(items), READ_CHUNK):  # bounded Redis replies
             chunk = items[start:start + READ_CHUNK]
             key_bytes = [encode_key(columns, key) for key, _ in chunk]
-            current = self._before_images(presence, key_bytes)
-            if presence is not None:
-                presence.add([kb for (_, after), kb in zip(chunk, key_bytes, strict=True) if after is not None])
+            current = self.store.row_list(view, key_bytes)
             for (key, after), kb, raw in zip(chunk, key_bytes, current, strict=True):
                 if after is None:
                     if raw is not None:
@@ -130,20 +81,16 @@ class TableEpochEncoder:
                     append((kb, _UPDATE, raw, after_bytes, key))
         return changes
 
-    def _changes_compiled(self, native: Any, chunk: list[tuple[Key, Row | None]], changes: list[TableChange],
-                          presence: KeyPresence | None) -> None:
+    def _changes_compiled(self, native: Any, chunk: list[tuple[Key, Row | None]], changes: list[TableChange]) -> None:
         """:meth:`changes` of one chunk of pending keys, their keys and rows encoded by one compiled call
-        (as for a first load), then compared with the rows in Redis (one HMGET of the keys it may hold)."""
-        columns = self.entry.key_columns
+        (as for a first load), then compared with the rows in Redis (one HMGET)."""
+        columns, view = self.entry.key_columns, self.entry.name
         rows = {key: after for key, after in chunk if after is not None}
         written: list[TableChange] = []  # (key bytes, create, None, row bytes, key) of each key with a row
         native.encode_created(rows, tuple(columns), _CREATE, written, encode_key, encode_row)
         deleted = [key for key, after in chunk if after is None] if len(rows) < len(chunk) else []
         deleted_bytes = [encode_key(columns, key) for key in deleted]
-        written_bytes = [change[0] for change in written]
-        current = self._before_images(presence, written_bytes + deleted_bytes)
-        if presence is not None:
-            presence.add(written_bytes)
+        current = self.store.row_list(view, [change[0] for change in written] + deleted_bytes)
         append = changes.append
         for change, raw in zip(written, current, strict=False):
             if raw is None:

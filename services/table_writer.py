@@ -12,6 +12,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, cast
 
 import redis
@@ -392,7 +393,7 @@ class Table:
                 pending, self._pending = self._pending, {}
             # Before-images come from Redis: they must be those of the last committed epoch, so a wiped
             # Redis is noticed (and rebuilt from Kafka) before the changes are computed, and after.
-            changes = self._committer.compute(lambda: self._encoder.changes(pending, self._committer.mce))
+            changes = self._committer.compute(partial(self._encoder.changes, pending))
             epoch = self._clock.next()
             self._epochs_written += 1
             checkpoint = self._epochs_written % self.settings.checkpoint_frequency == 0

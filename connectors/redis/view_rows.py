@@ -60,22 +60,6 @@ class ViewRows(ViewMeta):
     def row_count(self, view: str) -> int:
         return int(self.redis.hlen(self._key(view, "rows")))
 
-    def row_keys_at_consistent_epoch(self, view: str, max_rows: int) -> tuple[int | None, list[bytes] | None]:
-        """The MCE and every key of the rows at that MCE (one MULTI each: the keys and the epoch are of the
-        same commit), or the MCE and None when there are more than ``max_rows`` rows (not read)."""
-        meta, rows = self._key(view, "meta"), self._key(view, "rows")
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hget(meta, "mce")
-        pipe.hlen(rows)
-        mce, count = pipe.execute()
-        if int(count) == 0 or int(count) > max_rows:
-            return (int(mce) if mce is not None else None), ([] if int(count) == 0 else None)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hget(meta, "mce")
-        pipe.hkeys(rows)
-        mce, keys = pipe.execute()
-        return (int(mce) if mce is not None else None), cast(list[bytes], keys)
-
     def get_state(self, view: str, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         if not keys:
             return {}
