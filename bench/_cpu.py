@@ -1,0 +1,122 @@
+"""CPU seconds of the processes a benchmark run uses, by role, from ``/proc/<pid>/stat`` (Linux only).
+
+Issue 19 asks for the driver's share of all CPU during a catch-up with the operators in Spark's tasks.
+That share can only be told apart when the executors run in their own JVMs (``local-cluster[N,C,MB]``):
+in ``local[N]`` the executors are threads of the driver's JVM. The roles:
+
+* **driver**, in two parts: ``driver_py``, the Python driver process; ``driver_jvm``, its JVM (the py4j
+  gateway's process, which in ``local-cluster`` also hosts Spark's master and workers) and the JVM's
+  other descendants (Python workers the driver's JVM starts itself, e.g. for a Python data source's
+  planning), minus the executors' trees;
+* **executors**: every ``CoarseGrainedExecutorBackend`` JVM below the driver's JVM, with its Python
+  daemon and workers;
+* **broker** / **redis**: the stack's processes, given by pid.
+
+A sample reads ``utime + stime + cutime + cstime`` of each process: the reaped children's time is in
+their parent's, so a Python worker that exits between two samples still counts (in its parent's role),
+and the difference of two samples is the CPU time each role used in between. Anything else on the
+machine (other users' work) is not counted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+EXECUTOR_MARK = b"CoarseGrainedExecutorBackend"
+ROLES = ("driver_py", "driver_jvm", "executors", "broker", "redis")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """One process: its parent and its CPU ticks (own + reaped children's)."""
+
+    pid: int
+    ppid: int
+    ticks: int
+
+
+def parse_stat(pid: int, text: str) -> ProcStat:
+    """``/proc/<pid>/stat``: the command (field 2) may hold spaces and parentheses, so fields are counted
+    after its last ``)``: state, ppid, ... utime (14), stime, cutime, cstime (17)."""
+    fields = text[text.rindex(")") + 2:].split()
+    ppid = int(fields[1])
+    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    return ProcStat(pid, ppid, utime + stime + cutime + cstime)
+
+
+def descendants(children: Mapping[int, Iterable[int]], root: int) -> set[int]:
+    """``root`` and every process below it."""
+    found = {root}
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def roles(stats: Mapping[int, ProcStat], executors: Iterable[int], driver: int, driver_jvm: int,
+          broker: int | None, redis: int | None) -> dict[str, set[int]]:
+    """The processes of each role (pure): ``executors`` are the executor JVMs' pids."""
+    children = _children(stats)
+    executor_tree: set[int] = set()
+    for pid in executors:
+        executor_tree |= descendants(children, pid)
+    result = {"driver_py": {driver}, "driver_jvm": descendants(children, driver_jvm) - executor_tree,
+              "executors": executor_tree, "broker": set(), "redis": set()}
+    if broker is not None:
+        result["broker"] = descendants(children, broker)
+    if redis is not None:
+        result["redis"] = descendants(children, redis)
+    return result
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds used so far by each role's processes alive at the sample."""
+
+    seconds: dict[str, float]
+
+    def __sub__(self, earlier: CpuSample) -> dict[str, float]:
+        return {role: self.seconds[role] - earlier.seconds[role] for role in ROLES}
+
+
+@dataclass(frozen=True)
+class CpuProbe:
+    """Samples the roles' CPU seconds; ``driver_jvm`` from the py4j gateway."""
+
+    driver: int
+    driver_jvm: int
+    broker: int | None
+    redis: int | None
+
+    def sample(self) -> CpuSample:
+        stats: dict[int, ProcStat] = {}
+        executors: list[int] = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            try:
+                stats[pid] = parse_stat(pid, (entry / "stat").read_text())
+                if EXECUTOR_MARK in (entry / "cmdline").read_bytes():
+                    executors.append(pid)
+            except (OSError, ValueError):
+                continue  # gone meanwhile
+        below_jvm = descendants(_children(stats), self.driver_jvm)  # not another run's executors
+        executors = [pid for pid in executors if pid in below_jvm]
+        tick = os.sysconf("SC_CLK_TCK")
+        members = roles(stats, executors, self.driver, self.driver_jvm, self.broker, self.redis)
+        return CpuSample({role: sum(stats[pid].ticks for pid in pids if pid in stats) / tick
+                          for role, pids in members.items()})
+
+
+def _children(stats: Mapping[int, ProcStat]) -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for stat in stats.values():
+        children.setdefault(stat.ppid, []).append(stat.pid)
+    return children
