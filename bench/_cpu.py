@@ -4,10 +4,10 @@ Issue 19 asks for the driver's share of all CPU during a catch-up with the opera
 That share can only be told apart when the executors run in their own JVMs (``local-cluster[N,C,MB]``):
 in ``local[N]`` the executors are threads of the driver's JVM. The roles:
 
-* **driver**, in two parts: ``driver_py``, the Python driver process; ``driver_jvm``, its JVM (the py4j
-  gateway's process, which in ``local-cluster`` also hosts Spark's master and workers) and the JVM's
-  other descendants (Python workers the driver's JVM starts itself, e.g. for a Python data source's
-  planning), minus the executors' trees;
+* **driver**, in three parts: ``driver_py``, the Python driver process; ``driver_jvm``, its JVM (the
+  py4j gateway's process, which in ``local-cluster`` also hosts Spark's master and workers);
+  ``driver_workers``, the JVM's other descendants (the Python workers the driver's JVM starts itself, e.g.
+  to plan a Python data source's reads), minus the executors' trees;
 * **executors**: every ``CoarseGrainedExecutorBackend`` JVM below the driver's JVM, with its Python
   daemon and workers;
 * **broker** / **redis**: the stack's processes, given by pid.
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 EXECUTOR_MARK = b"CoarseGrainedExecutorBackend"
-ROLES = ("driver_py", "driver_jvm", "executors", "broker", "redis")
+ROLES = ("driver_py", "driver_jvm", "driver_workers", "executors", "broker", "redis")
+DRIVER_ROLES = ("driver_py", "driver_jvm", "driver_workers")
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ def roles(stats: Mapping[int, ProcStat], executors: Iterable[int], driver: int, 
     executor_tree: set[int] = set()
     for pid in executors:
         executor_tree |= descendants(children, pid)
-    result = {"driver_py": {driver}, "driver_jvm": descendants(children, driver_jvm) - executor_tree,
+    result = {"driver_py": {driver}, "driver_jvm": {driver_jvm},
+              "driver_workers": descendants(children, driver_jvm) - executor_tree - {driver_jvm},
               "executors": executor_tree, "broker": set(), "redis": set()}
     if broker is not None:
         result["broker"] = descendants(children, broker)
@@ -75,14 +77,26 @@ def roles(stats: Mapping[int, ProcStat], executors: Iterable[int], driver: int, 
     return result
 
 
+def thread_group(comm: str) -> str:
+    """A thread's name without its number (``Executor task launch worker-3`` and ``-4`` are one group):
+    the JVM names its native threads after its Java threads (15 characters)."""
+    return comm.rstrip("0123456789-# ").strip() or comm
+
+
 @dataclass(frozen=True)
 class CpuSample:
-    """CPU seconds used so far by each role's processes alive at the sample."""
+    """CPU seconds used so far by each role's processes alive at the sample, and by the driver JVM's live
+    threads, per thread group."""
 
     seconds: dict[str, float]
+    jvm_threads: dict[str, float]
 
     def __sub__(self, earlier: CpuSample) -> dict[str, float]:
         return {role: self.seconds[role] - earlier.seconds[role] for role in ROLES}
+
+    def threads_since(self, earlier: CpuSample) -> dict[str, float]:
+        """CPU seconds of the driver JVM's thread groups in between (threads that ended are missing)."""
+        return {name: seconds - earlier.jvm_threads.get(name, 0.0) for name, seconds in self.jvm_threads.items()}
 
 
 @dataclass(frozen=True)
@@ -111,8 +125,16 @@ class CpuProbe:
         executors = [pid for pid in executors if pid in below_jvm]
         tick = os.sysconf("SC_CLK_TCK")
         members = roles(stats, executors, self.driver, self.driver_jvm, self.broker, self.redis)
+        threads: dict[str, float] = {}
+        for task in Path(f"/proc/{self.driver_jvm}/task").iterdir():
+            try:
+                text = (task / "stat").read_text()
+            except OSError:
+                continue
+            name = thread_group(text[text.index("(") + 1:text.rindex(")")])
+            threads[name] = threads.get(name, 0.0) + parse_stat(int(task.name), text).ticks / tick
         return CpuSample({role: sum(stats[pid].ticks for pid in pids if pid in stats) / tick
-                          for role, pids in members.items()})
+                          for role, pids in members.items()}, threads)
 
 
 def _children(stats: Mapping[int, ProcStat]) -> dict[int, list[int]]:

@@ -86,13 +86,14 @@ from mvlog.services.view_ddl import create_view
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO_ROOT, fmt_rate, machine_info, peak_rss_mib, temporary_stack
-from _cpu import ROLES, CpuProbe
+from _cpu import DRIVER_ROLES, ROLES, CpuProbe
 
 sys.path.insert(0, str(REPO_ROOT))
 
 from tests.integration.processes.cache_worker import CacheWorkerProcess
 
 TABLE = "t1"
+IDLE_S = 5.0  # --tasks on a local-cluster: the processes' CPU measured idle this long before the catch-ups
 COLUMNS = {"id": "int", "k": "int", "v1": "int", "deleted": "boolean"}
 VIEWS = {
     "filter": "SELECT id, v1 FROM t1 WHERE deleted = false",
@@ -274,6 +275,7 @@ class CatchUp:
     collecting: float
     applying: float
     cpu: dict[str, float] | None = None
+    jvm_threads: dict[str, float] | None = None  # the driver JVM's CPU seconds per thread group
 
 
 def run_catch_up(settings: Settings, spark: SparkSession, name: str, last_epoch: int,
@@ -313,9 +315,12 @@ def run_catch_up(settings: Settings, spark: SparkSession, name: str, last_epoch:
         consumer.start()
         consumer.wait_for_epoch(last_epoch, timeout=1800)
         seconds = time.perf_counter() - start
-        cpu = probe.sample() - before if probe is not None and before is not None else None
+        after = probe.sample() if probe is not None else None
         idle["apply"].wait(30)  # the MCE moves inside the apply: let the wrapper account for its end
-        return CatchUp(seconds, consumer.epochs_applied, seconds_in["collect"], seconds_in["apply"], cpu)
+        cpu = threads = None
+        if after is not None and before is not None:
+            cpu, threads = after - before, after.threads_since(before)
+        return CatchUp(seconds, consumer.epochs_applied, seconds_in["collect"], seconds_in["apply"], cpu, threads)
     finally:
         consumer.stop()
 
@@ -433,7 +438,7 @@ def print_live(args: argparse.Namespace, live: LiveResult) -> None:
 def cpu_line(cpu: dict[str, float], changes: int, seconds: float) -> str:
     """The driver's CPU seconds per million changes and its share of the run's CPU, each role's seconds."""
     total = sum(cpu.values())
-    driver = cpu["driver_py"] + cpu["driver_jvm"]
+    driver = sum(cpu[role] for role in DRIVER_ROLES)
     roles = ", ".join(f"{role} {cpu[role]:.1f}" for role in ROLES)
     share = f"{driver / total:.1%}" if total else "-"
     return (f"driver {driver / changes * 1e6:6.1f} CPU s per 1M changes, {share} of the run's CPU "
@@ -479,6 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     baseline: dict[str, list[float]] = {view: [] for view in VIEWS}
     in_tasks: dict[str, list[CatchUp]] = {view: [] for view in VIEWS}  # --tasks
     checks: dict[str, str] = {}
+    idle_cpu: dict[str, float] | None = None
     with temporary_stack("mvlog-bench-") as (stack, _):
         spark: SparkSession | None = None
         try:
@@ -510,6 +516,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pids = {s.name: s.pid for s in stack.status(check_health=False)}
                 jvm = int(spark._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
                 probe = CpuProbe(os.getpid(), jvm, pids.get("kafka"), pids.get("redis"))
+                before = probe.sample()
+                time.sleep(IDLE_S)  # what the processes burn doing nothing (heartbeats, GC, the broker's timers)
+                idle_cpu = probe.sample() - before
             schema_file = Path(sys.modules["mvlog.schemas"].__file__ or "").parent / "change_event.avsc"
 
             def plain_options(offsets: dict[int, Any]) -> dict[str, str]:
@@ -592,6 +601,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for run in path_runs:
                     if run.cpu is not None:
                         print(f"  {view:<6} {path:<11} {cpu_line(run.cpu, n, run.seconds)}")
+                    if run.jvm_threads:
+                        top = sorted(run.jvm_threads.items(), key=lambda item: -item[1])[:8]
+                        print(f"  {'':<18} driver JVM threads (CPU s): "
+                              + ", ".join(f"{name} {seconds:.2f}" for name, seconds in top))
+        if idle_cpu is not None:
+            print(f"  idle for {IDLE_S:.0f} s before the catch-ups, CPU s per s: "
+                  + ", ".join(f"{role} {idle_cpu[role] / IDLE_S:.3f}" for role in ROLES))
     if live is not None:
         print_live(args, live)
     print(f"  peak RSS of the driver process: {peak_rss_mib():.0f} MiB")

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "bench") not in sys.path:
     sys.path.insert(0, str(REPO / "bench"))
 
-from _cpu import ProcStat, parse_stat, roles  # noqa: E402
+from _cpu import ProcStat, parse_stat, roles, thread_group  # noqa: E402
 
 
 def test_parse_stat_counts_after_the_last_parenthesis_of_the_command() -> None:
@@ -32,5 +32,13 @@ def test_roles_split_the_driver_jvm_tree_at_the_executors() -> None:
     tree = {10: 1, 11: 10, 12: 11, 20: 11, 21: 20, 22: 21, 30: 11, 40: 10, 41: 40, 50: 10, 60: 1}
     stats = {pid: ProcStat(pid, ppid, 1) for pid, ppid in tree.items()}
     found = roles(stats, [20, 30], driver=10, driver_jvm=11, broker=40, redis=50)
-    assert found == {"driver_py": {10}, "driver_jvm": {11, 12}, "executors": {20, 21, 22, 30}, "broker": {40, 41},
-                     "redis": {50}}
+    assert found == {"driver_py": {10}, "driver_jvm": {11}, "driver_workers": {12},
+                     "executors": {20, 21, 22, 30}, "broker": {40, 41}, "redis": {50}}
+
+
+def test_thread_group_drops_the_number() -> None:
+    assert thread_group("Executor task l") == "Executor task l"
+    assert thread_group("dispatcher-Bloc") == "dispatcher-Bloc"
+    assert thread_group("shuffle-client-3") == "shuffle-client"
+    assert thread_group("GC Thread#1") == "GC Thread"
+    assert thread_group("12") == "12"
