@@ -7,7 +7,8 @@ in ``local[N]`` the executors are threads of the driver's JVM. The roles:
 * **driver**, in three parts: ``driver_py``, the Python driver process; ``driver_jvm``, its JVM (the
   py4j gateway's process, which in ``local-cluster`` also hosts Spark's master and workers);
   ``driver_workers``, the JVM's other descendants (the Python workers the driver's JVM starts itself, e.g.
-  to plan a Python data source's reads), minus the executors' trees;
+  to plan a Python data source's reads), minus the executors' trees, and the JVM's ended children (an
+  executor that ends during a sample would count here: none does in the benchmark);
 * **executors**: every ``CoarseGrainedExecutorBackend`` JVM below the driver's JVM, with its Python
   daemon and workers;
 * **broker** / **redis**: the stack's processes, given by pid.
@@ -32,11 +33,17 @@ DRIVER_ROLES = ("driver_py", "driver_jvm", "driver_workers")
 
 @dataclass(frozen=True)
 class ProcStat:
-    """One process: its parent and its CPU ticks (own + reaped children's)."""
+    """One process (or thread): its parent, its own CPU ticks and its reaped children's. A thread's
+    ``reaped`` is its process's (the kernel keeps it per process), so threads count ``own`` only."""
 
     pid: int
     ppid: int
-    ticks: int
+    own: int
+    reaped: int = 0
+
+    @property
+    def ticks(self) -> int:
+        return self.own + self.reaped
 
 
 def parse_stat(pid: int, text: str) -> ProcStat:
@@ -45,7 +52,7 @@ def parse_stat(pid: int, text: str) -> ProcStat:
     fields = text[text.rindex(")") + 2:].split()
     ppid = int(fields[1])
     utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
-    return ProcStat(pid, ppid, utime + stime + cutime + cstime)
+    return ProcStat(pid, ppid, utime + stime, cutime + cstime)
 
 
 def descendants(children: Mapping[int, Iterable[int]], root: int) -> set[int]:
@@ -132,9 +139,14 @@ class CpuProbe:
             except OSError:
                 continue
             name = thread_group(text[text.index("(") + 1:text.rindex(")")])
-            threads[name] = threads.get(name, 0.0) + parse_stat(int(task.name), text).ticks / tick
-        return CpuSample({role: sum(stats[pid].ticks for pid in pids if pid in stats) / tick
-                          for role, pids in members.items()}, threads)
+            threads[name] = threads.get(name, 0.0) + parse_stat(int(task.name), text).own / tick
+        seconds = {role: sum(stats[pid].ticks for pid in pids if pid in stats) / tick
+                   for role, pids in members.items()}
+        jvm = stats.get(self.driver_jvm)
+        if jvm is not None:  # the JVM's reaped children (its Python workers that ended) count as workers
+            seconds["driver_jvm"] -= jvm.reaped / tick
+            seconds["driver_workers"] += jvm.reaped / tick
+        return CpuSample(seconds, threads)
 
 
 def _children(stats: Mapping[int, ProcStat]) -> dict[int, list[int]]:

@@ -17,7 +17,7 @@ from _cpu import ProcStat, parse_stat, roles, thread_group  # noqa: E402
 def test_parse_stat_counts_after_the_last_parenthesis_of_the_command() -> None:
     # comm "(a) b)" holds a space and a parenthesis; utime 11, stime 22, cutime 33, cstime 44
     line = "42 ((a) b)) S 7 42 42 0 -1 4194560 100 0 0 0 11 22 33 44 20 0 3 0 100 1000 50"
-    assert parse_stat(42, line) == ProcStat(42, 7, 11 + 22 + 33 + 44)
+    assert parse_stat(42, line) == ProcStat(42, 7, 11 + 22, 33 + 44)
 
 
 def test_parse_stat_of_this_process() -> None:
