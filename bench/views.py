@@ -38,6 +38,12 @@ clock starts.
   50 epochs p99 is the slowest one. The medians of Spark's micro-batch phases are printed with them.
 
 Each view's rows in Redis are checked against the workload's final state after catch-up and live.
+With ``--tasks`` and a ``--master local-cluster[...]`` (executors in their own JVMs), every catch-up also
+samples the CPU seconds of the driver (its Python process, its JVM, the Python workers that JVM starts),
+the executors, the broker and redis-server from ``/proc`` (``_cpu.py``) and prints the driver's CPU
+seconds per million changes and its share of the run's CPU (issue 19: at most 5 %, flat when the epoch
+size grows 10x; run it at two ``--epoch-size``), with the driver JVM's CPU per thread and what each role
+burns idle for 5 s. ``--live-epochs 0`` skips the live phase.
 ``--profile FILE`` runs the first catch-up of each view under cProfile (its micro-batch reads, and
 foreachBatch calls in the driver's Py4J callback thread, and its micro-batch applies, in the consumer's
 worker thread) and prints the top functions.
