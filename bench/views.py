@@ -38,6 +38,12 @@ clock starts.
   50 epochs p99 is the slowest one. The medians of Spark's micro-batch phases are printed with them.
 
 Each view's rows in Redis are checked against the workload's final state after catch-up and live.
+With ``--tasks`` and a ``--master local-cluster[...]`` (executors in their own JVMs), every catch-up also
+samples the CPU seconds of the driver (its Python process, its JVM, the Python workers that JVM starts),
+the executors, the broker and redis-server from ``/proc`` (``_cpu.py``) and prints the driver's CPU
+seconds per million changes and its share of the run's CPU (issue 19: at most 5 %, flat when the epoch
+size grows 10x; run it at two ``--epoch-size``), with the driver JVM's CPU per thread and what each role
+burns idle for 5 s. ``--live-epochs 0`` skips the live phase.
 ``--profile FILE`` runs the first catch-up of each view under cProfile (its micro-batch reads, and
 foreachBatch calls in the driver's Py4J callback thread, and its micro-batch applies, in the consumer's
 worker thread) and prints the top functions.
@@ -57,6 +63,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import logging
+import os
 import pstats
 import random
 import statistics
@@ -85,12 +92,14 @@ from mvlog.services.view_ddl import create_view
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO_ROOT, fmt_rate, machine_info, peak_rss_mib, temporary_stack
+from _cpu import DRIVER_ROLES, ROLES, CpuProbe
 
 sys.path.insert(0, str(REPO_ROOT))
 
 from tests.integration.processes.cache_worker import CacheWorkerProcess
 
 TABLE = "t1"
+IDLE_S = 5.0  # --tasks on a local-cluster: the processes' CPU measured idle this long before the catch-ups
 COLUMNS = {"id": "int", "k": "int", "v1": "int", "deleted": "boolean"}
 VIEWS = {
     "filter": "SELECT id, v1 FROM t1 WHERE deleted = false",
@@ -261,11 +270,24 @@ def run_baseline(spark: SparkSession, view: str, options: dict[str, str]) -> flo
 # ------------------------------------------------------------------------------------- mvlog consumer
 
 
+@dataclass(frozen=True)
+class CatchUp:
+    """One catch-up: seconds from ``start()`` to MCE == the last epoch, epochs applied, seconds reading
+    micro-batches (the batch reads of the catch-up, then foreachBatch), seconds applying them (the
+    consumer's worker thread, meanwhile), and with a probe the CPU seconds of each role in that time."""
+
+    seconds: float
+    applied: int
+    collecting: float
+    applying: float
+    cpu: dict[str, float] | None = None
+    jvm_threads: dict[str, float] | None = None  # the driver JVM's CPU seconds per thread group
+
+
 def run_catch_up(settings: Settings, spark: SparkSession, name: str, last_epoch: int,
-                 profiles: tuple[cProfile.Profile, cProfile.Profile] | None) -> tuple[float, int, float, float]:
-    """Seconds from ``start()`` to MCE == ``last_epoch``, epochs applied, seconds reading micro-batches
-    (the batch reads of the catch-up, then foreachBatch), seconds applying them (the consumer's worker
-    thread, meanwhile)."""
+                 profiles: tuple[cProfile.Profile, cProfile.Profile] | None,
+                 probe: CpuProbe | None = None) -> CatchUp:
+    """One view's catch-up, timed (and its CPU sampled) from ``start()`` to its MCE at ``last_epoch``."""
     consumer = ViewConsumer(settings, name, spark=spark)
     if settings.operators_in_tasks and consumer.tasks is None:
         raise SystemExit(f"{name}: MVLOG_OPERATORS_IN_TASKS is on, but the view does not run in tasks")
@@ -294,12 +316,17 @@ def run_catch_up(settings: Settings, spark: SparkSession, name: str, last_epoch:
     consumer.reader.read_range = timed(consumer.reader.read_range, "collect", collect_profile)  # type: ignore[method-assign]
     consumer.apply_batch = timed(consumer.apply_batch, "apply", apply_profile)  # type: ignore[method-assign]
     try:
+        before = probe.sample() if probe is not None else None
         start = time.perf_counter()
         consumer.start()
         consumer.wait_for_epoch(last_epoch, timeout=1800)
         seconds = time.perf_counter() - start
+        after = probe.sample() if probe is not None else None
         idle["apply"].wait(30)  # the MCE moves inside the apply: let the wrapper account for its end
-        return seconds, consumer.epochs_applied, seconds_in["collect"], seconds_in["apply"]
+        cpu = threads = None
+        if after is not None and before is not None:
+            cpu, threads = after - before, after.threads_since(before)
+        return CatchUp(seconds, consumer.epochs_applied, seconds_in["collect"], seconds_in["apply"], cpu, threads)
     finally:
         consumer.stop()
 
@@ -392,6 +419,38 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def print_live(args: argparse.Namespace, live: LiveResult) -> None:
+    """The live phase's latencies, cache reads and micro-batch phases."""
+    print(f"  live: {live.epochs} epochs of {args.live_batch} changes every {args.live_interval_ms} ms, "
+          "both consumers running (trigger 200 ms); table flush() return -> view MCE in Redis:")
+    for view in VIEWS:
+        values = live.latencies[view_name(view)]
+        print(f"  {view:<6} latency p50 {percentile(values, 50) * 1000:6.0f} ms  p99 "
+              f"{percentile(values, 99) * 1000:6.0f} ms  (min {min(values) * 1000:.0f}, mean "
+              f"{statistics.fmean(values) * 1000:.0f}, max {max(values) * 1000:.0f} ms)")
+    if args.cache_worker:
+        read = live.from_cache + live.from_kafka
+        share = f"{live.from_cache / read:.1%}" if read else "-"
+        print(f"  live: partition-epochs the consumers read from the log cache (a worker following t1): "
+              f"{live.from_cache}/{read} ({share}; the rest from Kafka)")
+    phases = ("latestOffset", "queryPlanning", "addBatch", "triggerExecution")
+    for view in VIEWS:
+        batches = live.batches[view_name(view)]
+        medians = ", ".join(f"{phase} {statistics.median(b.durationMs.get(phase, 0) for b in batches):.0f}"
+                            for phase in phases) if batches else "none"
+        print(f"  {view:<6} live micro-batches: {len(batches)} in Spark's recent progress, median ms: {medians}")
+
+
+def cpu_line(cpu: dict[str, float], changes: int, seconds: float) -> str:
+    """The driver's CPU seconds per million changes and its share of the run's CPU, each role's seconds."""
+    total = sum(cpu.values())
+    driver = sum(cpu[role] for role in DRIVER_ROLES)
+    roles = ", ".join(f"{role} {cpu[role]:.1f}" for role in ROLES)
+    share = f"{driver / total:.1%}" if total else "-"
+    return (f"driver {driver / changes * 1e6:6.1f} CPU s per 1M changes, {share} of the run's CPU "
+            f"({roles} s; {total:.1f} CPU s in {seconds:.1f} s wall)")
+
+
 # ----------------------------------------------------------------------------------------------- main
 
 
@@ -427,10 +486,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     workload = Workload(args.keys, args.groups, random.Random(args.seed))
     epoch_sizes = [min(args.epoch_size, args.changes - done) for done in range(0, args.changes, args.epoch_size)]
     profiles = {view: (cProfile.Profile(), cProfile.Profile()) for view in VIEWS} if args.profile else {}
-    catch_up: dict[str, list[tuple[float, int, float, float]]] = {view: [] for view in VIEWS}
+    catch_up: dict[str, list[CatchUp]] = {view: [] for view in VIEWS}
     baseline: dict[str, list[float]] = {view: [] for view in VIEWS}
-    in_tasks: dict[str, list[tuple[float, int, float, float]]] = {view: [] for view in VIEWS}  # --tasks
+    in_tasks: dict[str, list[CatchUp]] = {view: [] for view in VIEWS}  # --tasks
     checks: dict[str, str] = {}
+    idle_cpu: dict[str, float] | None = None
     with temporary_stack("mvlog-bench-") as (stack, _):
         spark: SparkSession | None = None
         try:
@@ -457,6 +517,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             spark = spark_session(settings, app_name="mvlog-bench-views")
             spark.dataSource.register(PlainChangelogSource)
+            probe = None
+            if args.tasks and args.master.startswith("local-cluster"):  # executors in their own JVMs
+                pids = {s.name: s.pid for s in stack.status(check_health=False)}
+                jvm = int(spark._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
+                probe = CpuProbe(os.getpid(), jvm, pids.get("kafka"), pids.get("redis"))
+                before = probe.sample()
+                time.sleep(IDLE_S)  # what the processes burn doing nothing (heartbeats, GC, the broker's timers)
+                idle_cpu = probe.sample() - before
             schema_file = Path(sys.modules["mvlog.schemas"].__file__ or "").parent / "change_event.avsc"
 
             def plain_options(offsets: dict[int, Any]) -> dict[str, str]:
@@ -474,19 +542,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                     baseline[view].append(run_baseline(spark, view, plain_options(last_offsets)))
                     name = view_name(view, rep)
                     catch_up[view].append(run_catch_up(settings, spark, name, epochs[-1],
-                                                       profiles.get(view) if rep == 0 else None))
+                                                       profiles.get(view) if rep == 0 else None, probe))
                     checks[view] = check_view(store, view, name, workload)
                     if args.tasks:
                         name = view_name(f"{view}_tasks", rep)
                         in_tasks[view].append(run_catch_up(settings.model_copy(update={"operators_in_tasks": True}),
-                                                           spark, name, epochs[-1], None))
+                                                           spark, name, epochs[-1], None, probe))
                         checks[f"{view}_tasks"] = check_view(store, view, name, workload)
 
-            live = run_live(settings, spark, table, workload, args.live_epochs, args.live_batch,
-                            args.live_interval_ms / 1000, args.cache_worker)
-            for view in VIEWS:
-                after_live = check_view(store, view, view_name(view), workload).split()[0]
-                checks[view] += f" after catch-up, {after_live} after live"
+            live = None
+            if args.live_epochs > 0:
+                live = run_live(settings, spark, table, workload, args.live_epochs, args.live_batch,
+                                args.live_interval_ms / 1000, args.cache_worker)
+                for view in VIEWS:
+                    after_live = check_view(store, view, view_name(view), workload).split()[0]
+                    checks[view] += f" after catch-up, {after_live} after live"
             table.close()
             client.close()
         finally:
@@ -507,13 +577,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  catch-up, best of {args.repeat} per side" + (" (the first mvlog run of each view under cProfile)"
                                                           if profiles else "") + ":")
     best_baseline = {view: min(baseline[view]) for view in VIEWS}
-    best_catch_up = {view: min(catch_up[view]) for view in VIEWS}
+    best_catch_up = {view: min(catch_up[view], key=lambda run: run.seconds) for view in VIEWS}
     for view in VIEWS:
-        seconds, applied, collecting, applying = best_catch_up[view]
+        best = best_catch_up[view]
+        seconds, applied, collecting, applying = best.seconds, best.applied, best.collecting, best.applying
         runs = ", ".join(f"{t:.2f}" for t in baseline[view])
         print(f"  {view:<6} baseline {fmt_rate(n / best_baseline[view]):>9} records/s ({n:,} change events in "
               f"{best_baseline[view]:.2f} s; runs {runs} s)")
-        runs = ", ".join(f"{t:.2f}" for t, _, _, _ in catch_up[view])
+        runs = ", ".join(f"{run.seconds:.2f}" for run in catch_up[view])
         print(f"  {view:<6} mvlog    {fmt_rate(n / seconds):>9} changes/s ({n:,} changes, {applied} epochs "
               f"in {seconds:.2f} s; {collecting:.2f} s reading micro-batches, {applying:.2f} s "
               f"applying them in the consumer's worker thread; runs {runs} s)")
@@ -521,30 +592,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     for view, runs_in_tasks in in_tasks.items():
         if not runs_in_tasks:
             continue
-        seconds = min(t for t, _, _, _ in runs_in_tasks)
-        runs = ", ".join(f"{t:.2f}" for t, _, _, _ in runs_in_tasks)
+        seconds = min(run.seconds for run in runs_in_tasks)
+        runs = ", ".join(f"{run.seconds:.2f}" for run in runs_in_tasks)
         print(f"  {view:<6} in tasks (MVLOG_OPERATORS_IN_TASKS) {fmt_rate(n / seconds):>9} changes/s ({n:,} changes "
               f"in {seconds:.2f} s; runs {runs} s); view check: {checks[f'{view}_tasks']}")
         print(f"  {view:<6} in tasks: {best_baseline[view] / seconds:.2f}x the baseline, "
-              f"{best_catch_up[view][0] / seconds:.2f}x the driver path")
-    print(f"  live: {live.epochs} epochs of {args.live_batch} changes every {args.live_interval_ms} ms, "
-          "both consumers running (trigger 200 ms); table flush() return -> view MCE in Redis:")
-    for view in VIEWS:
-        values = live.latencies[view_name(view)]
-        print(f"  {view:<6} latency p50 {percentile(values, 50) * 1000:6.0f} ms  p99 "
-              f"{percentile(values, 99) * 1000:6.0f} ms  (min {min(values) * 1000:.0f}, mean "
-              f"{statistics.fmean(values) * 1000:.0f}, max {max(values) * 1000:.0f} ms)")
-    if args.cache_worker:
-        read = live.from_cache + live.from_kafka
-        share = f"{live.from_cache / read:.1%}" if read else "-"
-        print(f"  live: partition-epochs the consumers read from the log cache (a worker following t1): "
-              f"{live.from_cache}/{read} ({share}; the rest from Kafka)")
-    phases = ("latestOffset", "queryPlanning", "addBatch", "triggerExecution")
-    for view in VIEWS:
-        batches = live.batches[view_name(view)]
-        medians = ", ".join(f"{phase} {statistics.median(b.durationMs.get(phase, 0) for b in batches):.0f}"
-                            for phase in phases) if batches else "none"
-        print(f"  {view:<6} live micro-batches: {len(batches)} in Spark's recent progress, median ms: {medians}")
+              f"{best_catch_up[view].seconds / seconds:.2f}x the driver path")
+    if any(run.cpu is not None for runs in in_tasks.values() for run in runs):
+        print(f"  CPU during the catch-up (/proc, every run; driver = driver_py, the Python driver, + driver_jvm, its "
+              f"JVM, which in {args.master} also hosts Spark's master and workers, and the Python workers it starts; "
+              "executors = executor JVMs + their Python workers):")
+        for view in VIEWS:
+            for path, path_runs in (("driver path", catch_up[view]), ("in tasks", in_tasks[view])):
+                for run in path_runs:
+                    if run.cpu is not None:
+                        print(f"  {view:<6} {path:<11} {cpu_line(run.cpu, n, run.seconds)}")
+                    if run.jvm_threads:
+                        top = sorted(run.jvm_threads.items(), key=lambda item: -item[1])[:8]
+                        print(f"  {'':<18} driver JVM threads (CPU s): "
+                              + ", ".join(f"{name} {seconds:.2f}" for name, seconds in top))
+        if idle_cpu is not None:
+            print(f"  idle for {IDLE_S:.0f} s before the catch-ups, CPU s per s: "
+                  + ", ".join(f"{role} {idle_cpu[role] / IDLE_S:.3f}" for role in ROLES))
+    if live is not None:
+        print_live(args, live)
     print(f"  peak RSS of the driver process: {peak_rss_mib():.0f} MiB")
     for view, (collect_profile, apply_profile) in profiles.items():
         path = args.profile.with_name(f"{args.profile.stem}.{view}{args.profile.suffix or '.prof'}")
@@ -554,7 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {view} catch-up: cProfile of the driver's foreachBatch calls and micro-batch applies "
               f"(written to {path}), top {args.profile_lines} by cumulative time:")
         stats.strip_dirs().sort_stats("cumulative").print_stats(args.profile_lines)
-    ratios = ", ".join(f"{view} {best_baseline[view] / best_catch_up[view][0]:.2f}x" for view in VIEWS)
+    ratios = ", ".join(f"{view} {best_baseline[view] / best_catch_up[view].seconds:.2f}x" for view in VIEWS)
     print(f"ratio mvlog/baseline (catch-up changes/s): {ratios} (target >= 0.5x)")
     return 0
 

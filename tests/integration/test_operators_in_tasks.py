@@ -11,12 +11,15 @@ operator state), their epochs committed in Redis by the driver.
   partition committed an epoch (other partitions had or had not): the next consumer's tasks find what
   committed, recompute it from the committed state, write only the rest, and the view loses and doubles
   nothing. In the same run, a filter view's task kills only its own Python worker after its first
-  epoch: Spark retries it, and the retry finds that epoch committed.
+  epoch, and another of its tasks SIGKILLs its executor's JVM after its first epoch: Spark retries
+  both (the second on the other executor, or on the one the cluster's worker starts in place of the
+  dead one), and each retry finds its first epoch committed.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 from collections.abc import Callable
 
@@ -133,11 +136,14 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
         assert at_mce is not None
         start = {p: e.offset + 1 for p, e in at_mce.items()}
         last = _epochs(table, rng, 4, 80)
-        # mvf's task of partition 0 dies after its first epoch and is retried; mvg's kills the driver.
-        killed = run_views(settings, list(views), kills=["mvf:0:worker", "mvg:0:driver"])
+        # mvf's task of partition 0 kills its Python worker after its first epoch, its task of partition 1
+        # the executor JVM it runs in: both are retried. mvg's task of partition 0 kills the driver.
+        killed = run_views(settings, list(views), kills=["mvf:0:worker", "mvf:1:executor", "mvg:0:driver"])
         assert killed.returncode == -9, (killed.returncode, killed.stdout, _why(killed))
-        # The retried task found its partition's first epoch committed by the attempt that died.
-        assert _done(killed.stdout)["mvf"] == (last, 4 * 3 - 1)
+        # Spark's scheduler saw the executor die of the SIGKILL (128 + 9), not only a task fail.
+        assert re.search(r"Lost executor \d+ .*exited with code 137", killed.stderr), _why(killed)
+        # Each retried task found its partition's first epoch committed by the attempt that died.
+        assert _done(killed.stdout)["mvf"] == (last, 4 * 3 - 2)
         # Kafka ahead of Redis: partition 0 committed an epoch above the MCE, another partition did not.
         assert store.mce("mvg") == mce
         before = {p: partition_barriers(settings, "mvg", p, start[p]) for p in range(3)}

@@ -7,7 +7,9 @@ Catches each view up with its upstream, in order (:meth:`ViewConsumer.catch_up`)
 committed) and exits. Each ``KILL`` is ``<view>:<partition>:<what>``: the first attempt of that view's
 task of that partition, right after it wrote and staged its first epoch (the other partitions have
 committed that epoch or not, as their tasks got), SIGKILLs this driver process and then itself
-(``driver``), or only its own Python worker (``worker``: Spark retries the task).
+(``driver``), only its own Python worker (``worker``: Spark retries the task), or its executor's JVM
+(``CoarseGrainedExecutorBackend``) and then itself (``executor``: Spark loses the executor, retries
+the task on the other one, and the cluster's worker starts a new executor). A view may have several.
 """
 
 from __future__ import annotations
@@ -39,35 +41,54 @@ def run(settings: Settings, views: list[str], kills: list[str] | None = None,
     return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout, check=False)
 
 
+EXECUTOR_MARK = b"CoarseGrainedExecutorBackend"
+
+
+def executor_pid() -> int:
+    """The executor JVM above this Python worker (worker <- pyspark.daemon <- executor JVM)."""
+    pid = os.getpid()
+    while pid > 1:
+        if EXECUTOR_MARK in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    raise RuntimeError("this Python worker does not run under an executor JVM (not a local-cluster?)")
+
+
 @dataclass(frozen=True)
 class Kill:
-    """Runs in the task (pickled with the job): after the first attempt of ``partition`` wrote an epoch,
-    SIGKILL the driver (``driver_pid``; None: not), then the task's own Python worker, so nothing of
-    this attempt goes further."""
+    """Runs in the task (pickled with the job): after the first attempt of a partition in ``targets``
+    wrote an epoch, SIGKILL what that partition names (the driver, ``driver_pid``, or the executor JVM),
+    then the task's own Python worker, so nothing of this attempt goes further."""
 
-    driver_pid: int | None
-    partition: int
+    driver_pid: int
+    targets: dict[int, str]  # partition -> "driver" / "worker" / "executor"
 
     def __call__(self, partition: int, epoch: int) -> None:
         context = TaskContext.get()
-        if partition == self.partition and (context is None or context.attemptNumber() == 0):
-            if self.driver_pid is not None:
+        what = self.targets.get(partition)
+        if what is not None and (context is None or context.attemptNumber() == 0):
+            if what == "driver":
                 os.kill(self.driver_pid, signal.SIGKILL)
+            elif what == "executor":
+                os.kill(executor_pid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:
     settings = Settings.model_validate_json(sys.argv[1])
     specs = sys.argv[3].split(",") if len(sys.argv) > 3 else []
-    kills = {(words := spec.split(":"))[0]: (int(words[1]), words[2]) for spec in specs}
+    kills: dict[str, dict[int, str]] = {}
+    for spec in specs:
+        view, partition, what = spec.split(":")
+        kills.setdefault(view, {})[int(partition)] = what
     spark = None
     for view in sys.argv[2].split(","):
         consumer = ViewConsumer(settings, view, spark=spark)
         spark = consumer.spark
         assert consumer.tasks is not None, f"{view} does not run in tasks"
         if view in kills:
-            partition, what = kills[view]
-            consumer.tasks.on_written = Kill(os.getpid() if what == "driver" else None, partition)
+            consumer.tasks.on_written = Kill(os.getpid(), kills[view])
         mce = consumer.catch_up()
         print(f"done {view} {mce} {consumer.tasks.epochs_written}", flush=True)
         consumer.stop()
