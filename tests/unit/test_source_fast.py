@@ -56,23 +56,31 @@ def normalized(schema: RowSchema, row: dict[str, Any]) -> dict[str, Any]:
     return normalized
 
 
-def check(spec: SourceSpec, schema: RowSchema, key: Any, value: Any, *, fast_expected: bool) -> None:
-    """The fast decoder accepts the message exactly when expected, and then agrees with the reference."""
-    fast = fast_decoder_for(spec, schema, TEXT_LIMIT)
-    assert fast is not None
+def agree(fast: Any, spec: SourceSpec, schema: RowSchema, key: Any, value: Any, *,
+          fast_expected: bool) -> tuple[Any, Any] | None:
+    """``fast`` accepts the message exactly when expected, and then gives the reference's one change's key
+    and normalized row (every column, in schema order, of the same types); returns (fast's, reference's)."""
     record = Record(raw(key), raw(value))
     got = fast(record)
     assert (got is not None) == fast_expected, got
     if got is None:
-        return
+        return None
     [reference] = decoder_for(spec, schema)(SourceMessage("t", 1, 42, record.key(), record.value()))
     assert got[0] == reference.key
     if reference.row is None:
         assert got[1] is None
     else:
         assert got[1] == normalized(schema, reference.row)
-        assert list(got[1]) == schema.names  # every column, in schema order
+        assert list(got[1]) == schema.names
         assert [type(v) for v in got[1].values()] == [type(v) for v in normalized(schema, reference.row).values()]
+    return got, reference
+
+
+def check(spec: SourceSpec, schema: RowSchema, key: Any, value: Any, *, fast_expected: bool) -> None:
+    """The fast decoder accepts the message exactly when expected, and then agrees with the reference."""
+    fast = fast_decoder_for(spec, schema, TEXT_LIMIT)
+    assert fast is not None
+    agree(fast, spec, schema, key, value, fast_expected=fast_expected)
 
 
 UPSERT = SourceSpec("t", SourceFormat.UPSERT_JSON)
@@ -173,20 +181,9 @@ def check_debezium(schema: RowSchema, key: Any, value: Any, *, fast_expected: bo
     reference's one change; a message the fast path leaves is the reference's (whatever it maps it to)."""
     fast = fast_debezium_decoder_for(DEBEZIUM, schema, TEXT_LIMIT)
     assert fast is not None
-    record = Record(raw(key), raw(value))
-    got = fast(record)
-    assert (got is not None) == fast_expected, got
-    if got is None:
-        return
-    [reference] = decoder_for(DEBEZIUM, schema)(SourceMessage("t", 1, 42, record.key(), record.value()))
-    assert got[0] == reference.key
-    assert got[2] == reference.position
-    if reference.row is None:
-        assert got[1] is None
-    else:
-        assert got[1] == normalized(schema, reference.row)
-        assert list(got[1]) == schema.names
-        assert [type(v) for v in got[1].values()] == [type(v) for v in normalized(schema, reference.row).values()]
+    if (both := agree(fast, DEBEZIUM, schema, key, value, fast_expected=fast_expected)) is not None:
+        got, reference = both
+        assert got[2] == reference.position
 
 
 def wrapped(envelope: Any) -> dict[str, Any]:
