@@ -50,6 +50,11 @@ class EpochOutput:
     changes: ChangeBatch  # at most one per view key
     state_writes: dict[bytes, bytes | None] = field(default_factory=dict)  # None deletes the key
 
+    def state_puts_and_deletes(self) -> tuple[dict[bytes, bytes], list[bytes]]:
+        """:attr:`state_writes` as the commits take them: the keys set (with their values), the keys deleted."""
+        puts = {k: v for k, v in self.state_writes.items() if v is not None}
+        return puts, [k for k, v in self.state_writes.items() if v is None]
+
 
 class ViewOperator:
     """Maintains one view; holds only its plan, so one instance can serve any number of epochs."""

@@ -185,8 +185,7 @@ class PartitionEpochs:
                 elif barrier.records != len(encoded.keys):
                     raise RuntimeError(f"{view.name} partition {partition}: epoch {epoch} committed {barrier.records} "
                                        f"change(s); recomputed, it has {len(encoded.keys)}")
-                state_puts = {k: v for k, v in output.state_writes.items() if v is not None}
-                state_deletes = [k for k, v in output.state_writes.items() if v is None]
+                state_puts, state_deletes = output.state_puts_and_deletes()
                 rows_left = commit_from_encoded(epoch, output.changes.keys, encoded, {}, state_puts=state_puts,
                                                 state_deletes=state_deletes)
                 counts = staging.stage(view.name, partition, rows_left)

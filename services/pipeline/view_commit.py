@@ -24,8 +24,7 @@ def commit_view_epoch(committer: EpochCommitter, store: ViewStore, entry: Catalo
     operator state, epoch index and MCE (and the stages' fields) to Redis in one script; keys and rows are
     encoded once, for both."""
     epoch, encoded, follows = work.epoch, encode_batch(entry.key_columns, output.changes), committer.mce
-    puts = {k: v for k, v in output.state_writes.items() if v is not None}
-    deletes = [k for k, v in output.state_writes.items() if v is None]
+    puts, deletes = output.state_puts_and_deletes()
 
     def produce(writer: ChangelogWriter) -> CommittedEpoch:
         return writer.commit_batches(epoch, follows, [encoded], mutation=work.mutation)

@@ -76,8 +76,7 @@ class ReplacementFollower:
             return
         output = self.operator.apply_epoch(inputs, self._state)
         rows = encode_batch(self.plan.schema.primary_key, output.changes)
-        puts = {k: v for k, v in output.state_writes.items() if v is not None}
-        deletes = [k for k, v in output.state_writes.items() if v is None]
+        puts, deletes = output.state_puts_and_deletes()
         if self.store.commit(self.view, self.id, epoch, rows.row_puts, rows.row_deletes, puts, deletes, fields):
             self.mce = epoch
         else:
