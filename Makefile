@@ -1,7 +1,8 @@
 # mvlog: the two commands are `make demo` and `make test`; both run `make setup` first.
 #
 #   make setup   ready a fresh clone: Debian packages (redis-server, a Java runtime, Maven) when missing,
-#                then .venv with mvlog installed in editable mode (strict) with its dev tools, then
+#                then .venv with mvlog installed in editable mode (strict) with its dev tools, bytecode
+#                in pyspark's pyspark.zip (infra/pyspark_bytecode.py), then
 #                Apache Kafka's jars from Maven Central (infra/kafka/pom.xml) into ~/.cache/mvlog, and
 #                Kafka Connect's + Debezium's PostgreSQL connector's (infra/connect/pom.xml; the CDC test),
 #                and Apicurio Registry (infra/registry/pom.xml; the Schema Registry test of Avro sources)
@@ -40,12 +41,17 @@ TEST_TIMEOUT ?= 600
 TEST_WORKERS ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: help setup system-deps kafka connect registry lint test soak demo bench bench-peers up down purge clean
+.PHONY: help setup system-deps pyspark-bytecode kafka connect registry lint test soak demo bench bench-peers up down purge clean
 
 help:
 	@awk '/^#/ { sub(/^# ?/, ""); print; next } { exit }' Makefile
 
-setup: system-deps $(STAMP) kafka connect registry
+setup: system-deps $(STAMP) pyspark-bytecode kafka connect registry
+
+# Bytecode beside the sources of pyspark's pyspark.zip, which Spark puts first on its Python workers' path
+# (zipimport never caches bytecode: each worker compiled pyspark again, ~0.4 s of CPU; infra/pyspark_bytecode.py).
+pyspark-bytecode: $(STAMP)
+	@"$(PY)" -m mvlog.infra.pyspark_bytecode
 
 # Apache Kafka's jars (kafka_2.13, its run-time dependencies and a logging binding), resolved from Maven
 # Central by mvn into ~/.cache/mvlog/kafka-<version> (MVLOG_KAFKA_HOME), reused when present.

@@ -26,6 +26,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+# Imported here, not in _fingerprint: the tests' configure hook makes the archive in a thread while the
+# test modules import pyspark.sql, and two threads importing pyspark at once can see it half initialised.
+import pyspark
+
 from mvlog.infra.maven_jars import cache_folder
 
 __all__ = ["driver_archive", "java_options"]
@@ -83,8 +87,6 @@ def _java() -> str | None:
 @functools.cache
 def _fingerprint(java: str) -> str:
     """Which JVM build and which Spark: an archive is valid for exactly one of each."""
-    import pyspark
-
     version = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
     text = f"{os.path.realpath(java)}\n{version}\n{pyspark.__version__}\n{pyspark.__file__}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
