@@ -96,6 +96,11 @@ class Settings(BaseSettings):
     # least, whatever its size), so catching up after a long stop does not hold the whole lag at once.
     max_epochs_per_trigger: int = Field(default=50, ge=1)
     max_records_per_trigger: int = Field(default=100_000, ge=1)
+    # A read of the changelogs (format("mvlog")) of at most this many change events runs as one Spark task
+    # over all its partitions instead of one task per partition: a task costs ~50-100 ms to schedule and to
+    # open its Kafka consumer, more than it takes to read a few thousand events, and a live view's
+    # micro-batch is that small. 0: always one task per partition.
+    small_read_records: int = Field(default=10_000, ge=0)
     # Issue 19, opt-in: a filter/project view whose key is its upstream's (same partition count), or a
     # GROUP BY over one upstream (its input shuffled by its groups' partitions, mvlog.views.routing), runs
     # its operator in Spark's tasks, one per changelog partition, each committing its partition of an epoch

@@ -27,6 +27,9 @@ Options (modelled on Spark's Kafka source):
                    it is sealed); each micro-batch ends with one barrier row of partition -1 at its last
                    epoch (:func:`~mvlog.connectors.spark.change_rows.end_marker`), which may be none of this
                    view's epochs: the epoch to read the other upstreams up to
+``smallReadRecords`` a read (a batch, or a micro-batch) of at most this many change events is one
+                   Spark task over all its partitions, not a task per partition (default: the setting
+                   ``small_read_records``, 10000; ``0``: always a task per partition)
 ``bootstrapServers`` / ``redisUrl`` / ``topicPrefix``: override the mvlog settings
 ================== ======================================================================
 
@@ -95,6 +98,14 @@ class PartitionRange(InputPartition):
     after_epoch: int  # exclusive
     start_offset: int  # first offset after the barrier of ``after_epoch``
     barriers: tuple[tuple[int, int], ...]  # (epoch, barrier offset) of every planned epoch, ascending
+
+
+@dataclass(frozen=True)
+class PartitionGroup(InputPartition):
+    """Several partitions' ranges read one after the other by one Spark task: a small read
+    (``Settings.small_read_records``), where a task per partition costs more than the reading."""
+
+    parts: tuple[PartitionRange, ...]
 
 
 def read_partition_range(part: PartitionRange, batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
@@ -267,20 +278,33 @@ class _Planner:
         return latest.epoch if latest is not None else 0
 
     def plan(self, after: int, upto: int) -> list[PartitionRange]:
+        """One :class:`PartitionRange` per partition with epochs in ``(after, upto]``."""
+        return [part for part, _ in self._ranges(after, upto)]
+
+    def tasks(self, after: int, upto: int) -> list[PartitionRange] | list[PartitionGroup]:
+        """What Spark's tasks read of ``(after, upto]``: :meth:`plan`'s ranges, one task each, or, for a read
+        of at most ``small_read_records`` change events, one :class:`PartitionGroup` of them all."""
+        ranges = self._ranges(after, upto)
+        if len(ranges) > 1 and sum(records for _, records in ranges) <= self.settings.small_read_records:
+            return [PartitionGroup(tuple(part for part, _ in ranges))]
+        return [part for part, _ in ranges]
+
+    def _ranges(self, after: int, upto: int) -> list[tuple[PartitionRange, int]]:
+        """Each partition's range and its change events (from the epoch index)."""
         if upto <= after:
             return []
-        parts: list[PartitionRange] = []
+        parts: list[tuple[PartitionRange, int]] = []
         for partition in range(self.entry.partitions):
             entries = self.index.between(self.entry.name, partition, after, upto)
             if not entries:
                 continue
             start = self.index.before(self.entry.name, partition, entries[0].epoch)
-            parts.append(PartitionRange(
+            parts.append((PartitionRange(
                 settings_json=self.settings.to_executor_json(), view=self.entry.name,
                 key_columns=self.entry.key_columns, schema_json=self.entry.schema.to_json(),
                 partition=partition, after_epoch=start.epoch if start else 0,
                 start_offset=start.offset + 1 if start else 0,
-                barriers=tuple((e.epoch, e.offset) for e in entries)))
+                barriers=tuple((e.epoch, e.offset) for e in entries)), sum(e.records for e in entries)))
         return parts
 
 
@@ -322,6 +346,16 @@ def _positive_int(options: Any, name: str) -> int | None:
         number = 0
     if number < 1:
         raise ValueError(f"option {name} must be a positive integer, not {value!r}")
+    return number
+
+
+def _count(value: str, name: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise ValueError(f"option {name} must be a non-negative integer, not {value!r}")
     return number
 
 
@@ -368,6 +402,8 @@ class MvlogDataSource(DataSource):
         overrides: dict[str, Any] = {k: v for k, v in (("bootstrap_servers", self.options.get("bootstrapServers")),
                                        ("redis_url", self.options.get("redisUrl")),
                                        ("topic_prefix", self.options.get("topicPrefix"))) if v}
+        if (small := self.options.get("smallReadRecords")) is not None:
+            overrides["small_read_records"] = _count(small, "smallReadRecords")
         if self.session_settings_json is not None:
             self.settings = Settings.model_validate_json(self.session_settings_json).model_copy(update=overrides)
         else:
@@ -393,14 +429,23 @@ class _BatchReader(DataSourceReader):
         self.upto = _parse_epoch(options.get("endingEpoch"), "latest", latest)
         if self.upto > latest:
             raise EpochRangeError(f"{entry.name}: endingEpoch {self.upto} is above the last committed epoch {latest}")
-        self._parts = planner.plan(self.after, self.upto)
+        self._parts = planner.tasks(self.after, self.upto)
 
     def partitions(self) -> Sequence[InputPartition]:
         return self._parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, PartitionRange):  # Spark plans one empty partition for an empty range
-            yield from read_partition_range(partition)
+        yield from _read_planned(partition)
+
+
+def _read_planned(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Executor side: what :meth:`_Planner.plan` planned (Spark plans one empty partition, read as
+    nothing, for an empty range)."""
+    if isinstance(partition, PartitionRange):
+        yield from read_partition_range(partition)
+    elif isinstance(partition, PartitionGroup):
+        for part in partition.parts:
+            yield from read_partition_range(part)
 
 
 class _StreamReader(DataSourceStreamReader):
@@ -426,16 +471,16 @@ class _StreamReader(DataSourceStreamReader):
         return {"epoch": ends[0] if ends else after}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        parts: list[InputPartition] = list(self._planner.plan(start["epoch"], end["epoch"]))
+        parts: list[InputPartition] = list(self._planner.tasks(start["epoch"], end["epoch"]))
         if self._aligned and end["epoch"] > start["epoch"]:  # the epoch to read the other upstreams up to
             parts.append(AlignedEnd(self._planner.entry.schema.to_json(), end["epoch"]))
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, PartitionRange):  # Spark plans one empty partition for an empty range
-            yield from read_partition_range(partition)
-        elif isinstance(partition, AlignedEnd):
+        if isinstance(partition, AlignedEnd):
             yield from end_marker(RowSchema.from_json(partition.schema_json), partition.epoch).to_batches()
+        else:
+            yield from _read_planned(partition)
 
     def commit(self, end: dict[str, int]) -> None:
         """Progress lives in the view's MCE (Redis), not here: nothing to do."""

@@ -1,4 +1,4 @@
-"""The changelog protocol against the real broker (Tansu) and a real redis-server."""
+"""The changelog protocol against the real broker (Apache Kafka) and a real redis-server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Lag, status, /metrics and consistent multi-view reads on a real chain (Tansu, Redis, Spark) at rest.
+"""Lag, status, /metrics and consistent multi-view reads on a real chain (Apache Kafka, Redis, Spark) at rest.
 
 The chain ``t1 -> mv1 -> mv2`` is put in a known position: t1 committed 10 epochs (epoch i inserts i new
 rows; epoch 9 also updates a row of epoch 2, epoch 10 deletes a row of epoch 1), mv1 and mv2 caught up

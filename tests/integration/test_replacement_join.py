@@ -1,4 +1,4 @@
-"""Replacing a join view on a running chain, on the real stack (Tansu, redis-server, Spark local).
+"""Replacing a join view on a running chain, on the real stack (Apache Kafka, redis-server, Spark local).
 
 t1 -> mv1, and mvj = mv1 JOIN t2 with mvs (an aggregate) on top. mvj's replacement adds a filter on
 t2's side; both of its upstreams have snapshots at different epochs, so hydration starts at the newer

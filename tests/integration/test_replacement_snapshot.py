@@ -1,4 +1,4 @@
-"""A replacement hydrated from its upstream's snapshot, on the real stack (Tansu, redis-server, Spark local).
+"""A replacement hydrated from its upstream's snapshot, on the real stack (Apache Kafka, redis-server, Spark local).
 
 The chain t1 -> mv1 -> mv2 runs while mv1's filter is replaced, with a reference view ``ref`` keeping
 mv1's old definition. t1 has a snapshot at epoch E, so hydration computes the replacement at E from the

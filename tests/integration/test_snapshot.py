@@ -1,6 +1,6 @@
 """Snapshots (issue 5): compaction on Spark, the retention warning, and a view backfilled from a snapshot.
 
-Real Tansu, redis-server and Spark local. The expected rows come from the changelogs summed up to a
+Real Apache Kafka, redis-server and Spark local. The expected rows come from the changelogs summed up to a
 barrier and from the DuckDB oracle (tests/oracle.py), never from the code under test.
 """
 

@@ -125,3 +125,29 @@ def test_a_consumer_reads_the_backlog_it_starts_with_before_its_stream(
     assert consumer.epochs_applied == len(backlog) + 1
     assert streamed == [live]  # the backlog came through the batch reads, the live epoch through the stream
     assert ViewStore(redis_client, settings.topic_prefix).row_count("mv1") == 7 * 20
+
+
+def test_a_small_read_is_one_task_over_its_partitions(settings: Settings, redis_client: redis.Redis,
+                                                      spark: Any) -> None:
+    """A read of few change events runs as one Spark task (``smallReadRecords``); a larger one, a task
+    per partition; the rows are the same either way."""
+    table = Table.create(settings, "t1", {"id": "int", "v": "int"}, ["id"], client=redis_client, auto_commit=False)
+    for i in range(3):
+        table.upsert({"id": i * 1000 + j, "v": j} for j in range(50))
+        table.flush()
+    table.close()
+
+    def read(small: int) -> tuple[int, list[tuple[Any, ...]]]:
+        frame = (spark.read.format("mvlog").option("view", "t1").option("topicPrefix", settings.topic_prefix)
+                 .option("bootstrapServers", settings.bootstrap_servers).option("redisUrl", settings.redis_url)
+                 .option("smallReadRecords", str(small)).load())
+        return frame.rdd.getNumPartitions(), sorted(tuple(r) for r in frame.collect())
+
+    tasks_small, rows_small = read(150)
+    tasks_split, rows_split = read(149)
+
+    assert settings.partitions > 1
+    assert tasks_small == 1
+    assert tasks_split == settings.partitions
+    assert rows_small == rows_split
+    assert sum(1 for r in rows_small if r[1] == "insert") == 150

@@ -1,7 +1,7 @@
 """I1 on the real stack: views maintained by the Spark consumer equal an independent evaluation.
 
 Workloads come from hypothesis (inserts, updates, deletes, key collisions, NULLs, empty epochs); they go
-through Tansu and Redis, are read back by the ``format("mvlog")`` data source and maintained through
+through Apache Kafka and Redis, are read back by the ``format("mvlog")`` data source and maintained through
 chains of depth 1 to 3 covering every supported construct. At every committed epoch of each view, its
 changelog summed up to that barrier is compared with DuckDB evaluating the definition over the
 upstreams' rows at that epoch; Redis' rows are compared with the changelog at the MCE; and the last
