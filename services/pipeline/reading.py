@@ -42,9 +42,12 @@ class UpstreamReader:
     """Reads the upstreams ``upstreams`` (name -> catalog entry) of one view; ``index``: their epoch index."""
 
     def __init__(self, settings: Settings, spark: SparkSession, upstreams: Mapping[str, CatalogEntry],
-                 index: EpochIndex, max_epochs_per_trigger: int) -> None:
+                 index: EpochIndex, max_epochs_per_trigger: int, *, task_per_partition: bool = False) -> None:
         self.settings, self.spark, self.upstreams, self.index = settings, spark, dict(upstreams), index
         self.max_epochs_per_trigger = max_epochs_per_trigger
+        #: Read every micro-batch as a Spark task per upstream partition, however small (a view whose
+        #: operator runs in those tasks); else a small one is one task (``Settings.small_read_records``).
+        self.task_per_partition = task_per_partition
 
     def require_committed(self, view: str, sources: Sequence[str], epoch: int) -> None:
         """Refuse an upstream epoch that its upstream's epoch index no longer has.
@@ -59,8 +62,10 @@ class UpstreamReader:
                                          "restart to plan again from the index")
 
     def _options(self, view: str) -> dict[str, str]:
+        small = 0 if self.task_per_partition else self.settings.small_read_records
         return {"view": view, "bootstrapServers": self.settings.bootstrap_servers,
-                "redisUrl": self.settings.redis_url, "topicPrefix": self.settings.topic_prefix}
+                "redisUrl": self.settings.redis_url, "topicPrefix": self.settings.topic_prefix,
+                "smallReadRecords": str(small)}
 
     def stream(self, sources: Sequence[str], after: int) -> DataFrame:
         """The streaming read of ``sources`` from the epoch after ``after``: the first one's rows; for a join,

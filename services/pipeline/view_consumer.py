@@ -67,11 +67,13 @@ class ViewConsumer:
         self.store = ViewStore(self._redis, settings.topic_prefix)
         self.spark = spark or spark_session(settings, app_name=f"mvlog-{view}")
         self.max_epochs_per_trigger = max_epochs_per_trigger or settings.max_epochs_per_trigger
-        self.reader = UpstreamReader(settings, self.spark, self.upstreams, self.store.index,
-                                     self.max_epochs_per_trigger)
         # Its writer fences any earlier consumer; a wiped Redis is rebuilt from Kafka (or that waited for).
         self.committer = EpochCommitter.for_view(settings, self._redis, self.entry, self.catalog, self._lifecycle)
         self.committer.rebuild_if_wiped()
+        # Opt-in (Settings.operators_in_tasks): a filter/project or GROUP BY view's epochs in Spark's tasks.
+        self.tasks = TaskEpochs.for_view(settings, self.entry, self.upstreams, self.plan, self.committer, self._redis)
+        self.reader = UpstreamReader(settings, self.spark, self.upstreams, self.store.index,
+                                     self.max_epochs_per_trigger, task_per_partition=self.tasks is not None)
         self._chunked, self._seed = backfill_stages(settings, self._redis, self.store, self.catalog, self.entry,
                                                     self.upstreams, self.plan, self.committer, self.spark)
         self.replacement = ReplacementStage(self.entry, self.catalog, replacements, self.store,
@@ -85,8 +87,6 @@ class ViewConsumer:
         # Reads the backlog, then the stream; applies micro-batches on its worker thread (see apply_batch).
         self.runner = MicroBatchRunner(view, lambda table: self.apply_batch(table), self._upkeep)
         self._state = StoredState(partial(self.store.get_state, view))  # the operator's, in Redis
-        # Opt-in (Settings.operators_in_tasks): a filter/project or GROUP BY view's epochs in Spark's tasks.
-        self.tasks = TaskEpochs.for_view(settings, self.entry, self.upstreams, self.plan, self.committer, self._redis)
 
     @property
     def mce(self) -> int:
