@@ -1,4 +1,5 @@
-"""gc_paused: off inside, back to the state before when the last pause ends, from any thread."""
+"""gc_paused: off inside, back to the state before when the last pause ends, from any thread; heap_frozen:
+the heap frozen inside, unfrozen when the last block ends, a heap frozen by someone else left so."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 
 import pytest
 
-from mvlog.gc_pause import gc_paused
+from mvlog.gc_pause import gc_paused, heap_frozen
 
 
 @pytest.fixture(autouse=True)
@@ -55,3 +56,34 @@ def test_an_error_inside_still_resumes_the_collector() -> None:
     with pytest.raises(RuntimeError), gc_paused():
         raise RuntimeError("boom")
     assert gc.isenabled()
+
+
+@pytest.fixture
+def heap_not_frozen() -> None:
+    if gc.get_freeze_count():  # an ingester of another test still runs in this process (its heap_frozen)
+        pytest.skip("the heap is frozen by something else in this process")
+
+
+@pytest.mark.usefixtures("heap_not_frozen")
+def test_the_heap_is_frozen_inside_and_unfrozen_when_the_last_block_ends() -> None:
+    before: object = object.__new__(type("Before", (), {}))  # a GC-tracked object alive when the block begins
+    with heap_frozen():
+        assert gc.get_freeze_count() > 0
+        assert not any(o is before for o in gc.get_objects())  # frozen: no generation holds it
+        with heap_frozen():
+            pass
+        assert gc.get_freeze_count() > 0  # the outer block still runs
+    assert gc.get_freeze_count() == 0
+    assert any(o is before for o in gc.get_objects())
+
+
+@pytest.mark.usefixtures("heap_not_frozen")
+def test_a_heap_frozen_before_stays_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with heap_frozen():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
