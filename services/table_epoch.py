@@ -109,11 +109,8 @@ class TableEpochEncoder:
                 if after is not None:  # (a delete of a key without a row changes nothing)
                     append((encode_key(columns, key), _CREATE, None, encode_row(after), key))
             return changes
-        native = native_module()
-        if native is not None and self._known is not None and type(pending) is dict:
-            return self._changes_known(native, pending, self._known)
         items = list(pending.items())
-        if native is not None:
+        if (native := native_module()) is not None:
             for start in range(0, len(items), READ_CHUNK):
                 self._changes_compiled(native, items[start:start + READ_CHUNK], changes)
             return changes
@@ -131,35 +128,6 @@ class TableEpochEncoder:
                     append((kb, _CREATE, None, after_bytes, key))
                 elif raw != after_bytes and decode_row(raw) != after:
                     append((kb, _UPDATE, raw, after_bytes, key))
-        return changes
-
-    def _changes_known(self, native: Any, pending: dict[Key, Row | None], known: set[bytes]) -> list[TableChange]:
-        """:meth:`changes` when the table's key set is known: every key and row encoded by one compiled call, and
-        only the keys in the set (and deletes of them) compared with their rows in Redis; the others are
-        creates as encoded (an epoch of new keys costs no Python step per key)."""
-        columns, view = tuple(self.entry.key_columns), self.entry.name
-        written: list[TableChange] = []  # (key bytes, create, None, row bytes, key) of each key with a row
-        native.encode_created(pending, columns, _CREATE, written, encode_key, encode_row)
-        existing = [change for change in written if change[0] in known]
-        deleted: list[tuple[bytes, Key]] = []
-        if len(written) < len(pending):  # deletes: of a key with a row, when it is in the set
-            deleted = [(kb, key) for key, after in pending.items() if after is None
-                       if (kb := encode_key(columns, key)) in known]
-        if not existing and not deleted:
-            return written
-        changes = [change for change in written if change[0] not in known] if existing else written
-        for start in range(0, len(existing), READ_CHUNK):  # bounded Redis replies
-            chunk = existing[start:start + READ_CHUNK]
-            for change, raw in zip(chunk, self.store.row_list(view, [change[0] for change in chunk]), strict=True):
-                if raw is None:
-                    changes.append(change)
-                elif raw != change[3] and decode_row(raw) != pending[change[4]]:
-                    changes.append((change[0], _UPDATE, raw, change[3], change[4]))
-        for start in range(0, len(deleted), READ_CHUNK):
-            gone = deleted[start:start + READ_CHUNK]
-            for (kb, key), raw in zip(gone, self.store.row_list(view, [kb for kb, _ in gone]), strict=True):
-                if raw is not None:
-                    changes.append((kb, _DELETE, raw, None, key))
         return changes
 
     def _changes_compiled(self, native: Any, chunk: list[tuple[Key, Row | None]], changes: list[TableChange]) -> None:
