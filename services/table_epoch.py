@@ -8,17 +8,6 @@ transaction while the same pass queues the epoch's Redis side
 (:class:`~mvlog.connectors.redis.streamed_commit.StreamedCommit`), so each key's vnode and key-order member is
 computed once. Both use the compiled codec when it is built (:func:`~mvlog.schemas.codec.native_module`),
 else the same steps in Python.
-
-**Before-images that are known to be absent are not read.** A key without a row needs no before-image
-(its change is a create), and the encoder can know that a key has no row without asking Redis: once it
-has seen the table empty (no rows at the last committed epoch), every row the table has since was
-committed by this writer, the only one (its transactional id fenced the others, and a commit of another
-writer would fail this one's MCE check in Redis). So from an empty table on, the encoder keeps the set of
-keys that have a row (their key bytes), updated after each epoch commits (:meth:`TableEpochEncoder.committed`),
-and reads from Redis only the before-images of keys in it. The set is dropped for good (every key read, as
-before) when an epoch fails to commit, when Redis's row count differs from it (checked every epoch: a
-rebuilt or foreign-written Redis), or when it holds more than :data:`KNOWN_KEYS_MAX` keys (its memory).
-A source table's first load (``bench/ingest.py``) then reads no before-image at all.
 """
 
 from __future__ import annotations
@@ -39,9 +28,6 @@ from mvlog.vnode import VNODE_COUNT, vnode_of
 
 READ_CHUNK = 10_000  # keys per HMGET of the current rows
 SEND_EVERY = 4096  # changes encoded between two sends of the epoch's queued Redis commands
-#: Keys (with a row) up to which the encoder keeps the table's key set, to skip reading before-images of keys
-#: without a row (see the module doc): some 100 bytes each, so at most about 100 MB.
-KNOWN_KEYS_MAX = 1_000_000
 _CREATE, _UPDATE, _DELETE = Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value
 #: A change of one key: key bytes, op, row bytes before and after (None: no row), the key.
 TableChange = tuple[bytes, str, bytes | None, bytes | None, Key]
@@ -54,36 +40,6 @@ class TableEpochEncoder:
 
     def __init__(self, entry: CatalogEntry, store: ViewStore, writer: ChangelogWriter) -> None:
         self.entry, self.store, self.writer = entry, store, writer
-        # The key bytes of every row of the table at the last committed epoch, when known (see the module doc).
-        self._known: set[bytes] | None = None
-
-    def committed(self, changes: Sequence[TableChange]) -> None:
-        """The epoch of ``changes`` (from :meth:`changes`) committed: its keys' rows are now the table's."""
-        known = self._known
-        if known is None:
-            return
-        for change in changes:
-            if change[3] is None:
-                known.discard(change[0])
-            else:
-                known.add(change[0])
-        if len(known) > KNOWN_KEYS_MAX:
-            self._known = None
-
-    def forget(self) -> None:
-        """An epoch failed to commit (or committed only in part): the key set is no longer known."""
-        self._known = None
-
-    def _current(self, key_bytes: list[bytes]) -> list[bytes | None]:
-        """The rows in Redis of ``key_bytes`` (None: no row); keys known to have no row are not asked for."""
-        known = self._known
-        if known is None:
-            return self.store.row_list(self.entry.name, key_bytes)
-        asked = [kb for kb in key_bytes if kb in known]
-        if not asked:
-            return [None] * len(key_bytes)
-        found = iter(self.store.row_list(self.entry.name, asked))
-        return [next(found) if kb in known else None for kb in key_bytes]
 
     def changes(self, pending: Mapping[Key, Row | None]) -> list[TableChange]:
         """(key bytes, op, before, after, key) of every pending key whose row changes (each key once).
@@ -96,12 +52,7 @@ class TableEpochEncoder:
         columns, view = self.entry.key_columns, self.entry.name
         changes: list[TableChange] = []
         append = changes.append
-        rows_now = self.store.row_count(view)
-        if rows_now == 0:
-            self._known = set()  # from here on, every row is one this writer commits
-        elif self._known is not None and len(self._known) != rows_now:
-            self._known = None  # not the rows this writer committed: read every before-image
-        if rows_now == 0:  # a first load: no before-images to read
+        if self.store.row_count(view) == 0:  # a first load: no before-images to read
             if (native := native_module()) is not None and type(pending) is dict:
                 native.encode_created(pending, tuple(columns), _CREATE, changes, encode_key, encode_row)
                 return changes
@@ -117,7 +68,7 @@ class TableEpochEncoder:
         for start in range(0, len(items), READ_CHUNK):  # bounded Redis replies
             chunk = items[start:start + READ_CHUNK]
             key_bytes = [encode_key(columns, key) for key, _ in chunk]
-            current = self._current(key_bytes)
+            current = self.store.row_list(view, key_bytes)
             for (key, after), kb, raw in zip(chunk, key_bytes, current, strict=True):
                 if after is None:
                     if raw is not None:
@@ -133,13 +84,13 @@ class TableEpochEncoder:
     def _changes_compiled(self, native: Any, chunk: list[tuple[Key, Row | None]], changes: list[TableChange]) -> None:
         """:meth:`changes` of one chunk of pending keys, their keys and rows encoded by one compiled call
         (as for a first load), then compared with the rows in Redis (one HMGET)."""
-        columns = self.entry.key_columns
+        columns, view = self.entry.key_columns, self.entry.name
         rows = {key: after for key, after in chunk if after is not None}
         written: list[TableChange] = []  # (key bytes, create, None, row bytes, key) of each key with a row
         native.encode_created(rows, tuple(columns), _CREATE, written, encode_key, encode_row)
         deleted = [key for key, after in chunk if after is None] if len(rows) < len(chunk) else []
         deleted_bytes = [encode_key(columns, key) for key in deleted]
-        current = self._current([change[0] for change in written] + deleted_bytes)
+        current = self.store.row_list(view, [change[0] for change in written] + deleted_bytes)
         append = changes.append
         for change, raw in zip(written, current, strict=False):
             if raw is None:

@@ -408,13 +408,8 @@ class Table:
                     chunks = self._encoder.with_side_records(chunks, side_records)
                 return writer.commit_records(epoch, follows, chunks, checkpoint=checkpoint, consumed=consumed)
 
-            try:
-                committed = self._committer.commit(epoch, produce, staged)
-            except BaseException:
-                self._encoder.forget()  # committed in Kafka only, maybe: which rows Redis has is not known
-                raise
+            committed = self._committer.commit(epoch, produce, staged)
             assert committed is not None  # a streamed commit never withdraws its epoch
-            self._encoder.committed(changes)
             return committed
 
     @property
