@@ -20,6 +20,15 @@ Fixtures
     database. At teardown it deletes the keys that start with this test's ``topic_prefix``.
 ``own_redis`` (function)
     The URL of a redis-server of the test's own, without persistence, for tests that FLUSHALL it.
+``redis_cluster`` (session)
+    A Redis Cluster of three masters (``redis-server --cluster-enabled yes``, no replicas, joined by
+    ``redis-cli --cluster create``) on free loopback ports in a temporary folder
+    (:class:`~mvlog.infra.redis_cluster.LocalRedisCluster`), started on first use (about 2 s), ready once
+    every master says ``cluster_state:ok``, stopped when the session ends.
+``cluster_settings`` (function)
+    ``settings`` on ``redis_cluster`` instead of the stack's Redis (``redis_cluster=True``); the broker is the
+    stack's. ``cluster_client`` (function): mvlog's client of it (``connect``: redis-py's cluster client),
+    deleting the test's keys at teardown.
 ``schema_registry`` (session)
     A real Schema Registry: Apicurio Registry (:mod:`mvlog.infra.schema_registry`, from Maven Central by
     ``make setup``) on a free port of 127.0.0.1, in-memory, started on first use and stopped when the session
@@ -51,7 +60,9 @@ import pytest
 import redis
 
 from mvlog.config import Settings
+from mvlog.connectors.redis.redis_client import connect
 from mvlog.infra.local_stack import LocalStack, find_redis_server, free_port, free_ports, kafka_answers, redis_answers
+from mvlog.infra.redis_cluster import LocalRedisCluster
 from mvlog.infra.schema_registry import RegistryServer
 from mvlog.infra.spark_cds import driver_archive, java_options
 from tests.cdc_fixtures import debezium, postgres  # noqa: F401  (the CDC pipeline's fixtures)
@@ -59,7 +70,7 @@ from tests.cdc_fixtures import debezium, postgres  # noqa: F401  (the CDC pipeli
 REPO_ROOT = Path(__file__).resolve().parent.parent
 UNIT_TESTS = REPO_ROOT / "tests" / "unit"
 COMPOSE_FILE = REPO_ROOT / "infra" / "docker-compose.yml"
-STACK_FIXTURES = {"stack", "settings", "redis_client", "make_settings"}
+STACK_FIXTURES = {"stack", "settings", "redis_client", "make_settings", "redis_cluster"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -247,6 +258,33 @@ def own_redis(tmp_path: Path) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedisCluster]:
+    """Three Redis Cluster masters on loopback, for the session (started on first use)."""
+    cluster = LocalRedisCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster_settings(make_settings: Callable[..., Settings], redis_cluster: LocalRedisCluster) -> Settings:
+    return make_settings(redis_url=redis_cluster.url, redis_cluster=True)
+
+
+@pytest.fixture
+def cluster_client(cluster_settings: Settings) -> Iterator[redis.Redis]:
+    client = connect(cluster_settings, outage_timeout_s=10)
+    try:
+        yield client
+    finally:
+        keys = list(client.scan_iter(match=f"{cluster_settings.topic_prefix}*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])  # the cluster client deletes slot by slot
+        client.close()
 
 
 @pytest.fixture(scope="session")
