@@ -18,6 +18,7 @@ from mvlog.connectors.kafka.changelog_records import PoisonRecord
 from mvlog.connectors.kafka.dead_letter import DeadLetterQueue
 from mvlog.connectors.kafka.retention import has_records
 from mvlog.connectors.kafka.topics import ensure_topic
+from mvlog.connectors.redis.redis_keys import control_key
 from mvlog.schemas.codec import DecodeError, decode_catalog_entry, encode_catalog_entry
 
 
@@ -25,10 +26,11 @@ class CatalogStore:
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings
         self.redis = client
-        self.key = f"{settings.topic_prefix}:catalog"
+        self.key = control_key(settings.topic_prefix, "catalog")
         # Present while Redis holds the control plane; gone after a wipe (FLUSHALL), which is how
         # readers tell "no such view" from "Redis lost everything" (see mvlog.services.control_plane).
-        self.marker_key = f"{settings.topic_prefix}:control-plane"
+        # Under the catalog's hash tag: :meth:`put` writes both in one transaction (one slot on a cluster).
+        self.marker_key = control_key(settings.topic_prefix, "marker")
         self._producer: Producer | None = None
 
     def _topic_producer(self) -> Producer:
