@@ -18,6 +18,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
+from redis.exceptions import MovedError
 
 from mvlog.config import Settings
 from mvlog.connectors.redis.cache_registry import CacheRegistry
@@ -30,6 +31,7 @@ from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.infra.redis_cluster import LocalRedisCluster
 from mvlog.lag_status import LagStatus, Verdict
 from mvlog.schemas.codec import decode_row
+from mvlog.services import control_plane
 from mvlog.services.commands.read import read_views_at_common_epoch
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table
@@ -92,25 +94,40 @@ def _write(table: Table, ops: list[tuple[str, Any]]) -> None:
 
 
 def run_views(settings: Settings, client: redis.Redis, spark: Any, views: list[tuple[str, str]],
-              in_tasks: Callable[[str], bool]) -> None:
+              in_tasks: Callable[[str], bool], online: tuple[str, str]) -> None:
+    """t1's epochs through ``views`` (created first) and ``online`` (created after t1's first epoch, so it
+    backfills in chunks: positions, journal and ordered reads of t1's rows, on t1's master)."""
     table = Table.create(settings, "t1", COLUMNS, ["id"], client=client, auto_commit=False)
     for name, sql in views:
         create_view(settings, name, sql, client=client)
-    consumers = [ViewConsumer(settings.model_copy(update={"operators_in_tasks": in_tasks(name)}), name,
-                              spark=spark, client=client) for name, _ in views]
+
+    def consumer(name: str) -> ViewConsumer:
+        return ViewConsumer(settings.model_copy(update={"operators_in_tasks": in_tasks(name)}), name, spark=spark,
+                            client=client)
+
+    consumers = [consumer(name) for name, _ in views]
     try:
         for i, ops in enumerate(WORKLOAD):
             _write(table, ops)
             table.flush()
+            if i == 0:
+                create_view(settings, *online, client=client, backfill="chunked")
+                consumers.append(consumer(online[0]))
             if i % 2 == 1:  # some epochs are caught up one by one, others several at once
-                for consumer in consumers:
-                    consumer.catch_up()
-        for consumer in consumers:
-            consumer.catch_up()
+                for each in consumers:
+                    each.catch_up()
+        for each in consumers:
+            each.catch_up()
     finally:
         table.close()
-        for consumer in consumers:
-            consumer.committer.writer.close()
+        for each in consumers:
+            each.committer.writer.close()
+
+
+def served_state(store: ViewStore, names: list[str]) -> dict[str, Any]:
+    """Each object's MCE, rows and operator state in Redis (what a rebuild must bring back)."""
+    return {name: (store.mce(name), dict(store.scan_rows(name)),
+                   store.redis.hgetall(store.key(name, "opstate"))) for name in names}
 
 
 @pytest.mark.parametrize("group_in_tasks", [False, True], ids=["driver", "group-in-tasks"])
@@ -121,13 +138,16 @@ def test_table_and_views_on_a_redis_cluster(cluster_settings: Settings, cluster_
     assert is_cluster(client)
     filtered, group = names_on_two_masters(client, prefix)
     views = [(filtered, FILTER_SQL), (group, GROUP_SQL), ("mvo", ON_GROUP_SQL.format(group=group))]
-    run_views(settings, client, spark, views, lambda name: group_in_tasks and name == group)
+    run_views(settings, client, spark, views, lambda name: group_in_tasks and name == group,
+              online=("mvb", "SELECT id, v FROM t1 WHERE v > 0"))
+    views.append(("mvb", "SELECT id, v FROM t1 WHERE v > 0"))
 
     names = ["t1", *(name for name, _ in views)]
     # I1 at every committed epoch of every view, Redis' rows against the changelog at the MCE.
     assert check_oracle(settings, client, names) >= len(views) * len(WORKLOAD)
     store = ViewStore(client, prefix)
     assert store.row_count(group) == 5  # a..d and z: group e emptied by the last epoch's deletes
+    assert store.backfill_state("mvb")  # its chunked backfill ran (positions kept with its epochs)
 
     # Each object's keys share one slot (the server's CLUSTER KEYSLOT), and the two views' sit on two masters.
     by_master = {name: keys_by_master(redis_cluster, f"{prefix}:{{{name}}}:*") for name in names}
@@ -184,6 +204,21 @@ def test_table_and_views_on_a_redis_cluster(cluster_settings: Settings, cluster_
     assert sorted(r["id"] for r in rows[filtered]) == sorted(
         r["id"] for _, value in store.scan_rows("t1") if not (r := decode_row(value))["deleted"])
 
+    # Redis loses everything of this prefix (the cluster is the session's: a FLUSHALL would take the other
+    # tests' keys too): the control plane is rebuilt from Kafka, on the cluster, as after a wipe.
+    # Each object's last epoch is proven committed by its index entries, as its live writer would pass them
+    # (without a proof, an object's last epoch waits for a view built on it or for its writer).
+    before = served_state(store, names)
+    proofs = {e.name: store.index.entries_at(e.name, e.partitions, before[e.name][0]) for e in entries}
+    assert all(proofs.values())
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    client.delete(*keys)  # the cluster client deletes slot by slot
+    assert catalog.wiped()
+    assert control_plane.ensure_control_plane(settings, client, proofs)
+    assert not catalog.wiped()
+    assert served_state(store, names) == before
+    check_oracle(settings, client, names)
+
 
 def test_connect_without_the_setting_refuses_a_cluster_keyspace(cluster_settings: Settings,
                                                                 redis_cluster: LocalRedisCluster) -> None:
@@ -192,7 +227,7 @@ def test_connect_without_the_setting_refuses_a_cluster_keyspace(cluster_settings
     client = connect(cluster_settings.model_copy(update={"redis_cluster": False}), outage_timeout_s=0)
     try:
         assert not is_cluster(client)
-        with pytest.raises(redis.ResponseError, match="MOVED"):
+        with pytest.raises(MovedError):
             for i in range(20):  # some of these slots are another master's
                 client.get(f"{cluster_settings.topic_prefix}:{{probe{i}}}:meta")
     finally:
