@@ -105,6 +105,18 @@ class LocalRedisCluster:
                 return False
         return True
 
+    def stop_master(self, index: int) -> None:
+        """SIGKILL master ``index`` (an outage: its slots are unserved until :meth:`restart_master`)."""
+        process = self._processes[index]
+        process.kill()
+        process.wait(10)
+
+    def restart_master(self, index: int) -> None:
+        """Start master ``index`` again on its ports, from its ``nodes.conf`` (the same node and slots, no
+        data: nothing persists), and return once the cluster is ``ok`` again."""
+        self._processes[index] = self._start_master(find_redis_server(), self.ports[index], self.bus_ports[index])
+        self._wait(self.ready, "cluster_state:ok after a master's restart")
+
     def _start_master(self, server: Path, port: int, bus_port: int) -> subprocess.Popen[bytes]:
         folder = self.data_dir / f"node-{port}"
         folder.mkdir(parents=True, exist_ok=True)

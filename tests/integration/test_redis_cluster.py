@@ -11,6 +11,8 @@ CROSSSLOT. The placement is checked on the servers themselves: every key of one 
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -25,7 +27,7 @@ from mvlog.connectors.redis.cache_registry import CacheRegistry
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.lag_store import LagStore
 from mvlog.connectors.redis.pipeline_status import read_statuses
-from mvlog.connectors.redis.redis_client import connect, is_cluster
+from mvlog.connectors.redis.redis_client import connect, is_cluster, outage_of, server_address
 from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.infra.redis_cluster import LocalRedisCluster
@@ -232,3 +234,38 @@ def test_connect_without_the_setting_refuses_a_cluster_keyspace(cluster_settings
                 client.get(f"{cluster_settings.topic_prefix}:{{probe{i}}}:meta")
     finally:
         client.close()
+
+
+def test_a_command_waits_through_a_masters_restart(cluster_settings: Settings,
+                                                   redis_cluster: LocalRedisCluster) -> None:
+    """The cluster client keeps the standalone client's outage policy: a command on the slots of a master
+    that is down waits (backoff, bounded by ``redis_outage_timeout_s``) and succeeds once it is back; with a
+    bound of 0 it fails at once."""
+    client = connect(cluster_settings, outage_timeout_s=60)
+    probe = connect(cluster_settings, outage_timeout_s=0)
+    down = redis_cluster.ports[1]  # not the URL's master, from which the clients learn the slot map
+    key = next(k for i in range(100) if master_of(client, k := f"{cluster_settings.topic_prefix}:{{o{i}}}:x")
+               .endswith(f":{down}"))
+    outage = outage_of(server_address(cluster_settings.redis_url))
+    done: list[object] = []
+    writer = threading.Thread(target=lambda: done.append(client.set(key, "after")), daemon=True)
+    try:
+        redis_cluster.stop_master(1)
+        with pytest.raises(redis.ConnectionError):
+            probe.set(key, "now")
+        writer.start()
+        deadline = time.monotonic() + 30
+        while outage.since is None:  # the command failed once and waits
+            assert time.monotonic() < deadline and writer.is_alive(), "the command did not wait for the master"
+            time.sleep(0.05)
+        assert not done
+        redis_cluster.restart_master(1)
+        writer.join(60)
+        assert done == [True]
+        assert client.get(key) == b"after"
+    finally:
+        if not redis_cluster.ready():
+            redis_cluster.restart_master(1)
+        client.delete(key)
+        client.close()
+        probe.close()
