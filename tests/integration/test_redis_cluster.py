@@ -269,3 +269,23 @@ def test_a_command_waits_through_a_masters_restart(cluster_settings: Settings,
         client.delete(key)
         client.close()
         probe.close()
+
+
+def test_a_standalone_redis_of_the_layout_before_the_tag_keeps_its_catalog(settings: Settings,
+                                                                        redis_client: redis.Redis) -> None:
+    """The catalog and marker an older mvlog left under ``<prefix>:catalog`` / ``<prefix>:control-plane``
+    move to their tagged keys when first looked for: not wiped, the same entries, the old keys gone."""
+    prefix = settings.topic_prefix
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client, auto_commit=False)
+    table.close()
+    catalog = CatalogStore(settings, redis_client)
+    entry = redis_client.hgetall(catalog.key)
+    assert entry and redis_client.exists(catalog.marker_key)
+    redis_client.rename(catalog.key, f"{prefix}:catalog")  # as an older mvlog wrote them
+    redis_client.rename(catalog.marker_key, f"{prefix}:control-plane")
+    assert not catalog.wiped()
+    assert redis_client.hgetall(catalog.key) == entry and catalog.names() == ["t1"]
+    assert not redis_client.exists(f"{prefix}:catalog", f"{prefix}:control-plane")
+    redis_client.delete(catalog.marker_key)  # a wipe (the legacy marker gone too) still reads as one
+    assert catalog.wiped()
+    catalog.close()
