@@ -96,9 +96,9 @@ def _write(table: Table, ops: list[tuple[str, Any]]) -> None:
 
 
 def run_views(settings: Settings, client: redis.Redis, spark: Any, views: list[tuple[str, str]],
-              in_tasks: Callable[[str], bool], online: tuple[str, str]) -> None:
-    """t1's epochs through ``views`` (created first) and ``online`` (created after t1's first epoch, so it
-    backfills in chunks: positions, journal and ordered reads of t1's rows, on t1's master)."""
+              in_tasks: Callable[[str], bool], online: tuple[str, str] | None) -> None:
+    """t1's epochs through ``views`` (created first) and ``online`` if any (created after t1's first epoch,
+    so it backfills in chunks: positions, journal and ordered reads of t1's rows, on t1's master)."""
     table = Table.create(settings, "t1", COLUMNS, ["id"], client=client, auto_commit=False)
     for name, sql in views:
         create_view(settings, name, sql, client=client)
@@ -112,7 +112,7 @@ def run_views(settings: Settings, client: redis.Redis, spark: Any, views: list[t
         for i, ops in enumerate(WORKLOAD):
             _write(table, ops)
             table.flush()
-            if i == 0:
+            if i == 0 and online is not None:
                 create_view(settings, *online, client=client, backfill="chunked")
                 consumers.append(consumer(online[0]))
             if i % 2 == 1:  # some epochs are caught up one by one, others several at once
@@ -140,16 +140,17 @@ def test_table_and_views_on_a_redis_cluster(cluster_settings: Settings, cluster_
     assert is_cluster(client)
     filtered, group = names_on_two_masters(client, prefix)
     views = [(filtered, FILTER_SQL), (group, GROUP_SQL), ("mvo", ON_GROUP_SQL.format(group=group))]
-    run_views(settings, client, spark, views, lambda name: group_in_tasks and name == group,
-              online=("mvb", "SELECT id, v FROM t1 WHERE v > 0"))
-    views.append(("mvb", "SELECT id, v FROM t1 WHERE v > 0"))
+    # The paths that do not depend on where the GROUP BY runs (a chunked backfill, the control plane, a
+    # rebuild) run once, beside the driver path: the in-tasks run stays short.
+    online = None if group_in_tasks else ("mvb", "SELECT id, v FROM t1 WHERE v > 0")
+    run_views(settings, client, spark, views, lambda name: group_in_tasks and name == group, online)
+    views += [online] if online else []
 
     names = ["t1", *(name for name, _ in views)]
     # I1 at every committed epoch of every view, Redis' rows against the changelog at the MCE.
-    assert check_oracle(settings, client, names) >= len(views) * len(WORKLOAD)
+    assert check_oracle(settings, client, names) >= len(views) * len(WORKLOAD) - 1  # mvb: from epoch 2
     store = ViewStore(client, prefix)
     assert store.row_count(group) == 5  # a..d and z: group e emptied by the last epoch's deletes
-    assert store.backfill_state("mvb")  # its chunked backfill ran (positions kept with its epochs)
 
     # Each object's keys share one slot (the server's CLUSTER KEYSLOT), and the two views' sit on two masters.
     by_master = {name: keys_by_master(redis_cluster, f"{prefix}:{{{name}}}:*") for name in names}
@@ -162,6 +163,9 @@ def test_table_and_views_on_a_redis_cluster(cluster_settings: Settings, cluster_
         assert slots == {key_slot(f"{{{name}}}".encode())}, f"{name}: its keys are in slots {sorted(slots)}"
     masters = {name: next(p for p, keys in by_master[name].items() if keys) for name in (filtered, group)}
     assert masters[filtered] != masters[group]
+    if online is None:
+        return
+    assert store.backfill_state("mvb")  # its chunked backfill ran (positions kept with its epochs)
 
     # The catalog and its marker (one transaction, one slot); reloaded from its topic after losing it.
     catalog = CatalogStore(settings, client)
