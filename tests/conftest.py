@@ -16,7 +16,8 @@ Fixtures
     Kafka topics (``settings.changelog_topic(view)`` etc.), consumer groups, transactional ids, and
     Redis keys (every mvlog Redis key starts with ``settings.topic_prefix``).
 ``redis_client`` (function)
-    ``redis.Redis`` on the stack's Redis (bytes replies). Never FLUSHDB/FLUSHALL: other tests share the
+    ``redis.Redis`` on the stack's Redis (bytes replies; with ``--redis-cluster``, mvlog's cluster client).
+    Never FLUSHDB/FLUSHALL: other tests share the
     database. At teardown it deletes the keys that start with this test's ``topic_prefix``.
 ``own_redis`` (function)
     The URL of a redis-server of the test's own, without persistence, for tests that FLUSHALL it.
@@ -25,6 +26,8 @@ Fixtures
     ``redis-cli --cluster create``) on free loopback ports in a temporary folder
     (:class:`~mvlog.infra.redis_cluster.LocalRedisCluster`), started on first use (about 2 s), ready once
     every master says ``cluster_state:ok``, stopped when the session ends.
+    With ``--redis-cluster`` (or ``MVLOG_TEST_REDIS_CLUSTER=1``), ``settings``, ``make_settings`` and
+    ``redis_client`` use it instead of the stack's redis-server, so any integration test can be run on it.
 ``cluster_settings`` (function)
     ``settings`` on ``redis_cluster`` instead of the stack's Redis (``redis_cluster=True``); the broker is the
     stack's. ``cluster_client`` (function): mvlog's client of it (``connect``: redis-py's cluster client),
@@ -81,10 +84,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="broker + Redis for integration tests: 'local' starts Apache Kafka and redis-server as processes "
         "(default); 'docker' starts Apache Kafka and Redis from infra/docker-compose.yml (pytest-docker).",
     )
+    parser.addoption(
+        "--redis-cluster",
+        action="store_true",
+        default=os.environ.get("MVLOG_TEST_REDIS_CLUSTER", "") not in ("", "0"),
+        help="run the tests of `settings` / `make_settings` / `redis_client` on the `redis_cluster` fixture (three "
+        "masters) instead of the stack's redis-server; tests that make their own Redis client or server stay "
+        "on a standalone one.",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for name in [n for n in os.environ if n.startswith("MVLOG_") and n != "MVLOG_TEST_STACK"]:
+    for name in [n for n in os.environ if n.startswith("MVLOG_") and not n.startswith("MVLOG_TEST_")]:
         del os.environ[name]
     # The Spark drivers' class archive, made once per machine (by xdist's controller, not each worker)
     # while the first tests run: drivers started before it exists start without it. A run of the unit
@@ -303,13 +314,19 @@ def topic_prefix() -> str:
 
 
 @pytest.fixture
-def make_settings(stack: StackEndpoints, topic_prefix: str, tmp_path: Path) -> Callable[..., Settings]:
+def make_settings(stack: StackEndpoints, topic_prefix: str, tmp_path: Path,
+                  request: pytest.FixtureRequest) -> Callable[..., Settings]:
+    cluster: dict[str, Any] = {}
+    if request.config.getoption("redis_cluster"):  # --redis-cluster: the session's cluster instead
+        cluster = {"redis_url": request.getfixturevalue("redis_cluster").url, "redis_cluster": True}
+
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {
             "topic_prefix": topic_prefix,
             "barrier_interval_ms": 200,
             "partitions": 3,
             "stack_dir": tmp_path / "mvlog",
+            **cluster,
         }
         values.update(overrides)
         return stack.settings(**values)
@@ -324,7 +341,8 @@ def settings(make_settings: Callable[..., Settings]) -> Settings:
 
 @pytest.fixture
 def redis_client(settings: Settings) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.redis_url)
+    client = (connect(settings, outage_timeout_s=10) if settings.redis_cluster
+              else redis.Redis.from_url(settings.redis_url))
     try:
         yield client
     finally:

@@ -31,7 +31,14 @@ from urllib.parse import urlsplit
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import BusyLoadingError, ClusterDownError, ConnectionError, SlotNotCoveredError, TimeoutError
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    ConnectionError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TimeoutError,
+)
 from redis.retry import Retry
 
 from mvlog.config import Settings
@@ -149,8 +156,18 @@ def connect(settings: Settings, *, outage_timeout_s: float | None = None, **opti
     options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
     outage = outage_of(server_address(settings.redis_url))
     if settings.redis_cluster:
-        return cast(redis.Redis, ClusterClient.from_url(settings.redis_url, outage=outage, bound_s=bound,
-                                                        health_check_interval=HEALTH_CHECK_INTERVAL_S, **options))
+        def start() -> ClusterClient:
+            try:
+                return ClusterClient.from_url(settings.redis_url, outage=outage, bound_s=bound,
+                                              health_check_interval=HEALTH_CHECK_INTERVAL_S, **options)
+            except RedisClusterException as error:  # no master answered: the slot map is read at once
+                if isinstance(error.__cause__, CLUSTER_RETRIED_ERRORS):
+                    raise redis.ConnectionError(str(error)) from error
+                raise
+
+        # Unlike a standalone client, a cluster client talks to the cluster when it is made (CLUSTER
+        # SLOTS, COMMAND): made during an outage, it waits for it as its commands would.
+        return cast(redis.Redis, BoundedRetry(outage, bound).call_with_retry(start, lambda _error: None))
     return redis.Redis.from_url(settings.redis_url, retry=BoundedRetry(outage, bound),
                                 retry_on_error=list(RETRIED_ERRORS), health_check_interval=HEALTH_CHECK_INTERVAL_S,
                                 **options)
