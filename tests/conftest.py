@@ -352,8 +352,15 @@ def redis_client(settings: Settings) -> Iterator[redis.Redis]:
         client.close()
 
 
+def _shared_settings(request: pytest.FixtureRequest, stack: StackEndpoints) -> Settings:
+    """The stack's settings, on the session's Redis Cluster with ``--redis-cluster``."""
+    if request.config.getoption("redis_cluster"):
+        return stack.settings(redis_url=request.getfixturevalue("redis_cluster").url, redis_cluster=True)
+    return stack.settings()
+
+
 @pytest.fixture(scope="session")
-def spark(stack: StackEndpoints) -> Iterator[Any]:
+def spark(stack: StackEndpoints, request: pytest.FixtureRequest) -> Iterator[Any]:
     """One Spark session in local mode for the whole test session, with ``format("mvlog")`` registered.
 
     The mvlog source is bound to the shared stack's settings; tests pass their own topic prefix (or
@@ -364,7 +371,7 @@ def spark(stack: StackEndpoints) -> Iterator[Any]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from mvlog.services.spark_session import spark_session
 
-    session = spark_session(stack.settings())
+    session = spark_session(_shared_settings(request, stack))
     yield session
     session.stop()
 
@@ -380,4 +387,5 @@ def _mvlog_source_bound_to_the_shared_stack(request: pytest.FixtureRequest) -> N
         from mvlog.services.spark_sink import MvlogDataSource
 
         stack: StackEndpoints = request.getfixturevalue("stack")
-        request.getfixturevalue("spark").dataSource.register(MvlogDataSource.for_settings(stack.settings()))
+        request.getfixturevalue("spark").dataSource.register(MvlogDataSource.for_settings(
+            _shared_settings(request, stack)))
