@@ -188,9 +188,11 @@ class ClusterClient(RedisCluster):
     reload of the slot map between them, without backoff; and a ``Retry`` of no bound (-1 attempts) makes
     it run a command zero times. So each command (``execute_command``: every single-key command, script
     and multi-slot command the client splits) runs inside a :class:`BoundedRetry`, as a standalone
-    command does: exponential backoff, bounded by time, an outage logged once. Pipelines are run by
-    redis-py's cluster pipeline, with its count of attempts only (a Redis restart fails a pipeline after a
-    few seconds; a pipeline of mvlog is a read or an idempotent write that its caller repeats)."""
+    command does: exponential backoff, bounded by time, an outage logged once. Pipelines are not:
+    redis-py's cluster pipeline makes its own attempts (:data:`CLUSTER_INNER_ATTEMPTS`, back to back) and
+    empties its command stack when it fails, so it cannot be run again from outside; a pipeline that meets
+    a master's restart raises (a Spark task staging its partition is then retried by Spark; a standalone
+    client's pipeline would have waited). Wrapping it needs the stack kept across attempts: not done."""
 
     def __init__(self, *args: Any, outage: Outage | None = None, bound_s: float = 0.0, **kwargs: Any) -> None:
         kwargs.setdefault("retry", Retry(NoBackoff(), retries=CLUSTER_INNER_ATTEMPTS))
