@@ -157,13 +157,9 @@ def connect(settings: Settings, *, outage_timeout_s: float | None = None, **opti
     outage = outage_of(server_address(settings.redis_url))
     if settings.redis_cluster:
         def start() -> ClusterClient:
-            try:
-                return ClusterClient.from_url(settings.redis_url, outage=outage, bound_s=bound,
-                                              health_check_interval=HEALTH_CHECK_INTERVAL_S, **options)
-            except RedisClusterException as error:  # no master answered: the slot map is read at once
-                if isinstance(error.__cause__, CLUSTER_RETRIED_ERRORS):
-                    raise redis.ConnectionError(str(error)) from error
-                raise
+            return _unreachable_as_connection_error(lambda: ClusterClient.from_url(
+                settings.redis_url, outage=outage, bound_s=bound, health_check_interval=HEALTH_CHECK_INTERVAL_S,
+                **options))
 
         # Unlike a standalone client, a cluster client talks to the cluster when it is made (CLUSTER
         # SLOTS, COMMAND): made during an outage, it waits for it as its commands would.
@@ -171,6 +167,19 @@ def connect(settings: Settings, *, outage_timeout_s: float | None = None, **opti
     return redis.Redis.from_url(settings.redis_url, retry=BoundedRetry(outage, bound),
                                 retry_on_error=list(RETRIED_ERRORS), health_check_interval=HEALTH_CHECK_INTERVAL_S,
                                 **options)
+
+
+def _unreachable_as_connection_error(do: Callable[[], T]) -> T:
+    """``do()``, with redis-py's "Redis Cluster cannot be connected" (no master answered while it reloaded
+    the slot map: a :class:`~redis.exceptions.RedisClusterException` caused by a connection error) raised as
+    the :class:`~redis.exceptions.ConnectionError` it is, which the bounded retry waits through and callers
+    catch as Redis being away."""
+    try:
+        return do()
+    except RedisClusterException as error:
+        if isinstance(error.__cause__, CLUSTER_RETRIED_ERRORS):
+            raise redis.ConnectionError(str(error)) from error
+        raise
 
 
 #: Errors after which a cluster client tries a command again: the standalone ones, and those of a cluster
@@ -207,7 +216,8 @@ class ClusterClient(RedisCluster):
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         run: Callable[..., Any] = super().execute_command
-        return self.bounded.call_with_retry(lambda: run(*args, **kwargs), lambda _error: None)
+        return self.bounded.call_with_retry(lambda: _unreachable_as_connection_error(lambda: run(*args, **kwargs)),
+                                            lambda _error: None)
 
 
 def is_cluster(client: object) -> bool:

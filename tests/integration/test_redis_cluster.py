@@ -275,10 +275,13 @@ def test_a_command_waits_through_a_masters_restart(cluster_settings: Settings,
         probe.close()
 
 
-def test_a_standalone_redis_of_the_layout_before_the_tag_keeps_its_catalog(settings: Settings,
-                                                                        redis_client: redis.Redis) -> None:
+def test_a_standalone_redis_of_the_layout_before_the_tag_keeps_its_catalog(make_settings: Callable[..., Settings],
+                                                                        own_redis: str) -> None:
     """The catalog and marker an older mvlog left under ``<prefix>:catalog`` / ``<prefix>:control-plane``
-    move to their tagged keys when first looked for: not wiped, the same entries, the old keys gone."""
+    move to their tagged keys when first looked for: not wiped, the same entries, the old keys gone.
+    (A standalone redis-server of the test's own, also under ``--redis-cluster``.)"""
+    settings = make_settings(redis_url=own_redis, redis_cluster=False)
+    redis_client = redis.Redis.from_url(own_redis)
     prefix = settings.topic_prefix
     table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client, auto_commit=False)
     table.close()
@@ -293,3 +296,4 @@ def test_a_standalone_redis_of_the_layout_before_the_tag_keeps_its_catalog(setti
     redis_client.delete(catalog.marker_key)  # a wipe (the legacy marker gone too) still reads as one
     assert catalog.wiped()
     catalog.close()
+    redis_client.close()
