@@ -43,7 +43,9 @@ samples the CPU seconds of the driver (its Python process, its JVM, the Python w
 the executors, the broker and redis-server from ``/proc`` (``_cpu.py``) and prints the driver's CPU
 seconds per million changes and its share of the run's CPU (issue 19: at most 5 %, flat when the epoch
 size grows 10x; run it at two ``--epoch-size``), with the driver JVM's CPU per thread and what each role
-burns idle for 5 s. ``--live-epochs 0`` skips the live phase.
+burns idle for 5 s. ``--live-epochs 0`` skips the live phase. ``--redis-cluster`` runs every Redis store (tables, views,
+control plane) on a three-master Redis Cluster started beside the stack (``MVLOG_REDIS_CLUSTER``,
+``infra/redis_cluster.py``) instead of the stack's redis-server.
 ``--profile FILE`` runs the first catch-up of each view under cProfile (its micro-batch reads, and
 foreachBatch calls in the driver's Py4J callback thread, and its micro-batch applies, in the consumer's
 worker thread) and prints the top functions.
@@ -61,6 +63,7 @@ catch-up changes per second, one per view (target >= 0.5x).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import logging
 import os
@@ -75,7 +78,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -83,7 +85,9 @@ from pyspark.sql.types import StructType
 
 from mvlog.config import Settings
 from mvlog.connectors.redis.cache_registry import CacheRegistry
+from mvlog.connectors.redis.redis_client import connect
 from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.infra.redis_cluster import LocalRedisCluster
 from mvlog.schemas.codec import decode_row
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.spark_session import spark_session
@@ -349,7 +353,7 @@ def run_live(settings: Settings, spark: SparkSession, table: Table, workload: Wo
     the partition-epochs the consumers read from it and from Kafka during the live phase are counted."""
     views = [view_name(v) for v in VIEWS]
     consumers = [ViewConsumer(settings, name, spark=spark) for name in views]
-    poll_client = redis.Redis.from_url(settings.redis_url)
+    poll_client = connect(settings)
     store = ViewStore(poll_client, settings.topic_prefix)
     registry = CacheRegistry(poll_client, settings.topic_prefix)
     worker = CacheWorkerProcess(settings, TABLE) if cache_worker else None
@@ -473,6 +477,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", action=argparse.BooleanOptionalAction, default=False,
                         help="also catch up each view with its operator in Spark's tasks "
                              "(MVLOG_OPERATORS_IN_TASKS, docs/scaling.md), same run")
+    parser.add_argument("--redis-cluster", action=argparse.BooleanOptionalAction, default=False,
+                        help="run every Redis store on a three-master Redis Cluster started beside the stack "
+                             "(MVLOG_REDIS_CLUSTER) instead of the stack's redis-server")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--profile", type=Path, default=None,
                         help="cProfile the driver's foreachBatch calls and applies during the first catch-up of each "
@@ -491,11 +498,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_tasks: dict[str, list[CatchUp]] = {view: [] for view in VIEWS}  # --tasks
     checks: dict[str, str] = {}
     idle_cpu: dict[str, float] | None = None
-    with temporary_stack("mvlog-bench-") as (stack, _):
+    with temporary_stack("mvlog-bench-") as (stack, folder), contextlib.ExitStack() as cleanup:
         spark: SparkSession | None = None
         try:
             settings = stack.settings(topic_prefix="bench", partitions=args.partitions, spark_master=args.master)
-            client = redis.Redis.from_url(settings.redis_url)
+            if args.redis_cluster:
+                cluster = LocalRedisCluster(folder / "redis-cluster").start()
+                cleanup.callback(cluster.stop)
+                settings = settings.model_copy(update={"redis_url": cluster.url, "redis_cluster": True})
+                print(f"Redis Cluster: {len(cluster.ports)} masters, ports {cluster.ports}")
+            client = connect(settings)
             store = ViewStore(client, settings.topic_prefix)
             table = Table.create(settings, TABLE, COLUMNS, ["id"], client=client, auto_commit=False)
             for rep in range(args.repeat):
@@ -518,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             spark = spark_session(settings, app_name="mvlog-bench-views")
             spark.dataSource.register(PlainChangelogSource)
             probe = None
-            if args.tasks and args.master.startswith("local-cluster"):  # executors in their own JVMs
+            if args.tasks and args.master.startswith("local-cluster") and not args.redis_cluster:  # own JVMs
                 pids = {s.name: s.pid for s in stack.status(check_health=False)}
                 jvm = int(spark._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
                 probe = CpuProbe(os.getpid(), jvm, pids.get("kafka"), pids.get("redis"))

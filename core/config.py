@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     # append-only file, a failover) before it raises: every mvlog process rides out shorter outages
     # (mvlog.connectors.redis.redis_client). 0: raise at once.
     redis_outage_timeout_s: float = Field(default=120.0, ge=0, le=86_400)
+    # ``redis_url`` names one master of a Redis Cluster: processes connect with redis-py's cluster client,
+    # which finds the other masters and routes each command by its key's slot (every multi-key command and
+    # script of mvlog touches one slot: mvlog.connectors.redis.redis_keys). False: a standalone redis-server.
+    redis_cluster: bool = False
     # A failed view consumer of `mvlog run-view` is started again, alone, after a growing delay, at most
     # this many times within `view_restart_window_s` (mvlog.restart_budget); then its view is marked failed.
     view_restarts: int = Field(default=5, ge=0, le=1000)

@@ -37,6 +37,7 @@ from mvlog.connectors.kafka.topics import ensure_topic
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.spark.source_options import connection_options
 from mvlog.key_order import order_member
 from mvlog.replay import ReplayRangeError, ReplayTargetError, RetainedRange
 from mvlog.row_schema import Key, Row
@@ -239,8 +240,7 @@ class Derivation:
         from mvlog.services.spark_session import spark_session
 
         spark = self._spark or spark_session(self.settings, app_name=f"mvlog-replay-{self.plan.view}")
-        options = {"bootstrapServers": self.settings.bootstrap_servers, "redisUrl": self.settings.redis_url,
-                   "topicPrefix": self.settings.topic_prefix}
+        options = connection_options(self.settings)
 
         def load(view: str, after: int, upto: int) -> Any:
             return (spark.read.format("mvlog").options(**options).option("view", view)

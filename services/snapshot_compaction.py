@@ -37,6 +37,7 @@ from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.snapshot_store import MANIFEST, SnapshotStore
 from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.spark.source_options import connection_options
 from mvlog.snapshot_plan import (
     RetentionCheck,
     SnapshotError,
@@ -92,8 +93,7 @@ def check_changelog_after(settings: Settings, store: ViewStore, entry: CatalogEn
 
 
 def _source(spark: SparkSession, settings: Settings, view: str) -> DataFrameReader:
-    return (spark.read.format("mvlog").option("view", view).option("bootstrapServers", settings.bootstrap_servers)
-            .option("redisUrl", settings.redis_url).option("topicPrefix", settings.topic_prefix))
+    return spark.read.format("mvlog").option("view", view).options(**connection_options(settings))
 
 
 def snapshot_schema_ddl(entry: CatalogEntry) -> str:

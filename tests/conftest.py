@@ -16,10 +16,22 @@ Fixtures
     Kafka topics (``settings.changelog_topic(view)`` etc.), consumer groups, transactional ids, and
     Redis keys (every mvlog Redis key starts with ``settings.topic_prefix``).
 ``redis_client`` (function)
-    ``redis.Redis`` on the stack's Redis (bytes replies). Never FLUSHDB/FLUSHALL: other tests share the
+    ``redis.Redis`` on the stack's Redis (bytes replies; with ``--redis-cluster``, mvlog's cluster client).
+    Never FLUSHDB/FLUSHALL: other tests share the
     database. At teardown it deletes the keys that start with this test's ``topic_prefix``.
 ``own_redis`` (function)
     The URL of a redis-server of the test's own, without persistence, for tests that FLUSHALL it.
+``redis_cluster`` (session)
+    A Redis Cluster of three masters (``redis-server --cluster-enabled yes``, no replicas, joined by
+    ``redis-cli --cluster create``) on free loopback ports in a temporary folder
+    (:class:`~mvlog.infra.redis_cluster.LocalRedisCluster`), started on first use (about 2 s), ready once
+    every master says ``cluster_state:ok``, stopped when the session ends.
+    With ``--redis-cluster`` (or ``MVLOG_TEST_REDIS_CLUSTER=1``), ``settings``, ``make_settings`` and
+    ``redis_client`` use it instead of the stack's redis-server, so any integration test can be run on it.
+``cluster_settings`` (function)
+    ``settings`` on ``redis_cluster`` instead of the stack's Redis (``redis_cluster=True``); the broker is the
+    stack's. ``cluster_client`` (function): mvlog's client of it (``connect``: redis-py's cluster client),
+    deleting the test's keys at teardown.
 ``schema_registry`` (session)
     A real Schema Registry: Apicurio Registry (:mod:`mvlog.infra.schema_registry`, from Maven Central by
     ``make setup``) on a free port of 127.0.0.1, in-memory, started on first use and stopped when the session
@@ -51,7 +63,9 @@ import pytest
 import redis
 
 from mvlog.config import Settings
+from mvlog.connectors.redis.redis_client import connect
 from mvlog.infra.local_stack import LocalStack, find_redis_server, free_port, free_ports, kafka_answers, redis_answers
+from mvlog.infra.redis_cluster import LocalRedisCluster
 from mvlog.infra.schema_registry import RegistryServer
 from mvlog.infra.spark_cds import driver_archive, java_options
 from tests.cdc_fixtures import debezium, postgres  # noqa: F401  (the CDC pipeline's fixtures)
@@ -59,7 +73,7 @@ from tests.cdc_fixtures import debezium, postgres  # noqa: F401  (the CDC pipeli
 REPO_ROOT = Path(__file__).resolve().parent.parent
 UNIT_TESTS = REPO_ROOT / "tests" / "unit"
 COMPOSE_FILE = REPO_ROOT / "infra" / "docker-compose.yml"
-STACK_FIXTURES = {"stack", "settings", "redis_client", "make_settings"}
+STACK_FIXTURES = {"stack", "settings", "redis_client", "make_settings", "redis_cluster"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -70,10 +84,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="broker + Redis for integration tests: 'local' starts Apache Kafka and redis-server as processes "
         "(default); 'docker' starts Apache Kafka and Redis from infra/docker-compose.yml (pytest-docker).",
     )
+    parser.addoption(
+        "--redis-cluster",
+        action="store_true",
+        default=os.environ.get("MVLOG_TEST_REDIS_CLUSTER", "") not in ("", "0"),
+        help="run the tests of `settings` / `make_settings` / `redis_client` on the `redis_cluster` fixture (three "
+        "masters) instead of the stack's redis-server; tests that make their own Redis client or server stay "
+        "on a standalone one.",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for name in [n for n in os.environ if n.startswith("MVLOG_") and n != "MVLOG_TEST_STACK"]:
+    for name in [n for n in os.environ if n.startswith("MVLOG_") and not n.startswith("MVLOG_TEST_")]:
         del os.environ[name]
     # The Spark drivers' class archive, made once per machine (by xdist's controller, not each worker)
     # while the first tests run: drivers started before it exists start without it. A run of the unit
@@ -250,6 +272,33 @@ def own_redis(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedisCluster]:
+    """Three Redis Cluster masters on loopback, for the session (started on first use)."""
+    cluster = LocalRedisCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster_settings(make_settings: Callable[..., Settings], redis_cluster: LocalRedisCluster) -> Settings:
+    return make_settings(redis_url=redis_cluster.url, redis_cluster=True)
+
+
+@pytest.fixture
+def cluster_client(cluster_settings: Settings) -> Iterator[redis.Redis]:
+    client = connect(cluster_settings, outage_timeout_s=10)
+    try:
+        yield client
+    finally:
+        keys = list(client.scan_iter(match=f"{cluster_settings.topic_prefix}*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])  # the cluster client deletes slot by slot
+        client.close()
+
+
+@pytest.fixture(scope="session")
 def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
     """Apicurio Registry's Confluent API on a free loopback port, for the session (started on first use)."""
     server = RegistryServer(tmp_path_factory.mktemp("schema-registry"), free_port()).start()
@@ -265,13 +314,19 @@ def topic_prefix() -> str:
 
 
 @pytest.fixture
-def make_settings(stack: StackEndpoints, topic_prefix: str, tmp_path: Path) -> Callable[..., Settings]:
+def make_settings(stack: StackEndpoints, topic_prefix: str, tmp_path: Path,
+                  request: pytest.FixtureRequest) -> Callable[..., Settings]:
+    cluster: dict[str, Any] = {}
+    if request.config.getoption("redis_cluster"):  # --redis-cluster: the session's cluster instead
+        cluster = {"redis_url": request.getfixturevalue("redis_cluster").url, "redis_cluster": True}
+
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {
             "topic_prefix": topic_prefix,
             "barrier_interval_ms": 200,
             "partitions": 3,
             "stack_dir": tmp_path / "mvlog",
+            **cluster,
         }
         values.update(overrides)
         return stack.settings(**values)
@@ -286,7 +341,8 @@ def settings(make_settings: Callable[..., Settings]) -> Settings:
 
 @pytest.fixture
 def redis_client(settings: Settings) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.redis_url)
+    client = (connect(settings, outage_timeout_s=10) if settings.redis_cluster
+              else redis.Redis.from_url(settings.redis_url))
     try:
         yield client
     finally:
@@ -296,8 +352,15 @@ def redis_client(settings: Settings) -> Iterator[redis.Redis]:
         client.close()
 
 
+def _shared_settings(request: pytest.FixtureRequest, stack: StackEndpoints) -> Settings:
+    """The stack's settings, on the session's Redis Cluster with ``--redis-cluster``."""
+    if request.config.getoption("redis_cluster"):
+        return stack.settings(redis_url=request.getfixturevalue("redis_cluster").url, redis_cluster=True)
+    return stack.settings()
+
+
 @pytest.fixture(scope="session")
-def spark(stack: StackEndpoints) -> Iterator[Any]:
+def spark(stack: StackEndpoints, request: pytest.FixtureRequest) -> Iterator[Any]:
     """One Spark session in local mode for the whole test session, with ``format("mvlog")`` registered.
 
     The mvlog source is bound to the shared stack's settings; tests pass their own topic prefix (or
@@ -308,7 +371,7 @@ def spark(stack: StackEndpoints) -> Iterator[Any]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from mvlog.services.spark_session import spark_session
 
-    session = spark_session(stack.settings())
+    session = spark_session(_shared_settings(request, stack))
     yield session
     session.stop()
 
@@ -324,4 +387,5 @@ def _mvlog_source_bound_to_the_shared_stack(request: pytest.FixtureRequest) -> N
         from mvlog.services.spark_sink import MvlogDataSource
 
         stack: StackEndpoints = request.getfixturevalue("stack")
-        request.getfixturevalue("spark").dataSource.register(MvlogDataSource.for_settings(stack.settings()))
+        request.getfixturevalue("spark").dataSource.register(MvlogDataSource.for_settings(
+            _shared_settings(request, stack)))

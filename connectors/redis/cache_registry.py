@@ -84,8 +84,13 @@ class CacheRegistry:
 
     def workers(self) -> list[WorkerInfo]:
         keys = sorted(self._redis.scan_iter(match=f"{self._prefix}:cache:worker:*", count=100))
+        # A GET each, pipelined: the workers' keys have no common hash tag, so no MGET on a Redis Cluster
+        # (whose client scans every master and sends each GET to its key's).
+        pipe = self._redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(key)
         found: list[WorkerInfo] = []
-        for raw in cast(list[bytes | None], self._redis.mget(keys) if keys else []):
+        for raw in cast(list[bytes | None], pipe.execute() if keys else []):
             if raw is not None:
                 data: dict[str, Any] = json.loads(raw)
                 found.append(WorkerInfo(data["worker_id"], data["url"], data["pid"], data["partitions"],

@@ -18,17 +18,25 @@ from mvlog.connectors.kafka.changelog_records import PoisonRecord
 from mvlog.connectors.kafka.dead_letter import DeadLetterQueue
 from mvlog.connectors.kafka.retention import has_records
 from mvlog.connectors.kafka.topics import ensure_topic
+from mvlog.connectors.redis.lua_scripts import lua_script
+from mvlog.connectors.redis.redis_client import is_cluster
+from mvlog.connectors.redis.redis_keys import control_key
 from mvlog.schemas.codec import DecodeError, decode_catalog_entry, encode_catalog_entry
+
+#: The catalog and marker of the layout before the control plane's hash tag, moved (see ``_migrated``).
+_MIGRATE_SCRIPT = lua_script("catalog_migrate")
 
 
 class CatalogStore:
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         self.settings = settings
         self.redis = client
-        self.key = f"{settings.topic_prefix}:catalog"
+        self.key = control_key(settings.topic_prefix, "catalog")
         # Present while Redis holds the control plane; gone after a wipe (FLUSHALL), which is how
         # readers tell "no such view" from "Redis lost everything" (see mvlog.services.control_plane).
-        self.marker_key = f"{settings.topic_prefix}:control-plane"
+        # Under the catalog's hash tag: :meth:`put` writes both in one transaction (one slot on a cluster).
+        self.marker_key = control_key(settings.topic_prefix, "marker")
+        self._migrate = client.register_script(_MIGRATE_SCRIPT)
         self._producer: Producer | None = None
 
     def _topic_producer(self) -> Producer:
@@ -65,7 +73,18 @@ class CatalogStore:
 
     def wiped(self) -> bool:
         """Whether Redis lost the control plane (the marker a catalog write leaves is gone)."""
-        return not self.redis.exists(self.marker_key)
+        return not self.redis.exists(self.marker_key) and not self._migrated()
+
+    def _migrated(self) -> bool:
+        """Move a catalog and marker of the layout before the control plane's hash tag
+        (``<prefix>:catalog``, ``<prefix>:control-plane``) to their keys now, in one script: a standalone
+        Redis of an older mvlog keeps its control plane instead of looking wiped. True when moved. Never on
+        a Redis Cluster, which no older mvlog ran on (and whose slots a RENAME cannot cross)."""
+        if is_cluster(self.redis):
+            return False
+        prefix = self.settings.topic_prefix
+        keys = [f"{prefix}:control-plane", f"{prefix}:catalog", self.marker_key, self.key]
+        return bool(self._migrate(keys=keys))
 
     def mark_rebuilt(self) -> None:
         self.redis.hset(self.marker_key, mapping={"since_ms": str(int(time.time() * 1000)),

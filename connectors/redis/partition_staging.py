@@ -73,7 +73,8 @@ class PartitionStaging(ViewMeta):
         order_puts, order_deletes = commit.order_puts, commit.order_deletes
         state_puts, state_deletes = commit.state_puts or {}, commit.state_deletes
         pipe = self.redis.pipeline(transaction=False)
-        pipe.delete(*keys)
+        for key in keys:  # one DEL each: redis-py's cluster pipeline refuses a DEL of several keys
+            pipe.delete(key)
         for key, mapping in ((keys[0], puts), (keys[4], state_puts)):
             items = list(mapping.items())
             for start in range(0, len(items), CHUNK):

@@ -25,12 +25,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    ConnectionError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TimeoutError,
+)
 from redis.retry import Retry
 
 from mvlog.config import Settings
@@ -139,10 +147,93 @@ def server_address(url: str) -> str:
 def connect(settings: Settings, *, outage_timeout_s: float | None = None, **options: Any) -> redis.Redis:
     """A client of ``settings.redis_url`` whose commands wait through an outage of up to
     ``outage_timeout_s`` (default: ``settings.redis_outage_timeout_s``; 0 fails at once, for probes).
-    ``options`` go to :meth:`redis.Redis.from_url` (socket timeouts, ...)."""
+    ``options`` go to :meth:`redis.Redis.from_url` (socket timeouts, ...).
+
+    With ``settings.redis_cluster`` the client is a :class:`ClusterClient` (a
+    :class:`redis.cluster.RedisCluster`) started from that URL: it speaks the same commands for the
+    keys mvlog uses, each routed to its slot's master, so it is typed as the standalone client here."""
     bound = settings.redis_outage_timeout_s if outage_timeout_s is None else outage_timeout_s
     options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
-    return redis.Redis.from_url(settings.redis_url, retry=BoundedRetry(outage_of(server_address(settings.redis_url)),
-                                                                       bound),
+    outage = outage_of(server_address(settings.redis_url))
+    if settings.redis_cluster:
+        def start() -> ClusterClient:
+            return _unreachable_as_connection_error(lambda: ClusterClient.from_url(
+                settings.redis_url, outage=outage, bound_s=bound, health_check_interval=HEALTH_CHECK_INTERVAL_S,
+                **options))
+
+        # Unlike a standalone client, a cluster client talks to the cluster when it is made (CLUSTER
+        # SLOTS, COMMAND): made during an outage, it waits for it as its commands would.
+        return cast(redis.Redis, BoundedRetry(outage, bound).call_with_retry(start, lambda _error: None))
+    return redis.Redis.from_url(settings.redis_url, retry=BoundedRetry(outage, bound),
                                 retry_on_error=list(RETRIED_ERRORS), health_check_interval=HEALTH_CHECK_INTERVAL_S,
                                 **options)
+
+
+def _unreachable_as_connection_error(do: Callable[[], T]) -> T:
+    """``do()``, with redis-py's "Redis Cluster cannot be connected" (no master answered while it reloaded
+    the slot map: a :class:`~redis.exceptions.RedisClusterException` caused by a connection error) raised as
+    the :class:`~redis.exceptions.ConnectionError` it is, which the bounded retry waits through and callers
+    catch as Redis being away."""
+    try:
+        return do()
+    except RedisClusterException as error:
+        if isinstance(error.__cause__, CLUSTER_RETRIED_ERRORS):
+            raise redis.ConnectionError(str(error)) from error
+        raise
+
+
+#: Errors after which a cluster client tries a command again: the standalone ones, and those of a cluster
+#: whose master is away or whose slots are being reassigned.
+CLUSTER_RETRIED_ERRORS: tuple[type[Exception], ...] = (*RETRIED_ERRORS, ClusterDownError, SlotNotCoveredError)
+#: Attempts redis-py's cluster client makes itself before an error reaches :class:`ClusterClient`'s bound
+#: (each reloads the slot map from a master that answers): few, back to back.
+CLUSTER_INNER_ATTEMPTS = 2
+
+
+class ClusterClient(RedisCluster):
+    """redis-py's cluster client with the standalone client's outage policy, as far as redis-py allows.
+
+    redis-py's cluster client takes its ``retry`` only as a count of attempts, made back to back with a
+    reload of the slot map between them, without backoff; and a ``Retry`` of no bound (-1 attempts) makes
+    it run a command zero times. So each command (``execute_command``: every single-key command, script
+    and multi-slot command the client splits) runs inside a :class:`BoundedRetry`, as a standalone
+    command does: exponential backoff, bounded by time, an outage logged once. Pipelines are not:
+    redis-py's cluster pipeline makes its own attempts (:data:`CLUSTER_INNER_ATTEMPTS`, back to back) and
+    empties its command stack when it fails, so it cannot be run again from outside; a pipeline that meets
+    a master's restart raises (a Spark task staging its partition is then retried by Spark; a standalone
+    client's pipeline would have waited). Wrapping it needs the stack kept across attempts: not done."""
+
+    def __init__(self, *args: Any, outage: Outage | None = None, bound_s: float = 0.0, **kwargs: Any) -> None:
+        kwargs.setdefault("retry", Retry(NoBackoff(), retries=CLUSTER_INNER_ATTEMPTS))
+        # Set first: the parent's __init__ runs commands (COMMAND, to learn every command's keys).
+        self.bounded = BoundedRetry(outage or outage_of("cluster"), bound_s)
+        self.bounded.update_supported_errors(list(CLUSTER_RETRIED_ERRORS))
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> ClusterClient:
+        return cls(url=url, **kwargs)
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        run: Callable[..., Any] = super().execute_command
+        return self.bounded.call_with_retry(lambda: _unreachable_as_connection_error(lambda: run(*args, **kwargs)),
+                                            lambda _error: None)
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (a :class:`redis.cluster.RedisCluster`)."""
+    return isinstance(client, RedisCluster)
+
+
+def node_pool(client: redis.Redis, key: str) -> redis.ConnectionPool:
+    """The connection pool of the server that holds ``key``: the client's own, or on a cluster that of
+    the master serving ``key``'s slot (for a caller that drives a connection itself, such as a WATCH/MULTI
+    transaction on one view's keys)."""
+    if not is_cluster(client):
+        return client.connection_pool
+    node_of: Callable[[str], Any] = cast(RedisCluster, client).get_node_from_key
+    node = node_of(key)
+    server = node.redis_connection if node is not None else None
+    if server is None:
+        raise redis.ConnectionError(f"no master of the cluster serves the slot of {key!r}")
+    return cast(redis.ConnectionPool, server.connection_pool)

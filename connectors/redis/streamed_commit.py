@@ -46,6 +46,7 @@ from hiredis import pack_command  # redis[hiredis] is a dependency: packs a whol
 from mvlog.connectors.redis.epoch_commit import EpochCommits, ServingStateLostError
 from mvlog.connectors.redis.epoch_index import IndexEntry, epoch_hex, index_member
 from mvlog.connectors.redis.lua_scripts import lua_script
+from mvlog.connectors.redis.redis_client import node_pool
 from mvlog.schemas.codec import native_module
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class StreamedCommit:
         self._meta = store.key(view, "meta")
         self._rows = store.key(view, "rows")
         self._order = store.key(view, "keyorder")
-        self._pool = store.redis.connection_pool
+        self._pool = node_pool(store.redis, self._meta)  # on a cluster, the master of the view's slot
         self._conn: Any = None
         self._staged = False  # the view had no rows: written under staged keys, renamed at the end
         self._open()

@@ -17,6 +17,7 @@ from typing import Any, cast
 import redis
 
 from mvlog.connectors.redis.lua_scripts import lua_script
+from mvlog.connectors.redis.redis_client import is_cluster
 from mvlog.connectors.redis.view_meta import ViewMeta
 
 # Rows of some vnodes in key order after given positions, with the MCE they reflect: one script, so the
@@ -76,7 +77,12 @@ class ViewRows(ViewMeta):
 
     def read_many_at_consistent_epoch(self, views: Sequence[str]
                                       ) -> dict[str, tuple[int | None, list[tuple[bytes, bytes]]]]:
-        """All rows of several views with each one's MCE, in one MULTI (one instant for all of them)."""
+        """All rows of several views, each with the MCE they reflect: on a standalone Redis in one MULTI
+        (one instant for all of them), on a Redis Cluster (each view's keys in a slot of its own) one MULTI
+        per view. A caller must not count on one instant: ``read --views`` takes every view back to the
+        lowest MCE from its changelog, so each view's rows agreeing with its own MCE is all it needs."""
+        if is_cluster(self.redis):
+            return {view: self.read_at_consistent_epoch(view) for view in views}
         pipe = self.redis.pipeline(transaction=True)
         for view in views:
             pipe.hget(self._key(view, "meta"), "mce")

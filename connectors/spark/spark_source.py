@@ -30,7 +30,9 @@ Options (modelled on Spark's Kafka source):
 ``smallReadRecords`` a read (a batch, or a micro-batch) of at most this many change events is one
                    Spark task over all its partitions, not a task per partition (default: the setting
                    ``small_read_records``, 10000; ``0``: always a task per partition)
-``bootstrapServers`` / ``redisUrl`` / ``topicPrefix``: override the mvlog settings
+``bootstrapServers`` / ``redisUrl`` / ``redisCluster`` / ``topicPrefix``: override the mvlog settings
+                   (``redisCluster``: ``true`` when ``redisUrl`` is a Redis Cluster's; all four of a
+                   process's settings: :func:`~mvlog.connectors.spark.source_options.connection_options`)
 ================== ======================================================================
 
 Columns: ``_epoch``, ``_change_type`` (``insert``, ``delete``, ``update_preimage``,
@@ -63,6 +65,7 @@ from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.connectors.redis.table_writers import TableWriters, plan_through
 from mvlog.connectors.spark.change_rows import SignedRowBuilder, arrow_schema, end_marker
 from mvlog.connectors.spark.log_cache_client import read_with_cache
+from mvlog.connectors.spark.source_options import settings_overrides
 from mvlog.gc_pause import gc_paused
 from mvlog.join_bound import union_epochs
 from mvlog.row_schema import Row, RowSchema
@@ -399,9 +402,7 @@ class MvlogDataSource(DataSource):
         name = self.options.get("view") or self.options.get("table")
         if not name:
             raise ValueError("the mvlog data source needs the option 'view' (reads) or 'table' (reads and writes)")
-        overrides: dict[str, Any] = {k: v for k, v in (("bootstrap_servers", self.options.get("bootstrapServers")),
-                                       ("redis_url", self.options.get("redisUrl")),
-                                       ("topic_prefix", self.options.get("topicPrefix"))) if v}
+        overrides = settings_overrides(self.options)
         if (small := self.options.get("smallReadRecords")) is not None:
             overrides["small_read_records"] = _count(small, "smallReadRecords")
         if self.session_settings_json is not None:

@@ -60,16 +60,18 @@ def connect_redis(settings: Settings, *, wait: bool = False) -> redis.Redis:
     once (a clean ClickException) instead of waiting ``redis_outage_timeout_s``. A long-running process
     (run-view, run-source, cache-worker, lag-sampler) started during a Redis restart waits for it like it
     would later on, and only then gives up with the same message."""
-    client = redis_client.connect(settings)
-    probe = client if wait else redis_client.connect(settings, outage_timeout_s=0,
-                                                     socket_connect_timeout=CONNECT_TIMEOUT_S)
     try:
-        probe.ping()
+        if not wait:  # probed first: a Redis Cluster's client talks to it when made, and would wait
+            probe = redis_client.connect(settings, outage_timeout_s=0, socket_connect_timeout=CONNECT_TIMEOUT_S)
+            try:
+                probe.ping()
+            finally:
+                probe.close()
+        client = redis_client.connect(settings)
+        if wait:
+            client.ping()
     except redis.RedisError as error:
         raise redis_unreachable(settings, error) from error
-    finally:
-        if probe is not client:
-            probe.close()
     return client
 
 

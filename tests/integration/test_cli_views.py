@@ -37,6 +37,7 @@ T1 = ["create-table", "t1", "--column", "id:int", "--column", "v1:int", "--colum
 
 def env_of(settings: Settings) -> dict[str, str]:
     return {"MVLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "MVLOG_REDIS_URL": settings.redis_url,
+            "MVLOG_REDIS_CLUSTER": str(settings.redis_cluster).lower(),
             "MVLOG_TOPIC_PREFIX": settings.topic_prefix, "MVLOG_PARTITIONS": str(settings.partitions),
             "MVLOG_BARRIER_INTERVAL_MS": str(settings.barrier_interval_ms),
             "MVLOG_STACK_DIR": str(settings.stack_dir), "MVLOG_SPARK_CONF": json.dumps(settings.spark_conf)}

@@ -56,6 +56,7 @@ class Chain:
 
 def _env(settings: Settings) -> dict[str, str]:
     return {"MVLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "MVLOG_REDIS_URL": settings.redis_url,
+            "MVLOG_REDIS_CLUSTER": str(settings.redis_cluster).lower(),
             "MVLOG_TOPIC_PREFIX": settings.topic_prefix, "MVLOG_STACK_DIR": str(settings.stack_dir)}
 
 

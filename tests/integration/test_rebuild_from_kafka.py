@@ -41,7 +41,7 @@ def snapshot(client: redis.Redis, settings: Settings) -> dict[str, Any]:
     store = ViewStore(client, settings.topic_prefix)
     prefix = settings.topic_prefix
     return {
-        "catalog": client.hgetall(f"{prefix}:catalog"),
+        "catalog": client.hgetall(CatalogStore(settings, client).key),
         **{f"{name}:{what}": client.hgetall(f"{prefix}:{{{name}}}:{what}") for name in NAMES
            for what in ("rows", "opstate")},
         **{f"{name}:mce": store.mce(name) for name in NAMES},

@@ -99,7 +99,7 @@ def test_replace_mv1_filter_under_running_mv2_mv3(settings: Settings, redis_clie
         # Redis loses the replacement and the catalog: both come back from Kafka. The catalog topic has the
         # staged definition; mv1's next consumer records it again and hydrates it anew.
         redis_client.delete(*redis_client.scan_iter(f"{settings.topic_prefix}:{{mv1}}:replacement*"),
-                            f"{settings.topic_prefix}:catalog")
+                            CatalogStore(settings, redis_client).key)
         assert CatalogStore(settings, redis_client).rebuild_from_topic() == 1 + len(VIEWS)
         mv1.committer.writer.close()
         mv1 = consumers[0] = ViewConsumer(settings, "mv1", spark=spark, client=redis_client)

@@ -154,6 +154,7 @@ def test_incremental_snapshot_equals_one_from_scratch_and_the_view(
 
 def _env(settings: Settings, **extra: str) -> dict[str, str]:
     return {"MVLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "MVLOG_REDIS_URL": settings.redis_url,
+            "MVLOG_REDIS_CLUSTER": str(settings.redis_cluster).lower(),
             "MVLOG_TOPIC_PREFIX": settings.topic_prefix, "MVLOG_PARTITIONS": str(settings.partitions),
             "MVLOG_BARRIER_INTERVAL_MS": str(settings.barrier_interval_ms),
             "MVLOG_STACK_DIR": str(settings.stack_dir), "MVLOG_SNAPSHOT_DIR": str(settings.snapshot_root), **extra}

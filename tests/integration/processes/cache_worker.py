@@ -13,10 +13,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from mvlog.config import Settings
 from mvlog.connectors.redis.cache_registry import CacheRegistry
+from mvlog.connectors.redis.redis_client import connect
 from mvlog.infra.local_stack import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,7 +52,7 @@ class CacheWorkerProcess:
     def wait_ready(self, upstream: str, partitions: int, timeout: float = 60.0) -> None:
         """Until the worker holds every partition of ``upstream``, has aligned an epoch of it and has
         claimed the partitions in Redis."""
-        registry = CacheRegistry(redis.Redis.from_url(self.settings.redis_url), self.settings.topic_prefix)
+        registry = CacheRegistry(connect(self.settings, outage_timeout_s=10), self.settings.topic_prefix)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process.poll() is None, f"the worker exited: {self.log_path.read_text()[-3000:]}"

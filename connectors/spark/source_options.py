@@ -1,0 +1,34 @@
+"""The options of a ``format("mvlog")`` read that carry a process's connection settings to the data source.
+
+A Spark session registers the data source with the settings of the process that made it; a reader of
+other settings (another topic prefix, another broker, a Redis Cluster) passes them as options, which the
+data source lays over the session's. Both directions are here, so the options a reader sets and those the
+data source reads cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mvlog.config import Settings
+
+#: Option name -> the :class:`~mvlog.config.Settings` field it overrides.
+OPTION_FIELDS = {"bootstrapServers": "bootstrap_servers", "redisUrl": "redis_url", "redisCluster": "redis_cluster",
+                 "topicPrefix": "topic_prefix"}
+
+
+def connection_options(settings: Settings) -> dict[str, str]:
+    """The options that point a read at ``settings``' broker, Redis (``redisCluster``: ``true`` when
+    ``redisUrl`` is a Redis Cluster's) and topic prefix."""
+    return {"bootstrapServers": settings.bootstrap_servers, "redisUrl": settings.redis_url,
+            "redisCluster": "true" if settings.redis_cluster else "false", "topicPrefix": settings.topic_prefix}
+
+
+def settings_overrides(options: Mapping[str, str]) -> dict[str, Any]:
+    """The settings that the given options override (those not given, or empty, are left alone)."""
+    overrides: dict[str, Any] = {OPTION_FIELDS[name]: value for name in OPTION_FIELDS
+                                 if (value := options.get(name))}
+    if "redis_cluster" in overrides:
+        overrides["redis_cluster"] = str(overrides["redis_cluster"]).strip().lower() in ("true", "1", "yes")
+    return overrides
