@@ -16,6 +16,9 @@ from mvlog.config import Settings
 #: Option name -> the :class:`~mvlog.config.Settings` field it overrides.
 OPTION_FIELDS = {"bootstrapServers": "bootstrap_servers", "redisUrl": "redis_url", "redisCluster": "redis_cluster",
                  "topicPrefix": "topic_prefix"}
+#: The option that overrides ``Settings.small_read_records`` (a read of at most this many change events is
+#: one Spark task; 0: a task per partition).
+SMALL_READ_OPTION = "smallReadRecords"
 
 
 def connection_options(settings: Settings) -> dict[str, str]:
@@ -31,4 +34,19 @@ def settings_overrides(options: Mapping[str, str]) -> dict[str, Any]:
                                  if (value := options.get(name))}
     if "redis_cluster" in overrides:
         overrides["redis_cluster"] = str(overrides["redis_cluster"]).strip().lower() in ("true", "1", "yes")
+    if (small := options.get(SMALL_READ_OPTION)) is not None:
+        overrides["small_read_records"] = int_option(small, SMALL_READ_OPTION, minimum=0)
     return overrides
+
+
+def int_option(value: str, name: str, *, minimum: int) -> int:
+    """``value`` of option ``name`` as an integer of at least ``minimum`` (0 or 1); a ValueError naming the
+    option otherwise."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = minimum - 1
+    if number < minimum:
+        kind = "a positive integer" if minimum == 1 else "a non-negative integer"
+        raise ValueError(f"option {name} must be {kind}, not {value!r}")
+    return number

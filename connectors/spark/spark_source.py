@@ -65,7 +65,7 @@ from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.connectors.redis.table_writers import TableWriters, plan_through
 from mvlog.connectors.spark.change_rows import SignedRowBuilder, arrow_schema, end_marker
 from mvlog.connectors.spark.log_cache_client import read_with_cache
-from mvlog.connectors.spark.source_options import settings_overrides
+from mvlog.connectors.spark.source_options import int_option, settings_overrides
 from mvlog.gc_pause import gc_paused
 from mvlog.join_bound import union_epochs
 from mvlog.row_schema import Row, RowSchema
@@ -341,25 +341,7 @@ def _micro_batch_ends(planner: _Planner, aligned: Sequence[_Planner], after: int
 
 def _positive_int(options: Any, name: str) -> int | None:
     value = options.get(name)
-    if not value:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise ValueError(f"option {name} must be a positive integer, not {value!r}")
-    return number
-
-
-def _count(value: str, name: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise ValueError(f"option {name} must be a non-negative integer, not {value!r}")
-    return number
+    return int_option(value, name, minimum=1) if value else None
 
 
 def _parse_epoch(value: str | None, default: str, latest: int) -> int:
@@ -403,8 +385,6 @@ class MvlogDataSource(DataSource):
         if not name:
             raise ValueError("the mvlog data source needs the option 'view' (reads) or 'table' (reads and writes)")
         overrides = settings_overrides(self.options)
-        if (small := self.options.get("smallReadRecords")) is not None:
-            overrides["small_read_records"] = _count(small, "smallReadRecords")
         if self.session_settings_json is not None:
             self.settings = Settings.model_validate_json(self.session_settings_json).model_copy(update=overrides)
         else:
@@ -440,7 +420,7 @@ class _BatchReader(DataSourceReader):
 
 
 def _read_planned(partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    """Executor side: what :meth:`_Planner.plan` planned (Spark plans one empty partition, read as
+    """Executor side: what :meth:`_Planner.tasks` planned (Spark plans one empty partition, read as
     nothing, for an empty range)."""
     if isinstance(partition, PartitionRange):
         yield from read_partition_range(partition)

@@ -19,7 +19,7 @@ from mvlog.changes import Change
 from mvlog.config import Settings
 from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.connectors.spark.change_rows import arrow_schema, end_marker, epoch_slices
-from mvlog.connectors.spark.source_options import connection_options
+from mvlog.connectors.spark.source_options import SMALL_READ_OPTION, connection_options
 from mvlog.views import ChangeBatch
 
 EpochBatches = dict[int, dict[str, ChangeBatch]]  # epoch -> upstream view -> its changes
@@ -64,7 +64,7 @@ class UpstreamReader:
 
     def _options(self, view: str) -> dict[str, str]:
         small = 0 if self.task_per_partition else self.settings.small_read_records
-        return {"view": view, **connection_options(self.settings), "smallReadRecords": str(small)}
+        return {"view": view, **connection_options(self.settings), SMALL_READ_OPTION: str(small)}
 
     def stream(self, sources: Sequence[str], after: int) -> DataFrame:
         """The streaming read of ``sources`` from the epoch after ``after``: the first one's rows; for a join,
