@@ -20,16 +20,25 @@ a no-op on a zip that already holds bytecode of this interpreter.
 from __future__ import annotations
 
 import importlib.util
+import marshal
 import os
 import sys
 import tempfile
 import warnings
 import zipfile
-from importlib._bootstrap_external import _code_to_hash_pyc  # type: ignore[attr-defined]
 from pathlib import Path
 
 #: The entry whose presence says the zip already holds this interpreter's bytecode.
 _MARKER = "pyspark/__init__.pyc"
+#: PEP 552's flags of a hash-based pyc whose source is checked at import: bit 0 hash-based, bit 1 checked.
+_CHECKED_HASH_FLAGS = (0b11).to_bytes(4, "little")
+
+
+def _checked_hash_pyc(source: bytes, filename: str) -> bytes:
+    """A pyc of ``source`` (PEP 552 layout: magic, flags, the source's hash, the marshalled code)."""
+    code = compile(source, filename, "exec", dont_inherit=True)
+    return (importlib.util.MAGIC_NUMBER + _CHECKED_HASH_FLAGS + importlib.util.source_hash(source)
+            + marshal.dumps(code))
 
 
 def pyspark_zip() -> Path | None:
@@ -70,9 +79,7 @@ def add_bytecode(path: Path) -> int:
                 if not info.filename.endswith(".py"):
                     continue
                 # The name zipimport gives the module's file, so tracebacks point into the zip.
-                code = compile(data, str(path / info.filename), "exec", dont_inherit=True)
-                pyc = _code_to_hash_pyc(code, importlib.util.source_hash(data), checked=True)
-                target.writestr(info.filename[:-3] + ".pyc", bytes(pyc))
+                target.writestr(info.filename[:-3] + ".pyc", _checked_hash_pyc(data, str(path / info.filename)))
                 compiled += 1
         temporary.chmod(path.stat().st_mode & 0o777)
         temporary.replace(path)
