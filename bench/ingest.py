@@ -48,7 +48,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from mvlog.config import Settings
 from mvlog.connectors.kafka.topics import ensure_topic
-from mvlog.services.source_ingest import SourceIngester, create_source_table
+from mvlog.services.sources.declare import create_source_table
+from mvlog.services.sources.ingester import SourceIngester
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Throughput, machine_info, peak_rss_mib, sample_row, temporary_stack

@@ -45,7 +45,8 @@ from mvlog.connectors.redis.epoch_commit import EpochCommits
 from mvlog.connectors.redis.streamed_commit import StreamedCommit
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services.pipeline.committer import EpochCommitter
-from mvlog.services.source_ingest import SourceIngester
+from mvlog.services.sources.epoch_reader import EpochReader
+from mvlog.services.sources.ingester import SourceIngester
 from mvlog.services.table_epoch import TableEpochEncoder
 from mvlog.services.table_writer import Table
 
@@ -181,7 +182,7 @@ def install() -> None:
     gc.callbacks.append(gc_timer)
     setattr(changelog_writer, "Producer", TimedProducer)  # noqa: B010 (the module's name for the class)
     patch(SourceIngester, "run", "run (whole loop)")
-    patch(SourceIngester, "_apply", "decode + type (_apply)")
+    patch(EpochReader, "apply", "decode + type (EpochReader.apply)")
     patch(SourceIngester, "_settle", "wait for the commit in flight (_settle)")
     patch(SourceIngester, "_cut", "cut (offsets, barrier mutation)")
     patch(SourceIngester, "_commit_behind", "start the commit thread")

@@ -1,7 +1,7 @@
 """Runs a Nexmark query in mvlog as a user would, and measures it (catch-up rate, steady latency).
 
 The pieces a deployment runs: one ``mvlog run-source TABLE`` **process** per source table the query reads
-(each an exactly-once ingester of its topic, :mod:`mvlog.services.source_ingest`) and the view's Spark
+(each an exactly-once ingester of its topic, :mod:`mvlog.services.sources`) and the view's Spark
 consumer (:class:`~mvlog.services.pipeline.view_consumer.ViewConsumer`, in this process, on a shared Spark session).
 Every run gets a topic prefix of its own (its own catalog, changelogs and consumer groups on the shared
 broker and Redis), so nothing of an earlier run is reused.

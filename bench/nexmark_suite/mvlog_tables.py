@@ -17,7 +17,7 @@ import redis
 
 from mvlog.config import Settings
 from mvlog.row_schema import RowSchema
-from mvlog.services.source_ingest import create_source_table
+from mvlog.services.sources.declare import create_source_table
 from mvlog.views import ViewPlan, plan_view
 from mvlog.views.errors import ViewDefinitionError
 

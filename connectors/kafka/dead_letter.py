@@ -12,7 +12,7 @@ on: one bad record never stops a view, and nothing is silently dropped. Headers:
 Every reader of a changelog dead-letters what it reads, so a poison record may be sent more than once;
 the topic is compacted and keyed by ``topic/partition/offset``, so compaction keeps one copy of each.
 
-A source table's ingester (:mod:`mvlog.services.source_ingest`) writes the bad records of its topic
+A source table's ingester (:mod:`mvlog.services.sources`) writes the bad records of its topic
 (undecodable, no key, wrong types, a row the table refuses) to ``<prefix>.<table>.dlq`` with the same
 headers, through :func:`dead_letter_record`, but inside the epoch's own Kafka transaction: a
 ``read_committed`` reader of that topic sees each bad record exactly once.

@@ -19,7 +19,7 @@ from mvlog.services.commands.run_view import _StopOnSignal
 from mvlog.source_records import BadRecordError
 
 if TYPE_CHECKING:
-    from mvlog.services.source_ingest import IngestProgress
+    from mvlog.services.sources.ingester import IngestProgress
 
 
 @click.command("run-source")
@@ -42,7 +42,7 @@ def run_source(settings: Settings, name: str, until_caught_up: bool, accept_sche
     by retention, or an Avro writer schema the table's columns cannot take (see --accept-schema) stop the
     source with what to do (exit code 1, and shown by `mvlog status`).
     """
-    from mvlog.services.source_ingest import SourceError
+    from mvlog.services.sources.declare import SourceError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = connect_redis(settings, wait=True)
@@ -65,7 +65,7 @@ def _ingest(settings: Settings, name: str, client: redis.Redis, stop: threading.
     a producer call that never returned after a broker restart) starts a new ingester after a growing delay:
     its writer fences the old one and it resumes from the committed offsets, so nothing is lost or doubled.
     Failures that keep coming (``view_restarts`` within ``view_restart_window_s``) stop the command."""
-    from mvlog.services.source_ingest import IngestProgress, SourceIngester
+    from mvlog.services.sources.ingester import IngestProgress, SourceIngester
 
     budget = RestartBudget(settings.view_restarts, settings.view_restart_window_s)
     total = IngestProgress()

@@ -109,7 +109,7 @@ def create_table(settings: Settings, name: str, columns: tuple[str, ...], primar
             raise click.ClickException(f"{existing.kind} {name!r} already exists")
         require_kafka(settings)
         if spec is not None:
-            from mvlog.services.source_ingest import SourceError, create_source_table
+            from mvlog.services.sources.declare import SourceError, create_source_table
 
             try:
                 create_source_table(settings, name, {n: t.value for n, t in types.items()}, key, spec.topic,
@@ -154,7 +154,7 @@ def _create_avro_derived(settings: Settings, name: str, primary_key: tuple[str, 
                          topic: str, format_name: str, generated_key: str | None, schema_registry: str | None,
                          schemas: dict[int, str]) -> None:
     """create-table of an Avro source without columns: they come from its latest value schema."""
-    from mvlog.services.source_ingest import SourceError, create_source_table
+    from mvlog.services.sources.declare import SourceError, create_source_table
 
     key = [k.strip() for value in primary_key for k in value.split(",") if k.strip()]
     if not key:

@@ -27,7 +27,8 @@ from mvlog.connectors.redis.table_writers import TableWriters
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.row_schema import Key
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.source_ingest import SourceIngester, create_source_table
+from mvlog.services.sources.declare import create_source_table
+from mvlog.services.sources.ingester import SourceIngester
 from mvlog.services.view_ddl import create_view
 from tests.integration.streaming_query import started
 from tests.integration.test_source_tables import SourceTopic, table_rows

@@ -29,7 +29,7 @@ from mvlog.config import Settings
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.source_status import SourceStatusStore
 from mvlog.row_schema import Key
-from mvlog.services.source_ingest import SourceIngester
+from mvlog.services.sources.ingester import SourceIngester
 from tests.integration.test_source_tables import (
     MVLOG,
     Effect,

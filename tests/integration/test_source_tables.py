@@ -40,7 +40,8 @@ from mvlog.schemas.codec import decode_row
 from mvlog.services.cli import main
 from mvlog.services.dashboard.metrics import pipeline_registry
 from mvlog.services.lag_sampler import LagSampler
-from mvlog.services.source_ingest import SourceIngester, create_source_table
+from mvlog.services.sources.declare import create_source_table
+from mvlog.services.sources.ingester import SourceIngester
 from mvlog.services.status_snapshot import take_snapshot
 from mvlog.source_spec import source_group
 from tests.integration.independent_consumer import read_topic

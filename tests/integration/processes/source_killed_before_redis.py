@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from mvlog.config import Settings
 from mvlog.connectors.redis.epoch_index import IndexEntry
 from mvlog.connectors.redis.streamed_commit import StreamedCommit
-from mvlog.services.source_ingest import SourceIngester
+from mvlog.services.sources.ingester import SourceIngester
 
 
 def _killed_at_finish(commit: StreamedCommit, index: Mapping[int, IndexEntry]) -> bool:

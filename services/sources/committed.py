@@ -2,7 +2,7 @@
 
 Each epoch of a source table carries, on its barriers, the running total of dead letters and (for
 ``debezium-json``) each key's last applied source position (:mod:`mvlog.source_offsets`). Kafka is the
-truth: a new :class:`~mvlog.services.source_ingest.SourceIngester` reads them from the table's changelog,
+truth: a new :class:`~mvlog.services.sources.ingester.SourceIngester` reads them from the table's changelog,
 never from Redis, so a killed ingester's last epoch counts whether or not Redis applied it.
 """
 
