@@ -28,6 +28,9 @@ Fixtures
     every master says ``cluster_state:ok``, stopped when the session ends.
     With ``--redis-cluster`` (or ``MVLOG_TEST_REDIS_CLUSTER=1``), ``settings``, ``make_settings`` and
     ``redis_client`` use it instead of the stack's redis-server, so any integration test can be run on it.
+    Likewise ``--operators-in-tasks`` (``MVLOG_TEST_OPERATORS_IN_TASKS=1``) runs them with the views'
+    operators in Spark's tasks where a view can take it (issue 19), and ``--spark-master``
+    (``MVLOG_TEST_SPARK_MASTER``) on another master, e.g. ``local-cluster[2,1,1024]``.
 ``cluster_settings`` (function)
     ``settings`` on ``redis_cluster`` instead of the stack's Redis (``redis_cluster=True``); the broker is the
     stack's. ``cluster_client`` (function): mvlog's client of it (``connect``: redis-py's cluster client),
@@ -91,6 +94,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the tests of `settings` / `make_settings` / `redis_client` on the `redis_cluster` fixture (three "
         "masters) instead of the stack's redis-server; tests that make their own Redis client or server stay "
         "on a standalone one.",
+    )
+    parser.addoption(
+        "--operators-in-tasks",
+        action="store_true",
+        default=os.environ.get("MVLOG_TEST_OPERATORS_IN_TASKS", "") not in ("", "0"),
+        help="the settings of `settings` / `make_settings` turn on `operators_in_tasks` (issue 19): the views "
+        "whose operators can run in Spark's tasks (filter/project keyed like their upstream, GROUP BY) do, in the "
+        "oracle and exactly-once tests too.",
+    )
+    parser.addoption(
+        "--spark-master",
+        default=os.environ.get("MVLOG_TEST_SPARK_MASTER", ""),
+        help="the `spark` fixture's master and the settings' `spark_master` (default: the settings' own, "
+        "local[2]), e.g. 'local-cluster[2,1,1024]' for executors in their own JVMs and Python workers.",
     )
 
 
@@ -316,9 +333,9 @@ def topic_prefix() -> str:
 @pytest.fixture
 def make_settings(stack: StackEndpoints, topic_prefix: str, tmp_path: Path,
                   request: pytest.FixtureRequest) -> Callable[..., Settings]:
-    cluster: dict[str, Any] = {}
+    cluster: dict[str, Any] = _option_overrides(request)
     if request.config.getoption("redis_cluster"):  # --redis-cluster: the session's cluster instead
-        cluster = {"redis_url": request.getfixturevalue("redis_cluster").url, "redis_cluster": True}
+        cluster.update(redis_url=request.getfixturevalue("redis_cluster").url, redis_cluster=True)
 
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {
@@ -352,11 +369,22 @@ def redis_client(settings: Settings) -> Iterator[redis.Redis]:
         client.close()
 
 
+def _option_overrides(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The settings ``--operators-in-tasks`` and ``--spark-master`` set."""
+    overrides: dict[str, Any] = {}
+    if request.config.getoption("operators_in_tasks"):
+        overrides["operators_in_tasks"] = True
+    if request.config.getoption("spark_master"):
+        overrides["spark_master"] = request.config.getoption("spark_master")
+    return overrides
+
+
 def _shared_settings(request: pytest.FixtureRequest, stack: StackEndpoints) -> Settings:
-    """The stack's settings, on the session's Redis Cluster with ``--redis-cluster``."""
+    """The stack's settings, on the session's Redis Cluster with ``--redis-cluster`` (and the options above)."""
+    overrides = _option_overrides(request)
     if request.config.getoption("redis_cluster"):
-        return stack.settings(redis_url=request.getfixturevalue("redis_cluster").url, redis_cluster=True)
-    return stack.settings()
+        overrides.update(redis_url=request.getfixturevalue("redis_cluster").url, redis_cluster=True)
+    return stack.settings(**overrides)
 
 
 @pytest.fixture(scope="session")
