@@ -52,19 +52,42 @@ VIEWS = [
 ]
 
 
+# A two-view inner join: both inputs shuffled by their join key's partition (the buckets' state read and
+# staged by those tasks), the output shuffled again by the view key's partition, where it is written.
+# About two t2 rows per join key, so deletes and updates of t2 empty buckets and move rows between them.
+JOIN = ("mvj", "SELECT t1.id, t2.id AS id2, t1.v1, t2.w FROM t1 JOIN t2 ON t1.v1 = t2.k WHERE t1.deleted = false")
+T2 = {"id": "int", "k": "int", "w": "int"}
+LONE = 100  # the join key of one row of each side, inserted and then deleted: both its buckets empty
+
+
 def _settings(make_settings: Callable[..., Settings]) -> Settings:
     return make_settings(spark_master=CLUSTER, operators_in_tasks=True, partitions=3)
 
 
-def _epochs(table: Table, rng: random.Random, epochs: int, rows: int) -> int:
-    """``epochs`` epochs of upserts (new keys and updates), deletes and one empty epoch; the last one."""
+def _epochs(table: Table, rng: random.Random, epochs: int, rows: int, t2: Table | None = None) -> int:
+    """``epochs`` epochs of upserts (new keys and updates), deletes and one empty epoch; the last one.
+    With ``t2``: after each, an epoch of ``t2`` (the first one inserts a row of each table with join key
+    :data:`LONE`, the third deletes both, each table in its own epoch)."""
     last = 0
     for n in range(epochs):
         if n != 1:  # the second one is empty: its barriers still go to every partition downstream
             table.upsert([{"id": rng.randrange(rows * 2), "v1": rng.randrange(-5, 5),
                            "deleted": rng.random() < 0.3} for _ in range(rows)])
             table.delete([rng.randrange(rows * 2) for _ in range(rows // 10)])
+        if t2 is not None and n == 0:
+            table.upsert([{"id": 1000, "v1": LONE, "deleted": False}])
+        if t2 is not None and n == 2:
+            table.delete([1000])
         last = table.flush()
+        if t2 is not None:
+            t2.upsert([{"id": rng.randrange(20), "k": rng.randrange(-5, 5), "w": rng.randrange(100)}
+                       for _ in range(4)])
+            t2.delete([rng.randrange(20)])
+            if n == 0:
+                t2.upsert([{"id": 1000, "k": LONE, "w": 1}])
+            if n == 2:
+                t2.delete([1000])
+            t2.flush()
     return last
 
 
@@ -96,26 +119,36 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     settings = _settings(make_settings)
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
                          client=redis_client, auto_commit=False)
-    for name, sql in VIEWS:
+    t2 = Table.create(settings, "t2", T2, ["id"], client=redis_client, auto_commit=False)
+    for name, sql in [*VIEWS, JOIN]:
         create_view(settings, name, sql, client=redis_client)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    views = [v for v, _ in VIEWS] + [JOIN[0]]
     rng = random.Random(19)
     try:
-        last = _epochs(table, rng, 4, 60)
-        first = run_views(settings, [v for v, _ in VIEWS])
+        last = _epochs(table, rng, 4, 60, t2)
+        first = run_views(settings, views)
         assert first.returncode == 0, _why(first)
         done = _done(first.stdout)
-        # Every upstream epoch, every partition, written by this run's tasks.
+        # Every upstream epoch, every partition, written by this run's tasks. The join's epochs are both
+        # tables': it plans up to the least latest epoch of the two (both writers run), t1's last, so t2's
+        # epoch after it waits for the next run (4 + 3 now, 1 + 3 + 2 then).
         assert all(done[view] == (last, 4 * 3) for view, _ in VIEWS), done
-        last = _epochs(table, rng, 3, 40)  # a second run starts after the MCE's barriers (and state)
-        second = run_views(settings, [v for v, _ in VIEWS])
+        assert done["mvj"] == (last, 7 * 3), done
+        assert store.get_state("mvj", [b"j0[%d]" % LONE, b"j1[%d]" % LONE]) == {}  # both buckets emptied
+        assert len(redis_client.hkeys(f"{settings.topic_prefix}:{{mvj}}:opstate")) > 5
+        last = _epochs(table, rng, 3, 40, t2)  # a second run starts after the MCE's barriers (and state)
+        second = run_views(settings, views)
         assert second.returncode == 0, _why(second)
         done = _done(second.stdout)
-        assert done["mvf"] == (last, 3 * 3) and done["mvg"] == (last, 3 * 3)
+        assert done["mvf"] == (last, 3 * 3) and done["mvg"] == (last, 3 * 3) and done["mvj"] == (last, 6 * 3)
     finally:
         table.close()
-    assert check_oracle(settings, redis_client, ["t1", *(v for v, _ in VIEWS)]) >= 4 * 7
-    deletes = {view: _check_wire(settings, redis_client, view, last) for view, _ in VIEWS}
+        t2.close()
+    assert check_oracle(settings, redis_client, ["t1", "t2", *views]) >= 4 * 7 + 7 + 6
+    deletes = {view: _check_wire(settings, redis_client, view, last) for view in views}
     assert deletes["mvg"] > 0, "no group emptied: the GROUP BY's deletes went untested"
+    assert deletes["mvj"] > 0, "no joined pair deleted"
 
 
 def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing(
