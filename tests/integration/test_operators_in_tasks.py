@@ -29,6 +29,7 @@ import redis
 from mvlog.config import Settings
 from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.partition_epochs import PartitionBarrier
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 
@@ -151,27 +152,37 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     assert deletes["mvj"] > 0, "no joined pair deleted"
 
 
+def _committed(settings: Settings, view: str, start: dict[int, int]) -> dict[int, list[PartitionBarrier]]:
+    """Each partition's barriers after the offsets ``start`` (those after an MCE's barrier)."""
+    return {p: partition_barriers(settings, view, p, start[p]) for p in range(3)}
+
+
+def _after_mce(store: ViewStore, view: str, mce: int) -> dict[int, int]:
+    at_mce = store.index.entries_at(view, 3, mce)
+    assert at_mce is not None
+    return {p: e.offset + 1 for p, e in at_mce.items()}
+
+
 def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing(
         make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
     settings = _settings(make_settings)
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
                          client=redis_client, auto_commit=False)
-    views = {name: sql for name, sql in VIEWS if name in ("mvf", "mvg")}
+    t2 = Table.create(settings, "t2", T2, ["id"], client=redis_client, auto_commit=False)
+    views = {name: sql for name, sql in [*VIEWS, JOIN] if name in ("mvf", "mvg", "mvj")}
     for name, sql in views.items():
         create_view(settings, name, sql, client=redis_client)
     store = ViewStore(redis_client, settings.topic_prefix)
     rng = random.Random(4)
     try:
-        mce = _epochs(table, rng, 2, 50)
+        mce = _epochs(table, rng, 2, 50, t2)
         assert run_views(settings, list(views)).returncode == 0
-        assert store.mce("mvg") == mce
-        at_mce = store.index.entries_at("mvg", 3, mce)
-        assert at_mce is not None
-        start = {p: e.offset + 1 for p, e in at_mce.items()}
-        last = _epochs(table, rng, 4, 80)
+        assert store.mce("mvg") == mce and store.mce("mvj") == mce
+        start = {view: _after_mce(store, view, mce) for view in ("mvg", "mvj")}
+        last = _epochs(table, rng, 4, 80, t2)
         # mvf's task of partition 0 kills its Python worker after its first epoch, its task of partition 1
         # the executor JVM it runs in: both are retried. mvg's task of partition 0 kills the driver.
-        killed = run_views(settings, list(views), kills=["mvf:0:worker", "mvf:1:executor", "mvg:0:driver"])
+        killed = run_views(settings, ["mvf", "mvg"], kills=["mvf:0:worker", "mvf:1:executor", "mvg:0:driver"])
         assert killed.returncode == -9, (killed.returncode, killed.stdout, _why(killed))
         # Spark's scheduler saw the executor die of the SIGKILL (128 + 9), not only a task fail.
         assert re.search(r"Lost executor \d+ .*exited with code 137", killed.stderr), _why(killed)
@@ -179,21 +190,30 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
         assert _done(killed.stdout)["mvf"] == (last, 4 * 3 - 2)
         # Kafka ahead of Redis: partition 0 committed an epoch above the MCE, another partition did not.
         assert store.mce("mvg") == mce
-        before = {p: partition_barriers(settings, "mvg", p, start[p]) for p in range(3)}
-        assert before[0], "partition 0 committed nothing before the kill"
-        assert min(len(b) for b in before.values()) < len(before[0]), before
-        resumed = run_views(settings, ["mvg"])
-        assert resumed.returncode == 0, _why(resumed)
-        resumed_mce, written = _done(resumed.stdout)["mvg"]
-        assert resumed_mce == last
+        before = {"mvg": _committed(settings, "mvg", start["mvg"])}
+        # mvg resumes; then the join's task of view partition 0 (after the second shuffle) kills the driver.
+        resumed = run_views(settings, ["mvg", "mvj"], kills=["mvj:0:driver"])
+        assert resumed.returncode == -9, (resumed.returncode, resumed.stdout, _why(resumed))
+        written = {"mvg": _done(resumed.stdout)["mvg"]}
+        assert written["mvg"][0] == last and store.mce("mvj") == mce
+        before["mvj"] = _committed(settings, "mvj", start["mvj"])
+        joined = run_views(settings, ["mvj"])
+        assert joined.returncode == 0, _why(joined)
+        written["mvj"] = _done(joined.stdout)["mvj"]
+        assert written["mvj"][0] == last
     finally:
         table.close()
-    # What committed before the kill stayed, at the same offsets; the rest was written once.
-    after = {p: partition_barriers(settings, "mvg", p, start[p]) for p in range(3)}
-    for p in range(3):
-        assert after[p][:len(before[p])] == before[p]
-    assert written == sum(len(after[p]) - len(before[p]) for p in range(3))
-    assert all(len(after[p]) == 4 for p in range(3))
-    check_oracle(settings, redis_client, ["t1", *views])
+        t2.close()
+    # What committed before the kill stayed, at the same offsets; the rest was written once. The join's
+    # epochs: t2's last of the first round (after t1's last), then 4 of t1 and 3 of t2.
+    for view, epochs in (("mvg", 4), ("mvj", 1 + 4 + 3)):
+        assert before[view][0], f"{view}: partition 0 committed nothing before the kill"
+        assert min(len(b) for b in before[view].values()) < len(before[view][0]), before[view]
+        after = _committed(settings, view, start[view])
+        for p in range(3):
+            assert after[p][:len(before[view][p])] == before[view][p]
+        assert written[view][1] == sum(len(after[p]) - len(before[view][p]) for p in range(3))
+        assert all(len(after[p]) == epochs for p in range(3)), (view, after)
+    check_oracle(settings, redis_client, ["t1", "t2", *views])
     for view in views:
         _check_wire(settings, redis_client, view, last)
