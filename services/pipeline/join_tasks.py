@@ -59,9 +59,8 @@ from mvlog.services.pipeline.partition_tasks import (
     PartitionTarget,
     PartitionWriter,
     check_owned,
-    check_routed,
-    collect_table,
     committed_state,
+    partitions_of_task,
     routed,
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
@@ -154,12 +153,8 @@ class JoinKeyJob:
     out_schema: pa.Schema  # view_rows_schema
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = collect_table(batches)
-        if table is None:
-            return
-        for partition in pc.unique(table.column(VIEW_PARTITION)).to_pylist():
-            check_routed(partition)
-            out = self._partition(partition, table.filter(pc.equal(table.column(VIEW_PARTITION), partition)))
+        for partition, rows in partitions_of_task(batches, VIEW_PARTITION, True):
+            out = self._partition(partition, rows)
             if out.num_rows:
                 yield from out.to_batches()
 
@@ -232,12 +227,8 @@ class ViewPartitionJob:
     plan: ViewPlan
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = collect_table(batches)
-        if table is None:
-            return
-        for partition in pc.unique(table.column(VIEW_PARTITION)).to_pylist():
-            check_routed(partition)
-            results = self._partition(partition, table.filter(pc.equal(table.column(VIEW_PARTITION), partition)))
+        for partition, rows in partitions_of_task(batches, VIEW_PARTITION, True):
+            results = self._partition(partition, rows)
             if results:
                 yield pa.RecordBatch.from_pylist(results, schema=RESULT_SCHEMA)
 

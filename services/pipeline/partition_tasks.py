@@ -129,15 +129,9 @@ class PartitionJob:
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``mapInArrow``'s function: the task's rows in, one result row per partition and epoch out."""
-        table = collect_table(batches)
-        if table is None:
-            return
-        column = "_partition" if self.routing is None else VIEW_PARTITION
-        for partition in pc.unique(table.column(column)).to_pylist():
-            if self.routing is not None:
-                check_routed(partition)
-            rows = table.filter(pc.equal(table.column(column), partition))
-            if self.routing is not None:  # a shuffle keeps no order: the data source's, per epoch
+        shuffled = self.routing is not None
+        for partition, rows in partitions_of_task(batches, VIEW_PARTITION if shuffled else "_partition", shuffled):
+            if shuffled:  # a shuffle keeps no order: the data source's, per epoch
                 rows = rows.drop_columns([VIEW_PARTITION, ROUTE_TOKEN]).sort_by(SOURCE_ORDER)
             results = PartitionEpochs(self, partition).run(rows)
             if results:
@@ -154,9 +148,18 @@ def check_routed(partition: int) -> None:
                            "routing tokens out of step with Spark's hash partitioning")
 
 
-def collect_table(batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
+def partitions_of_task(batches: Iterator[pa.RecordBatch], column: str, shuffled: bool
+                       ) -> Iterator[tuple[int, pa.Table]]:
+    """A task's rows (``mapInArrow``'s input), per partition named in ``column``; ``shuffled``: the rows
+    came through a shuffle on a routing token, so the partition must be the task's own (:func:`check_routed`)."""
     collected = list(batches)
-    return pa.Table.from_batches(collected) if collected else None
+    if not collected:
+        return
+    table = pa.Table.from_batches(collected)
+    for partition in pc.unique(table.column(column)).to_pylist():
+        if shuffled:
+            check_routed(partition)
+        yield partition, table.filter(pc.equal(table.column(column), partition))
 
 
 @dataclass(frozen=True)
