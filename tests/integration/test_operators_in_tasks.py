@@ -1,7 +1,8 @@
 """Operators in Spark's tasks (issue 19, item 2; ``Settings.operators_in_tasks``), on the real stack
 with a multi-process Spark (``local-cluster[2,1,1024]``: two executors in their own JVMs and Python
-workers): filter/project views, and a GROUP BY shuffled by its groups' partitions, whose partitions are
-computed, written (a Kafka transaction per partition) and staged by tasks (the GROUP BY's with its
+workers): filter/project views, a GROUP BY shuffled by its groups' partitions, and a two-view inner join
+shuffled by its join keys' partitions and then by its view key's, whose partitions are computed, written
+(a Kafka transaction per partition) and staged by tasks (the GROUP BY's and the join's with their
 operator state), their epochs committed in Redis by the driver.
 
 * I1: the views equal DuckDB's evaluation at every committed epoch, Redis equals their changelog, and
@@ -10,7 +11,8 @@ operator state), their epochs committed in Redis by the driver.
 * I2 with a transaction per partition: the driver SIGKILLed by a GROUP BY's task right after its
   partition committed an epoch (other partitions had or had not): the next consumer's tasks find what
   committed, recompute it from the committed state, write only the rest, and the view loses and doubles
-  nothing. In the same run, a filter view's task kills only its own Python worker after its first
+  nothing; then the same with the join's task of view partition 0 (after its second shuffle). In the
+  same run, a filter view's task kills only its own Python worker after its first
   epoch, and another of its tasks SIGKILLs its executor's JVM after its first epoch: Spark retries
   both (the second on the other executor, or on the one the cluster's worker starts in place of the
   dead one), and each retry finds its first epoch committed.
