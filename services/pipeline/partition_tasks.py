@@ -109,19 +109,28 @@ def routed(table: pa.Table, partitions: int, partitions_of: Callable[[pa.Table],
 
 
 @dataclass(frozen=True)
-class PartitionJob:
-    """What every task of one micro-batch needs (pickled to the executors with the task function)."""
+class PartitionTarget:
+    """Where the tasks of one micro-batch write: view ``view``'s partitions, after its MCE ``after``
+    (pickled to the executors with the task function)."""
 
     settings_json: str
     view: CatalogEntry
-    upstream: CatalogEntry
-    plan: ViewPlan
     after: int  # the view's MCE: epochs at or below it are skipped
     start_offsets: dict[int, int]  # view partition -> first offset after the MCE's barrier
-    next_epoch: int | None  # the upstream's first committed epoch after the MCE (its epoch index)
+    next_epoch: int | None  # the upstreams' first committed epoch after the MCE (their epoch index)
     #: Called in the task with (partition, epoch) after this attempt wrote and staged that epoch: the
     #: fault-injection tests kill the driver there (a partition committed, the others not yet).
     on_written: Callable[[int, int], None] | None = None
+
+
+@dataclass(frozen=True)
+class PartitionJob:
+    """What every task of one micro-batch of a one-upstream view needs (pickled to the executors with the
+    task function)."""
+
+    target: PartitionTarget
+    upstream: CatalogEntry
+    plan: ViewPlan
     #: A GROUP BY's routing: the rows were shuffled by their group's partition (column
     #: :data:`VIEW_PARTITION`), and the operator reads and stages state. None: a stateless view whose
     #: partition is the upstream's (column ``_partition``).
@@ -162,32 +171,17 @@ def partitions_of_task(batches: Iterator[pa.RecordBatch], column: str, shuffled:
         yield partition, table.filter(pc.equal(table.column(column), partition))
 
 
-@dataclass(frozen=True)
-class PartitionTarget:
-    """Where the tasks of one micro-batch write: view ``view``'s partitions, after its MCE ``after``
-    (pickled to the executors with the task function)."""
-
-    settings_json: str
-    view: CatalogEntry
-    after: int  # the view's MCE: epochs at or below it are skipped
-    start_offsets: dict[int, int]  # view partition -> first offset after the MCE's barrier
-    next_epoch: int | None  # the upstreams' first committed epoch after the MCE (their epoch index)
-    on_written: Callable[[int, int], None] | None = None  # see PartitionJob.on_written
-
-
 class PartitionEpochs:
     """One partition's epochs of one micro-batch, in one task (see the module's docstring)."""
 
     def __init__(self, job: PartitionJob, partition: int) -> None:
-        self.job, self.partition = job, partition
-        self.target = PartitionTarget(job.settings_json, job.view, job.after, job.start_offsets, job.next_epoch,
-                                      job.on_written)
+        self.job, self.partition, self.target = job, partition, job.target
 
     def run(self, rows: pa.Table) -> list[dict[str, Any]]:
         job = self.job
         epochs: EpochBatches = {}
         batches_from_arrow(rows, job.upstream, epochs)
-        todo = sorted(e for e in epochs if e > job.after)
+        todo = sorted(e for e in epochs if e > self.target.after)
         operator = ViewOperator(job.plan)
         writer = PartitionWriter(self.target, self.partition)
 
@@ -212,9 +206,9 @@ class PartitionEpochs:
         routing = self.job.routing
         if routing is None:
             if writes:
-                raise RuntimeError(f"{self.job.view.name}: a view without routing wrote operator state")
+                raise RuntimeError(f"{self.target.view.name}: a view without routing wrote operator state")
             return
-        check_owned(self.job.view.name, self.partition, writes, routing.partitions_of_state_keys)
+        check_owned(self.target.view.name, self.partition, writes, routing.partitions_of_state_keys)
 
 
 def committed_state(staging: PartitionStaging, target: PartitionTarget) -> LayeredState:

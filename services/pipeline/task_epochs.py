@@ -78,7 +78,7 @@ class TaskEpochs:
         #: partitions, and the output again by the view key's (:mod:`~mvlog.services.pipeline.join_tasks`).
         self.routing = routing
         self.staging = PartitionStaging(client, settings.topic_prefix)
-        #: Handed to the tasks (:attr:`PartitionJob.on_written`): fault injection in tests.
+        #: Handed to the tasks (:attr:`PartitionTarget.on_written`): fault injection in tests.
         self.on_written: Callable[[int, int], None] | None = None
         self.epochs_written = 0  # partition epochs this consumer's tasks wrote (not found committed)
 
@@ -126,8 +126,7 @@ class TaskEpochs:
             if batch is None:
                 assert upto is not None
                 batch = reader.frame(self.upstreams[0].name, after, upto)
-            job = PartitionJob(target.settings_json, self.entry, self.upstreams[0], self.plan, after, start,
-                               target.next_epoch, self.on_written, self.routing)
+            job = PartitionJob(target, self.upstreams[0], self.plan, self.routing)
             results = self._partitioned(batch).mapInArrow(job.run, _RESULT_DDL)
         by_epoch: dict[int, list[dict[str, int]]] = {}
         for row in results.toArrow().to_pylist():
