@@ -136,9 +136,8 @@ class ViewConsumer:
         self.runner.submit(table)
 
     def _in_tasks(self, upto: int | None, batch: DataFrame | None = None) -> bool:
-        """Apply the epochs up to ``upto``, or of the stream's ``batch``, in Spark's tasks (:mod:`~mvlog.services.
-        pipeline.task_epochs`) when the setting is on, the view can and no stage has work on them; False: the
-        driver applies them."""
+        """Apply the epochs up to ``upto``, or of the stream's ``batch``, in Spark's tasks (``TaskEpochs``) when
+        the setting is on, the view can and no stage has work on them; False: the driver applies them."""
         if self.tasks is None:
             return False
         self.runner.worker.drain()  # a micro-batch the driver path took commits first
