@@ -4,6 +4,11 @@ Two views of one root table ``t1(id PK, k, v1, deleted)``:
 
 * **filter** ``SELECT id, v1 FROM t1 WHERE deleted = false``
 * **group** ``SELECT k, count(*) AS n, sum(v1) AS s FROM t1 GROUP BY k``
+* **join** (``--join``) ``SELECT t1.id, t1.v1, t2.w FROM t1 JOIN t2 ON t1.k = t2.k WHERE t1.deleted = false``
+  over a second table ``t2(k PK, w)``, one row per group, written before t1 and then updated (5 % of its
+  rows) after every fifth epoch of t1, each update fanning out to the t1 rows of its group; its writer is
+  closed (sealed) before the clocks, so the join follows t1 to its last epoch. Its baseline joins the
+  after images of both changelogs with a DataFrame ``join``; its rate counts t1's changes only.
 
 Everything runs in one process, on a local stack (Apache Kafka + redis-server) that this script starts on
 free loopback ports in a temporary folder and stops at the end, with one Spark session (``local[2]`` by
@@ -109,6 +114,9 @@ VIEWS = {
     "filter": "SELECT id, v1 FROM t1 WHERE deleted = false",
     "group": "SELECT k, count(*) AS n, sum(v1) AS s FROM t1 GROUP BY k",
 }
+DIMENSION = "t2"  # --join
+DIMENSION_COLUMNS = {"k": "int", "w": "int"}
+JOIN_SQL = "SELECT t1.id, t1.v1, t2.w FROM t1 JOIN t2 ON t1.k = t2.k WHERE t1.deleted = false"
 
 
 def view_name(view: str, rep: int = 0) -> str:
@@ -127,6 +135,7 @@ class Workload:
     groups: int
     rng: random.Random
     state: dict[int, dict[str, Any]] = field(default_factory=dict)
+    dimension: dict[int, int] = field(default_factory=dict)  # --join: t2, k -> w
     counts: dict[str, int] = field(default_factory=lambda: {"insert": 0, "update": 0, "delete": 0})
 
     def epoch(self, size: int) -> tuple[list[dict[str, Any]], list[int]]:
@@ -155,7 +164,18 @@ class Workload:
             self.state[i] = row
         return upserts, deletes
 
+    def dimension_epoch(self, share: float) -> list[dict[str, Any]]:
+        """t2's rows: all of them the first time, then ``share`` of them with a new ``w``."""
+        keys = range(self.groups) if not self.dimension else self.rng.sample(range(self.groups),
+                                                                            max(1, int(self.groups * share)))
+        rows = [{"k": k, "w": self.rng.randrange(1000)} for k in keys]
+        self.dimension.update((row["k"], row["w"]) for row in rows)
+        return rows
+
     def expected(self, view: str) -> dict[Any, tuple[Any, ...]]:
+        if view == "join":
+            return {r["id"]: (r["v1"], self.dimension[r["k"]]) for r in self.state.values()
+                    if not r["deleted"] and r["k"] in self.dimension}
         if view == "filter":
             return {r["id"]: (r["v1"],) for r in self.state.values() if not r["deleted"]}
         groups: dict[Any, list[int]] = {}
@@ -182,6 +202,8 @@ def check_view(store: ViewStore, view: str, name: str, workload: Workload) -> st
         row = decode_row(raw)
         if view == "filter":
             actual[row["id"]] = (row["v1"],)
+        elif view == "join":
+            actual[row["id"]] = (row["v1"], row["w"])
         else:
             actual[row["k"]] = (row["n"], row["s"])
     if actual != expected:
@@ -205,7 +227,7 @@ class PlainChangelogSource(DataSource):
 
     What a user writes with the documented wire format and no mvlog code: confluent-kafka + fastavro.
     Options: ``bootstrap``, ``topic``, ``ends`` (``partition:last_offset,...``), ``schemafile`` (the
-    change event's .avsc).
+    change event's .avsc), ``columns`` (the row's columns, all BIGINT; default t1's).
     """
 
     @classmethod
@@ -213,6 +235,9 @@ class PlainChangelogSource(DataSource):
         return "plain_changelog"
 
     def schema(self) -> str:
+        columns = self.options.get("columns")
+        if columns:
+            return ", ".join(f"{name} BIGINT" for name in columns.split(","))
         return "id BIGINT, k BIGINT, v1 BIGINT, deleted BOOLEAN"
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -239,6 +264,7 @@ class PlainChangelogReader(DataSourceReader):
             schema = parse_schema(json.load(handle))
         consumer = Consumer({"bootstrap.servers": self.options["bootstrap"], "group.id": "bench-plain",
                              "enable.auto.commit": False, "fetch.max.bytes": 16 * 1024 * 1024})
+        names = (self.options.get("columns") or "id,k,v1,deleted").split(",")
         consumer.assign([TopicPartition(self.options["topic"], partition.partition, 0)])
         try:
             offset = -1
@@ -253,21 +279,27 @@ class PlainChangelogReader(DataSourceReader):
                     event: Any = schemaless_reader(io.BytesIO(message.value() or b""), schema, None)
                     after = event["after"]
                     if after is not None:
-                        yield after["id"], after["k"], after["v1"], after["deleted"]
+                        yield tuple(after[name] for name in names)
         finally:
             consumer.close()
 
 
-def baseline_frame(spark: SparkSession, view: str, options: dict[str, str]) -> Any:
+def baseline_frame(spark: SparkSession, view: str, options: dict[str, str],
+                   dimension: dict[str, str] | None = None) -> Any:
     df = spark.read.format("plain_changelog").options(**options).load()
+    if view == "join":
+        assert dimension is not None
+        t2 = spark.read.format("plain_changelog").options(**dimension, columns="k,w").load()
+        return df.filter("deleted = false").join(t2, "k").select("id", "v1", "w")
     if view == "filter":
         return df.filter("deleted = false").select("id", "v1")
     return df.groupBy("k").agg(sf.count(sf.lit(1)).alias("n"), sf.sum("v1").alias("s"))
 
 
-def run_baseline(spark: SparkSession, view: str, options: dict[str, str]) -> float:
+def run_baseline(spark: SparkSession, view: str, options: dict[str, str],
+                 dimension: dict[str, str] | None = None) -> float:
     start = time.perf_counter()
-    baseline_frame(spark, view, options).write.format("noop").mode("overwrite").save()
+    baseline_frame(spark, view, options, dimension).write.format("noop").mode("overwrite").save()
     return time.perf_counter() - start
 
 
@@ -480,6 +512,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--redis-cluster", action=argparse.BooleanOptionalAction, default=False,
                         help="run every Redis store on a three-master Redis Cluster started beside the stack "
                              "(MVLOG_REDIS_CLUSTER) instead of the stack's redis-server")
+    parser.add_argument("--join", action=argparse.BooleanOptionalAction, default=False,
+                        help="also a two-view join over t1 and a table t2 of one row per group (catch-up only)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--profile", type=Path, default=None,
                         help="cProfile the driver's foreachBatch calls and applies during the first catch-up of each "
@@ -492,10 +526,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     workload = Workload(args.keys, args.groups, random.Random(args.seed))
     epoch_sizes = [min(args.epoch_size, args.changes - done) for done in range(0, args.changes, args.epoch_size)]
-    profiles = {view: (cProfile.Profile(), cProfile.Profile()) for view in VIEWS} if args.profile else {}
-    catch_up: dict[str, list[CatchUp]] = {view: [] for view in VIEWS}
-    baseline: dict[str, list[float]] = {view: [] for view in VIEWS}
-    in_tasks: dict[str, list[CatchUp]] = {view: [] for view in VIEWS}  # --tasks
+    views = {**VIEWS, **({"join": JOIN_SQL} if args.join else {})}  # the live phase runs VIEWS only
+    profiles = {view: (cProfile.Profile(), cProfile.Profile()) for view in views} if args.profile else {}
+    catch_up: dict[str, list[CatchUp]] = {view: [] for view in views}
+    baseline: dict[str, list[float]] = {view: [] for view in views}
+    in_tasks: dict[str, list[CatchUp]] = {view: [] for view in views}  # --tasks
     checks: dict[str, str] = {}
     idle_cpu: dict[str, float] | None = None
     with temporary_stack("mvlog-bench-") as (stack, folder), contextlib.ExitStack() as cleanup:
@@ -510,21 +545,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             client = connect(settings)
             store = ViewStore(client, settings.topic_prefix)
             table = Table.create(settings, TABLE, COLUMNS, ["id"], client=client, auto_commit=False)
+            dimension = (Table.create(settings, DIMENSION, DIMENSION_COLUMNS, ["k"], client=client,
+                                      auto_commit=False) if args.join else None)
             for rep in range(args.repeat):
-                for view, sql in VIEWS.items():
+                for view, sql in views.items():
                     create_view(settings, view_name(view, rep), sql, client=client)
                     if args.tasks:
                         create_view(settings, view_name(f"{view}_tasks", rep), sql, client=client)
 
             start = time.perf_counter()
-            epochs = [write_epoch(table, *workload.epoch(size)) for size in epoch_sizes]
+            epochs = []
+            for i, size in enumerate(epoch_sizes):
+                if dimension is not None and i % 5 == 0:  # all of t2 first, then 5 % of it every 5 epochs
+                    dimension.upsert(workload.dimension_epoch(0.05))
+                    dimension.flush()
+                epochs.append(write_epoch(table, *workload.epoch(size)))
             write_seconds = time.perf_counter() - start
+            if dimension is not None:
+                dimension.close()  # stopped: the join is sealed past it and follows t1 to its last epoch
+                dimension_changes = sum(e.records for p in range(args.partitions)
+                                        for e in store.index.between(DIMENSION, p, 0, epochs[-1]))
             written = sum(e.records for p in range(args.partitions)
                           for e in store.index.between(TABLE, p, 0, epochs[-1]))
             if written != args.changes:
                 raise SystemExit(f"the table wrote {written} changes, expected {args.changes}")
             mix = dict(workload.counts)
             last_offsets = {p: store.index.latest(TABLE, p) for p in range(args.partitions)}
+            dimension_offsets = {p: store.index.latest(DIMENSION, p) for p in range(args.partitions)}
             first_offsets = {p: store.index.at(TABLE, p, epochs[0]) for p in range(args.partitions)}
 
             spark = spark_session(settings, app_name="mvlog-bench-views")
@@ -550,8 +597,10 @@ def main(argv: Sequence[str] | None = None) -> int:
              .load().write.format("noop").mode("overwrite").save())
 
             for rep in range(args.repeat):  # interleaved, so drift hits both sides alike
-                for view in VIEWS:
-                    baseline[view].append(run_baseline(spark, view, plain_options(last_offsets)))
+                for view in views:
+                    dimension_options = (dict(plain_options(dimension_offsets),
+                                              topic=settings.changelog_topic(DIMENSION)) if view == "join" else None)
+                    baseline[view].append(run_baseline(spark, view, plain_options(last_offsets), dimension_options))
                     name = view_name(view, rep)
                     catch_up[view].append(run_catch_up(settings, spark, name, epochs[-1],
                                                        profiles.get(view) if rep == 0 else None, probe))
@@ -580,6 +629,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{mix['delete']:,} deletes; ids 0..{args.keys - 1}, {args.groups} groups) in {len(epochs)} epochs of "
           f"{args.epoch_size:,}, {args.partitions} partition(s), Spark {args.master}, "
           "Apache Kafka + redis-server on loopback")
+    if args.join:
+        print(f"  join: t2 of {args.groups} rows, {dimension_changes:,} changes of t2 in all (not counted in the "
+              "join's rates)")
     print(f"  committed by Table before the clocks: {write_seconds:.1f} s ({fmt_rate(n / write_seconds)} changes/s)")
     print("  mvlog: ViewConsumer, start() until the view's MCE is the last epoch (backlog read in micro-batches "
           "by batch jobs, then the stream; Kafka txn + Redis per epoch)")
@@ -588,9 +640,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(machine_info())
     print(f"  catch-up, best of {args.repeat} per side" + (" (the first mvlog run of each view under cProfile)"
                                                           if profiles else "") + ":")
-    best_baseline = {view: min(baseline[view]) for view in VIEWS}
-    best_catch_up = {view: min(catch_up[view], key=lambda run: run.seconds) for view in VIEWS}
-    for view in VIEWS:
+    best_baseline = {view: min(baseline[view]) for view in views}
+    best_catch_up = {view: min(catch_up[view], key=lambda run: run.seconds) for view in views}
+    for view in views:
         best = best_catch_up[view]
         seconds, applied, collecting, applying = best.seconds, best.applied, best.collecting, best.applying
         runs = ", ".join(f"{t:.2f}" for t in baseline[view])
@@ -614,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  CPU during the catch-up (/proc, every run; driver = driver_py, the Python driver, + driver_jvm, its "
               f"JVM, which in {args.master} also hosts Spark's master and workers, and the Python workers it starts; "
               "executors = executor JVMs + their Python workers):")
-        for view in VIEWS:
+        for view in views:
             for path, path_runs in (("driver path", catch_up[view]), ("in tasks", in_tasks[view])):
                 for run in path_runs:
                     if run.cpu is not None:
@@ -637,7 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {view} catch-up: cProfile of the driver's foreachBatch calls and micro-batch applies "
               f"(written to {path}), top {args.profile_lines} by cumulative time:")
         stats.strip_dirs().sort_stats("cumulative").print_stats(args.profile_lines)
-    ratios = ", ".join(f"{view} {best_baseline[view] / best_catch_up[view].seconds:.2f}x" for view in VIEWS)
+    ratios = ", ".join(f"{view} {best_baseline[view] / best_catch_up[view].seconds:.2f}x" for view in views)
     print(f"ratio mvlog/baseline (catch-up changes/s): {ratios} (target >= 0.5x)")
     return 0
 

@@ -106,10 +106,11 @@ class Settings(BaseSettings):
     # micro-batch is that small. 0: always one task per partition.
     small_read_records: int = Field(default=10_000, ge=0)
     # Issue 19, opt-in: a filter/project view whose key is its upstream's (same partition count), or a
-    # GROUP BY over one upstream (its input shuffled by its groups' partitions, mvlog.views.routing), runs
+    # GROUP BY over one upstream (its input shuffled by its groups' partitions, mvlog.views.routing), or an
+    # inner equi-join of two views (shuffled by join key, then by view key, mvlog.views.join_routing), runs
     # its operator in Spark's tasks, one per changelog partition, each committing its partition of an epoch
     # in a Kafka transaction of its own (mvlog.services.pipeline.partition_tasks). Off: the driver applies
-    # every epoch, as before. Other views (joins, renamed keys, ...) ignore it.
+    # every epoch, as before. Other views (outer joins, renamed keys, ...) ignore it.
     operators_in_tasks: bool = False
     cache_heartbeat_ms: int = Field(default=1000, ge=50)
     cache_wait_ms: int = Field(default=2000, ge=0)

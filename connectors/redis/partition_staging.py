@@ -65,15 +65,20 @@ class PartitionStaging(ViewMeta):
         base = f"pstage:{epoch_hex(epoch)}:{partition}"
         return [self._key(view, f"{base}:{what}") for what in ("rows", "dels", "oput", "odel", "sput", "sdel")]
 
-    def stage(self, view: str, partition: int, commit: EpochCommit) -> StagedCounts:
+    def stage(self, view: str, partition: int, commit: EpochCommit, *, rows: bool = True,
+              state: bool = True) -> StagedCounts:
         """Executor side: stage one partition's rows, key-order members and operator state of
-        ``commit.epoch`` (replacing an earlier attempt's); the rest of ``commit`` is the driver's."""
+        ``commit.epoch`` (replacing an earlier attempt's); the rest of ``commit`` is the driver's.
+        ``rows`` / ``state`` False: leave that part's keys alone (a join stages its rows and its state in
+        two tasks, :mod:`mvlog.services.pipeline.join_tasks`); its counts are then 0."""
         keys = self.staged_keys(view, commit.epoch, partition)
-        puts, deletes = commit.row_puts, commit.row_deletes
-        order_puts, order_deletes = commit.order_puts, commit.order_deletes
-        state_puts, state_deletes = commit.state_puts or {}, commit.state_deletes
+        empty: dict[bytes, bytes] = {}
+        puts, deletes = (commit.row_puts, commit.row_deletes) if rows else (empty, ())
+        order_puts, order_deletes = (commit.order_puts, commit.order_deletes) if rows else ((), ())
+        state_puts, state_deletes = (commit.state_puts or {}, commit.state_deletes) if state else (empty, ())
+        mine = [key for i, key in enumerate(keys) if (rows if i < 4 else state)]
         pipe = self.redis.pipeline(transaction=False)
-        for key in keys:  # one DEL each: redis-py's cluster pipeline refuses a DEL of several keys
+        for key in mine:  # one DEL each: redis-py's cluster pipeline refuses a DEL of several keys
             pipe.delete(key)
         for key, mapping in ((keys[0], puts), (keys[4], state_puts)):
             items = list(mapping.items())
@@ -83,7 +88,7 @@ class PartitionStaging(ViewMeta):
                                 (deletes, order_puts, order_deletes, state_deletes), strict=True):
             for start in range(0, len(members), CHUNK):
                 pipe.sadd(key, *members[start:start + CHUNK])
-        for key in keys:
+        for key in mine:
             pipe.expire(key, STAGE_TTL_S)
         pipe.execute()
         return StagedCounts(len(puts), len(deletes), len(order_puts), len(order_deletes), len(state_puts),

@@ -59,8 +59,7 @@ class GroupRouting:
     def __post_init__(self) -> None:
         if not grouped_by_key(self.plan):
             raise ValueError(f"view {self.plan.name!r} is not a GROUP BY keyed by its groups")
-        object.__setattr__(self, "_of_vnode", tuple(partition_of_vnode(v, self.partitions)
-                                                    for v in range(VNODE_COUNT)))
+        object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
 
     @property
     def _source(self) -> RowSchema:
@@ -95,12 +94,29 @@ class GroupRouting:
 
     def _of_groups(self, groups: Sequence[pa.Array], count: int) -> pa.Array:
         """The key bytes ``encode_batch`` gives the group's view row, hashed as the writer hashes them."""
-        key = []
+        key: list[tuple[str, pa.Array]] = []
         for name, kind, values in zip(self.plan.schema.primary_key, self._key_types, groups, strict=True):
             values = values.cast(arrow_type(kind))
             if kind is ColumnType.FLOAT:  # the operator's group key folds -0.0 into 0.0 (key_value)
                 values = pc.if_else(pc.equal(values, 0.0), pa.scalar(0.0, pa.float64()), values)
             key.append((name, values))
-        of_vnode = self._of_vnode
-        encoded: list[bytes] = encode_rows(key, count).to_pylist()
-        return pa.array([of_vnode[zlib.crc32(k) % VNODE_COUNT] for k in encoded], pa.int32())
+        return _partitions_of_key_rows(key, count, self._of_vnode)
+
+
+def partitions_table(partitions: int) -> tuple[int, ...]:
+    """The partition owning each vnode, for ``partitions`` partitions (looked up per row)."""
+    return tuple(partition_of_vnode(v, partitions) for v in range(VNODE_COUNT))
+
+
+def view_key_partitions(schema: RowSchema, rows: pa.Table, of_vnode: Sequence[int]) -> pa.Array:
+    """The changelog partition (int32) of each of a view's ``rows`` (its columns, by name): the vnode of
+    the key bytes ``encode_batch`` gives the row, as the changelog writer places it. ``of_vnode``:
+    :func:`partitions_table` of the view's partition count."""
+    key = [(name, rows.column(name)) for name in schema.primary_key]
+    return _partitions_of_key_rows(key, rows.num_rows, of_vnode)
+
+
+def _partitions_of_key_rows(key: Sequence[tuple[str, pa.Array | pa.ChunkedArray]], count: int,
+                            of_vnode: Sequence[int]) -> pa.Array:
+    encoded: list[bytes] = encode_rows(key, count).to_pylist()
+    return pa.array([of_vnode[zlib.crc32(k) % VNODE_COUNT] for k in encoded], pa.int32())

@@ -49,13 +49,18 @@ from mvlog.connectors.spark.change_rows import BARRIER
 from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.partition_epochs import PartitionBarrier, prev_epochs, require_next, resume_partition
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
-from mvlog.views import ViewOperator, ViewPlan
+from mvlog.views import EpochOutput, ViewOperator, ViewPlan
 from mvlog.views.routing import GroupRouting
-from mvlog.views.state import InMemoryState, LayeredState, StateReader, StoredState
+from mvlog.views.state import InMemoryState, LayeredState, StoredState
 
 #: Columns :class:`RouteRows` adds: the view partition of the row, and the int Spark's hash partitioning
 #: sends to that partition's index (``repartition(n, ROUTE_TOKEN)``).
 VIEW_PARTITION, ROUTE_TOKEN = "_view_partition", "_route"
+
+#: The data source's order of signed rows (epoch, upstream partition, offset, retraction first): a task
+#: sorts shuffled rows back into it, so the operator's result does not depend on the shuffle's order.
+SOURCE_ORDER = [("_epoch", "ascending"), ("_partition", "ascending"), ("_offset", "ascending"),
+                ("_weight", "ascending")]
 
 #: One row per (partition, epoch) a task handled: what the driver needs to commit the epoch.
 RESULT_SCHEMA = pa.schema([
@@ -79,36 +84,53 @@ class RouteRows:
     routing: GroupRouting
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        partitions = self.routing.partitions
-        tokens = pa.array(partition_tokens(partitions), pa.int32())
+        tokens = pa.array(partition_tokens(self.routing.partitions), pa.int32())
+
+        def shape(rows: pa.Table, parts: pa.Array) -> pa.Table:
+            return rows.append_column(VIEW_PARTITION, parts).append_column(ROUTE_TOKEN, tokens.take(parts))
+
         for batch in batches:
-            table = pa.Table.from_batches([batch])
-            barrier = pc.equal(table.column("_change_type"), BARRIER)
-            changes = table.filter(pc.invert(barrier))
-            parts = self.routing.partitions_of(changes)
-            out = [changes.append_column(VIEW_PARTITION, parts).append_column(ROUTE_TOKEN, tokens.take(parts))]
-            barriers = table.filter(barrier)
-            for p in range(partitions) if barriers.num_rows else ():
-                column = pa.array([p] * barriers.num_rows, pa.int32())
-                out.append(barriers.append_column(VIEW_PARTITION, column)
-                           .append_column(ROUTE_TOKEN, tokens.take(column)))
-            yield from pa.concat_tables(out).to_batches()
+            yield from routed(pa.Table.from_batches([batch]), self.routing.partitions, self.routing.partitions_of,
+                              shape).to_batches()
+
+
+def routed(table: pa.Table, partitions: int, partitions_of: Callable[[pa.Table], pa.Array],
+           shape: Callable[[pa.Table, pa.Array], pa.Table]) -> pa.Table:
+    """The rows of ``table`` (the data source's signed rows) before a shuffle: each change row once, to
+    ``partitions_of(changes)``; each barrier row once per partition (an epoch with no change for a
+    partition still needs its barrier there). ``shape(rows, their partitions)``: the rows as shuffled."""
+    barrier = pc.equal(table.column("_change_type"), BARRIER)
+    changes = table.filter(pc.invert(barrier))
+    out = [shape(changes, partitions_of(changes))]
+    barriers = table.filter(barrier)
+    for p in range(partitions) if barriers.num_rows else ():
+        out.append(shape(barriers, pa.array([p] * barriers.num_rows, pa.int32())))
+    return pa.concat_tables(out)
+
+
+@dataclass(frozen=True)
+class PartitionTarget:
+    """Where the tasks of one micro-batch write: view ``view``'s partitions, after its MCE ``after``
+    (pickled to the executors with the task function)."""
+
+    settings_json: str
+    view: CatalogEntry
+    after: int  # the view's MCE: epochs at or below it are skipped
+    start_offsets: dict[int, int]  # view partition -> first offset after the MCE's barrier
+    next_epoch: int | None  # the upstreams' first committed epoch after the MCE (their epoch index)
+    #: Called in the task with (partition, epoch) after this attempt wrote and staged that epoch: the
+    #: fault-injection tests kill the driver there (a partition committed, the others not yet).
+    on_written: Callable[[int, int], None] | None = None
 
 
 @dataclass(frozen=True)
 class PartitionJob:
-    """What every task of one micro-batch needs (pickled to the executors with the task function)."""
+    """What every task of one micro-batch of a one-upstream view needs (pickled to the executors with the
+    task function)."""
 
-    settings_json: str
-    view: CatalogEntry
+    target: PartitionTarget
     upstream: CatalogEntry
     plan: ViewPlan
-    after: int  # the view's MCE: epochs at or below it are skipped
-    start_offsets: dict[int, int]  # view partition -> first offset after the MCE's barrier
-    next_epoch: int | None  # the upstream's first committed epoch after the MCE (its epoch index)
-    #: Called in the task with (partition, epoch) after this attempt wrote and staged that epoch: the
-    #: fault-injection tests kill the driver there (a partition committed, the others not yet).
-    on_written: Callable[[int, int], None] | None = None
     #: A GROUP BY's routing: the rows were shuffled by their group's partition (column
     #: :data:`VIEW_PARTITION`), and the operator reads and stages state. None: a stateless view whose
     #: partition is the upstream's (column ``_partition``).
@@ -116,24 +138,16 @@ class PartitionJob:
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``mapInArrow``'s function: the task's rows in, one result row per partition and epoch out."""
-        table = _table(batches)
-        if table is None:
-            return
-        column = "_partition" if self.routing is None else VIEW_PARTITION
-        for partition in pc.unique(table.column(column)).to_pylist():
-            if self.routing is not None:
-                _check_routed(partition)
-            rows = table.filter(pc.equal(table.column(column), partition))
-            if self.routing is not None:  # a shuffle keeps no order: the data source's, per epoch
-                rows = rows.drop_columns([VIEW_PARTITION, ROUTE_TOKEN]).sort_by(
-                    [("_epoch", "ascending"), ("_partition", "ascending"), ("_offset", "ascending"),
-                     ("_weight", "ascending")])
+        shuffled = self.routing is not None
+        for partition, rows in partitions_of_task(batches, VIEW_PARTITION if shuffled else "_partition", shuffled):
+            if shuffled:  # a shuffle keeps no order: the data source's, per epoch
+                rows = rows.drop_columns([VIEW_PARTITION, ROUTE_TOKEN]).sort_by(SOURCE_ORDER)
             results = PartitionEpochs(self, partition).run(rows)
             if results:
                 yield pa.RecordBatch.from_pylist(results, schema=RESULT_SCHEMA)
 
 
-def _check_routed(partition: int) -> None:
+def check_routed(partition: int) -> None:
     """A shuffled task must hold one view partition, the one of its own index (:data:`ROUTE_TOKEN`):
     otherwise Spark's hash partitioning is not what ``hash_partitioning`` computes, and the partitions
     would silently share tasks."""
@@ -143,40 +157,108 @@ def _check_routed(partition: int) -> None:
                            "routing tokens out of step with Spark's hash partitioning")
 
 
-def _table(batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
+def partitions_of_task(batches: Iterator[pa.RecordBatch], column: str, shuffled: bool
+                       ) -> Iterator[tuple[int, pa.Table]]:
+    """A task's rows (``mapInArrow``'s input), per partition named in ``column``; ``shuffled``: the rows
+    came through a shuffle on a routing token, so the partition must be the task's own (:func:`check_routed`)."""
     collected = list(batches)
-    return pa.Table.from_batches(collected) if collected else None
+    if not collected:
+        return
+    table = pa.Table.from_batches(collected)
+    for partition in pc.unique(table.column(column)).to_pylist():
+        if shuffled:
+            check_routed(partition)
+        yield partition, table.filter(pc.equal(table.column(column), partition))
 
 
 class PartitionEpochs:
     """One partition's epochs of one micro-batch, in one task (see the module's docstring)."""
 
     def __init__(self, job: PartitionJob, partition: int) -> None:
-        self.job, self.partition = job, partition
-        self.settings = Settings.model_validate_json(job.settings_json)
+        self.job, self.partition, self.target = job, partition, job.target
 
     def run(self, rows: pa.Table) -> list[dict[str, Any]]:
-        job, partition, view = self.job, self.partition, self.job.view
+        job = self.job
         epochs: EpochBatches = {}
         batches_from_arrow(rows, job.upstream, epochs)
-        todo = sorted(e for e in epochs if e > job.after)
+        todo = sorted(e for e in epochs if e > self.target.after)
+        operator = ViewOperator(job.plan)
+        writer = PartitionWriter(self.target, self.partition)
+
+        def compute(epoch: int, state: LayeredState) -> EpochOutput:
+            output = operator.apply_epoch(epochs[epoch], state)
+            state.apply(output.state_writes)
+            self._check_state_keys(output.state_writes)
+            return output
+
+        return writer.write(todo, compute, self._state)
+
+    def _state(self, staging: PartitionStaging) -> LayeredState:
+        """The operator state this partition's epochs start from: the view's committed state in Redis (a
+        GROUP BY's groups of this partition; a stateless view reads none), under this task's own writes."""
+        if self.job.routing is None:
+            return LayeredState(InMemoryState())
+        return committed_state(staging, self.target)
+
+    def _check_state_keys(self, writes: dict[bytes, bytes | None]) -> None:
+        """Every state key an epoch writes must be one of this partition's groups: the partitions' state
+        is disjoint only while the routing and the operator agree on where a group lives."""
+        routing = self.job.routing
+        if routing is None:
+            if writes:
+                raise RuntimeError(f"{self.target.view.name}: a view without routing wrote operator state")
+            return
+        check_owned(self.target.view.name, self.partition, writes, routing.partitions_of_state_keys)
+
+
+def committed_state(staging: PartitionStaging, target: PartitionTarget) -> LayeredState:
+    """The view's operator state as its MCE left it in Redis (never an earlier attempt's staging), under
+    the epochs this task computed before the next."""
+    settings = Settings.model_validate_json(target.settings_json)
+    return LayeredState(StoredState(partial(ViewRows(staging.redis, settings.topic_prefix).get_state,
+                                            target.view.name)))
+
+
+def check_owned(view: str, partition: int, writes: dict[bytes, bytes | None],
+                owners: Callable[[list[bytes]], list[int]]) -> None:
+    """Every state key a task writes must be its partition's (``owners``: the routing's owner of each key):
+    the tasks' state is disjoint only while the routing and the operator agree on where a key lives."""
+    keys = list(writes)
+    wrong = [key for key, owner in zip(keys, owners(keys), strict=True) if owner != partition]
+    if wrong:
+        raise RuntimeError(f"{view} partition {partition}: state of other partitions' keys written: {wrong[:3]!r}")
+
+
+class PartitionWriter:
+    """Writes one view partition's epochs of a micro-batch: each in its own Kafka transaction unless the
+    partition committed it already (then the recomputed count is checked against its barrier), its rows
+    (and the operator state the epoch's output carries) staged in Redis; one result row per epoch."""
+
+    def __init__(self, target: PartitionTarget, partition: int) -> None:
+        self.target, self.partition = target, partition
+        self.settings = Settings.model_validate_json(target.settings_json)
+
+    def write(self, todo: list[int], compute: Callable[[int, LayeredState], EpochOutput],
+              state: Callable[[PartitionStaging], LayeredState], *, stage_state: bool = True) -> list[dict[str, Any]]:
+        """``compute(epoch, state)``: the epoch's output, in the order of ``todo`` (ascending, above the MCE);
+        ``state(staging)``: the state the first epoch starts from. ``stage_state``: False when another
+        task stages this partition's operator state (a join's join-key task)."""
+        target, partition, view = self.target, self.partition, self.target.view
         if not todo:
             return []
-        require_next(partition, job.after, todo, job.next_epoch)
+        require_next(partition, target.after, todo, target.next_epoch)
         writer = ChangelogWriter(self.settings, view.name, view.key_columns, view.partitions,
                                  transactional_id=partition_transactional_id(self.settings, view.name, partition),
                                  partition=partition)  # fences every earlier attempt of the partition
         staging = PartitionStaging(redis_client.connect(self.settings), self.settings.topic_prefix)
         try:
-            found = partition_barriers(self.settings, view.name, partition, job.start_offsets.get(partition, 0))
-            committed = resume_partition(partition, job.after, todo, found)
-            operator, prev = ViewOperator(job.plan), prev_epochs(job.after, todo)
-            state = self._state(staging)
+            found = partition_barriers(self.settings, view.name, partition, target.start_offsets.get(partition, 0))
+            committed = resume_partition(partition, target.after, todo, found)
+            prev = prev_epochs(target.after, todo)
+            layered = state(staging)
             results: list[dict[str, Any]] = []
             for epoch in todo:
-                output = operator.apply_epoch(epochs[epoch], state)
-                state.apply(output.state_writes)
-                self._check_state_keys(output.state_writes)
+                output = compute(epoch, layered)
                 encoded = encode_batch(view.key_columns, output.changes)
                 barrier = committed.get(epoch)
                 if barrier is None:
@@ -188,9 +270,9 @@ class PartitionEpochs:
                 state_puts, state_deletes = output.state_puts_and_deletes()
                 rows_left = commit_from_encoded(epoch, output.changes.keys, encoded, {}, state_puts=state_puts,
                                                 state_deletes=state_deletes)
-                counts = staging.stage(view.name, partition, rows_left)
-                if job.on_written is not None and epoch not in committed:
-                    job.on_written(partition, epoch)
+                counts = staging.stage(view.name, partition, rows_left, state=stage_state)
+                if target.on_written is not None and epoch not in committed:
+                    target.on_written(partition, epoch)
                 results.append({"partition": partition, "epoch": epoch, "offset": barrier.offset,
                                 "records": barrier.records, "puts": counts.puts, "deletes": counts.deletes,
                                 "order_puts": counts.order_puts, "order_deletes": counts.order_deletes,
@@ -200,27 +282,3 @@ class PartitionEpochs:
         finally:
             writer.close()
             staging.redis.close()
-
-    def _state(self, staging: PartitionStaging) -> LayeredState:
-        """The operator state this partition's epochs start from: the view's committed state in Redis (a
-        GROUP BY's groups of this partition; a stateless view reads none), under this task's own writes."""
-        base: StateReader = InMemoryState()
-        if self.job.routing is not None:
-            base = StoredState(partial(ViewRows(staging.redis, self.settings.topic_prefix).get_state,
-                                       self.job.view.name))
-        return LayeredState(base)
-
-    def _check_state_keys(self, writes: dict[bytes, bytes | None]) -> None:
-        """Every state key an epoch writes must be one of this partition's groups: the partitions' state
-        is disjoint only while the routing and the operator agree on where a group lives."""
-        routing = self.job.routing
-        if routing is None:
-            if writes:
-                raise RuntimeError(f"{self.job.view.name}: a view without routing wrote operator state")
-            return
-        keys = list(writes)
-        owners = routing.partitions_of_state_keys(keys)
-        wrong = [key for key, owner in zip(keys, owners, strict=True) if owner != self.partition]
-        if wrong:
-            raise RuntimeError(f"{self.job.view.name} partition {self.partition}: state of other partitions' "
-                               f"groups written: {wrong[:3]!r}")

@@ -93,11 +93,16 @@ class UpstreamReader:
         A join plans up to a bound that every upstream has settled (``plan_through``): a running upstream's
         latest epoch is at or above it, and a stopped table behind it was sealed through it, so it commits
         nothing in (its latest, ``upto``]: its epochs up to its latest are all it has there."""
-        latest = self.index.latest(view, 0)
-        upto = min(upto, latest.epoch if latest is not None else 0)
+        upto = self.settled_upto(view, upto)
         if upto <= after:
             return pa.Table.from_batches([], schema=arrow_schema(self.upstreams[view].schema))
         return self.read_range(view, after, upto)
+
+    def settled_upto(self, view: str, upto: int | None) -> int:
+        """``upto`` (None: no bound) or ``view``'s latest epoch, whichever is lower (:meth:`read_settled`)."""
+        latest = self.index.latest(view, 0)
+        last = latest.epoch if latest is not None else 0
+        return last if upto is None else min(upto, last)
 
     def read_aligned(self, sources: Sequence[str], after: int, upto: int) -> pa.Table:
         """A join's first upstream in ``(after, upto]`` and the end marker at ``upto``: a backlog

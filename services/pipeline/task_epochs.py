@@ -25,10 +25,12 @@ tasks find them, write the others, stage all, and the driver commits the epoch i
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import pyarrow as pa
 import redis
 from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 from mvlog.catalog import CatalogEntry
@@ -37,9 +39,25 @@ from mvlog.connectors.kafka.changelog_writer import CommittedEpoch
 from mvlog.connectors.redis.epoch_index import IndexEntry
 from mvlog.connectors.redis.partition_staging import PartitionStaging, StagedCounts
 from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
-from mvlog.services.pipeline.partition_tasks import RESULT_SCHEMA, ROUTE_TOKEN, VIEW_PARTITION, PartitionJob, RouteRows
+from mvlog.services.pipeline.join_tasks import (
+    JoinKeyJob,
+    RouteJoinRows,
+    ViewPartitionJob,
+    shuffled_schema,
+    view_rows_schema,
+)
+from mvlog.services.pipeline.partition_tasks import (
+    RESULT_SCHEMA,
+    ROUTE_TOKEN,
+    VIEW_PARTITION,
+    PartitionJob,
+    PartitionTarget,
+    RouteRows,
+)
+from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import Stage
 from mvlog.views import ViewPlan
+from mvlog.views.join_routing import JoinRouting, two_view_inner_join
 from mvlog.views.partitioning import runs_in_tasks
 from mvlog.views.routing import GroupRouting, grouped_by_key
 
@@ -50,13 +68,17 @@ _RESULT_DDL = ", ".join(f"`{f.name}` {_SQL_TYPES[f.type]}" for f in RESULT_SCHEM
 class TaskEpochs:
     """Runs view ``entry``'s micro-batches in Spark's tasks and commits their epochs."""
 
-    def __init__(self, settings: Settings, entry: CatalogEntry, upstream: CatalogEntry, plan: ViewPlan,
-                 committer: EpochCommitter, client: redis.Redis, routing: GroupRouting | None = None) -> None:
-        self.settings, self.entry, self.upstream, self.plan = settings, entry, upstream, plan
+    def __init__(self, settings: Settings, entry: CatalogEntry, upstreams: Sequence[CatalogEntry], plan: ViewPlan,
+                 committer: EpochCommitter, client: redis.Redis, routing: GroupRouting | JoinRouting | None = None
+                 ) -> None:
+        self.settings, self.entry, self.plan = settings, entry, plan
+        self.upstreams = tuple(upstreams)  # by side: the query's FROM order (one, or a join's two)
         self.committer = committer
-        self.routing = routing  # a GROUP BY's: the input is shuffled by its groups' partitions
+        #: A GROUP BY's: the input is shuffled by its groups' partitions; a join's: by its join keys'
+        #: partitions, and the output again by the view key's (:mod:`~mvlog.services.pipeline.join_tasks`).
+        self.routing = routing
         self.staging = PartitionStaging(client, settings.topic_prefix)
-        #: Handed to the tasks (:attr:`PartitionJob.on_written`): fault injection in tests.
+        #: Handed to the tasks (:attr:`PartitionTarget.on_written`): fault injection in tests.
         self.on_written: Callable[[int, int], None] | None = None
         self.epochs_written = 0  # partition epochs this consumer's tasks wrote (not found committed)
 
@@ -64,13 +86,18 @@ class TaskEpochs:
     def for_view(cls, settings: Settings, entry: CatalogEntry, upstreams: Mapping[str, CatalogEntry],
                  plan: ViewPlan, committer: EpochCommitter, client: redis.Redis) -> TaskEpochs | None:
         """The task path of the view, when the setting is on and the view can take it; else None."""
-        if not settings.operators_in_tasks or len(entry.sources) != 1:
+        if not settings.operators_in_tasks:
+            return None
+        if len(entry.sources) == 2 and two_view_inner_join(plan):
+            sides = [upstreams[source.view] for source in plan.query.sources]
+            return cls(settings, entry, sides, plan, committer, client, JoinRouting(plan, entry.partitions))
+        if len(entry.sources) != 1:
             return None
         upstream = upstreams[entry.sources[0]]
         if runs_in_tasks(plan, upstream.key_columns, upstream.partitions, entry.partitions):
-            return cls(settings, entry, upstream, plan, committer, client)
+            return cls(settings, entry, [upstream], plan, committer, client)
         if grouped_by_key(plan):
-            return cls(settings, entry, upstream, plan, committer, client, GroupRouting(plan, entry.partitions))
+            return cls(settings, entry, [upstream], plan, committer, client, GroupRouting(plan, entry.partitions))
         return None
 
     @staticmethod
@@ -79,19 +106,30 @@ class TaskEpochs:
         epochs go the driver's way)."""
         return all(stage.idle for stage in stages)
 
-    def apply(self, frame: DataFrame) -> int:
-        """Compute, write and commit every epoch of ``frame`` (the upstream's signed rows of whole epochs)
-        above the MCE; returns the number of epochs committed."""
+    def apply(self, reader: UpstreamReader, upto: int | None, batch: DataFrame | None = None) -> int:
+        """Compute, write and commit every epoch above the MCE up to ``upto`` (read with ``reader``), or of
+        the stream's micro-batch ``batch`` (the first upstream's signed rows of whole epochs; for a join,
+        ending with the data source's end marker); returns the number of epochs committed."""
         self.committer.ensure_serving_state()  # a wiped Redis is rebuilt before anything is computed
         after = self.committer.mce
         at_mce = self.staging.index.entries_at(self.entry.name, self.entry.partitions, after or None)
         start = {p: e.offset + 1 for p, e in (at_mce or {}).items()}  # the tasks read their partition from there
-        following = self.staging.index.first_at_or_after(self.upstream.name, 0, after + 1)
-        job = PartitionJob(self.settings.to_executor_json(), self.entry, self.upstream, self.plan, after, start,
-                           following.epoch if following is not None else None, self.on_written, self.routing)
-        results = self._partitioned(frame).mapInArrow(job.run, _RESULT_DDL).toArrow()
+        following = [f.epoch for u in self.upstreams
+                     if (f := self.staging.index.first_at_or_after(u.name, 0, after + 1)) is not None]
+        target = PartitionTarget(self.settings.to_executor_json(), self.entry, after, start,
+                                 min(following) if following else None, self.on_written)
+        if isinstance(self.routing, JoinRouting):
+            results = self._joined(reader, target, upto, batch)
+            if results is None:
+                return 0
+        else:
+            if batch is None:
+                assert upto is not None
+                batch = reader.frame(self.upstreams[0].name, after, upto)
+            job = PartitionJob(target, self.upstreams[0], self.plan, self.routing)
+            results = self._partitioned(batch).mapInArrow(job.run, _RESULT_DDL)
         by_epoch: dict[int, list[dict[str, int]]] = {}
-        for row in results.to_pylist():
+        for row in results.toArrow().to_pylist():
             by_epoch.setdefault(row["epoch"], []).append(row)
             self.epochs_written += int(row["written"])
         committed = 0
@@ -109,8 +147,39 @@ class TaskEpochs:
         # A new StructType: ``StructType.add`` would change the frame's own (cached) schema in place.
         schema = StructType([*frame.schema.fields, StructField(VIEW_PARTITION, IntegerType(), False),
                              StructField(ROUTE_TOKEN, IntegerType(), False)])
-        routed = frame.mapInArrow(RouteRows(self.routing).run, schema)
+        routed = frame.mapInArrow(RouteRows(cast(GroupRouting, self.routing)).run, schema)
         return routed.repartition(self.entry.partitions, ROUTE_TOKEN)
+
+    def _joined(self, reader: UpstreamReader, target: PartitionTarget, upto: int | None,
+                batch: DataFrame | None) -> DataFrame | None:
+        """A join's micro-batch through its two shuffles (:mod:`~mvlog.services.pipeline.join_tasks`): its
+        result rows, or None when there is nothing to read. Each side is read up to ``upto`` or, when the
+        stream gave ``batch`` (its first upstream's, whose end marker the tasks find), the other side up to
+        its latest epoch (the tasks drop what is past the marker). A side is never read past its latest
+        epoch: the join's bound says a stopped table has nothing more up to there (``read_settled``)."""
+        routing = cast(JoinRouting, self.routing)
+        end_side = next(i for i, u in enumerate(self.upstreams) if u.name == self.entry.sources[0])
+        schema = shuffled_schema(self.upstreams)
+        spark_schema = from_arrow_schema(schema)
+        frames = []
+        for side, upstream in enumerate(self.upstreams):
+            if side == end_side and batch is not None:
+                frame: DataFrame | None = batch
+            else:
+                end = reader.settled_upto(upstream.name, upto)
+                frame = reader.frame(upstream.name, target.after, end) if end > target.after else None
+            if frame is not None:
+                frames.append(frame.mapInArrow(RouteJoinRows(routing, side, schema).run, spark_schema))
+        if not frames:
+            return None
+        by_join_key = frames[0] if len(frames) == 1 else frames[0].union(frames[1])
+        by_join_key = by_join_key.repartition(self.entry.partitions, ROUTE_TOKEN)
+        out_schema = view_rows_schema(self.plan)
+        stage = JoinKeyJob(target, (self.upstreams[0], self.upstreams[1]), self.plan, routing,
+                           upto if batch is None else None, end_side, out_schema)
+        by_view_key = by_join_key.mapInArrow(stage.run, from_arrow_schema(out_schema))
+        by_view_key = by_view_key.repartition(self.entry.partitions, ROUTE_TOKEN)
+        return by_view_key.mapInArrow(ViewPartitionJob(target, self.plan).run, _RESULT_DDL)
 
     def _commit(self, epoch: int, rows: list[dict[str, int]]) -> None:
         """One epoch's Redis commit through the committer (its Kafka side is the tasks' transactions)."""

@@ -130,14 +130,14 @@ class ViewConsumer:
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """foreachBatch: collect the micro-batch and hand it to the worker thread, which applies it once
         the previous one is applied (raises the previous one's error instead)."""
-        if self._in_tasks(lambda: batch):
+        if self._in_tasks(None, batch):
             return
         table = batch.toArrow()  # the Spark job: the executors read while the worker applies the previous one
         self.runner.submit(table)
 
-    def _in_tasks(self, frame: Callable[[], DataFrame]) -> bool:
-        """Apply the epochs of ``frame()`` in Spark's tasks (:mod:`~mvlog.services.pipeline.task_epochs`)
-        when the setting is on, the view can and no stage has work on them; False: the driver applies them."""
+    def _in_tasks(self, upto: int | None, batch: DataFrame | None = None) -> bool:
+        """Apply the epochs up to ``upto``, or of the stream's ``batch``, in Spark's tasks (``TaskEpochs``) when
+        the setting is on, the view can and no stage has work on them; False: the driver applies them."""
         if self.tasks is None:
             return False
         self.runner.worker.drain()  # a micro-batch the driver path took commits first
@@ -145,7 +145,7 @@ class ViewConsumer:
             self._upkeep()
             if not self.tasks.usable(self.stages) or self._start > self.mce:
                 return False
-            self.tasks.apply(frame())
+            self.tasks.apply(self.reader, upto, batch)
             return True
 
     def apply_batch(self, table: pa.Table) -> None:
@@ -207,7 +207,7 @@ class ViewConsumer:
         end = plan_through(self.store.index, TableWriters(self._redis, self.settings.topic_prefix),
                            list(self.upstreams.values()))
         end = min(end, upto) if upto is not None else end
-        if end > self._after and not self._in_tasks(lambda: self.reader.frame(self.entry.sources[0], self.mce, end)):
+        if end > self._after and not self._in_tasks(end):
             self.apply_epochs(self.reader.epochs(self.entry.sources, self._after, end, settled=True))
         return self.mce
 
@@ -221,7 +221,7 @@ class ViewConsumer:
         ends = trigger_ends(self.settings, [self.upstreams[s] for s in sources], after,
                             self.max_epochs_per_trigger, self.settings.max_records_per_trigger)
         ranges = list(zip([after, *ends], ends, strict=False))
-        while ranges and self._in_tasks(partial(self.reader.frame, sources[0], *ranges[0])):
+        while ranges and self._in_tasks(ranges[0][1]):
             if on_catch_up is not None:
                 on_catch_up(ranges[0][1], ends[-1])
             ranges.pop(0)

@@ -62,8 +62,12 @@ def expected_join(orders: dict[Key, dict[str, Any]], customers: dict[Key, dict[s
             for o in orders.values() if o["customer"] in by_id}
 
 
-def test_a_join_over_stopped_source_tables_reaches_the_end_of_both(make_settings: Any, spark: Any) -> None:
-    settings: Settings = make_settings(barrier_interval_ms=200)
+@pytest.mark.parametrize("in_tasks", [False, True], ids=["driver", "tasks"])
+def test_a_join_over_stopped_source_tables_reaches_the_end_of_both(make_settings: Any, spark: Any,
+                                                                  in_tasks: bool) -> None:
+    """``tasks``: the join's operator in Spark's tasks (``Settings.operators_in_tasks``), streamed: each
+    micro-batch's other side read up to its latest epoch, the tasks cut it at the stream's end marker."""
+    settings: Settings = make_settings(barrier_interval_ms=200, operators_in_tasks=in_tasks)
     client = redis.Redis.from_url(settings.redis_url)
     rng = random.Random(7)
     orders = SourceTopic(settings, f"{settings.topic_prefix}.orders", partitions=2)
@@ -74,6 +78,7 @@ def test_a_join_over_stopped_source_tables_reaches_the_end_of_both(make_settings
                         "upsert-json", client=client)
     create_view(settings, "order_names", VIEW_SQL, client=client)  # FROM-first: orders
     consumer = ViewConsumer(settings, "order_names", spark=spark, client=client)
+    assert (consumer.tasks is not None) is in_tasks
     writers = TableWriters(client, settings.topic_prefix)
     try:
         started(consumer.start())
@@ -122,6 +127,10 @@ def test_a_join_over_stopped_source_tables_reaches_the_end_of_both(make_settings
         late.wait_for_epoch(customers_end, timeout=180)
     finally:
         late.stop()
+    if in_tasks:  # every epoch of both views went through the tasks, every partition written by them
+        assert consumer.tasks is not None and late.tasks is not None
+        epochs = len(ViewStore(client, settings.topic_prefix).index.between("order_names", 0, 0, customers_end))
+        assert consumer.tasks.epochs_written == late.tasks.epochs_written == epochs * consumer.entry.partitions
 
     store = ViewStore(client, settings.topic_prefix)
     assert store.mce("order_names") == max(store.mce("orders") or 0, store.mce("customers") or 0)

@@ -1,7 +1,8 @@
 """Operators in Spark's tasks (issue 19, item 2; ``Settings.operators_in_tasks``), on the real stack
 with a multi-process Spark (``local-cluster[2,1,1024]``: two executors in their own JVMs and Python
-workers): filter/project views, and a GROUP BY shuffled by its groups' partitions, whose partitions are
-computed, written (a Kafka transaction per partition) and staged by tasks (the GROUP BY's with its
+workers): filter/project views, a GROUP BY shuffled by its groups' partitions, and a two-view inner join
+shuffled by its join keys' partitions and then by its view key's, whose partitions are computed, written
+(a Kafka transaction per partition) and staged by tasks (the GROUP BY's and the join's with their
 operator state), their epochs committed in Redis by the driver.
 
 * I1: the views equal DuckDB's evaluation at every committed epoch, Redis equals their changelog, and
@@ -10,7 +11,8 @@ operator state), their epochs committed in Redis by the driver.
 * I2 with a transaction per partition: the driver SIGKILLed by a GROUP BY's task right after its
   partition committed an epoch (other partitions had or had not): the next consumer's tasks find what
   committed, recompute it from the committed state, write only the rest, and the view loses and doubles
-  nothing. In the same run, a filter view's task kills only its own Python worker after its first
+  nothing; then the same with the join's task of view partition 0 (after its second shuffle). In the
+  same run, a filter view's task kills only its own Python worker after its first
   epoch, and another of its tasks SIGKILLs its executor's JVM after its first epoch: Spark retries
   both (the second on the other executor, or on the one the cluster's worker starts in place of the
   dead one), and each retry finds its first epoch committed.
@@ -29,6 +31,7 @@ import redis
 from mvlog.config import Settings
 from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.partition_epochs import PartitionBarrier
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 
@@ -52,19 +55,42 @@ VIEWS = [
 ]
 
 
+# A two-view inner join: both inputs shuffled by their join key's partition (the buckets' state read and
+# staged by those tasks), the output shuffled again by the view key's partition, where it is written.
+# About two t2 rows per join key, so deletes and updates of t2 empty buckets and move rows between them.
+JOIN = ("mvj", "SELECT t1.id, t2.id AS id2, t1.v1, t2.w FROM t1 JOIN t2 ON t1.v1 = t2.k WHERE t1.deleted = false")
+T2 = {"id": "int", "k": "int", "w": "int"}
+LONE = 100  # the join key of one row of each side, inserted and then deleted: both its buckets empty
+
+
 def _settings(make_settings: Callable[..., Settings]) -> Settings:
     return make_settings(spark_master=CLUSTER, operators_in_tasks=True, partitions=3)
 
 
-def _epochs(table: Table, rng: random.Random, epochs: int, rows: int) -> int:
-    """``epochs`` epochs of upserts (new keys and updates), deletes and one empty epoch; the last one."""
+def _epochs(table: Table, rng: random.Random, epochs: int, rows: int, t2: Table | None = None) -> int:
+    """``epochs`` epochs of upserts (new keys and updates), deletes and one empty epoch; the last one.
+    With ``t2``: after each, an epoch of ``t2`` (the first one inserts a row of each table with join key
+    :data:`LONE`, the third deletes both, each table in its own epoch)."""
     last = 0
     for n in range(epochs):
         if n != 1:  # the second one is empty: its barriers still go to every partition downstream
             table.upsert([{"id": rng.randrange(rows * 2), "v1": rng.randrange(-5, 5),
                            "deleted": rng.random() < 0.3} for _ in range(rows)])
             table.delete([rng.randrange(rows * 2) for _ in range(rows // 10)])
+        if t2 is not None and n == 0:
+            table.upsert([{"id": 1000, "v1": LONE, "deleted": False}])
+        if t2 is not None and n == 2:
+            table.delete([1000])
         last = table.flush()
+        if t2 is not None:
+            t2.upsert([{"id": rng.randrange(20), "k": rng.randrange(-5, 5), "w": rng.randrange(100)}
+                       for _ in range(4)])
+            t2.delete([rng.randrange(20)])
+            if n == 0:
+                t2.upsert([{"id": 1000, "k": LONE, "w": 1}])
+            if n == 2:
+                t2.delete([1000])
+            t2.flush()
     return last
 
 
@@ -96,26 +122,47 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     settings = _settings(make_settings)
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
                          client=redis_client, auto_commit=False)
-    for name, sql in VIEWS:
+    t2 = Table.create(settings, "t2", T2, ["id"], client=redis_client, auto_commit=False)
+    for name, sql in [*VIEWS, JOIN]:
         create_view(settings, name, sql, client=redis_client)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    views = [v for v, _ in VIEWS] + [JOIN[0]]
     rng = random.Random(19)
     try:
-        last = _epochs(table, rng, 4, 60)
-        first = run_views(settings, [v for v, _ in VIEWS])
+        last = _epochs(table, rng, 4, 60, t2)
+        first = run_views(settings, views)
         assert first.returncode == 0, _why(first)
         done = _done(first.stdout)
-        # Every upstream epoch, every partition, written by this run's tasks.
+        # Every upstream epoch, every partition, written by this run's tasks. The join's epochs are both
+        # tables': it plans up to the least latest epoch of the two (both writers run), t1's last, so t2's
+        # epoch after it waits for the next run (4 + 3 now, 1 + 3 + 2 then).
         assert all(done[view] == (last, 4 * 3) for view, _ in VIEWS), done
-        last = _epochs(table, rng, 3, 40)  # a second run starts after the MCE's barriers (and state)
-        second = run_views(settings, [v for v, _ in VIEWS])
+        assert done["mvj"] == (last, 7 * 3), done
+        assert store.get_state("mvj", [b"j0[%d]" % LONE, b"j1[%d]" % LONE]) == {}  # both buckets emptied
+        assert len(redis_client.hkeys(f"{settings.topic_prefix}:{{mvj}}:opstate")) > 5
+        last = _epochs(table, rng, 3, 40, t2)  # a second run starts after the MCE's barriers (and state)
+        second = run_views(settings, views)
         assert second.returncode == 0, _why(second)
         done = _done(second.stdout)
-        assert done["mvf"] == (last, 3 * 3) and done["mvg"] == (last, 3 * 3)
+        assert done["mvf"] == (last, 3 * 3) and done["mvg"] == (last, 3 * 3) and done["mvj"] == (last, 6 * 3)
     finally:
         table.close()
-    assert check_oracle(settings, redis_client, ["t1", *(v for v, _ in VIEWS)]) >= 4 * 7
-    deletes = {view: _check_wire(settings, redis_client, view, last) for view, _ in VIEWS}
+        t2.close()
+    assert check_oracle(settings, redis_client, ["t1", "t2", *views]) >= 4 * 7 + 7 + 6
+    deletes = {view: _check_wire(settings, redis_client, view, last) for view in views}
     assert deletes["mvg"] > 0, "no group emptied: the GROUP BY's deletes went untested"
+    assert deletes["mvj"] > 0, "no joined pair deleted"
+
+
+def _committed(settings: Settings, view: str, start: dict[int, int]) -> dict[int, list[PartitionBarrier]]:
+    """Each partition's barriers after the offsets ``start`` (those after an MCE's barrier)."""
+    return {p: partition_barriers(settings, view, p, start[p]) for p in range(3)}
+
+
+def _after_mce(store: ViewStore, view: str, mce: int) -> dict[int, int]:
+    at_mce = store.index.entries_at(view, 3, mce)
+    assert at_mce is not None
+    return {p: e.offset + 1 for p, e in at_mce.items()}
 
 
 def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing(
@@ -123,22 +170,21 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
     settings = _settings(make_settings)
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
                          client=redis_client, auto_commit=False)
-    views = {name: sql for name, sql in VIEWS if name in ("mvf", "mvg")}
+    t2 = Table.create(settings, "t2", T2, ["id"], client=redis_client, auto_commit=False)
+    views = {name: sql for name, sql in [*VIEWS, JOIN] if name in ("mvf", "mvg", "mvj")}
     for name, sql in views.items():
         create_view(settings, name, sql, client=redis_client)
     store = ViewStore(redis_client, settings.topic_prefix)
     rng = random.Random(4)
     try:
-        mce = _epochs(table, rng, 2, 50)
+        mce = _epochs(table, rng, 2, 50, t2)
         assert run_views(settings, list(views)).returncode == 0
-        assert store.mce("mvg") == mce
-        at_mce = store.index.entries_at("mvg", 3, mce)
-        assert at_mce is not None
-        start = {p: e.offset + 1 for p, e in at_mce.items()}
-        last = _epochs(table, rng, 4, 80)
+        assert store.mce("mvg") == mce and store.mce("mvj") == mce
+        start = {view: _after_mce(store, view, mce) for view in ("mvg", "mvj")}
+        last = _epochs(table, rng, 4, 80, t2)
         # mvf's task of partition 0 kills its Python worker after its first epoch, its task of partition 1
         # the executor JVM it runs in: both are retried. mvg's task of partition 0 kills the driver.
-        killed = run_views(settings, list(views), kills=["mvf:0:worker", "mvf:1:executor", "mvg:0:driver"])
+        killed = run_views(settings, ["mvf", "mvg"], kills=["mvf:0:worker", "mvf:1:executor", "mvg:0:driver"])
         assert killed.returncode == -9, (killed.returncode, killed.stdout, _why(killed))
         # Spark's scheduler saw the executor die of the SIGKILL (128 + 9), not only a task fail.
         assert re.search(r"Lost executor \d+ .*exited with code 137", killed.stderr), _why(killed)
@@ -146,21 +192,30 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
         assert _done(killed.stdout)["mvf"] == (last, 4 * 3 - 2)
         # Kafka ahead of Redis: partition 0 committed an epoch above the MCE, another partition did not.
         assert store.mce("mvg") == mce
-        before = {p: partition_barriers(settings, "mvg", p, start[p]) for p in range(3)}
-        assert before[0], "partition 0 committed nothing before the kill"
-        assert min(len(b) for b in before.values()) < len(before[0]), before
-        resumed = run_views(settings, ["mvg"])
-        assert resumed.returncode == 0, _why(resumed)
-        resumed_mce, written = _done(resumed.stdout)["mvg"]
-        assert resumed_mce == last
+        before = {"mvg": _committed(settings, "mvg", start["mvg"])}
+        # mvg resumes; then the join's task of view partition 0 (after the second shuffle) kills the driver.
+        resumed = run_views(settings, ["mvg", "mvj"], kills=["mvj:0:driver"])
+        assert resumed.returncode == -9, (resumed.returncode, resumed.stdout, _why(resumed))
+        written = {"mvg": _done(resumed.stdout)["mvg"]}
+        assert written["mvg"][0] == last and store.mce("mvj") == mce
+        before["mvj"] = _committed(settings, "mvj", start["mvj"])
+        joined = run_views(settings, ["mvj"])
+        assert joined.returncode == 0, _why(joined)
+        written["mvj"] = _done(joined.stdout)["mvj"]
+        assert written["mvj"][0] == last
     finally:
         table.close()
-    # What committed before the kill stayed, at the same offsets; the rest was written once.
-    after = {p: partition_barriers(settings, "mvg", p, start[p]) for p in range(3)}
-    for p in range(3):
-        assert after[p][:len(before[p])] == before[p]
-    assert written == sum(len(after[p]) - len(before[p]) for p in range(3))
-    assert all(len(after[p]) == 4 for p in range(3))
-    check_oracle(settings, redis_client, ["t1", *views])
+        t2.close()
+    # What committed before the kill stayed, at the same offsets; the rest was written once. The join's
+    # epochs: t2's last of the first round (after t1's last), then 4 of t1 and 3 of t2.
+    for view, epochs in (("mvg", 4), ("mvj", 1 + 4 + 3)):
+        assert before[view][0], f"{view}: partition 0 committed nothing before the kill"
+        assert min(len(b) for b in before[view].values()) < len(before[view][0]), before[view]
+        after = _committed(settings, view, start[view])
+        for p in range(3):
+            assert after[p][:len(before[view][p])] == before[view][p]
+        assert written[view][1] == sum(len(after[p]) - len(before[view][p]) for p in range(3))
+        assert all(len(after[p]) == epochs for p in range(3)), (view, after)
+    check_oracle(settings, redis_client, ["t1", "t2", *views])
     for view in views:
         _check_wire(settings, redis_client, view, last)

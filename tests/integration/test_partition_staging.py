@@ -87,3 +87,24 @@ def test_a_lost_staging_or_a_wiped_mce_applies_nothing(settings: Settings, redis
     with pytest.raises(ServingStateLostError):  # follows an MCE Redis does not hold (wiped)
         staging.commit("v", 10, 7, staged, index)
     assert staging.commit("v", 10, 0, staged, index) and store.row_count("v") == 2
+
+
+def test_a_joins_rows_and_state_staged_by_two_tasks_keep_each_other(settings: Settings,
+                                                                   redis_client: redis.Redis) -> None:
+    """A join stages a partition's rows (its view-partition task) and its state (its join-key task) apart:
+    each leaves the other's keys alone, in either order and when staged again, and the commit takes both
+    halves with their counts added up."""
+    staging = PartitionStaging(redis_client, settings.topic_prefix)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    rows = EpochCommit(10, {b"a": b"1"}, [], {}, order_puts=[b"oa"])
+    state = EpochCommit(10, {}, [], {}, state_puts={b"j0[1]": b"x"}, state_deletes=[b"j1[2]"])
+    counts_state = staging.stage("v", 0, state, rows=False)
+    counts_rows = staging.stage("v", 0, rows, state=False)
+    assert (counts_rows.puts, counts_rows.state_puts, counts_state.puts, counts_state.state_puts) == (1, 0, 0, 1)
+    staging.stage("v", 0, state, rows=False)  # a join-key task run again (its shuffle output lost)
+    both = StagedCounts(counts_rows.puts, counts_rows.deletes, counts_rows.order_puts, counts_rows.order_deletes,
+                        counts_state.state_puts, counts_state.state_deletes)
+    redis_client.hset(f"{settings.topic_prefix}:{{v}}:opstate", b"j1[2]", b"old")
+    assert staging.commit("v", 10, 0, {0: both}, {0: IndexEntry(10, 1, 1)})
+    assert store.get_rows("v", [b"a"]) == {b"a": b"1"}
+    assert store.get_state("v", [b"j0[1]", b"j1[2]"]) == {b"j0[1]": b"x"}

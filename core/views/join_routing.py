@@ -1,0 +1,101 @@
+"""Where a two-view inner equi-join's input rows and operator state live when its operator runs in Spark's
+tasks: by the partition of their **join key**, not of the view's key (issue 19 item 2, joins).
+
+A join view's key is both sources' keys (``mvlog.views.plan``): the view row of a pair ``(a, b)`` lands
+in the partition of ``vnode(encode(a.pk, b.pk))``, which depends on both rows. A row ``a`` matches every
+row of the other side with its join key, and those pairs' view rows are spread over every partition, so
+no placement of ``a`` by the view key's partition can hold all of its pairs: routing the inputs by the
+output key (what a GROUP BY does, :mod:`mvlog.views.routing`) does not work for a join. The operator's
+state is per join key (a bucket ``j0[k]`` / ``j1[k]`` per side, :mod:`mvlog.views.join`), and every pair
+it makes is inside one join key. So the join runs in two steps, each partitioned by its own key:
+
+1. both inputs' signed rows are shuffled by the partition of their join key
+   (:meth:`JoinRouting.partitions_of`); the task of join-key partition ``j`` holds every change of its
+   join keys on both sides, reads and stages the buckets of its join keys only
+   (:meth:`JoinRouting.partitions_of_state_keys`: the state keys of two tasks are disjoint), and runs the
+   pure operator on them;
+2. its output (the view's changes as signed rows) is shuffled again by the partition of the view's key
+   (:func:`mvlog.views.routing.view_key_partitions`), where the changes of one view key, from whichever
+   join-key tasks made them, are consolidated (a row whose join key changed is retracted by the old key's
+   task and asserted by the new one's) and written as that partition's epoch.
+
+A join key's partition is ``partition_of_vnode(crc32(the JSON of its key values) % 256)``: the bytes of
+its state key after the tag (``encode_key``), so a state key's owner is read off the key itself. Rows
+whose join key has a NULL never match and touch no state; they go to partition 0.
+
+Pure: Arrow in, partitions out.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from mvlog.row_schema import ColumnType
+from mvlog.views.plan import ViewPlan
+from mvlog.views.query import JoinKind
+from mvlog.views.routing import partitions_table
+from mvlog.views.state_codec import JOIN_TAGS, encode_key
+from mvlog.vnode import VNODE_COUNT
+
+
+def two_view_inner_join(plan: ViewPlan) -> bool:
+    """A view over an inner equi-join of two different views, projected and filtered only: the views
+    :class:`JoinRouting` can partition. Not an outer, semi or anti join (null-extended rows depend on a
+    whole bucket of the other side, fine per join key, but not tested this way yet), not a chain of
+    joins (the second step's key is another column), not an aggregate, top-N, window, union or subquery
+    over a join (state of another shape)."""
+    query = plan.query
+    if (plan.inner or plan.union or len(query.sources) != 2 or len(query.joins) != 1 or query.is_aggregate
+            or query.top_n is not None or query.window is not None):
+        return False
+    return query.joins[0].kind is JoinKind.INNER and query.sources[0].view != query.sources[1].view
+
+
+@dataclass(frozen=True)
+class JoinRouting:
+    """Routes a two-view inner join's input rows (each side's columns, by name) to join-key partitions."""
+
+    plan: ViewPlan
+    partitions: int
+    _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not two_view_inner_join(self.plan):
+            raise ValueError(f"view {self.plan.name!r} is not a two-view inner equi-join")
+        object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
+
+    @property
+    def _kinds(self) -> list[ColumnType | None]:
+        return [c.type for c in self.plan.query.joins[0].on]
+
+    def columns(self, side: int) -> list[str]:
+        """The join key's columns of source ``side`` (0: FROM, 1: JOIN), in the ON clause's order."""
+        on = self.plan.query.joins[0].on
+        return [(c.left if side == 0 else c.right).column for c in on]
+
+    def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
+        """The join-key partition (int32) of each row of source ``side`` (its columns, by name)."""
+        columns = [rows.column(name).to_pylist() for name in self.columns(side)]
+        kinds = self._kinds
+        owners = [self._owner(values, kinds) for values in zip(*columns, strict=True)] if columns else []
+        return pa.array(owners, pa.int32())
+
+    def _owner(self, values: Sequence[Any], kinds: Sequence[ColumnType | None]) -> int:
+        if any(v is None for v in values):
+            return 0  # matches nothing, stores nothing
+        return self._of_vnode[zlib.crc32(encode_key(b"", values, kinds)) % VNODE_COUNT]
+
+    def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
+        """The partition whose task owns each state key (a bucket of either side, ``j0[...]``/``j1[...]``)."""
+        owners = []
+        for key in keys:
+            tag = key[:2]
+            if tag not in JOIN_TAGS or key[2:3] != b"[":
+                raise ValueError(f"{key!r} is not a join bucket's state key")
+            owners.append(self._of_vnode[zlib.crc32(key[2:]) % VNODE_COUNT])
+        return owners

@@ -1,0 +1,275 @@
+"""Executor side of a two-view inner equi-join whose operator runs in Spark's tasks: two shuffles, one by
+join key for the operator and its state, one by the view's key for the changelog partitions.
+
+Why two (:mod:`mvlog.views.join_routing`): the join's state is per join key, its output rows are placed
+by a key made of both sources' keys, and no routing of the inputs by the output's partition keeps every
+pair of one join key in one task. A micro-batch goes:
+
+1. :class:`RouteJoinRows` (before the first shuffle, per input side): each change row of a side gets the
+   partition of its join key (``JoinRouting``), each barrier row is copied to every partition. Both sides
+   share one row layout (:func:`shuffled_schema`: the data source's meta columns, ``_side``, each side's
+   columns under its own prefix, the other side's null) so that their frames are one ``union``.
+2. :class:`JoinKeyJob` (task ``j`` of the first shuffle, one per join-key partition): both sides' rows
+   back in the data source's order, the epochs above the MCE (up to the micro-batch's end) computed in
+   order by the pure operator over the buckets of ``j``'s join keys, read from the view's committed
+   operator state in Redis and layered epoch by epoch (as a GROUP BY task does); every bucket it writes
+   is checked to be ``j``'s. It stages each epoch's state writes under partition ``j``'s staging keys
+   (``pstage:<epoch>:<j>:sput/sdel``: the tasks' state keys are disjoint) and emits the epoch's output
+   changes as signed view rows, each routed to the view partition of its key, plus one *count row* per
+   epoch routed to partition ``j``: the state it staged, and the mark that epoch exists.
+3. :class:`ViewPartitionJob` (task ``p`` of the second shuffle, one per changelog partition): per epoch
+   of its count row (every epoch of the micro-batch, since every task ``j`` saw every barrier), its
+   signed rows consolidated into one change per view key (a pair whose join key changed is retracted by
+   the old key's task and asserted by the new one's: one update here; an equal row, nothing), then
+   written and staged exactly as a filter's partition (:class:`PartitionWriter`: its own transactional
+   producer, resume of what the partition committed, the count check), its rows only. Its result rows
+   carry the state counts of ``j = p`` as well, so the driver's commit script checks both halves of
+   partition ``p``'s staging, and swaps both in with the epoch index and the MCE.
+
+Exactly once, as the README's "A transaction per partition" says: only step 3 writes Kafka, one
+transaction per partition and epoch, never rewritten once committed. A recomputed epoch (a task retried,
+a consumer restarted after its driver died between partitions) gives the same changes: step 2 reads the
+state the MCE left (never a staging) and the same upstream epochs, sorted into the data source's order,
+and step 3 sorts its rows by epoch and view key before consolidating; the records of a partition's
+committed epoch are checked against the recomputed count. A stage-2 task that is retried reads the
+first shuffle's output again (stage 1 reruns only if that output was lost, and restages the same state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mvlog.catalog import CatalogEntry
+from mvlog.config import Settings
+from mvlog.connectors.redis import redis_client
+from mvlog.connectors.redis.epoch_commit import EpochCommit
+from mvlog.connectors.redis.partition_staging import PartitionStaging
+from mvlog.connectors.spark.change_rows import META_COLUMNS, arrow_schema
+from mvlog.connectors.spark.hash_partitioning import partition_tokens
+from mvlog.services.pipeline.partition_tasks import (
+    RESULT_SCHEMA,
+    ROUTE_TOKEN,
+    SOURCE_ORDER,
+    VIEW_PARTITION,
+    PartitionTarget,
+    PartitionWriter,
+    check_owned,
+    committed_state,
+    partitions_of_task,
+    routed,
+)
+from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
+from mvlog.views import ChangeBatch, EpochOutput, ViewOperator, ViewPlan
+from mvlog.views.change_batch import consolidate_signed
+from mvlog.views.evaluate import arrow_type
+from mvlog.views.join_routing import JoinRouting
+from mvlog.views.routing import partitions_table, view_key_partitions
+from mvlog.views.state import InMemoryState, LayeredState
+
+SIDE = "_side"  # first shuffle: 0 for the FROM view's rows, 1 for the JOIN's
+COUNTS_OF = "_counts_of"  # second shuffle: -1 for a view row, j for the count row of join-key task j
+STATE_PUTS, STATE_DELETES = "_state_puts", "_state_deletes"
+
+
+def side_column(side: int, name: str) -> str:
+    """A source column's name in the first shuffle's layout (both sides' columns side by side)."""
+    return f"_s{side}__{name}"
+
+
+def shuffled_schema(upstreams: Sequence[CatalogEntry]) -> pa.Schema:
+    """The first shuffle's rows: the data source's meta columns, the side, each side's columns (the data
+    source's types), the join-key partition and its routing token."""
+    fields = [f for f in arrow_schema(upstreams[0].schema) if f.name in META_COLUMNS]
+    fields.append(pa.field(SIDE, pa.int32()))
+    for side, upstream in enumerate(upstreams):
+        fields += [pa.field(side_column(side, f.name), f.type) for f in arrow_schema(upstream.schema)
+                   if f.name not in META_COLUMNS]
+    return pa.schema([*fields, pa.field(VIEW_PARTITION, pa.int32()), pa.field(ROUTE_TOKEN, pa.int32())])
+
+
+def view_rows_schema(plan: ViewPlan) -> pa.Schema:
+    """The second shuffle's rows: the view's columns, epoch, weight, the count row's fields, the view
+    partition and its routing token."""
+    columns = [pa.field(c.name, arrow_type(c.type)) for c in plan.schema.columns]
+    return pa.schema([*columns, pa.field("_epoch", pa.int64()), pa.field("_weight", pa.int64()),
+                      pa.field(COUNTS_OF, pa.int32()), pa.field(STATE_PUTS, pa.int64()),
+                      pa.field(STATE_DELETES, pa.int64()), pa.field(VIEW_PARTITION, pa.int32()),
+                      pa.field(ROUTE_TOKEN, pa.int32())])
+
+
+@dataclass(frozen=True)
+class RouteJoinRows:
+    """``mapInArrow``'s function over one side's read, before the first shuffle (see the module)."""
+
+    routing: JoinRouting
+    side: int
+    schema: pa.Schema  # shuffled_schema
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        tokens = pa.array(partition_tokens(self.routing.partitions), pa.int32())
+        prefix = side_column(self.side, "")
+
+        def shape(rows: pa.Table, parts: pa.Array) -> pa.Table:
+            count = rows.num_rows
+            columns = []
+            for f in self.schema:
+                if f.name in META_COLUMNS:
+                    columns.append(rows.column(f.name).cast(f.type))
+                elif f.name == SIDE:
+                    columns.append(pa.array([self.side] * count, pa.int32()))
+                elif f.name.startswith(prefix):
+                    columns.append(rows.column(f.name[len(prefix):]).cast(f.type))
+                elif f.name == VIEW_PARTITION:
+                    columns.append(parts)
+                elif f.name == ROUTE_TOKEN:
+                    columns.append(tokens.take(parts))
+                else:
+                    columns.append(pa.nulls(count, f.type))
+            return pa.Table.from_arrays(columns, schema=self.schema)
+
+        def partitions_of(changes: pa.Table) -> pa.Array:
+            return self.routing.partitions_of(self.side, changes)
+
+        for batch in batches:
+            yield from routed(pa.Table.from_batches([batch]), self.routing.partitions, partitions_of,
+                              shape).to_batches()
+
+
+@dataclass(frozen=True)
+class JoinKeyJob:
+    """``mapInArrow``'s function after the first shuffle: one join-key partition's epochs (the module's step 2)."""
+
+    target: PartitionTarget
+    upstreams: tuple[CatalogEntry, CatalogEntry]  # by side
+    plan: ViewPlan
+    routing: JoinRouting
+    upto: int | None  # the micro-batch's last epoch; None: the last epoch of side ``end_side``'s rows
+    end_side: int  # the side read by the stream, whose micro-batch ends with the data source's end marker
+    out_schema: pa.Schema  # view_rows_schema
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for partition, rows in partitions_of_task(batches, VIEW_PARTITION, True):
+            out = self._partition(partition, rows)
+            if out.num_rows:
+                yield from out.to_batches()
+
+    def _epochs(self, rows: pa.Table) -> tuple[EpochBatches, int]:
+        """Each side's changes per epoch, and the micro-batch's last epoch."""
+        epochs: EpochBatches = {}
+        upto = self.upto
+        for side, upstream in enumerate(self.upstreams):
+            mine = rows.filter(pc.equal(rows.column(SIDE), side))
+            prefix = side_column(side, "")
+            names = [*META_COLUMNS, *(prefix + c.name for c in upstream.schema.columns)]
+            mine = mine.select(names).rename_columns([n[len(prefix):] if n.startswith(prefix) else n for n in names])
+            if upto is None and side == self.end_side:
+                upto = pc.max(mine.column("_epoch")).as_py() if mine.num_rows else self.target.after
+            batches_from_arrow(mine.sort_by(SOURCE_ORDER), upstream, epochs)
+        assert upto is not None
+        return epochs, upto
+
+    def _partition(self, partition: int, rows: pa.Table) -> pa.Table:
+        target, view = self.target, self.target.view
+        epochs, upto = self._epochs(rows)
+        todo = sorted(e for e in epochs if target.after < e <= upto)
+        settings = Settings.model_validate_json(target.settings_json)
+        operator = ViewOperator(self.plan)
+        of_vnode = partitions_table(view.partitions)
+        tokens = pa.array(partition_tokens(view.partitions), pa.int32())
+        out: list[pa.Table] = [self.out_schema.empty_table()]
+        staging = PartitionStaging(redis_client.connect(settings), settings.topic_prefix)
+        try:
+            state = committed_state(staging, target)
+            for epoch in todo:
+                output = operator.apply_epoch(epochs[epoch], state)
+                state.apply(output.state_writes)
+                check_owned(view.name, partition, output.state_writes, self.routing.partitions_of_state_keys)
+                puts, deletes = output.state_puts_and_deletes()
+                counts = staging.stage(view.name, partition, EpochCommit(epoch, {}, (), {}, state_puts=puts,
+                                                                         state_deletes=deletes), rows=False)
+                rows_out, weights = output.changes.signed()
+                parts = view_key_partitions(self.plan.schema, rows_out, of_vnode)
+                out.append(self._shaped(rows_out, epoch, weights, -1, 0, 0, parts, tokens))
+                mark = pa.array([partition], pa.int32())
+                out.append(self._shaped(None, epoch, pa.array([0], pa.int64()), partition, counts.state_puts,
+                                        counts.state_deletes, mark, tokens))
+        finally:
+            staging.redis.close()
+        return pa.concat_tables(out)
+
+    def _shaped(self, rows: pa.Table | None, epoch: int, weights: pa.Array, counts_of: int, puts: int,
+                deletes: int, parts: pa.Array, tokens: pa.Array) -> pa.Table:
+        count = len(parts)
+        columns: dict[str, Any] = {}
+        for f in self.out_schema:
+            if rows is not None and f.name in rows.column_names:
+                columns[f.name] = rows.column(f.name).cast(f.type)
+            else:
+                columns[f.name] = pa.nulls(count, f.type)
+        columns.update({"_epoch": pa.array([epoch] * count, pa.int64()), "_weight": weights.cast(pa.int64()),
+                        COUNTS_OF: pa.array([counts_of] * count, pa.int32()),
+                        STATE_PUTS: pa.array([puts] * count, pa.int64()),
+                        STATE_DELETES: pa.array([deletes] * count, pa.int64()),
+                        VIEW_PARTITION: parts, ROUTE_TOKEN: tokens.take(parts)})
+        return pa.table(columns, schema=self.out_schema)
+
+
+@dataclass(frozen=True)
+class ViewPartitionJob:
+    """``mapInArrow``'s function after the second shuffle: one view partition's epochs (the module's step 3)."""
+
+    target: PartitionTarget
+    plan: ViewPlan
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for partition, rows in partitions_of_task(batches, VIEW_PARTITION, True):
+            results = self._partition(partition, rows)
+            if results:
+                yield pa.RecordBatch.from_pylist(results, schema=RESULT_SCHEMA)
+
+    def _partition(self, partition: int, rows: pa.Table) -> list[dict[str, Any]]:
+        view = self.target.view
+        marks = rows.filter(pc.greater_equal(rows.column(COUNTS_OF), 0))
+        if set(marks.column(COUNTS_OF).to_pylist()) - {partition}:
+            raise RuntimeError(f"{view.name} partition {partition}: got another join-key task's counts")
+        state_counts: dict[int, tuple[int, int]] = {}
+        for epoch, puts, deletes in zip(*(marks.column(c).to_pylist() for c in ("_epoch", STATE_PUTS, STATE_DELETES)),
+                                        strict=True):
+            if epoch in state_counts:
+                raise RuntimeError(f"{view.name} partition {partition}: epoch {epoch} counted twice")
+            state_counts[epoch] = (puts, deletes)
+        changes = rows.filter(pc.equal(rows.column(COUNTS_OF), -1))
+        order = [("_epoch", "ascending"), *((k, "ascending") for k in self.plan.schema.primary_key),
+                 ("_weight", "ascending")]
+        by_epoch = _by_epoch(changes.sort_by(order))
+        if set(by_epoch) - set(state_counts):
+            raise RuntimeError(f"{view.name} partition {partition}: changes of epochs no join-key task counted")
+        schema, names = self.plan.schema, list(self.plan.schema.names)
+
+        def compute(epoch: int, _state: LayeredState) -> EpochOutput:
+            signed = by_epoch.get(epoch)
+            if signed is None:
+                return EpochOutput(ChangeBatch.empty(schema))
+            return EpochOutput(consolidate_signed(signed.select(names), signed.column("_weight").to_pylist(), schema))
+
+        results = PartitionWriter(self.target, partition).write(
+            sorted(state_counts), compute, lambda _staging: LayeredState(InMemoryState()), stage_state=False)
+        for result in results:  # partition p's staging is both halves: its rows, join-key task p's state
+            result["state_puts"], result["state_deletes"] = state_counts[result["epoch"]]
+        return results
+
+
+def _by_epoch(rows: pa.Table) -> dict[int, pa.Table]:
+    """``rows`` (sorted by epoch) sliced per epoch."""
+    out: dict[int, pa.Table] = {}
+    counts = pc.value_counts(rows.column("_epoch"))
+    start = 0
+    for epoch, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True):
+        out[epoch] = rows.slice(start, count)
+        start += count
+    return out
