@@ -9,7 +9,7 @@ from pyspark.sql import SparkSession
 
 from mvlog.config import Settings
 from mvlog.infra.local_stack import LOOPBACK
-from mvlog.services.spark_sink import MvlogDataSource
+from mvlog.services.spark_format import MvlogDataSource
 
 
 def spark_session(settings: Settings, app_name: str = "mvlog") -> SparkSession:

@@ -40,8 +40,8 @@ pending writes of one ``Table`` epoch), plus one staged record batch. A batch la
 memory must be split into several writes (several epochs).
 
 It commits through the table writer of :mod:`mvlog.services.table_writer` (the one writer of a root
-table's epochs), so it is a service: its :class:`MvlogDataSource` is the reading data source of
-:mod:`mvlog.connectors.spark.spark_source` plus these writers, and is the one Spark sessions register.
+table's epochs), so it is a service. The data source Spark sessions register, reads and these writes, is
+:class:`mvlog.services.spark_format.MvlogDataSource`; it imports this module only where a write is planned.
 """
 
 from __future__ import annotations
@@ -62,8 +62,6 @@ from confluent_kafka import TopicPartition
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
-    DataSourceStreamWriter,
-    DataSourceWriter,
     WriterCommitMessage,
 )
 from pyspark.sql.types import (
@@ -87,13 +85,12 @@ from mvlog.connectors.kafka.changelog_writer import ConsumedInput
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.connectors.redis.view_store import ViewStore
-from mvlog.connectors.spark import spark_source
 from mvlog.row_schema import ColumnType, FieldError, RowSchema
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
 from mvlog.services.table_writer import RowValidationError, Table
 from mvlog.spark_batch_record import SparkBatch, spark_batch_mutation, spark_batch_of
 
-__all__ = ["MvlogDataSource", "SparkWriteError", "StagedPartition", "WriteTarget", "batch_writer", "committed_batch",
+__all__ = ["SparkWriteError", "StagedPartition", "WriteTarget", "batch_writer", "committed_batch",
            "stream_writer"]
 
 log = logging.getLogger(__name__)
@@ -401,14 +398,3 @@ def stream_writer(settings: Settings, entry: CatalogEntry, schema: StructType, o
         raise SparkWriteError(f"table {entry.name}: a streaming write needs the option writerId or "
                               "checkpointLocation: it names the writer whose batches are committed once")
     return _StreamWriter(_target(settings, entry, schema, overwrite, options), str(writer))
-
-
-class MvlogDataSource(spark_source.MvlogDataSource):
-    """``format("mvlog")``: the reads of :class:`mvlog.connectors.spark.spark_source.MvlogDataSource`, and
-    writes into a table (``option("table", ...)``, see the module doc)."""
-
-    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return batch_writer(self.settings, self.entry, schema, overwrite, self.options)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802 (Spark API)
-        return stream_writer(self.settings, self.entry, schema, overwrite, self.options)

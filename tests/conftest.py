@@ -52,6 +52,7 @@ the caller's shell are dropped at start so a developer's exported settings never
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import subprocess
 import threading
@@ -140,6 +141,40 @@ def report(record_property: Callable[[str, object], None]) -> Callable[[str], No
     worker process, whose own output is not shown.
     """
     return lambda line: record_property(RESULT_PROPERTY, line)
+
+
+class _TaskEpochCount(logging.Handler):
+    """Counts the epochs views committed in Spark's tasks (``task_epochs``' debug line), per view."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.epochs: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args: tuple[Any, ...] = record.args if isinstance(record.args, tuple) else ()
+        if len(args) >= 2:  # (view, epochs, MCE)
+            self.epochs[str(args[0])] = self.epochs.get(str(args[0]), 0) + int(args[1])
+
+
+@pytest.fixture(autouse=True)
+def _epochs_in_tasks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With ``--operators-in-tasks``: each test's result line says which views committed epochs in tasks, and
+    how many (views of this process; a ``run-view`` child's are not counted), so a run shows the task path
+    was taken, not only that the tests passed."""
+    if not request.config.getoption("operators_in_tasks"):
+        yield
+        return
+    logger = logging.getLogger("mvlog.services.pipeline.task_epochs")
+    counter, level = _TaskEpochCount(), logger.level
+    logger.addHandler(counter)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        logger.removeHandler(counter)
+        logger.setLevel(level)
+        line = ", ".join(f"{view} {n}" for view, n in sorted(counter.epochs.items())) or "none"
+        request.node.user_properties.append((RESULT_PROPERTY, f"epochs committed in tasks: {line}"))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -412,7 +447,7 @@ def _mvlog_source_bound_to_the_shared_stack(request: pytest.FixtureRequest) -> N
     session for a stack of its own (``spark_session(its settings)``) left its registration behind.
     """
     if "spark" in request.fixturenames and "stack" in request.fixturenames:
-        from mvlog.services.spark_sink import MvlogDataSource
+        from mvlog.services.spark_format import MvlogDataSource
 
         stack: StackEndpoints = request.getfixturevalue("stack")
         request.getfixturevalue("spark").dataSource.register(MvlogDataSource.for_settings(

@@ -24,6 +24,7 @@ tasks find them, write the others, stage all, and the driver commits the epoch i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
@@ -60,6 +61,8 @@ from mvlog.views import ViewPlan
 from mvlog.views.join_routing import JoinRouting, two_view_inner_join
 from mvlog.views.partitioning import runs_in_tasks
 from mvlog.views.routing import GroupRouting, grouped_by_key
+
+log = logging.getLogger(__name__)
 
 _SQL_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.bool_(): "BOOLEAN"}
 _RESULT_DDL = ", ".join(f"`{f.name}` {_SQL_TYPES[f.type]}" for f in RESULT_SCHEMA)
@@ -137,6 +140,8 @@ class TaskEpochs:
             if epoch > self.committer.mce:
                 self._commit(epoch, by_epoch[epoch])
                 committed += 1
+        if committed:
+            log.debug("%s: %d epoch(s) committed in tasks, MCE %d", self.entry.name, committed, self.committer.mce)
         return committed
 
     def _partitioned(self, frame: DataFrame) -> DataFrame:
