@@ -180,7 +180,7 @@ def _epochs_in_tasks(request: pytest.FixtureRequest) -> Iterator[None]:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     # A fixture's teardown records into the teardown report, which repeats the call's properties: both, once.
     lines = {(report.nodeid, value)
-             for outcome in ("passed", "failed", "error")
+             for outcome in ("passed", "failed", "error", "")  # "": a passed teardown's report
              for report in terminalreporter.stats.get(outcome, [])
              if getattr(report, "when", None) in ("call", "teardown")
              for name, value in getattr(report, "user_properties", ()) if name == RESULT_PROPERTY}
