@@ -369,9 +369,7 @@ def topic_prefix() -> str:
 @pytest.fixture
 def make_settings(stack: StackEndpoints, topic_prefix: str, tmp_path: Path,
                   request: pytest.FixtureRequest) -> Callable[..., Settings]:
-    cluster: dict[str, Any] = _option_overrides(request)
-    if request.config.getoption("redis_cluster"):  # --redis-cluster: the session's cluster instead
-        cluster.update(redis_url=request.getfixturevalue("redis_cluster").url, redis_cluster=True)
+    options = _option_overrides(request)
 
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {
@@ -379,7 +377,7 @@ def make_settings(stack: StackEndpoints, topic_prefix: str, tmp_path: Path,
             "barrier_interval_ms": 200,
             "partitions": 3,
             "stack_dir": tmp_path / "mvlog",
-            **cluster,
+            **options,
         }
         values.update(overrides)
         return stack.settings(**values)
@@ -406,8 +404,11 @@ def redis_client(settings: Settings) -> Iterator[redis.Redis]:
 
 
 def _option_overrides(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """The settings ``--operators-in-tasks`` and ``--spark-master`` set."""
+    """The settings ``--redis-cluster`` (the session's cluster instead of the stack's Redis),
+    ``--operators-in-tasks`` and ``--spark-master`` set."""
     overrides: dict[str, Any] = {}
+    if request.config.getoption("redis_cluster"):
+        overrides.update(redis_url=request.getfixturevalue("redis_cluster").url, redis_cluster=True)
     if request.config.getoption("operators_in_tasks"):
         overrides["operators_in_tasks"] = True
     if request.config.getoption("spark_master"):
@@ -416,11 +417,8 @@ def _option_overrides(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 
 def _shared_settings(request: pytest.FixtureRequest, stack: StackEndpoints) -> Settings:
-    """The stack's settings, on the session's Redis Cluster with ``--redis-cluster`` (and the options above)."""
-    overrides = _option_overrides(request)
-    if request.config.getoption("redis_cluster"):
-        overrides.update(redis_url=request.getfixturevalue("redis_cluster").url, redis_cluster=True)
-    return stack.settings(**overrides)
+    """The stack's settings, with the options above (on the session's Redis Cluster with ``--redis-cluster``)."""
+    return stack.settings(**_option_overrides(request))
 
 
 @pytest.fixture(scope="session")
