@@ -107,6 +107,15 @@ class CpuSample:
 
 
 @dataclass(frozen=True)
+class Members:
+    """One scan of ``/proc``: each process's stat, the executor JVMs, and the processes of each role."""
+
+    stats: dict[int, ProcStat]
+    executors: tuple[int, ...]
+    roles: dict[str, set[int]]
+
+
+@dataclass(frozen=True)
 class CpuProbe:
     """Samples the roles' CPU seconds; ``driver_jvm`` from the py4j gateway."""
 
@@ -115,7 +124,8 @@ class CpuProbe:
     broker: int | None
     redis: int | None
 
-    def sample(self) -> CpuSample:
+    def members(self) -> Members:
+        """Every live process of each role, with their stats."""
         stats: dict[int, ProcStat] = {}
         executors: list[int] = []
         for entry in Path("/proc").iterdir():
@@ -130,8 +140,13 @@ class CpuProbe:
                 continue  # gone meanwhile
         below_jvm = descendants(_children(stats), self.driver_jvm)  # not another run's executors
         executors = [pid for pid in executors if pid in below_jvm]
+        return Members(stats, tuple(executors),
+                       roles(stats, executors, self.driver, self.driver_jvm, self.broker, self.redis))
+
+    def sample(self) -> CpuSample:
+        found = self.members()
+        stats, members = found.stats, found.roles
         tick = os.sysconf("SC_CLK_TCK")
-        members = roles(stats, executors, self.driver, self.driver_jvm, self.broker, self.redis)
         threads: dict[str, float] = {}
         for task in Path(f"/proc/{self.driver_jvm}/task").iterdir():
             try:

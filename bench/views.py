@@ -48,9 +48,11 @@ samples the CPU seconds of the driver (its Python process, its JVM, the Python w
 the executors, the broker and redis-server from ``/proc`` (``_cpu.py``) and prints the driver's CPU
 seconds per million changes and its share of the run's CPU (issue 19: at most 5 %, flat when the epoch
 size grows 10x; run it at two ``--epoch-size``), with the driver JVM's CPU per thread and what each role
-burns idle for 5 s. ``--live-epochs 0`` skips the live phase. ``--redis-cluster`` runs every Redis store (tables, views,
-control plane) on a three-master Redis Cluster started beside the stack (``MVLOG_REDIS_CLUSTER``,
-``infra/redis_cluster.py``) instead of the stack's redis-server.
+burns idle for 5 s, and each process's peak RSS during the catch-up (``_memory.py``).
+``--live-epochs 0`` skips the live phase; ``--live-in-tasks`` (with ``--tasks``) runs it with the
+operators in Spark's tasks. ``--redis-cluster`` runs every Redis store (tables, views, control plane) on
+a three-master Redis Cluster started beside the stack (``MVLOG_REDIS_CLUSTER``, ``infra/redis_cluster.py``)
+instead of the stack's redis-server.
 ``--profile FILE`` runs the first catch-up of each view under cProfile (its micro-batch reads, and
 foreachBatch calls in the driver's Py4J callback thread, and its micro-batch applies, in the consumer's
 worker thread) and prints the top functions.
@@ -102,6 +104,7 @@ from mvlog.services.view_ddl import create_view
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO_ROOT, fmt_rate, machine_info, peak_rss_mib, temporary_stack
 from _cpu import DRIVER_ROLES, ROLES, CpuProbe
+from _memory import PeakRss, reset_peaks
 
 sys.path.insert(0, str(REPO_ROOT))
 
@@ -318,6 +321,10 @@ class CatchUp:
     applying: float
     cpu: dict[str, float] | None = None
     jvm_threads: dict[str, float] | None = None  # the driver JVM's CPU seconds per thread group
+    rss: PeakRss | None = None  # with a probe: each process's peak RSS during the catch-up
+
+
+_DRIVER_PEAK_MIB = [0.0]  # the driver process's peak before the catch-ups' resets of it (_memory.py)
 
 
 def run_catch_up(settings: Settings, spark: SparkSession, name: str, last_epoch: int,
@@ -353,23 +360,28 @@ def run_catch_up(settings: Settings, spark: SparkSession, name: str, last_epoch:
     consumer.apply_batch = timed(consumer.apply_batch, "apply", apply_profile)  # type: ignore[method-assign]
     try:
         before = probe.sample() if probe is not None else None
+        if probe is not None:  # the driver's whole-run peak first, then every process's peak starts over
+            _DRIVER_PEAK_MIB[0] = max(_DRIVER_PEAK_MIB[0], peak_rss_mib())
+            reset_peaks(pid for role in (*DRIVER_ROLES, "executors") for pid in probe.members().roles[role])
         start = time.perf_counter()
         consumer.start()
         consumer.wait_for_epoch(last_epoch, timeout=1800)
         seconds = time.perf_counter() - start
         after = probe.sample() if probe is not None else None
         idle["apply"].wait(30)  # the MCE moves inside the apply: let the wrapper account for its end
-        cpu = threads = None
-        if after is not None and before is not None:
+        cpu = threads = rss = None
+        if probe is not None and after is not None and before is not None:
             cpu, threads = after - before, after.threads_since(before)
-        return CatchUp(seconds, consumer.epochs_applied, seconds_in["collect"], seconds_in["apply"], cpu, threads)
+            rss = PeakRss.of(probe.members(), probe.driver, probe.driver_jvm)
+        return CatchUp(seconds, consumer.epochs_applied, seconds_in["collect"], seconds_in["apply"], cpu, threads,
+                       rss)
     finally:
         consumer.stop()
 
 
 @dataclass
 class LiveResult:
-    latencies: dict[str, list[float]]
+    latencies: dict[str, list[float]]  # by view (a key of VIEWS)
     batches: dict[str, list[Any]]  # each query's recent micro-batch progress (StreamingQueryProgress)
     epochs: int
     changes: int
@@ -379,11 +391,12 @@ class LiveResult:
 
 
 def run_live(settings: Settings, spark: SparkSession, table: Table, workload: Workload, epochs: int,
-             batch: int, interval_s: float, cache_worker: bool) -> LiveResult:
-    """Both consumers running; the table commits an epoch every ``interval_s``; flush -> MCE latency. With
-    ``cache_worker``, a log-cache worker (``mvlog cache-worker``, a child process) follows the table, and
-    the partition-epochs the consumers read from it and from Kafka during the live phase are counted."""
-    views = [view_name(v) for v in VIEWS]
+             batch: int, interval_s: float, cache_worker: bool, names: dict[str, str]) -> LiveResult:
+    """Both consumers (of the views ``names`` gives for VIEWS' keys) running; the table commits an epoch
+    every ``interval_s``; flush -> MCE latency. With ``cache_worker``, a log-cache worker (``mvlog
+    cache-worker``, a child process) follows the table, and the partition-epochs the consumers read from it
+    and from Kafka during the live phase are counted."""
+    views = [names[v] for v in VIEWS]
     consumers = [ViewConsumer(settings, name, spark=spark) for name in views]
     poll_client = connect(settings)
     store = ViewStore(poll_client, settings.topic_prefix)
@@ -435,8 +448,8 @@ def run_live(settings: Settings, spark: SparkSession, table: Table, workload: Wo
         done.set()
         poller.join()
         cached, kafka = (after - before for after, before in zip(registry.reads(TABLE), reads_before, strict=True))
-        batches = {name: [p for p in query.recentProgress if p.numInputRows]
-                   for name, query in zip(views, queries, strict=True)}
+        batches = {view: [p for p in query.recentProgress if p.numInputRows]
+                   for view, query in zip(VIEWS, queries, strict=True)}
     finally:
         done.set()
         for consumer in consumers:
@@ -444,7 +457,7 @@ def run_live(settings: Settings, spark: SparkSession, table: Table, workload: Wo
         if worker is not None:
             worker.stop()
         poll_client.close()
-    latencies = {name: [reached[name][e] - t for e, t in committed] for name in views}
+    latencies = {view: [reached[names[view]][e] - t for e, t in committed] for view in VIEWS}
     return LiveResult(latencies, batches, epochs, epochs * batch, interval_s, cached, kafka)
 
 
@@ -457,10 +470,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def print_live(args: argparse.Namespace, live: LiveResult) -> None:
     """The live phase's latencies, cache reads and micro-batch phases."""
+    path = "operators in Spark's tasks" if args.live_in_tasks else "the driver path"
     print(f"  live: {live.epochs} epochs of {args.live_batch} changes every {args.live_interval_ms} ms, "
-          "both consumers running (trigger 200 ms); table flush() return -> view MCE in Redis:")
+          f"both consumers running (trigger 200 ms, {path}); table flush() return -> view MCE in Redis:")
     for view in VIEWS:
-        values = live.latencies[view_name(view)]
+        values = live.latencies[view]
         print(f"  {view:<6} latency p50 {percentile(values, 50) * 1000:6.0f} ms  p99 "
               f"{percentile(values, 99) * 1000:6.0f} ms  (min {min(values) * 1000:.0f}, mean "
               f"{statistics.fmean(values) * 1000:.0f}, max {max(values) * 1000:.0f} ms)")
@@ -471,7 +485,7 @@ def print_live(args: argparse.Namespace, live: LiveResult) -> None:
               f"{live.from_cache}/{read} ({share}; the rest from Kafka)")
     phases = ("latestOffset", "queryPlanning", "addBatch", "triggerExecution")
     for view in VIEWS:
-        batches = live.batches[view_name(view)]
+        batches = live.batches[view]
         medians = ", ".join(f"{phase} {statistics.median(b.durationMs.get(phase, 0) for b in batches):.0f}"
                             for phase in phases) if batches else "none"
         print(f"  {view:<6} live micro-batches: {len(batches)} in Spark's recent progress, median ms: {medians}")
@@ -509,6 +523,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", action=argparse.BooleanOptionalAction, default=False,
                         help="also catch up each view with its operator in Spark's tasks "
                              "(MVLOG_OPERATORS_IN_TASKS, docs/scaling.md), same run")
+    parser.add_argument("--live-in-tasks", action=argparse.BooleanOptionalAction, default=False,
+                        help="run the live phase's consumers with their operators in Spark's tasks (needs --tasks)")
     parser.add_argument("--redis-cluster", action=argparse.BooleanOptionalAction, default=False,
                         help="run every Redis store on a three-master Redis Cluster started beside the stack "
                              "(MVLOG_REDIS_CLUSTER) instead of the stack's redis-server")
@@ -522,6 +538,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.epoch_size > args.keys or args.live_batch > args.keys:
         parser.error("--epoch-size and --live-batch must not exceed --keys (changes of an epoch use distinct ids)")
+    if args.live_in_tasks and not args.tasks:
+        parser.error("--live-in-tasks needs --tasks (the views whose operators run in tasks are made by it)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     workload = Workload(args.keys, args.groups, random.Random(args.seed))
@@ -613,11 +631,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             live = None
             if args.live_epochs > 0:
-                live = run_live(settings, spark, table, workload, args.live_epochs, args.live_batch,
-                                args.live_interval_ms / 1000, args.cache_worker)
+                names = {view: view_name(f"{view}_tasks" if args.live_in_tasks else view) for view in VIEWS}
+                live_settings = settings.model_copy(update={"operators_in_tasks": args.live_in_tasks})
+                live = run_live(live_settings, spark, table, workload, args.live_epochs, args.live_batch,
+                                args.live_interval_ms / 1000, args.cache_worker, names)
                 for view in VIEWS:
-                    after_live = check_view(store, view, view_name(view), workload).split()[0]
-                    checks[view] += f" after catch-up, {after_live} after live"
+                    check = f"{view}_tasks" if args.live_in_tasks else view
+                    after_live = check_view(store, view, names[view], workload).split()[0]
+                    checks[check] += f" after catch-up, {after_live} after live"
             table.close()
             client.close()
         finally:
@@ -675,12 +696,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         top = sorted(run.jvm_threads.items(), key=lambda item: -item[1])[:8]
                         print(f"  {'':<18} driver JVM threads (CPU s): "
                               + ", ".join(f"{name} {seconds:.2f}" for name, seconds in top))
+                    if run.rss is not None:
+                        print(f"  {'':<18} {run.rss.line()}")
         if idle_cpu is not None:
             print(f"  idle for {IDLE_S:.0f} s before the catch-ups, CPU s per s: "
                   + ", ".join(f"{role} {idle_cpu[role] / IDLE_S:.3f}" for role in ROLES))
     if live is not None:
         print_live(args, live)
-    print(f"  peak RSS of the driver process: {peak_rss_mib():.0f} MiB")
+    print(f"  peak RSS of the driver process: {max(_DRIVER_PEAK_MIB[0], peak_rss_mib()):.0f} MiB")
     for view, (collect_profile, apply_profile) in profiles.items():
         path = args.profile.with_name(f"{args.profile.stem}.{view}{args.profile.suffix or '.prof'}")
         stats = pstats.Stats(collect_profile, stream=sys.stdout)
