@@ -11,6 +11,20 @@ from mvlog.config import Settings
 from mvlog.infra.local_stack import LOOPBACK
 from mvlog.services.spark_format import MvlogDataSource
 
+#: The driver's JVM when the executors are JVMs of their own: it plans and schedules a view's micro-batches
+#: (and on the driver path passes their Arrow batches on), and every micro-batch's new plan makes its C2
+#: compiler threads compile code that runs too briefly to repay them. Measured on local-cluster
+#: (bench/views.py --tasks, docs/scaling.md): the driver's CPU per 1M changes with the operators in tasks
+#: 8.3-10.5 s with C2, 3.3-4.0 s with C1 only, and its JVM's CPU on the driver path a third less. Applies
+#: only where this session starts the JVM; ``spark.driver.extraJavaOptions`` in ``spark_conf`` replaces it.
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+def executors_in_driver(master: str) -> bool:
+    """Local mode (``local``, ``local[N]``, ``local[*, F]``): the executors are threads of the driver's JVM,
+    which then does the data's work too and keeps its full JIT."""
+    return master == "local" or master.startswith("local[")
+
 
 def spark_session(settings: Settings, app_name: str = "mvlog") -> SparkSession:
     """A session with the ``mvlog`` data source registered.
@@ -37,7 +51,9 @@ def spark_session(settings: Settings, app_name: str = "mvlog") -> SparkSession:
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
         builder = (builder.config("spark.driver.bindAddress", LOOPBACK)
                    .config("spark.driver.host", LOOPBACK))
-    for key, value in settings.spark_conf.items():
+    if not executors_in_driver(settings.spark_master):
+        builder = builder.config("spark.driver.extraJavaOptions", DRIVER_JAVA_OPTIONS)
+    for key, value in settings.spark_conf.items():  # the user's settings win over mvlog's
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -212,7 +212,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #: The JIT of the tests' Spark drivers. A test's driver lives for seconds to minutes and many tests
 #: start one in a process of their own (the SIGKILL tests one per kill): the JIT's first tier only halves
 #: a driver's start on two busy cores (49 s -> 22 s to the first query, load average 10), and the JVM
-#: does little of mvlog's work. Never a default of mvlog's own: long runs want the full JIT.
+#: does little of mvlog's work. mvlog's own sessions keep the full JIT where the driver's JVM runs the
+#: executors too (local mode: :data:`mvlog.services.spark_session.DRIVER_JAVA_OPTIONS`).
 JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
