@@ -144,16 +144,18 @@ def report(record_property: Callable[[str, object], None]) -> Callable[[str], No
 
 
 class _TaskEpochCount(logging.Handler):
-    """Counts the epochs views committed in Spark's tasks (``task_epochs``' debug line), per view."""
+    """Counts the epochs views committed in Spark's tasks, per view (the ``epochs_in_tasks`` attribute,
+    ``(view, epochs)``, of ``task_epochs``' debug record)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.epochs: dict[str, int] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
-        args: tuple[Any, ...] = record.args if isinstance(record.args, tuple) else ()
-        if len(args) >= 2:  # (view, epochs, MCE)
-            self.epochs[str(args[0])] = self.epochs.get(str(args[0]), 0) + int(args[1])
+        counted = getattr(record, "epochs_in_tasks", None)
+        if counted is not None:
+            view, epochs = counted
+            self.epochs[view] = self.epochs.get(view, 0) + epochs
 
 
 @pytest.fixture(autouse=True)

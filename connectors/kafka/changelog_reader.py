@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from mvlog.barrier_alignment import EpochAligner
 from mvlog.changes import Epoch, IndexEntry
@@ -44,6 +44,14 @@ def reader_consumer(settings: Settings, extra: dict[str, Any] | None = None) -> 
     }
     config.update(extra or {})
     return Consumer(config)
+
+
+def next_records(consumer: Consumer) -> list[Message]:
+    """What is queued, without waiting; when nothing is, the next record, waiting at most 50 ms for it.
+
+    ``consume(n, timeout)`` waits its whole timeout whenever fewer than ``n`` records are queued, which
+    made every partition's read wait at its end and whenever it caught up with the fetcher."""
+    return consumer.consume(num_messages=2000, timeout=0) or consumer.consume(num_messages=1, timeout=0.05)
 
 
 class ChangelogReader:

@@ -12,18 +12,22 @@ import time
 from confluent_kafka import KafkaError, TopicPartition
 
 from mvlog.config import Settings
-from mvlog.connectors.kafka.changelog_reader import ChangelogReadError, reader_consumer
+from mvlog.connectors.kafka.changelog_reader import ChangelogReadError, next_records, reader_consumer
 from mvlog.partition_epochs import PartitionBarrier
 from mvlog.schemas.codec import TYPE_BARRIER, decode_barrier, record_type
 
 TAIL_TIMEOUT_S = 60.0
+#: How long the broker holds a fetch that finds nothing (Kafka's default, 500 ms, is for a consumer
+#: waiting for new records): the end of the partition is what this read is after, and each Spark task of a
+#: view in tasks reads its partition's tail once per micro-batch, mostly finding nothing after the MCE.
+TAIL_FETCH_WAIT_MS = 10
 
 
 def partition_barriers(settings: Settings, view: str, partition: int, start_offset: int,
                        timeout: float = TAIL_TIMEOUT_S) -> list[PartitionBarrier]:
     """Committed barriers of ``view``'s changelog partition from ``start_offset`` to its end, in order."""
     topic = settings.changelog_topic(view)
-    consumer = reader_consumer(settings, {"enable.partition.eof": True})
+    consumer = reader_consumer(settings, {"enable.partition.eof": True, "fetch.wait.max.ms": TAIL_FETCH_WAIT_MS})
     found: list[PartitionBarrier] = []
     deadline = time.monotonic() + timeout
     try:
@@ -31,7 +35,7 @@ def partition_barriers(settings: Settings, view: str, partition: int, start_offs
         while True:
             if time.monotonic() > deadline:
                 raise ChangelogReadError(f"{topic} partition {partition}: its end was not reached in {timeout:.0f} s")
-            for message in consumer.consume(num_messages=1000, timeout=0.5):
+            for message in next_records(consumer):
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:

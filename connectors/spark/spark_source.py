@@ -51,13 +51,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings, load_settings
-from mvlog.connectors.kafka.changelog_reader import ChangelogReadError, reader_consumer
+from mvlog.connectors.kafka.changelog_reader import ChangelogReadError, next_records, reader_consumer
 from mvlog.connectors.kafka.changelog_records import ChangeRecord, PoisonRecord, decode_change_run, decode_record
 from mvlog.connectors.kafka.dead_letter import DeadLetterQueue
 from mvlog.connectors.redis import redis_client
@@ -118,14 +118,6 @@ def read_partition_range(part: PartitionRange, batch_rows: int = 8192) -> Iterat
     yield from read_with_cache(part, read_partition_from_kafka)
 
 
-def _next_records(consumer: Consumer) -> list[Message]:
-    """What is queued, without waiting; when nothing is, the next record, waiting at most 50 ms for it.
-
-    ``consume(n, timeout)`` waits its whole timeout whenever fewer than ``n`` records are queued, which
-    made every partition's read wait at its end and whenever it caught up with the fetcher."""
-    return consumer.consume(num_messages=2000, timeout=0) or consumer.consume(num_messages=1, timeout=0.05)
-
-
 def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> Generator[pa.RecordBatch, None, None]:
     """Executor side: one partition's committed epochs of the range read from Kafka, as record batches.
 
@@ -137,7 +129,7 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> G
     try:
         while True:
             with gc_paused():  # see mvlog.gc_pause: the messages die inside, before any collection
-                read.take(_next_records(read.consumer))
+                read.take(next_records(read.consumer))
             if read.done:
                 break
             if len(read.rows) >= batch_rows:
