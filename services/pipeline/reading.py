@@ -20,6 +20,7 @@ from mvlog.config import Settings
 from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.connectors.spark.change_rows import arrow_schema, end_marker, epoch_slices
 from mvlog.connectors.spark.source_options import SMALL_READ_OPTION, connection_options
+from mvlog.connectors.spark.spark_source import ReadRanges, plan_ranges, spark_schema_ddl
 from mvlog.views import ChangeBatch
 
 EpochBatches = dict[int, dict[str, ChangeBatch]]  # epoch -> upstream view -> its changes
@@ -79,7 +80,13 @@ class UpstreamReader:
         return reader.load()
 
     def frame(self, view: str, after: int, upto: int) -> DataFrame:
-        """One upstream's epochs in ``(after, upto]`` (a batch read, not run yet)."""
+        """One upstream's epochs in ``(after, upto]`` (a batch read, not run yet). With a task per partition,
+        planned here and read by the tasks of ``spark.range`` (:class:`ReadRanges`): no Python worker of
+        the driver's JVM plans it, and the driver's work per micro-batch stays a few Redis reads."""
+        if self.task_per_partition:
+            ranges = plan_ranges(self.settings, self.upstreams[view], after, upto)
+            ids = self.spark.range(0, len(ranges), 1, numPartitions=max(1, len(ranges)))
+            return ids.mapInArrow(ReadRanges(tuple(ranges)).run, spark_schema_ddl(self.upstreams[view].schema))
         reader = self.spark.read.format("mvlog").options(**self._options(view))
         return reader.option("startingEpoch", str(after)).option("endingEpoch", str(upto)).load()
 

@@ -7,13 +7,15 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import redis
 from pyspark.sql.functions import expr
 
 from mvlog.config import Settings
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import ViewStore
-from mvlog.connectors.spark.spark_source import trigger_ends
+from mvlog.connectors.spark.spark_source import EpochRangeError, trigger_ends
+from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
@@ -151,3 +153,33 @@ def test_a_small_read_is_one_task_over_its_partitions(settings: Settings, redis_
     assert tasks_split == settings.partitions
     assert rows_small == rows_split
     assert sum(1 for r in rows_small if r[1] == "insert") == 150
+
+
+def test_a_read_for_tasks_is_planned_in_the_driver_and_read_by_its_tasks(settings: Settings, redis_client: redis.Redis,
+                                                                       spark: Any) -> None:
+    """The task path's reads (``UpstreamReader(task_per_partition=True).frame``) are planned in the driver's
+    process and read by the tasks of a ``spark.range``: a Spark partition per upstream partition, the rows
+    of the data source's read of the same range, an epoch past the last one refused as the data source
+    refuses it, an empty range read as nothing."""
+    table = Table.create(settings, "t1", {"id": "int", "v": "int"}, ["id"], client=redis_client, auto_commit=False)
+    epochs = []
+    for i in range(3):
+        table.upsert({"id": i * 1000 + j, "v": j} for j in range(50))
+        table.delete([(i - 1) * 1000] if i else [])
+        epochs.append(table.flush())
+    table.close()
+    entry = CatalogStore(settings, redis_client).get("t1")
+    reader = UpstreamReader(settings, spark, {"t1": entry}, ViewStore(redis_client, settings.topic_prefix).index,
+                            50, task_per_partition=True)
+    frame = reader.frame("t1", epochs[0], epochs[2])
+    source = (spark.read.format("mvlog").option("view", "t1").option("topicPrefix", settings.topic_prefix)
+              .option("bootstrapServers", settings.bootstrap_servers).option("redisUrl", settings.redis_url)
+              .option("startingEpoch", str(epochs[0])).option("endingEpoch", str(epochs[2])).load())
+
+    assert frame.rdd.getNumPartitions() == settings.partitions > 1
+    rows = sorted(tuple(r) for r in frame.collect())
+    assert rows == sorted(tuple(r) for r in source.collect())
+    assert sum(1 for r in rows if r[1] == "insert") == 100 and sum(1 for r in rows if r[1] == "delete") == 2
+    assert reader.frame("t1", epochs[2], epochs[2]).count() == 0
+    with pytest.raises(EpochRangeError):
+        reader.frame("t1", epochs[0], epochs[2] + 1)
