@@ -32,6 +32,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -113,16 +114,47 @@ class ProcessDiedError(StackError):
 # --------------------------------------------------------------------------------------------- ports
 
 
-def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
-    """``count`` distinct ports that are free on ``host`` right now (held together, so never equal).
+#: Listening ports are picked at random from here up to the kernel's ephemeral range, never in it: a
+#: port the kernel hands out for ``bind(0)`` is one it also hands to outgoing connections' local ends, so
+#: between being picked and being bound by a server it could be taken by any client's connection (seen:
+#: a broker's controller port taken while a machine ran three Spark test suites). Below the range, only
+#: another listener can take it.
+PORT_FLOOR = 20000
 
-    Another process may still take one before it is used; tests pass them straight to the stack.
+
+def ephemeral_ports(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux's default when it cannot be read)."""
+    try:
+        low, high = (int(v) for v in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct ports that are free on ``host`` right now (held together, so never equal),
+    below the ephemeral range when there is room (:data:`PORT_FLOOR`), else any the kernel gives.
+
+    Another listener may still take one before it is used; tests pass them straight to the stack.
     """
+    low, _ = ephemeral_ports()
+    choices = random.Random(os.urandom(8))
     sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
+        while len(sockets) < count:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
+            try:
+                for _ in range(50 if low - PORT_FLOOR >= 1000 else 0):
+                    try:
+                        sock.bind((host, choices.randrange(PORT_FLOOR, low)))
+                        break
+                    except OSError:
+                        continue
+                else:
+                    sock.bind((host, 0))
+            except BaseException:
+                sock.close()
+                raise
             sockets.append(sock)
         return [sock.getsockname()[1] for sock in sockets]
     finally:
