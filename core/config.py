@@ -112,6 +112,11 @@ class Settings(BaseSettings):
     # in a Kafka transaction of its own (mvlog.services.pipeline.partition_tasks). Off: the driver applies
     # every epoch, as before. Other views (outer joins, renamed keys, ...) ignore it.
     operators_in_tasks: bool = False
+    # With operators_in_tasks: epochs pending upstream holding fewer change events than this (a live view's
+    # usual micro-batch) go the driver's way, for latency (a task path micro-batch pays a producer, a
+    # transaction and a staging per partition: ~4 s from upstream commit to view commit against ~0.6 s,
+    # bench/views.py --live-in-tasks, docs/scaling.md). 0: every epoch in tasks.
+    tasks_min_records: int = Field(default=5000, ge=0)
     cache_heartbeat_ms: int = Field(default=1000, ge=50)
     cache_wait_ms: int = Field(default=2000, ge=0)
     # Lag sampling (dashboard, `mvlog lag-sampler`): every interval, each view's lag is measured and kept

@@ -412,8 +412,8 @@ def _option_overrides(request: pytest.FixtureRequest) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     if request.config.getoption("redis_cluster"):
         overrides.update(redis_url=request.getfixturevalue("redis_cluster").url, redis_cluster=True)
-    if request.config.getoption("operators_in_tasks"):
-        overrides["operators_in_tasks"] = True
+    if request.config.getoption("operators_in_tasks"):  # every epoch, however small (no driver-path shortcut)
+        overrides.update(operators_in_tasks=True, tasks_min_records=0)
     if request.config.getoption("spark_master"):
         overrides["spark_master"] = request.config.getoption("spark_master")
     return overrides

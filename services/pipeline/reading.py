@@ -47,8 +47,10 @@ class UpstreamReader:
                  index: EpochIndex, max_epochs_per_trigger: int, *, task_per_partition: bool = False) -> None:
         self.settings, self.spark, self.upstreams, self.index = settings, spark, dict(upstreams), index
         self.max_epochs_per_trigger = max_epochs_per_trigger
-        #: Read every micro-batch as a Spark task per upstream partition, however small (a view whose
-        #: operator runs in those tasks); else a small one is one task (``Settings.small_read_records``).
+        #: A view whose operator runs in tasks: its batch reads (a catch-up's ranges) are a Spark task per
+        #: upstream partition, planned here (:meth:`frame`). Its stream reads a small micro-batch as one
+        #: task like any other (``Settings.small_read_records``): a filter's task then runs the
+        #: partitions it holds one after the other, a GROUP BY or a join shuffles them anyway.
         self.task_per_partition = task_per_partition
 
     def require_committed(self, view: str, sources: Sequence[str], epoch: int) -> None:
@@ -64,8 +66,8 @@ class UpstreamReader:
                                          "restart to plan again from the index")
 
     def _options(self, view: str) -> dict[str, str]:
-        small = 0 if self.task_per_partition else self.settings.small_read_records
-        return {"view": view, **connection_options(self.settings), SMALL_READ_OPTION: str(small)}
+        return {"view": view, **connection_options(self.settings),
+                SMALL_READ_OPTION: str(self.settings.small_read_records)}
 
     def stream(self, sources: Sequence[str], after: int) -> DataFrame:
         """The streaming read of ``sources`` from the epoch after ``after``: the first one's rows; for a join,

@@ -64,6 +64,7 @@ from mvlog.views.routing import GroupRouting, grouped_by_key
 
 log = logging.getLogger(__name__)
 
+_NO_END = 1 << 62  # an epoch above any: EpochIndex.between's upper bound for "everything after"
 _SQL_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.bool_(): "BOOLEAN"}
 _RESULT_DDL = ", ".join(f"`{f.name}` {_SQL_TYPES[f.type]}" for f in RESULT_SCHEMA)
 
@@ -84,6 +85,10 @@ class TaskEpochs:
         #: Handed to the tasks (:attr:`PartitionTarget.on_written`): fault injection in tests.
         self.on_written: Callable[[int, int], None] | None = None
         self.epochs_written = 0  # partition epochs this consumer's tasks wrote (not found committed)
+        #: Whether an apply in tasks completed in this consumer. Until one has, an epoch that some
+        #: partitions committed before a crash may be pending, and only the task path may finish it (it
+        #: never writes a partition's committed epoch again; the driver path writes every partition).
+        self._resumed = False
 
     @classmethod
     def for_view(cls, settings: Settings, entry: CatalogEntry, upstreams: Mapping[str, CatalogEntry],
@@ -103,11 +108,26 @@ class TaskEpochs:
             return cls(settings, entry, [upstream], plan, committer, client, GroupRouting(plan, entry.partitions))
         return None
 
-    @staticmethod
-    def usable(stages: Sequence[Stage]) -> bool:
-        """No stage has anything to do to the next epochs (a backfill running, a replacement staged: those
-        epochs go the driver's way)."""
-        return all(stage.idle for stage in stages)
+    def takes(self, stages: Sequence[Stage], after: int) -> bool:
+        """Whether the epochs after ``after`` go the task path: no stage has anything to do to them (a
+        backfill running, a replacement staged: those go the driver's way), and either this consumer has
+        not completed an apply in tasks yet (see ``_resumed``) or the upstreams hold at least
+        ``Settings.tasks_min_records`` change events after it (fewer, a live micro-batch, commit sooner on
+        the driver's way)."""
+        if not all(stage.idle for stage in stages):
+            return False
+        least = self.settings.tasks_min_records
+        return not self._resumed or least == 0 or self._pending(after, least) >= least
+
+    def _pending(self, after: int, enough: int) -> int:
+        """Change events the upstreams committed after epoch ``after`` (counting stops at ``enough``)."""
+        pending = 0
+        for upstream in self.upstreams:
+            for partition in range(upstream.partitions):
+                pending += sum(e.records for e in self.staging.index.between(upstream.name, partition, after, _NO_END))
+                if pending >= enough:
+                    return pending
+        return pending
 
     def apply(self, reader: UpstreamReader, upto: int | None, batch: DataFrame | None = None) -> int:
         """Compute, write and commit every epoch above the MCE up to ``upto`` (read with ``reader``), or of
@@ -140,6 +160,7 @@ class TaskEpochs:
             if epoch > self.committer.mce:
                 self._commit(epoch, by_epoch[epoch])
                 committed += 1
+        self._resumed = True
         if committed:
             log.debug("%s: %d epoch(s) committed in tasks, MCE %d", self.entry.name, committed, self.committer.mce,
                       extra={"epochs_in_tasks": (self.entry.name, committed)})  # counted by the tests' conftest

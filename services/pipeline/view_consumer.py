@@ -143,7 +143,7 @@ class ViewConsumer:
         self.runner.worker.drain()  # a micro-batch the driver path took commits first
         with self._lock:  # the idle upkeep waits (a replacement staged meanwhile follows the next epochs)
             self._upkeep()
-            if not self.tasks.usable(self.stages) or self._start > self.mce:
+            if not self.tasks.takes(self.stages, self.mce) or self._start > self.mce:
                 return False
             self.tasks.apply(self.reader, upto, batch)
             return True

@@ -67,7 +67,7 @@ def test_a_join_over_stopped_source_tables_reaches_the_end_of_both(make_settings
                                                                   in_tasks: bool) -> None:
     """``tasks``: the join's operator in Spark's tasks (``Settings.operators_in_tasks``), streamed: each
     micro-batch's other side read up to its latest epoch, the tasks cut it at the stream's end marker."""
-    settings: Settings = make_settings(barrier_interval_ms=200, operators_in_tasks=in_tasks)
+    settings: Settings = make_settings(barrier_interval_ms=200, operators_in_tasks=in_tasks, tasks_min_records=0)
     client = redis.Redis.from_url(settings.redis_url)
     rng = random.Random(7)
     orders = SourceTopic(settings, f"{settings.topic_prefix}.orders", partitions=2)

@@ -64,7 +64,7 @@ LONE = 100  # the join key of one row of each side, inserted and then deleted: b
 
 
 def _settings(make_settings: Callable[..., Settings]) -> Settings:
-    return make_settings(spark_master=CLUSTER, operators_in_tasks=True, partitions=3)
+    return make_settings(spark_master=CLUSTER, operators_in_tasks=True, tasks_min_records=0, partitions=3)
 
 
 def _epochs(table: Table, rng: random.Random, epochs: int, rows: int, t2: Table | None = None) -> int:

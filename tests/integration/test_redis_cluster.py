@@ -104,8 +104,8 @@ def run_views(settings: Settings, client: redis.Redis, spark: Any, views: list[t
         create_view(settings, name, sql, client=client)
 
     def consumer(name: str) -> ViewConsumer:
-        return ViewConsumer(settings.model_copy(update={"operators_in_tasks": in_tasks(name)}), name, spark=spark,
-                            client=client)
+        overrides = {"operators_in_tasks": in_tasks(name), "tasks_min_records": 0}
+        return ViewConsumer(settings.model_copy(update=overrides), name, spark=spark, client=client)
 
     consumers = [consumer(name) for name, _ in views]
     try:

@@ -20,6 +20,8 @@ from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 
+from ..oracle import check_oracle
+
 
 def _micro_batches(spark: Any, settings: Settings, view: str, options: dict[str, str],
                    expect_epochs: int) -> list[list[tuple[int, int]]]:
@@ -183,3 +185,42 @@ def test_a_read_for_tasks_is_planned_in_the_driver_and_read_by_its_tasks(setting
     assert reader.frame("t1", epochs[2], epochs[2]).count() == 0
     with pytest.raises(EpochRangeError):
         reader.frame("t1", epochs[0], epochs[2] + 1)
+
+
+def test_small_epochs_of_a_view_in_tasks_go_the_drivers_way_once_it_resumed(settings: Settings,
+                                                                           redis_client: redis.Redis,
+                                                                           spark: Any) -> None:
+    """``tasks_min_records``: with the operators in tasks, epochs pending upstream with fewer change events
+    than that go the driver's way (latency), but only once the consumer completed an apply in tasks (a
+    crash may have left an epoch some partitions committed, which only the task path finishes); larger
+    ones go the tasks'. The oracle holds at every epoch, whichever way each went."""
+    settings = settings.model_copy(update={"operators_in_tasks": True, "tasks_min_records": 100})
+    table = Table.create(settings, "t1", {"id": "int", "v": "int"}, ["id"], client=redis_client, auto_commit=False)
+    create_view(settings, "mv", "SELECT id, v FROM t1 WHERE v >= 0", client=redis_client)
+
+    def epoch(rows: int, first: int) -> int:
+        table.upsert({"id": first + i, "v": (i % 5) - 1} for i in range(rows))
+        return table.flush()
+
+    def written_in_tasks(consumer: ViewConsumer, last: int) -> int:
+        assert consumer.tasks is not None
+        before = consumer.tasks.epochs_written
+        assert consumer.catch_up() == last
+        return consumer.tasks.epochs_written - before
+
+    small = epoch(10, 0)
+    consumer = ViewConsumer(settings, "mv", spark=spark)
+    try:  # not resumed yet: even a small epoch goes the tasks' way
+        assert written_in_tasks(consumer, small) == settings.partitions
+        assert written_in_tasks(consumer, epoch(10, 100)) == 0  # resumed, small: the driver's way
+        large = epoch(150, 200)
+        assert written_in_tasks(consumer, large) == settings.partitions
+    finally:
+        consumer.stop()
+    consumer = ViewConsumer(settings, "mv", spark=spark)  # a new consumer resumes in tasks
+    try:
+        assert written_in_tasks(consumer, epoch(10, 400)) == settings.partitions
+    finally:
+        consumer.stop()
+    table.close()
+    assert check_oracle(settings, redis_client, ["t1", "mv"]) >= 4
