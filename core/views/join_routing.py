@@ -1,5 +1,6 @@
-"""Where a two-view inner equi-join's input rows and operator state live when its operator runs in Spark's
-tasks: by the partition of their **join key**, not of the view's key (issue 19 item 2, joins).
+"""Where a two-view equi-join's (inner, left, right or full outer) input rows and operator state live
+when its operator runs in Spark's tasks: by the partition of their **join key**, not of the view's key
+(issue 19 item 2, joins).
 
 A join view's key is both sources' keys (``mvlog.views.plan``): the view row of a pair ``(a, b)`` lands
 in the partition of ``vnode(encode(a.pk, b.pk))``, which depends on both rows. A row ``a`` matches every
@@ -19,9 +20,19 @@ it makes is inside one join key. So the join runs in two steps, each partitioned
    join-key tasks made them, are consolidated (a row whose join key changed is retracted by the old key's
    task and asserted by the new one's) and written as that partition's epoch.
 
+An outer join routes the same way: a preserved row is null-extended exactly when its join key's bucket
+of the other side has no match for it (with a residual condition, no pair of that bucket passes it), so
+its null-extended row is asserted and retracted by the task that holds both buckets of its join key, and
+the second shuffle consolidates it like any other view row (its view key has NULL in the other side's
+key columns, ``mvlog.views.plan``). ``tests/unit/test_join_routing.py`` checks, for every
+kind, that the split operators give the single operator's changes and state.
+
 A join key's partition is ``partition_of_vnode(crc32(the JSON of its key values) % 256)``: the bytes of
 its state key after the tag (``encode_key``), so a state key's owner is read off the key itself. Rows
-whose join key has a NULL never match and touch no state; they go to partition 0.
+whose join key has a NULL never match and touch no state: an inner join drops them, an outer join
+null-extends a preserved side's straight away (its retraction too, when the row changes), from the
+row alone. Any task can do that, so they all go to partition 0; their view rows are then routed by
+their own view key like the rest.
 
 Pure: Arrow in, partitions out.
 """
@@ -42,31 +53,35 @@ from mvlog.views.routing import partitions_table
 from mvlog.views.state_codec import JOIN_TAGS, encode_key
 from mvlog.vnode import VNODE_COUNT
 
+#: The join kinds :class:`JoinRouting` takes: their state and output are per join key on both sides.
+ROUTED_KINDS = frozenset({JoinKind.INNER, JoinKind.LEFT, JoinKind.RIGHT, JoinKind.FULL})
 
-def two_view_inner_join(plan: ViewPlan) -> bool:
-    """A view over an inner equi-join of two different views, projected and filtered only: the views
-    :class:`JoinRouting` can partition. Not an outer, semi or anti join (null-extended rows depend on a
-    whole bucket of the other side, fine per join key, but not tested this way yet), not a chain of
-    joins (the second step's key is another column), not an aggregate, top-N, window, union or subquery
-    over a join (state of another shape)."""
+
+def two_view_equi_join(plan: ViewPlan) -> bool:
+    """A view over an inner or outer (left, right, full) equi-join of two different views, with or without
+    a residual condition, projected and filtered only: the views :class:`JoinRouting` can partition.
+    Not a semi or anti join (an ``EXISTS`` subquery: its right side is an inner plan, not an upstream
+    the data source reads), not a chain of joins (the second step's key is another column), not an
+    aggregate, top-N, window, union or subquery over a join (state of another shape), not a self-join
+    (one upstream read once: its rows would need to go to two join-key partitions)."""
     query = plan.query
     if (plan.inner or plan.union or len(query.sources) != 2 or len(query.joins) != 1 or query.is_aggregate
             or query.top_n is not None or query.window is not None):
         return False
-    return query.joins[0].kind is JoinKind.INNER and query.sources[0].view != query.sources[1].view
+    return query.joins[0].kind in ROUTED_KINDS and query.sources[0].view != query.sources[1].view
 
 
 @dataclass(frozen=True)
 class JoinRouting:
-    """Routes a two-view inner join's input rows (each side's columns, by name) to join-key partitions."""
+    """Routes a two-view equi-join's input rows (each side's columns, by name) to join-key partitions."""
 
     plan: ViewPlan
     partitions: int
     _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not two_view_inner_join(self.plan):
-            raise ValueError(f"view {self.plan.name!r} is not a two-view inner equi-join")
+        if not two_view_equi_join(self.plan):
+            raise ValueError(f"view {self.plan.name!r} is not a two-view inner or outer equi-join")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
 
     @property
@@ -87,7 +102,7 @@ class JoinRouting:
 
     def _owner(self, values: Sequence[Any], kinds: Sequence[ColumnType | None]) -> int:
         if any(v is None for v in values):
-            return 0  # matches nothing, stores nothing
+            return 0  # matches nothing, stores nothing (an outer join null-extends it from the row alone)
         return self._of_vnode[zlib.crc32(encode_key(b"", values, kinds)) % VNODE_COUNT]
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:

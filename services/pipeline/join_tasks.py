@@ -1,5 +1,6 @@
-"""Executor side of a two-view inner equi-join whose operator runs in Spark's tasks: two shuffles, one by
-join key for the operator and its state, one by the view's key for the changelog partitions.
+"""Executor side of a two-view inner or outer equi-join whose operator runs in Spark's tasks: two
+shuffles, one by join key for the operator and its state, one by the view's key for the changelog
+partitions.
 
 Why two (:mod:`mvlog.views.join_routing`): the join's state is per join key, its output rows are placed
 by a key made of both sources' keys, and no routing of the inputs by the output's partition keeps every

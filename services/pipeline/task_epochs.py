@@ -8,7 +8,9 @@ its partition's epochs (:mod:`~mvlog.services.pipeline.partition_tasks`) and ret
 For a GROUP BY keyed by its groups (:mod:`mvlog.views.routing`), the DataFrame is first shuffled by
 Spark so that Spark partition ``p`` holds the rows of the groups of view partition ``p``
 (``RouteRows``, then ``repartition`` on a routing token), and each task also reads its groups' state
-from Redis and stages the state it leaves.
+from Redis and stages the state it leaves. A two-view inner or outer equi-join
+(:mod:`mvlog.views.join_routing`) goes through two shuffles, by join key and then by view key
+(:mod:`~mvlog.services.pipeline.join_tasks`).
 The driver then commits each epoch through the view's
 :class:`~mvlog.services.pipeline.committer.EpochCommitter`, in order: the Kafka side is already done
 (the partitions' transactions), and the Redis side is one script that swaps every partition's staged
@@ -58,7 +60,7 @@ from mvlog.services.pipeline.partition_tasks import (
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import Stage
 from mvlog.views import ViewPlan
-from mvlog.views.join_routing import JoinRouting, two_view_inner_join
+from mvlog.views.join_routing import JoinRouting, two_view_equi_join
 from mvlog.views.partitioning import runs_in_tasks
 from mvlog.views.routing import GroupRouting, grouped_by_key
 
@@ -91,7 +93,7 @@ class TaskEpochs:
         """The task path of the view, when the setting is on and the view can take it; else None."""
         if not settings.operators_in_tasks:
             return None
-        if len(entry.sources) == 2 and two_view_inner_join(plan):
+        if len(entry.sources) == 2 and two_view_equi_join(plan):
             sides = [upstreams[source.view] for source in plan.query.sources]
             return cls(settings, entry, sides, plan, committer, client, JoinRouting(plan, entry.partitions))
         if len(entry.sources) != 1:
