@@ -5,6 +5,9 @@ full outer joins shuffled by their join keys' partitions and then by their view 
 are computed, written (a Kafka transaction per partition) and staged by tasks (the GROUP BY's and the
 joins' with their operator state), their epochs committed in Redis by the driver.
 
+Also a filter whose key is its upstream's renamed (``id AS order_id``), over 2 partitions where its
+upstream has 3: its input shuffled by the partition of its own key (``mvlog.views.key_routing``).
+
 * I1: the views equal DuckDB's evaluation at every committed epoch, Redis equals their changelog, and
   an independent client reading the changelog (confluent-kafka and fastavro only) finds every epoch
   whole, one barrier per partition, though each partition committed in its own transaction.
@@ -31,6 +34,7 @@ import redis
 
 from mvlog.config import Settings
 from mvlog.connectors.kafka.partition_tail import partition_barriers
+from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.partition_epochs import PartitionBarrier
 from mvlog.services.table_writer import Table
@@ -54,6 +58,10 @@ VIEWS = [
     ("mvg", "SELECT id % 40 AS b, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi, avg(v1) AS a "
             "FROM t1 WHERE deleted = false GROUP BY id % 40"),
 ]
+# The upstream's key under another name, and over two partitions where t1 has three (either alone is
+# enough): other key bytes, so the input is shuffled by the partition of the key it will have
+# (mvlog.views.key_routing), no state.
+RENAMED = ("mvr", "SELECT v1, id AS order_id FROM t1 WHERE v1 <> 0")
 
 
 # A two-view inner join: both inputs shuffled by their join key's partition (the buckets' state read and
@@ -114,7 +122,8 @@ def _done(output: str) -> dict[str, tuple[int, int]]:
 def _check_wire(settings: Settings, client: redis.Redis, view: str, mce: int) -> dict[int, PartitionLog]:
     """The barriers and the independent consumer's whole epochs; returns the changelog as it read it."""
     assert_barriers_once(settings, client, view, mce)
-    logs = read_topic(settings.bootstrap_servers, settings.changelog_topic(view), 3, idle=1.5)
+    partitions = CatalogStore(settings, client).get(view).partitions
+    logs = read_topic(settings.bootstrap_servers, settings.changelog_topic(view), partitions, idle=1.5)
     indexed = {e.epoch for e in ViewStore(client, settings.topic_prefix).index.between(view, 0, 0, mce)}
     # The chain rule confirms every epoch but the last; the epoch index confirms the last.
     assert check_whole_epochs(logs) | {mce} == indexed
@@ -138,8 +147,9 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     t2 = Table.create(settings, "t2", T2, ["id"], client=redis_client, auto_commit=False)
     for name, sql in [*VIEWS, JOIN, FULL]:
         create_view(settings, name, sql, client=redis_client)
+    create_view(settings, *RENAMED, client=redis_client, partitions=2)
     store = ViewStore(redis_client, settings.topic_prefix)
-    views = [v for v, _ in VIEWS] + [JOIN[0], FULL[0]]
+    views = [v for v, _ in VIEWS] + [RENAMED[0], JOIN[0], FULL[0]]
     rng = random.Random(19)
     try:
         last = _epochs(table, rng, 4, 60, t2)
@@ -150,6 +160,7 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         # tables': it plans up to the least latest epoch of the two (both writers run), t1's last, so t2's
         # epoch after it waits for the next run (4 + 3 now, 1 + 3 + 2 then).
         assert all(done[view] == (last, 4 * 3) for view, _ in VIEWS), done
+        assert done["mvr"] == (last, 4 * 2), done
         assert done["mvj"] == done["mvjf"] == (last, 7 * 3), done
         for join in ("mvj", "mvjf"):
             assert store.get_state(join, [b"j0[%d]" % LONE, b"j1[%d]" % LONE]) == {}  # both buckets emptied
@@ -158,12 +169,12 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         second = run_views(settings, views)
         assert second.returncode == 0, _why(second)
         done = _done(second.stdout)
-        assert done["mvf"] == (last, 3 * 3) and done["mvg"] == (last, 3 * 3)
+        assert done["mvf"] == done["mvg"] == (last, 3 * 3) and done["mvr"] == (last, 3 * 2)
         assert done["mvj"] == done["mvjf"] == (last, 6 * 3)
     finally:
         table.close()
         t2.close()
-    assert check_oracle(settings, redis_client, ["t1", "t2", *views]) >= 4 * 7 + 2 * (7 + 6)
+    assert check_oracle(settings, redis_client, ["t1", "t2", *views]) >= 5 * 7 + 2 * (7 + 6)
     changes = {view: _changes(_check_wire(settings, redis_client, view, last)) for view in views}
     deletes = {view: sum(change["op"] == "d" for change in changes[view]) for view in views}
     assert deletes["mvg"] > 0, "no group emptied: the GROUP BY's deletes went untested"
