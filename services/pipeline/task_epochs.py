@@ -11,8 +11,8 @@ Spark so that Spark partition ``p`` holds the rows of the groups of view partiti
 from Redis and stages the state it leaves. A filter/project that passes its upstream's key through under
 other names, or over another partition count, is shuffled the same way by the partition of the key each
 row will have (:mod:`mvlog.views.key_routing`: a changelog key's bytes hold its columns' names), with no
-state. A two-view inner or outer equi-join
-(:mod:`mvlog.views.join_routing`) goes through two shuffles, by join key and then by view key
+state. A two-view equi-join (inner, outer, semi
+or anti: :mod:`mvlog.views.join_routing`) goes through two shuffles, by join key and then by view key
 (:mod:`~mvlog.services.pipeline.join_tasks`).
 The driver then commits each epoch through the view's
 :class:`~mvlog.services.pipeline.committer.EpochCommitter`, in order: the Kafka side is already done
@@ -99,8 +99,8 @@ class TaskEpochs:
         if not settings.operators_in_tasks:
             return None
         if len(entry.sources) == 2 and two_view_equi_join(plan):
-            sides = [upstreams[source.view] for source in plan.query.sources]
-            return cls(settings, entry, sides, plan, committer, client, JoinRouting(plan, entry.partitions))
+            join = JoinRouting(plan, entry.partitions)
+            return cls(settings, entry, [upstreams[view] for view in join.upstreams()], plan, committer, client, join)
         if len(entry.sources) != 1:
             return None
         upstream = upstreams[entry.sources[0]]

@@ -1,7 +1,7 @@
 """Operators in Spark's tasks (issue 19, item 2; ``Settings.operators_in_tasks``), on the real stack
 with a multi-process Spark (``local-cluster[2,1,1024]``: two executors in their own JVMs and Python
-workers): filter/project views, a GROUP BY shuffled by its groups' partitions, and two-view inner and
-full outer joins shuffled by their join keys' partitions and then by their view key's, whose partitions
+workers): filter/project views, a GROUP BY shuffled by its groups' partitions, and two-view inner, full
+outer and anti joins shuffled by their join keys' partitions and then by their view key's, whose partitions
 are computed, written (a Kafka transaction per partition) and staged by tasks (the GROUP BY's and the
 joins' with their operator state), their epochs committed in Redis by the driver.
 
@@ -74,6 +74,10 @@ LONE = 100  # the join key of one row of each side, inserted and then deleted: b
 # (its key's first match), then t2's null-extended when t1's leaves (its key's last match), then gone;
 # random t2 updates and deletes empty and fill t2's buckets under t1's rows too.
 FULL = ("mvjf", "SELECT t1.id, t2.id AS id2, t1.v1, t2.k, t2.w FROM t1 FULL JOIN t2 ON t1.v1 = t2.k")
+# An anti join, the same way (t2's rows routed by the column its subquery passes through): t1's LONE row
+# in it, then out when t2's arrives, a row of t1 in or out as its key's last match leaves or arrives.
+ANTI = ("mvja", "SELECT t1.id, t1.v1 FROM t1 WHERE NOT EXISTS (SELECT 1 FROM t2 WHERE t2.k = t1.v1 AND t2.w < 80)")
+JOINS = [JOIN, FULL, ANTI]
 
 
 def _settings(make_settings: Callable[..., Settings]) -> Settings:
@@ -145,11 +149,11 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
                          client=redis_client, auto_commit=False)
     t2 = Table.create(settings, "t2", T2, ["id"], client=redis_client, auto_commit=False)
-    for name, sql in [*VIEWS, JOIN, FULL]:
+    for name, sql in [*VIEWS, *JOINS]:
         create_view(settings, name, sql, client=redis_client)
     create_view(settings, *RENAMED, client=redis_client, partitions=2)
     store = ViewStore(redis_client, settings.topic_prefix)
-    views = [v for v, _ in VIEWS] + [RENAMED[0], JOIN[0], FULL[0]]
+    views = [v for v, _ in VIEWS] + [RENAMED[0]] + [v for v, _ in JOINS]
     rng = random.Random(19)
     try:
         last = _epochs(table, rng, 4, 60, t2)
@@ -161,8 +165,8 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         # epoch after it waits for the next run (4 + 3 now, 1 + 3 + 2 then).
         assert all(done[view] == (last, 4 * 3) for view, _ in VIEWS), done
         assert done["mvr"] == (last, 4 * 2), done
-        assert done["mvj"] == done["mvjf"] == (last, 7 * 3), done
-        for join in ("mvj", "mvjf"):
+        assert done["mvj"] == done["mvjf"] == done["mvja"] == (last, 7 * 3), done
+        for join, _ in JOINS:
             assert store.get_state(join, [b"j0[%d]" % LONE, b"j1[%d]" % LONE]) == {}  # both buckets emptied
             assert len(redis_client.hkeys(f"{settings.topic_prefix}:{{{join}}}:opstate")) > 5
         last = _epochs(table, rng, 3, 40, t2)  # a second run starts after the MCE's barriers (and state)
@@ -170,15 +174,16 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         assert second.returncode == 0, _why(second)
         done = _done(second.stdout)
         assert done["mvf"] == done["mvg"] == (last, 3 * 3) and done["mvr"] == (last, 3 * 2)
-        assert done["mvj"] == done["mvjf"] == (last, 6 * 3)
+        assert done["mvj"] == done["mvjf"] == done["mvja"] == (last, 6 * 3)
     finally:
         table.close()
         t2.close()
-    assert check_oracle(settings, redis_client, ["t1", "t2", *views]) >= 5 * 7 + 2 * (7 + 6)
+    assert check_oracle(settings, redis_client, ["t1", "t2", *views]) >= 5 * 7 + 3 * (7 + 6)
     changes = {view: _changes(_check_wire(settings, redis_client, view, last)) for view in views}
     deletes = {view: sum(change["op"] == "d" for change in changes[view]) for view in views}
     assert deletes["mvg"] > 0, "no group emptied: the GROUP BY's deletes went untested"
     assert deletes["mvj"] > 0, "no joined pair deleted"
+    assert deletes["mvja"] > 0, "no row left the anti join"
     # Each side's null-extended rows asserted (a join key's last match left, or it never had one) and
     # retracted (its first match arrived, or the row left).
     for missing in ("id2", "id"):
