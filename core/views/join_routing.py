@@ -24,8 +24,8 @@ An outer join routes the same way: a preserved row is null-extended exactly when
 of the other side has no match for it (with a residual condition, no pair of that bucket passes it), so
 its null-extended row is asserted and retracted by the task that holds both buckets of its join key, and
 the second shuffle consolidates it like any other view row (its view key has NULL in the other side's
-key columns, ``mvlog.views.plan``). ``tests/unit/test_join_routing.py`` checks, for every
-kind, that the split operators give the single operator's changes and state.
+key columns, ``mvlog.views.plan``). ``tests/unit/test_join_routing.py`` checks, for every kind, that
+the split operators give the single operator's changes and state.
 
 A semi or anti join (``EXISTS``, ``IN``, ``NOT EXISTS``: :mod:`mvlog.views.semi_join`) is one join step
 too, its state the same buckets per join key, its output the left rows with (without) a match in their
@@ -36,10 +36,10 @@ side's and each task runs the whole operator (subquery included, stateless) on i
 
 A join key's partition is ``partition_of_vnode(crc32(the JSON of its key values) % 256)``: the bytes of
 its state key after the tag (``encode_key``), so a state key's owner is read off the key itself. Rows
-whose join key has a NULL never match and touch no state: an inner join drops them, an outer join
-null-extends a preserved side's straight away (its retraction too, when the row changes), from the
-row alone. Any task can do that, so they all go to partition 0; their view rows are then routed by
-their own view key like the rest.
+whose join key has a NULL never match and touch no state: an inner or semi join drops them, an outer
+join null-extends a preserved side's straight away (its retraction too, when the row changes), an anti
+join keeps its left rows, all from the row alone. Any task can do that, so they all go to partition 0;
+their view rows are then routed by their own view key like the rest.
 
 Pure: Arrow in, partitions out.
 """
@@ -56,13 +56,9 @@ import pyarrow as pa
 from mvlog.row_schema import ColumnType
 from mvlog.views.expr import ColumnRef
 from mvlog.views.plan import ViewPlan
-from mvlog.views.query import JoinKind
 from mvlog.views.routing import partitions_table
 from mvlog.views.state_codec import JOIN_TAGS, encode_key
 from mvlog.vnode import VNODE_COUNT
-
-#: The join kinds :class:`JoinRouting` takes: their state and output are per join key on both sides.
-ROUTED_KINDS = frozenset(JoinKind)
 
 
 def two_view_equi_join(plan: ViewPlan) -> bool:
@@ -77,8 +73,6 @@ def two_view_equi_join(plan: ViewPlan) -> bool:
     if (plan.union or len(query.sources) != 2 or len(query.joins) != 1 or query.is_aggregate
             or query.top_n is not None or query.window is not None):
         return False
-    if query.joins[0].kind not in ROUTED_KINDS:
-        return False
     if query.joins[0].kind.filters:
         inner = subquery_of(plan)
         return inner is not None and inner.sources[0] != query.sources[0].view
@@ -90,7 +84,8 @@ def subquery_of(plan: ViewPlan) -> ViewPlan | None:
     whose outputs the join reads are that view's columns passed through; else None."""
     query = plan.query
     inner = dict(plan.inner)
-    if len(inner) != 1 or query.sources[1].view not in inner or query.sources[0].view in inner:
+    if (len(query.sources) != 2 or len(query.joins) != 1 or not query.joins[0].kind.filters or len(inner) != 1
+            or query.sources[1].view not in inner or query.sources[0].view in inner):
         return None
     sub = inner[query.sources[1].view]
     subquery = sub.query
