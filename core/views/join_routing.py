@@ -1,5 +1,6 @@
-"""Where a two-view inner equi-join's input rows and operator state live when its operator runs in Spark's
-tasks: by the partition of their **join key**, not of the view's key (issue 19 item 2, joins).
+"""Where a two-view equi-join's (inner, left, right or full outer, semi or anti) input rows and operator
+state live when its operator runs in Spark's tasks: by the partition of their **join key**, not of the view's key
+(issue 19 item 2, joins).
 
 A join view's key is both sources' keys (``mvlog.views.plan``): the view row of a pair ``(a, b)`` lands
 in the partition of ``vnode(encode(a.pk, b.pk))``, which depends on both rows. A row ``a`` matches every
@@ -19,9 +20,26 @@ it makes is inside one join key. So the join runs in two steps, each partitioned
    join-key tasks made them, are consolidated (a row whose join key changed is retracted by the old key's
    task and asserted by the new one's) and written as that partition's epoch.
 
+An outer join routes the same way: a preserved row is null-extended exactly when its join key's bucket
+of the other side has no match for it (with a residual condition, no pair of that bucket passes it), so
+its null-extended row is asserted and retracted by the task that holds both buckets of its join key, and
+the second shuffle consolidates it like any other view row (its view key has NULL in the other side's
+key columns, ``mvlog.views.plan``). ``tests/unit/test_join_routing.py`` checks, for every kind, that
+the split operators give the single operator's changes and state.
+
+A semi or anti join (``EXISTS``, ``IN``, ``NOT EXISTS``: :mod:`mvlog.views.semi_join`) is one join step
+too, its state the same buckets per join key, its output the left rows with (without) a match in their
+join key's bucket. Its right side is a subquery, an inner plan over another view: when that is a
+filter/project passing the correlated columns through (:func:`subquery_of`), a row of that view has
+the join key of the subquery row it makes, read off its own columns, so its rows are routed like a
+side's and each task runs the whole operator (subquery included, stateless) on its share.
+
 A join key's partition is ``partition_of_vnode(crc32(the JSON of its key values) % 256)``: the bytes of
 its state key after the tag (``encode_key``), so a state key's owner is read off the key itself. Rows
-whose join key has a NULL never match and touch no state; they go to partition 0.
+whose join key has a NULL never match and touch no state: an inner or semi join drops them, an outer
+join null-extends a preserved side's straight away (its retraction too, when the row changes), an anti
+join keeps its left rows, all from the row alone. Any task can do that, so they all go to partition 0;
+their view rows are then routed by their own view key like the rest.
 
 Pure: Arrow in, partitions out.
 """
@@ -31,52 +49,89 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
 from mvlog.row_schema import ColumnType
+from mvlog.views.expr import ColumnRef
 from mvlog.views.plan import ViewPlan
-from mvlog.views.query import JoinKind
 from mvlog.views.routing import partitions_table
 from mvlog.views.state_codec import JOIN_TAGS, encode_key
 from mvlog.vnode import VNODE_COUNT
 
 
-def two_view_inner_join(plan: ViewPlan) -> bool:
-    """A view over an inner equi-join of two different views, projected and filtered only: the views
-    :class:`JoinRouting` can partition. Not an outer, semi or anti join (null-extended rows depend on a
-    whole bucket of the other side, fine per join key, but not tested this way yet), not a chain of
-    joins (the second step's key is another column), not an aggregate, top-N, window, union or subquery
-    over a join (state of another shape)."""
+def two_view_equi_join(plan: ViewPlan) -> bool:
+    """A view over an equi-join of two different views, projected and filtered only: the views
+    :class:`JoinRouting` can partition. An inner or outer (left, right, full) join, with or without a
+    residual condition; or a semi or anti join (``EXISTS`` / ``IN`` / ``NOT EXISTS``) whose subquery is
+    a filter/project of one view, passing its correlated columns through (:func:`subquery_of`: its rows
+    are routed by that view's columns). Not a chain of joins (the second step's key is another column),
+    not an aggregate, top-N, window, union or other subquery over or in a join (state of another shape),
+    not a self-join (one upstream read once: its rows would need to go to two join-key partitions)."""
     query = plan.query
-    if (plan.inner or plan.union or len(query.sources) != 2 or len(query.joins) != 1 or query.is_aggregate
+    if (plan.union or len(query.sources) != 2 or len(query.joins) != 1 or query.is_aggregate
             or query.top_n is not None or query.window is not None):
         return False
-    return query.joins[0].kind is JoinKind.INNER and query.sources[0].view != query.sources[1].view
+    if query.joins[0].kind.filters:
+        inner = subquery_of(plan)
+        return inner is not None and inner.sources[0] != query.sources[0].view
+    return not plan.inner and query.sources[0].view != query.sources[1].view
+
+
+def subquery_of(plan: ViewPlan) -> ViewPlan | None:
+    """A semi or anti join's subquery (source 1, an inner plan), when it is a filter/project of one view
+    whose outputs the join reads are that view's columns passed through; else None."""
+    query = plan.query
+    inner = dict(plan.inner)
+    if (len(query.sources) != 2 or len(query.joins) != 1 or not query.joins[0].kind.filters or len(inner) != 1
+            or query.sources[1].view not in inner or query.sources[0].view in inner):
+        return None
+    sub = inner[query.sources[1].view]
+    subquery = sub.query
+    if (sub.inner or sub.union or len(subquery.sources) != 1 or subquery.joins or subquery.is_aggregate
+            or subquery.top_n is not None or subquery.window is not None):
+        return None
+    outputs = {o.name: o.expr for o in subquery.outputs}
+    passed = all(isinstance(outputs.get(c.right.column), ColumnRef) for c in query.joins[0].on)
+    return sub if passed else None
 
 
 @dataclass(frozen=True)
 class JoinRouting:
-    """Routes a two-view inner join's input rows (each side's columns, by name) to join-key partitions."""
+    """Routes a two-view equi-join's input rows (each upstream's columns, by name) to join-key partitions."""
 
     plan: ViewPlan
     partitions: int
     _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not two_view_inner_join(self.plan):
-            raise ValueError(f"view {self.plan.name!r} is not a two-view inner equi-join")
+        if not two_view_equi_join(self.plan):
+            raise ValueError(f"view {self.plan.name!r} is not an equi-join of two views")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
 
     @property
     def _kinds(self) -> list[ColumnType | None]:
         return [c.type for c in self.plan.query.joins[0].on]
 
+    def upstreams(self) -> tuple[str, str]:
+        """The views the data source reads for each side: the join's sources, or for a semi or anti join,
+        the FROM view and the view its subquery reads."""
+        sources = self.plan.query.sources
+        sub = subquery_of(self.plan)
+        return sources[0].view, sub.query.sources[0].view if sub is not None else sources[1].view
+
     def columns(self, side: int) -> list[str]:
-        """The join key's columns of source ``side`` (0: FROM, 1: JOIN), in the ON clause's order."""
+        """The join key's columns of upstream ``side`` (0: FROM, 1: JOIN, or the view a semi or anti
+        join's subquery reads, whose column each of its outputs passes through), in the ON clause's order."""
         on = self.plan.query.joins[0].on
-        return [(c.left if side == 0 else c.right).column for c in on]
+        if side == 0:
+            return [c.left.column for c in on]
+        sub = subquery_of(self.plan)
+        if sub is None:
+            return [c.right.column for c in on]
+        outputs = {o.name: o.expr for o in sub.query.outputs}
+        return [cast(ColumnRef, outputs[c.right.column]).column for c in on]
 
     def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
         """The join-key partition (int32) of each row of source ``side`` (its columns, by name)."""
@@ -87,7 +142,7 @@ class JoinRouting:
 
     def _owner(self, values: Sequence[Any], kinds: Sequence[ColumnType | None]) -> int:
         if any(v is None for v in values):
-            return 0  # matches nothing, stores nothing
+            return 0  # matches nothing, stores nothing (an outer join null-extends it from the row alone)
         return self._of_vnode[zlib.crc32(encode_key(b"", values, kinds)) % VNODE_COUNT]
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:

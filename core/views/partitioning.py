@@ -5,7 +5,14 @@ first slice). That needs an operator that keeps no state (a filter/project: each
 one input row of the same epoch, so any task computes it alone, and recomputing it gives the same
 changes) and an output key that is the upstream's key, column for column (the encoded key, so its vnode
 and partition, are the upstream's): upstream partition ``p`` then holds exactly the changes of view
-partition ``p`` when both changelogs have as many partitions. Anything else runs on the driver.
+partition ``p`` when both changelogs have as many partitions.
+
+The names matter: a changelog key is an Avro map, column name -> value (``schemas/key.avsc``), so the
+same values under another name (``SELECT id AS order_id``) are other bytes, another vnode, another
+partition. A view that passes its upstream's key through under other names, or has another partition
+count, is still stateless but needs a shuffle by the partition of its own key
+(:mod:`mvlog.views.key_routing`, :func:`passes_key_through`). Anything else (but the GROUP BYs and joins
+with their own routing) runs on the driver.
 """
 
 from __future__ import annotations
@@ -16,17 +23,24 @@ from mvlog.views.expr import ColumnRef
 from mvlog.views.plan import ViewPlan
 
 
-def stateless_key_preserving(plan: ViewPlan, upstream_key: Sequence[str]) -> bool:
-    """A filter/project over one upstream whose key columns are the upstream's, passed through."""
+def passes_key_through(plan: ViewPlan, upstream_key: Sequence[str]) -> bool:
+    """A filter/project over one upstream whose key is the upstream's key columns, in order, each passed
+    through unchanged (a column reference: the same values of the same type), under any names."""
     query = plan.query
     if (plan.inner or plan.union or len(query.sources) != 1 or query.is_aggregate or query.top_n is not None
             or query.window is not None or query.joins):
         return False
-    if tuple(plan.schema.primary_key) != tuple(upstream_key):
+    if len(plan.schema.primary_key) != len(upstream_key):
         return False
     outputs = {o.name: o.expr for o in query.outputs}
-    return all(isinstance(e := outputs.get(name), ColumnRef) and e.side == 0 and e.column == name
-               for name in upstream_key)
+    return all(isinstance(e := outputs.get(name), ColumnRef) and e.side == 0 and e.column == column
+               for name, column in zip(plan.schema.primary_key, upstream_key, strict=True))
+
+
+def stateless_key_preserving(plan: ViewPlan, upstream_key: Sequence[str]) -> bool:
+    """A filter/project over one upstream whose key columns are the upstream's, passed through under the
+    same names: the same encoded keys, so the same vnodes."""
+    return tuple(plan.schema.primary_key) == tuple(upstream_key) and passes_key_through(plan, upstream_key)
 
 
 def runs_in_tasks(plan: ViewPlan, upstream_key: Sequence[str], upstream_partitions: int,

@@ -1,5 +1,6 @@
-"""Executor side of a two-view inner equi-join whose operator runs in Spark's tasks: two shuffles, one by
-join key for the operator and its state, one by the view's key for the changelog partitions.
+"""Executor side of a two-view equi-join (inner, outer, semi, anti) whose operator runs in Spark's tasks: two
+shuffles, one by join key for the operator and its state, one by the view's key for the changelog
+partitions.
 
 Why two (:mod:`mvlog.views.join_routing`): the join's state is per join key, its output rows are placed
 by a key made of both sources' keys, and no routing of the inputs by the output's partition keeps every
@@ -71,7 +72,7 @@ from mvlog.views.join_routing import JoinRouting
 from mvlog.views.routing import partitions_table, view_key_partitions
 from mvlog.views.state import InMemoryState, LayeredState
 
-SIDE = "_side"  # first shuffle: 0 for the FROM view's rows, 1 for the JOIN's
+SIDE = "_side"  # first shuffle: 0 for the FROM view's rows, 1 for the JOIN's (or the subquery's view's)
 COUNTS_OF = "_counts_of"  # second shuffle: -1 for a view row, j for the count row of join-key task j
 STATE_PUTS, STATE_DELETES = "_state_puts", "_state_deletes"
 

@@ -4,7 +4,9 @@ computed, written to Kafka in the partition's own transactions, and staged in Re
 A task gets the signed rows of one view partition of a micro-batch: for a filter/project keyed like its
 upstream, upstream partition ``p`` itself (``mapInArrow`` over the data source's read; see
 :mod:`mvlog.views.partitioning`); for a GROUP BY, the rows Spark shuffled to it by the partition of the
-group each row falls in (:class:`RouteRows` before the shuffle, :mod:`mvlog.views.routing`), every
+group each row falls in (:class:`RouteRows` before the shuffle, :mod:`mvlog.views.routing`); for a
+filter/project that passes its upstream's key through under other names or over another partition
+count, the rows shuffled by the partition of the key they will have (:mod:`mvlog.views.key_routing`); every
 upstream barrier row copied to every partition so each task sees every epoch of the micro-batch. For
 its partition it:
 
@@ -50,6 +52,7 @@ from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.partition_epochs import PartitionBarrier, prev_epochs, require_next, resume_partition
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
 from mvlog.views import EpochOutput, ViewOperator, ViewPlan
+from mvlog.views.key_routing import KeyRouting
 from mvlog.views.routing import GroupRouting
 from mvlog.views.state import InMemoryState, LayeredState, StoredState
 
@@ -77,11 +80,13 @@ def partition_transactional_id(settings: Settings, view: str, partition: int) ->
 
 @dataclass(frozen=True)
 class RouteRows:
-    """``mapInArrow``'s function before a GROUP BY view's shuffle: each change row gets the view partition
-    of its group and that partition's routing token; each barrier row is copied once per view partition
-    (an epoch with no change for a partition still needs that partition's barrier)."""
+    """``mapInArrow``'s function before a one-upstream view's shuffle: each change row gets the view
+    partition of its group (a GROUP BY) or of its passed-through key (a stateless view keyed by other
+    names or over another partition count) and that partition's routing token; each barrier row is
+    copied once per view partition (an epoch with no change for a partition still needs that partition's
+    barrier)."""
 
-    routing: GroupRouting
+    routing: GroupRouting | KeyRouting
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         tokens = pa.array(partition_tokens(self.routing.partitions), pa.int32())
@@ -132,9 +137,10 @@ class PartitionJob:
     upstream: CatalogEntry
     plan: ViewPlan
     #: A GROUP BY's routing: the rows were shuffled by their group's partition (column
-    #: :data:`VIEW_PARTITION`), and the operator reads and stages state. None: a stateless view whose
-    #: partition is the upstream's (column ``_partition``).
-    routing: GroupRouting | None = None
+    #: :data:`VIEW_PARTITION`), and the operator reads and stages state; a :class:`KeyRouting`: shuffled
+    #: by the partition of their passed-through key, no state. None: a stateless view whose partition is
+    #: the upstream's (column ``_partition``).
+    routing: GroupRouting | KeyRouting | None = None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``mapInArrow``'s function: the task's rows in, one result row per partition and epoch out."""
@@ -196,7 +202,7 @@ class PartitionEpochs:
     def _state(self, staging: PartitionStaging) -> LayeredState:
         """The operator state this partition's epochs start from: the view's committed state in Redis (a
         GROUP BY's groups of this partition; a stateless view reads none), under this task's own writes."""
-        if self.job.routing is None:
+        if not isinstance(self.job.routing, GroupRouting):
             return LayeredState(InMemoryState())
         return committed_state(staging, self.target)
 

@@ -8,7 +8,12 @@ its partition's epochs (:mod:`~mvlog.services.pipeline.partition_tasks`) and ret
 For a GROUP BY keyed by its groups (:mod:`mvlog.views.routing`), the DataFrame is first shuffled by
 Spark so that Spark partition ``p`` holds the rows of the groups of view partition ``p``
 (``RouteRows``, then ``repartition`` on a routing token), and each task also reads its groups' state
-from Redis and stages the state it leaves.
+from Redis and stages the state it leaves. A filter/project that passes its upstream's key through under
+other names, or over another partition count, is shuffled the same way by the partition of the key each
+row will have (:mod:`mvlog.views.key_routing`: a changelog key's bytes hold its columns' names), with no
+state. A two-view equi-join (inner, outer, semi
+or anti: :mod:`mvlog.views.join_routing`) goes through two shuffles, by join key and then by view key
+(:mod:`~mvlog.services.pipeline.join_tasks`).
 The driver then commits each epoch through the view's
 :class:`~mvlog.services.pipeline.committer.EpochCommitter`, in order: the Kafka side is already done
 (the partitions' transactions), and the Redis side is one script that swaps every partition's staged
@@ -58,8 +63,9 @@ from mvlog.services.pipeline.partition_tasks import (
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import Stage
 from mvlog.views import ViewPlan
-from mvlog.views.join_routing import JoinRouting, two_view_inner_join
-from mvlog.views.partitioning import runs_in_tasks
+from mvlog.views.join_routing import JoinRouting, two_view_equi_join
+from mvlog.views.key_routing import KeyRouting
+from mvlog.views.partitioning import passes_key_through, runs_in_tasks
 from mvlog.views.routing import GroupRouting, grouped_by_key
 
 log = logging.getLogger(__name__)
@@ -73,13 +79,14 @@ class TaskEpochs:
     """Runs view ``entry``'s micro-batches in Spark's tasks and commits their epochs."""
 
     def __init__(self, settings: Settings, entry: CatalogEntry, upstreams: Sequence[CatalogEntry], plan: ViewPlan,
-                 committer: EpochCommitter, client: redis.Redis, routing: GroupRouting | JoinRouting | None = None
-                 ) -> None:
+                 committer: EpochCommitter, client: redis.Redis,
+                 routing: GroupRouting | KeyRouting | JoinRouting | None = None) -> None:
         self.settings, self.entry, self.plan = settings, entry, plan
         self.upstreams = tuple(upstreams)  # by side: the query's FROM order (one, or a join's two)
         self.committer = committer
-        #: A GROUP BY's: the input is shuffled by its groups' partitions; a join's: by its join keys'
-        #: partitions, and the output again by the view key's (:mod:`~mvlog.services.pipeline.join_tasks`).
+        #: A GROUP BY's: the input is shuffled by its groups' partitions; a renamed or repartitioned
+        #: stateless view's: by its key's; a join's: by its join keys' partitions, and the output again by
+        #: the view key's (:mod:`~mvlog.services.pipeline.join_tasks`).
         self.routing = routing
         self.staging = PartitionStaging(client, settings.topic_prefix)
         #: Handed to the tasks (:attr:`PartitionTarget.on_written`): fault injection in tests.
@@ -96,14 +103,17 @@ class TaskEpochs:
         """The task path of the view, when the setting is on and the view can take it; else None."""
         if not settings.operators_in_tasks:
             return None
-        if len(entry.sources) == 2 and two_view_inner_join(plan):
-            sides = [upstreams[source.view] for source in plan.query.sources]
-            return cls(settings, entry, sides, plan, committer, client, JoinRouting(plan, entry.partitions))
+        if len(entry.sources) == 2 and two_view_equi_join(plan):
+            join = JoinRouting(plan, entry.partitions)
+            return cls(settings, entry, [upstreams[view] for view in join.upstreams()], plan, committer, client, join)
         if len(entry.sources) != 1:
             return None
         upstream = upstreams[entry.sources[0]]
         if runs_in_tasks(plan, upstream.key_columns, upstream.partitions, entry.partitions):
             return cls(settings, entry, [upstream], plan, committer, client)
+        if passes_key_through(plan, upstream.key_columns):
+            routing = KeyRouting(plan, tuple(upstream.key_columns), entry.partitions)
+            return cls(settings, entry, [upstream], plan, committer, client, routing)
         if grouped_by_key(plan):
             return cls(settings, entry, [upstream], plan, committer, client, GroupRouting(plan, entry.partitions))
         return None
@@ -168,13 +178,14 @@ class TaskEpochs:
 
     def _partitioned(self, frame: DataFrame) -> DataFrame:
         """``frame`` with Spark partition ``p`` holding the input of view partition ``p``: as read (a
-        stateless view keyed like its upstream), or shuffled by the partition of each row's group."""
+        stateless view keyed like its upstream), or shuffled by the partition of each row's group (or, a
+        stateless view keyed otherwise, of its key)."""
         if self.routing is None:
             return frame
         # A new StructType: ``StructType.add`` would change the frame's own (cached) schema in place.
         schema = StructType([*frame.schema.fields, StructField(VIEW_PARTITION, IntegerType(), False),
                              StructField(ROUTE_TOKEN, IntegerType(), False)])
-        routed = frame.mapInArrow(RouteRows(cast(GroupRouting, self.routing)).run, schema)
+        routed = frame.mapInArrow(RouteRows(cast(GroupRouting | KeyRouting, self.routing)).run, schema)
         return routed.repartition(self.entry.partitions, ROUTE_TOKEN)
 
     def _joined(self, reader: UpstreamReader, target: PartitionTarget, upto: int | None,

@@ -1,9 +1,12 @@
 """Operators in Spark's tasks (issue 19, item 2; ``Settings.operators_in_tasks``), on the real stack
 with a multi-process Spark (``local-cluster[2,1,1024]``: two executors in their own JVMs and Python
-workers): filter/project views, a GROUP BY shuffled by its groups' partitions, and a two-view inner join
-shuffled by its join keys' partitions and then by its view key's, whose partitions are computed, written
-(a Kafka transaction per partition) and staged by tasks (the GROUP BY's and the join's with their
-operator state), their epochs committed in Redis by the driver.
+workers): filter/project views, a GROUP BY shuffled by its groups' partitions, and two-view inner, full
+outer and anti joins shuffled by their join keys' partitions and then by their view key's, whose partitions
+are computed, written (a Kafka transaction per partition) and staged by tasks (the GROUP BY's and the
+joins' with their operator state), their epochs committed in Redis by the driver.
+
+Also a filter whose key is its upstream's renamed (``id AS order_id``), over 2 partitions where its
+upstream has 3: its input shuffled by the partition of its own key (``mvlog.views.key_routing``).
 
 * I1: the views equal DuckDB's evaluation at every committed epoch, Redis equals their changelog, and
   an independent client reading the changelog (confluent-kafka and fastavro only) finds every epoch
@@ -24,12 +27,14 @@ import random
 import re
 import subprocess
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
 
 from mvlog.config import Settings
 from mvlog.connectors.kafka.partition_tail import partition_barriers
+from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.partition_epochs import PartitionBarrier
 from mvlog.services.table_writer import Table
@@ -37,7 +42,7 @@ from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle
 from .barrier_check import assert_barriers_once
-from .independent_consumer import check_whole_epochs, read_topic
+from .independent_consumer import PartitionLog, check_whole_epochs, read_topic
 from .processes.task_view_runner import run as run_views
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -53,6 +58,10 @@ VIEWS = [
     ("mvg", "SELECT id % 40 AS b, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi, avg(v1) AS a "
             "FROM t1 WHERE deleted = false GROUP BY id % 40"),
 ]
+# The upstream's key under another name, and over two partitions where t1 has three (either alone is
+# enough): other key bytes, so the input is shuffled by the partition of the key it will have
+# (mvlog.views.key_routing), no state.
+RENAMED = ("mvr", "SELECT v1, id AS order_id FROM t1 WHERE v1 <> 0")
 
 
 # A two-view inner join: both inputs shuffled by their join key's partition (the buckets' state read and
@@ -61,6 +70,14 @@ VIEWS = [
 JOIN = ("mvj", "SELECT t1.id, t2.id AS id2, t1.v1, t2.w FROM t1 JOIN t2 ON t1.v1 = t2.k WHERE t1.deleted = false")
 T2 = {"id": "int", "k": "int", "w": "int"}
 LONE = 100  # the join key of one row of each side, inserted and then deleted: both its buckets empty
+# A full outer join, the same way. Its LONE rows: t1's null-extended, then retracted when t2's arrives
+# (its key's first match), then t2's null-extended when t1's leaves (its key's last match), then gone;
+# random t2 updates and deletes empty and fill t2's buckets under t1's rows too.
+FULL = ("mvjf", "SELECT t1.id, t2.id AS id2, t1.v1, t2.k, t2.w FROM t1 FULL JOIN t2 ON t1.v1 = t2.k")
+# An anti join, the same way (t2's rows routed by the column its subquery passes through): t1's LONE row
+# in it, then out when t2's arrives, a row of t1 in or out as its key's last match leaves or arrives.
+ANTI = ("mvja", "SELECT t1.id, t1.v1 FROM t1 WHERE NOT EXISTS (SELECT 1 FROM t2 WHERE t2.k = t1.v1 AND t2.w < 80)")
+JOINS = [JOIN, FULL, ANTI]
 
 
 def _settings(make_settings: Callable[..., Settings]) -> Settings:
@@ -106,15 +123,24 @@ def _done(output: str) -> dict[str, tuple[int, int]]:
             if (words := line.split())[:1] == ["done"]}
 
 
-def _check_wire(settings: Settings, client: redis.Redis, view: str, mce: int) -> int:
-    """The barriers and the independent consumer's whole epochs; returns the changelog's deletes."""
+def _check_wire(settings: Settings, client: redis.Redis, view: str, mce: int) -> dict[int, PartitionLog]:
+    """The barriers and the independent consumer's whole epochs; returns the changelog as it read it."""
     assert_barriers_once(settings, client, view, mce)
-    logs = read_topic(settings.bootstrap_servers, settings.changelog_topic(view), 3, idle=1.5)
+    partitions = CatalogStore(settings, client).get(view).partitions
+    logs = read_topic(settings.bootstrap_servers, settings.changelog_topic(view), partitions, idle=1.5)
     indexed = {e.epoch for e in ViewStore(client, settings.topic_prefix).index.between(view, 0, 0, mce)}
     # The chain rule confirms every epoch but the last; the epoch index confirms the last.
     assert check_whole_epochs(logs) | {mce} == indexed
-    return sum(change["op"] == "d" for log in logs.values() for entries in log.changes.values()
-               for _, change in entries)
+    return logs
+
+
+def _changes(logs: dict[int, PartitionLog]) -> list[dict[str, Any]]:
+    return [change for log in logs.values() for entries in log.changes.values() for _, change in entries]
+
+
+def _extended(changes: list[dict[str, Any]], image: str, missing: str) -> int:
+    """Null-extended rows (``missing``: the other side's key column, NULL) in ``image`` of ``changes``."""
+    return sum(change[image] is not None and change[image][missing] is None for change in changes)
 
 
 def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
@@ -123,10 +149,11 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
                          client=redis_client, auto_commit=False)
     t2 = Table.create(settings, "t2", T2, ["id"], client=redis_client, auto_commit=False)
-    for name, sql in [*VIEWS, JOIN]:
+    for name, sql in [*VIEWS, *JOINS]:
         create_view(settings, name, sql, client=redis_client)
+    create_view(settings, *RENAMED, client=redis_client, partitions=2)
     store = ViewStore(redis_client, settings.topic_prefix)
-    views = [v for v, _ in VIEWS] + [JOIN[0]]
+    views = [v for v, _ in VIEWS] + [RENAMED[0]] + [v for v, _ in JOINS]
     rng = random.Random(19)
     try:
         last = _epochs(table, rng, 4, 60, t2)
@@ -137,21 +164,31 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         # tables': it plans up to the least latest epoch of the two (both writers run), t1's last, so t2's
         # epoch after it waits for the next run (4 + 3 now, 1 + 3 + 2 then).
         assert all(done[view] == (last, 4 * 3) for view, _ in VIEWS), done
-        assert done["mvj"] == (last, 7 * 3), done
-        assert store.get_state("mvj", [b"j0[%d]" % LONE, b"j1[%d]" % LONE]) == {}  # both buckets emptied
-        assert len(redis_client.hkeys(f"{settings.topic_prefix}:{{mvj}}:opstate")) > 5
+        assert done["mvr"] == (last, 4 * 2), done
+        assert done["mvj"] == done["mvjf"] == done["mvja"] == (last, 7 * 3), done
+        for join, _ in JOINS:
+            assert store.get_state(join, [b"j0[%d]" % LONE, b"j1[%d]" % LONE]) == {}  # both buckets emptied
+            assert len(redis_client.hkeys(f"{settings.topic_prefix}:{{{join}}}:opstate")) > 5
         last = _epochs(table, rng, 3, 40, t2)  # a second run starts after the MCE's barriers (and state)
         second = run_views(settings, views)
         assert second.returncode == 0, _why(second)
         done = _done(second.stdout)
-        assert done["mvf"] == (last, 3 * 3) and done["mvg"] == (last, 3 * 3) and done["mvj"] == (last, 6 * 3)
+        assert done["mvf"] == done["mvg"] == (last, 3 * 3) and done["mvr"] == (last, 3 * 2)
+        assert done["mvj"] == done["mvjf"] == done["mvja"] == (last, 6 * 3)
     finally:
         table.close()
         t2.close()
-    assert check_oracle(settings, redis_client, ["t1", "t2", *views]) >= 4 * 7 + 7 + 6
-    deletes = {view: _check_wire(settings, redis_client, view, last) for view in views}
+    assert check_oracle(settings, redis_client, ["t1", "t2", *views]) >= 5 * 7 + 3 * (7 + 6)
+    changes = {view: _changes(_check_wire(settings, redis_client, view, last)) for view in views}
+    deletes = {view: sum(change["op"] == "d" for change in changes[view]) for view in views}
     assert deletes["mvg"] > 0, "no group emptied: the GROUP BY's deletes went untested"
     assert deletes["mvj"] > 0, "no joined pair deleted"
+    assert deletes["mvja"] > 0, "no row left the anti join"
+    # Each side's null-extended rows asserted (a join key's last match left, or it never had one) and
+    # retracted (its first match arrived, or the row left).
+    for missing in ("id2", "id"):
+        for image in ("after", "before"):
+            assert _extended(changes["mvjf"], image, missing) > 0, (missing, image)
 
 
 def _committed(settings: Settings, view: str, start: dict[int, int]) -> dict[int, list[PartitionBarrier]]:

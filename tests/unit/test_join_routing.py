@@ -1,18 +1,23 @@
-"""The pure parts of a two-view inner join's operator in Spark's tasks (issue 19, item 2, joins): which
-views take it, which join-key partition each input row and state key belongs to, that one operator per
-join-key partition followed by a consolidation per view partition gives the single operator's changes,
-each in the partition the changelog writer puts it in, and what the first shuffle's ``mapInArrow``
-makes of the data source's rows. No broker, no Spark: the shuffles themselves run in
+"""The pure parts of a two-view equi-join's operator (inner, outer, semi, anti) in Spark's tasks (issue
+19, item 2, joins): which views take it, which join-key partition each input row and state key belongs
+to, that one operator per join-key partition followed by a consolidation per view partition gives the
+single operator's changes, each in the partition the changelog writer puts it in, and what the first
+shuffle's ``mapInArrow`` makes of the data source's rows. No broker, no Spark: the shuffles themselves run in
 ``tests/integration/test_operators_in_tasks.py``."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change, Op, apply_changes
@@ -22,9 +27,9 @@ from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.services.pipeline.join_tasks import SIDE, RouteJoinRows, shuffled_schema, side_column
 from mvlog.services.pipeline.partition_tasks import ROUTE_TOKEN, VIEW_PARTITION
-from mvlog.views import ChangeBatch, ViewOperator, plan_view
+from mvlog.views import ChangeBatch, ViewOperator, ViewPlan, plan_view
 from mvlog.views.change_batch import consolidate_signed
-from mvlog.views.join_routing import JoinRouting, two_view_inner_join
+from mvlog.views.join_routing import JoinRouting, two_view_equi_join
 from mvlog.views.routing import partitions_table, view_key_partitions
 from mvlog.views.state import InMemoryState
 from mvlog.vnode import partition_of_vnode
@@ -37,13 +42,24 @@ JOIN = "SELECT a.id, b.bid, a.s, b.w, a.x + b.w AS t FROM a JOIN b ON a.k = b.k2
 @pytest.mark.parametrize(("sql", "taken"), [
     (JOIN, True),
     ("SELECT a.s, b.w FROM a JOIN b ON a.k = b.k2 AND a.id > b.w WHERE b.w > 0", True),  # residual, WHERE
-    ("SELECT a.s, b.w FROM a LEFT JOIN b ON a.k = b.k2", False),  # outer: not this path (yet)
+    ("SELECT a.s, b.w FROM a LEFT JOIN b ON a.k = b.k2", True),
+    ("SELECT a.s, b.w FROM a RIGHT JOIN b ON a.k = b.k2 AND a.x < b.w", True),
+    ("SELECT a.id, b.bid FROM a FULL JOIN b ON a.k = b.k2", True),
+    ("SELECT a.s FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k AND b.w > 0)", True),  # semi
+    ("SELECT a.s FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k)", True),  # anti
+    ("SELECT a.s FROM a WHERE a.k IN (SELECT k2 FROM b WHERE w > 0)", True),
+    ("SELECT a.s FROM a WHERE a.k IN (SELECT k2 + 1 FROM b)", False),  # a computed join key: not b's column
+    ("SELECT x.s FROM a x WHERE EXISTS (SELECT 1 FROM a y WHERE y.k = x.id)", False),  # over one upstream
+    ("SELECT a.s FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k) AND a.id IN (SELECT w FROM b)",
+     False),  # two subqueries: a chain
     ("SELECT a.s, count(*) AS n FROM a JOIN b ON a.k = b.k2 GROUP BY a.s", False),  # an aggregate over it
+    ("SELECT a.s, count(*) AS n FROM a LEFT JOIN b ON a.k = b.k2 GROUP BY a.s", False),
     ("SELECT x.id, y.id AS id2 FROM a x JOIN a y ON x.k = y.k", False),  # a self-join: one upstream
+    ("SELECT x.id, y.id AS id2 FROM a x LEFT JOIN a y ON x.k = y.k", False),
     ("SELECT * FROM a WHERE k > 0", False),
 ])
 def test_which_views_the_join_routing_takes(sql: str, taken: bool) -> None:
-    assert two_view_inner_join(plan_view("v", sql, {"a": A, "b": B})) is taken
+    assert two_view_equi_join(plan_view("v", sql, {"a": A, "b": B})) is taken
 
 
 def _a(rng: random.Random, i: int) -> Row:
@@ -57,17 +73,23 @@ def _b(rng: random.Random, i: int) -> Row:
 def _changes(rng: random.Random, rows: dict[int, Row], ids: int,
              make: Callable[[random.Random, int], Row]) -> list[Change]:
     """Inserts, updates (some moving the row to another join key) and deletes, one per key."""
+    ops = [(i, None if rng.random() < 0.35 else make(rng, i)) for i in rng.sample(range(ids), ids // 2)]
+    return _apply_ops(rows, ops)
+
+
+def _apply_ops(rows: dict[int, Row], ops: Sequence[tuple[int, Row | None]]) -> list[Change]:
+    """The changes that bring row ``i`` of ``rows`` to each op's row (None: deleted), the first op of a
+    key only (a change per key and epoch, as the data source's netted epochs have); ``rows`` updated."""
     out = []
-    for i in rng.sample(range(ids), ids // 2):
-        old, new = rows.get(i), None if rng.random() < 0.35 else make(rng, i)
+    for i, new in {i: new for i, new in reversed(ops)}.items():
+        old = rows.get(i)
         if old is None and new is None:
             continue
         out.append(Change(Op.CREATE if old is None else Op.DELETE if new is None else Op.UPDATE, (i,), old, new))
-    for change in out:
-        if change.after is None:
-            rows.pop(change.key[0])
+        if new is None:
+            rows.pop(i)
         else:
-            rows[change.key[0]] = change.after
+            rows[i] = new
     return out
 
 
@@ -77,68 +99,179 @@ def _split(batch: ChangeBatch, owners: list[int], partition: int) -> ChangeBatch
     rows, weights = batch.signed()
     change_of = []  # signed row -> its change's position (a change's rows are adjacent: -1 then +1)
     position = -1
-    for weight, prev in zip(weights.to_pylist(), [1, *weights.to_pylist()[:-1]], strict=True):
+    signs = weights.to_pylist()
+    for weight, prev in zip(signs, [1, *signs][:len(signs)], strict=True):
         position += 1 if weight < 0 or prev > 0 else 0
         change_of.append(position)
-    mask = pa.array([o == partition for o in owners])
+    mask = pa.array([o == partition for o in owners], pa.bool_())
     return ChangeBatch.from_signed(batch.schema, rows.filter(mask), weights.filter(mask),
                                    pa.array(change_of, pa.int64()).filter(mask))
 
 
-@pytest.mark.parametrize("sql", [JOIN, "SELECT a.s, b.w FROM a JOIN b ON a.k = b.k2 AND a.id > b.w WHERE b.w > 0"])
-@pytest.mark.parametrize("partitions", [1, 3, 4])
-def test_join_keys_computed_apart_then_consolidated_per_view_partition_give_the_single_operators_changes(
-        sql: str, partitions: int) -> None:
-    """Stage 1: one operator per join-key partition, over its own rows of both sides and its own state,
-    every state key it writes its own. Stage 2: their signed output rows routed by the view key's
-    partition (where the changelog writer puts them) and consolidated per view partition. The view
-    summed over the epochs is the single operator's, epoch by epoch, and so is the union of the state."""
-    plan = plan_view("v", sql, {"a": A, "b": B})
-    routing = JoinRouting(plan, partitions)
-    operator = ViewOperator(plan)
-    whole, parts = InMemoryState(), [InMemoryState() for _ in range(partitions)]
-    of_vnode = partitions_table(partitions)
-    rng = random.Random(partitions * 31 + len(sql))
-    rows_a: dict[int, Row] = {}
-    rows_b: dict[int, Row] = {}
-    view: dict[Key, Row] = {}
-    split_view: dict[Key, Row] = {}
-    emptied = 0
-    for _ in range(8):
-        inputs = {"a": ChangeBatch.from_changes(A, _changes(rng, rows_a, 24, _a)),
-                  "b": ChangeBatch.from_changes(B, _changes(rng, rows_b, 24, _b))}
-        output = operator.apply_epoch(inputs, whole)
-        whole.apply(output.state_writes)
-        emptied += sum(value is None for value in output.state_writes.values())
-        view = apply_changes(view, output.changes.to_changes())
+@dataclass
+class SplitJoin:
+    """One join view run two ways over the same epochs: the single operator over all its state, and one
+    operator per join-key partition over its own rows of both sides and its own state (stage 1), whose
+    signed output rows are routed by the view key's partition (where the changelog writer puts them) and
+    consolidated per view partition (stage 2). :meth:`epoch` checks that the view summed over the epochs
+    and the union of the state are the single operator's, epoch by epoch, and that every state key and
+    output change is in the partition that owns it."""
+
+    plan: ViewPlan
+    partitions: int
+    whole: InMemoryState = field(default_factory=InMemoryState)
+    view: dict[Key, Row] = field(default_factory=dict)
+    split_view: dict[Key, Row] = field(default_factory=dict)
+    emptied: int = 0  # buckets deleted: a join key lost its last row on a side
+    extended: Counter[int] = field(default_factory=Counter)  # null-extended rows asserted (+1) and retracted (-1)
+
+    def __post_init__(self) -> None:
+        self.routing = JoinRouting(self.plan, self.partitions)
+        self.operator = ViewOperator(self.plan)
+        self.parts = [InMemoryState() for _ in range(self.partitions)]
+        self.of_vnode = partitions_table(self.partitions)
+        key = self.plan.schema.primary_key
+        self.key_of = [[name for name in key if name in side_keys] for side_keys in (("id",), ("bid",))]
+
+    def epoch(self, inputs: dict[str, ChangeBatch]) -> None:
+        output = self.operator.apply_epoch(inputs, self.whole)
+        self.whole.apply(output.state_writes)
+        self.emptied += sum(value is None for value in output.state_writes.values())
+        for change in output.changes.to_changes():
+            for weight, row in ((-1, change.before), (1, change.after)):
+                if row is not None and any(row[c] is None for names in self.key_of for c in names):
+                    self.extended[weight] += 1
+        self.view = apply_changes(self.view, output.changes.to_changes())
         signed: list[pa.Table] = []
-        for j in range(partitions):
+        for j in range(self.partitions):
             mine = {}
             for side, name in enumerate(("a", "b")):
-                owners = routing.partitions_of(side, inputs[name].signed()[0]).to_pylist()
+                owners = self.routing.partitions_of(side, inputs[name].signed()[0]).to_pylist()
                 mine[name] = _split(inputs[name], owners, j)
-            out = operator.apply_epoch(mine, parts[j])
-            parts[j].apply(out.state_writes)
-            assert set(routing.partitions_of_state_keys(list(out.state_writes))) <= {j}
+            out = self.operator.apply_epoch(mine, self.parts[j])
+            self.parts[j].apply(out.state_writes)
+            assert set(self.routing.partitions_of_state_keys(list(out.state_writes))) <= {j}
             rows, weights = out.changes.signed()
             signed.append(rows.append_column("_weight", weights))
         everything = pa.concat_tables(signed)
-        targets = view_key_partitions(plan.schema, everything, of_vnode).to_pylist()
-        for p in range(partitions):
-            mine_rows = everything.filter(pa.array([t == p for t in targets]))
-            changes = consolidate_signed(mine_rows.select(list(plan.schema.names)),
-                                         mine_rows.column("_weight").to_pylist(), plan.schema)
-            encoded = encode_batch(plan.schema.primary_key, changes)
-            assert {partition_of_vnode(v, partitions) for v in encoded.vnodes} <= {p}
-            split_view = apply_changes(split_view, changes.to_changes())
-        assert split_view == view
+        targets = view_key_partitions(self.plan.schema, everything, self.of_vnode).to_pylist()
+        for p in range(self.partitions):
+            mine_rows = everything.filter(pa.array([t == p for t in targets], pa.bool_()))
+            changes = consolidate_signed(mine_rows.select(list(self.plan.schema.names)),
+                                         mine_rows.column("_weight").to_pylist(), self.plan.schema)
+            encoded = encode_batch(self.plan.schema.primary_key, changes)
+            assert {partition_of_vnode(v, self.partitions) for v in encoded.vnodes} <= {p}
+            self.split_view = apply_changes(self.split_view, changes.to_changes())
+        assert self.split_view == self.view
         merged: dict[bytes, bytes] = {}
-        for j, state in enumerate(parts):
+        for j, state in enumerate(self.parts):
             assert not set(state.data) & set(merged)
-            assert set(routing.partitions_of_state_keys(list(state.data))) <= {j}
+            assert set(self.routing.partitions_of_state_keys(list(state.data))) <= {j}
             merged.update(state.data)
-        assert merged == whole.data
-    assert emptied > 0, "no bucket emptied: its delete went untested"
+        assert merged == self.whole.data
+
+
+KINDS = ["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"]
+RESIDUALS = ["", " AND a.id > b.w"]
+
+
+def _sql(kind: str, residual: str) -> str:
+    return f"SELECT a.id, b.bid, a.s, b.w, a.x + b.w AS t FROM a {kind} b ON a.k = b.k2{residual}"
+
+
+#: Semi and anti joins: a subquery over b (a filter/project), the left rows with (without) a match.
+SEMI_ANTI = ["SELECT a.id, a.s FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k AND b.w > -2)",
+             "SELECT a.id, a.x FROM a WHERE a.k IN (SELECT k2 FROM b)",
+             "SELECT a.id, a.s FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k AND b.w <> 0)"]
+
+
+@pytest.mark.parametrize("residual", RESIDUALS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("partitions", [1, 3, 4])
+def test_join_keys_computed_apart_then_consolidated_per_view_partition_give_the_single_operators_changes(
+        kind: str, residual: str, partitions: int) -> None:
+    """:class:`SplitJoin` over random epochs; they are known to empty buckets and, for an outer join, to
+    assert and retract null-extended rows (a join key's first match arriving and its last leaving)."""
+    split = SplitJoin(plan_view("v", _sql(kind, residual), {"a": A, "b": B}), partitions)
+    rng = random.Random(partitions * 31 + len(kind) * 7 + len(residual))
+    rows_a: dict[int, Row] = {}
+    rows_b: dict[int, Row] = {}
+    for _ in range(10):
+        split.epoch({"a": ChangeBatch.from_changes(A, _changes(rng, rows_a, 12, _a)),
+                     "b": ChangeBatch.from_changes(B, _changes(rng, rows_b, 12, _b))})
+    assert split.emptied > 0, "no bucket emptied: its delete went untested"
+    if kind != "JOIN":
+        assert split.extended[1] > 0 and split.extended[-1] > 0, "null-extended rows never asserted and retracted"
+
+
+@pytest.mark.parametrize("sql", SEMI_ANTI)
+@pytest.mark.parametrize("partitions", [1, 3, 4])
+def test_semi_and_anti_joins_split_by_join_key_give_the_single_operators_changes(sql: str, partitions: int) -> None:
+    """:class:`SplitJoin` over random epochs, b's rows routed by the column its subquery passes through."""
+    split = SplitJoin(plan_view("v", sql, {"a": A, "b": B}), partitions)
+    assert split.routing.upstreams() == ("a", "b") and split.routing.columns(1) == ["k2"]
+    rng = random.Random(partitions * 31 + len(sql))
+    rows_a: dict[int, Row] = {}
+    rows_b: dict[int, Row] = {}
+    for _ in range(10):
+        split.epoch({"a": ChangeBatch.from_changes(A, _changes(rng, rows_a, 12, _a)),
+                     "b": ChangeBatch.from_changes(B, _changes(rng, rows_b, 12, _b))})
+    assert split.emptied > 0, "no bucket emptied: its delete went untested"
+
+
+join_keys_a = st.sampled_from([0, 1, 2, None])
+join_keys_b = st.sampled_from([0.0, -0.0, 1.0, 2.0, None])
+rows_of_a = st.builds(lambda k, x, s: {"k": k, "x": x, "s": s}, join_keys_a, st.sampled_from([0.5, None]),
+                      st.sampled_from(["p", "q"]))
+rows_of_b = st.builds(lambda k2, w: {"k2": k2, "w": w}, join_keys_b, st.integers(-2, 2))
+ids = st.integers(0, 5)
+epochs = st.lists(st.tuples(st.lists(st.tuples(ids, st.one_of(st.none(), rows_of_a)), max_size=6),
+                            st.lists(st.tuples(ids, st.one_of(st.none(), rows_of_b)), max_size=6)),
+                  min_size=1, max_size=6)
+
+
+@pytest.mark.parametrize("sql", [_sql(kind, residual) for kind in KINDS for residual in RESIDUALS] + SEMI_ANTI)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(partitions=st.sampled_from([2, 3, 4]), epochs=epochs)
+def test_any_changes_of_either_side_split_by_join_key_give_the_single_operators_changes(
+        sql: str, partitions: int,
+        epochs: list[tuple[list[tuple[int, dict[str, Any] | None]], list[tuple[int, dict[str, Any] | None]]]]
+) -> None:
+    """:class:`SplitJoin` over generated inserts, updates and deletes of both sides: join keys with few
+    values (so a key gains and loses its last match on either side), NULL join keys on both sides (many
+    rows at once: each an outer join's null-extended row, all from partition 0), rows moving between
+    join keys and to and from NULL."""
+    split = SplitJoin(plan_view("v", sql, {"a": A, "b": B}), partitions)
+    rows_a: dict[int, Row] = {}
+    rows_b: dict[int, Row] = {}
+    for ops_a, ops_b in epochs:
+        changes_a = _apply_ops(rows_a, [(i, None if r is None else {"id": i, **r}) for i, r in ops_a])
+        changes_b = _apply_ops(rows_b, [(i, None if r is None else {"bid": i, **r}) for i, r in ops_b])
+        split.epoch({"a": ChangeBatch.from_changes(A, changes_a), "b": ChangeBatch.from_changes(B, changes_b)})
+
+
+@pytest.mark.parametrize("kind", ["LEFT JOIN", "FULL JOIN"])
+def test_an_outer_joins_rows_with_a_null_join_key_are_null_extended_by_partition_0(kind: str) -> None:
+    """Several rows of the preserved side with a NULL join key at once: partition 0 holds them all and
+    emits each null-extended, storing nothing; a row moving from NULL to a matched key is retracted there
+    and paired in its key's partition, and the consolidation per view partition makes it one update."""
+    plan = plan_view("v", _sql(kind, ""), {"a": A, "b": B})
+    split = SplitJoin(plan, 4)
+    rows_a: dict[int, Row] = {}
+    rows_b: dict[int, Row] = {}
+    nulls = [(i, {"id": i, "k": None, "x": 0.5, "s": "p"}) for i in range(5)]
+    batch = ChangeBatch.from_changes(A, _apply_ops(rows_a, nulls))
+    assert set(split.routing.partitions_of(0, batch.signed()[0]).to_pylist()) == {0}
+    split.epoch({"a": batch, "b": ChangeBatch.from_changes(B, [])})
+    assert not split.whole.data and not any(part.data for part in split.parts)
+    assert sorted(key[0] for key in split.view) == list(range(5))
+    assert all(row["bid"] is None for row in split.view.values())
+    owner = split.routing.partitions_of(1, pa.table({"k2": [3.0]})).to_pylist()[0]
+    assert owner != 0  # the move crosses partitions (checked for this key and 4 partitions)
+    split.epoch({"a": ChangeBatch.from_changes(A, _apply_ops(rows_a, [(2, {**rows_a[2], "k": 3})])),
+                 "b": ChangeBatch.from_changes(B, _apply_ops(rows_b, [(9, {"bid": 9, "k2": 3.0, "w": 1})]))})
+    assert split.view[(2, 9)]["w"] == 1 and (2, None) not in split.view
+    assert split.extended == Counter({1: 5, -1: 1})
 
 
 def test_equal_join_keys_of_both_sides_go_to_one_partition_and_null_keys_to_partition_0() -> None:
@@ -152,8 +285,8 @@ def test_equal_join_keys_of_both_sides_go_to_one_partition_and_null_keys_to_part
     assert routing.partitions_of_state_keys([b"j0[3.0]", b"j1[3.0]"]) == [a[0], a[0]]
     with pytest.raises(ValueError, match="not a join bucket"):
         routing.partitions_of_state_keys([b"g[3.0]"])
-    with pytest.raises(ValueError, match="not a two-view inner equi-join"):
-        JoinRouting(plan_view("v", "SELECT a.s FROM a LEFT JOIN b ON a.k = b.k2", {"a": A, "b": B}), 4)
+    with pytest.raises(ValueError, match="not an equi-join of two views"):
+        JoinRouting(plan_view("v", "SELECT x.id FROM a x LEFT JOIN a y ON x.k = y.k", {"a": A, "b": B}), 4)
 
 
 def test_route_join_rows_puts_a_side_in_the_shared_layout_and_every_barrier_in_every_partition() -> None:

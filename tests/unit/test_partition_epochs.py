@@ -34,7 +34,7 @@ def test_filters_and_projections_keyed_like_their_upstream_run_in_tasks(sql: str
 
 
 @pytest.mark.parametrize("sql", [
-    "SELECT id AS k, v1 FROM t1",  # renamed key: another encoded key, another vnode
+    "SELECT id AS k, v1 FROM t1",  # renamed key: another encoded key, another vnode (a shuffle: key_routing)
     "SELECT v1, count(*) AS n FROM t1 GROUP BY v1",  # state, and a new key
     "SELECT a.id, a.v1, b.w FROM t1 a JOIN t2 b ON a.v1 = b.id",  # state, two upstreams
     "SELECT * FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY deleted ORDER BY v1) AS rn FROM t1) "
@@ -45,7 +45,8 @@ def test_views_with_state_or_another_key_do_not(sql: str) -> None:
     assert not _keyed(sql)
 
 
-def test_a_partition_count_unlike_the_upstreams_needs_a_shuffle_so_not_in_this_slice() -> None:
+def test_a_partition_count_unlike_the_upstreams_needs_a_shuffle() -> None:
+    """By the view's key (``mvlog.views.key_routing``, tested in ``test_key_routing.py``)."""
     plan = plan_view("v", "SELECT * FROM t1 WHERE v1 > 0", {"t1": T1})
     assert runs_in_tasks(plan, ["id"], 4, 4)
     assert not runs_in_tasks(plan, ["id"], 4, 2)
