@@ -105,13 +105,17 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
     writer.start()
     kills = 0
     killed: list[str] = []
+    in_tasks: list[str] = []
     laps = Laps()
     child: subprocess.Popen[str] | None = None
     try:
         for victim in _victims(settings, rng):
             if child is None:
                 child = spawn_view_runner(settings, views)
-                _wait_for_line(child, "ready", 120)
+                ready = _wait_for_line(child, "ready", 120).split()
+                in_tasks = ready[1].split(",") if len(ready) > 1 and ready[1] != "-" else []
+                # The filter mv1 takes the task path with the setting on; the others stay on the driver.
+                assert ("mv1" in in_tasks) is settings.operators_in_tasks, ready
                 laps.lap("start to ready")
             # Somewhere in the middle of committing epochs: after 1-6 commits, plus a random delay.
             for _ in range(rng.randrange(1, 4)):
@@ -164,4 +168,4 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
         assert_barriers_once(settings, redis_client, view, last)
     laps.lap("barriers")
     report(f"{KILLS} kills ({', '.join(killed)}), {checked} (view, epoch) pairs checked up to table epoch "
-           f"{last}; {laps}")
+           f"{last}; views in tasks: {', '.join(in_tasks) or 'none'}; {laps}")

@@ -1,7 +1,8 @@
 """Runs Spark consumers of views in their own process, so a test can SIGKILL them at random points.
 
 Usage: python -m tests.integration.processes.view_runner SETTINGS_JSON VIEW [VIEW ...]
-Prints ``ready`` once the streaming queries run, then ``mce <view> <epoch>`` as epochs commit, and
+Prints ``ready <views in tasks>`` once the streaming queries run (the views whose operators run in Spark's
+tasks, comma-separated, or ``-``), then ``mce <view> <epoch>`` as epochs commit, and
 ``chunk <vnode> <start>`` for each vnode of each backfill chunk read (start: the position in hex, ``-``).
 Exits with an error as soon as a consumer's micro-batch fails to apply.
 """
@@ -48,7 +49,8 @@ def main() -> None:
         if consumer.backfill is not None:
             consumer.backfill.on_chunk_read = _print_chunk
         consumer.start()
-    print("ready", flush=True)
+    in_tasks = ",".join(c.entry.name for c in consumers if c.tasks is not None) or "-"
+    print(f"ready {in_tasks}", flush=True)  # the views whose operators run in Spark's tasks
     reported = {c.entry.name: c.mce for c in consumers}
     while True:
         for consumer in consumers:
