@@ -185,6 +185,16 @@ SEMI_ANTI = ["SELECT a.id, a.s FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k2 =
              "SELECT a.id, a.s FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k AND b.w <> 0)"]
 
 
+def _random_epochs(split: SplitJoin, rng: random.Random) -> None:
+    """Ten epochs of random changes to both sides through ``split``, which must empty a bucket."""
+    rows_a: dict[int, Row] = {}
+    rows_b: dict[int, Row] = {}
+    for _ in range(10):
+        split.epoch({"a": ChangeBatch.from_changes(A, _changes(rng, rows_a, 12, _a)),
+                     "b": ChangeBatch.from_changes(B, _changes(rng, rows_b, 12, _b))})
+    assert split.emptied > 0, "no bucket emptied: its delete went untested"
+
+
 @pytest.mark.parametrize("residual", RESIDUALS)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("partitions", [1, 3, 4])
@@ -193,13 +203,7 @@ def test_join_keys_computed_apart_then_consolidated_per_view_partition_give_the_
     """:class:`SplitJoin` over random epochs; they are known to empty buckets and, for an outer join, to
     assert and retract null-extended rows (a join key's first match arriving and its last leaving)."""
     split = SplitJoin(plan_view("v", _sql(kind, residual), {"a": A, "b": B}), partitions)
-    rng = random.Random(partitions * 31 + len(kind) * 7 + len(residual))
-    rows_a: dict[int, Row] = {}
-    rows_b: dict[int, Row] = {}
-    for _ in range(10):
-        split.epoch({"a": ChangeBatch.from_changes(A, _changes(rng, rows_a, 12, _a)),
-                     "b": ChangeBatch.from_changes(B, _changes(rng, rows_b, 12, _b))})
-    assert split.emptied > 0, "no bucket emptied: its delete went untested"
+    _random_epochs(split, random.Random(partitions * 31 + len(kind) * 7 + len(residual)))
     if kind != "JOIN":
         assert split.extended[1] > 0 and split.extended[-1] > 0, "null-extended rows never asserted and retracted"
 
@@ -210,13 +214,7 @@ def test_semi_and_anti_joins_split_by_join_key_give_the_single_operators_changes
     """:class:`SplitJoin` over random epochs, b's rows routed by the column its subquery passes through."""
     split = SplitJoin(plan_view("v", sql, {"a": A, "b": B}), partitions)
     assert split.routing.upstreams() == ("a", "b") and split.routing.columns(1) == ["k2"]
-    rng = random.Random(partitions * 31 + len(sql))
-    rows_a: dict[int, Row] = {}
-    rows_b: dict[int, Row] = {}
-    for _ in range(10):
-        split.epoch({"a": ChangeBatch.from_changes(A, _changes(rng, rows_a, 12, _a)),
-                     "b": ChangeBatch.from_changes(B, _changes(rng, rows_b, 12, _b))})
-    assert split.emptied > 0, "no bucket emptied: its delete went untested"
+    _random_epochs(split, random.Random(partitions * 31 + len(sql)))
 
 
 join_keys_a = st.sampled_from([0, 1, 2, None])
