@@ -92,8 +92,8 @@ class TaskEpochs:
         #: Handed to the tasks (:attr:`PartitionTarget.on_written`): fault injection in tests.
         self.on_written: Callable[[int, int], None] | None = None
         self.epochs_written = 0  # partition epochs this consumer's tasks wrote (not found committed)
-        #: Whether an apply in tasks completed in this consumer. Until one has, an epoch that some
-        #: partitions committed before a crash may be pending, and only the task path may finish it (it
+        #: Whether this consumer's last apply in tasks completed. Until one has (and after one failed), an
+        #: epoch that some partitions committed may be pending, and only the task path may finish it (it
         #: never writes a partition's committed epoch again; the driver path writes every partition).
         self._resumed = False
 
@@ -120,8 +120,8 @@ class TaskEpochs:
 
     def takes(self, stages: Sequence[Stage], after: int) -> bool:
         """Whether the epochs after ``after`` go the task path: no stage has anything to do to them (a
-        backfill running, a replacement staged: those go the driver's way), and either this consumer has
-        not completed an apply in tasks yet (see ``_resumed``) or the upstreams hold at least
+        backfill running, a replacement staged: those go the driver's way), and either this consumer's
+        last apply in tasks has not completed (see ``_resumed``) or the upstreams hold at least
         ``Settings.tasks_min_records`` change events after it (fewer, a live micro-batch, commit sooner on
         the driver's way)."""
         if not all(stage.idle for stage in stages):
@@ -143,6 +143,7 @@ class TaskEpochs:
         """Compute, write and commit every epoch above the MCE up to ``upto`` (read with ``reader``), or of
         the stream's micro-batch ``batch`` (the first upstream's signed rows of whole epochs; for a join,
         ending with the data source's end marker); returns the number of epochs committed."""
+        self._resumed = False  # until this apply completes: it may fail after some partitions committed
         self.committer.ensure_serving_state()  # a wiped Redis is rebuilt before anything is computed
         after = self.committer.mce
         at_mce = self.staging.index.entries_at(self.entry.name, self.entry.partitions, after or None)
