@@ -193,34 +193,47 @@ def test_small_epochs_of_a_view_in_tasks_go_the_drivers_way_once_it_resumed(sett
     """``tasks_min_records``: with the operators in tasks, epochs pending upstream with fewer change events
     than that go the driver's way (latency), but only once the consumer completed an apply in tasks (a
     crash may have left an epoch some partitions committed, which only the task path finishes); larger
-    ones go the tasks'. The oracle holds at every epoch, whichever way each went."""
+    ones go the tasks'. A filter and a GROUP BY (whose operator state each path leaves for the other),
+    rows moving between groups and deleted; the oracle holds at every epoch, whichever way each went."""
     settings = settings.model_copy(update={"operators_in_tasks": True, "tasks_min_records": 100})
     table = Table.create(settings, "t1", {"id": "int", "v": "int"}, ["id"], client=redis_client, auto_commit=False)
-    create_view(settings, "mv", "SELECT id, v FROM t1 WHERE v >= 0", client=redis_client)
+    views = {"mv": "SELECT id, v FROM t1 WHERE v >= 0",
+             "mg": "SELECT v, count(*) AS n, sum(id) AS s FROM t1 GROUP BY v"}
+    for name, sql in views.items():
+        create_view(settings, name, sql, client=redis_client)
 
-    def epoch(rows: int, first: int) -> int:
-        table.upsert({"id": first + i, "v": (i % 5) - 1} for i in range(rows))
+    def epoch(rows: int, first: int, salt: int, deleted: tuple[int, ...] = ()) -> int:
+        table.upsert({"id": first + i, "v": (3 * i + salt) % 5 - 1} for i in range(rows))
+        table.delete(list(deleted))
         return table.flush()
 
-    def written_in_tasks(consumer: ViewConsumer, last: int) -> int:
-        assert consumer.tasks is not None
-        before = consumer.tasks.epochs_written
-        assert consumer.catch_up() == last
-        return consumer.tasks.epochs_written - before
+    def written_in_tasks(consumers: list[ViewConsumer], last: int) -> list[int]:
+        """Partition epochs each consumer's tasks wrote to catch up to ``last``."""
+        written = []
+        for consumer in consumers:
+            assert consumer.tasks is not None
+            before = consumer.tasks.epochs_written
+            assert consumer.catch_up() == last
+            written.append(consumer.tasks.epochs_written - before)
+        return written
 
-    small = epoch(10, 0)
-    consumer = ViewConsumer(settings, "mv", spark=spark)
+    all_in_tasks, none = [settings.partitions] * len(views), [0] * len(views)
+    small = epoch(10, 0, 0)
+    consumers = [ViewConsumer(settings, name, spark=spark) for name in views]
     try:  # not resumed yet: even a small epoch goes the tasks' way
-        assert written_in_tasks(consumer, small) == settings.partitions
-        assert written_in_tasks(consumer, epoch(10, 100)) == 0  # resumed, small: the driver's way
-        large = epoch(150, 200)
-        assert written_in_tasks(consumer, large) == settings.partitions
+        assert written_in_tasks(consumers, small) == all_in_tasks
+        # Resumed, small: the driver's way (ids 5..9 move to other groups, 0 and 1 are deleted).
+        assert written_in_tasks(consumers, epoch(10, 5, 1, deleted=(0, 1))) == none
+        assert written_in_tasks(consumers, epoch(150, 3, 2)) == all_in_tasks  # large: the tasks' way
+        assert written_in_tasks(consumers, epoch(10, 100, 3, deleted=(3,))) == none
     finally:
-        consumer.stop()
-    consumer = ViewConsumer(settings, "mv", spark=spark)  # a new consumer resumes in tasks
+        for consumer in consumers:
+            consumer.stop()
+    consumers = [ViewConsumer(settings, name, spark=spark) for name in views]  # new consumers resume in tasks
     try:
-        assert written_in_tasks(consumer, epoch(10, 400)) == settings.partitions
+        assert written_in_tasks(consumers, epoch(10, 7, 4)) == all_in_tasks
     finally:
-        consumer.stop()
+        for consumer in consumers:
+            consumer.stop()
     table.close()
-    assert check_oracle(settings, redis_client, ["t1", "mv"]) >= 4
+    assert check_oracle(settings, redis_client, ["t1", *views]) >= 10
