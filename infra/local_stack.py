@@ -141,25 +141,26 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     choices = random.Random(os.urandom(8))
     sockets: list[socket.socket] = []
     try:
-        while len(sockets) < count:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                for _ in range(50 if low - PORT_FLOOR >= 1000 else 0):
-                    try:
-                        sock.bind((host, choices.randrange(PORT_FLOOR, low)))
-                        break
-                    except OSError:
-                        continue
-                else:
-                    sock.bind((host, 0))
-            except BaseException:
-                sock.close()
-                raise
-            sockets.append(sock)
+        for _ in range(count):
+            sockets.append(sock := socket.socket(socket.AF_INET, socket.SOCK_STREAM))  # closed below
+            _bind_listening_port(sock, host, low, choices)
         return [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _bind_listening_port(sock: socket.socket, host: str, ephemeral_low: int, choices: random.Random) -> None:
+    """Bind ``sock`` to a free port picked at random below the ephemeral range; when that range leaves
+    too little room under it (or 50 picks were taken), to any port the kernel gives."""
+    if ephemeral_low - PORT_FLOOR >= 1000:
+        for _ in range(50):
+            try:
+                sock.bind((host, choices.randrange(PORT_FLOOR, ephemeral_low)))
+                return
+            except OSError:
+                continue
+    sock.bind((host, 0))
 
 
 def free_port(host: str = LOOPBACK) -> int:

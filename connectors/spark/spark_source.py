@@ -274,6 +274,11 @@ class _Planner:
         latest = self.index.latest(self.entry.name, 0)
         return latest.epoch if latest is not None else 0
 
+    def refuse_past(self, upto: int, latest: int) -> None:
+        """A range ending past the last committed epoch ``latest`` cannot be served."""
+        if upto > latest:
+            raise EpochRangeError(f"{self.entry.name}: endingEpoch {upto} is above the last committed epoch {latest}")
+
     def plan(self, after: int, upto: int) -> list[PartitionRange]:
         """One :class:`PartitionRange` per partition with epochs in ``(after, upto]``."""
         return [part for part, _ in self._ranges(after, upto)]
@@ -402,8 +407,7 @@ class _BatchReader(DataSourceReader):
         latest = planner.latest_epoch()
         self.after = _parse_epoch(options.get("startingEpoch"), "earliest", latest)
         self.upto = _parse_epoch(options.get("endingEpoch"), "latest", latest)
-        if self.upto > latest:
-            raise EpochRangeError(f"{entry.name}: endingEpoch {self.upto} is above the last committed epoch {latest}")
+        planner.refuse_past(self.upto, latest)
         self._parts = planner.tasks(self.after, self.upto)
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -427,9 +431,7 @@ def plan_ranges(settings: Settings, entry: CatalogEntry, after: int, upto: int) 
     """Driver side, in the caller's process: one :class:`PartitionRange` per partition of ``entry`` with
     epochs in ``(after, upto]``, as a batch read plans them (:class:`ReadRanges` reads them)."""
     planner = _Planner(settings, entry)
-    latest = planner.latest_epoch()
-    if upto > latest:
-        raise EpochRangeError(f"{entry.name}: endingEpoch {upto} is above the last committed epoch {latest}")
+    planner.refuse_past(upto, planner.latest_epoch())
     return planner.plan(after, upto)
 
 

@@ -104,11 +104,13 @@ class JoinRouting:
     plan: ViewPlan
     partitions: int
     _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _subquery: ViewPlan | None = field(init=False, repr=False, compare=False)  # a semi or anti join's
 
     def __post_init__(self) -> None:
         if not two_view_equi_join(self.plan):
             raise ValueError(f"view {self.plan.name!r} is not an equi-join of two views")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
+        object.__setattr__(self, "_subquery", subquery_of(self.plan))
 
     @property
     def _kinds(self) -> list[ColumnType | None]:
@@ -117,8 +119,7 @@ class JoinRouting:
     def upstreams(self) -> tuple[str, str]:
         """The views the data source reads for each side: the join's sources, or for a semi or anti join,
         the FROM view and the view its subquery reads."""
-        sources = self.plan.query.sources
-        sub = subquery_of(self.plan)
+        sources, sub = self.plan.query.sources, self._subquery
         return sources[0].view, sub.query.sources[0].view if sub is not None else sources[1].view
 
     def columns(self, side: int) -> list[str]:
@@ -127,7 +128,7 @@ class JoinRouting:
         on = self.plan.query.joins[0].on
         if side == 0:
             return [c.left.column for c in on]
-        sub = subquery_of(self.plan)
+        sub = self._subquery
         if sub is None:
             return [c.right.column for c in on]
         outputs = {o.name: o.expr for o in sub.query.outputs}
