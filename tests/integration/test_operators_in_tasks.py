@@ -220,8 +220,11 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
         start = {view: _after_mce(store, view, mce) for view in ("mvg", "mvj")}
         last = _epochs(table, rng, 4, 80, t2)
         # mvf's task of partition 0 kills its Python worker after its first epoch, its task of partition 1
-        # the executor JVM it runs in: both are retried. mvg's task of partition 0 kills the driver.
-        killed = run_views(settings, ["mvf", "mvg"], kills=["mvf:0:worker", "mvf:1:executor", "mvg:0:driver"])
+        # the executor JVM it runs in: both are retried. mvg's task of partition 0 kills the driver after its
+        # second epoch, while the other partitions' tasks hold after their first until the driver is gone
+        # (however fast the tasks run, partition 0 is then ahead of them).
+        killed = run_views(settings, ["mvf", "mvg"], kills=["mvf:0:worker", "mvf:1:executor", "mvg:0:driver2",
+                                                            "mvg:1:hold", "mvg:2:hold"])
         assert killed.returncode == -9, (killed.returncode, killed.stdout, _why(killed))
         # Spark's scheduler saw the executor die of the SIGKILL (128 + 9), not only a task fail.
         assert re.search(r"Lost executor \d+ .*exited with code 137", killed.stderr), _why(killed)
@@ -230,8 +233,9 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
         # Kafka ahead of Redis: partition 0 committed an epoch above the MCE, another partition did not.
         assert store.mce("mvg") == mce
         before = {"mvg": _committed(settings, "mvg", start["mvg"])}
-        # mvg resumes; then the join's task of view partition 0 (after the second shuffle) kills the driver.
-        resumed = run_views(settings, ["mvg", "mvj"], kills=["mvj:0:driver"])
+        # mvg resumes; then the join's task of view partition 0 (after the second shuffle) kills the driver,
+        # the same way.
+        resumed = run_views(settings, ["mvg", "mvj"], kills=["mvj:0:driver2", "mvj:1:hold", "mvj:2:hold"])
         assert resumed.returncode == -9, (resumed.returncode, resumed.stdout, _why(resumed))
         written = {"mvg": _done(resumed.stdout)["mvg"]}
         assert written["mvg"][0] == last and store.mce("mvj") == mce

@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,17 @@ def executor_pid() -> int:
     raise RuntimeError("this Python worker does not run under an executor JVM (not a local-cluster?)")
 
 
+_WRITTEN: dict[tuple[int, int], int] = {}  # (task attempt, partition) -> epochs written, in this worker
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Kill:
     """Runs in the task (pickled with the job): after the first attempt of a partition in ``targets``
@@ -62,12 +74,27 @@ class Kill:
     then the task's own Python worker, so nothing of this attempt goes further."""
 
     driver_pid: int
-    targets: dict[int, str]  # partition -> "driver" / "worker" / "executor"
+    #: partition -> "driver" / "worker" / "executor"; "driver2": the driver after the partition's second
+    #: epoch; "hold": after its first epoch, wait until the driver is gone, then the worker (so that a
+    #: "driver2" partition is ahead of it however fast the tasks run)
+    targets: dict[int, str]
 
     def __call__(self, partition: int, epoch: int) -> None:
         context = TaskContext.get()
         what = self.targets.get(partition)
         if what is not None and (context is None or context.attemptNumber() == 0):
+            if what == "driver2":
+                key = (context.taskAttemptId() if context is not None else 0, partition)
+                _WRITTEN[key] = _WRITTEN.get(key, 0) + 1
+                if _WRITTEN[key] < 2:
+                    return
+                os.kill(self.driver_pid, signal.SIGKILL)
+            if what == "hold":
+                deadline = time.monotonic() + 120
+                while _alive(self.driver_pid):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"the driver {self.driver_pid} still runs after 120 s")
+                    time.sleep(0.05)
             if what == "driver":
                 os.kill(self.driver_pid, signal.SIGKILL)
             elif what == "executor":
