@@ -322,6 +322,8 @@ class CatchUp:
     cpu: dict[str, float] | None = None
     jvm_threads: dict[str, float] | None = None  # the driver JVM's CPU seconds per thread group
     rss: PeakRss | None = None  # with a probe: each process's peak RSS during the catch-up
+    #: In tasks: partition writes with a writer the Python worker kept from an earlier task, and all of them.
+    kept_writers: tuple[int, int] | None = None
 
 
 _DRIVER_PEAK_MIB = [0.0]  # the driver process's peak before the catch-ups' resets of it (_memory.py)
@@ -373,8 +375,10 @@ def run_catch_up(settings: Settings, spark: SparkSession, name: str, last_epoch:
         if probe is not None and after is not None and before is not None:
             cpu, threads = after - before, after.threads_since(before)
             rss = PeakRss.of(probe.members(), probe.driver, probe.driver_jvm)
+        tasks = consumer.tasks
+        kept = (tasks.kept_writers, tasks.partition_writes) if tasks is not None else None
         return CatchUp(seconds, consumer.epochs_applied, seconds_in["collect"], seconds_in["apply"], cpu, threads,
-                       rss)
+                       rss, kept)
     finally:
         consumer.stop()
 
@@ -681,6 +685,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = ", ".join(f"{run.seconds:.2f}" for run in runs_in_tasks)
         print(f"  {view:<6} in tasks (MVLOG_OPERATORS_IN_TASKS) {fmt_rate(n / seconds):>9} changes/s ({n:,} changes "
               f"in {seconds:.2f} s; runs {runs} s); view check: {checks[f'{view}_tasks']}")
+        kept = [f"{run.kept_writers[0]}/{run.kept_writers[1]}" for run in runs_in_tasks if run.kept_writers]
+        print(f"  {view:<6} in tasks: partition writes with a writer kept from an earlier task "
+              f"(MVLOG_TASK_WRITERS_KEPT={settings.task_writers_kept}), per run: {', '.join(kept)}")
         print(f"  {view:<6} in tasks: {best_baseline[view] / seconds:.2f}x the baseline, "
               f"{best_catch_up[view].seconds / seconds:.2f}x the driver path")
     if any(run.cpu is not None for runs in in_tasks.values() for run in runs):

@@ -118,6 +118,10 @@ class Settings(BaseSettings):
     # transaction and a staging per partition: ~4 s from upstream commit to view commit against ~0.6 s,
     # bench/views.py --live-in-tasks, docs/scaling.md). 0: every epoch in tasks.
     tasks_min_records: int = Field(default=5000, ge=0)
+    # With operators_in_tasks: how many view partitions' transactional writers a Spark Python worker keeps
+    # from one task to the next (each saves a producer and its init_transactions, 60-80 ms, per task;
+    # mvlog.services.pipeline.kept_writers). 0: a new writer per task.
+    task_writers_kept: int = Field(default=8, ge=0)
     cache_heartbeat_ms: int = Field(default=1000, ge=50)
     cache_wait_ms: int = Field(default=2000, ge=0)
     # Lag sampling (dashboard, `mvlog lag-sampler`): every interval, each view's lag is measured and kept

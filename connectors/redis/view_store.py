@@ -31,6 +31,7 @@ from mvlog.connectors.redis.epoch_commit import (
 from mvlog.connectors.redis.load_staging import LOAD_KEYS, LoadStaging
 from mvlog.connectors.redis.view_meta import Lifecycle
 from mvlog.connectors.redis.view_rows import OrderedRead, ViewRows
+from mvlog.connectors.redis.writer_claims import claim_key
 
 __all__ = ["JOURNAL_LIMIT", "EpochCommit", "Lifecycle", "OrderedRead", "ServingStateLostError", "ViewStore",
            "commit_from_changes", "commit_from_encoded"]
@@ -44,4 +45,5 @@ class ViewStore(EpochCommits, ViewRows, BackfillStore, LoadStaging):
         keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder", "backfill", "journal",
                                              "backfill_progress", *LOAD_KEYS)]
         keys += [self.index.key(view, p) for p in range(partitions)]
+        keys += [claim_key(self.prefix, view, p) for p in range(partitions)]
         self.redis.delete(*keys)

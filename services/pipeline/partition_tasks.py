@@ -12,7 +12,9 @@ its partition it:
 
 1. makes the partition's transactional producer (``<prefix>.<view>.p<partition>``): its
    ``init_transactions`` fences any earlier attempt of this partition (a retried or speculative task, a
-   task of a consumer whose driver died) and aborts that attempt's open transaction;
+   task of a consumer whose driver died) and aborts that attempt's open transaction; or uses the one
+   its Python worker kept from an earlier task while no other was made since
+   (:mod:`~mvlog.services.pipeline.kept_writers`);
 2. reads the barriers the partition committed after the view's MCE, and writes only the epochs not
    among them, each in a transaction of its own (:func:`mvlog.partition_epochs.resume_partition`): a
    partition's committed epoch is never written twice;
@@ -47,9 +49,11 @@ from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.epoch_commit import commit_from_encoded
 from mvlog.connectors.redis.partition_staging import PartitionStaging
 from mvlog.connectors.redis.view_rows import ViewRows
+from mvlog.connectors.redis.writer_claims import WriterClaims
 from mvlog.connectors.spark.change_rows import BARRIER
 from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.partition_epochs import PartitionBarrier, prev_epochs, require_next, resume_partition
+from mvlog.services.pipeline.kept_writers import KEPT_WRITERS
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
 from mvlog.views import EpochOutput, ViewOperator, ViewPlan
 from mvlog.views.key_routing import KeyRouting
@@ -70,6 +74,7 @@ RESULT_SCHEMA = pa.schema([
     ("partition", pa.int32()), ("epoch", pa.int64()), ("offset", pa.int64()), ("records", pa.int64()),
     ("puts", pa.int64()), ("deletes", pa.int64()), ("order_puts", pa.int64()), ("order_deletes", pa.int64()),
     ("state_puts", pa.int64()), ("state_deletes", pa.int64()), ("written", pa.bool_()),
+    ("kept_writer", pa.bool_()),  # written by a writer its Python worker kept from an earlier task
 ])
 
 
@@ -253,38 +258,46 @@ class PartitionWriter:
         if not todo:
             return []
         require_next(partition, target.after, todo, target.next_epoch)
-        writer = ChangelogWriter(self.settings, view.name, view.key_columns, view.partitions,
-                                 transactional_id=partition_transactional_id(self.settings, view.name, partition),
-                                 partition=partition)  # fences every earlier attempt of the partition
         staging = PartitionStaging(redis_client.connect(self.settings), self.settings.topic_prefix)
         try:
-            found = partition_barriers(self.settings, view.name, partition, target.start_offsets.get(partition, 0))
-            committed = resume_partition(partition, target.after, todo, found)
-            prev = prev_epochs(target.after, todo)
-            layered = state(staging)
-            results: list[dict[str, Any]] = []
-            for epoch in todo:
-                output = compute(epoch, layered)
-                encoded = encode_batch(view.key_columns, output.changes)
-                barrier = committed.get(epoch)
-                if barrier is None:
-                    entry = writer.commit_batches(epoch, prev[epoch], [encoded]).index[partition]
-                    barrier = PartitionBarrier(epoch, prev[epoch], entry.offset, entry.records)
-                elif barrier.records != len(encoded.keys):
-                    raise RuntimeError(f"{view.name} partition {partition}: epoch {epoch} committed {barrier.records} "
-                                       f"change(s); recomputed, it has {len(encoded.keys)}")
-                state_puts, state_deletes = output.state_puts_and_deletes()
-                rows_left = commit_from_encoded(epoch, output.changes.keys, encoded, {}, state_puts=state_puts,
-                                                state_deletes=state_deletes)
-                counts = staging.stage(view.name, partition, rows_left, state=stage_state)
-                if target.on_written is not None and epoch not in committed:
-                    target.on_written(partition, epoch)
-                results.append({"partition": partition, "epoch": epoch, "offset": barrier.offset,
-                                "records": barrier.records, "puts": counts.puts, "deletes": counts.deletes,
-                                "order_puts": counts.order_puts, "order_deletes": counts.order_deletes,
-                                "state_puts": counts.state_puts, "state_deletes": counts.state_deletes,
-                                "written": epoch not in committed})
-            return results
+            return KEPT_WRITERS.run(
+                self.settings, view, partition, partition_transactional_id(self.settings, view.name, partition),
+                WriterClaims(staging.redis, self.settings.topic_prefix),
+                lambda writer, kept: self._write(writer, kept, staging, todo, compute, state, stage_state))
         finally:
-            writer.close()
             staging.redis.close()
+
+    def _write(self, writer: ChangelogWriter, kept: bool, staging: PartitionStaging, todo: list[int],
+               compute: Callable[[int, LayeredState], EpochOutput], state: Callable[[PartitionStaging], LayeredState],
+               stage_state: bool) -> list[dict[str, Any]]:
+        """:meth:`write` with ``writer``, the partition's writer, which fenced every earlier attempt when it
+        was made; ``kept``: its Python worker kept it from an earlier task
+        (:mod:`~mvlog.services.pipeline.kept_writers`)."""
+        target, partition, view = self.target, self.partition, self.target.view
+        found = partition_barriers(self.settings, view.name, partition, target.start_offsets.get(partition, 0))
+        committed = resume_partition(partition, target.after, todo, found)
+        prev = prev_epochs(target.after, todo)
+        layered = state(staging)
+        results: list[dict[str, Any]] = []
+        for epoch in todo:
+            output = compute(epoch, layered)
+            encoded = encode_batch(view.key_columns, output.changes)
+            barrier = committed.get(epoch)
+            if barrier is None:
+                entry = writer.commit_batches(epoch, prev[epoch], [encoded]).index[partition]
+                barrier = PartitionBarrier(epoch, prev[epoch], entry.offset, entry.records)
+            elif barrier.records != len(encoded.keys):
+                raise RuntimeError(f"{view.name} partition {partition}: epoch {epoch} committed {barrier.records} "
+                                   f"change(s); recomputed, it has {len(encoded.keys)}")
+            state_puts, state_deletes = output.state_puts_and_deletes()
+            rows_left = commit_from_encoded(epoch, output.changes.keys, encoded, {}, state_puts=state_puts,
+                                            state_deletes=state_deletes)
+            counts = staging.stage(view.name, partition, rows_left, state=stage_state)
+            if target.on_written is not None and epoch not in committed:
+                target.on_written(partition, epoch)
+            results.append({"partition": partition, "epoch": epoch, "offset": barrier.offset,
+                            "records": barrier.records, "puts": counts.puts, "deletes": counts.deletes,
+                            "order_puts": counts.order_puts, "order_deletes": counts.order_deletes,
+                            "state_puts": counts.state_puts, "state_deletes": counts.state_deletes,
+                            "written": epoch not in committed, "kept_writer": kept})
+        return results

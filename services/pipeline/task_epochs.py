@@ -92,6 +92,9 @@ class TaskEpochs:
         #: Handed to the tasks (:attr:`PartitionTarget.on_written`): fault injection in tests.
         self.on_written: Callable[[int, int], None] | None = None
         self.epochs_written = 0  # partition epochs this consumer's tasks wrote (not found committed)
+        #: Partitions of micro-batches this consumer's tasks wrote, and how many of them with a writer their
+        #: Python worker kept from an earlier task (:mod:`~mvlog.services.pipeline.kept_writers`).
+        self.partition_writes = self.kept_writers = 0
         #: Whether this consumer's last apply in tasks completed. Until one has (and after one failed), an
         #: epoch that some partitions committed may be pending, and only the task path may finish it (it
         #: never writes a partition's committed epoch again; the driver path writes every partition).
@@ -163,9 +166,13 @@ class TaskEpochs:
             job = PartitionJob(target, self.upstreams[0], self.plan, self.routing)
             results = self._partitioned(batch).mapInArrow(job.run, _RESULT_DDL)
         by_epoch: dict[int, list[dict[str, int]]] = {}
+        kept: dict[int, bool] = {}
         for row in results.toArrow().to_pylist():
             by_epoch.setdefault(row["epoch"], []).append(row)
             self.epochs_written += int(row["written"])
+            kept[row["partition"]] = bool(row["kept_writer"])
+        self.partition_writes += len(kept)
+        self.kept_writers += sum(kept.values())
         committed = 0
         for epoch in sorted(by_epoch):
             if epoch > self.committer.mce:
