@@ -297,6 +297,10 @@ class ChangelogWriter:
             f"bytes (key and value), above the {self.limit.bytes}-byte limit of changelog {self.topic} set by "
             f"{self.limit.reason}")
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Flush and release the producer now, while the broker is up (a transactional producer left to
         the garbage collector can block interpreter exit once the broker is gone)."""

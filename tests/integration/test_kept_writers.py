@@ -93,7 +93,8 @@ def test_at_most_the_setting_is_kept_and_a_failed_writer_never_is(
         assert used[0][3] is used[0][2] and used[0][4] is not used[0][2]
         commit(0, 4)
         assert used[0][5] not in used[0][:5]  # the failed ones were not kept
-        assert used[0][0]._closed and used[0][2]._closed  # evicted and failed writers are closed
+        assert used[0][0].closed and used[0][2].closed  # evicted and failed writers are closed
+        assert not used[0][5].closed  # the one kept is not
     finally:
         kept.close()
     assert [b.epoch for b in partition_barriers(settings, view.name, 0, 0)] == [1, 2, 3, 4]
