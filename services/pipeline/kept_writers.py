@@ -102,8 +102,14 @@ class KeptWriters:
     def _take(self, key: WriterKey, claims: WriterClaims, view: str, partition: int) -> _Writer | None:
         with self._lock:
             kept = self._kept.pop(key, None)
-        if kept is None or claims.holds(view, partition, kept.token):
-            return kept
+        if kept is None:
+            return None
+        try:
+            if claims.holds(view, partition, kept.token):
+                return kept
+        except BaseException:  # Redis unreachable: the task fails, and the writer is not left unclosed
+            kept.writer.close()
+            raise
         kept.writer.close()  # another worker's writer of this partition fenced it
         return None
 
