@@ -392,6 +392,9 @@ class LiveResult:
     interval_s: float
     from_cache: int  # partition-epochs the consumers read from the log cache during the live phase
     from_kafka: int  # ... and from Kafka
+    #: With the operators in tasks, per view: partition writes with a producer kept from an earlier task,
+    #: and all of them (micro-batches the driver's way write none).
+    kept_writers: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def run_live(settings: Settings, spark: SparkSession, table: Table, workload: Workload, epochs: int,
@@ -454,6 +457,8 @@ def run_live(settings: Settings, spark: SparkSession, table: Table, workload: Wo
         cached, kafka = (after - before for after, before in zip(registry.reads(TABLE), reads_before, strict=True))
         batches = {view: [p for p in query.recentProgress if p.numInputRows]
                    for view, query in zip(VIEWS, queries, strict=True)}
+        kept = {view: (c.tasks.kept_writers, c.tasks.partition_writes)
+                for view, c in zip(VIEWS, consumers, strict=True) if c.tasks is not None}
     finally:
         done.set()
         for consumer in consumers:
@@ -462,7 +467,7 @@ def run_live(settings: Settings, spark: SparkSession, table: Table, workload: Wo
             worker.stop()
         poll_client.close()
     latencies = {view: [reached[names[view]][e] - t for e, t in committed] for view in VIEWS}
-    return LiveResult(latencies, batches, epochs, epochs * batch, interval_s, cached, kafka)
+    return LiveResult(latencies, batches, epochs, epochs * batch, interval_s, cached, kafka, kept)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -493,6 +498,10 @@ def print_live(args: argparse.Namespace, live: LiveResult) -> None:
         medians = ", ".join(f"{phase} {statistics.median(b.durationMs.get(phase, 0) for b in batches):.0f}"
                             for phase in phases) if batches else "none"
         print(f"  {view:<6} live micro-batches: {len(batches)} in Spark's recent progress, median ms: {medians}")
+        if view in live.kept_writers:
+            kept, writes = live.kept_writers[view]
+            print(f"  {view:<6} live partition writes in tasks with a producer kept from an earlier task: "
+                  f"{kept}/{writes}")
 
 
 def cpu_line(cpu: dict[str, float], changes: int, seconds: float) -> str:
