@@ -15,7 +15,8 @@ result here):
   ``snapshot_store``, ``replacement_store`` (a staged replacement and its cut-over).
 * Control plane: ``catalog_store``, ``consumer_lease``, ``backpressure``, ``lag_store``,
   ``pipeline_status``, ``source_status``, ``cache_registry`` (which log cache worker holds a partition),
-  ``table_writers`` (whether a table's writer runs or stopped, and the epoch readers sealed it through).
+  ``table_writers`` (whether a table's writer runs or stopped, and the epoch readers sealed it through),
+  ``writer_claims`` (which producer of a view partition in tasks was made last).
 * Plumbing: ``redis_keys`` (every key of a view shares its hash tag ``{view}``, so multi-key scripts run on
   Redis Cluster), ``redis_client`` (how every process connects, and waits through a restart),
   ``lua_scripts`` (the scripts in ``lua/*.lua`` with their shared functions in ``lua/lib/``),

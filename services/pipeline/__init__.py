@@ -10,7 +10,9 @@
   the streaming query), ``micro_batch_worker`` applies its micro-batches on one thread while Spark
   reads the next, and ``view_commit`` writes one computed epoch through the committer.
 * ``task_epochs`` and ``partition_tasks``: the opt-in path that computes a view's epochs in Spark's
-  tasks, one per changelog partition, the driver committing each epoch in one step.
+  tasks, one per changelog partition, the driver committing each epoch in one step; ``join_tasks`` a
+  two-view join's two shuffles on it; ``kept_writers`` the partition producers a Python worker keeps
+  between those tasks.
 
 The package imports none of its modules: a table writer imports the committer without importing Spark.
 
