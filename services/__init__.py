@@ -1,10 +1,10 @@
 """The processes and operations of mvlog, built on the pure core and the connectors.
 
 * Writers and consumers: ``table_writer`` (a root table's epochs; ``table_epoch`` computes and encodes
-  them), ``pipeline/`` (a view maintained on Spark: the consumer loop, its stages' interface, and the
-  ``EpochCommitter`` that owns the commit order of every epoch, a table's too), ``backfill/`` (a new view
-  on a live upstream: chunked or from a snapshot), ``replacement/`` (replacing a view's definition in
-  place).
+  them, ``epoch_loop`` commits them every barrier interval), ``pipeline/`` (a view maintained on Spark:
+  the consumer loop, its stages' interface, and the ``EpochCommitter`` that owns the commit order of
+  every epoch, a table's too), ``backfill/`` (a new view on a live upstream: chunked or from a snapshot),
+  ``replacement/`` (replacing a view's definition in place).
 * Control plane: ``view_ddl`` (create, drop, alter), ``control_plane`` and ``state_rebuild`` (Redis
   rebuilt from Kafka after a wipe), ``snapshot_compaction``, ``redelivery`` and ``rederive`` (replay),
   ``lag_sampler``, ``status_snapshot``.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import operator
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, cast
@@ -37,6 +36,7 @@ from mvlog.schemas.codec import (
     encode_row,
     native_module,
 )
+from mvlog.services.epoch_loop import EpochLoop
 from mvlog.services.pipeline.committer import EpochCommitter
 from mvlog.services.table_epoch import READ_CHUNK, TableEpochEncoder
 
@@ -209,15 +209,14 @@ class Table:
         self._pending: dict[Key, Row | None] = {}
         self._lock = threading.Lock()
         self._commit_lock = threading.Lock()
-        self._error: BaseException | None = None
         self._closed = threading.Event()
-        self._wake = threading.Event()
         self._backpressure = Backpressure(settings, self._redis)
         self.store.set_lifecycle(entry.name, Lifecycle.LIVE)
-        self._thread: threading.Thread | None = None
+        self._loop: EpochLoop | None = None
         if auto_commit:
-            self._thread = threading.Thread(target=self._run, name=f"mvlog-table-{entry.name}", daemon=True)
-            self._thread.start()
+            self._loop = EpochLoop(entry.name, settings.barrier_interval_ms / 1000, self.commit_epoch,
+                                   self.wait_for_downstreams, self._closed)
+            self._loop.start()
 
     @property
     def _writer(self) -> ChangelogWriter:
@@ -417,26 +416,7 @@ class Table:
         """The largest record (key + value) this table's transactional producer sends."""
         return self._writer.limit.bytes
 
-    # --- background epochs ------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        interval = self.settings.barrier_interval_ms / 1000
-        next_tick = time.monotonic() + interval
-        while not self._closed.is_set():
-            self._wake.wait(max(0.0, next_tick - time.monotonic()))
-            self._wake.clear()
-            if self._closed.is_set():
-                return
-            try:
-                self.wait_for_downstreams()
-                if self._closed.is_set():
-                    return
-                next_tick = time.monotonic() + interval
-                self.commit_epoch()
-            except BaseException as exc:  # surfaced to the caller's next call
-                log.exception("%s: epoch commit failed", self.entry.name)
-                self._error = exc
-                return
+    # --- background epochs (services/epoch_loop.py) -------------------------------------------------
 
     def wait_for_downstreams(self, poll_s: float = 0.02) -> None:
         """Backpressure: while a downstream that set ``max_epoch_lag`` lags that many epochs behind this
@@ -445,19 +425,24 @@ class Table:
         while self._backpressure.blocking(self.entry.name) and not self._closed.wait(poll_s):
             pass
 
+    @property
+    def loop_error(self) -> BaseException | None:
+        """What stopped the background epoch loop (None: it runs, ran until closed, or there is none)."""
+        return self._loop.error if self._loop is not None else None
+
     def _raise_background_error(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"table {self.entry.name}: the epoch loop stopped: {self._error}") from self._error
+        error = self.loop_error
+        if error is not None:
+            raise RuntimeError(f"table {self.entry.name}: the epoch loop stopped: {error}") from error
 
     def close(self) -> None:
         """Stop the epoch loop after committing what is pending."""
         if self._closed.is_set():
             return
         self._closed.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-        if self._error is None:
+        if self._loop is not None:
+            self._loop.stop()
+        if self.loop_error is None:
             with self._lock:
                 has_pending = bool(self._pending)
             if has_pending:

@@ -248,7 +248,7 @@ def test_run_view_and_the_table_writer_ride_out_a_redis_restart(
         feeder.join()
         writer.flush()  # raises if the writer's epoch loop had stopped
         writer.close()  # no epoch after this one
-        assert writer._error is None
+        assert writer.loop_error is None
         last = store.mce("t1") or 0
         _wait(past(last),
               lambda: f"mv1 to reach t1's last epoch {last} (at {store.mce('mv1')}):\n{log_file.read_text()}", 120)
