@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import redis
 from pyspark.sql import SparkSession
@@ -32,7 +33,7 @@ from mvlog.services.backfill.snapshot import (
     snapshot_backfill_needed,
 )
 from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
-from mvlog.services.pipeline.stage import EpochWork
+from mvlog.services.pipeline.stage import EpochWork, Stage
 from mvlog.views import ChangeBatch, ViewPlan
 
 log = logging.getLogger(__name__)
@@ -119,16 +120,53 @@ class SnapshotSeedStage:
         return self.finished
 
 
+@dataclass(frozen=True)
+class ViewBackfills:
+    """The backfill a view still needs (at most one kind), as stages of its pipeline, and what its consumer
+    and the commands ask of it."""
+
+    chunked_stage: ChunkedBackfillStage | None = None
+    seed_stage: SnapshotSeedStage | None = None
+
+    @property
+    def stages(self) -> list[Stage]:
+        return [stage for stage in (self.chunked_stage, self.seed_stage) if stage is not None]
+
+    @property
+    def chunked(self) -> ChunkedBackfill | None:
+        """The chunked backfill, running or done (its final progress); None if the view has none."""
+        return self.chunked_stage.backfill if self.chunked_stage is not None else None
+
+    @property
+    def running(self) -> ChunkedBackfill | None:
+        """The chunked backfill still running, if any."""
+        return self.chunked if self.chunked_stage is not None and not self.chunked_stage.finished else None
+
+    @property
+    def snapshot(self) -> SnapshotBackfill | None:
+        """The snapshot not loaded yet, if any."""
+        return self.seed_stage.backfill if self.seed_stage is not None and not self.seed_stage.finished else None
+
+    @property
+    def start_epoch(self) -> int:
+        """The upstream epoch the view starts after: a chunked backfill starts at its upstreams' epoch
+        when it began, not at the start of their log."""
+        return self.chunked.start_epoch if self.chunked is not None else 0
+
+    def lifecycle(self) -> Lifecycle:
+        return Lifecycle.BACKFILLING if self.running else Lifecycle.LIVE
+
+
 def backfill_stages(settings: Settings, client: redis.Redis, store: ViewStore, catalog: CatalogStore,
                     entry: CatalogEntry, upstreams: Mapping[str, CatalogEntry], plan: ViewPlan,
-                    committer: EpochCommitter, spark: SparkSession
-                    ) -> tuple[ChunkedBackfillStage | None, SnapshotSeedStage | None]:
-    """The backfill a view still needs, as a stage: chunked, from a snapshot, or none (it replays its
-    upstreams' changelogs from their start, or has committed epochs already)."""
+                    committer: EpochCommitter, spark: SparkSession) -> ViewBackfills:
+    """The backfill a view still needs: chunked, from a snapshot, or none (it replays its upstreams'
+    changelogs from their start, or has committed epochs already)."""
     if backfill_needed(store, entry):
-        return ChunkedBackfillStage(ChunkedBackfill(settings, store, catalog, entry, upstreams), upstreams), None
+        return ViewBackfills(chunked_stage=ChunkedBackfillStage(ChunkedBackfill(settings, store, catalog, entry,
+                                                                                upstreams), upstreams))
     if snapshot_backfill_needed(store, entry):
         snapshot = SnapshotBackfill(settings, store, SnapshotStore.of(settings, client), entry,
                                     upstreams[entry.sources[0]], plan)
-        return None, SnapshotSeedStage(settings, snapshot, committer, spark)
-    return None, None
+        return ViewBackfills(seed_stage=SnapshotSeedStage(settings, snapshot, committer, spark))
+    return ViewBackfills()

@@ -43,7 +43,7 @@ class BackfillBars:
     def update(self) -> None:
         for consumer in self._consumers:
             name = consumer.entry.name
-            backfill = consumer.backfill or consumer.backfill_done
+            backfill = consumer.backfills.chunked
             if backfill is None or name in self._reported:
                 continue
             if name not in self._tasks:

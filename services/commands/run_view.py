@@ -155,7 +155,7 @@ class _Supervisor:
         self.consumers[:] = [c for c in self.consumers if c.entry.name != name]  # in place: BackfillBars reads it
         self.consumers.append(consumer)
         try:
-            if (snapshot := consumer.snapshot_backfill) is not None:
+            if (snapshot := consumer.backfills.snapshot) is not None:
                 click.echo(f"{name}: loading {snapshot.upstream.name}'s snapshot at "
                            f"{describe_epoch(snapshot.epoch)} ({snapshot.record.rows:,} rows)...", err=True)
             self.add(consumer, consumer.start(partial(_report_catch_up, name)))

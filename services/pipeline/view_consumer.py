@@ -28,10 +28,9 @@ from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.table_writers import TableWriters, plan_through
-from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.spark.spark_source import trigger_ends
 from mvlog.services.backfill.chunked import ChunkedBackfill
-from mvlog.services.backfill.snapshot import SnapshotBackfill
 from mvlog.services.backfill.stages import backfill_stages
 from mvlog.services.pipeline.committer import EpochCommitter
 from mvlog.services.pipeline.reading import EpochBatches, UpstreamReader, batches_from_arrow
@@ -68,22 +67,22 @@ class ViewConsumer:
         self.spark = spark or spark_session(settings, app_name=f"mvlog-{view}")
         self.max_epochs_per_trigger = max_epochs_per_trigger or settings.max_epochs_per_trigger
         # Its writer fences any earlier consumer; a wiped Redis is rebuilt from Kafka (or that waited for).
-        self.committer = EpochCommitter.for_view(settings, self._redis, self.entry, self.catalog, self._lifecycle)
+        self.committer = EpochCommitter.for_view(settings, self._redis, self.entry, self.catalog,
+                                                 lambda: self.backfills.lifecycle())
         self.committer.rebuild_if_wiped()
         # Opt-in (Settings.operators_in_tasks): a filter/project or GROUP BY view's epochs in Spark's tasks.
         self.tasks = TaskEpochs.for_view(settings, self.entry, self.upstreams, self.plan, self.committer, self._redis)
         self.reader = UpstreamReader(settings, self.spark, self.upstreams, self.store.index,
                                      self.max_epochs_per_trigger, task_per_partition=self.tasks is not None)
-        self._chunked, self._seed = backfill_stages(settings, self._redis, self.store, self.catalog, self.entry,
-                                                    self.upstreams, self.plan, self.committer, self.spark)
+        self.backfills = backfill_stages(settings, self._redis, self.store, self.catalog, self.entry, self.upstreams,
+                                         self.plan, self.committer, self.spark)
         self.replacement = ReplacementStage(self.entry, self.catalog, replacements, self.store,
                                             SnapshotStore.of(settings, self._redis), self.reader, self.committer,
                                             self._adopt)
         # The replacement first: it sees the upstream's epoch as it is, and may take it (a cut-over).
-        self.stages: list[Stage] = [s for s in (self.replacement, self._chunked, self._seed) if s is not None]
-        # A chunked backfill starts at its upstreams' current epoch, not at the start of their log.
-        self._start = self._chunked.backfill.start_epoch if self._chunked is not None else 0
+        self.stages: list[Stage] = [self.replacement, *self.backfills.stages]
         self._lock = threading.RLock()  # epochs and upkeep never interleave (micro-batches, the idle upkeep)
+        self._stopped = False  # set under the lock by stop(): nothing is applied after (see stop)
         # Reads the backlog, then the stream; applies micro-batches on its worker thread (see apply_batch).
         self.runner = MicroBatchRunner(view, lambda table: self.apply_batch(table), self._upkeep)
         self._state = StoredState(partial(self.store.get_state, view))  # the operator's, in Redis
@@ -96,7 +95,7 @@ class ViewConsumer:
     @property
     def _after(self) -> int:
         """The last upstream epoch applied: the MCE, or the epoch a chunked backfill started after."""
-        return max(self.committer.mce, self._start)
+        return max(self.committer.mce, self.backfills.start_epoch)
 
     @property
     def epochs_applied(self) -> int:
@@ -105,20 +104,7 @@ class ViewConsumer:
     @property
     def backfill(self) -> ChunkedBackfill | None:
         """The chunked backfill still running, if any."""
-        return self._chunked.backfill if self._chunked is not None and not self._chunked.finished else None
-
-    @property
-    def backfill_done(self) -> ChunkedBackfill | None:
-        """The completed chunked backfill (its final progress), once it is."""
-        return self._chunked.backfill if self._chunked is not None and self._chunked.finished else None
-
-    @property
-    def snapshot_backfill(self) -> SnapshotBackfill | None:
-        """The snapshot not loaded yet, if any."""
-        return self._seed.backfill if self._seed is not None and not self._seed.finished else None
-
-    def _lifecycle(self) -> Lifecycle:
-        return Lifecycle.BACKFILLING if self.backfill else Lifecycle.LIVE
+        return self.backfills.running
 
     def _adopt(self, entry: CatalogEntry, plan: ViewPlan, operator: ViewOperator) -> None:
         """The view's definition after a replacement's cut-over."""
@@ -143,7 +129,9 @@ class ViewConsumer:
         self.runner.worker.drain()  # a micro-batch the driver path took commits first
         with self._lock:  # the idle upkeep waits (a replacement staged meanwhile follows the next epochs)
             self._upkeep()
-            if not self.tasks.takes(self.stages, self.mce) or self._start > self.mce:
+            if self._stopped:
+                return True  # nothing is applied after stop()
+            if not self.tasks.takes(self.stages, self.mce) or self.backfills.start_epoch > self.mce:
                 return False
             self.tasks.apply(self.reader, upto, batch)
             return True
@@ -166,7 +154,7 @@ class ViewConsumer:
     def apply_epochs(self, epochs: EpochBatches) -> None:
         with self._lock:
             for epoch in sorted(epochs):
-                if epoch > self._after:  # else applied before a restart (never twice), or before a backfill
+                if epoch > self._after and not self._stopped:  # else applied before a restart or a backfill
                     self.apply_epoch(epoch, epochs[epoch])
 
     def apply_epoch(self, epoch: int, changes: Mapping[str, ChangeBatch]) -> None:
@@ -193,7 +181,7 @@ class ViewConsumer:
     def _upkeep(self) -> None:
         """The stages' work outside epochs (:meth:`Stage.upkeep`), never during an epoch (the lock)."""
         with self._lock:
-            for stage in self.stages:
+            for stage in () if self._stopped else self.stages:
                 stage.upkeep()
             self.stages = [stage for stage in self.stages if not stage.finished]
 
@@ -216,7 +204,7 @@ class ViewConsumer:
         micro-batch of it is read), then start the streaming query that follows the upstream(s)
         (:mod:`~mvlog.services.pipeline.streaming`)."""
         self._upkeep()  # a snapshot backfill's first epoch, before anything is read
-        self.store.set_lifecycle(self.entry.name, self._lifecycle())
+        self.store.set_lifecycle(self.entry.name, self.backfills.lifecycle())
         sources, after = self.entry.sources, self._after
         ends = trigger_ends(self.settings, [self.upstreams[s] for s in sources], after,
                             self.max_epochs_per_trigger, self.settings.max_records_per_trigger)
@@ -244,6 +232,10 @@ class ViewConsumer:
         self.runner.wait_until(lambda: self.mce >= epoch, f"MCE {epoch}", timeout)
 
     def stop(self) -> None:
-        self.runner.stop()  # the last micro-batch commits (or fails) before the writer closes
+        """Once this returns, nothing commits: ``query.stop()`` may return while a ``foreachBatch`` call still
+        runs here (SPARK-39218). An epoch being applied commits first; the rest is above the MCE, read again."""
+        with self._lock:
+            self._stopped = True
+        self.runner.stop()
         self.committer.close()
         self.catalog.close()  # a cut-over wrote the catalog topic with its producer

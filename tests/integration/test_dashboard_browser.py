@@ -151,8 +151,8 @@ def test_dashboard_shows_redis_numbers_and_turns_a_stalled_view_red(
             check_row_against_redis(page.evaluate(ROW_JS, view), view, upstream, settings.partitions, index, store)
         poll(lambda: page.locator("#chart path[data-series]").count() == 2, 10, "a lag series per view")
 
-        consumers[1].stop()  # mv2 stops; mv1 and t1 go on
-        stopped_at = time.monotonic()
+        consumers[1].stop()  # mv2 stops; mv1 and t1 go on: from here on it commits nothing
+        stopped_at, stopped_ms = time.monotonic(), int(time.time() * 1000)
         row = poll(lambda: (r := page.evaluate(ROW_JS, "mv2")) and r["status"] == "stalled" and r, 20,
                    "mv2 to be shown stalled")
         took = time.monotonic() - stopped_at
@@ -163,8 +163,10 @@ def test_dashboard_shows_redis_numbers_and_turns_a_stalled_view_red(
         assert page.locator('[data-summary="stalled"] .n').text_content() == "1"
         assert page.evaluate(ROW_JS, "mv1")["status"] in ("ok", "lagging")
         # mv2 no longer moves: its MCE on the page is exactly the one in Redis, and its lag is exact.
-        row = page.evaluate(ROW_JS, "mv2")
-        assert int(row["mce"]) == store.mce("mv2")
+        row, mce = page.evaluate(ROW_JS, "mv2"), store.mce("mv2")
+        committed_ms = redis_client.hget(store.key("mv2", "meta"), "mce_ts_ms")
+        assert int(row["mce"]) == mce, f"page {row['mce']}, Redis {mce} committed at {committed_ms!r} ms, " \
+                                       f"stop() returned at {stopped_ms} ms"
         check_row_against_redis(row, "mv2", "mv1", settings.partitions, index, store)
         check_row_against_redis(page.evaluate(ROW_JS, "mv1"), "mv1", "t1", settings.partitions, index, store)
 

@@ -181,7 +181,7 @@ def test_flushall_during_a_chunked_backfill(make_settings: Callable[..., Setting
         assert b"done" not in backfill()
         client.flushall()
         run_until(lambda: b"done" in backfill(), "the end of the backfill")
-        assert not backfilling(consumer) and consumer.backfill_done is not None
+        assert not backfilling(consumer) and (done := consumer.backfills.chunked) is not None and done.done
 
         # 3. Wiped once more after it finished: it stays finished (the last payload says so).
         client.flushall()
