@@ -47,7 +47,7 @@ from mvlog.views import ChangeBatch, InMemoryState, ViewOperator
 from mvlog.vnode import vnode_of
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 ENGINES = ("local", "spark")
 SPARK_CHUNK_EPOCHS = 200  # epochs fetched per Spark read of the range: bounds the driver's memory
@@ -233,9 +233,6 @@ class Derivation:
 
     def _spark_read(self) -> tuple[Callable[[], dict[str, list[Row]]],
                                    Callable[[], Iterator[tuple[int, dict[str, ChangeBatch]]]]]:
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F  # noqa: N812 (Spark's convention)
-
         from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
         from mvlog.services.spark_session import spark_session
 
@@ -254,11 +251,7 @@ class Derivation:
                 if before is None:
                     rows[name] = []
                     continue
-                # The last image of each key up to the range: Spark SQL folds the prefix of the log.
-                latest = Window.partitionBy("_key").orderBy(F.desc("_epoch"), F.desc("_offset"), F.desc("_weight"))
-                frame = (load(name, 0, before.epoch).where(F.col("_change_type") != "barrier")
-                         .withColumn("_rank", F.row_number().over(latest)).where("_rank = 1 AND _weight > 0")
-                         .select(*self.upstreams[name].schema.names))
+                frame = last_images(load(name, 0, before.epoch)).select(*self.upstreams[name].schema.names)
                 rows[name] = frame.toArrow().to_pylist()
             return rows
 
@@ -278,7 +271,29 @@ class Derivation:
         return prefix, upstream_range
 
 
+def last_images(frame: DataFrame) -> DataFrame:
+    """The rows of a changelog read (the data source's signed rows) as of its last epoch: Spark SQL folds
+    the log into each key's last signed row, kept when it asserts a row (its meta columns kept too)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F  # noqa: N812 (Spark's convention)
+
+    latest = Window.partitionBy("_key").orderBy(F.desc("_epoch"), F.desc("_offset"), F.desc("_weight"))
+    return (frame.where(F.col("_change_type") != "barrier").withColumn("_rank", F.row_number().over(latest))
+            .where("_rank = 1 AND _weight > 0").drop("_rank"))
+
+
 # --------------------------------------------------------------------------------------------- sinks
+
+
+def new_replay_topic(settings: Settings, client: redis.Redis, entry: CatalogEntry, name: str | None) -> tuple[str, str]:
+    """The name and topic of a new changelog for ``entry``'s re-derived epochs (``name``, or one made up),
+    created with the view's partitions; refused when it is a table or view, or holds epochs already."""
+    name = name or f"{entry.name}.replay-{uuid.uuid4().hex[:8]}"
+    topic = settings.changelog_topic(name)
+    check_topic_name(settings, client, name)
+    ensure_topic(settings, topic, entry.partitions)
+    return name, topic
+
 
 
 class TopicSink:
@@ -290,10 +305,7 @@ class TopicSink:
     """
 
     def __init__(self, settings: Settings, client: redis.Redis, entry: CatalogEntry, name: str | None = None) -> None:
-        self.name = name or f"{entry.name}.replay-{uuid.uuid4().hex[:8]}"
-        self.topic = settings.changelog_topic(self.name)
-        check_topic_name(settings, client, self.name)
-        ensure_topic(settings, self.topic, entry.partitions)
+        self.name, self.topic = new_replay_topic(settings, client, entry, name)
         self._writer = ChangelogWriter(settings, self.name, entry.key_columns, entry.partitions)
         self._key_columns = entry.key_columns
         self._index = EpochIndex(client, settings.topic_prefix)

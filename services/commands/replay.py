@@ -167,7 +167,16 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
         if into == "rebuild" and plan.last != mce:
             raise click.ClickException(f"{view}: --rebuild recomputes the serving state at the view's MCE {mce}; "
                                        f"the range ends at {plan.last} (leave --to-epoch out)")
-        if not dry_run:
+        tasks = _derivation_in_tasks(settings, client, plan) if engine == "spark" and into == "topic" else None
+        result["in_tasks"] = tasks is not None
+        if not dry_run and tasks is not None:
+            started = time.monotonic()
+            with _progress(1, f"{view}: re-deriving in {tasks.view.partitions} Spark task(s)") as advance:
+                derived = tasks.run(topic_name)
+                advance()
+            result.update(executed=True, changes=derived.changes, seconds=round(time.monotonic() - started, 3),
+                          topic=derived.topic, name=derived.name, epochs_written=derived.epochs)
+        elif not dry_run:
             entry = CatalogStore(settings, client).get(view)
             derivation = Derivation(settings, client, plan, engine)
             sink = TopicSink(settings, client, entry, topic_name) if into == "topic" else None
@@ -191,6 +200,14 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
     _show_derivation(plan.to_json() | result, output)
 
 
+def _derivation_in_tasks(settings: Settings, client: Any, plan: Any) -> Any:
+    """The plan's derivation in Spark's tasks (:mod:`mvlog.services.rederive_tasks`), or None when the
+    view's operator does not run in tasks (the driver engine derives it)."""
+    from mvlog.services.rederive_tasks import TaskDerivation
+
+    return TaskDerivation.for_plan(settings, client, plan)
+
+
 def _show_derivation(document: dict[str, Any], output: str) -> None:
     if output == "json":
         print_json(document)
@@ -203,6 +220,8 @@ def _show_derivation(document: dict[str, Any], output: str) -> None:
     print_table(None, ["upstream", "partition", "from offset", "to offset", "epochs before", "epochs in range",
                        "change events (all partitions)"], rows,
                 right_aligned=["partition", "from offset", "to offset", "epochs before", "epochs in range"])
+    if document.get("in_tasks"):
+        click.echo("Each partition of the view is re-derived by its own Spark task.")
     if not document["executed"]:
         click.echo("Dry run: nothing changed. Run again with --execute to re-derive.")
     elif document["into"] == "topic":

@@ -1,0 +1,218 @@
+"""``replay derive --engine spark`` in Spark's tasks: each partition of the view re-derived by one task.
+
+The driver engines (:mod:`mvlog.services.rederive`) fold the upstream's log into rows, collect them and
+the range's epochs to the driver and run the operator there, one epoch at a time. For a view whose
+operator runs in tasks (a filter/project that passes its upstream's key through, a GROUP BY keyed by
+its groups: the routings of :mod:`mvlog.views.key_routing` and :mod:`mvlog.views.routing`), nothing of
+that needs the driver:
+
+1. Spark SQL folds the upstream's log up to the epoch before the range into its last image per key,
+   shaped as the data source's signed rows of one epoch (``prev_epoch``: the hydration epoch, all
+   inserts), and the range's epochs are read as they are (barriers included);
+2. both go through the view's routing and one shuffle, so Spark partition ``p`` holds the input of view
+   partition ``p`` (each barrier copied to every partition);
+3. task ``p`` hydrates a fresh operator state from the prefix rows (the operator's hydration path, as a
+   backfill does), computes the range's epochs in order, and writes partition ``p`` of each epoch to
+   the new changelog in a transaction of its own (``<prefix>.<name>.p<p>``: its ``init_transactions``
+   fences an earlier attempt of the partition; the epochs that attempt committed are found by their
+   barriers and not written again, as a view's partition task does);
+4. the driver collects one small row per partition and epoch and indexes the epochs.
+
+The result is the changelog the driver engines write, epoch for epoch and barrier for barrier (the same
+``prev_epoch`` chain), and the driver's work grows with partitions and epochs, never with changes. A
+join, and the operators whose state is not split by partition (global aggregates, top-N, windows),
+still go the driver's way (:meth:`TaskDerivation.for_plan` returns None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import redis
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812 (Spark's convention)
+from pyspark.sql.types import IntegerType, StructField, StructType
+
+from mvlog.catalog import CatalogEntry
+from mvlog.config import Settings
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, encode_batch
+from mvlog.connectors.kafka.partition_tail import partition_barriers
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import EpochIndex, IndexEntry
+from mvlog.connectors.spark.source_options import connection_options
+from mvlog.partition_epochs import PartitionBarrier, prev_epochs, resume_partition
+from mvlog.services.pipeline.partition_tasks import (
+    ROUTE_TOKEN,
+    SOURCE_ORDER,
+    VIEW_PARTITION,
+    RouteRows,
+    partition_transactional_id,
+    partitions_of_task,
+)
+from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
+from mvlog.services.rederive import DerivationPlan, last_images, new_replay_topic
+from mvlog.services.view_ddl import plan_for
+from mvlog.views import InMemoryState, ViewOperator, ViewPlan
+from mvlog.views.key_routing import KeyRouting
+from mvlog.views.partitioning import passes_key_through
+from mvlog.views.routing import GroupRouting, grouped_by_key
+
+#: One row per (partition, epoch) a task wrote or found committed.
+DERIVED_SCHEMA = pa.schema([("partition", pa.int32()), ("epoch", pa.int64()), ("offset", pa.int64()),
+                            ("records", pa.int64()), ("written", pa.bool_())])
+_DERIVED_DDL = "`partition` INT, `epoch` BIGINT, `offset` BIGINT, `records` BIGINT, `written` BOOLEAN"
+
+
+@dataclass(frozen=True)
+class DeriveJob:
+    """What every task of one derivation needs (pickled to the executors with the task function)."""
+
+    settings_json: str
+    target: str  # the name the new changelog is indexed under
+    view: CatalogEntry
+    upstream: CatalogEntry
+    plan: ViewPlan
+    prev_epoch: int  # the hydration epoch: the prefix rows carry it; the first derived barrier names it
+    epochs: tuple[int, ...]  # the epochs to derive, ascending
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``mapInArrow``'s function: the task's shuffled rows in, one row per partition and epoch out."""
+        for partition, rows in partitions_of_task(batches, VIEW_PARTITION, shuffled=True):
+            rows = rows.drop_columns([VIEW_PARTITION, ROUTE_TOKEN]).sort_by(SOURCE_ORDER)
+            yield pa.RecordBatch.from_pylist(self.derive(partition, rows), schema=DERIVED_SCHEMA)
+
+    def derive(self, partition: int, rows: pa.Table) -> list[dict[str, Any]]:
+        """Partition ``partition``'s epochs from its rows (the hydration epoch's, then the range's)."""
+        settings = Settings.model_validate_json(self.settings_json)
+        inputs: EpochBatches = {}
+        batches_from_arrow(rows, self.upstream, inputs)
+        operator, state = ViewOperator(self.plan), InMemoryState()
+        if (prefix := inputs.get(self.prev_epoch)) is not None:
+            state.apply(operator.apply_epoch(prefix, state).state_writes)
+        epochs = list(self.epochs)
+        found = partition_barriers(settings, self.target, partition, 0)
+        committed = resume_partition(partition, self.prev_epoch, epochs, found)
+        prev = prev_epochs(self.prev_epoch, epochs)
+        results: list[dict[str, Any]] = []
+        writer = ChangelogWriter(settings, self.target, self.view.key_columns, self.view.partitions,
+                                 transactional_id=partition_transactional_id(settings, self.target, partition),
+                                 partition=partition)
+        try:
+            for epoch in epochs:
+                output = operator.apply_epoch(inputs.get(epoch, {}), state)
+                state.apply(output.state_writes)
+                encoded = encode_batch(self.view.key_columns, output.changes)
+                barrier = committed.get(epoch)
+                if barrier is None:
+                    entry = writer.commit_batches(epoch, prev[epoch], [encoded]).index[partition]
+                    barrier = PartitionBarrier(epoch, prev[epoch], entry.offset, entry.records)
+                elif barrier.records != len(encoded.keys):
+                    raise RuntimeError(f"{self.target} partition {partition}: epoch {epoch} committed "
+                                       f"{barrier.records} change(s); recomputed, it has {len(encoded.keys)}")
+                results.append({"partition": partition, "epoch": epoch, "offset": barrier.offset,
+                                "records": barrier.records, "written": epoch not in committed})
+        finally:
+            writer.close()
+        return results
+
+
+@dataclass(frozen=True)
+class DerivedTopic:
+    name: str
+    topic: str
+    epochs: int
+    changes: int
+
+
+class TaskDerivation:
+    """Runs a :class:`~mvlog.services.rederive.DerivationPlan` of a one-upstream view in Spark's tasks,
+    into a new changelog (see the module's docstring)."""
+
+    def __init__(self, settings: Settings, client: redis.Redis, plan: DerivationPlan, view: CatalogEntry,
+                 upstream: CatalogEntry, view_plan: ViewPlan, routing: GroupRouting | KeyRouting,
+                 spark: SparkSession | None = None) -> None:
+        self.settings, self.client, self.plan, self._spark = settings, client, plan, spark
+        self.view, self.upstream, self.view_plan, self.routing = view, upstream, view_plan, routing
+
+    @property
+    def spark(self) -> SparkSession:
+        """The session the job runs in: made on first use, so that a dry run starts no Spark."""
+        if self._spark is None:
+            from mvlog.services.spark_session import spark_session
+
+            self._spark = spark_session(self.settings, app_name=f"mvlog-replay-{self.view.name}")
+        return self._spark
+
+    @classmethod
+    def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
+                 spark: SparkSession | None = None) -> TaskDerivation | None:
+        """The derivation in tasks, or None when the view's operator does not run in tasks (a join, a
+        global aggregate, top-N, windows...): the driver engines derive it."""
+        catalog = CatalogStore(settings, client)
+        view = catalog.get(plan.view)
+        if len(view.sources) != 1:
+            return None
+        upstream = catalog.get(view.sources[0])
+        view_plan = plan_for(catalog, view.name, view.sql or "")
+        routing: GroupRouting | KeyRouting
+        if passes_key_through(view_plan, upstream.key_columns):
+            routing = KeyRouting(view_plan, tuple(upstream.key_columns), view.partitions)
+        elif grouped_by_key(view_plan):
+            routing = GroupRouting(view_plan, view.partitions)
+        else:
+            return None
+        return cls(settings, client, plan, view, upstream, view_plan, routing, spark)
+
+    def run(self, name: str | None = None) -> DerivedTopic:
+        """Derive the plan's epochs into the changelog of ``name`` (made up when None; refused when it is
+        a table or view, or holds epochs already) and index them."""
+        name, topic = new_replay_topic(self.settings, self.client, self.view, name)
+        results = self.derive_into(name).toArrow().to_pylist()
+        by_epoch: dict[int, dict[int, IndexEntry]] = {}
+        for row in results:
+            by_epoch.setdefault(row["epoch"], {})[row["partition"]] = IndexEntry(row["epoch"], row["offset"],
+                                                                                  row["records"])
+        index = EpochIndex(self.client, self.settings.topic_prefix)
+        every = list(range(self.view.partitions))
+        for epoch in self.plan.epochs:
+            partitions = by_epoch.get(epoch, {})
+            if sorted(partitions) != every:
+                raise RuntimeError(f"{name}: epoch {epoch} came back from partitions {sorted(partitions)}, "
+                                   f"not all {self.view.partitions}")
+            index.add(name, partitions)
+        return DerivedTopic(name, topic, len(self.plan.epochs), sum(row["records"] for row in results))
+
+    def derive_into(self, name: str, on_job: Callable[[DeriveJob], DeriveJob] | None = None) -> DataFrame:
+        """The Spark job that writes the epochs into ``name``'s changelog (not run yet): one result row per
+        partition and epoch. ``on_job``: the tests' hook to alter the job."""
+        job = DeriveJob(self.settings.to_executor_json(), name, self.view, self.upstream, self.view_plan,
+                        self.plan.prev_epoch, tuple(self.plan.epochs))
+        job = on_job(job) if on_job is not None else job
+        frame = self._input()
+        schema = StructType([*frame.schema.fields, StructField(VIEW_PARTITION, IntegerType(), False),
+                             StructField(ROUTE_TOKEN, IntegerType(), False)])
+        routed = frame.mapInArrow(RouteRows(self.routing).run, schema)
+        return routed.repartition(self.view.partitions, ROUTE_TOKEN).mapInArrow(job.run, _DERIVED_DDL)
+
+    def _input(self) -> DataFrame:
+        """The upstream's last image per key up to ``prev_epoch``, as signed rows of that one epoch, then the
+        range's epochs as read."""
+        plan, name = self.plan, self.upstream.name
+        options = connection_options(self.settings)
+
+        def load(after: int, upto: int) -> DataFrame:
+            return (self.spark.read.format("mvlog").options(**options).option("view", name)
+                    .option("startingEpoch", str(after)).option("endingEpoch", str(upto)).load())
+
+        upto = next(u.upto for u in plan.upstreams if u.name == name)
+        frame = load(plan.prev_epoch, upto)
+        before = EpochIndex(self.client, self.settings.topic_prefix).before(name, 0, plan.prev_epoch + 1)
+        if before is None:
+            return frame
+        hydration = (last_images(load(0, before.epoch))
+                     .withColumn("_epoch", F.lit(plan.prev_epoch).cast("bigint"))
+                     .withColumn("_change_type", F.lit("insert")).withColumn("_weight", F.lit(1).cast("int")))
+        return hydration.select(*frame.columns).unionByName(frame)
