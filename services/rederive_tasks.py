@@ -42,6 +42,7 @@ from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, encode_batc
 from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import EpochIndex, IndexEntry
+from mvlog.connectors.spark.job_progress import JobProgress
 from mvlog.connectors.spark.source_options import connection_options
 from mvlog.partition_epochs import PartitionBarrier, prev_epochs, resume_partition
 from mvlog.services.pipeline.partition_tasks import (
@@ -166,11 +167,13 @@ class TaskDerivation:
             return None
         return cls(settings, client, plan, view, upstream, view_plan, routing, spark)
 
-    def run(self, name: str | None = None) -> DerivedTopic:
+    def run(self, name: str | None = None, on_progress: Callable[[int, int], None] | None = None) -> DerivedTopic:
         """Derive the plan's epochs into the changelog of ``name`` (made up when None; refused when it is
-        a table or view, or holds epochs already) and index them."""
+        a table or view, or holds epochs already) and index them. ``on_progress(tasks done, tasks)``:
+        called while the job runs (:class:`~mvlog.connectors.spark.job_progress.JobProgress`)."""
         name, topic = new_replay_topic(self.settings, self.client, self.view, name)
-        results = self.derive_into(name).toArrow().to_pylist()
+        with JobProgress(self.spark, f"mvlog-replay-{name}", on_progress):
+            results = self.derive_into(name).toArrow().to_pylist()
         by_epoch: dict[int, dict[int, IndexEntry]] = {}
         for row in results:
             by_epoch.setdefault(row["epoch"], {})[row["partition"]] = IndexEntry(row["epoch"], row["offset"],

@@ -55,6 +55,15 @@ def _progress(total: int, description: str) -> Iterator[Any]:
 
 
 @contextmanager
+def _task_progress(description: str) -> Iterator[Any]:
+    """A progress bar of a Spark job's tasks (``on_progress(done, total)``; the total grows as stages start)."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tasks"),
+                  TimeRemainingColumn(), console=console(stderr=True), transient=False) as bar:
+        task = bar.add_task(description, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+@contextmanager
 def _replay_errors(settings: Settings) -> Iterator[None]:
     with backend_errors(settings):
         try:
@@ -171,9 +180,8 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
         result["in_tasks"] = tasks is not None
         if not dry_run and tasks is not None:
             started = time.monotonic()
-            with _progress(1, f"{view}: re-deriving in {tasks.view.partitions} Spark task(s)") as advance:
-                derived = tasks.run(topic_name)
-                advance()
+            with _task_progress(f"{view}: re-deriving, a Spark task per partition") as on_progress:
+                derived = tasks.run(topic_name, on_progress)
             result.update(executed=True, changes=derived.changes, seconds=round(time.monotonic() - started, 3),
                           topic=derived.topic, name=derived.name, epochs_written=derived.epochs)
         elif not dry_run:

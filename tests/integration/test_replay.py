@@ -8,6 +8,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import pytest
@@ -78,6 +79,10 @@ def read_log(settings: Settings, client: redis.Redis, name: str) -> list[Epoch]:
 
 def as_bag(changes: list[Change]) -> Counter[str]:
     return Counter(json.dumps([c.op.value, c.key, c.before, c.after], sort_keys=True, default=str) for c in changes)
+
+
+def record_progress(into: list[tuple[int, int]], done: int, total: int) -> None:
+    into.append((done, total))
 
 
 def stop(consumers: list[ViewConsumer]) -> None:
@@ -298,8 +303,11 @@ def test_derive_in_tasks_equals_the_changelog_and_resumes_an_earlier_attempt(
         new_replay_topic(settings, redis_client, entry, target)
         earlier = tasks.derive_into(target, on_job=lambda job: replace(job, epochs=job.epochs[:2])).toArrow()
         assert sorted(earlier.column("epoch").to_pylist()) == sorted(plan.epochs[:2] * entry.partitions)
-        derived = tasks.run(target)
+        progress: list[tuple[int, int]] = []
+        derived = tasks.run(target, partial(record_progress, progress))
         assert (derived.name, derived.epochs) == (target, len(plan.epochs))
+        # The progress ends with every task of the job done: the upstream's reads and a task per partition.
+        assert progress and progress[-1][0] == progress[-1][1] >= entry.partitions, progress
         for partition in range(entry.partitions):
             barriers = partition_barriers(settings, target, partition, 0)
             chain = list(zip(plan.epochs, [plan.prev_epoch, *plan.epochs[:-1]], strict=True))
