@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -344,12 +344,16 @@ class RedisRebuildSink:
     def swap(self, view_rows: Mapping[Key, Row], state: Mapping[bytes, bytes], epoch: int) -> int:
         """Put ``view_rows`` and ``state``, both as of ``epoch``, in place of the view's (one script; refused
         when the MCE is no longer ``epoch``); returns the number of rows."""
-        columns = self.entry.key_columns
-        keys = {key: encode_key(columns, key) for key in view_rows}
-        rows = {keys[key]: encode_row(row) for key, row in view_rows.items()}
-        order = [order_member(vnode_of(kb), key, kb) for key, kb in keys.items()]
+        rows, order = serving_rows(self.entry.key_columns, view_rows)
         if not self.store.replace_state(self.entry.name, epoch, rows, state, order):
             raise ReplayRangeError(f"{self.entry.name}: its MCE is no longer {epoch}; a consumer "
                                    "of the view is running: stop it before rebuilding")
         return len(rows)
 
+
+def serving_rows(key_columns: Sequence[str], view_rows: Mapping[Key, Row]) -> tuple[dict[bytes, bytes], list[bytes]]:
+    """A view's rows as Redis serves them: encoded key -> encoded row, and the key-order members."""
+    columns = tuple(key_columns)
+    keys = {key: encode_key(columns, key) for key in view_rows}
+    return ({keys[key]: encode_row(row) for key, row in view_rows.items()},
+            [order_member(vnode_of(encoded), key, encoded) for key, encoded in keys.items()])

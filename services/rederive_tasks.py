@@ -18,6 +18,11 @@ that needs the driver:
    barriers and not written again, as a view's partition task does);
 4. the driver collects one small row per partition and epoch and indexes the epochs.
 
+``replay derive --rebuild`` runs the same tasks up to the view's MCE, but each task writes nothing to
+Kafka: it stages its partition's rows, key-order members and operator state for the rebuild in Redis
+(disjoint per partition; a retried task stages the same values again), and the driver swaps the staged
+rebuild in for the view's in one script, refused when the MCE moved meanwhile.
+
 The result is the changelog the driver engines write, epoch for epoch and barrier for barrier (the same
 ``prev_epoch`` chain), and the driver's work grows with partitions and epochs, never with changes. A
 join, and the operators whose state is not split by partition (global aggregates, top-N, windows),
@@ -26,7 +31,7 @@ still go the driver's way (:meth:`TaskDerivation.for_plan` returns None).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,26 +42,32 @@ from pyspark.sql import functions as F  # noqa: N812 (Spark's convention)
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 from mvlog.catalog import CatalogEntry
+from mvlog.changes import apply_changes
 from mvlog.config import Settings
 from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, encode_batch
 from mvlog.connectors.kafka.partition_tail import partition_barriers
+from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import EpochIndex, IndexEntry
+from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.spark.job_progress import JobProgress
 from mvlog.connectors.spark.source_options import connection_options
 from mvlog.partition_epochs import PartitionBarrier, prev_epochs, resume_partition
+from mvlog.replay import ReplayRangeError
+from mvlog.row_schema import Key, Row
 from mvlog.services.pipeline.partition_tasks import (
     ROUTE_TOKEN,
     SOURCE_ORDER,
     VIEW_PARTITION,
     RouteRows,
+    check_owned,
     partition_transactional_id,
     partitions_of_task,
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
-from mvlog.services.rederive import DerivationPlan, last_images, new_replay_topic
+from mvlog.services.rederive import DerivationPlan, last_images, new_replay_topic, serving_rows
 from mvlog.services.view_ddl import plan_for
-from mvlog.views import InMemoryState, ViewOperator, ViewPlan
+from mvlog.views import EpochOutput, InMemoryState, ViewOperator, ViewPlan
 from mvlog.views.key_routing import KeyRouting
 from mvlog.views.partitioning import passes_key_through
 from mvlog.views.routing import GroupRouting, grouped_by_key
@@ -65,6 +76,10 @@ from mvlog.views.routing import GroupRouting, grouped_by_key
 DERIVED_SCHEMA = pa.schema([("partition", pa.int32()), ("epoch", pa.int64()), ("offset", pa.int64()),
                             ("records", pa.int64()), ("written", pa.bool_())])
 _DERIVED_DDL = "`partition` INT, `epoch` BIGINT, `offset` BIGINT, `records` BIGINT, `written` BOOLEAN"
+#: A rebuild's: one row per partition, what it staged.
+STAGED_SCHEMA = pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("state", pa.int64()),
+                           ("changes", pa.int64())])
+_STAGED_DDL = "`partition` INT, `rows` BIGINT, `state` BIGINT, `changes` BIGINT"
 
 
 @dataclass(frozen=True)
@@ -72,39 +87,64 @@ class DeriveJob:
     """What every task of one derivation needs (pickled to the executors with the task function)."""
 
     settings_json: str
-    target: str  # the name the new changelog is indexed under
+    target: str  # the name the new changelog is indexed under (a rebuild: the view's own name)
     view: CatalogEntry
     upstream: CatalogEntry
     plan: ViewPlan
     prev_epoch: int  # the hydration epoch: the prefix rows carry it; the first derived barrier names it
     epochs: tuple[int, ...]  # the epochs to derive, ascending
+    routing: GroupRouting | KeyRouting  # how the rows reached their partitions (and whose state is whose)
+    #: False: write the epochs to the target's changelog. True: write nothing to Kafka, and stage the
+    #: partition's rows and operator state after the last epoch for the view's rebuild in Redis.
+    rebuild: bool = False
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """``mapInArrow``'s function: the task's shuffled rows in, one row per partition and epoch out."""
+        """``mapInArrow``'s function: the task's shuffled rows in, one row per partition and epoch (a
+        rebuild: per partition) out."""
         for partition, rows in partitions_of_task(batches, VIEW_PARTITION, shuffled=True):
             rows = rows.drop_columns([VIEW_PARTITION, ROUTE_TOKEN]).sort_by(SOURCE_ORDER)
-            yield pa.RecordBatch.from_pylist(self.derive(partition, rows), schema=DERIVED_SCHEMA)
+            settings = Settings.model_validate_json(self.settings_json)
+            if self.rebuild:
+                yield pa.RecordBatch.from_pylist([self.stage(settings, partition, rows)], schema=STAGED_SCHEMA)
+            else:
+                yield pa.RecordBatch.from_pylist(self.write(settings, partition, rows), schema=DERIVED_SCHEMA)
 
-    def derive(self, partition: int, rows: pa.Table) -> list[dict[str, Any]]:
-        """Partition ``partition``'s epochs from its rows (the hydration epoch's, then the range's)."""
-        settings = Settings.model_validate_json(self.settings_json)
+    def derive(self, rows: pa.Table) -> tuple[Iterator[tuple[int, EpochOutput]], InMemoryState]:
+        """The partition's epochs from its rows: the operator state hydrated from the hydration epoch's
+        rows (the state the iterator's epochs then move on), and each epoch's output in order."""
         inputs: EpochBatches = {}
         batches_from_arrow(rows, self.upstream, inputs)
         operator, state = ViewOperator(self.plan), InMemoryState()
+        hydration = None
         if (prefix := inputs.get(self.prev_epoch)) is not None:
-            state.apply(operator.apply_epoch(prefix, state).state_writes)
-        epochs = list(self.epochs)
+            hydration = operator.apply_epoch(prefix, state)
+            state.apply(hydration.state_writes)
+
+        def epochs() -> Iterator[tuple[int, EpochOutput]]:
+            if hydration is not None:
+                yield self.prev_epoch, hydration
+            for epoch in self.epochs:
+                output = operator.apply_epoch(inputs.get(epoch, {}), state)
+                state.apply(output.state_writes)
+                yield epoch, output
+
+        return epochs(), state
+
+    def write(self, settings: Settings, partition: int, rows: pa.Table) -> list[dict[str, Any]]:
+        """Partition ``partition``'s epochs written to the target's changelog, each in its own transaction
+        unless an earlier attempt committed it (its barrier found: then checked, not written again)."""
+        epochs, _ = self.derive(rows)
         found = partition_barriers(settings, self.target, partition, 0)
-        committed = resume_partition(partition, self.prev_epoch, epochs, found)
-        prev = prev_epochs(self.prev_epoch, epochs)
+        committed = resume_partition(partition, self.prev_epoch, list(self.epochs), found)
+        prev = prev_epochs(self.prev_epoch, list(self.epochs))
         results: list[dict[str, Any]] = []
         writer = ChangelogWriter(settings, self.target, self.view.key_columns, self.view.partitions,
                                  transactional_id=partition_transactional_id(settings, self.target, partition),
                                  partition=partition)
         try:
-            for epoch in epochs:
-                output = operator.apply_epoch(inputs.get(epoch, {}), state)
-                state.apply(output.state_writes)
+            for epoch, output in epochs:
+                if epoch == self.prev_epoch:
+                    continue  # the hydration: the state before the range, not an epoch of it
                 encoded = encode_batch(self.view.key_columns, output.changes)
                 barrier = committed.get(epoch)
                 if barrier is None:
@@ -119,6 +159,25 @@ class DeriveJob:
             writer.close()
         return results
 
+    def stage(self, settings: Settings, partition: int, rows: pa.Table) -> dict[str, Any]:
+        """Partition ``partition``'s rows and operator state after the last epoch, staged for the view's
+        rebuild (:meth:`~mvlog.connectors.redis.epoch_commit.EpochCommits.stage_rebuild`)."""
+        epochs, state = self.derive(rows)
+        view_rows: dict[Key, Row] = {}
+        changes = 0
+        for epoch, output in epochs:
+            found = output.changes.to_changes()
+            apply_changes(view_rows, found)
+            changes += len(found) if epoch != self.prev_epoch else 0
+        check_owned(self.view.name, partition, dict.fromkeys(state.data), self.routing.partitions_of_state_keys)
+        encoded, order = serving_rows(self.view.key_columns, view_rows)
+        client = redis_client.connect(settings)
+        try:
+            ViewStore(client, settings.topic_prefix).stage_rebuild(self.view.name, encoded, state.data, order)
+        finally:
+            client.close()
+        return {"partition": partition, "rows": len(encoded), "state": len(state.data), "changes": changes}
+
 
 @dataclass(frozen=True)
 class DerivedTopic:
@@ -126,6 +185,12 @@ class DerivedTopic:
     topic: str
     epochs: int
     changes: int
+
+
+@dataclass(frozen=True)
+class RebuiltState:
+    rows: int  # the view's rows, swapped in
+    changes: int  # the changes of the plan's epochs (the hydration's not counted)
 
 
 class TaskDerivation:
@@ -179,26 +244,47 @@ class TaskDerivation:
             by_epoch.setdefault(row["epoch"], {})[row["partition"]] = IndexEntry(row["epoch"], row["offset"],
                                                                                   row["records"])
         index = EpochIndex(self.client, self.settings.topic_prefix)
-        every = list(range(self.view.partitions))
         for epoch in self.plan.epochs:
-            partitions = by_epoch.get(epoch, {})
-            if sorted(partitions) != every:
-                raise RuntimeError(f"{name}: epoch {epoch} came back from partitions {sorted(partitions)}, "
-                                   f"not all {self.view.partitions}")
-            index.add(name, partitions)
+            self._require_every_partition(f"{name}: epoch {epoch}", by_epoch.get(epoch, {}))
+            index.add(name, by_epoch[epoch])
         return DerivedTopic(name, topic, len(self.plan.epochs), sum(row["records"] for row in results))
+
+    def rebuild(self, on_progress: Callable[[int, int], None] | None = None) -> RebuiltState:
+        """Recompute the view's rows and operator state at the plan's last epoch, which must be its MCE, and
+        swap them in for the view's (refused, nothing changed, when the MCE moved meanwhile: a consumer of
+        the view is running). Each task stages its partition's part; the driver swaps them in in one step."""
+        store = ViewStore(self.client, self.settings.topic_prefix)
+        store.clear_rebuild(self.view.name)
+        with JobProgress(self.spark, f"mvlog-rebuild-{self.view.name}", on_progress):
+            results = self._derived(self._job(self.view.name, rebuild=True)).toArrow().to_pylist()
+        self._require_every_partition(f"{self.view.name}: the rebuild", {row["partition"]: row for row in results})
+        if not store.swap_rebuild(self.view.name, self.plan.last):
+            raise ReplayRangeError(f"{self.view.name}: its MCE is no longer {self.plan.last}; a consumer "
+                                   "of the view is running: stop it before rebuilding")
+        return RebuiltState(sum(row["rows"] for row in results), sum(row["changes"] for row in results))
 
     def derive_into(self, name: str, on_job: Callable[[DeriveJob], DeriveJob] | None = None) -> DataFrame:
         """The Spark job that writes the epochs into ``name``'s changelog (not run yet): one result row per
         partition and epoch. ``on_job``: the tests' hook to alter the job."""
-        job = DeriveJob(self.settings.to_executor_json(), name, self.view, self.upstream, self.view_plan,
-                        self.plan.prev_epoch, tuple(self.plan.epochs))
-        job = on_job(job) if on_job is not None else job
+        job = self._job(name, rebuild=False)
+        return self._derived(on_job(job) if on_job is not None else job)
+
+    def _job(self, target: str, *, rebuild: bool) -> DeriveJob:
+        return DeriveJob(self.settings.to_executor_json(), target, self.view, self.upstream, self.view_plan,
+                         self.plan.prev_epoch, tuple(self.plan.epochs), self.routing, rebuild)
+
+    def _derived(self, job: DeriveJob) -> DataFrame:
+        """``job`` over the input, routed and shuffled so that task ``p`` holds view partition ``p``'s."""
         frame = self._input()
         schema = StructType([*frame.schema.fields, StructField(VIEW_PARTITION, IntegerType(), False),
                              StructField(ROUTE_TOKEN, IntegerType(), False)])
         routed = frame.mapInArrow(RouteRows(self.routing).run, schema)
-        return routed.repartition(self.view.partitions, ROUTE_TOKEN).mapInArrow(job.run, _DERIVED_DDL)
+        shuffled = routed.repartition(self.view.partitions, ROUTE_TOKEN)
+        return shuffled.mapInArrow(job.run, _STAGED_DDL if job.rebuild else _DERIVED_DDL)
+
+    def _require_every_partition(self, what: str, found: Mapping[int, Any]) -> None:
+        if sorted(found) != list(range(self.view.partitions)):
+            raise RuntimeError(f"{what} came back from partitions {sorted(found)}, not all {self.view.partitions}")
 
     def _input(self) -> DataFrame:
         """The upstream's last image per key up to ``prev_epoch``, as signed rows of that one epoch, then the

@@ -142,8 +142,23 @@ class EpochCommits(ViewMeta):
         They are staged under temporary keys and swapped in by one script that checks the MCE is still
         ``expected_mce``; False (and nothing changed) when it moved (a consumer committed meanwhile).
         """
-        staged = [self._key(view, w) for w in ("rows.rebuild", "opstate.rebuild", "keyorder.rebuild")]
-        self.redis.delete(*staged)
+        self.clear_rebuild(view)
+        self.stage_rebuild(view, rows, state, order, chunk)
+        return self.swap_rebuild(view, expected_mce)
+
+    def _rebuild_keys(self, view: str) -> list[str]:
+        return [self._key(view, w) for w in ("rows.rebuild", "opstate.rebuild", "keyorder.rebuild")]
+
+    def clear_rebuild(self, view: str) -> None:
+        """Drop what an earlier rebuild left staged (before one starts staging)."""
+        self.redis.delete(*self._rebuild_keys(view))
+
+    def stage_rebuild(self, view: str, rows: Mapping[bytes, bytes], state: Mapping[bytes, bytes],
+                      order: Sequence[bytes] = (), chunk: int = 1000) -> None:
+        """Add rebuilt rows, operator state and key-order members to the staging of a rebuild. Several
+        writers may stage disjoint parts (Spark tasks, one per partition), and staging a part again writes
+        the same values (a retried task)."""
+        staged = self._rebuild_keys(view)
         for key, mapping in zip(staged, (rows, state), strict=False):
             items = list(mapping.items())
             for start in range(0, len(items), chunk):
@@ -151,7 +166,11 @@ class EpochCommits(ViewMeta):
         members = list(order)
         for start in range(0, len(members), chunk):
             self.redis.zadd(staged[2], dict.fromkeys(members[start:start + chunk], 0))
-        keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder")] + staged
+
+    def swap_rebuild(self, view: str, expected_mce: int) -> bool:
+        """Swap the staged rebuild in, in one script, if the MCE is still ``expected_mce``; False (the
+        staging dropped, nothing else changed) when it moved."""
+        keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder")] + self._rebuild_keys(view)
         return bool(self._replace(keys=keys, args=[epoch_hex(expected_mce)]))
 
 

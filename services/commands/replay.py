@@ -176,14 +176,19 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
         if into == "rebuild" and plan.last != mce:
             raise click.ClickException(f"{view}: --rebuild recomputes the serving state at the view's MCE {mce}; "
                                        f"the range ends at {plan.last} (leave --to-epoch out)")
-        tasks = _derivation_in_tasks(settings, client, plan) if engine == "spark" and into == "topic" else None
+        tasks = _derivation_in_tasks(settings, client, plan) if engine == "spark" else None
         result["in_tasks"] = tasks is not None
         if not dry_run and tasks is not None:
             started = time.monotonic()
             with _task_progress(f"{view}: re-deriving, a Spark task per partition") as on_progress:
-                derived = tasks.run(topic_name, on_progress)
-            result.update(executed=True, changes=derived.changes, seconds=round(time.monotonic() - started, 3),
-                          topic=derived.topic, name=derived.name, epochs_written=derived.epochs)
+                if into == "topic":
+                    derived = tasks.run(topic_name, on_progress)
+                    result.update(topic=derived.topic, name=derived.name, epochs_written=derived.epochs,
+                                  changes=derived.changes)
+                else:
+                    rebuilt = tasks.rebuild(on_progress)
+                    result.update(rows=rebuilt.rows, changes=rebuilt.changes)
+            result.update(executed=True, seconds=round(time.monotonic() - started, 3))
         elif not dry_run:
             entry = CatalogStore(settings, client).get(view)
             derivation = Derivation(settings, client, plan, engine)
