@@ -52,7 +52,7 @@ from mvlog.connectors.redis.epoch_index import EpochIndex, IndexEntry
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.spark.job_progress import JobProgress
 from mvlog.connectors.spark.source_options import connection_options
-from mvlog.partition_epochs import PartitionBarrier, prev_epochs, resume_partition
+from mvlog.partition_epochs import prev_epochs, resume_partition
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key, Row
 from mvlog.services.pipeline.partition_tasks import (
@@ -63,6 +63,7 @@ from mvlog.services.pipeline.partition_tasks import (
     check_owned,
     partition_transactional_id,
     partitions_of_task,
+    written_or_found,
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
 from mvlog.services.rederive import DerivationPlan, last_images, new_replay_topic, serving_rows
@@ -146,13 +147,7 @@ class DeriveJob:
                 if epoch == self.prev_epoch:
                     continue  # the hydration: the state before the range, not an epoch of it
                 encoded = encode_batch(self.view.key_columns, output.changes)
-                barrier = committed.get(epoch)
-                if barrier is None:
-                    entry = writer.commit_batches(epoch, prev[epoch], [encoded]).index[partition]
-                    barrier = PartitionBarrier(epoch, prev[epoch], entry.offset, entry.records)
-                elif barrier.records != len(encoded.keys):
-                    raise RuntimeError(f"{self.target} partition {partition}: epoch {epoch} committed "
-                                       f"{barrier.records} change(s); recomputed, it has {len(encoded.keys)}")
+                barrier = written_or_found(writer, partition, epoch, prev[epoch], encoded, committed.get(epoch))
                 results.append({"partition": partition, "epoch": epoch, "offset": barrier.offset,
                                 "records": barrier.records, "written": epoch not in committed})
         finally:

@@ -43,7 +43,7 @@ from pyspark import TaskContext
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, encode_batch
+from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, EncodedBatch, encode_batch
 from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.epoch_commit import commit_from_encoded
@@ -240,6 +240,20 @@ def check_owned(view: str, partition: int, writes: dict[bytes, bytes | None],
         raise RuntimeError(f"{view} partition {partition}: state of other partitions' keys written: {wrong[:3]!r}")
 
 
+def written_or_found(writer: ChangelogWriter, partition: int, epoch: int, prev_epoch: int, encoded: EncodedBatch,
+                     found: PartitionBarrier | None) -> PartitionBarrier:
+    """The barrier of ``epoch`` in ``partition``: ``found``, the one an attempt committed already (its
+    record count checked against the recomputed epoch's: an epoch is never written twice), or the one of
+    the transaction ``writer`` commits now."""
+    if found is None:
+        entry = writer.commit_batches(epoch, prev_epoch, [encoded]).index[partition]
+        return PartitionBarrier(epoch, prev_epoch, entry.offset, entry.records)
+    if found.records != len(encoded.keys):
+        raise RuntimeError(f"{writer.view} partition {partition}: epoch {epoch} committed {found.records} change(s); "
+                           f"recomputed, it has {len(encoded.keys)}")
+    return found
+
+
 class PartitionWriter:
     """Writes one view partition's epochs of a micro-batch: each in its own Kafka transaction unless the
     partition committed it already (then the recomputed count is checked against its barrier), its rows
@@ -282,13 +296,7 @@ class PartitionWriter:
         for epoch in todo:
             output = compute(epoch, layered)
             encoded = encode_batch(view.key_columns, output.changes)
-            barrier = committed.get(epoch)
-            if barrier is None:
-                entry = writer.commit_batches(epoch, prev[epoch], [encoded]).index[partition]
-                barrier = PartitionBarrier(epoch, prev[epoch], entry.offset, entry.records)
-            elif barrier.records != len(encoded.keys):
-                raise RuntimeError(f"{view.name} partition {partition}: epoch {epoch} committed {barrier.records} "
-                                   f"change(s); recomputed, it has {len(encoded.keys)}")
+            barrier = written_or_found(writer, partition, epoch, prev[epoch], encoded, committed.get(epoch))
             state_puts, state_deletes = output.state_puts_and_deletes()
             rows_left = commit_from_encoded(epoch, output.changes.keys, encoded, {}, state_puts=state_puts,
                                             state_deletes=state_deletes)
