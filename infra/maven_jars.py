@@ -3,8 +3,9 @@ folder outside the work tree, reused when present.
 
 Apache Kafka (``kafka/pom.xml``), Kafka Connect with Debezium (``connect/pom.xml``) and Apicurio Registry
 (``registry/pom.xml``, an archive unpacked rather than jars copied) are resolved the same way; only their
-pom, their cache folder and what proves a folder complete differ. A resolution goes to ``<folder>.partial``
-and is renamed when whole, so an interrupted one is never taken for a complete one.
+pom, their cache folder and what proves a folder complete differ. A resolution goes to a folder of its own
+(``<folder>.<random>.partial``) and is renamed when whole, so an interrupted one is never taken for a
+complete one, and two at once (two clones set up together) do not write into one folder.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -49,17 +51,18 @@ def resolve_jars(pom: Path, home: Path, *, what: str, env_var: str,
         raise JarSetupError(f"{what}'s jars are not resolved yet and Maven is missing: install it "
                             f"(`apt-get install -y maven`; `make setup` does it) or set {env_var} to a folder "
                             "whose libs/ holds them.")
-    partial = home.with_name(home.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    home.parent.mkdir(parents=True, exist_ok=True)
+    # A folder of this resolution's own: two setups at once (two clones) never unpack into one another's.
+    partial = Path(tempfile.mkdtemp(prefix=f"{home.name}.", suffix=".partial", dir=home.parent))
     goal = ["dependency:unpack"] if unpack else ["dependency:copy-dependencies", "-DincludeScope=runtime"]
     command = [mvn, "-q", "-B", "-f", str(pom), *goal,
                *(f"-D{name}={value}" for name, value in (properties or {}).items()),
                f"-DoutputDirectory={partial / folder}"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
         raise JarSetupError(f"Maven could not resolve {what} (`{' '.join(command)}`):\n"
                             f"{(done.stdout + done.stderr)[-3000:]}")
-    home.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(home, ignore_errors=True)
     partial.replace(home)  # whole or absent
     return home / folder

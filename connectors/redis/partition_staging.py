@@ -66,11 +66,13 @@ class PartitionStaging(ViewMeta):
         return [self._key(view, f"{base}:{what}") for what in ("rows", "dels", "oput", "odel", "sput", "sdel")]
 
     def stage(self, view: str, partition: int, commit: EpochCommit, *, rows: bool = True,
-              state: bool = True) -> StagedCounts:
+              state: bool = True, fresh: bool = True) -> StagedCounts:
         """Executor side: stage one partition's rows, key-order members and operator state of
         ``commit.epoch`` (replacing an earlier attempt's); the rest of ``commit`` is the driver's.
         ``rows`` / ``state`` False: leave that part's keys alone (a join stages its rows and its state in
-        two tasks, :mod:`mvlog.services.pipeline.join_tasks`); its counts are then 0."""
+        two tasks, :mod:`mvlog.services.pipeline.join_tasks`); its counts are then 0. ``fresh`` False:
+        add to what this attempt staged already (a snapshot's epoch, staged batch after batch after one
+        fresh empty stage; each batch's keys are new), the counts being this call's."""
         keys = self.staged_keys(view, commit.epoch, partition)
         empty: dict[bytes, bytes] = {}
         puts, deletes = (commit.row_puts, commit.row_deletes) if rows else (empty, ())
@@ -78,7 +80,7 @@ class PartitionStaging(ViewMeta):
         state_puts, state_deletes = (commit.state_puts or {}, commit.state_deletes) if state else (empty, ())
         mine = [key for i, key in enumerate(keys) if (rows if i < 4 else state)]
         pipe = self.redis.pipeline(transaction=False)
-        for key in mine:  # one DEL each: redis-py's cluster pipeline refuses a DEL of several keys
+        for key in mine if fresh else ():  # one DEL each: redis-py's cluster pipeline refuses a multi-key DEL
             pipe.delete(key)
         for key, mapping in ((keys[0], puts), (keys[4], state_puts)):
             items = list(mapping.items())
@@ -93,6 +95,13 @@ class PartitionStaging(ViewMeta):
         pipe.execute()
         return StagedCounts(len(puts), len(deletes), len(order_puts), len(order_deletes), len(state_puts),
                             len(state_deletes))
+
+    def clear(self, view: str, epoch: int, partition: int) -> None:
+        """Drop what an earlier attempt staged for ``epoch`` and ``partition`` (before staging it in parts)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for key in self.staged_keys(view, epoch, partition):  # one DEL each (see stage)
+            pipe.delete(key)
+        pipe.execute()
 
     def commit(self, view: str, epoch: int, follows: int, staged: Mapping[int, StagedCounts],
                index: Mapping[int, IndexEntry]) -> bool:

@@ -74,7 +74,7 @@ class GroupRouting:
         batch = pa.table({column_field(0, c.name): rows.column(c.name).cast(arrow_type(c.type))
                           for c in self._source.columns})
         groups = [evaluate(expr, batch) for expr in self.plan.query.group_by]
-        return self._of_groups(groups, rows.num_rows)
+        return self.partitions_of_group_values(groups, rows.num_rows)
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
         """The partition whose task owns the operator state under each key (a group's, ``g[...]``)."""
@@ -89,11 +89,12 @@ class GroupRouting:
     def partitions_of_groups(self, groups: Sequence[Sequence[Any]]) -> list[int]:
         """The partition of each group (its GROUP BY values, in order)."""
         columns = [pa.array([g[i] for g in groups], arrow_type(kind)) for i, kind in enumerate(self._key_types)]
-        owners: list[int] = self._of_groups(columns, len(groups)).to_pylist()
+        owners: list[int] = self.partitions_of_group_values(columns, len(groups)).to_pylist()
         return owners
 
-    def _of_groups(self, groups: Sequence[pa.Array], count: int) -> pa.Array:
-        """The key bytes ``encode_batch`` gives the group's view row, hashed as the writer hashes them."""
+    def partitions_of_group_values(self, groups: Sequence[pa.Array | pa.ChunkedArray], count: int) -> pa.Array:
+        """The partition of each of ``count`` groups given as one array per GROUP BY value: the key bytes
+        ``encode_batch`` gives the group's view row, hashed as the writer hashes them."""
         key: list[tuple[str, pa.Array]] = []
         for name, kind, values in zip(self.plan.schema.primary_key, self._key_types, groups, strict=True):
             values = values.cast(arrow_type(kind))

@@ -24,12 +24,13 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change, Op
@@ -94,22 +95,28 @@ class SnapshotBackfill:
     def loads(self) -> Path:
         return self.settings.snapshot_root / self.settings.topic_prefix / LOADS_FOLDER
 
-    def compute(self, spark: SparkSession) -> Path:
-        """The view at E, computed by Spark SQL over the snapshot and written as Parquet by the executors
-        (after checking the upstream's log still goes on from E); returns the folder."""
+    @contextmanager
+    def seed_frame(self, spark: SparkSession) -> Iterator[DataFrame]:
+        """The view's seed at E (:func:`~mvlog.views.seed.seed_sql`) over the snapshot, as a Spark query,
+        after checking the upstream's log still goes on from E; usable inside the block."""
         check_changelog_after(self.settings, self.store, self.upstream, self.record.epoch)
         self.store.set_lifecycle(self.entry.name, Lifecycle.BACKFILLING)
         self.publish(0)
-        for stale in self.loads.glob(f"{self.entry.name}-*"):  # an interrupted load's
-            shutil.rmtree(stale, ignore_errors=True)
-        folder = self.loads / f"{self.entry.name}-{uuid.uuid4().hex[:12]}"
         table = f"mvlog_seed_{uuid.uuid4().hex}"
         columns = [f"`{c}`" for c in self.upstream.schema.names]
         read_snapshot(spark, self.upstream, self.record.path).select(*columns).createOrReplaceTempView(table)
         try:
-            spark.sql(seed_sql(self.plan, table)).write.parquet(str(folder))
+            yield spark.sql(seed_sql(self.plan, table))
         finally:
             spark.catalog.dropTempView(table)
+
+    def compute(self, spark: SparkSession) -> Path:
+        """The view's seed at E written as Parquet by the executors; returns the folder."""
+        for stale in self.loads.glob(f"{self.entry.name}-*"):  # an interrupted load's
+            shutil.rmtree(stale, ignore_errors=True)
+        folder = self.loads / f"{self.entry.name}-{uuid.uuid4().hex[:12]}"
+        with self.seed_frame(spark) as seed:
+            seed.write.parquet(str(folder))
         return folder
 
     def batches(self, folder: Path, decoder: SeedDecoder) -> Iterator[pa.RecordBatch]:

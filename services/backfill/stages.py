@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from pyspark.sql import SparkSession
@@ -23,6 +24,7 @@ from mvlog.config import Settings
 from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, CommittedEpoch
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import IndexEntry
+from mvlog.connectors.redis.partition_staging import PartitionStaging
 from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.services.backfill.chunked import BackfillStep, ChunkedBackfill, backfill_needed
@@ -78,13 +80,46 @@ class SnapshotSeedStage:
     consumer runs before it reads anything), through the committer like any epoch."""
 
     def __init__(self, settings: Settings, backfill: SnapshotBackfill, committer: EpochCommitter,
-                 spark: SparkSession) -> None:
+                 spark: SparkSession, *, in_tasks: bool = False) -> None:
+        """``in_tasks``: the view's operator runs in Spark's tasks, and so does the load
+        (:mod:`~mvlog.services.backfill.snapshot_tasks`)."""
         self.settings, self.backfill, self._committer, self._spark = settings, backfill, committer, spark
+        self._in_tasks = in_tasks
         self._loaded = False
 
     def upkeep(self) -> None:
         if self._loaded:
             return
+        backfill, view = self.backfill, self.backfill.entry.name
+        rows = self._load_in_tasks() if self._in_tasks else self._load()
+        backfill.publish(backfill.record.rows, done=True, view_rows=rows)
+        log.info("%s: loaded %d rows from %s's snapshot at epoch %d", view, rows, backfill.upstream.name,
+                 backfill.epoch)
+        self._loaded = True
+
+    def _load_timeouts(self) -> dict[str, Any]:
+        """The epoch holds the whole view at E: its transaction(s) get a timeout of their own, and a
+        bounded producer queue."""
+        timeout = max(self.settings.transaction_timeout_ms, self.settings.snapshot_load_transaction_timeout_ms)
+        return {"transaction.timeout.ms": timeout, **LOAD_PRODUCER_QUEUE}
+
+    def _load_in_tasks(self) -> int:
+        """The load by a Spark task per view partition, committed in Redis here; the view's rows at E."""
+        from mvlog.services.backfill.snapshot_tasks import SeedJob, seed_results
+        from mvlog.services.pipeline.task_epochs import commit_partition_results
+
+        backfill = self.backfill
+        job = SeedJob(self.settings.to_executor_json(), backfill.entry, backfill.plan, backfill.epoch,
+                      self._load_timeouts())
+        with backfill.seed_frame(self._spark) as seed:
+            results = seed_results(seed, job)
+        staging = PartitionStaging(backfill.store.redis, self.settings.topic_prefix)
+        commit_partition_results(self._committer, staging, backfill.entry, backfill.epoch, results)
+        backfill.store.set_lifecycle(backfill.entry.name, Lifecycle.LIVE)
+        return sum(row["puts"] for row in results)
+
+    def _load(self) -> int:
+        """The load by this process (the driver), one Kafka transaction; the view's rows at E."""
         backfill, view = self.backfill, self.backfill.entry.name
         loads: list[LoadedEpoch] = []
 
@@ -95,15 +130,9 @@ class SnapshotSeedStage:
         def apply(index: Mapping[int, IndexEntry]) -> bool:
             return backfill.store.commit_load(view, backfill.epoch, index, loads[0].rows, Lifecycle.LIVE.value)
 
-        # The epoch holds the whole view at E: its transaction gets a timeout of its own, and a bounded
-        # producer queue, on a writer of its own.
-        timeout = max(self.settings.transaction_timeout_ms, self.settings.snapshot_load_transaction_timeout_ms)
-        with self._committer.writer_configured({"transaction.timeout.ms": timeout, **LOAD_PRODUCER_QUEUE}):
+        with self._committer.writer_configured(self._load_timeouts()):  # on a writer of its own
             self._committer.commit(backfill.epoch, produce, ScriptCommit(apply))
-        backfill.publish(backfill.record.rows, done=True, view_rows=loads[0].rows)
-        log.info("%s: loaded %d rows from %s's snapshot at epoch %d", view, loads[0].rows, backfill.upstream.name,
-                 backfill.epoch)
-        self._loaded = True
+        return loads[0].rows
 
     def before_epoch(self, work: EpochWork) -> None:
         pass
@@ -159,14 +188,15 @@ class ViewBackfills:
 
 def backfill_stages(settings: Settings, client: redis.Redis, store: ViewStore, catalog: CatalogStore,
                     entry: CatalogEntry, upstreams: Mapping[str, CatalogEntry], plan: ViewPlan,
-                    committer: EpochCommitter, spark: SparkSession) -> ViewBackfills:
+                    committer: EpochCommitter, spark: SparkSession, *, in_tasks: bool = False) -> ViewBackfills:
     """The backfill a view still needs: chunked, from a snapshot, or none (it replays its upstreams'
-    changelogs from their start, or has committed epochs already)."""
+    changelogs from their start, or has committed epochs already). ``in_tasks``: the view's operator runs
+    in Spark's tasks (a snapshot's load then does too)."""
     if backfill_needed(store, entry):
         return ViewBackfills(chunked_stage=ChunkedBackfillStage(ChunkedBackfill(settings, store, catalog, entry,
                                                                                 upstreams), upstreams))
     if snapshot_backfill_needed(store, entry):
         snapshot = SnapshotBackfill(settings, store, SnapshotStore.of(settings, client), entry,
                                     upstreams[entry.sources[0]], plan)
-        return ViewBackfills(seed_stage=SnapshotSeedStage(settings, snapshot, committer, spark))
+        return ViewBackfills(seed_stage=SnapshotSeedStage(settings, snapshot, committer, spark, in_tasks=in_tasks))
     return ViewBackfills()

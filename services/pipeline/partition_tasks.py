@@ -76,6 +76,8 @@ RESULT_SCHEMA = pa.schema([
     ("state_puts", pa.int64()), ("state_deletes", pa.int64()), ("written", pa.bool_()),
     ("kept_writer", pa.bool_()),  # written by a writer its Python worker kept from an earlier task
 ])
+_SQL_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.bool_(): "BOOLEAN"}
+RESULT_DDL = ", ".join(f"`{f.name}` {_SQL_TYPES[f.type]}" for f in RESULT_SCHEMA)  # for mapInArrow
 
 
 def partition_transactional_id(settings: Settings, view: str, partition: int) -> str:

@@ -33,7 +33,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
-import pyarrow as pa
 import redis
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -53,7 +52,7 @@ from mvlog.services.pipeline.join_tasks import (
     view_rows_schema,
 )
 from mvlog.services.pipeline.partition_tasks import (
-    RESULT_SCHEMA,
+    RESULT_DDL,
     ROUTE_TOKEN,
     VIEW_PARTITION,
     PartitionJob,
@@ -71,8 +70,6 @@ from mvlog.views.routing import GroupRouting, grouped_by_key
 log = logging.getLogger(__name__)
 
 _NO_END = 1 << 62  # an epoch above any: EpochIndex.between's upper bound for "everything after"
-_SQL_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.bool_(): "BOOLEAN"}
-_RESULT_DDL = ", ".join(f"`{f.name}` {_SQL_TYPES[f.type]}" for f in RESULT_SCHEMA)
 
 
 class TaskEpochs:
@@ -164,7 +161,7 @@ class TaskEpochs:
                 assert upto is not None
                 batch = reader.frame(self.upstreams[0].name, after, upto)
             job = PartitionJob(target, self.upstreams[0], self.plan, self.routing)
-            results = self._partitioned(batch).mapInArrow(job.run, _RESULT_DDL)
+            results = self._partitioned(batch).mapInArrow(job.run, RESULT_DDL)
         by_epoch: dict[int, list[dict[str, int]]] = {}
         kept: dict[int, bool] = {}
         for row in results.toArrow().to_pylist():
@@ -225,20 +222,27 @@ class TaskEpochs:
                            upto if batch is None else None, end_side, out_schema)
         by_view_key = by_join_key.mapInArrow(stage.run, from_arrow_schema(out_schema))
         by_view_key = by_view_key.repartition(self.entry.partitions, ROUTE_TOKEN)
-        return by_view_key.mapInArrow(ViewPartitionJob(target, self.plan).run, _RESULT_DDL)
+        return by_view_key.mapInArrow(ViewPartitionJob(target, self.plan).run, RESULT_DDL)
 
     def _commit(self, epoch: int, rows: list[dict[str, int]]) -> None:
-        """One epoch's Redis commit through the committer (its Kafka side is the tasks' transactions)."""
-        partitions = sorted(row["partition"] for row in rows)
-        if partitions != list(range(self.entry.partitions)):
-            raise RuntimeError(f"{self.entry.name}: epoch {epoch} came back from partitions {partitions}, "
-                               f"not all {self.entry.partitions}")
-        index = {row["partition"]: IndexEntry(epoch, row["offset"], row["records"]) for row in rows}
-        staged = {row["partition"]: StagedCounts(row["puts"], row["deletes"], row["order_puts"], row["order_deletes"],
-                                                 row["state_puts"], row["state_deletes"]) for row in rows}
-        follows = self.committer.mce
+        commit_partition_results(self.committer, self.staging, self.entry, epoch, rows)
 
-        def apply(committed_index: Mapping[int, IndexEntry]) -> bool:
-            return self.staging.commit(self.entry.name, epoch, follows, staged, committed_index)
 
-        self.committer.commit(epoch, lambda _writer: CommittedEpoch(epoch, index), ScriptCommit(apply))
+def commit_partition_results(committer: EpochCommitter, staging: PartitionStaging, entry: CatalogEntry, epoch: int,
+                             rows: Sequence[Mapping[str, int]]) -> None:
+    """One epoch's Redis commit through the committer, from its partitions' result rows
+    (:data:`~mvlog.services.pipeline.partition_tasks.RESULT_SCHEMA`): its Kafka side is the tasks'
+    transactions, its Redis side the partitions' staging swapped in with the index and the MCE."""
+    partitions = sorted(row["partition"] for row in rows)
+    if partitions != list(range(entry.partitions)):
+        raise RuntimeError(f"{entry.name}: epoch {epoch} came back from partitions {partitions}, "
+                           f"not all {entry.partitions}")
+    index = {row["partition"]: IndexEntry(epoch, row["offset"], row["records"]) for row in rows}
+    staged = {row["partition"]: StagedCounts(row["puts"], row["deletes"], row["order_puts"], row["order_deletes"],
+                                             row["state_puts"], row["state_deletes"]) for row in rows}
+    follows = committer.mce
+
+    def apply(committed_index: Mapping[int, IndexEntry]) -> bool:
+        return staging.commit(entry.name, epoch, follows, staged, committed_index)
+
+    committer.commit(epoch, lambda _writer: CommittedEpoch(epoch, index), ScriptCommit(apply))

@@ -75,7 +75,7 @@ class ViewConsumer:
         self.reader = UpstreamReader(settings, self.spark, self.upstreams, self.store.index,
                                      self.max_epochs_per_trigger, task_per_partition=self.tasks is not None)
         self.backfills = backfill_stages(settings, self._redis, self.store, self.catalog, self.entry, self.upstreams,
-                                         self.plan, self.committer, self.spark)
+                                         self.plan, self.committer, self.spark, in_tasks=self.tasks is not None)
         self.replacement = ReplacementStage(self.entry, self.catalog, replacements, self.store,
                                             SnapshotStore.of(settings, self._redis), self.reader, self.committer,
                                             self._adopt)

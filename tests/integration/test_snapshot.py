@@ -23,13 +23,15 @@ from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
 from mvlog.connectors.checkpoints import latest_checkpoint
 from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.kafka.topics import ensure_topic
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row, encode_key, encode_row
-from mvlog.services.backfill.snapshot import LOADS_FOLDER
+from mvlog.services.backfill.snapshot import LOADS_FOLDER, SnapshotBackfill
+from mvlog.services.backfill.snapshot_tasks import SeedJob, seed_results
 from mvlog.services.cli import main
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.snapshot_compaction import build_snapshot, snapshot_frame
@@ -377,5 +379,61 @@ def test_a_snapshot_backfill_killed_while_it_writes_the_view_is_redone_exactly(
         epochs = [e.epoch for e in reader.epochs(idle_timeout=10.0)]
     assert epochs[0] == epoch and epochs.count(epoch) == 1, epochs[:3]
     assert not redis_client.exists(store.key("mv2", "rows.load"))
+    checked = check_oracle(settings, redis_client, ["t1", "mv1", "mv2"])
+    assert checked >= 2 * 3, checked
+
+
+def test_a_snapshot_load_in_tasks_is_exact_and_resumes_partitions_an_earlier_attempt_committed(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any, tmp_path: Path) -> None:
+    """With the views' operators in Spark's tasks, a snapshot's epoch E is loaded by a task per partition
+    (its own transaction, its rows and state staged batch by batch), the driver committing E in Redis.
+    An earlier attempt whose tasks all committed E to Kafka before its driver died is resumed: no
+    partition holds E twice. The views are exact at every epoch from E on (oracle)."""
+    settings = make_settings(snapshot_dir=tmp_path / "snapshots", barrier_interval_ms=500,
+                             snapshot_load_batch_rows=97, operators_in_tasks=True)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    catalog = CatalogStore(settings, redis_client)
+    rng = random.Random(13)
+    table = _loaded_table(settings, redis_client, seed=11)
+    table.upsert([_row(rng, rng.randrange(KEYS)) for _ in range(300)])
+    table.delete([rng.randrange(KEYS) for _ in range(100)])
+    table.flush()
+    epoch = build_snapshot(settings, "t1", spark, client=redis_client).record.epoch
+    table.upsert([_row(rng, rng.randrange(KEYS)) for _ in range(200)])
+    table.flush()
+    create_view(settings, "mv1", "SELECT id, v1 * 2 AS w, deleted FROM t1 WHERE deleted = false",
+                client=redis_client, backfill="snapshot")
+    create_view(settings, "mv2", "SELECT deleted, count(*) AS c, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi "
+                "FROM t1 GROUP BY deleted", client=redis_client, backfill="snapshot")
+    # mv2's earlier attempt: its tasks committed E in every partition, its driver died before Redis.
+    entry, upstream = catalog.get("mv2"), catalog.get("t1")
+    earlier = SnapshotBackfill(settings, store, SnapshotStore.of(settings, redis_client), entry, upstream,
+                               plan_for(catalog, "mv2", entry.sql or ""))
+    job = SeedJob(settings.to_executor_json(), entry, earlier.plan, epoch, {})
+    with earlier.seed_frame(spark) as seed:
+        assert all(row["written"] for row in seed_results(seed, job))
+    assert store.mce("mv2") is None
+    consumers = [ViewConsumer(settings, v, spark=spark, client=redis_client) for v in ("mv1", "mv2")]
+    try:
+        assert all(consumer.tasks is not None for consumer in consumers), "both views run in tasks"
+        for consumer in consumers:
+            consumer.catch_up()
+        table.upsert([_row(rng, rng.randrange(KEYS)) for _ in range(200)])
+        table.delete([rng.randrange(KEYS) for _ in range(50)])
+        last = table.flush()
+        for consumer in consumers:
+            assert consumer.catch_up() >= last  # t1 commits an epoch every interval
+    finally:
+        for consumer in consumers:
+            consumer.stop()
+        table.close()
+    for view in ("mv1", "mv2"):
+        assert store.lifecycle(view) == Lifecycle.LIVE
+        for partition in range(catalog.get(view).partitions):
+            barriers = partition_barriers(settings, view, partition, 0)
+            assert [b.epoch for b in barriers][:1] == [epoch] and [b.epoch for b in barriers].count(epoch) == 1, \
+                (view, partition, barriers[:3])
+        assert int(store.backfill_progress(view)["view_rows"]) == len(
+            _history(settings, store, catalog.get(view), epoch)[epoch]) > 0
     checked = check_oracle(settings, redis_client, ["t1", "mv1", "mv2"])
     assert checked >= 2 * 3, checked
