@@ -5,6 +5,7 @@
   index, the executors read them.
 * ``change_rows``: changes as signed Arrow rows (Delta's change data feed shape), what every reader of a
   changelog through Spark sees.
+* ``job_progress``: a long Spark job's tasks done, from Spark's status tracker (for a progress bar).
 * ``log_cache_client``: the executor side of the log cache: a task's planned epochs come from a Faust
   worker over HTTP when it holds them, else from Kafka.
 

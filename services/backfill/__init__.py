@@ -4,5 +4,7 @@
   its serving state in key-ordered chunks, merged with its live epochs (positions commit with each epoch).
 * ``snapshot``: :class:`~mvlog.services.backfill.snapshot.SnapshotBackfill`, the view computed by Spark SQL
   over the upstream's snapshot at epoch E and committed as the view's first epoch.
+* ``snapshot_tasks``: that first epoch loaded by a Spark task per view partition, for a view whose
+  operator runs in tasks.
 * ``stages``: both as stages of a view's epoch pipeline (:mod:`mvlog.services.pipeline.stage`).
 """
