@@ -6,8 +6,8 @@
   every epoch, a table's too), ``backfill/`` (a new view on a live upstream: chunked or from a snapshot),
   ``replacement/`` (replacing a view's definition in place).
 * Control plane: ``view_ddl`` (create, drop, alter), ``control_plane`` and ``state_rebuild`` (Redis
-  rebuilt from Kafka after a wipe), ``snapshot_compaction``, ``redelivery``, ``rederive`` and ``rederive_tasks`` (replay),
-  ``lag_sampler``, ``status_snapshot``.
+  rebuilt from Kafka after a wipe), ``snapshot_compaction``, ``redelivery``, ``rederive`` and
+  ``rederive_tasks`` (replay), ``lag_sampler``, ``status_snapshot``.
 * Processes users run: ``cli`` with ``commands/`` (the ``mvlog`` command), ``log_cache/`` (the Faust log
   cache worker), ``dashboard/`` (the lag web page), ``spark_session``, ``http_auth``.
 """
