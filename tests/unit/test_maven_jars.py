@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,32 @@ def test_the_registry_is_a_complete_unpacked_app_in_its_versioned_cache(tmp_path
     (app / "lib").mkdir()
     assert _runner(app) == app / "apicurio-registry-app-3.0.9-runner.jar"
     assert _runner(tmp_path / "absent") is None
+
+
+def _fake_mvn(folder: Path, body: str) -> None:
+    """An ``mvn`` on PATH that runs ``body`` with $out set to its -DoutputDirectory."""
+    script = folder / "mvn"
+    script.write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in -DoutputDirectory=*) out="${a#*=}";; esac; done\n'
+                      + body + "\n")
+    script.chmod(0o755)
+
+
+def test_two_resolutions_at_once_each_write_a_folder_of_their_own(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two setups resolving one component at once (two clones) used to unpack into one ``.partial`` folder
+    and fail; each now has its own, and the last one renamed in place wins whole. A failed resolution
+    leaves no folder behind."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    _fake_mvn(tools, 'mkdir -p "$out" && sleep 0.5 && echo "$$" > "$out/x.jar"')
+    monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")
+    home = tmp_path / "cache" / "x-1"
+    with ThreadPoolExecutor(2) as pool:
+        found = list(pool.map(lambda _: resolve_jars(POM, home, what="X", env_var="MVLOG_X_HOME"), range(2)))
+    assert found == [home / "libs"] * 2
+    assert [p.name for p in (home / "libs").iterdir()] == ["x.jar"]
+    assert sorted(p.name for p in home.parent.iterdir()) == ["x-1"], "no partial folder is left"
+    _fake_mvn(tools, 'mkdir -p "$out" && echo "no network" && exit 1')
+    with pytest.raises(JarSetupError, match="no network"):
+        resolve_jars(POM, tmp_path / "cache" / "y-1", what="Y", env_var="MVLOG_Y_HOME")
+    assert sorted(p.name for p in home.parent.iterdir()) == ["x-1"]
