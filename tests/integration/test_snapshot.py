@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import redis
@@ -31,7 +32,7 @@ from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import decode_row, encode_key, encode_row
 from mvlog.services.backfill.snapshot import LOADS_FOLDER, SnapshotBackfill
-from mvlog.services.backfill.snapshot_tasks import SeedJob, seed_results
+from mvlog.services.backfill.snapshot_tasks import RouteSeed, SeedJob
 from mvlog.services.cli import main
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.snapshot_compaction import build_snapshot, snapshot_frame
@@ -387,8 +388,9 @@ def test_a_snapshot_load_in_tasks_is_exact_and_resumes_partitions_an_earlier_att
         make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any, tmp_path: Path) -> None:
     """With the views' operators in Spark's tasks, a snapshot's epoch E is loaded by a task per partition
     (its own transaction, its rows and state staged batch by batch), the driver committing E in Redis.
-    An earlier attempt whose tasks all committed E to Kafka before its driver died is resumed: no
-    partition holds E twice. The views are exact at every epoch from E on (oracle)."""
+    An earlier attempt whose task of partition 0 committed E to Kafka before the others and the driver
+    died is resumed by the next load: partition 0 is staged again, not rewritten, so no partition holds
+    E twice. The views are exact at every epoch from E on (oracle)."""
     settings = make_settings(snapshot_dir=tmp_path / "snapshots", barrier_interval_ms=500,
                              snapshot_load_batch_rows=97, operators_in_tasks=True)
     store = ViewStore(redis_client, settings.topic_prefix)
@@ -405,17 +407,21 @@ def test_a_snapshot_load_in_tasks_is_exact_and_resumes_partitions_an_earlier_att
                 client=redis_client, backfill="snapshot")
     create_view(settings, "mv2", "SELECT deleted, count(*) AS c, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi "
                 "FROM t1 GROUP BY deleted", client=redis_client, backfill="snapshot")
-    # mv2's earlier attempt: its tasks committed E in every partition, its driver died before Redis.
+    # mv2's earlier attempt: the task of partition 0 committed E; the others and the driver died.
     entry, upstream = catalog.get("mv2"), catalog.get("t1")
     earlier = SnapshotBackfill(settings, store, SnapshotStore.of(settings, redis_client), entry, upstream,
                                plan_for(catalog, "mv2", entry.sql or ""))
-    job = SeedJob(settings.to_executor_json(), entry, earlier.plan, epoch, {})
     with earlier.seed_frame(spark) as seed:
-        assert all(row["written"] for row in seed_results(seed, job))
+        rows = seed.toArrow()
+    mine = rows.filter(pc.equal(RouteSeed(earlier.plan, entry.partitions).partitions_of(rows), 0))
+    assert mine.num_rows > 0
+    done = SeedJob(settings.to_executor_json(), entry, earlier.plan, epoch, {}).load(0, mine)
+    assert done["written"] and done["records"] == mine.num_rows
     assert store.mce("mv2") is None
     consumers = [ViewConsumer(settings, v, spark=spark, client=redis_client) for v in ("mv1", "mv2")]
     try:
         assert all(consumer.tasks is not None for consumer in consumers), "both views run in tasks"
+        assert all(consumer.backfills.snapshot is not None for consumer in consumers), "E is loaded, not rolled"
         for consumer in consumers:
             consumer.catch_up()
         table.upsert([_row(rng, rng.randrange(KEYS)) for _ in range(200)])
