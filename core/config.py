@@ -186,6 +186,13 @@ class Settings(BaseSettings):
         ``model_dump_json()`` masks secrets."""
         return self.model_dump_json(context={"reveal_secrets": True})
 
+    @classmethod
+    def from_executor_json(cls, text: str) -> Settings:
+        """The settings a Spark task was handed (:meth:`to_executor_json`). Parsed once per process: a
+        Python worker runs many tasks of one job, each parse costs about 2 ms, and settings are frozen, so
+        the tasks can share one object."""
+        return _parsed_settings(text)
+
     @field_validator("topic_prefix")
     @classmethod
     def _prefix_is_a_topic_name(cls, value: str) -> str:
@@ -239,6 +246,11 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raise FileNotFoundError(f"MVLOG_CONFIG points to {path}, which does not exist")
     env_values = Settings().model_dump(exclude_unset=True, context={"reveal_secrets": True})
     return Settings(**{**file_values, **env_values, **overrides})
+
+
+@lru_cache(maxsize=16)
+def _parsed_settings(text: str) -> Settings:
+    return Settings.model_validate_json(text)
 
 
 @lru_cache(maxsize=1)

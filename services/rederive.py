@@ -37,7 +37,7 @@ from mvlog.connectors.kafka.topics import ensure_topic
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.connectors.redis.view_store import ViewStore
-from mvlog.connectors.spark.source_options import connection_options
+from mvlog.connectors.spark.source_options import changelog_read
 from mvlog.key_order import order_member
 from mvlog.replay import ReplayRangeError, ReplayTargetError, RetainedRange
 from mvlog.row_schema import Key, Row
@@ -83,6 +83,10 @@ class DerivationPlan:
     epochs: list[int]
     retained: RetainedRange
     upstreams: list[UpstreamRead] = field(default_factory=list)
+
+    def upto(self, upstream: str) -> int:
+        """The last epoch read from ``upstream``."""
+        return next(u.upto for u in self.upstreams if u.name == upstream)
 
     def to_json(self) -> dict[str, Any]:
         return {"view": self.view, "sources": list(self.sources), "first_epoch": self.first,
@@ -237,22 +241,13 @@ class Derivation:
         from mvlog.services.spark_session import spark_session
 
         spark = self._spark or spark_session(self.settings, app_name=f"mvlog-replay-{self.plan.view}")
-        options = connection_options(self.settings)
-
-        def load(view: str, after: int, upto: int) -> Any:
-            return (spark.read.format("mvlog").options(**options).option("view", view)
-                    .option("startingEpoch", str(after)).option("endingEpoch", str(upto)).load())
 
         def prefix() -> dict[str, list[Row]]:
             rows: dict[str, list[Row]] = {}
             for name in self.plan.sources:
-                upto = min(self.plan.prev_epoch, next(u.upto for u in self.plan.upstreams if u.name == name))
-                before = self.index.before(name, 0, upto + 1)
-                if before is None:
-                    rows[name] = []
-                    continue
-                frame = last_images(load(name, 0, before.epoch)).select(*self.upstreams[name].schema.names)
-                rows[name] = frame.toArrow().to_pylist()
+                frame = folded_prefix(spark, self.settings, self.index, self.plan, name)
+                rows[name] = [] if frame is None else \
+                    frame.select(*self.upstreams[name].schema.names).toArrow().to_pylist()
             return rows
 
         def upstream_range() -> Iterator[tuple[int, dict[str, ChangeBatch]]]:
@@ -263,12 +258,23 @@ class Derivation:
                 chunk: EpochBatches = {}
                 for name in self.plan.sources:
                     if self.index.between(name, 0, after, upto):
-                        batches_from_arrow(load(name, after, upto).toArrow(), self.upstreams[name], chunk)
+                        batches_from_arrow(changelog_read(spark, self.settings, name, after, upto).toArrow(),
+                                           self.upstreams[name], chunk)
                 for epoch in sorted(chunk):
                     yield epoch, chunk[epoch]
                 after = upto
 
         return prefix, upstream_range
+
+
+def folded_prefix(spark: SparkSession, settings: Settings, index: EpochIndex, plan: DerivationPlan,
+                  upstream: str) -> DataFrame | None:
+    """``upstream``'s rows as of the epoch before ``plan``'s range: its log up to there read by Spark and
+    folded into each key's last image (:func:`last_images`), not run yet; None when it has no epoch there."""
+    before = index.before(upstream, 0, min(plan.prev_epoch, plan.upto(upstream)) + 1)
+    if before is None:
+        return None
+    return last_images(changelog_read(spark, settings, upstream, 0, before.epoch))
 
 
 def last_images(frame: DataFrame) -> DataFrame:

@@ -51,7 +51,7 @@ from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import EpochIndex, IndexEntry
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.spark.job_progress import JobProgress
-from mvlog.connectors.spark.source_options import connection_options
+from mvlog.connectors.spark.source_options import changelog_read
 from mvlog.partition_epochs import prev_epochs, resume_partition
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key, Row
@@ -66,7 +66,7 @@ from mvlog.services.pipeline.partition_tasks import (
     written_or_found,
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
-from mvlog.services.rederive import DerivationPlan, last_images, new_replay_topic, serving_rows
+from mvlog.services.rederive import DerivationPlan, folded_prefix, new_replay_topic, serving_rows
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import EpochOutput, InMemoryState, ViewOperator, ViewPlan
 from mvlog.views.key_routing import KeyRouting
@@ -102,9 +102,9 @@ class DeriveJob:
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``mapInArrow``'s function: the task's shuffled rows in, one row per partition and epoch (a
         rebuild: per partition) out."""
+        settings = Settings.from_executor_json(self.settings_json)
         for partition, rows in partitions_of_task(batches, VIEW_PARTITION, shuffled=True):
             rows = rows.drop_columns([VIEW_PARTITION, ROUTE_TOKEN]).sort_by(SOURCE_ORDER)
-            settings = Settings.model_validate_json(self.settings_json)
             if self.rebuild:
                 yield pa.RecordBatch.from_pylist([self.stage(settings, partition, rows)], schema=STAGED_SCHEMA)
             else:
@@ -285,18 +285,10 @@ class TaskDerivation:
         """The upstream's last image per key up to ``prev_epoch``, as signed rows of that one epoch, then the
         range's epochs as read."""
         plan, name = self.plan, self.upstream.name
-        options = connection_options(self.settings)
-
-        def load(after: int, upto: int) -> DataFrame:
-            return (self.spark.read.format("mvlog").options(**options).option("view", name)
-                    .option("startingEpoch", str(after)).option("endingEpoch", str(upto)).load())
-
-        upto = next(u.upto for u in plan.upstreams if u.name == name)
-        frame = load(plan.prev_epoch, upto)
-        before = EpochIndex(self.client, self.settings.topic_prefix).before(name, 0, plan.prev_epoch + 1)
-        if before is None:
+        frame = changelog_read(self.spark, self.settings, name, plan.prev_epoch, plan.upto(name))
+        index = EpochIndex(self.client, self.settings.topic_prefix)
+        if (prefix := folded_prefix(self.spark, self.settings, index, plan, name)) is None:
             return frame
-        hydration = (last_images(load(0, before.epoch))
-                     .withColumn("_epoch", F.lit(plan.prev_epoch).cast("bigint"))
+        hydration = (prefix.withColumn("_epoch", F.lit(plan.prev_epoch).cast("bigint"))
                      .withColumn("_change_type", F.lit("insert")).withColumn("_weight", F.lit(1).cast("int")))
         return hydration.select(*frame.columns).unionByName(frame)

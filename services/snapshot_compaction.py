@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import redis
 from confluent_kafka import KafkaException
-from pyspark.sql import DataFrame, DataFrameReader, Row, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as sf
 
 from mvlog.catalog import CatalogEntry
@@ -37,7 +37,7 @@ from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.snapshot_store import MANIFEST, SnapshotStore
 from mvlog.connectors.redis.view_store import ViewStore
-from mvlog.connectors.spark.source_options import connection_options
+from mvlog.connectors.spark.source_options import changelog_read
 from mvlog.snapshot_plan import (
     RetentionCheck,
     SnapshotError,
@@ -90,10 +90,6 @@ def check_changelog_after(settings: Settings, store: ViewStore, entry: CatalogEn
         raise SnapshotError(f"{entry.name}: the changelog no longer holds every epoch after {epoch} "
                             f"(partitions {missing} were trimmed by retention or that epoch is not indexed); "
                             f"Kafka retention must cover the time between two snapshots")
-
-
-def _source(spark: SparkSession, settings: Settings, view: str) -> DataFrameReader:
-    return spark.read.format("mvlog").option("view", view).options(**connection_options(settings))
 
 
 def snapshot_schema_ddl(entry: CatalogEntry) -> str:
@@ -161,10 +157,8 @@ def snapshot_frame(spark: SparkSession, settings: Settings, entry: CatalogEntry,
     """rows(view, epoch) as a DataFrame (the view's columns, ``_key``, ``_vnode``): ``base`` + the
     changelog's epochs in (base.epoch, epoch] netted per key; without ``base``, the whole changelog."""
     columns = [sf.col(f"`{c}`") for c in entry.schema.names]
-    reader = _source(spark, settings, entry.name)
-    if base is not None:
-        reader = reader.option("startingEpoch", str(base.epoch))
-    changes = (reader.option("endingEpoch", str(epoch)).load()
+    after = base.epoch if base is not None else None
+    changes = (changelog_read(spark, settings, entry.name, after, epoch)
                .where(sf.col("_change_type") != "barrier")
                .select(*columns, KEY_COLUMN, "_epoch", "_offset", "_weight"))
     if base is not None:

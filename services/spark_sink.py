@@ -132,7 +132,7 @@ class WriteTarget:
 
     @property
     def settings(self) -> Settings:
-        return Settings.model_validate_json(self.settings_json)
+        return Settings.from_executor_json(self.settings_json)
 
     def stage_key(self, prefix: str) -> str:
         return view_key(prefix, self.table, f"spark-stage:{self.write_id}:{uuid.uuid4().hex}")

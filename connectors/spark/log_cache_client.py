@@ -95,7 +95,7 @@ def sub_range(part: PartitionRange, after: int, upto: int) -> PartitionRange:
 
 def read_with_cache(part: PartitionRange, from_kafka: KafkaRead) -> Iterator[pa.RecordBatch]:
     """The planned epochs of ``part`` in order, each exactly once, from the cache where it can."""
-    settings = Settings.model_validate_json(part.settings_json)
+    settings = Settings.from_executor_json(part.settings_json)
     client = redis_client.connect(settings)
     registry = CacheRegistry(client, settings.topic_prefix)
     planned = [epoch for epoch, _ in part.barriers]

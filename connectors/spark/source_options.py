@@ -9,9 +9,12 @@ data source reads cannot drift apart.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mvlog.config import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 #: Option name -> the :class:`~mvlog.config.Settings` field it overrides.
 OPTION_FIELDS = {"bootstrapServers": "bootstrap_servers", "redisUrl": "redis_url", "redisCluster": "redis_cluster",
@@ -26,6 +29,17 @@ def connection_options(settings: Settings) -> dict[str, str]:
     ``redisUrl`` is a Redis Cluster's) and topic prefix."""
     return {"bootstrapServers": settings.bootstrap_servers, "redisUrl": settings.redis_url,
             "redisCluster": "true" if settings.redis_cluster else "false", "topicPrefix": settings.topic_prefix}
+
+
+def changelog_read(spark: SparkSession, settings: Settings, view: str, after: int | None, upto: int,
+                   **options: str) -> DataFrame:
+    """The batch read of ``view``'s changelog in ``settings``' stack: its epochs in ``(after, upto]`` (from
+    the log's start when ``after`` is None) as the data source's signed rows, not run yet. ``options``:
+    more options of the read (:data:`SMALL_READ_OPTION`, say)."""
+    reader = spark.read.format("mvlog").options(**connection_options(settings)).option("view", view)
+    if after is not None:
+        reader = reader.option("startingEpoch", str(after))
+    return reader.option("endingEpoch", str(upto)).options(**options).load()
 
 
 def settings_overrides(options: Mapping[str, str]) -> dict[str, Any]:

@@ -145,7 +145,7 @@ class _KafkaPartitionRead:
     """The state of one partition's read: what :func:`read_partition_from_kafka` decodes batch by batch."""
 
     def __init__(self, part: PartitionRange) -> None:
-        settings = Settings.model_validate_json(part.settings_json)
+        settings = Settings.from_executor_json(part.settings_json)
         self.part = part
         self.rows = SignedRowBuilder(RowSchema.from_json(part.schema_json), part.partition)
         self.planned = dict(part.barriers)  # epoch -> offset of its committed barrier
@@ -385,7 +385,7 @@ class MvlogDataSource(DataSource):
             raise ValueError("the mvlog data source needs the option 'view' (reads) or 'table' (reads and writes)")
         overrides = settings_overrides(self.options)
         if self.session_settings_json is not None:
-            self.settings = Settings.model_validate_json(self.session_settings_json).model_copy(update=overrides)
+            self.settings = Settings.from_executor_json(self.session_settings_json).model_copy(update=overrides)
         else:
             self.settings = load_settings(**overrides)
         client = redis_client.connect(self.settings)

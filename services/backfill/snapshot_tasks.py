@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from pyspark import TaskContext
 from pyspark.sql import DataFrame
 from pyspark.sql.types import IntegerType, StructField, StructType
 
@@ -47,6 +45,7 @@ from mvlog.services.pipeline.partition_tasks import (
     RESULT_SCHEMA,
     ROUTE_TOKEN,
     VIEW_PARTITION,
+    own_partition,
     partition_transactional_id,
 )
 from mvlog.views import ChangeBatch, ViewPlan
@@ -90,25 +89,15 @@ class SeedJob:
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``mapInArrow``'s function: the task's shuffled seed rows in, the partition's result row out. A
         partition without a seed row still gets its barrier of E (its task's index is its partition)."""
-        collected = [batch for batch in batches if batch.num_rows]
-        context = TaskContext.get()
-        partition = context.partitionId() if context is not None else None
-        if collected:
-            table = pa.Table.from_batches(collected)
-            found = pc.unique(table.column(VIEW_PARTITION)).to_pylist()
-            if partition is not None and found != [partition]:
-                raise RuntimeError(f"{self.view.name}: seed task {partition} got the rows of partitions {found}")
-            partition = found[0]
-            table = table.drop_columns([VIEW_PARTITION, ROUTE_TOKEN])
-        elif partition is None:
+        if (own := own_partition(batches, VIEW_PARTITION)) is None:
             return
-        else:
-            table = None
-        yield pa.RecordBatch.from_pylist([self.load(partition, table)], schema=RESULT_SCHEMA)
+        partition, rows = own
+        seed = rows.drop_columns([VIEW_PARTITION, ROUTE_TOKEN]) if rows is not None else None
+        yield pa.RecordBatch.from_pylist([self.load(partition, seed)], schema=RESULT_SCHEMA)
 
     def load(self, partition: int, seed: pa.Table | None) -> dict[str, Any]:
         """Stage partition ``partition``'s seed and commit its epoch E to Kafka (unless committed)."""
-        settings = Settings.model_validate_json(self.settings_json)
+        settings = Settings.from_executor_json(self.settings_json)
         view, epoch = self.view, self.epoch
         staging = PartitionStaging(redis_client.connect(settings), settings.topic_prefix)
         decoder, budget = SeedDecoder(self.plan), settings.snapshot_load_batch_rows

@@ -178,7 +178,7 @@ class JoinKeyJob:
         target, view = self.target, self.target.view
         epochs, upto = self._epochs(rows)
         todo = sorted(e for e in epochs if target.after < e <= upto)
-        settings = Settings.model_validate_json(target.settings_json)
+        settings = Settings.from_executor_json(target.settings_json)
         operator = ViewOperator(self.plan)
         of_vnode = partitions_table(view.partitions)
         tokens = pa.array(partition_tokens(view.partitions), pa.int32())

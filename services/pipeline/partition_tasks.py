@@ -184,6 +184,16 @@ def partitions_of_task(batches: Iterator[pa.RecordBatch], column: str, shuffled:
         yield partition, table.filter(pc.equal(table.column(column), partition))
 
 
+def own_partition(batches: Iterator[pa.RecordBatch], column: str) -> tuple[int, pa.Table | None] | None:
+    """A shuffled task's view partition and its rows (:func:`partitions_of_task`). A task that got no rows
+    is its partition's too (its index: Spark's hash partitioning puts partition ``p``'s rows, if any, in task
+    ``p``), with None for rows: the partition's epoch still gets its barrier. None outside a Spark task."""
+    for partition, rows in partitions_of_task(batches, column, shuffled=True):
+        return partition, rows  # check_routed: the one partition of the task's own index
+    context = TaskContext.get()
+    return (context.partitionId(), None) if context is not None else None
+
+
 class PartitionEpochs:
     """One partition's epochs of one micro-batch, in one task (see the module's docstring)."""
 
@@ -227,7 +237,7 @@ class PartitionEpochs:
 def committed_state(staging: PartitionStaging, target: PartitionTarget) -> LayeredState:
     """The view's operator state as its MCE left it in Redis (never an earlier attempt's staging), under
     the epochs this task computed before the next."""
-    settings = Settings.model_validate_json(target.settings_json)
+    settings = Settings.from_executor_json(target.settings_json)
     return LayeredState(StoredState(partial(ViewRows(staging.redis, settings.topic_prefix).get_state,
                                             target.view.name)))
 
@@ -263,7 +273,7 @@ class PartitionWriter:
 
     def __init__(self, target: PartitionTarget, partition: int) -> None:
         self.target, self.partition = target, partition
-        self.settings = Settings.model_validate_json(target.settings_json)
+        self.settings = Settings.from_executor_json(target.settings_json)
 
     def write(self, todo: list[int], compute: Callable[[int, LayeredState], EpochOutput],
               state: Callable[[PartitionStaging], LayeredState], *, stage_state: bool = True) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from mvlog.changes import Change
 from mvlog.config import Settings
 from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.connectors.spark.change_rows import arrow_schema, end_marker, epoch_slices
-from mvlog.connectors.spark.source_options import SMALL_READ_OPTION, connection_options
+from mvlog.connectors.spark.source_options import SMALL_READ_OPTION, changelog_read, connection_options
 from mvlog.connectors.spark.spark_source import ReadRanges, plan_ranges, spark_schema_ddl
 from mvlog.views import ChangeBatch
 
@@ -65,15 +65,12 @@ class UpstreamReader:
                                          f"{', '.join(sources)} (abandoned after Redis was wiped); "
                                          "restart to plan again from the index")
 
-    def _options(self, view: str) -> dict[str, str]:
-        return {"view": view, **connection_options(self.settings),
-                SMALL_READ_OPTION: str(self.settings.small_read_records)}
-
     def stream(self, sources: Sequence[str], after: int) -> DataFrame:
         """The streaming read of ``sources`` from the epoch after ``after``: the first one's rows; for a join,
         in micro-batches over the union of all of their epochs, each ending with the data source's end
         marker (``alignWith``), up to which the consumer reads the others."""
-        reader = self.spark.readStream.format("mvlog").options(**self._options(sources[0]))
+        reader = self.spark.readStream.format("mvlog").options(**connection_options(self.settings))
+        reader = reader.option("view", sources[0]).option(SMALL_READ_OPTION, str(self.settings.small_read_records))
         reader = reader.option("startingEpoch", str(after))
         reader = reader.option("maxEpochsPerTrigger", str(self.max_epochs_per_trigger))
         reader = reader.option("maxRecordsPerTrigger", str(self.settings.max_records_per_trigger))
@@ -89,8 +86,8 @@ class UpstreamReader:
             ranges = plan_ranges(self.settings, self.upstreams[view], after, upto)
             ids = self.spark.range(0, len(ranges), 1, numPartitions=max(1, len(ranges)))
             return ids.mapInArrow(ReadRanges(tuple(ranges)).run, spark_schema_ddl(self.upstreams[view].schema))
-        reader = self.spark.read.format("mvlog").options(**self._options(view))
-        return reader.option("startingEpoch", str(after)).option("endingEpoch", str(upto)).load()
+        return changelog_read(self.spark, self.settings, view, after, upto,
+                              **{SMALL_READ_OPTION: str(self.settings.small_read_records)})
 
     def read_range(self, view: str, after: int, upto: int) -> pa.Table:
         """One upstream's epochs in ``(after, upto]``, collected to the driver (a batch job)."""

@@ -19,7 +19,7 @@ from mvlog.connectors.kafka.changelog_writer import encode_batch
 from mvlog.connectors.spark.change_rows import BARRIER, SignedRowBuilder
 from mvlog.connectors.spark.hash_partitioning import murmur3_hash_int, partition_tokens, spark_partition_of_int
 from mvlog.row_schema import Key, Row, RowSchema
-from mvlog.services.pipeline.partition_tasks import ROUTE_TOKEN, VIEW_PARTITION, RouteRows
+from mvlog.services.pipeline.partition_tasks import ROUTE_TOKEN, VIEW_PARTITION, RouteRows, own_partition
 from mvlog.views import ChangeBatch, ViewOperator, plan_view
 from mvlog.views.routing import GroupRouting, grouped_by_key
 from mvlog.views.state import InMemoryState, LayeredState
@@ -194,3 +194,12 @@ def test_route_rows_sends_changes_to_their_groups_and_every_barrier_to_every_par
     assert sorted(zip(barriers.column("_epoch").to_pylist(), barriers.column(VIEW_PARTITION).to_pylist(),
                       strict=True)) == [(e, p) for e in (7, 8) for p in range(3)]
     assert set(barriers.column("_partition").to_pylist()) == {1}  # the upstream partition stays
+
+
+def test_a_task_holds_one_partition_and_an_empty_task_its_own_index() -> None:
+    rows = pa.table({"x": [1, 2], VIEW_PARTITION: pa.array([2, 2], pa.int32())})
+    found = own_partition(iter(rows.to_batches()), VIEW_PARTITION)
+    assert found is not None and found[0] == 2 and found[1] is not None and found[1].num_rows == 2
+    # Outside a Spark task nothing names an empty task's partition.
+    assert own_partition(iter([]), VIEW_PARTITION) is None
+    assert own_partition(iter(rows.slice(0, 0).to_batches()), VIEW_PARTITION) is None
