@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from mvlog.row_schema import INT64_MAX, INT64_MIN, Column, ColumnType
+from mvlog.row_schema import INT64_MAX, INT64_MIN, ColumnType
 from mvlog.views.errors import UnsupportedSql, ViewDefinitionError
 from mvlog.views.expr import (
     AggregateCall,
@@ -39,6 +39,7 @@ from mvlog.views.expr import (
 from mvlog.views.functions import bind_function
 from mvlog.views.parse import ParsedSelect, fragment
 from mvlog.views.query import Source, TimeWindow
+from mvlog.views.scope import Scope
 
 _NUMERIC = (ColumnType.INT, ColumnType.FLOAT)
 _ARITHMETIC: dict[type[exp.Expr], BinaryOp] = {
@@ -74,6 +75,56 @@ def window_end(size: int) -> Expr:
 
 FUNCTIONS_HINT = ("the functions are coalesce, lower, upper, concat, length, replace, instr, split_part, "
                   "regexp_extract, date_format, hour, minute, and count, sum, min, max, avg")
+
+
+def refusal(parsed: ParsedSelect, node: exp.Expr) -> UnsupportedSql:
+    """The error for a construct outside the SQL subset, named as users write it (with a hint where one helps)."""
+    hint = ""
+    keyword: str | None = None
+    if isinstance(node, exp.Window):
+        construct = "window function"
+    elif isinstance(node, exp.Subquery | exp.Select | exp.Exists) or (
+            isinstance(node, exp.In) and node.args.get("query") is not None):
+        construct = "subquery"
+    elif isinstance(node, exp.Cast | exp.TryCast):
+        construct = "CAST"
+        keyword = "CAST|TRY_CAST"
+    elif type(node) in _OPERATOR_NAMES:
+        construct = _OPERATOR_NAMES[type(node)]
+    elif isinstance(node, exp.Anonymous):
+        construct = f"function {node.name}()"
+        hint = FUNCTIONS_HINT
+    elif isinstance(node, exp.AggFunc):
+        construct = f"aggregate function {node.sql_name().lower()}()"
+        hint = "the aggregates are count, sum, min, max and avg"
+    elif isinstance(node, exp.Func):
+        construct = f"function {node.sql_name().lower()}()"
+        hint = FUNCTIONS_HINT
+    else:
+        construct = node.key.upper()
+    return parsed.unsupported(construct, node, keyword, hint=hint)
+
+
+def literal(parsed: ParsedSelect, node: exp.Expr, negative: bool = False) -> Literal:
+    """A SQL literal as a typed value (``negative``: the literal under a unary minus, so INT64_MIN fits)."""
+    if isinstance(node, exp.Null):
+        return Literal(None, None)
+    if isinstance(node, exp.Boolean):
+        return Literal(bool(node.this), ColumnType.BOOLEAN)
+    assert isinstance(node, exp.Literal)
+    if node.is_string:
+        return Literal(str(node.this), ColumnType.STRING)
+    text = ("-" if negative else "") + str(node.this)
+    try:
+        number = int(text)
+    except ValueError:
+        value = float(text)
+        if value in (float("inf"), float("-inf")):
+            raise ViewDefinitionError(f"number {parsed.describe(node)} is out of range") from None
+        return Literal(value, ColumnType.FLOAT)
+    if not INT64_MIN <= number <= INT64_MAX:
+        raise ViewDefinitionError(f"integer {parsed.describe(node)} does not fit in 64 bits")
+    return Literal(number, ColumnType.INT)
 
 
 class IncompatibleTypes(Exception):  # noqa: N818 - internal signal, never shown to users
@@ -127,9 +178,17 @@ class Binder:
     def __init__(self, parsed: ParsedSelect, sources: Sequence[Source],
                  nullable_sides: frozenset[int] = frozenset()) -> None:
         self.parsed = parsed
-        self.sources = tuple(sources)
+        self.scope = Scope(parsed, sources, nullable_sides)
         self.window: TimeWindow | None = None  # the GROUP BY's time window, once planned
-        self.nullable_sides = nullable_sides  # sources an outer join may null-extend: every column nullable
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        return self.scope.sources
+
+    @property
+    def nullable_sides(self) -> frozenset[int]:
+        """Sources an outer join may null-extend: every column nullable."""
+        return self.scope.nullable_sides
 
     # -- entry points -------------------------------------------------------------------------------
 
@@ -152,74 +211,14 @@ class Binder:
         return self._bind(node, _Context("SELECT", groups, aggregates))
 
     def column(self, node: exp.Column) -> ColumnRef:
-        side, column = self._resolve(node)
-        return ColumnRef(side, column.name, column.type, column.nullable or side in self.nullable_sides)
+        return self.scope.column(node)
 
     def resolves(self, node: exp.Column) -> bool:
         """Whether ``node`` names a column of a source (GROUP BY falls back to SELECT aliases if not)."""
-        try:
-            self._resolve(node)
-        except ViewDefinitionError:
-            return False
-        return True
+        return self.scope.resolves(node)
 
     def describe(self, node: exp.Expr) -> str:
         return str(self.parsed.describe(node))
-
-    # -- names --------------------------------------------------------------------------------------
-
-    def _resolve(self, node: exp.Column) -> tuple[int, Column]:
-        if isinstance(node.this, exp.Star):
-            raise self.parsed.unsupported(f"{fragment(node)} outside the SELECT list", node)
-        if node.args.get("db") or node.args.get("catalog"):
-            raise ViewDefinitionError(
-                f"column references are `column` or `view.column`: {self.describe(node)}")
-        qualifier = node.table
-        sides = range(len(self.sources))
-        if qualifier:
-            sides = range(0)
-            matches = [i for i, s in enumerate(self.sources) if s.alias.casefold() == qualifier.casefold()]
-            if not matches:
-                names = ", ".join(self._source_label(s) for s in self.sources)
-                raise ViewDefinitionError(f"unknown view or alias {qualifier!r} in {self.describe(node)}; "
-                                          f"the query reads {names}")
-            sides = range(matches[0], matches[0] + 1)
-        found: list[tuple[int, Column]] = []
-        for side in sides:
-            column = self._lookup(side, node.name)
-            if column is not None:
-                found.append((side, column))
-        if not found:
-            raise ViewDefinitionError(f"unknown column {node.name!r} in {self.describe(node)}; "
-                                      + "; ".join(self._columns_label(i) for i in sides))
-        if len(found) > 1:
-            aliases = " and ".join(self.sources[side].alias for side, _ in found)
-            example = f"{self.sources[found[0][0]].alias}.{node.name}"
-            raise ViewDefinitionError(f"ambiguous column {node.name!r} in {self.describe(node)}: it is in "
-                                      f"{aliases}; qualify it, e.g. {example}")
-        side, column = found[0]
-        if column.hidden:
-            source = self.sources[side]
-            owner = f"subquery {source.alias}" if source.view.startswith("$") else f"view {source.view!r}"
-            raise ViewDefinitionError(f"column {column.name!r} of {owner} is hidden (a key "
-                                      f"column the view does not select) in {self.describe(node)}")
-        return side, column
-
-    def _lookup(self, side: int, name: str) -> Column | None:
-        schema = self.sources[side].schema
-        if name in schema.names:
-            return schema.column(name)
-        folded = [c for c in schema.columns if c.name.casefold() == name.casefold()]
-        return folded[0] if len(folded) == 1 else None
-
-    def _source_label(self, source: Source) -> str:
-        if source.view.startswith("$"):  # a subquery's or WITH query's internal name
-            return f"subquery {source.alias}"
-        return source.view if source.alias == source.view else f"{source.view} AS {source.alias}"
-
-    def _columns_label(self, side: int) -> str:
-        source = self.sources[side]
-        return f"{self._source_label(source)} has columns {', '.join(source.schema.visible_names)}"
 
     # -- expressions --------------------------------------------------------------------------------
 
@@ -271,7 +270,7 @@ class Binder:
         if isinstance(node, exp.Column):
             return self.column(node)
         if isinstance(node, exp.Literal | exp.Boolean | exp.Null):
-            return self._literal(node)
+            return literal(self.parsed, node)
         if kind in _ARITHMETIC:
             return self._arithmetic(node, _ARITHMETIC[kind], ctx)
         if kind in _COMPARISONS:
@@ -313,57 +312,11 @@ class Binder:
         call = bind_function(node, lambda arg: self._bind(arg, ctx), self.describe)
         if call is not None:
             return call
-        raise self._refuse(node)
-
-    def _refuse(self, node: exp.Expr) -> UnsupportedSql:
-        hint = ""
-        keyword: str | None = None
-        if isinstance(node, exp.Window):
-            construct = "window function"
-        elif isinstance(node, exp.Subquery | exp.Select | exp.Exists) or (
-                isinstance(node, exp.In) and node.args.get("query") is not None):
-            construct = "subquery"
-        elif isinstance(node, exp.Cast | exp.TryCast):
-            construct = "CAST"
-            keyword = "CAST|TRY_CAST"
-        elif type(node) in _OPERATOR_NAMES:
-            construct = _OPERATOR_NAMES[type(node)]
-        elif isinstance(node, exp.Anonymous):
-            construct = f"function {node.name}()"
-            hint = FUNCTIONS_HINT
-        elif isinstance(node, exp.AggFunc):
-            construct = f"aggregate function {node.sql_name().lower()}()"
-            hint = "the aggregates are count, sum, min, max and avg"
-        elif isinstance(node, exp.Func):
-            construct = f"function {node.sql_name().lower()}()"
-            hint = FUNCTIONS_HINT
-        else:
-            construct = node.key.upper()
-        return self.parsed.unsupported(construct, node, keyword, hint=hint)
-
-    def _literal(self, node: exp.Expr, negative: bool = False) -> Literal:
-        if isinstance(node, exp.Null):
-            return Literal(None, None)
-        if isinstance(node, exp.Boolean):
-            return Literal(bool(node.this), ColumnType.BOOLEAN)
-        assert isinstance(node, exp.Literal)
-        if node.is_string:
-            return Literal(str(node.this), ColumnType.STRING)
-        text = ("-" if negative else "") + str(node.this)
-        try:
-            number = int(text)
-        except ValueError:
-            value = float(text)
-            if value in (float("inf"), float("-inf")):
-                raise ViewDefinitionError(f"number {self.describe(node)} is out of range") from None
-            return Literal(value, ColumnType.FLOAT)
-        if not INT64_MIN <= number <= INT64_MAX:
-            raise ViewDefinitionError(f"integer {self.describe(node)} does not fit in 64 bits")
-        return Literal(number, ColumnType.INT)
+        raise refusal(self.parsed, node)
 
     def _negate(self, node: exp.Neg, ctx: _Context) -> Expr:
         if isinstance(node.this, exp.Literal) and not node.this.is_string:
-            return self._literal(node.this, negative=True)
+            return literal(self.parsed, node.this, negative=True)
         operand = self._bind(node.this, ctx)
         if operand.type not in (*_NUMERIC, None):
             raise self._type_error(node, f"unary - needs a number, got {_type_name(operand.type)}")
@@ -468,7 +421,7 @@ class Binder:
         """An aggregate call (with ``filtered``, the FILTER (WHERE ...) node around it)."""
         function = _AGGREGATES.get(type(node))
         if function is None:
-            raise self._refuse(node)
+            raise refusal(self.parsed, node)
         name = function.value
         target = node.this
         if isinstance(target, exp.Distinct):
