@@ -16,12 +16,12 @@ driver never matter: they expire (:data:`STAGE_TTL_S`).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import redis
 
-from mvlog.connectors.redis.epoch_commit import EpochCommit, ServingStateLostError
+from mvlog.connectors.redis.epoch_commit import JOURNAL_LIMIT, EpochCommit, ServingStateLostError
 from mvlog.connectors.redis.epoch_index import IndexEntry, epoch_hex, index_member
 from mvlog.connectors.redis.lua_scripts import lua_script
 from mvlog.connectors.redis.packed_script import run_script
@@ -30,7 +30,7 @@ from mvlog.connectors.redis.view_meta import ViewMeta
 STAGE_TTL_S = 3600
 CHUNK = 4096
 
-_COMMIT_SCRIPT = lua_script("partition_commit", lib=["refuse_epoch"])
+_COMMIT_SCRIPT = lua_script("partition_commit", lib=["refuse_epoch"], constants={"JOURNAL_LIMIT": JOURNAL_LIMIT})
 
 
 class StagingIncompleteError(RuntimeError):
@@ -52,6 +52,17 @@ class StagedCounts:
     def as_list(self) -> list[int]:
         """In the order of :meth:`PartitionStaging.staged_keys` (and the commit script's counts)."""
         return [self.puts, self.deletes, self.order_puts, self.order_deletes, self.state_puts, self.state_deletes]
+
+
+@dataclass(frozen=True)
+class BackfillCommit:
+    """What a chunked backfill commits with an epoch of the task path: its hash's fields (positions,
+    counters), journal lines, the view's lifecycle ('' keeps it), and keys to drop (its chunk record)."""
+
+    fields: Mapping[str, bytes | str | int] = field(default_factory=dict)
+    journal: Sequence[str] = ()
+    lifecycle: str = ""
+    drop: Sequence[str] = ()
 
 
 class PartitionStaging(ViewMeta):
@@ -104,9 +115,9 @@ class PartitionStaging(ViewMeta):
         pipe.execute()
 
     def commit(self, view: str, epoch: int, follows: int, staged: Mapping[int, StagedCounts],
-               index: Mapping[int, IndexEntry]) -> bool:
-        """Driver side: apply every partition's staging of ``epoch``, its index and the MCE, in one
-        script. False (nothing changed) when Redis is at or above the epoch; raises
+               index: Mapping[int, IndexEntry], backfill: BackfillCommit | None = None) -> bool:
+        """Driver side: apply every partition's staging of ``epoch``, its index and the MCE (and
+        ``backfill``'s fields), in one script. False (nothing changed) when Redis is at or above the epoch; raises
         :class:`ServingStateLostError` when Redis is not at ``follows``, :class:`StagingIncompleteError`
         when a partition's staging is not whole."""
         partitions = sorted(index)
@@ -120,6 +131,12 @@ class PartitionStaging(ViewMeta):
             args += staged[p].as_list()
         keys += [self.index.key(view, p) for p in partitions]
         args += [index_member(epoch, index[p].offset, index[p].records) for p in partitions]
+        backfill = backfill or BackfillCommit()
+        keys += [self._key(view, "backfill"), self._key(view, "journal"), *backfill.drop]
+        args += [len(backfill.fields), len(backfill.journal), backfill.lifecycle]
+        for name, value in backfill.fields.items():
+            args += [name, value]
+        args += backfill.journal
         result = int(run_script(self.redis, self._commit, keys, args))
         if result == -1:
             raise ServingStateLostError(f"{view}: epoch {epoch} follows epoch {follows}, but Redis holds MCE "

@@ -19,7 +19,7 @@ A new caller that needs one kind of state takes that store. All keys of a view s
 
 from __future__ import annotations
 
-from mvlog.connectors.redis.backfill_store import BackfillStore
+from mvlog.connectors.redis.backfill_store import CHUNK_KEYS, BackfillStore
 from mvlog.connectors.redis.epoch_commit import (
     JOURNAL_LIMIT,
     EpochCommit,
@@ -43,7 +43,7 @@ class ViewStore(EpochCommits, ViewRows, BackfillStore, LoadStaging):
     def drop(self, view: str, partitions: int) -> None:
         """Delete every key of ``view``'s state, each store's, and its epoch index of ``partitions``."""
         keys = [self._key(view, w) for w in ("meta", "rows", "opstate", "keyorder", "backfill", "journal",
-                                             "backfill_progress", *LOAD_KEYS)]
+                                             "backfill_progress", *CHUNK_KEYS, *LOAD_KEYS)]
         keys += [self.index.key(view, p) for p in range(partitions)]
         keys += [claim_key(self.prefix, view, p) for p in range(partitions)]
         self.redis.delete(*keys)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from mvlog.backfill import (
     DONE,
+    BackfillError,
     BackfillPositions,
     BatchSizer,
     Chunk,
@@ -46,17 +47,26 @@ from mvlog.backfill import (
     VnodeChunk,
     route_epoch,
 )
-from mvlog.backfill_record import BACKFILL_MUTATION, journal_line, load_positions, position_field, progress_payload
+from mvlog.backfill_record import (
+    BACKFILL_MUTATION,
+    journal_line,
+    load_positions,
+    position_field,
+    position_text,
+    progress_payload,
+)
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change, Mutation
 from mvlog.config import Settings
 from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_rows import OrderedRead
 from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.key_order import order_member
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import decode_row, encode_key
+from mvlog.services.backfill.task_chunks import BackfillBatch, TaskChunk, committed_positions
 from mvlog.services.view_ddl import view_option
-from mvlog.vnode import vnode_of
+from mvlog.vnode import VNODE_COUNT, vnode_of
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +124,7 @@ class ChunkedBackfill:
         self._limit_checked = now
         self.meter = RateMeter()
         self._pending: dict[str, Chunk] = {}
+        self._held: OrderedRead | None = None  # the task path's chunk read past its micro-batch
         self._totals: dict[str, int] = {}
         self.snapshot_epoch = 0
         self.chunks_read = 0
@@ -165,16 +176,19 @@ class ChunkedBackfill:
 
     def committed(self, step: BackfillStep, busy_s: float) -> None:
         """``step`` is committed: adapt the batch size to the epoch's time and publish progress."""
+        self._after_commit(step.epoch, step.inserted, busy_s)
+
+    def _after_commit(self, epoch: int, inserted: int, busy_s: float) -> None:
         self._first_commit = False
-        if step.inserted:
-            self.sizer.observe(busy_s, step.inserted)
+        if inserted:
+            self.sizer.observe(busy_s, inserted)
         else:
             self.sizer.observe_without_chunk(busy_s)
         now = self._clock()
         self.meter.add(now, self.rows_done)
         if self.done or now - self._progress_at >= PROGRESS_EVERY_S:
             self._progress_at = now
-            self.store.set_backfill_progress(self.view, self.progress(step.epoch))
+            self.store.set_backfill_progress(self.view, self.progress(epoch))
 
     def progress(self, mce: int) -> dict[str, str | int | float]:
         remaining = self.rows_total - self.rows_done
@@ -218,6 +232,14 @@ class ChunkedBackfill:
                 self.limit.set_rate(view_option(entry, "backfill_rate_limit"), now)
 
     def _read_chunk(self, source: str, epoch: int) -> Chunk | None:
+        read = self._read(source)
+        if read is None or read.epoch is None or read.epoch < epoch:
+            return None  # the upstream's serving state is behind the epoch at hand: try the next one
+        return self._chunk(source, read, decode=True)
+
+    def _read(self, source: str) -> OrderedRead | None:
+        """The next rows of the upstream's unfinished vnodes in key order, up to the batch size and the rate
+        limit's allowance, with the upstream MCE they reflect (None: nothing to read now)."""
         unfinished = self.positions.unfinished(source)
         if not unfinished:
             return None
@@ -227,20 +249,81 @@ class ChunkedBackfill:
             budget = min(budget, allowance)
         if budget <= 0:
             return None
-        read = self.store.read_ordered(source, [(v, p.last) for v, p in unfinished], budget)
-        if read.epoch is None or read.epoch < epoch:
-            return None  # the upstream's serving state is behind the epoch at hand: try the next one
+        return self.store.read_ordered(source, [(v, p.last) for v, p in unfinished], budget)
+
+    def _chunk(self, source: str, read: OrderedRead, *, decode: bool) -> Chunk:
+        """``read`` as a chunk (its rows decoded, or left out when the tasks decode them), counted."""
+        assert read.epoch is not None
         self._totals[source] = read.row_count
         parts = []
         for vnode, exhausted, rows in read.parts:
             start = self.positions.get(source, vnode)
             end = DONE if exhausted else Position(False, rows[-1][0])
-            parts.append(VnodeChunk(vnode, start, end, tuple((m, decode_row(v)) for m, v in rows)))
+            decoded = tuple((m, decode_row(v)) for m, v in rows) if decode else ()
+            parts.append(VnodeChunk(vnode, start, end, decoded))
         chunk = Chunk(source, read.epoch, tuple(parts), read.row_count)
-        self.limit.spend(chunk.row_count, self._clock())
+        self.limit.spend(sum(len(rows) for _, _, rows in read.parts), self._clock())
         self.chunks_read += 1
         if self.on_chunk_read is not None:
             self.on_chunk_read(chunk)
+        return chunk
+
+    # --- the task path (mvlog.services.backfill.task_chunks) --------------------------------------
+
+    def plan_in_tasks(self, settings_json: str, after: int, upto: int) -> BackfillBatch:
+        """The next micro-batch of a view whose operator runs in tasks, after upstream epoch ``after`` and
+        up to ``upto`` at most: up to the epoch of its chunk when it has one (the saved chunk of an earlier
+        attempt, or one read now and saved), every change routed by the committed positions."""
+        source = self.sources[0]
+        chunk = self._saved_chunk(after)
+        if chunk is None:
+            chunk = self._new_task_chunk(source, after, upto)
+        positions = committed_positions([self.positions.get(source, v) for v in range(VNODE_COUNT)])
+        return BackfillBatch(settings_json, self.view, self.upstreams[source], positions, self.rows_done,
+                             self.start_epoch, chunk.epoch if chunk is not None else upto, chunk)
+
+    def committed_in_tasks(self, batch: BackfillBatch, busy_s: float) -> None:
+        """``batch``'s epochs are committed: the chunk's positions are the backfill's now."""
+        chunk = batch.chunk
+        if chunk is not None:
+            for vnode, end in chunk.ends().items():
+                self.positions.set(chunk.source, vnode, end)
+            self.rows_done, self.snapshot_epoch = chunk.rows_done, chunk.epoch
+        self._after_commit(batch.upto, chunk.rows if chunk is not None else 0, busy_s)
+
+    def _saved_chunk(self, after: int) -> TaskChunk | None:
+        """The chunk an earlier attempt saved and did not commit (it may have partly committed its epoch)."""
+        record = self.store.chunk_record(self.view)
+        if record is None:
+            return None
+        chunk = TaskChunk.from_json(record)
+        if chunk.epoch <= after:  # committed (its commit drops it): left by a lost reply, say
+            return None
+        for vnode, start, _ in chunk.moves:
+            if position_text(self.positions.get(chunk.source, vnode)) != start:
+                raise BackfillError(f"{self.view}: the saved chunk of epoch {chunk.epoch} starts vnode {vnode} at "
+                                    f"{start}, the committed position is elsewhere")
+        return chunk
+
+    def _new_task_chunk(self, source: str, after: int, upto: int) -> TaskChunk | None:
+        """A chunk read now and saved, if the upstream's state is at an epoch of (after, upto]; one read
+        past ``upto`` (a catch-up's micro-batch) is held for a later micro-batch."""
+        self._refresh_rate_limit()
+        read = self._held if self._held is not None and (self._held.epoch or 0) > after else self._read(source)
+        self._held = None
+        if read is None or read.epoch is None or read.epoch <= after:
+            return None
+        if read.epoch > upto:
+            self._held = read
+            return None
+        parts = self._chunk(source, read, decode=False).vnodes
+        moves = {part.vnode: part.end for part in parts}
+        done = all((moves.get(v, p) if s == source else p).done for (s, v), p in self.positions.items())
+        rows = [row for _, _, found in read.parts for row in found]
+        chunk = TaskChunk(self.view, source, read.epoch, len(rows),
+                          TaskChunk.moves_of([(p.vnode, p.start, p.end) for p in parts]), self.rows_done + len(rows),
+                          self.start_epoch, done, self._first_commit)
+        self.store.save_chunk(self.view, chunk.to_json(), rows)
         return chunk
 
 

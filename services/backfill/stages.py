@@ -45,8 +45,12 @@ class ChunkedBackfillStage:
     """A chunked backfill on the pipeline. It works in the row form (it routes each change by its key's
     position), so the epoch's input is turned into changes and back here, and only while it runs."""
 
-    def __init__(self, backfill: ChunkedBackfill, upstreams: Mapping[str, CatalogEntry]) -> None:
-        self.backfill, self._upstreams = backfill, upstreams
+    def __init__(self, backfill: ChunkedBackfill, upstreams: Mapping[str, CatalogEntry], *,
+                 in_tasks: bool = False) -> None:
+        """``in_tasks``: the view's operator runs in Spark's tasks, and so does the backfill's routing
+        (:mod:`~mvlog.services.backfill.task_chunks`), the consumer asking :meth:`ChunkedBackfill.plan_in_tasks`
+        for each micro-batch; epochs the consumer applies the driver's way still come here."""
+        self.backfill, self._upstreams, self.in_tasks = backfill, upstreams, in_tasks
         self._step: BackfillStep | None = None
 
     def upkeep(self) -> None:
@@ -172,6 +176,13 @@ class ViewBackfills:
         return self.chunked if self.chunked_stage is not None and not self.chunked_stage.finished else None
 
     @property
+    def running_in_tasks(self) -> ChunkedBackfill | None:
+        """The chunked backfill still running, if its routing runs in Spark's tasks."""
+        running = self.running
+        return running if running is not None and self.chunked_stage is not None and self.chunked_stage.in_tasks \
+            else None
+
+    @property
     def snapshot(self) -> SnapshotBackfill | None:
         """The snapshot not loaded yet, if any."""
         return self.seed_stage.backfill if self.seed_stage is not None and not self.seed_stage.finished else None
@@ -191,10 +202,12 @@ def backfill_stages(settings: Settings, client: redis.Redis, store: ViewStore, c
                     committer: EpochCommitter, spark: SparkSession, *, in_tasks: bool = False) -> ViewBackfills:
     """The backfill a view still needs: chunked, from a snapshot, or none (it replays its upstreams'
     changelogs from their start, or has committed epochs already). ``in_tasks``: the view's operator runs
-    in Spark's tasks (a snapshot's load then does too)."""
+    in Spark's tasks (a snapshot's load then does too, and a one-upstream view's chunked backfill)."""
     if backfill_needed(store, entry):
-        return ViewBackfills(chunked_stage=ChunkedBackfillStage(ChunkedBackfill(settings, store, catalog, entry,
-                                                                                upstreams), upstreams))
+        chunked = ChunkedBackfill(settings, store, catalog, entry, upstreams)
+        # A join's inputs go through two shuffles: its backfill stays the driver's (one upstream only here).
+        return ViewBackfills(chunked_stage=ChunkedBackfillStage(chunked, upstreams,
+                                                                in_tasks=in_tasks and len(entry.sources) == 1))
     if snapshot_backfill_needed(store, entry):
         snapshot = SnapshotBackfill(settings, store, SnapshotStore.of(settings, client), entry,
                                     upstreams[entry.sources[0]], plan)

@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 from pyspark import TaskContext
 
 from mvlog.catalog import CatalogEntry
+from mvlog.changes import Mutation
 from mvlog.config import Settings
 from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, EncodedBatch, encode_batch
 from mvlog.connectors.kafka.partition_tail import partition_barriers
@@ -133,6 +134,8 @@ class PartitionTarget:
     #: Called in the task with (partition, epoch) after this attempt wrote and staged that epoch: the
     #: fault-injection tests kill the driver there (a partition committed, the others not yet).
     on_written: Callable[[int, int], None] | None = None
+    #: The mutation each epoch's barriers carry (a chunked backfill's progress), if any.
+    barrier_mutation: Callable[[int], Mutation] | None = None
 
 
 @dataclass(frozen=True)
@@ -253,12 +256,12 @@ def check_owned(view: str, partition: int, writes: dict[bytes, bytes | None],
 
 
 def written_or_found(writer: ChangelogWriter, partition: int, epoch: int, prev_epoch: int, encoded: EncodedBatch,
-                     found: PartitionBarrier | None) -> PartitionBarrier:
+                     found: PartitionBarrier | None, mutation: Mutation | None = None) -> PartitionBarrier:
     """The barrier of ``epoch`` in ``partition``: ``found``, the one an attempt committed already (its
     record count checked against the recomputed epoch's: an epoch is never written twice), or the one of
-    the transaction ``writer`` commits now."""
+    the transaction ``writer`` commits now (``mutation`` on its barrier)."""
     if found is None:
-        entry = writer.commit_batches(epoch, prev_epoch, [encoded]).index[partition]
+        entry = writer.commit_batches(epoch, prev_epoch, [encoded], mutation=mutation).index[partition]
         return PartitionBarrier(epoch, prev_epoch, entry.offset, entry.records)
     if found.records != len(encoded.keys):
         raise RuntimeError(f"{writer.view} partition {partition}: epoch {epoch} committed {found.records} change(s); "
@@ -308,7 +311,8 @@ class PartitionWriter:
         for epoch in todo:
             output = compute(epoch, layered)
             encoded = encode_batch(view.key_columns, output.changes)
-            barrier = written_or_found(writer, partition, epoch, prev[epoch], encoded, committed.get(epoch))
+            mutation = target.barrier_mutation(epoch) if target.barrier_mutation is not None else None
+            barrier = written_or_found(writer, partition, epoch, prev[epoch], encoded, committed.get(epoch), mutation)
             state_puts, state_deletes = output.state_puts_and_deletes()
             rows_left = commit_from_encoded(epoch, output.changes.keys, encoded, {}, state_puts=state_puts,
                                             state_deletes=state_deletes)

@@ -31,18 +31,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import cast
+from typing import Protocol, cast
 
 import redis
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 from mvlog.catalog import CatalogEntry
+from mvlog.changes import Mutation
 from mvlog.config import Settings
 from mvlog.connectors.kafka.changelog_writer import CommittedEpoch
 from mvlog.connectors.redis.epoch_index import IndexEntry
-from mvlog.connectors.redis.partition_staging import PartitionStaging, StagedCounts
+from mvlog.connectors.redis.partition_staging import BackfillCommit, PartitionStaging, StagedCounts
 from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
 from mvlog.services.pipeline.join_tasks import (
     JoinKeyJob,
@@ -139,29 +140,41 @@ class TaskEpochs:
                     return pending
         return pending
 
-    def apply(self, reader: UpstreamReader, upto: int | None, batch: DataFrame | None = None) -> int:
+    def apply(self, reader: UpstreamReader, upto: int | None, batch: DataFrame | None = None, *,
+              stage: TaskStage | None = None, read_after: int = 0) -> int:
         """Compute, write and commit every epoch above the MCE up to ``upto`` (read with ``reader``), or of
         the stream's micro-batch ``batch`` (the first upstream's signed rows of whole epochs; for a join,
-        ending with the data source's end marker); returns the number of epochs committed."""
+        ending with the data source's end marker); returns the number of epochs committed. ``stage``: a
+        one-upstream view's stage that shapes the input and adds to the barriers and commits (a chunked
+        backfill); ``read_after``: the upstream epoch to read after when above the MCE (the epoch a
+        chunked backfill started at)."""
         self._resumed = False  # until this apply completes: it may fail after some partitions committed
         self.committer.ensure_serving_state()  # a wiped Redis is rebuilt before anything is computed
         after = self.committer.mce
+        read_after = max(after, read_after)
         at_mce = self.staging.index.entries_at(self.entry.name, self.entry.partitions, after or None)
         start = {p: e.offset + 1 for p, e in (at_mce or {}).items()}  # the tasks read their partition from there
         following = [f.epoch for u in self.upstreams
-                     if (f := self.staging.index.first_at_or_after(u.name, 0, after + 1)) is not None]
+                     if (f := self.staging.index.first_at_or_after(u.name, 0, read_after + 1)) is not None]
         target = PartitionTarget(self.settings.to_executor_json(), self.entry, after, start,
-                                 min(following) if following else None, self.on_written)
+                                 min(following) if following else None, self.on_written,
+                                 stage.mutation if stage is not None else None)
         if isinstance(self.routing, JoinRouting):
+            assert stage is None, "a join's stages run on the driver"
             results = self._joined(reader, target, upto, batch)
             if results is None:
                 return 0
         else:
             if batch is None:
                 assert upto is not None
-                batch = reader.frame(self.upstreams[0].name, after, upto)
-            job = PartitionJob(target, self.upstreams[0], self.plan, self.routing)
-            results = self._partitioned(batch).mapInArrow(job.run, RESULT_DDL)
+                batch = reader.frame(self.upstreams[0].name, read_after, upto)
+            routing = self.routing
+            if stage is not None:
+                batch = stage.frame(reader.spark, batch)
+                # Rows the stage adds come from tasks of their own: every view then takes the shuffle.
+                routing = routing or KeyRouting(self.plan, tuple(self.upstreams[0].key_columns), self.entry.partitions)
+            job = PartitionJob(target, self.upstreams[0], self.plan, routing)
+            results = self._partitioned(batch, routing).mapInArrow(job.run, RESULT_DDL)
         by_epoch: dict[int, list[dict[str, int]]] = {}
         kept: dict[int, bool] = {}
         for row in results.toArrow().to_pylist():
@@ -173,7 +186,8 @@ class TaskEpochs:
         committed = 0
         for epoch in sorted(by_epoch):
             if epoch > self.committer.mce:
-                self._commit(epoch, by_epoch[epoch])
+                commit_partition_results(self.committer, self.staging, self.entry, epoch, by_epoch[epoch],
+                                         stage.commit(epoch) if stage is not None else None)
                 committed += 1
         self._resumed = True
         if committed:
@@ -181,16 +195,16 @@ class TaskEpochs:
                       extra={"epochs_in_tasks": (self.entry.name, committed)})  # counted by the tests' conftest
         return committed
 
-    def _partitioned(self, frame: DataFrame) -> DataFrame:
+    def _partitioned(self, frame: DataFrame, routing: GroupRouting | KeyRouting | None) -> DataFrame:
         """``frame`` with Spark partition ``p`` holding the input of view partition ``p``: as read (a
         stateless view keyed like its upstream), or shuffled by the partition of each row's group (or, a
         stateless view keyed otherwise, of its key)."""
-        if self.routing is None:
+        if routing is None:
             return frame
         # A new StructType: ``StructType.add`` would change the frame's own (cached) schema in place.
         schema = StructType([*frame.schema.fields, StructField(VIEW_PARTITION, IntegerType(), False),
                              StructField(ROUTE_TOKEN, IntegerType(), False)])
-        routed = frame.mapInArrow(RouteRows(cast(GroupRouting | KeyRouting, self.routing)).run, schema)
+        routed = frame.mapInArrow(RouteRows(routing).run, schema)
         return routed.repartition(self.entry.partitions, ROUTE_TOKEN)
 
     def _joined(self, reader: UpstreamReader, target: PartitionTarget, upto: int | None,
@@ -224,15 +238,31 @@ class TaskEpochs:
         by_view_key = by_view_key.repartition(self.entry.partitions, ROUTE_TOKEN)
         return by_view_key.mapInArrow(ViewPartitionJob(target, self.plan).run, RESULT_DDL)
 
-    def _commit(self, epoch: int, rows: list[dict[str, int]]) -> None:
-        commit_partition_results(self.committer, self.staging, self.entry, epoch, rows)
+
+
+class TaskStage(Protocol):
+    """What a stage of a one-upstream view does to a micro-batch run in tasks (a chunked backfill:
+    :class:`~mvlog.services.backfill.task_chunks.BackfillBatch`)."""
+
+    def frame(self, spark: SparkSession, read: DataFrame) -> DataFrame:
+        """The view's input from the upstream's read."""
+        ...
+
+    def mutation(self, epoch: int) -> Mutation:
+        """What the epoch's barriers carry (called in the tasks)."""
+        ...
+
+    def commit(self, epoch: int) -> BackfillCommit:
+        """What the epoch's Redis commit adds."""
+        ...
 
 
 def commit_partition_results(committer: EpochCommitter, staging: PartitionStaging, entry: CatalogEntry, epoch: int,
-                             rows: Sequence[Mapping[str, int]]) -> None:
+                             rows: Sequence[Mapping[str, int]], backfill: BackfillCommit | None = None) -> None:
     """One epoch's Redis commit through the committer, from its partitions' result rows
     (:data:`~mvlog.services.pipeline.partition_tasks.RESULT_SCHEMA`): its Kafka side is the tasks'
-    transactions, its Redis side the partitions' staging swapped in with the index and the MCE."""
+    transactions, its Redis side the partitions' staging swapped in with the index and the MCE (and
+    ``backfill``'s fields)."""
     partitions = sorted(row["partition"] for row in rows)
     if partitions != list(range(entry.partitions)):
         raise RuntimeError(f"{entry.name}: epoch {epoch} came back from partitions {partitions}, "
@@ -243,6 +273,6 @@ def commit_partition_results(committer: EpochCommitter, staging: PartitionStagin
     follows = committer.mce
 
     def apply(committed_index: Mapping[int, IndexEntry]) -> bool:
-        return staging.commit(entry.name, epoch, follows, staged, committed_index)
+        return staging.commit(entry.name, epoch, follows, staged, committed_index, backfill)
 
     committer.commit(epoch, lambda _writer: CommittedEpoch(epoch, index), ScriptCommit(apply))
