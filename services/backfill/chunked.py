@@ -145,6 +145,7 @@ class ChunkedBackfill:
     def prepare(self, epoch: int, changes: Mapping[str, Sequence[Change]]) -> BackfillStep:
         """The view's input for upstream epoch ``epoch`` (positions advance; commit ``commit_fields``)."""
         self._refresh_rate_limit()
+        self._held = None  # read by the task path at the positions this epoch may move
         chunks: list[Chunk] = []
         for source in self.sources:
             chunk = self._pending.pop(source, None)
@@ -275,12 +276,14 @@ class ChunkedBackfill:
         up to ``upto`` at most: up to the epoch of its chunk when it has one (the saved chunk of an earlier
         attempt, or one read now and saved), every change routed by the committed positions."""
         source = self.sources[0]
+        self._pending.clear()  # read by the driver path at the positions this micro-batch may move
         chunk = self._saved_chunk(after)
         if chunk is None:
             chunk = self._new_task_chunk(source, after, upto)
         positions = committed_positions([self.positions.get(source, v) for v in range(VNODE_COUNT)])
         return BackfillBatch(settings_json, self.view, self.upstreams[source], positions, self.rows_done,
-                             self.start_epoch, chunk.epoch if chunk is not None else upto, chunk)
+                             self.start_epoch, chunk.epoch if chunk is not None else upto, chunk,
+                             tuple(self.store.chunk_keys(self.view)))
 
     def committed_in_tasks(self, batch: BackfillBatch, busy_s: float) -> None:
         """``batch``'s epochs are committed: the chunk's positions are the backfill's now."""
@@ -303,6 +306,10 @@ class ChunkedBackfill:
             if position_text(self.positions.get(chunk.source, vnode)) != start:
                 raise BackfillError(f"{self.view}: the saved chunk of epoch {chunk.epoch} starts vnode {vnode} at "
                                     f"{start}, the committed position is elsewhere")
+        if self.on_chunk_read is not None:  # read again, from its saved copy
+            parts = tuple(VnodeChunk(v, self.positions.get(chunk.source, v), end, ())
+                          for v, end in chunk.ends().items())
+            self.on_chunk_read(Chunk(chunk.source, chunk.epoch, parts, chunk.rows))
         return chunk
 
     def _new_task_chunk(self, source: str, after: int, upto: int) -> TaskChunk | None:

@@ -191,6 +191,7 @@ class BackfillBatch:
     start_epoch: int
     upto: int  # the micro-batch's last epoch: the chunk's, if there is one
     chunk: TaskChunk | None
+    chunk_keys: tuple[str, ...] = ()  # where the chunk is saved: dropped by its epoch's commit
 
     def frame(self, spark: SparkSession, read: DataFrame) -> DataFrame:
         """The view's input: the covered changes of ``read`` (the upstream's epochs of the micro-batch),
@@ -208,11 +209,10 @@ class BackfillBatch:
         counters in every other (so a reader knows the view covered only part of its upstream there)."""
         return Mutation(BACKFILL_MUTATION, self.view, progress_payload(self.commit(epoch).fields))
 
-    def commit(self, epoch: int, drop: Sequence[str] = ()) -> BackfillCommit:
-        """What the epoch commits to the backfill in Redis (``drop``: the saved chunk's keys, dropped
-        with its epoch)."""
+    def commit(self, epoch: int) -> BackfillCommit:
+        """What the epoch commits to the backfill in Redis (the chunk's epoch drops the saved chunk)."""
         if self.chunk is not None and epoch == self.chunk.epoch:
-            return BackfillCommit(self.chunk.fields(), self.chunk.journal(), self.chunk.lifecycle(), drop)
+            return BackfillCommit(self.chunk.fields(), self.chunk.journal(), self.chunk.lifecycle(), self.chunk_keys)
         return BackfillCommit({"rows_done": self.rows_done, "start_epoch": self.start_epoch})
 
 

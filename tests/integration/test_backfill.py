@@ -26,6 +26,7 @@ from mvlog.catalog import CatalogEntry
 from mvlog.changes import Epoch
 from mvlog.config import Settings
 from mvlog.connectors.kafka.changelog_reader import ChangelogReader
+from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.key_order import order_member
@@ -38,8 +39,10 @@ from mvlog.services.view_ddl import alter_view, create_view, plan_for
 from mvlog.vnode import vnode_of
 
 from ..oracle import assert_same_rows, duckdb_view_rows, rows_at, rows_by_epoch
+from .barrier_check import assert_barriers_once
 from .busy_table import busy
 from .laps import Laps
+from .processes.task_view_runner import run as run_task_views
 from .processes.view_runner import spawn as spawn_view_runner
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -302,3 +305,80 @@ def test_rate_limit_caps_the_backfill_and_changes_while_it_runs(
         fast = rows_in(3.0)
         assert fast > 2 * slow and fast <= 4000 * 3 + 4000, (slow, fast)
         assert store.backfill_progress("mv1")["rate_limit"] == "4000"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # four Spark starts of a runner on a shared 2-core machine
+def test_backfill_in_tasks_finishes_a_chunk_epoch_some_partitions_committed(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, report: Callable[[str], None]) -> None:
+    """A chunked backfill whose routing runs in Spark's tasks (a filter and a GROUP BY in tasks, over three
+    partitions): its chunk's epoch ends each micro-batch. The driver is SIGKILLed by the GROUP BY's task of
+    partition 0 right after it committed the chunk's epoch, the other partitions not: the next consumer
+    finds the chunk saved, runs the same micro-batch, writes only what was missing, and the view is exact
+    at every epoch, each epoch's barrier once in each partition."""
+    laps = Laps()
+    settings = make_settings(operators_in_tasks=True, tasks_min_records=0, partitions=3,
+                             backfill_batch_rows=40, backfill_max_batch_rows=40)
+    table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client, auto_commit=False)
+    rng = random.Random(11)
+
+    def epoch() -> int:  # an upstream epoch of inserts, updates and deletes
+        table.upsert([{"id": rng.randrange(200), "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.2}
+                      for _ in range(40)])
+        table.delete([rng.randrange(200) for _ in range(5)])
+        return table.flush()
+
+    for _ in range(3):
+        epoch()
+    views = {"mv1": "SELECT * FROM t1 WHERE deleted = false",
+             "mvg": "SELECT id % 7 AS b, count(*) AS n, sum(v1) AS s, min(v1) AS lo FROM t1 GROUP BY id % 7"}
+    for name, sql in views.items():
+        create_view(settings, name, sql, client=redis_client, backfill="chunked")
+    store = ViewStore(redis_client, settings.topic_prefix)
+    runs: list[dict[str, tuple[int, int]]] = []
+
+    def run(kills: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+        done = run_task_views(settings, list(views) if kills is None else ["mvg"], kills)
+        runs.append({w[1]: (int(w[2]), int(w[3])) for line in done.stdout.splitlines()
+                     if (w := line.split())[:1] == ["done"]})
+        return done
+
+    try:
+        first = run()  # the first chunk of each, emitted in the upstream's last epoch
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert store.lifecycle("mvg") == Lifecycle.BACKFILLING and store.chunk_record("mvg") is None
+        laps.lap("first run")
+        at = store.mce("mvg") or 0
+        epoch()
+        last = epoch()
+        # mvg's micro-batch is the two epochs, its chunk in the second: partition 0's task kills the driver
+        # after committing it, the other two hold after their first epoch until the driver is gone.
+        killed = run(["mvg:0:driver2", "mvg:1:hold", "mvg:2:hold"])
+        assert killed.returncode == -9, (killed.returncode, killed.stdout, killed.stderr[-3000:])
+        assert store.mce("mvg") == at and store.chunk_record("mvg") is not None, "the chunk's epoch committed"
+        saved = store.chunk_record("mvg")
+        partition0 = partition_barriers(settings, "mvg", 0, 0)
+        assert [b.epoch for b in partition0][-1] == last, "partition 0 did not commit the chunk's epoch"
+        assert all(b.epoch != last for p in (1, 2) for b in partition_barriers(settings, "mvg", p, 0))
+        laps.lap("killed run")
+        resumed = run()
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert store.mce("mvg") == last and store.chunk_record("mvg") is None
+        # The saved chunk was the one committed, and only partitions 1 and 2 of its epoch were written.
+        assert f'"epoch": {last}' in (saved or "") and runs[-1]["mvg"] == (last, 2), runs
+        assert any(line.startswith(f"{last} ") for line in store.backfill_journal("mvg"))
+        laps.lap("resumed run")
+        for _ in range(8):  # on until both are live, an upstream epoch a run
+            if all(store.lifecycle(v) == Lifecycle.LIVE for v in views):
+                break
+            last = epoch()
+            assert run().returncode == 0
+        assert all(store.lifecycle(v) == Lifecycle.LIVE for v in views), store.backfill_progress("mvg")
+        laps.lap("runs to live")
+    finally:
+        table.close()
+    checked = {view: check_backfilled_view(settings, redis_client, view) for view in views}
+    for view in views:
+        assert_barriers_once(settings, redis_client, view, store.mce(view) or 0)
+    laps.lap("checks")
+    report(f"{len(runs)} runs, epochs checked {checked}; {laps}")
