@@ -293,6 +293,8 @@ class ChunkedBackfill:
                 self.positions.set(chunk.source, vnode, end)
             self.rows_done, self.snapshot_epoch = chunk.rows_done, chunk.epoch
         self._after_commit(batch.upto, chunk.rows if chunk is not None else 0, busy_s)
+        if self.done:
+            log.info("%s: backfill done at epoch %d (%d rows), in tasks", self.view, batch.upto, self.rows_done)
 
     def _saved_chunk(self, after: int) -> TaskChunk | None:
         """The chunk an earlier attempt saved and did not commit (it may have partly committed its epoch)."""

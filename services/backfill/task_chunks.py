@@ -43,7 +43,7 @@ from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.backfill_store import BackfillStore
 from mvlog.connectors.redis.partition_staging import BackfillCommit
 from mvlog.connectors.spark.change_rows import BARRIER, SignedRowBuilder
-from mvlog.key_order import order_members
+from mvlog.key_order import member_avro_key, order_members
 from mvlog.schemas.codec import decode_row
 from mvlog.vnode import VNODE_COUNT, partition_of_vnode, vnode_of
 
@@ -171,9 +171,7 @@ class ChunkRows:
             builder = builders.get(partition)
             if builder is None:
                 builder = builders[partition] = SignedRowBuilder(self.upstream.schema, partition)
-            length = int.from_bytes(member[-2:], "big")
-            avro_key = member[-2 - length:-2]
-            builder.add_images(self.epoch, -1 - n, avro_key, None, decode_row(value))
+            builder.add_images(self.epoch, -1 - n, member_avro_key(member), None, decode_row(value))
         for builder in builders.values():
             yield builder.flush()
 
