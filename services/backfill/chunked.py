@@ -292,6 +292,7 @@ class ChunkedBackfill:
             for vnode, end in chunk.ends().items():
                 self.positions.set(chunk.source, vnode, end)
             self.rows_done, self.snapshot_epoch = chunk.rows_done, chunk.epoch
+            self._held = None  # read at the positions before
         self._after_commit(batch.upto, chunk.rows if chunk is not None else 0, busy_s)
         if self.done:
             log.info("%s: backfill done at epoch %d (%d rows), in tasks", self.view, batch.upto, self.rows_done)

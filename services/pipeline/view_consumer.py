@@ -154,8 +154,9 @@ class ViewConsumer:
         while not backfill.done and self._after < end:
             started = time.monotonic()
             planned = backfill.plan_in_tasks(self.settings.to_executor_json(), self._after, end)
-            if not tasks.apply(self.reader, planned.upto, stage=planned, read_after=self._after):
-                return  # nothing committed (the upstream's index moved): the next micro-batch plans again
+            tasks.apply(self.reader, planned.upto, stage=planned, read_after=self._after)
+            if self.mce < planned.upto:
+                return  # not all committed (the upstream's index moved): the next micro-batch plans again
             backfill.committed_in_tasks(planned, time.monotonic() - started)
         self.stages = [stage for stage in self.stages if not stage.finished]
         if self._after < end:
