@@ -35,7 +35,9 @@ from mvlog.services.backfill.snapshot import (
     snapshot_backfill_needed,
 )
 from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
+from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import EpochWork, Stage
+from mvlog.services.pipeline.task_epochs import TaskEpochs
 from mvlog.views import ChangeBatch, ViewPlan
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,26 @@ class ChunkedBackfillStage:
     @property
     def idle(self) -> bool:
         return self.finished
+
+    def run_in_tasks(self, tasks: TaskEpochs, reader: UpstreamReader, upto: int | None) -> None:
+        """The upstream's epochs up to ``upto`` (None: its latest; a stream's micro-batch is read again here)
+        in micro-batches of the task path, each ending with its chunk's epoch
+        (:mod:`~mvlog.services.backfill.task_chunks`); once the backfill is done, the rest as any."""
+        backfill, source = self.backfill, self.backfill.sources[0]
+        end = upto if upto is not None else reader.settled_upto(source, None)
+
+        def after() -> int:  # the upstream epoch the view is at: the MCE, or the one the backfill began after
+            return max(tasks.committer.mce, backfill.start_epoch)
+
+        while not backfill.done and after() < end:
+            started = time.monotonic()
+            planned = backfill.plan_in_tasks(tasks.settings.to_executor_json(), after(), end)
+            tasks.apply(reader, planned.upto, stage=planned, read_after=after())
+            if tasks.committer.mce < planned.upto:
+                return  # not all committed (the upstream's index moved): the next micro-batch plans again
+            backfill.committed_in_tasks(planned, time.monotonic() - started)
+        if backfill.done and after() < end:
+            tasks.apply(reader, end)
 
 
 class SnapshotSeedStage:
@@ -176,11 +198,10 @@ class ViewBackfills:
         return self.chunked if self.chunked_stage is not None and not self.chunked_stage.finished else None
 
     @property
-    def running_in_tasks(self) -> ChunkedBackfill | None:
-        """The chunked backfill still running, if its routing runs in Spark's tasks."""
-        running = self.running
-        return running if running is not None and self.chunked_stage is not None and self.chunked_stage.in_tasks \
-            else None
+    def in_tasks(self) -> ChunkedBackfillStage | None:
+        """The chunked backfill's stage while it runs, if its routing runs in Spark's tasks."""
+        stage = self.chunked_stage
+        return stage if stage is not None and stage.in_tasks and not stage.finished else None
 
     @property
     def snapshot(self) -> SnapshotBackfill | None:

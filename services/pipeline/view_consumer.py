@@ -12,7 +12,6 @@ abandoned attempt by the chain rule).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
@@ -132,35 +131,17 @@ class ViewConsumer:
             self._upkeep()
             if self._stopped:
                 return True  # nothing is applied after stop()
-            backfill = self.backfills.running_in_tasks
-            others = [s for s in self.stages if s is not self.backfills.chunked_stage] if backfill else self.stages
-            if not self.tasks.takes(others, self.mce):
+            backfill = self.backfills.in_tasks  # a chunked backfill the tasks run, with its micro-batches
+            if not self.tasks.takes([s for s in self.stages if s is not backfill], self.mce):
                 return False
             if backfill is not None:
-                self._backfill_in_tasks(backfill, upto)
+                backfill.run_in_tasks(self.tasks, self.reader, upto)
+                self.stages = [stage for stage in self.stages if not stage.finished]
             elif self.backfills.start_epoch > self.mce:
                 return False  # a chunked backfill the driver's way left it before its first commit
             else:
                 self.tasks.apply(self.reader, upto, batch)
             return True
-
-    def _backfill_in_tasks(self, backfill: ChunkedBackfill, upto: int | None) -> None:
-        """The upstream's epochs up to ``upto`` (None: its latest; a micro-batch of the stream is read again
-        here), in micro-batches that each end with their chunk's epoch
-        (:mod:`~mvlog.services.backfill.task_chunks`), then, once the backfill is done, as any."""
-        tasks, source = self.tasks, self.entry.sources[0]
-        assert tasks is not None
-        end = upto if upto is not None else self.reader.settled_upto(source, None)
-        while not backfill.done and self._after < end:
-            started = time.monotonic()
-            planned = backfill.plan_in_tasks(self.settings.to_executor_json(), self._after, end)
-            tasks.apply(self.reader, planned.upto, stage=planned, read_after=self._after)
-            if self.mce < planned.upto:
-                return  # not all committed (the upstream's index moved): the next micro-batch plans again
-            backfill.committed_in_tasks(planned, time.monotonic() - started)
-        self.stages = [stage for stage in self.stages if not stage.finished]
-        if self._after < end:
-            tasks.apply(self.reader, end, read_after=self._after)
 
     def apply_batch(self, table: pa.Table) -> None:
         """Apply every epoch above the MCE of a collected micro-batch, in order."""
