@@ -107,9 +107,12 @@ class ViewConsumer:
         return self.backfills.running
 
     def _adopt(self, entry: CatalogEntry, plan: ViewPlan, operator: ViewOperator) -> None:
-        """The view's definition after a replacement's cut-over."""
+        """The view's definition after a replacement's cut-over: the task path too is planned anew (the new
+        definition may route otherwise, or not run in tasks at all)."""
         self.entry = self.committer.entry = entry
         self.plan, self.operator = plan, operator
+        self.tasks = TaskEpochs.for_view(self.settings, entry, self.upstreams, plan, self.committer, self._redis)
+        self.reader.task_per_partition = self.tasks is not None
 
     # --- the loop ---------------------------------------------------------------------------------
 
