@@ -309,7 +309,10 @@ class ChangelogWriter:
             self._closed = True
             if self._stuck:  # a call still runs inside it: releasing the producer would pull it from under it
                 return
-            self._producer.flush(10)
+            # A fenced (or otherwise failed) producer raises its fatal error here: nothing it holds can
+            # commit any more (its open transaction is aborted by the broker), so it is released all the same.
+            with contextlib.suppress(KafkaException):
+                self._producer.flush(10)
             self._producer.close()
 
     def _produce(self, key: bytes | None, value: bytes, partition: int, headers: Headers,
