@@ -71,7 +71,7 @@ class ViewConsumer:
                                                  lambda: self.backfills.lifecycle())
         self.committer.rebuild_if_wiped()
         # Opt-in (Settings.operators_in_tasks): a filter/project or GROUP BY view's epochs in Spark's tasks.
-        self.tasks = TaskEpochs.for_view(settings, self.entry, self.upstreams, self.plan, self.committer, self._redis)
+        self.tasks = self._task_path()
         self.reader = UpstreamReader(settings, self.spark, self.upstreams, self.store.index,
                                      self.max_epochs_per_trigger, task_per_partition=self.tasks is not None)
         self.backfills = backfill_stages(settings, self._redis, self.store, self.catalog, self.entry, self.upstreams,
@@ -111,8 +111,12 @@ class ViewConsumer:
         definition may route otherwise, or not run in tasks at all)."""
         self.entry = self.committer.entry = entry
         self.plan, self.operator = plan, operator
-        self.tasks = TaskEpochs.for_view(self.settings, entry, self.upstreams, plan, self.committer, self._redis)
+        self.tasks = self._task_path()
         self.reader.task_per_partition = self.tasks is not None
+
+    def _task_path(self) -> TaskEpochs | None:
+        """The view's epochs in Spark's tasks for its current definition, if the setting is on and it can."""
+        return TaskEpochs.for_view(self.settings, self.entry, self.upstreams, self.plan, self.committer, self._redis)
 
     # --- the loop ---------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,14 @@ class Workload:
         self._thread.join()
 
 
+def _to_fixed(value: float) -> str:
+    """JavaScript's ``value.toFixed(1)`` for a value >= 0: the exact binary value rounded half up. Python's
+    format rounds a tie to even: 1.25 s (a lag of 1250 ms) is "1.2" here and "1.3" on the page."""
+    return str(Decimal(value).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
+
+
 def fmt_seconds(value: float) -> str:
-    return f"{value:.1f}s" if value < 60 else f"{value / 60:.1f}m"
+    return f"{_to_fixed(value)}s" if value < 60 else f"{_to_fixed(value / 60)}m"
 
 
 def poll(condition: Any, timeout: float, what: str, show: Any = None) -> Any:
