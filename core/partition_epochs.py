@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mvlog.changes import Mutation
+
 
 class PartitionLogError(RuntimeError):
     """A partition's log after the MCE is not a prefix of the epochs to write, one attempt each."""
@@ -31,6 +33,7 @@ class PartitionBarrier:
     prev_epoch: int
     offset: int
     records: int
+    mutation: Mutation | None = None  # what the epoch's barriers carry (a backfill's progress, say)
 
 
 def resume_partition(partition: int, after: int, epochs: Sequence[int],

@@ -44,6 +44,6 @@ def partition_barriers(settings: Settings, view: str, partition: int, start_offs
                 if record_type(message.headers()) == TYPE_BARRIER:
                     barrier = decode_barrier(message.value() or b"")
                     found.append(PartitionBarrier(barrier.epoch, barrier.prev_epoch, message.offset() or 0,
-                                                  barrier.records))
+                                                  barrier.records, barrier.mutation))
     finally:
         consumer.close()

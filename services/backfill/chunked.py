@@ -64,7 +64,7 @@ from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.key_order import order_member
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import decode_row, encode_key
-from mvlog.services.backfill.task_chunks import BackfillBatch, TaskChunk, committed_positions
+from mvlog.services.backfill.task_chunks import BackfillBatch, TaskChunk, committed_positions, recover_chunk
 from mvlog.services.view_ddl import view_option
 from mvlog.vnode import VNODE_COUNT, vnode_of
 
@@ -125,6 +125,7 @@ class ChunkedBackfill:
         self.meter = RateMeter()
         self._pending: dict[str, Chunk] = {}
         self._held: OrderedRead | None = None  # the task path's chunk read past its micro-batch
+        self._clean_after: int | None = None  # the task path's MCE above which no partition committed
         self._totals: dict[str, int] = {}
         self.snapshot_epoch = 0
         self.chunks_read = 0
@@ -274,12 +275,23 @@ class ChunkedBackfill:
     def plan_in_tasks(self, settings_json: str, after: int, upto: int) -> BackfillBatch:
         """The next micro-batch of a view whose operator runs in tasks, after upstream epoch ``after`` and
         up to ``upto`` at most: up to the epoch of its chunk when it has one (the saved chunk of an earlier
-        attempt, or one read now and saved), every change routed by the committed positions."""
+        attempt, or one read now and saved), every change routed by the committed positions.
+
+        Unless this backfill committed the micro-batch that ended at ``after``, a partition may have
+        committed epochs above it (a consumer died, Redis was wiped under a micro-batch): a chunk one of
+        them emitted is made again when its saved copy is gone, and a new one must come after them
+        (:func:`~mvlog.services.backfill.task_chunks.recover_chunk`)."""
         source = self.sources[0]
         self._pending.clear()  # read by the driver path at the positions this micro-batch may move
-        chunk = self._saved_chunk(after)
+        chunk, floor = self._saved_chunk(after), after
+        if chunk is None and self._clean_after != after:
+            chunk, floor = recover_chunk(self.settings, self.store, self.entry, self.upstreams[source], after,
+                                         self.positions, self.rows_done, self._first_commit)
+            if chunk is not None:
+                log.warning("%s: the chunk of epoch %d, which a partition committed, was lost from Redis: read "
+                            "again (%d rows)", self.view, chunk.epoch, chunk.rows)
         if chunk is None:
-            chunk = self._new_task_chunk(source, after, upto)
+            chunk = self._new_task_chunk(source, floor, upto)
         positions = committed_positions([self.positions.get(source, v) for v in range(VNODE_COUNT)])
         return BackfillBatch(settings_json, self.view, self.upstreams[source], positions, self.rows_done,
                              self.start_epoch, chunk.epoch if chunk is not None else upto, chunk,
@@ -293,9 +305,18 @@ class ChunkedBackfill:
                 self.positions.set(chunk.source, vnode, end)
             self.rows_done, self.snapshot_epoch = chunk.rows_done, chunk.epoch
             self._held = None  # read at the positions before
+        self._clean_after = batch.upto
         self._after_commit(batch.upto, chunk.rows if chunk is not None else 0, busy_s)
         if self.done:
             log.info("%s: backfill done at epoch %d (%d rows), in tasks", self.view, batch.upto, self.rows_done)
+
+    def reload(self) -> None:
+        """Take the positions and counters committed in Redis (after a recovery, or a micro-batch that
+        failed part way), and check the partitions again before the next chunk."""
+        stored = self.store.backfill_state(self.view)
+        self.positions = load_positions(stored, self.sources)
+        self.rows_done = int(stored.get(b"rows_done", b"0"))
+        self._held, self._clean_after = None, None
 
     def _saved_chunk(self, after: int) -> TaskChunk | None:
         """The chunk an earlier attempt saved and did not commit (it may have partly committed its epoch)."""

@@ -34,6 +34,7 @@ from mvlog.services.backfill.snapshot import (
     SnapshotBackfill,
     snapshot_backfill_needed,
 )
+from mvlog.services.backfill.task_chunks import BackfillBatch
 from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import EpochWork, Stage
@@ -91,14 +92,32 @@ class ChunkedBackfillStage:
             return max(tasks.committer.mce, backfill.start_epoch)
 
         while not backfill.done and after() < end:
+            if tasks.committer.ensure_serving_state():
+                backfill.reload()  # Redis was rebuilt from Kafka: the backfill is where the view's changelog says
             started = time.monotonic()
             planned = backfill.plan_in_tasks(tasks.settings.to_executor_json(), after(), end)
-            tasks.apply(reader, planned.upto, stage=planned, read_after=after())
+            try:
+                tasks.apply(reader, planned.upto, stage=planned, read_after=after())
+            except Exception:
+                if not self._lost_under(tasks, planned):
+                    raise
+                log.warning("%s: Redis was wiped under a micro-batch of its backfill: planned again", backfill.view)
+                backfill.reload()
+                continue
             if tasks.committer.mce < planned.upto:
                 return  # not all committed (the upstream's index moved): the next micro-batch plans again
             backfill.committed_in_tasks(planned, time.monotonic() - started)
         if backfill.done and after() < end:
             tasks.apply(reader, end)
+
+    def _lost_under(self, tasks: TaskEpochs, planned: BackfillBatch) -> bool:
+        """Whether a micro-batch failed because Redis was wiped under it: its tasks found the saved chunk
+        gone, or the commit found the view's state gone."""
+        if tasks.committer.ensure_serving_state():
+            return True
+        chunk = planned.chunk
+        return (chunk is not None and tasks.committer.mce < chunk.epoch
+                and self.backfill.store.chunk_record(self.backfill.view) is None)
 
 
 class SnapshotSeedStage:

@@ -21,30 +21,39 @@ decides, once per micro-batch, and the tasks do the rest (:class:`BackfillBatch`
 
 The saved chunk is what makes a partly committed epoch ``S`` safe: a consumer that died after some
 partitions committed it finds the chunk still saved (its commit drops it) and runs the same micro-batch
-with the same rows, so the partitions not committed compute exactly what the others did.
+with the same rows, so the partitions not committed compute exactly what the others did. When Redis
+lost it (wiped) after a partition committed ``S``, the chunk is made again from what that partition's
+barrier of ``S`` carries (the positions it moved to) and the upstream's rows at ``S``
+(:func:`recover_chunk`); when the partitions committed epochs without a chunk, the next chunk is read
+at an epoch after them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
-from mvlog.backfill import DONE, START, Position
+from mvlog.backfill import DONE, START, BackfillError, BackfillPositions, Position
 from mvlog.backfill_record import BACKFILL_MUTATION, journal_line, position_field, position_text, progress_payload
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Mutation
 from mvlog.config import Settings
+from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.backfill_store import BackfillStore
 from mvlog.connectors.redis.partition_staging import BackfillCommit
+from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.rows_at_epoch import rows_at_epoch
 from mvlog.connectors.spark.change_rows import BARRIER, SignedRowBuilder
-from mvlog.key_order import member_avro_key, order_members
-from mvlog.schemas.codec import decode_row
+from mvlog.key_order import member_avro_key, order_member, order_members
+from mvlog.partition_epochs import PartitionBarrier
+from mvlog.schemas.codec import decode_row, encode_key, encode_row
 from mvlog.vnode import VNODE_COUNT, partition_of_vnode, vnode_of
 
 #: Rows of the saved chunk a task of :class:`ChunkRows` reads.
@@ -218,3 +227,72 @@ def committed_positions(positions: Sequence[Position]) -> tuple[bytes | None, ..
     """Positions as :class:`CoveredRows` takes them, one per vnode."""
     assert len(positions) == VNODE_COUNT
     return tuple(b"" if p.done else p.last for p in positions)
+
+
+@dataclass(frozen=True)
+class CommittedAbove:
+    """What a view's partitions committed above its MCE, as their barriers say: the last epoch any of
+    them committed (the MCE when none did), and the chunk's epoch and ``backfill_progress`` payload if
+    one of those epochs emitted a chunk (only a micro-batch's last epoch does, so one at most). Pure."""
+
+    last: int
+    chunk_epoch: int | None = None
+    payload: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, view: str, after: int, barriers: Sequence[PartitionBarrier]) -> CommittedAbove:
+        above = [b for b in barriers if b.epoch > after]
+        chunks = {b.epoch: b.mutation.payload for b in above
+                  if b.mutation is not None and b.mutation.kind == BACKFILL_MUTATION
+                  and any(b.mutation.payload.get("positions", {}).values())}
+        if len(chunks) > 1:
+            raise BackfillError(f"{view}: epochs {sorted(chunks)} above the MCE {after} each emitted a chunk "
+                                "in some partition; a micro-batch of the task path emits one, in its last epoch")
+        last = max((b.epoch for b in above), default=after)
+        if not chunks:
+            return cls(last)
+        (epoch, payload), = chunks.items()
+        return cls(last, epoch, payload)
+
+
+def recover_chunk(settings: Settings, store: ViewStore, entry: CatalogEntry, upstream: CatalogEntry, after: int,
+                  positions: BackfillPositions, rows_done: int, first: bool) -> tuple[TaskChunk | None, int]:
+    """With no saved chunk: the chunk of an epoch some partition of ``entry`` committed above ``after``
+    (the saved copy lost to a Redis wipe), made again and saved; and the last epoch any partition
+    committed above ``after``, which a new chunk must come after (their epochs had none)."""
+    at = store.index.entries_at(entry.name, entry.partitions, after or None) or {}
+    barriers = [barrier for partition in range(entry.partitions)
+                for barrier in partition_barriers(settings, entry.name, partition,
+                                                  at[partition].offset + 1 if partition in at else 0)]
+    above = CommittedAbove.of(entry.name, after, barriers)
+    if above.chunk_epoch is None or above.payload is None:
+        return None, above.last
+    payload, source = above.payload, upstream.name
+    ends = {int(v): _position(str(text))
+            for v, text in dict(payload["positions"].get(source, {})).items()}
+    moves = [(vnode, positions.get(source, vnode), end) for vnode, end in sorted(ends.items())]
+    rows = _rows_between(settings, store, upstream, above.chunk_epoch, moves)
+    if rows_done + len(rows) != int(payload.get("rows_done", -1)):
+        raise BackfillError(f"{entry.name}: the chunk of epoch {above.chunk_epoch}, read again, has {len(rows)} "
+                            f"row(s) after {rows_done}; its barriers say {payload.get('rows_done')} in all")
+    chunk = TaskChunk(entry.name, source, above.chunk_epoch, len(rows), TaskChunk.moves_of(moves),
+                      rows_done + len(rows), int(payload.get("start_epoch", 0)), bool(payload.get("done")), first)
+    store.save_chunk(entry.name, chunk.to_json(), rows)
+    return chunk, above.last
+
+
+def _rows_between(settings: Settings, store: ViewStore, upstream: CatalogEntry, epoch: int,
+                  moves: Sequence[tuple[int, Position, Position]]) -> list[tuple[bytes, bytes]]:
+    """The upstream's rows at ``epoch`` in the key ranges ``moves`` covers (each: vnode, from after
+    ``start`` to ``end``), as (order member, value), in key order: what the chunk read then."""
+    ranges = {vnode: (start, end) for vnode, start, end in moves}
+    found: list[tuple[bytes, bytes]] = []
+    for key, row in rows_at_epoch(settings, store, upstream, epoch).items():
+        avro_key = encode_key(upstream.key_columns, key)
+        vnode = vnode_of(avro_key)
+        if vnode in ranges:
+            start, end = ranges[vnode]
+            member = order_member(vnode, key, avro_key)
+            if not start.covers(member) and end.covers(member):
+                found.append((member, encode_row(row)))
+    return sorted(found)

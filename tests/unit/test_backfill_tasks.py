@@ -6,18 +6,20 @@ from __future__ import annotations
 import random
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mvlog.backfill import DONE, START, BackfillPositions, Chunk, Position, VnodeChunk, route_epoch
-from mvlog.backfill_record import journal_line, position_field
+from mvlog.backfill import DONE, START, BackfillError, BackfillPositions, Chunk, Position, VnodeChunk, route_epoch
+from mvlog.backfill_record import BACKFILL_MUTATION, journal_line, position_field, progress_payload
 from mvlog.catalog import CatalogEntry
-from mvlog.changes import Change, Op
+from mvlog.changes import Change, Mutation, Op
 from mvlog.connectors.spark.change_rows import BARRIER, SignedRowBuilder
 from mvlog.key_order import order_member
+from mvlog.partition_epochs import PartitionBarrier
 from mvlog.row_schema import RowSchema
 from mvlog.schemas.codec import encode_key
-from mvlog.services.backfill.task_chunks import CoveredRows, TaskChunk, committed_positions
+from mvlog.services.backfill.task_chunks import CommittedAbove, CoveredRows, TaskChunk, committed_positions
 from mvlog.vnode import VNODE_COUNT, vnode_of
 
 SCHEMA = RowSchema.of({"id": "int", "v": "int"}, ["id"])
@@ -78,3 +80,24 @@ def test_a_chunk_commits_what_the_driver_path_commits_for_it() -> None:
     assert task.lifecycle() == "backfilling" and task.ends() == {p.vnode: p.end for p in parts}
     assert [c.op for c in driver.changes["t1"]] == [Op.READ] * chunk.row_count
     assert isinstance(driver.changes["t1"][0], Change)
+
+
+def _barrier(epoch: int, prev: int, moved: dict[int, bytes] | None = None) -> PartitionBarrier:
+    fields: dict[str, bytes | int] = {position_field("t1", v): end for v, end in (moved or {}).items()}
+    fields.update(rows_done=7, start_epoch=1)
+    return PartitionBarrier(epoch, prev, epoch * 10, 1, Mutation(BACKFILL_MUTATION, "mv1", progress_payload(fields)))
+
+
+def test_the_partitions_barriers_above_the_mce_name_the_chunk_to_make_again_or_the_epoch_to_read_after() -> None:
+    """After a Redis wipe lost the saved chunk: the epoch a partition committed with a chunk (its barrier
+    moved positions) is made again with those positions; epochs committed without one only push the next
+    chunk past them; epochs at or below the MCE are the view's history."""
+    assert CommittedAbove.of("mv1", 5, []) == CommittedAbove(5)
+    assert CommittedAbove.of("mv1", 5, [_barrier(4, 3, {1: b"\x01a"}), _barrier(5, 4)]) == CommittedAbove(5)
+    without = CommittedAbove.of("mv1", 5, [_barrier(6, 5), _barrier(7, 6), _barrier(6, 5)])
+    assert without == CommittedAbove(7)
+    found = CommittedAbove.of("mv1", 5, [_barrier(6, 5), _barrier(8, 6, {3: b"\x03z", 4: b""}), _barrier(6, 5)])
+    assert (found.last, found.chunk_epoch) == (8, 8)
+    assert found.payload is not None and found.payload["positions"] == {"t1": {"3": b"\x03z".hex(), "4": "done"}}
+    with pytest.raises(BackfillError, match="each emitted a chunk"):
+        CommittedAbove.of("mv1", 5, [_barrier(6, 5, {1: b"\x01a"}), _barrier(8, 6, {3: b"\x03z"})])
