@@ -25,16 +25,17 @@ from mvlog.services.view_ddl import create_view
 from ..oracle import check_oracle
 from .barrier_check import assert_barriers_once
 from .laps import Laps
+from .processes.view_runner import go as go_on
 from .processes.view_runner import spawn as spawn_view_runner
 from .spark_processes import executor_jvms, executor_python_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
-              pytest.mark.timeout(1200)]  # a Spark start-up per kill: 35-75 s each
+              pytest.mark.timeout(1200)]
 
-#: Kills per run. Each costs a Spark start-up of five views (about 15 s on a quiet machine, 100-130 s in the
-#: CI's first minutes, when every worker starts its broker and Spark at once), and this is the suite's longest
-#: test: 3 (the least that kills a driver, an executor and a Python worker on a local cluster) keeps the CI
-#: near its 25 minutes; MVLOG_TEST_KILLS=30 for a longer hunt.
+#: Kills per run. Each costs the recovery of five views (a new consumer process, whose Spark session started
+#: while the last one ran, rolls forward and catches up), and this is the suite's longest test: 3 (the least
+#: that kills a driver, an executor and a Python worker on a local cluster) keeps the CI near its 25 minutes;
+#: MVLOG_TEST_KILLS=30 for a longer hunt.
 KILLS = int(os.environ.get("MVLOG_TEST_KILLS", "3"))
 
 
@@ -111,57 +112,77 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
     in_tasks: list[str] = []
     laps = Laps()
     child: subprocess.Popen[str] | None = None
-    try:
-        for victim in _victims(settings, rng):
-            if child is None:
-                child = spawn_view_runner(settings, views)
-                ready = _wait_for_line(child, "ready", 120).split()
-                in_tasks = ready[1].split(",") if len(ready) > 1 and ready[1] != "-" else []
-                # The filter mv1 takes the task path with the setting on; the others stay on the driver.
-                assert ("mv1" in in_tasks) is settings.operators_in_tasks, ready
-                laps.lap("start to ready")
-            # Somewhere in the middle of committing epochs: after 1-6 commits, plus a random delay.
-            for _ in range(rng.randrange(1, 4)):
-                _wait_for_line(child, "mce", 60)
-            time.sleep(rng.uniform(0, 0.3))
-            if victim == "driver":
-                child.send_signal(signal.SIGKILL)
-                child.wait()
-                child = None
-            else:
-                _kill_in_cluster(child.pid, victim, rng)
-                at_kill = {view: store.mce(view) or 0 for view in views}  # read after it: later epochs are too
-                behind = set(views)
-                while behind:  # the same consumer commits past the kill in every view: lost tasks were retried
-                    _, view, epoch = _wait_for_line(child, "mce", 180).split()
-                    if int(epoch) > at_kill[view]:
-                        behind.discard(view)
-                assert child.poll() is None, f"the consumer died after its {victim} was killed"
-            killed.append(victim)
-            laps.lap(f"ready to {victim} kill")
-            kills += 1
-    finally:
-        stop.set()
-        writer.join()
-        if child is not None and child.poll() is None:
-            child.kill()
-            child.wait()
-    last = table.flush()
-    table.close()
+    # The next consumer process starts its Spark session while the last one runs (see the runner's
+    # --standby): a kill's cost is then the recovery, not a JVM's start on top of it.
+    spawned: list[subprocess.Popen[str]] = []
+    standby: subprocess.Popen[str] | None = None
 
-    laps.lap("flush")
-    child = spawn_view_runner(settings, views)
+    def take_over(*, again: bool) -> subprocess.Popen[str]:
+        nonlocal standby
+        assert standby is not None
+        taking, standby = standby, None
+        _wait_for_line(taking, "standby", 180)
+        go_on(taking)
+        if again:  # the last kill is always a driver's: each standby started here takes over
+            standby = spawn_view_runner(settings, views, standby=True)
+            spawned.append(standby)
+        return taking
+
     try:
+        standby = spawn_view_runner(settings, views, standby=True)
+        spawned.append(standby)
+        try:
+            for victim in _victims(settings, rng):
+                if child is None:
+                    child = take_over(again=True)
+                    ready = _wait_for_line(child, "ready", 120).split()
+                    in_tasks = ready[1].split(",") if len(ready) > 1 and ready[1] != "-" else []
+                    # The filter mv1 takes the task path with the setting on; the others stay on the driver.
+                    assert ("mv1" in in_tasks) is settings.operators_in_tasks, ready
+                    laps.lap("start to ready")
+                # Somewhere in the middle of committing epochs: after 1-6 commits, plus a random delay.
+                for _ in range(rng.randrange(1, 4)):
+                    _wait_for_line(child, "mce", 60)
+                time.sleep(rng.uniform(0, 0.3))
+                if victim == "driver":
+                    child.send_signal(signal.SIGKILL)
+                    child.wait()
+                    child = None
+                else:
+                    _kill_in_cluster(child.pid, victim, rng)
+                    at_kill = {view: store.mce(view) or 0 for view in views}  # read after it: later ones are too
+                    behind = set(views)
+                    while behind:  # the same consumer commits past the kill in every view: lost tasks retried
+                        _, view, epoch = _wait_for_line(child, "mce", 180).split()
+                        if int(epoch) > at_kill[view]:
+                            behind.discard(view)
+                    assert child.poll() is None, f"the consumer died after its {victim} was killed"
+                killed.append(victim)
+                laps.lap(f"ready to {victim} kill")
+                kills += 1
+        finally:
+            stop.set()
+            writer.join()
+            if child is not None and child.poll() is None:
+                child.kill()
+                child.wait()
+        last = table.flush()
+        table.close()
+
+        laps.lap("flush")
+        child = take_over(again=False)
         deadline = time.monotonic() + 300
         while any((store.mce(v) or 0) < last for v in views):
             assert time.monotonic() < deadline, {v: store.mce(v) for v in views}
             assert child.poll() is None, "the consumer process died"
             time.sleep(0.2)
-    finally:
         child.send_signal(signal.SIGTERM)
-        child.wait(30) if child.poll() is None else None
-        if child.poll() is None:
-            child.kill()
+        child.wait(30)
+    finally:
+        for process in spawned:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
     laps.lap("last run to caught up")
     assert kills == KILLS

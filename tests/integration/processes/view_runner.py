@@ -1,6 +1,9 @@
 """Runs Spark consumers of views in their own process, so a test can SIGKILL them at random points.
 
-Usage: python -m tests.integration.processes.view_runner SETTINGS_JSON VIEW [VIEW ...]
+Usage: python -m tests.integration.processes.view_runner [--standby] SETTINGS_JSON VIEW [VIEW ...]
+With ``--standby`` it starts its Spark session, prints ``standby`` and waits for a line on stdin before
+it makes the consumers: a SIGKILL test starts the next consumer process while the last one runs, so that
+each kill does not wait for a JVM's start (the recovery, what the test is about, begins at that line).
 Prints ``ready <views in tasks>`` once the streaming queries run (the views whose operators run in Spark's
 tasks, comma-separated, or ``-``), then ``mce <view> <epoch>`` as epochs commit, and
 ``chunk <vnode> <start>`` for each vnode of each backfill chunk read (start: the position in hex, ``-``).
@@ -18,18 +21,28 @@ from pathlib import Path
 from mvlog.backfill import Chunk
 from mvlog.config import Settings
 from mvlog.services.pipeline.view_consumer import ViewConsumer
+from mvlog.services.spark_session import spark_session
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def spawn(settings: Settings, views: list[str]) -> subprocess.Popen[str]:
-    """This runner in a child process for ``views``; its stdout is a pipe of the lines above."""
+def spawn(settings: Settings, views: list[str], *, standby: bool = False) -> subprocess.Popen[str]:
+    """This runner in a child process for ``views``; its stdout is a pipe of the lines above (``standby``:
+    it waits for :func:`go` once its Spark session runs)."""
     # ROOT first for the runner; the caller's PYTHONPATH stays (e.g. a worktree's package over the installed one).
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "PYSPARK_PYTHON": sys.executable}
     return subprocess.Popen([sys.executable, "-m", "tests.integration.processes.view_runner",
-                             settings.model_dump_json(), *views],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
+                             *(["--standby"] if standby else []), settings.model_dump_json(), *views],
+                            stdin=subprocess.PIPE if standby else None, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
+
+
+def go(child: subprocess.Popen[str]) -> None:
+    """Let a runner spawned ``standby`` make its consumers."""
+    assert child.stdin is not None
+    child.stdin.write("go\n")
+    child.stdin.flush()
 
 
 def _print_chunk(chunk: Chunk) -> None:
@@ -39,10 +52,19 @@ def _print_chunk(chunk: Chunk) -> None:
 
 
 def main() -> None:
-    settings = Settings.model_validate_json(sys.argv[1])
+    args = sys.argv[1:]
+    standby = args[0] == "--standby"
+    settings = Settings.model_validate_json(args[1 if standby else 0])
+    spark = None
+    if standby:
+        spark = spark_session(settings, app_name="mvlog-standby")
+        spark.range(1).count()  # the first job's start too
+        print("standby", flush=True)
+        if not sys.stdin.readline():
+            return  # the test ended without it
     consumers: list[ViewConsumer] = []
-    for view in sys.argv[2:]:
-        spark = consumers[0].spark if consumers else None
+    for view in args[2 if standby else 1:]:
+        spark = consumers[0].spark if consumers else spark
         consumers.append(ViewConsumer(settings, view, spark=spark, max_epochs_per_trigger=20,
                                       trigger_interval="100 milliseconds"))
     for consumer in consumers:
