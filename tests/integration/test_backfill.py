@@ -43,7 +43,7 @@ from .barrier_check import assert_barriers_once
 from .busy_table import busy
 from .laps import Laps
 from .processes.task_view_runner import run as run_task_views
-from .processes.view_runner import spawn as spawn_view_runner
+from .processes.view_runner import Relay
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -203,45 +203,47 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
     reads: list[tuple[int, str]] = []  # (run, chunk line) of every chunk read by every run
     sampled: list[dict[bytes, bytes]] = []
     kills = 0
-    with busy(table, seed=rng.randrange(1 << 30), keys=KEYS, per_tick=30):
-        while kills < KILLS:
-            child = spawn_view_runner(settings, ["mv1"])
-            out: list[str] = []
-            try:
-                _read_until(child, "ready", 120, out)
-                laps.lap("start to ready")
-                for _ in range(rng.randrange(1, 4)):
-                    _read_until(child, "mce", 60, out)
-                time.sleep(rng.uniform(0, 0.3))
-                laps.lap("ready to kill")
-            finally:
-                child.send_signal(signal.SIGKILL)
-                child.wait()
-            assert child.stdout is not None
-            out += child.stdout.read().splitlines()  # what it printed before the kill
-            reads += [(kills, line) for line in out if line.startswith("chunk ")]
-            sampled.append(store.backfill_state("mv1"))
-            kills += 1
-            assert store.lifecycle("mv1") != Lifecycle.LIVE, "the backfill finished before the kills"
-    # The table stays open: its writer commits an (empty) epoch every interval, and the backfill moves
-    # one chunk per upstream epoch.
-    last = table.flush()
-    laps.lap("kills")
-    child = spawn_view_runner(settings, ["mv1"])
-    try:
-        deadline = time.monotonic() + 240
-        while (store.mce("mv1") or 0) < last or store.lifecycle("mv1") != Lifecycle.LIVE:
-            assert time.monotonic() < deadline and child.poll() is None, (
-                store.backfill_progress("mv1"), store.mce("mv1"), store.mce("t1"))
-            time.sleep(0.2)
+    # Each run's Spark session starts while the one before it runs (Relay).
+    with Relay(settings, ["mv1"], runs=KILLS + 1) as relay:
+        with busy(table, seed=rng.randrange(1 << 30), keys=KEYS, per_tick=30):
+            while kills < KILLS:
+                child = relay.next()
+                out: list[str] = []
+                try:
+                    _read_until(child, "ready", 120, out)
+                    laps.lap("start to ready")
+                    for _ in range(rng.randrange(1, 4)):
+                        _read_until(child, "mce", 60, out)
+                    time.sleep(rng.uniform(0, 0.3))
+                    laps.lap("ready to kill")
+                finally:
+                    child.send_signal(signal.SIGKILL)
+                    child.wait()
+                assert child.stdout is not None
+                out += child.stdout.read().splitlines()  # what it printed before the kill
+                reads += [(kills, line) for line in out if line.startswith("chunk ")]
+                sampled.append(store.backfill_state("mv1"))
+                kills += 1
+                assert store.lifecycle("mv1") != Lifecycle.LIVE, "the backfill finished before the kills"
+        # The table stays open: its writer commits an (empty) epoch every interval, and the backfill moves
+        # one chunk per upstream epoch.
         last = table.flush()
-        while (store.mce("mv1") or 0) < last:
-            assert time.monotonic() < deadline and child.poll() is None, store.backfill_progress("mv1")
-            time.sleep(0.2)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        table.close()
+        laps.lap("kills")
+        child = relay.next()
+        try:
+            deadline = time.monotonic() + 240
+            while (store.mce("mv1") or 0) < last or store.lifecycle("mv1") != Lifecycle.LIVE:
+                assert time.monotonic() < deadline and child.poll() is None, (
+                    store.backfill_progress("mv1"), store.mce("mv1"), store.mce("t1"))
+                time.sleep(0.2)
+            last = table.flush()
+            while (store.mce("mv1") or 0) < last:
+                assert time.monotonic() < deadline and child.poll() is None, store.backfill_progress("mv1")
+                time.sleep(0.2)
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            table.close()
     laps.lap("last run to live and caught up")
 
     # I5: sampled positions never move backwards across the kills.

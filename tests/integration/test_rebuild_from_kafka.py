@@ -111,13 +111,19 @@ def backfilling(consumer: ViewConsumer) -> bool:
     return consumer.backfill is not None
 
 
-def test_flushall_during_a_chunked_backfill(make_settings: Callable[..., Settings], own_redis: str,
+@pytest.mark.parametrize("path", ["driver", "tasks"])
+def test_flushall_during_a_chunked_backfill(path: str, make_settings: Callable[..., Settings], own_redis: str,
                                             spark: Any) -> None:
     """A view created online loses nothing when Redis is wiped while it backfills: its positions, counters
     and journal come back from its own changelog (the backfill_progress mutations on its barriers), its
     operator state is re-derived from the upstream keys those positions cover, and the backfill resumes
-    where it was instead of starting over (which would drop the changes of keys it already holds)."""
-    settings = make_settings(redis_url=own_redis, backfill_batch_rows=8)
+    where it was instead of starting over (which would drop the changes of keys it already holds).
+
+    "tasks": the GROUP BY and its backfill run in Spark's tasks, whose chunk of an epoch is saved in Redis
+    until that epoch commits: a wipe that loses it after a partition committed the epoch (or while the
+    rebuild holds that epoch back for want of proof) has it read again from the epoch's barriers."""
+    tasks = {"operators_in_tasks": True, "tasks_min_records": 0} if path == "tasks" else {}
+    settings = make_settings(redis_url=own_redis, backfill_batch_rows=8, **tasks)
     client = redis.Redis.from_url(own_redis)
     store = ViewStore(client, settings.topic_prefix)
     rng = random.Random(5)
@@ -148,6 +154,7 @@ def test_flushall_during_a_chunked_backfill(make_settings: Callable[..., Setting
             consumer.wait_for_epoch(write_epoch())
 
     consumer = ViewConsumer(settings, "mv1", spark=spark, client=client)
+    assert (consumer.tasks is not None) is (path == "tasks")
     try:
         consumer.start()
         run_until(lambda: int(backfill().get(b"rows_done", 0)) >= 20, "a part of the backfill")

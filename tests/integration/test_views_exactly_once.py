@@ -25,8 +25,7 @@ from mvlog.services.view_ddl import create_view
 from ..oracle import check_oracle
 from .barrier_check import assert_barriers_once
 from .laps import Laps
-from .processes.view_runner import go as go_on
-from .processes.view_runner import spawn as spawn_view_runner
+from .processes.view_runner import Relay
 from .spark_processes import executor_jvms, executor_python_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
@@ -112,29 +111,13 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
     in_tasks: list[str] = []
     laps = Laps()
     child: subprocess.Popen[str] | None = None
-    # The next consumer process starts its Spark session while the last one runs (see the runner's
-    # --standby): a kill's cost is then the recovery, not a JVM's start on top of it.
-    spawned: list[subprocess.Popen[str]] = []
-    standby: subprocess.Popen[str] | None = None
-
-    def take_over(*, again: bool) -> subprocess.Popen[str]:
-        nonlocal standby
-        assert standby is not None
-        taking, standby = standby, None
-        _wait_for_line(taking, "standby", 180)
-        go_on(taking)
-        if again:  # the last kill is always a driver's: each standby started here takes over
-            standby = spawn_view_runner(settings, views, standby=True)
-            spawned.append(standby)
-        return taking
-
-    try:
-        standby = spawn_view_runner(settings, views, standby=True)
-        spawned.append(standby)
+    victims = _victims(settings, rng)
+    # Each consumer process starts its Spark session while the one before it runs (Relay).
+    with Relay(settings, views, runs=victims.count("driver") + 1) as relay:
         try:
-            for victim in _victims(settings, rng):
+            for victim in victims:
                 if child is None:
-                    child = take_over(again=True)
+                    child = relay.next()
                     ready = _wait_for_line(child, "ready", 120).split()
                     in_tasks = ready[1].split(",") if len(ready) > 1 and ready[1] != "-" else []
                     # The filter mv1 takes the task path with the setting on; the others stay on the driver.
@@ -163,14 +146,11 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
         finally:
             stop.set()
             writer.join()
-            if child is not None and child.poll() is None:
-                child.kill()
-                child.wait()
         last = table.flush()
         table.close()
 
         laps.lap("flush")
-        child = take_over(again=False)
+        child = relay.next()
         deadline = time.monotonic() + 300
         while any((store.mce(v) or 0) < last for v in views):
             assert time.monotonic() < deadline, {v: store.mce(v) for v in views}
@@ -178,11 +158,6 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
             time.sleep(0.2)
         child.send_signal(signal.SIGTERM)
         child.wait(30)
-    finally:
-        for process in spawned:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
 
     laps.lap("last run to caught up")
     assert kills == KILLS

@@ -38,11 +38,48 @@ def spawn(settings: Settings, views: list[str], *, standby: bool = False) -> sub
                             stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
 
 
-def go(child: subprocess.Popen[str]) -> None:
-    """Let a runner spawned ``standby`` make its consumers."""
-    assert child.stdin is not None
-    child.stdin.write("go\n")
-    child.stdin.flush()
+class Relay:
+    """The consumer processes of a SIGKILL test, one after another: each starts its Spark session
+    (``standby``) while the one before it runs, and makes its consumers when it takes over (:meth:`next`).
+    A kill then costs the recovery the test is about, not a JVM's start on top of it. ``runs``: how many
+    take over in all (no process is started that none needs)."""
+
+    def __init__(self, settings: Settings, views: list[str], runs: int) -> None:
+        self.settings, self.views, self._left = settings, views, runs
+        self._spawned: list[subprocess.Popen[str]] = []
+        self._waiting: subprocess.Popen[str] | None = None
+        self._start()
+
+    def next(self, timeout: float = 180.0) -> subprocess.Popen[str]:
+        """The next consumer process, told to go on (its stdout then prints ``ready`` and so on)."""
+        taking = self._waiting
+        assert taking is not None and taking.stdout is not None, "every run has taken over already"
+        self._waiting = None
+        deadline = time.monotonic() + timeout
+        while (line := taking.stdout.readline()) != "standby\n":
+            if not line:
+                raise AssertionError(f"a standby consumer process exited ({taking.poll()}) before its Spark started")
+            assert time.monotonic() < deadline, f"no standby consumer process within {timeout} s"
+        assert taking.stdin is not None
+        taking.stdin.write("go\n")
+        taking.stdin.flush()
+        self._start()
+        return taking
+
+    def _start(self) -> None:
+        if self._left > 0:
+            self._left -= 1
+            self._waiting = spawn(self.settings, self.views, standby=True)
+            self._spawned.append(self._waiting)
+
+    def __enter__(self) -> Relay:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for child in self._spawned:  # a test that fails leaves some running, and one waiting
+            if child.poll() is None:
+                child.kill()
+                child.wait()
 
 
 def _print_chunk(chunk: Chunk) -> None:
