@@ -32,12 +32,18 @@ def rows_at_epoch(settings: Settings, store: ViewStore, entry: CatalogEntry, epo
     rows = {entry.schema.key_of(row): row for row in (decode_row(value) for _, value in pairs)}
     if mce == epoch:
         return rows
-    later: list[Change] = []
+    return undo_changes(rows, changes_after(settings, store, entry, epoch, mce, idle_timeout))
+
+
+def changes_after(settings: Settings, store: ViewStore, entry: CatalogEntry, after: int, upto: int,
+                  idle_timeout: float = 15.0) -> list[Change]:
+    """The changes of ``entry``'s committed epochs in ``(after, upto]``, in the order they were applied."""
+    changes: list[Change] = []
     with ChangelogReader(settings, entry.name, entry.key_columns, entry.partitions, store.index,
-                         after_epoch=epoch, upto_epoch=mce) as reader:
+                         after_epoch=after, upto_epoch=upto) as reader:
         for found in reader.epochs(idle_timeout=idle_timeout):
-            later.extend(found.changes)
-        if reader.last_epoch < mce:
+            changes.extend(found.changes)
+        if reader.last_epoch < upto:
             raise EpochNotReadableError(f"{entry.name}: its changelog ends at epoch {reader.last_epoch}, below "
-                                        f"its MCE {mce}")
-    return undo_changes(rows, later)
+                                        f"its MCE {upto}; cannot take it back to epoch {after}")
+    return changes

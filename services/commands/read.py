@@ -15,9 +15,9 @@ import click
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Change, undo_changes
 from mvlog.config import Settings
-from mvlog.connectors.kafka.changelog_reader import ChangelogReader
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.rows_at_epoch import EpochNotReadableError, changes_after
 from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.cli import pass_settings
@@ -61,18 +61,11 @@ class ConsistentReadError(click.ClickException):
     pass
 
 
-def changes_after(settings: Settings, store: ViewStore, entry: CatalogEntry, after: int, upto: int,
-                  idle_timeout: float = 15.0) -> list[Change]:
-    """The changes of ``entry``'s committed epochs in ``(after, upto]``, in the order they were applied."""
-    changes: list[Change] = []
-    with ChangelogReader(settings, entry.name, entry.key_columns, entry.partitions, store.index,
-                         after_epoch=after, upto_epoch=upto) as reader:
-        for epoch in reader.epochs(idle_timeout=idle_timeout):
-            changes.extend(epoch.changes)
-        if reader.last_epoch < upto:
-            raise ConsistentReadError(f"{entry.name}: its changelog ends at epoch {reader.last_epoch}, below its "
-                                      f"MCE {upto}; cannot take it back to epoch {after}")
-    return changes
+def _changes_after(settings: Settings, store: ViewStore, entry: CatalogEntry, after: int, upto: int) -> list[Change]:
+    try:
+        return changes_after(settings, store, entry, after, upto)
+    except EpochNotReadableError as exc:
+        raise ConsistentReadError(str(exc)) from exc
 
 
 def read_views_at_common_epoch(settings: Settings, store: ViewStore, entries: Sequence[CatalogEntry]
@@ -88,7 +81,7 @@ def read_views_at_common_epoch(settings: Settings, store: ViewStore, entries: Se
         mce, pairs = found[entry.name]
         rows = {entry.schema.key_of(row): row for row in (decode_row(value) for _, value in pairs)}
         if mce is not None and mce > epoch:
-            undo_changes(rows, changes_after(settings, store, entry, epoch, mce))
+            undo_changes(rows, _changes_after(settings, store, entry, epoch, mce))
         schema = entry.schema
         result[entry.name] = sorted(rows.values(), key=lambda row: _sort_key(schema, row))
     return epoch, result
