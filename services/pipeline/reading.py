@@ -116,6 +116,22 @@ class UpstreamReader:
         marker = end_marker(self.upstreams[sources[0]].schema, upto)
         return pa.concat_tables([self.read_settled(sources[0], after, upto), marker], promote_options="permissive")
 
+    def with_undelivered(self, view: str, after: int, table: pa.Table) -> pa.Table:
+        """``table``, a micro-batch the stream delivered, preceded by ``view``'s epochs after ``after`` it
+        never delivered (planned while Redis was wiped), read now."""
+        first = pc.min(table.column("_epoch")).as_py() if len(table) else None
+        if first is None or not self.index.between(view, 0, after, first - 1):
+            return table
+        return pa.concat_tables([self.read_range(view, after, first - 1), table], promote_options="default")
+
+    def backlog_read(self, sources: Sequence[str], after: int, upto: int) -> pa.Table:
+        """A backlog micro-batch in ``(after, upto]`` as the stream delivers it: one upstream's epochs, or
+        a join's first upstream with its end marker (:meth:`read_aligned`: a join's micro-batch may end on
+        an epoch of another upstream)."""
+        if len(sources) == 1:
+            return self.read_range(sources[0], after, upto)
+        return self.read_aligned(sources, after, upto)
+
     def epochs(self, sources: Sequence[str], after: int, upto: int, into: EpochBatches | None = None, *,
                settled: bool = False) -> EpochBatches:
         """The epochs in ``(after, upto]`` of each of ``sources``, added to ``into``; ``settled``: ``upto`` is

@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from functools import partial
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -142,8 +141,7 @@ class ViewConsumer:
             if not self.tasks.takes([s for s in self.stages if s is not backfill], self.mce):
                 return False
             if backfill is not None:
-                backfill.run_in_tasks(self.tasks, self.reader, upto)
-                self.stages = [stage for stage in self.stages if not stage.finished]
+                backfill.run_in_tasks(self.tasks, self.reader, upto)  # finished, the next upkeep drops it
             elif self.backfills.start_epoch > self.mce:
                 return False  # a chunked backfill the driver's way left it before its first commit
             else:
@@ -152,12 +150,8 @@ class ViewConsumer:
 
     def apply_batch(self, table: pa.Table) -> None:
         """Apply every epoch above the MCE of a collected micro-batch, in order."""
-        sources, after = self.entry.sources, self._after
-        first = pc.min(table.column("_epoch")).as_py() if len(table) else None
-        if first is not None and self.store.index.between(sources[0], 0, after, first - 1):
-            # Epochs the stream never delivered (planned while Redis was wiped): read them now.
-            table = pa.concat_tables([self.reader.read_range(sources[0], after, first - 1), table],
-                                     promote_options="default")
+        sources = self.entry.sources
+        table = self.reader.with_undelivered(sources[0], self._after, table)
         with self._lock:  # the idle upkeep waits until the micro-batch is applied
             self._upkeep()
             epochs: EpochBatches = {}
@@ -227,10 +221,7 @@ class ViewConsumer:
             if on_catch_up is not None:
                 on_catch_up(ranges[0][1], ends[-1])
             ranges.pop(0)
-        # A join's micro-batch may end on an epoch of another upstream: its end marker says where, as the stream's.
-        read = (partial(self.reader.read_range, sources[0]) if len(sources) == 1
-                else partial(self.reader.read_aligned, sources))
-        reads = [(end, partial(read, begin, end)) for begin, end in ranges]
+        reads = [(end, partial(self.reader.backlog_read, sources, begin, end)) for begin, end in ranges]
         self.runner.run_backlog(reads, None if on_catch_up is None else lambda end: on_catch_up(end, ends[-1]))
         name = f"mvlog_{self.settings.topic_prefix}_{self.entry.name}".replace(".", "_")
         return self.runner.start(self.reader.stream(sources, ends[-1] if ends else after), self.process_batch,
