@@ -110,10 +110,16 @@ class SnapshotBackfill:
         finally:
             spark.catalog.dropTempView(table)
 
+    def clear_interrupted(self) -> None:
+        """What a load on the driver's way left when it was interrupted before its commit: its computed
+        folder and the rows it staged in Redis (a load in tasks restarts from the partitions' staging)."""
+        for stale in self.loads.glob(f"{self.entry.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        self.store.clear_load(self.entry.name)
+
     def compute(self, spark: SparkSession) -> Path:
         """The view's seed at E written as Parquet by the executors; returns the folder."""
-        for stale in self.loads.glob(f"{self.entry.name}-*"):  # an interrupted load's
-            shutil.rmtree(stale, ignore_errors=True)
+        self.clear_interrupted()
         folder = self.loads / f"{self.entry.name}-{uuid.uuid4().hex[:12]}"
         with self.seed_frame(spark) as seed:
             seed.write.parquet(str(folder))
@@ -134,7 +140,6 @@ class SnapshotBackfill:
         try:
             total = sum(pq.ParquetFile(f).metadata.num_rows for f in folder.rglob("*.parquet"))
             decoder = SeedDecoder(self.plan)
-            self.store.clear_load(view)
             staged = 0
 
             def changes() -> Iterator[EncodedBatch]:

@@ -154,6 +154,7 @@ class SnapshotSeedStage:
         from mvlog.services.pipeline.task_epochs import commit_partition_results
 
         backfill = self.backfill
+        backfill.clear_interrupted()  # the setting may have been off when a load was interrupted
         job = SeedJob(self.settings.to_executor_json(), backfill.entry, backfill.plan, backfill.epoch,
                       self._load_timeouts())
         with backfill.seed_frame(self._spark) as seed:
