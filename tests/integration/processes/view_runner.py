@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def spawn(settings: Settings, views: list[str], *, standby: bool = False) -> subprocess.Popen[str]:
     """This runner in a child process for ``views``; its stdout is a pipe of the lines above (``standby``:
-    it waits for :func:`go` once its Spark session runs)."""
+    it waits, once its Spark session runs, for a line on stdin: :meth:`Relay.next` sends it)."""
     # ROOT first for the runner; the caller's PYTHONPATH stays (e.g. a worktree's package over the installed one).
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "PYSPARK_PYTHON": sys.executable}
