@@ -57,6 +57,11 @@ class EpochIndex:
         entries = {p: e for p, e in found.items() if e is not None}
         return entries if len(entries) == partitions else None
 
+    def offsets_after(self, view: str, partitions: int, epoch: int | None) -> dict[int, int]:
+        """Each partition's first offset after ``epoch``'s barrier: where a reader of the epochs above it
+        starts. Empty when ``epoch`` is None or not indexed in every partition (read from the start)."""
+        return {p: e.offset + 1 for p, e in (self.entries_at(view, partitions, epoch) or {}).items()}
+
     def before(self, view: str, partition: int, epoch: int) -> IndexEntry | None:
         """The last indexed epoch strictly below ``epoch``: a reader of ``epoch`` starts after its barrier."""
         found = self._redis.zrevrangebylex(self.key(view, partition), f"({epoch_hex(epoch)}", "-",

@@ -260,10 +260,9 @@ def recover_chunk(settings: Settings, store: ViewStore, entry: CatalogEntry, ups
     """With no saved chunk: the chunk of an epoch some partition of ``entry`` committed above ``after``
     (the saved copy lost to a Redis wipe), made again and saved; and the last epoch any partition
     committed above ``after``, which a new chunk must come after (their epochs had none)."""
-    at = store.index.entries_at(entry.name, entry.partitions, after or None) or {}
+    start = store.index.offsets_after(entry.name, entry.partitions, after or None)
     barriers = [barrier for partition in range(entry.partitions)
-                for barrier in partition_barriers(settings, entry.name, partition,
-                                                  at[partition].offset + 1 if partition in at else 0)]
+                for barrier in partition_barriers(settings, entry.name, partition, start.get(partition, 0))]
     above = CommittedAbove.of(entry.name, after, barriers)
     if above.chunk_epoch is None or above.payload is None:
         return None, above.last

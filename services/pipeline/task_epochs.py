@@ -152,8 +152,8 @@ class TaskEpochs:
         self.committer.ensure_serving_state()  # a wiped Redis is rebuilt before anything is computed
         after = self.committer.mce
         read_after = max(after, read_after)
-        at_mce = self.staging.index.entries_at(self.entry.name, self.entry.partitions, after or None)
-        start = {p: e.offset + 1 for p, e in (at_mce or {}).items()}  # the tasks read their partition from there
+        # The tasks read their partition from there.
+        start = self.staging.index.offsets_after(self.entry.name, self.entry.partitions, after or None)
         following = [f.epoch for u in self.upstreams
                      if (f := self.staging.index.first_at_or_after(u.name, 0, read_after + 1)) is not None]
         target = PartitionTarget(self.settings.to_executor_json(), self.entry, after, start,

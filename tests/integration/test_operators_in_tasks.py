@@ -197,9 +197,9 @@ def _committed(settings: Settings, view: str, start: dict[int, int]) -> dict[int
 
 
 def _after_mce(store: ViewStore, view: str, mce: int) -> dict[int, int]:
-    at_mce = store.index.entries_at(view, 3, mce)
-    assert at_mce is not None
-    return {p: e.offset + 1 for p, e in at_mce.items()}
+    start = store.index.offsets_after(view, 3, mce)
+    assert len(start) == 3, start
+    return start
 
 
 def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing(
