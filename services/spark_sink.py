@@ -80,7 +80,7 @@ from pyspark.sql.types import (
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors.kafka.changelog_reader import reader_consumer
+from mvlog.connectors.kafka.changelog_reader import next_records, reader_consumer
 from mvlog.connectors.kafka.changelog_writer import ConsumedInput
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.redis_keys import view_key
@@ -305,7 +305,7 @@ def committed_batch(settings: Settings, store: ViewStore, table: str, writer: st
         consumer.assign([TopicPartition(topic, 0, start)])
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for message in consumer.consume(2000, 0.2):
+            for message in next_records(consumer, 0.2):
                 offset, value = message.offset(), message.value()
                 if message.error() is not None or offset is None:
                     continue

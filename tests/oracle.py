@@ -43,14 +43,16 @@ def _duckdb() -> duckdb.DuckDBPyConnection:
     return duckdb.connect()
 
 
-def duckdb_view_rows(plan: ViewPlan, upstreams: Mapping[str, tuple[RowSchema, list[Row]]]) -> dict[Key, Row]:
-    """Q(rows(u)) computed from scratch by DuckDB, keyed by the view's key."""
+def duckdb_view_rows(plan: ViewPlan, upstreams: Mapping[str, tuple[RowSchema, list[Row]]],
+                     sql: str | None = None) -> dict[Key, Row]:
+    """Q(rows(u)) computed from scratch by DuckDB, keyed by the view's key (``sql``: the plan's DuckDB
+    SQL, rendered once by a caller that checks many epochs; rendering costs a third of a check)."""
     con = _duckdb().cursor()  # a cursor of its own: registered tables never leak into another check
     try:
         for name, (schema, rows) in upstreams.items():
             arrow_schema = pa.schema([(c.name, ARROW[c.type]) for c in schema.columns])
             con.register(name, pa.Table.from_pylist([schema.normalize(r) for r in rows], arrow_schema))
-        result = con.execute(to_duckdb_sql(plan, {s: s for s in plan.sources}))
+        result = con.execute(sql or duckdb_sql(plan))
         names = [d[0] for d in result.description]
         rows = [dict(zip(names, row, strict=True)) for row in result.fetchall()]
     finally:
@@ -58,6 +60,11 @@ def duckdb_view_rows(plan: ViewPlan, upstreams: Mapping[str, tuple[RowSchema, li
     by_key = {plan.schema.key_of(row): row for row in rows}
     assert len(by_key) == len(rows), f"{plan.name}: the view's key is not unique in the oracle's result"
     return by_key
+
+
+def duckdb_sql(plan: ViewPlan) -> str:
+    """The view's definition as DuckDB SQL over tables named like its upstreams."""
+    return to_duckdb_sql(plan, {s: s for s in plan.sources})
 
 
 def assert_same_rows(name: str, actual: Mapping[Key, Row], expected: Mapping[Key, Row], schema: RowSchema,
@@ -116,7 +123,7 @@ def coverage_by_epoch(epochs: list[Epoch], upstreams: Mapping[str, CatalogEntry]
     return out
 
 
-def upstream_rows_at(catalog: CatalogStore, history: Mapping[str, dict[int, dict[Key, Row]]], plan: ViewPlan,
+def upstream_rows_at(schemas: Mapping[str, RowSchema], history: Mapping[str, dict[int, dict[Key, Row]]], plan: ViewPlan,
                      epoch: int, covers: Callable[[str, Key], bool] | None = None
                      ) -> dict[str, tuple[RowSchema, list[Row]]]:
     """Each upstream's rows at ``epoch`` (only the keys ``covers`` names, when given): the oracle's input."""
@@ -124,7 +131,7 @@ def upstream_rows_at(catalog: CatalogStore, history: Mapping[str, dict[int, dict
     for source in plan.sources:
         rows = rows_at(history[source], epoch)
         kept = [row for key, row in rows.items() if covers is None or covers(source, key)]
-        out[source] = (catalog.get(source).schema, kept)
+        out[source] = (schemas[source], kept)
     return out
 
 
@@ -162,10 +169,13 @@ def check_oracle(settings: Settings, client: redis.Redis, names: list[str], spar
             f"{sorted(upstream_epochs - set(history[name]))}, epochs no upstream has: "
             f"{sorted(set(history[name]) - upstream_epochs)}")
         covered = coverage_by_epoch(epochs, {s: catalog.get(s) for s in plan.sources})
+        schemas = {s: catalog.get(s).schema for _, p in plans for s in p.sources}
+        sqls = {id(p): duckdb_sql(p) for _, p in plans}
         for epoch, rows in history[name].items():
             plan = next(p for start, p in reversed(plans) if start <= epoch)  # the definition at that epoch
-            upstreams = upstream_rows_at(catalog, history, plan, epoch, covered.get(epoch))
-            assert_same_rows(name, rows, duckdb_view_rows(plan, upstreams), plan.schema, f"epoch {epoch}")
+            upstreams = upstream_rows_at(schemas, history, plan, epoch, covered.get(epoch))
+            assert_same_rows(name, rows, duckdb_view_rows(plan, upstreams, sqls[id(plan)]), plan.schema,
+                             f"epoch {epoch}")
             checked += 1
         plan = plans[-1][1]
         if spark is not None:
@@ -261,10 +271,13 @@ def oracle_report(settings: Settings, client: redis.Redis, names: list[str]) -> 
         if extra := set(history[name]) - upstream_epochs:
             report.problems.append(f"{name}: {len(extra)} epoch(s) that no upstream has")
         covered = coverage_by_epoch(epochs, {s: catalog.get(s) for s in sources})
+        schemas = {s: catalog.get(s).schema for s in sources}
+        sqls = {id(p): duckdb_sql(p) for _, p in plans}
         for epoch, rows in history[name].items():
             plan = next(p for start, p in reversed(plans) if start <= epoch)
-            upstreams = upstream_rows_at(catalog, history, plan, epoch, covered.get(epoch))
-            _count_differences(report, f"{name} epoch {epoch}", rows, duckdb_view_rows(plan, upstreams), plan.schema)
+            upstreams = upstream_rows_at(schemas, history, plan, epoch, covered.get(epoch))
+            _count_differences(report, f"{name} epoch {epoch}", rows,
+                               duckdb_view_rows(plan, upstreams, sqls[id(plan)]), plan.schema)
             report.epochs_checked += 1
         if len(plans) > 1:
             report.definitions[name] = definitions(epochs, entry.sql or "")

@@ -13,7 +13,7 @@ from confluent_kafka import Producer, TopicPartition
 
 from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.config import Settings
-from mvlog.connectors.kafka.changelog_reader import reader_consumer
+from mvlog.connectors.kafka.changelog_reader import next_records, reader_consumer
 from mvlog.connectors.kafka.changelog_records import PoisonRecord
 from mvlog.connectors.kafka.dead_letter import DeadLetterQueue
 from mvlog.connectors.kafka.retention import has_records
@@ -134,7 +134,7 @@ class CatalogStore:
         latest: dict[str, bytes | None] = {}
         dead_letters = DeadLetterQueue(self.settings, "catalog")
         try:
-            while batch := consumer.consume(500, timeout=idle_timeout):
+            while batch := next_records(consumer, idle_timeout):
                 for message in batch:
                     if message.error() is not None:
                         continue

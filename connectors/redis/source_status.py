@@ -30,7 +30,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
-from mvlog.connectors.kafka.changelog_reader import reader_consumer
+from mvlog.connectors.kafka.changelog_reader import next_records, reader_consumer
 from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.source_lag import PartitionPosition, SourceLag, SourceState, missing_topic, source_lag
 from mvlog.source_spec import SourceSpec, source_group
@@ -155,7 +155,7 @@ class SourceLagProbe:
         deadline = time.monotonic() + min(self.timeout, 3.0)
         try:
             while len(found) < len(offsets) and time.monotonic() < deadline:
-                for message in self._consumer.consume(len(offsets), 0.2):
+                for message in next_records(self._consumer, 0.2, len(offsets)):
                     topic, partition = message.topic(), message.partition()
                     if message.error() is not None or topic is None or partition is None:
                         continue

@@ -14,7 +14,7 @@ import time
 from confluent_kafka import TopicPartition
 
 from mvlog.config import Settings
-from mvlog.connectors.kafka.changelog_reader import reader_consumer
+from mvlog.connectors.kafka.changelog_reader import next_records, reader_consumer
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
 from mvlog.services.table_writer import Table
@@ -38,7 +38,7 @@ def committed_dead_letters(settings: Settings, table: Table) -> int | None:
         consumer.assign([TopicPartition(topic, 0, entry.offset)])
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline:
-            for message in consumer.consume(10, 0.5):
+            for message in next_records(consumer, 0.5):
                 value, offset = message.value(), message.offset()
                 if message.error() is not None or offset is None:
                     continue
@@ -67,7 +67,7 @@ def committed_positions(settings: Settings, table: str, idle: float = 2.0) -> li
         consumer.assign([TopicPartition(topic, 0, low)])
         last_record = time.monotonic()
         while time.monotonic() - last_record < idle:
-            for message in consumer.consume(2000, 0.2):
+            for message in next_records(consumer, 0.2):
                 last_record = time.monotonic()
                 offset, value = message.offset(), message.value()
                 if message.error() is not None or offset is None:
