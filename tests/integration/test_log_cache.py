@@ -43,7 +43,11 @@ COLUMNS = {"id": "int", "v1": "int", "deleted": "boolean"}
 # "one batch" the worker measures itself (``batch_bytes`` in /stats/: one fetch, the records held while
 # aligning, twice the largest epoch) plus allocator noise.
 NOISE = 4 * 1024 * 1024
-NO_GROWTH = 8 * 1024 * 1024
+#: What the worker's peak RSS may gain over one slice of 30000 rows (~8 MB) once warm, in the slice that
+#: gains least of three: a leak of a tenth of each row shows in every slice, while a step of bounded memory
+#: (librdkafka's pre-fetch queue filling further when the worker falls behind on a loaded machine, up to
+#: the batch it measured) shows in one.
+SLICE_NO_GROWTH = 3 * 1024 * 1024
 
 
 def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -414,8 +418,9 @@ def test_worker_memory_stays_within_the_cache_bound_plus_one_batch(
     """I4 at a small scale: a 2 MiB cache, the upstream writing as fast as it can, no consumer. Once the
     worker is warm (10000 rows went through, more than the bound), its peak RSS (``VmHWM``, its own)
     grows by at most the bound plus the batch it measured (and :data:`NOISE`) above its idle RSS while
-    30000 rows go through, and by no more than :data:`NO_GROWTH` while three times as many follow: its
-    memory does not grow with the data. The cache itself never exceeds the bound."""
+    30000 rows go through, and still while three times as many follow; of those three slices of 30000
+    rows, one at least adds no more than :data:`SLICE_NO_GROWTH`: its memory does not grow with the data.
+    The cache itself never exceeds the bound."""
     bound = 2 * 1024 * 1024
     settings = make_settings(barrier_interval_ms=100, cache_max_bytes=bound)
     table = Table.create(settings, "t1", {**COLUMNS, "pad": "string"}, ["id"], client=redis_client)
@@ -443,24 +448,28 @@ def test_worker_memory_stays_within_the_cache_bound_plus_one_batch(
         time.sleep(0.5)
         idle = worker.stats()
         first = write(30_000)  # ~8 MB of rows, four times the bound
-        then = write(90_000)
+        slices = [write(30_000) for _ in range(3)]
     table.close()
+    then = slices[-1]
     warm_up = (idle["peak_rss_kib"] - start_kib) * 1024
     growth = (first["peak_rss_kib"] - idle["rss_kib"]) * 1024
-    later = (then["peak_rss_kib"] - first["peak_rss_kib"]) * 1024
+    total = (then["peak_rss_kib"] - idle["rss_kib"]) * 1024
+    gains = [(b["peak_rss_kib"] - a["peak_rss_kib"]) * 1024 for a, b in zip([first, *slices], slices, strict=False)]
     batch = first["batch_bytes"]
     summary = (f"I4: idle RSS {idle['rss_kib'] / 1024:.0f} MiB after a warm-up of {warm_up / 2**20:.1f} MiB; "
                f"peak growth {growth / 2**20:.1f} MiB after 30000 rows (bound {bound / 2**20:.0f} MiB + batch "
                f"{batch / 2**20:.1f} MiB measured by the worker: fetch, "
                f"{first['upstreams']['t1']['peak_held_bytes'] / 2**20:.1f} MiB held while aligning, 2 x largest "
                f"epoch {first['largest_epoch_bytes'] / 2**20:.2f} MiB), then "
-               f"{later / 2**20:.1f} MiB more after 90000 more ({then['evicted_epochs']} epochs evicted; "
+               f"{' + '.join(f'{g / 2**20:.1f}' for g in gains)} MiB more over 3 x 30000 more "
+               f"({then['evicted_epochs']} epochs evicted; "
                f"{store.index.count_after('t1', None)} epochs)")
     report(summary)
     assert then["evicted_epochs"] > 0, "the bound was reached"
     assert first["cache_bytes"] <= bound and then["cache_bytes"] <= bound
     assert growth <= bound + batch + NOISE, summary
-    assert later <= NO_GROWTH, f"the worker's memory grows with the data it caches: {summary}"
+    assert total <= bound + batch + NOISE, summary
+    assert min(gains) <= SLICE_NO_GROWTH, f"the worker's memory grows with the data it caches: {summary}"
 
 
 def test_two_workers_share_the_partitions_through_faust_group_assignment(
