@@ -98,6 +98,8 @@ class Pipeline:
             self.plans[name] = plan_view(name, sql, schemas)
             schemas[name] = self.plans[name].schema
         self.operators = {name: ViewOperator(p) for name, p in self.plans.items()}
+        # Rendered once: rendering a plan costs about what DuckDB's evaluation of it does.
+        self.sqls = {name: to_duckdb_sql(p, {s: s for s in p.sources}) for name, p in self.plans.items()}
         self.states = {name: InMemoryState() for name in self.plans}
         self.rows: dict[str, dict[Key, Row]] = {name: {} for name in self.plans}
         self.duck = duckdb.connect()
@@ -123,7 +125,7 @@ class Pipeline:
         for name, table in self.tables.items():
             self._register(name, table.schema, list(table.rows.values()))
         for name, plan in self.plans.items():
-            result = self.duck.execute(to_duckdb_sql(plan, {s: s for s in plan.sources}))
+            result = self.duck.execute(self.sqls[name])
             names = [d[0] for d in result.description]
             assert names == plan.schema.names
             expected = [dict(zip(names, row, strict=True)) for row in result.fetchall()]
