@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -454,7 +455,7 @@ def test_worker_memory_stays_within_the_cache_bound_plus_one_batch(
     warm_up = (idle["peak_rss_kib"] - start_kib) * 1024
     growth = (first["peak_rss_kib"] - idle["rss_kib"]) * 1024
     total = (then["peak_rss_kib"] - idle["rss_kib"]) * 1024
-    gains = [(b["peak_rss_kib"] - a["peak_rss_kib"]) * 1024 for a, b in zip([first, *slices], slices, strict=False)]
+    gains = [(b["peak_rss_kib"] - a["peak_rss_kib"]) * 1024 for a, b in pairwise([first, *slices])]
     batch = first["batch_bytes"]
     summary = (f"I4: idle RSS {idle['rss_kib'] / 1024:.0f} MiB after a warm-up of {warm_up / 2**20:.1f} MiB; "
                f"peak growth {growth / 2**20:.1f} MiB after 30000 rows (bound {bound / 2**20:.0f} MiB + batch "
