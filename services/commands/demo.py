@@ -33,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,6 +104,7 @@ AGGREGATES = {"mv2": "total", "mv3": "n"}
 
 DRAIN_TIMEOUT_S = 120.0
 RESTARTS = 3  # per view: how often the demo restarts a view whose query failed
+FIRST_BATCH_TIMEOUT_S = 300.0  # the views' first micro-batches, before the workload starts
 
 
 # ------------------------------------------------------------------------------------------- the stack
@@ -404,6 +406,28 @@ def _wait_caught_up(consumers: list[ViewConsumer], queries: list[StreamingQuery]
     return False
 
 
+def _wait_running(settings: Settings, spark: Any, client: Any, consumers: list[ViewConsumer],
+                  queries: list[StreamingQuery], restarts: dict[str, int], stop: threading.Event,
+                  timeout: float) -> str | None:
+    """Wait until every view's streaming query ran its first micro-batch (its Python workers are up), so
+    that the timed workload meets running views: on a loaded laptop Spark's first batches take tens of
+    seconds. A failed query is restarted as later on; the failure once a view is out of restarts or
+    ``timeout`` passed."""
+    click.echo("Waiting for the views' first micro-batches...", err=True)
+    started = time.monotonic()
+    while not stop.is_set():
+        if (failure := _restart_failed(settings, spark, client, consumers, queries, restarts)) is not None:
+            return failure
+        if all(q.lastProgress is not None for q in queries):
+            click.echo(f"The views run (after {time.monotonic() - started:.0f} s).", err=True)
+            return None
+        if time.monotonic() - started > timeout:
+            waiting = [c.entry.name for c, q in zip(consumers, queries, strict=True) if q.lastProgress is None]
+            return f"views {', '.join(waiting)} ran no micro-batch within {timeout:g} s"
+        stop.wait(0.2)
+    return None
+
+
 def _view_consumer(settings: Settings, name: str, spark: Any, client: Any) -> ViewConsumer:
     """The consumer of view ``name``, configured as the demo runs each of its views (not started)."""
     from mvlog.services.pipeline.view_consumer import ViewConsumer
@@ -518,13 +542,15 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     consumer = _view_consumer(settings, name, spark, client)
                     consumers.append(consumer)
                     queries.append(consumer.start())
+                failure = _wait_running(settings, spark, client, consumers, queries, restarts, stop.requested,
+                                        timeout=FIRST_BATCH_TIMEOUT_S)
                 source = ChildProcess.start(settings, ["run-source", SOURCE_TABLE], "run-source")
                 stops.append(source.stop)
                 tables = [Table.open(settings, name) for name in TABLES if name != SOURCE_TABLE]
                 database = DebeziumTopic(settings, SOURCE_TABLE, "id", rows=current_rows(settings, client,
                                                                                          SOURCE_TABLE))
                 workload = Workload(database, tables[0], rate, seed=time.time_ns())
-                if not stop.requested.is_set():
+                if failure is None and not stop.requested.is_set():
                     workload.start()
                     until = "until Ctrl-C" if duration is None else f"for {duration:g} s"
                     click.echo(f"Workload: about {rate} inserts/updates/deletes per second, {until}: t1's as "
@@ -534,7 +560,7 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                 end = None if duration is None else started + duration
                 online_at = started + min(ONLINE_VIEW_AFTER_S, duration / 2 if duration is not None else 1e9)
                 next_print = started
-                while not stop.requested.is_set():
+                while failure is None and not stop.requested.is_set():
                     now = time.monotonic()
                     if end is not None and now >= end:
                         break
