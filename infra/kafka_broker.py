@@ -30,8 +30,10 @@ from pathlib import Path
 from mvlog.infra.maven_jars import JarSetupError, cache_folder, pom_property, resolve_jars
 
 __all__ = [
+    "DEFAULT_JVM_OPTIONS",
     "KAFKA_HEAP_ENV",
     "KAFKA_HOME_ENV",
+    "KAFKA_JVM_ENV",
     "KafkaBroker",
     "KafkaSetupError",
     "ensure_kafka_jars",
@@ -42,9 +44,14 @@ __all__ = [
 
 KAFKA_HOME_ENV = "MVLOG_KAFKA_HOME"
 KAFKA_HEAP_ENV = "MVLOG_KAFKA_HEAP_OPTS"
+KAFKA_JVM_ENV = "MVLOG_KAFKA_JVM_OPTS"
 JAVA_MIN_MAJOR = 17
 #: A laptop's heap: the broker's working set for mvlog's topics stays well under it.
 DEFAULT_HEAP = "-Xms256m -Xmx768m"
+#: The broker's JVM options besides its heap (``MVLOG_KAFKA_JVM_OPTS`` replaces them): short pauses for a
+#: broker that runs for days. The tests' brokers, which live for minutes, add ``-XX:TieredStopAtLevel=1``:
+#: the JIT's optimizing tier took a third of their CPU (tests/conftest.py).
+DEFAULT_JVM_OPTIONS = "-XX:+UseG1GC -XX:MaxGCPauseMillis=20"
 POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
 
 #: Settings for one laptop: one replica of everything, no rebalance delay, small buffers and few threads
@@ -154,6 +161,7 @@ class KafkaBroker:
     controller_port: int | None = None
     settings: dict[str, str] = field(default_factory=dict)
     heap: str = field(default_factory=lambda: os.environ.get(KAFKA_HEAP_ENV, DEFAULT_HEAP))
+    jvm_options: str = field(default_factory=lambda: os.environ.get(KAFKA_JVM_ENV, DEFAULT_JVM_OPTIONS))
 
     @property
     def data_dir(self) -> Path:
@@ -206,8 +214,8 @@ class KafkaBroker:
                "-Djava.awt.headless=true"]
         if not self.is_formatted():
             self._format(jvm)
-        return [*jvm, *self.heap.split(), "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-                "kafka.Kafka", str(self.properties_file.resolve())]
+        return [*jvm, *self.heap.split(), *self.jvm_options.split(), "kafka.Kafka",
+                str(self.properties_file.resolve())]
 
     def _format(self, jvm: list[str]) -> None:
         uuid = subprocess.run([*jvm, "kafka.tools.StorageTool", "random-uuid"], capture_output=True,

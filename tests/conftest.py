@@ -68,6 +68,7 @@ import redis
 
 from mvlog.config import Settings
 from mvlog.connectors.redis.redis_client import connect
+from mvlog.infra.kafka_broker import DEFAULT_JVM_OPTIONS, KAFKA_JVM_ENV
 from mvlog.infra.local_stack import LocalStack, find_redis_server, free_port, free_ports, kafka_answers, redis_answers
 from mvlog.infra.redis_cluster import LocalRedisCluster
 from mvlog.infra.schema_registry import RegistryServer
@@ -115,6 +116,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name in [n for n in os.environ if n.startswith("MVLOG_") and not n.startswith("MVLOG_TEST_")]:
         del os.environ[name]
+    os.environ[KAFKA_JVM_ENV] = os.environ.get("MVLOG_TEST_KAFKA_JVM_OPTS", BROKER_JVM_OPTIONS)
     # The Spark drivers' class archive, made once per machine (by xdist's controller, not each worker)
     # while the first tests run: drivers started before it exists start without it. A run of the unit
     # tests alone starts no driver and makes none.
@@ -156,6 +158,14 @@ class _TaskEpochCount(logging.Handler):
         if counted is not None:
             view, epochs = counted
             self.epochs[view] = self.epochs.get(view, 0) + epochs
+
+
+@pytest.fixture(autouse=True)
+def _own_stack_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's own record of the stacks ``mvlog up`` started (``$XDG_STATE_HOME/mvlog/stacks.json``):
+    ``down`` and ``stack-status`` without a stack folder fall back to that record, and a test's must not
+    find the stack another test runs meanwhile (nor the user's)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
 
 
 @pytest.fixture(autouse=True)
@@ -210,6 +220,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
 
+
+#: The JVM options of the tests' brokers (the session's, and those tests and their child processes start):
+#: the JIT's first tier only. In a CI run the optimizing tier's compiler threads took as much of a broker's
+#: CPU as its request handlers (C2 22 s, request handling 20 s after 7 minutes); brokers that live for
+#: minutes under light load never repay that. ``MVLOG_TEST_KAFKA_JVM_OPTS`` replaces them.
+BROKER_JVM_OPTIONS = f"{DEFAULT_JVM_OPTIONS} -XX:TieredStopAtLevel=1"
 
 #: The JIT of the tests' Spark drivers. A test's driver lives for seconds to minutes and many tests
 #: start one in a process of their own (the SIGKILL tests one per kill): the JIT's first tier only halves

@@ -35,12 +35,18 @@ class ChangelogReadError(RuntimeError):
 #: between fetched batches (a 300-epoch changelog: 2.0 s -> 0.75 s at 50 ms; 10 ms gives no more). An idle
 #: reader then fetches 20 times a second.
 READ_FETCH_WAIT_MS = 50
+#: The same for a reader that follows a live topic (a source table's ingester): new records end a held
+#: fetch at once, so a short wait gains nothing there and costs the broker a request every 50 ms while idle.
+FOLLOW_FETCH_WAIT_MS = 500
 
 
-def reader_consumer(settings: Settings, extra: dict[str, Any] | None = None) -> Consumer:
-    """A read_committed consumer used with ``assign()`` only: no group membership, no offset commits."""
+def reader_consumer(settings: Settings, extra: dict[str, Any] | None = None, *,
+                    fetch_wait_ms: int = READ_FETCH_WAIT_MS) -> Consumer:
+    """A read_committed consumer used with ``assign()`` only: no group membership, no offset commits.
+    ``fetch_wait_ms``: :data:`READ_FETCH_WAIT_MS` for range reads, :data:`FOLLOW_FETCH_WAIT_MS` for a
+    follower; the settings' ``kafka`` client options override it."""
     config: dict[str, Any] = {
-        "fetch.wait.max.ms": READ_FETCH_WAIT_MS,
+        "fetch.wait.max.ms": fetch_wait_ms,
         **settings.kafka_client_config(),
         "group.id": f"{settings.topic_prefix}.reader.{uuid.uuid4().hex[:8]}",
         "isolation.level": "read_committed",

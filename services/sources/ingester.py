@@ -56,7 +56,7 @@ import redis
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from mvlog.config import Settings
-from mvlog.connectors.kafka.changelog_reader import reader_consumer
+from mvlog.connectors.kafka.changelog_reader import FOLLOW_FETCH_WAIT_MS, reader_consumer
 from mvlog.connectors.kafka.changelog_writer import ConsumedInput
 from mvlog.connectors.kafka.dead_letter import DLQ_MAX_VALUE_BYTES, DeadLetterRecord
 from mvlog.connectors.kafka.topics import ensure_topic
@@ -147,7 +147,8 @@ class SourceIngester:
         self._consumer = reader_consumer(settings, {"group.id": self.group, "auto.offset.reset": "error",
                                                     "queued.min.messages": _PREFETCH_MESSAGES,
                                                     "max.partition.fetch.bytes": _PREFETCH_PARTITION_BYTES,
-                                                    "fetch.queue.backoff.ms": _PREFETCH_BACKOFF_MS})
+                                                    "fetch.queue.backoff.ms": _PREFETCH_BACKOFF_MS},
+                                         fetch_wait_ms=FOLLOW_FETCH_WAIT_MS)
         self.positions: dict[int, int] = {}  # partition -> the next offset to read (committed, then as read)
         self.reader = EpochReader(
             name, spec, self.table, decode, seen=self._seen, positions=self.positions, partitions=partitions,
