@@ -13,9 +13,10 @@ What it does, in order:
    join ``mvj`` of mv1 and t2.
 3. **The pipeline**: a Faust log-cache worker (``mvlog cache-worker``, a child process) caching the
    upstreams' recent epochs, one Spark session in local mode running a :class:`ViewConsumer` per view
-   (reading the cache first, Kafka otherwise), and a workload thread writing inserts, updates and
-   deletes into t1 and t2 (``--rate`` changes/s). 15 s into the workload (or at half ``--duration``)
-   ``mv4`` is created online on the live mv1 with a chunked backfill, and maintained from then on.
+   (reading the cache first, Kafka otherwise), and, once every view's query ran its first micro-batch,
+   a workload thread writing inserts, updates and deletes into t1 and t2 (``--rate`` changes/s). 15 s
+   into the workload (or at half ``--duration``) ``mv4`` is created online on the live mv1 with a chunked
+   backfill, and maintained from then on.
 4. **Progress**: the lag dashboard (web page, ``/metrics``, with the lag sampler) on 127.0.0.1
    (``--dashboard-port``; a free port when that one is taken), whose address is printed; and every
    ``--interval`` seconds a table of every table and view: state, MCE, lag in epochs behind its
