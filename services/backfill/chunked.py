@@ -125,6 +125,7 @@ class ChunkedBackfill:
         self.meter = RateMeter()
         self._pending: dict[str, Chunk] = {}
         self._held: OrderedRead | None = None  # the task path's chunk read past its micro-batch
+        self._held_source = ""  # ... of this upstream
         self._clean_after: int | None = None  # the task path's MCE above which no partition committed
         self._totals: dict[str, int] = {}
         self.snapshot_epoch = 0
@@ -281,21 +282,27 @@ class ChunkedBackfill:
         committed epochs above it (a consumer died, Redis was wiped under a micro-batch): a chunk one of
         them emitted is made again when its saved copy is gone, and a new one must come after them
         (:func:`~mvlog.services.backfill.task_chunks.recover_chunk`)."""
-        source = self.sources[0]
+        source = self._chunk_source()
         self._pending.clear()  # read by the driver path at the positions this micro-batch may move
         chunk, floor = self._saved_chunk(after), after
         if chunk is None and self._clean_after != after:
-            chunk, floor = recover_chunk(self.settings, self.store, self.entry, self.upstreams[source], after,
+            chunk, floor = recover_chunk(self.settings, self.store, self.entry, self.upstreams, after,
                                          self.positions, self.rows_done, self._first_commit)
             if chunk is not None:
                 log.warning("%s: the chunk of epoch %d, which a partition committed, was lost from Redis: read "
                             "again (%d rows)", self.view, chunk.epoch, chunk.rows)
         if chunk is None:
             chunk = self._new_task_chunk(source, floor, upto)
-        positions = committed_positions([self.positions.get(source, v) for v in range(VNODE_COUNT)])
-        return BackfillBatch(settings_json, self.view, self.upstreams[source], positions, self.rows_done,
+        positions = {name: committed_positions([self.positions.get(name, v) for v in range(VNODE_COUNT)])
+                     for name in self.sources}
+        return BackfillBatch(settings_json, self.view, self.upstreams, positions, self.rows_done,
                              self.start_epoch, chunk.epoch if chunk is not None else upto, chunk,
                              tuple(self.store.chunk_keys(self.view)))
+
+    def _chunk_source(self) -> str:
+        """The upstream the task path's next chunk is read from: the first one not done (a micro-batch
+        emits one chunk; a join's sides are backfilled one after the other)."""
+        return next((s for s in self.sources if self.positions.unfinished(s)), self.sources[0])
 
     def committed_in_tasks(self, batch: BackfillBatch, busy_s: float) -> None:
         """``batch``'s epochs are committed: the chunk's positions are the backfill's now."""
@@ -340,12 +347,13 @@ class ChunkedBackfill:
         """A chunk read now and saved, if the upstream's state is at an epoch of (after, upto]; one read
         past ``upto`` (a catch-up's micro-batch) is held for a later micro-batch."""
         self._refresh_rate_limit()
-        read = self._held if self._held is not None and (self._held.epoch or 0) > after else self._read(source)
+        held = self._held if self._held is not None and self._held_source == source else None
+        read = held if held is not None and (held.epoch or 0) > after else self._read(source)
         self._held = None
         if read is None or read.epoch is None or read.epoch <= after:
             return None
         if read.epoch > upto:
-            self._held = read
+            self._held, self._held_source = read, source
             return None
         parts = self._chunk(source, read, decode=False).vnodes
         moves = {part.vnode: part.end for part in parts}

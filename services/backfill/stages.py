@@ -82,11 +82,11 @@ class ChunkedBackfillStage:
         return self.finished
 
     def run_in_tasks(self, tasks: TaskEpochs, reader: UpstreamReader, upto: int | None) -> None:
-        """The upstream's epochs up to ``upto`` (None: its latest; a stream's micro-batch is read again here)
-        in micro-batches of the task path, each ending with its chunk's epoch
+        """The upstream's epochs up to ``upto`` (None: as far as the view may plan now; a stream's micro-batch
+        is read again here) in micro-batches of the task path, each ending with its chunk's epoch
         (:mod:`~mvlog.services.backfill.task_chunks`); once the backfill is done, the rest as any."""
-        backfill, source = self.backfill, self.backfill.sources[0]
-        end = upto if upto is not None else reader.settled_upto(source, None)
+        backfill = self.backfill
+        end = upto if upto is not None else tasks.plan_through()
 
         def after() -> int:  # the upstream epoch the view is at: the MCE, or the one the backfill began after
             return max(tasks.committer.mce, backfill.start_epoch)
@@ -243,12 +243,10 @@ def backfill_stages(settings: Settings, client: redis.Redis, store: ViewStore, c
                     committer: EpochCommitter, spark: SparkSession, *, in_tasks: bool = False) -> ViewBackfills:
     """The backfill a view still needs: chunked, from a snapshot, or none (it replays its upstreams'
     changelogs from their start, or has committed epochs already). ``in_tasks``: the view's operator runs
-    in Spark's tasks (a snapshot's load then does too, and a one-upstream view's chunked backfill)."""
+    in Spark's tasks (a snapshot's load then does too, and a chunked backfill's routing)."""
     if backfill_needed(store, entry):
         chunked = ChunkedBackfill(settings, store, catalog, entry, upstreams)
-        # A join's inputs go through two shuffles: its backfill stays the driver's (one upstream only here).
-        return ViewBackfills(chunked_stage=ChunkedBackfillStage(chunked, upstreams,
-                                                                in_tasks=in_tasks and len(entry.sources) == 1))
+        return ViewBackfills(chunked_stage=ChunkedBackfillStage(chunked, upstreams, in_tasks=in_tasks))
     if snapshot_backfill_needed(store, entry):
         snapshot = SnapshotBackfill(settings, store, SnapshotStore.of(settings, client), entry,
                                     upstreams[entry.sources[0]], plan)

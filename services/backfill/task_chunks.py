@@ -10,7 +10,8 @@ decides, once per micro-batch, and the tasks do the rest (:class:`BackfillBatch`
    (a chunk read at ``S`` reflects the changes of ``S`` and before, to keys beyond those positions), and
    the chunk is emitted in ``S``, after which the positions move. Its rows' bytes are saved in Redis
    with what it will commit (:class:`TaskChunk`), never decoded on the driver.
-2. The tasks reading the upstream's changes keep those whose key is covered (:class:`CoveredRows`);
+2. The tasks reading each upstream's changes keep those whose key is covered by that upstream's
+   positions (:class:`CoveredRows`; a join has two upstreams, and a micro-batch's chunk is of one);
    tasks of their own read the chunk's rows from Redis and shape them as the data source's signed rows
    of epoch ``S``, inserts (:class:`ChunkRows`). Both go through the view's routing and shuffle, and the
    view's partition tasks compute, write and stage them as any epoch, each epoch's barriers carrying the
@@ -51,6 +52,7 @@ from mvlog.connectors.redis.partition_staging import BackfillCommit
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.rows_at_epoch import rows_at_epoch
 from mvlog.connectors.spark.change_rows import BARRIER, SignedRowBuilder
+from mvlog.connectors.spark.spark_source import spark_schema_ddl
 from mvlog.key_order import member_avro_key, order_member, order_members
 from mvlog.partition_epochs import PartitionBarrier
 from mvlog.schemas.codec import decode_row, encode_key, encode_row
@@ -188,28 +190,32 @@ class ChunkRows:
 @dataclass(frozen=True)
 class BackfillBatch:
     """A micro-batch of a view in tasks while its chunked backfill runs (see the module's docstring):
-    its input built from the upstream's read, the mutation on each epoch's barriers, each epoch's commit."""
+    its input built from each upstream's read, the mutation on each epoch's barriers, each epoch's commit.
+    A join's two upstreams each have their positions; a micro-batch's chunk is of one of them."""
 
     settings_json: str
     view: str
-    upstream: CatalogEntry
-    positions: tuple[bytes | None, ...]  # committed, per vnode of the upstream (see CoveredRows)
+    upstreams: Mapping[str, CatalogEntry]
+    positions: Mapping[str, tuple[bytes | None, ...]]  # committed, per upstream and vnode (see CoveredRows)
     rows_done: int
     start_epoch: int
     upto: int  # the micro-batch's last epoch: the chunk's, if there is one
     chunk: TaskChunk | None
     chunk_keys: tuple[str, ...] = ()  # where the chunk is saved: dropped by its epoch's commit
 
-    def frame(self, spark: SparkSession, read: DataFrame) -> DataFrame:
-        """The view's input: the covered changes of ``read`` (the upstream's epochs of the micro-batch),
-        and the chunk's rows in its epoch."""
-        covered = read.mapInArrow(CoveredRows(self.upstream, self.positions).run, read.schema)
-        if self.chunk is None or self.chunk.rows == 0:
+    def frame(self, spark: SparkSession, source: str, read: DataFrame | None) -> DataFrame | None:
+        """Upstream ``source``'s input to the view: the covered changes of ``read`` (its epochs of the
+        micro-batch; None: none read), and the chunk's rows in its epoch if the chunk is of ``source``."""
+        upstream = self.upstreams[source]
+        covered = None if read is None else read.mapInArrow(CoveredRows(upstream, self.positions[source]).run,
+                                                            read.schema)
+        if self.chunk is None or self.chunk.rows == 0 or self.chunk.source != source:
             return covered
         tasks = -(-self.chunk.rows // ROWS_PER_TASK)
-        rows = ChunkRows(self.settings_json, self.view, self.upstream, self.chunk.epoch, self.chunk.rows)
-        chunk = spark.range(0, tasks, 1, numPartitions=tasks).mapInArrow(rows.run, read.schema)
-        return covered.unionByName(chunk)
+        rows = ChunkRows(self.settings_json, self.view, upstream, self.chunk.epoch, self.chunk.rows)
+        schema = spark_schema_ddl(upstream.schema) if read is None else read.schema
+        chunk = spark.range(0, tasks, 1, numPartitions=tasks).mapInArrow(rows.run, schema)
+        return chunk if covered is None else covered.unionByName(chunk)
 
     def mutation(self, epoch: int) -> Mutation:
         """What the epoch's barriers carry (as the driver path's): the chunk's moves in its epoch, the
@@ -255,20 +261,23 @@ class CommittedAbove:
         return cls(last, epoch, payload)
 
 
-def recover_chunk(settings: Settings, store: ViewStore, entry: CatalogEntry, upstream: CatalogEntry, after: int,
-                  positions: BackfillPositions, rows_done: int, first: bool) -> tuple[TaskChunk | None, int]:
+def recover_chunk(settings: Settings, store: ViewStore, entry: CatalogEntry, upstreams: Mapping[str, CatalogEntry],
+                  after: int, positions: BackfillPositions, rows_done: int, first: bool
+                  ) -> tuple[TaskChunk | None, int]:
     """With no saved chunk: the chunk of an epoch some partition of ``entry`` committed above ``after``
     (the saved copy lost to a Redis wipe), made again and saved; and the last epoch any partition
-    committed above ``after``, which a new chunk must come after (their epochs had none)."""
+    committed above ``after``, which a new chunk must come after (their epochs had none). The chunk is
+    of the upstream whose positions its barriers moved."""
     start = store.index.offsets_after(entry.name, entry.partitions, after or None)
     barriers = [barrier for partition in range(entry.partitions)
                 for barrier in partition_barriers(settings, entry.name, partition, start.get(partition, 0))]
     above = CommittedAbove.of(entry.name, after, barriers)
     if above.chunk_epoch is None or above.payload is None:
         return None, above.last
-    payload, source = above.payload, upstream.name
-    ends = {int(v): _position(str(text))
-            for v, text in dict(payload["positions"].get(source, {})).items()}
+    payload = above.payload
+    source = next(name for name, moved in dict(payload["positions"]).items() if moved)
+    upstream = upstreams[source]
+    ends = {int(v): _position(str(text)) for v, text in dict(payload["positions"][source]).items()}
     moves = [(vnode, positions.get(source, vnode), end) for vnode, end in sorted(ends.items())]
     rows = _rows_between(settings, store, upstream, above.chunk_epoch, moves)
     if rows_done + len(rows) != int(payload.get("rows_done", -1)):

@@ -44,6 +44,7 @@ from mvlog.config import Settings
 from mvlog.connectors.kafka.changelog_writer import CommittedEpoch
 from mvlog.connectors.redis.epoch_index import IndexEntry
 from mvlog.connectors.redis.partition_staging import BackfillCommit, PartitionStaging, StagedCounts
+from mvlog.connectors.redis.table_writers import TableWriters, plan_through
 from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
 from mvlog.services.pipeline.join_tasks import (
     JoinKeyJob,
@@ -130,6 +131,12 @@ class TaskEpochs:
         least = self.settings.tasks_min_records
         return not self._resumed or least == 0 or self._pending(after, least) >= least
 
+    def plan_through(self) -> int:
+        """The last upstream epoch the view may plan through now: a one-upstream view's latest, a join's
+        bound (:func:`~mvlog.connectors.redis.table_writers.plan_through`)."""
+        return plan_through(self.staging.index, TableWriters(self.staging.redis, self.settings.topic_prefix),
+                            self.upstreams)
+
     def _pending(self, after: int, enough: int) -> int:
         """Change events the upstreams committed after epoch ``after`` (counting stops at ``enough``)."""
         pending = 0
@@ -145,8 +152,8 @@ class TaskEpochs:
         """Compute, write and commit every epoch above the MCE up to ``upto`` (read with ``reader``), or of
         the stream's micro-batch ``batch`` (the first upstream's signed rows of whole epochs; for a join,
         ending with the data source's end marker); returns the number of epochs committed. ``stage``: a
-        one-upstream view's stage that shapes the input and adds to the barriers and commits (a chunked
-        backfill); ``read_after``: the upstream epoch to read after when above the MCE (the epoch a
+        stage that shapes the input and adds to the barriers and commits (a chunked backfill);
+        ``read_after``: the upstream epoch to read after when above the MCE (the epoch a
         chunked backfill started at)."""
         self._resumed = False  # until this apply completes: it may fail after some partitions committed
         self.committer.ensure_serving_state()  # a wiped Redis is rebuilt before anything is computed
@@ -160,8 +167,7 @@ class TaskEpochs:
                                  min(following) if following else None, self.on_written,
                                  stage.mutation if stage is not None else None)
         if isinstance(self.routing, JoinRouting):
-            assert stage is None, "a join's stages run on the driver"
-            results = self._joined(reader, target, upto, batch)
+            results = self._joined(reader, target, upto, batch, stage, read_after)
             if results is None:
                 return 0
         else:
@@ -170,7 +176,8 @@ class TaskEpochs:
                 batch = reader.frame(self.upstreams[0].name, read_after, upto)
             routing = self.routing
             if stage is not None:
-                batch = stage.frame(reader.spark, batch)
+                batch = stage.frame(reader.spark, self.upstreams[0].name, batch)
+                assert batch is not None
                 # Rows the stage adds come from tasks of their own: every view then takes the shuffle.
                 routing = routing or KeyRouting(self.plan, tuple(self.upstreams[0].key_columns), self.entry.partitions)
             job = PartitionJob(target, self.upstreams[0], self.plan, routing)
@@ -207,13 +214,14 @@ class TaskEpochs:
         routed = frame.mapInArrow(RouteRows(routing).run, schema)
         return routed.repartition(self.entry.partitions, ROUTE_TOKEN)
 
-    def _joined(self, reader: UpstreamReader, target: PartitionTarget, upto: int | None,
-                batch: DataFrame | None) -> DataFrame | None:
+    def _joined(self, reader: UpstreamReader, target: PartitionTarget, upto: int | None, batch: DataFrame | None,
+                stage: TaskStage | None, read_after: int) -> DataFrame | None:
         """A join's micro-batch through its two shuffles (:mod:`~mvlog.services.pipeline.join_tasks`): its
-        result rows, or None when there is nothing to read. Each side is read up to ``upto`` or, when the
-        stream gave ``batch`` (its first upstream's, whose end marker the tasks find), the other side up to
-        its latest epoch (the tasks drop what is past the marker). A side is never read past its latest
-        epoch: the join's bound says a stopped table has nothing more up to there (``read_settled``)."""
+        result rows, or None when there is nothing to read. Each side is read after ``read_after`` up to
+        ``upto`` or, when the stream gave ``batch`` (its first upstream's, whose end marker the tasks find),
+        the other side up to its latest epoch (the tasks drop what is past the marker). A side is never read
+        past its latest epoch: the join's bound says a stopped table has nothing more up to there
+        (``read_settled``). ``stage`` shapes each side's input (a chunked backfill)."""
         routing = cast(JoinRouting, self.routing)
         end_side = next(i for i, u in enumerate(self.upstreams) if u.name == self.entry.sources[0])
         schema = shuffled_schema(self.upstreams)
@@ -224,7 +232,9 @@ class TaskEpochs:
                 frame: DataFrame | None = batch
             else:
                 end = reader.settled_upto(upstream.name, upto)
-                frame = reader.frame(upstream.name, target.after, end) if end > target.after else None
+                frame = reader.frame(upstream.name, read_after, end) if end > read_after else None
+            if stage is not None:
+                frame = stage.frame(reader.spark, upstream.name, frame)
             if frame is not None:
                 frames.append(frame.mapInArrow(RouteJoinRows(routing, side, schema).run, spark_schema))
         if not frames:
@@ -232,20 +242,20 @@ class TaskEpochs:
         by_join_key = frames[0] if len(frames) == 1 else frames[0].union(frames[1])
         by_join_key = by_join_key.repartition(self.entry.partitions, ROUTE_TOKEN)
         out_schema = view_rows_schema(self.plan)
-        stage = JoinKeyJob(target, (self.upstreams[0], self.upstreams[1]), self.plan, routing,
-                           upto if batch is None else None, end_side, out_schema)
-        by_view_key = by_join_key.mapInArrow(stage.run, from_arrow_schema(out_schema))
+        join = JoinKeyJob(target, (self.upstreams[0], self.upstreams[1]), self.plan, routing,
+                          upto if batch is None else None, end_side, out_schema)
+        by_view_key = by_join_key.mapInArrow(join.run, from_arrow_schema(out_schema))
         by_view_key = by_view_key.repartition(self.entry.partitions, ROUTE_TOKEN)
         return by_view_key.mapInArrow(ViewPartitionJob(target, self.plan).run, RESULT_DDL)
 
 
 
 class TaskStage(Protocol):
-    """What a stage of a one-upstream view does to a micro-batch run in tasks (a chunked backfill:
+    """What a stage does to a micro-batch run in tasks (a chunked backfill:
     :class:`~mvlog.services.backfill.task_chunks.BackfillBatch`)."""
 
-    def frame(self, spark: SparkSession, read: DataFrame) -> DataFrame:
-        """The view's input from the upstream's read."""
+    def frame(self, spark: SparkSession, source: str, read: DataFrame | None) -> DataFrame | None:
+        """The view's input from upstream ``source``'s read (None: nothing read of it)."""
         ...
 
     def mutation(self, epoch: int) -> Mutation:
