@@ -32,16 +32,39 @@ class PartitionLog:
     order: list[tuple[str, int, int]] = field(default_factory=list)  # (kind, epoch, offset) in log order
 
 
+def _high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """Each non-empty partition's high watermark: the end of what the topic holds, open transactions too.
+    Asked with read_uncommitted: read_committed answers the last stable offset, which stays behind a
+    transaction for a moment after its commit returned (its markers are written after that)."""
+    client = Consumer({"bootstrap.servers": bootstrap, "group.id": "independent-ends",
+                       "isolation.level": "read_uncommitted"})
+    try:
+        marks = {p: client.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in range(partitions)}
+    finally:
+        client.close()
+    return {p: high for p, (low, high) in marks.items() if high > low}
+
+
 def read_topic(bootstrap: str, topic: str, partitions: int, idle: float = 3.0,
                max_seconds: float = 120.0) -> dict[int, PartitionLog]:
-    """Read until no record came for ``idle`` seconds (or ``max_seconds`` passed)."""
+    """Read what the topic held when the read began: until every partition's position reached its high
+    watermark of then (read_committed moves a position past the markers of committed and aborted
+    transactions), or no record came for ``idle`` seconds (a transaction still open holds a position
+    back), or ``max_seconds`` passed."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "independent", "enable.auto.commit": False,
                          "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+    ends = _high_watermarks(bootstrap, topic, partitions)
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     logs = {p: PartitionLog() for p in range(partitions)}
     last = started = time.monotonic()
+
+    def at_ends() -> bool:
+        positions = consumer.position([TopicPartition(topic, p) for p in range(partitions)])
+        return all(tp.offset >= ends[tp.partition] for tp in positions if tp.partition in ends)
+
     try:
-        while time.monotonic() - last < idle and time.monotonic() - started < max_seconds:
+        while (time.monotonic() - last < idle and time.monotonic() - started < max_seconds
+               and not at_ends()):
             # What is queued, else the next record: consume(n, t) waits all of t unless n records are queued.
             messages = consumer.consume(1000, timeout=0) or consumer.consume(1, timeout=0.3)
             for msg in messages:

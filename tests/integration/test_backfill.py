@@ -425,11 +425,11 @@ def test_join_backfill_in_tasks_is_exact_at_every_epoch(
     assert consumer.tasks is not None and consumer.backfills.in_tasks is not None
     rounds = 0
     try:
-        for rounds in range(1, 21):  # a chunk of about 70 rows a round: t1's ~155, then t2's ~65
+        # A chunk of about 70 rows a round: t1's ~155 rows, then t2's ~65.
+        while store.lifecycle("mvj") != Lifecycle.LIVE and rounds < 20:
+            rounds += 1
             write()
             consumer.catch_up()
-            if store.lifecycle("mvj") == Lifecycle.LIVE:
-                break
         assert store.lifecycle("mvj") == Lifecycle.LIVE, store.backfill_progress("mvj")
         write()  # and on, live
         consumer.catch_up()
