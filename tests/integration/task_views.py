@@ -1,0 +1,115 @@
+"""What the tests of operators in Spark's tasks on a multi-process Spark share
+(``test_operators_in_tasks.py``, ``test_operators_in_tasks_kills.py``): the ``local-cluster`` master, the
+views, the workload of two tables, the runner's output and the checks of the wire."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from mvlog.config import Settings
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.services.table_writer import Table
+
+from .barrier_check import assert_barriers_once
+from .independent_consumer import PartitionLog, check_whole_epochs, read_topic
+
+CLUSTER = "local-cluster[2,1,1024]"
+VIEWS = [
+    ("mvf", "SELECT * FROM t1 WHERE deleted = false"),
+    ("mvp", "SELECT id, v1 + 1 AS v2, CASE WHEN v1 > 0 THEN 'pos' ELSE 'neg' END AS sign FROM t1"),
+    ("mvf2", "SELECT id, v1 FROM mvf WHERE v1 > 0"),  # on a view maintained in tasks
+    # A GROUP BY: shuffled by its groups' partitions, state per group read and staged by the tasks; about
+    # three upstream keys a group, so updates and deletes empty groups (the changelog's deletes) and
+    # move the extremes.
+    ("mvg", "SELECT id % 40 AS b, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi, avg(v1) AS a "
+            "FROM t1 WHERE deleted = false GROUP BY id % 40"),
+]
+# The upstream's key under another name, and over two partitions where t1 has three (either alone is
+# enough): other key bytes, so the input is shuffled by the partition of the key it will have
+# (mvlog.views.key_routing), no state.
+RENAMED = ("mvr", "SELECT v1, id AS order_id FROM t1 WHERE v1 <> 0")
+
+
+# A two-view inner join: both inputs shuffled by their join key's partition (the buckets' state read and
+# staged by those tasks), the output shuffled again by the view key's partition, where it is written.
+# About two t2 rows per join key, so deletes and updates of t2 empty buckets and move rows between them.
+JOIN = ("mvj", "SELECT t1.id, t2.id AS id2, t1.v1, t2.w FROM t1 JOIN t2 ON t1.v1 = t2.k WHERE t1.deleted = false")
+T2 = {"id": "int", "k": "int", "w": "int"}
+LONE = 100  # the join key of one row of each side, inserted and then deleted: both its buckets empty
+# A full outer join, the same way. Its LONE rows: t1's null-extended, then retracted when t2's arrives
+# (its key's first match), then t2's null-extended when t1's leaves (its key's last match), then gone;
+# random t2 updates and deletes empty and fill t2's buckets under t1's rows too.
+FULL = ("mvjf", "SELECT t1.id, t2.id AS id2, t1.v1, t2.k, t2.w FROM t1 FULL JOIN t2 ON t1.v1 = t2.k")
+# An anti join, the same way (t2's rows routed by the column its subquery passes through): t1's LONE row
+# in it, then out when t2's arrives, a row of t1 in or out as its key's last match leaves or arrives.
+ANTI = ("mvja", "SELECT t1.id, t1.v1 FROM t1 WHERE NOT EXISTS (SELECT 1 FROM t2 WHERE t2.k = t1.v1 AND t2.w < 80)")
+JOINS = [JOIN, FULL, ANTI]
+
+
+def task_settings(make_settings: Callable[..., Settings]) -> Settings:
+    return make_settings(spark_master=CLUSTER, operators_in_tasks=True, tasks_min_records=0, partitions=3)
+
+
+def write_epochs(table: Table, rng: random.Random, epochs: int, rows: int, t2: Table | None = None) -> int:
+    """``epochs`` epochs of upserts (new keys and updates), deletes and one empty epoch; the last one.
+    With ``t2``: after each, an epoch of ``t2`` (the first one inserts a row of each table with join key
+    :data:`LONE`, the third deletes both, each table in its own epoch)."""
+    last = 0
+    for n in range(epochs):
+        if n != 1:  # the second one is empty: its barriers still go to every partition downstream
+            table.upsert([{"id": rng.randrange(rows * 2), "v1": rng.randrange(-5, 5),
+                           "deleted": rng.random() < 0.3} for _ in range(rows)])
+            table.delete([rng.randrange(rows * 2) for _ in range(rows // 10)])
+        if t2 is not None and n == 0:
+            table.upsert([{"id": 1000, "v1": LONE, "deleted": False}])
+        if t2 is not None and n == 2:
+            table.delete([1000])
+        last = table.flush()
+        if t2 is not None:
+            t2.upsert([{"id": rng.randrange(20), "k": rng.randrange(-5, 5), "w": rng.randrange(100)}
+                       for _ in range(4)])
+            t2.delete([rng.randrange(20)])
+            if n == 0:
+                t2.upsert([{"id": 1000, "k": LONE, "w": 1}])
+            if n == 2:
+                t2.delete([1000])
+            t2.flush()
+    return last
+
+
+def why(process: subprocess.CompletedProcess[str]) -> str:
+    """The runner's Python traceback (its stderr also holds the JVM's log)."""
+    start = process.stderr.rfind("Traceback (most recent call last)")
+    return process.stderr[start:start + 6000] if start >= 0 else process.stderr[-6000:]
+
+
+def done_lines(output: str) -> dict[str, tuple[int, int]]:
+    """view -> (MCE, partition epochs written) from the runner's ``done`` lines."""
+    return {words[1]: (int(words[2]), int(words[3])) for line in output.splitlines()
+            if (words := line.split())[:1] == ["done"]}
+
+
+def check_wire(settings: Settings, client: redis.Redis, view: str, mce: int) -> dict[int, PartitionLog]:
+    """The barriers and the independent consumer's whole epochs; returns the changelog as it read it."""
+    assert_barriers_once(settings, client, view, mce)
+    partitions = CatalogStore(settings, client).get(view).partitions
+    logs = read_topic(settings.bootstrap_servers, settings.changelog_topic(view), partitions, idle=1.5)
+    indexed = {e.epoch for e in ViewStore(client, settings.topic_prefix).index.between(view, 0, 0, mce)}
+    # The chain rule confirms every epoch but the last; the epoch index confirms the last.
+    assert check_whole_epochs(logs) | {mce} == indexed
+    return logs
+
+
+def changes_of(logs: dict[int, PartitionLog]) -> list[dict[str, Any]]:
+    return [change for log in logs.values() for entries in log.changes.values() for _, change in entries]
+
+
+def extended(changes: list[dict[str, Any]], image: str, missing: str) -> int:
+    """Null-extended rows (``missing``: the other side's key column, NULL) in ``image`` of ``changes``."""
+    return sum(change[image] is not None and change[image][missing] is None for change in changes)
