@@ -207,8 +207,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 # short files fill the gaps, instead of the long ones starting last and running on alone.
 LONGEST_FIRST = tuple(f"tests/integration/{name}.py" for name in (
     "test_log_cache", "test_views_exactly_once_in_tasks", "test_views_exactly_once", "test_soak",
-    "test_operators_in_tasks_kills", "test_backfill", "test_operators_in_tasks", "test_replacement_crash",
-    "test_source_tables", "test_demo", "test_durable_stack", "test_retention",
+    "test_operators_in_tasks_kills", "test_backfill", "test_log_cache_isolation", "test_operators_in_tasks",
+    "test_replacement_crash", "test_source_tables", "test_demo", "test_durable_stack", "test_retention",
     "test_kafka_security", "test_nexmark", "test_operator_actions", "test_cdc_postgres", "test_redis_restart",
     "test_read_after_wipe", "test_rebuild_from_kafka", "test_snapshot", "test_replacement_join", "test_replacement",
 ))

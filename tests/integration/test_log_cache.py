@@ -1,15 +1,11 @@
 """The Faust log cache against the real broker, Redis and Spark: serving, fan-out, replay of lagged
-epochs, backpressure, isolation (I3), bounded memory (I4) and a SIGKILLed worker."""
+epochs, backpressure, bounded memory (I4) and a SIGKILLed worker (isolation, I3:
+``test_log_cache_isolation.py``)."""
 
 from __future__ import annotations
 
-import random
-import signal
-import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -30,15 +26,13 @@ from mvlog.services.view_ddl import alter_view, create_view
 
 from ..oracle import check_oracle
 from .barrier_check import assert_barriers_once
+from .cache_workload import COLUMNS, cache_worker, until, writing
 from .independent_consumer import read_topic
-from .laps import Laps
 from .processes.cache_worker import CacheWorkerProcess
-from .processes.view_runner import spawn as spawn_view_runner
 from .test_redis_restart import DOWN_S, AofRedis
 
 pytestmark = [pytest.mark.integration]
 
-COLUMNS = {"id": "int", "v1": "int", "deleted": "boolean"}
 # I4 for a worker is checked above its idle RSS once its data path has warmed up (the first fetches,
 # Faust's and aiokafka's buffers, Arrow, the allocators' arenas: a one-time cost, reported), against the
 # "one batch" the worker measures itself (``batch_bytes`` in /stats/: one fetch, the records held while
@@ -51,45 +45,6 @@ NOISE = 4 * 1024 * 1024
 SLICE_NO_GROWTH = 3 * 1024 * 1024
 
 
-def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.05)
-
-
-@contextmanager
-def _writing(table: Table, seed: int = 0, rows: int = 20, pause: float = 0.03) -> Iterator[threading.Event]:
-    """A background workload of upserts and deletes on ``table`` until the block ends."""
-    stop = threading.Event()
-    rng = random.Random(seed)
-
-    def run() -> None:
-        while not stop.is_set():
-            table.upsert([{"id": rng.randrange(300), "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.3}
-                          for _ in range(rows)])
-            table.delete([rng.randrange(300)])
-            stop.wait(pause)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield stop
-    finally:
-        stop.set()
-        thread.join()
-
-
-@contextmanager
-def _worker(settings: Settings, *upstreams: str, partitions: int) -> Iterator[CacheWorkerProcess]:
-    worker = CacheWorkerProcess(settings, *upstreams)
-    try:
-        worker.wait_ready(upstreams[0], partitions)
-        yield worker
-    finally:
-        worker.stop()
-
-
 def _consumer(settings: Settings, spark: Any, view: str, client: redis.Redis) -> ViewConsumer:
     return ViewConsumer(settings, view, spark=spark, client=client, max_epochs_per_trigger=20,
                         trigger_interval="100 milliseconds")
@@ -100,11 +55,11 @@ def test_cache_serves_exactly_the_rows_kafka_gives(settings: Settings, redis_cli
     from the worker's memory."""
     table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
     create_view(settings, "mv1", "SELECT * FROM t1", client=redis_client)
-    with _worker(settings, "t1", partitions=settings.partitions) as worker:
-        with _writing(table):
-            _until(lambda: worker.upstream("t1")["epochs_cached"] >= 10, 30, "10 cached epochs")
+    with cache_worker(settings, "t1", partitions=settings.partitions) as worker:
+        with writing(table):
+            until(lambda: worker.upstream("t1")["epochs_cached"] >= 10, 30, "10 cached epochs")
         last = table.flush()
-        _until(lambda: (worker.upstream("t1")["tail"] or 0) >= last, 10, "the worker to align the last epoch")
+        until(lambda: (worker.upstream("t1")["tail"] or 0) >= last, 10, "the worker to align the last epoch")
         planner = _Planner(settings, CatalogStore(settings, redis_client).get("t1"))
         floor = worker.upstream("t1")["floor"]
         parts = planner.plan(floor, last)
@@ -136,9 +91,9 @@ def test_backpressure_holds_the_lag_and_the_writer_resumes(make_settings: Callab
         lags.append(value)
         return value
 
-    with _worker(settings, "t1", partitions=settings.partitions) as worker, _writing(table):
-        _until(lambda: lag() >= 5, 30, "the lag to reach 5")
-        _until(lambda: worker.upstream("t1")["paused"], 10, "the worker to pause t1")
+    with cache_worker(settings, "t1", partitions=settings.partitions) as worker, writing(table):
+        until(lambda: lag() >= 5, 30, "the lag to reach 5")
+        until(lambda: worker.upstream("t1")["paused"], 10, "the worker to pause t1")
         stalled_at = store.mce("t1") or 0
         for _ in range(30):  # 1.5 s: ~15 barrier intervals with no new epoch
             assert lag() <= 5
@@ -147,9 +102,9 @@ def test_backpressure_holds_the_lag_and_the_writer_resumes(make_settings: Callab
         consumer = _consumer(settings, spark, "mv1", redis_client)
         consumer.start()
         try:
-            _until(lambda: lag() < 5 and (store.mce("t1") or 0) > stalled_at, 60, "the writer to resume")
+            until(lambda: lag() < 5 and (store.mce("t1") or 0) > stalled_at, 60, "the writer to resume")
             resumed_at = store.mce("t1") or 0
-            _until(lambda: lag() <= 5 and (store.mce("t1") or 0) > resumed_at + 5, 60, "the writer to keep going")
+            until(lambda: lag() <= 5 and (store.mce("t1") or 0) > resumed_at + 5, 60, "the writer to keep going")
         finally:
             consumer.stop()
     table.close()
@@ -158,7 +113,7 @@ def test_backpressure_holds_the_lag_and_the_writer_resumes(make_settings: Callab
 
 
 def _wait_for_mces(store: ViewStore, views: list[str], epoch: int, timeout: float = 120.0) -> None:
-    _until(lambda: all((store.mce(v) or 0) >= epoch for v in views), timeout, f"{views} to reach {epoch}")
+    until(lambda: all((store.mce(v) or 0) >= epoch for v in views), timeout, f"{views} to reach {epoch}")
 
 
 def test_fan_out_three_views_share_one_fetch_stream(settings: Settings, redis_client: redis.Redis,
@@ -171,12 +126,12 @@ def test_fan_out_three_views_share_one_fetch_stream(settings: Settings, redis_cl
     for name, sql in views.items():
         create_view(settings, name, sql, client=redis_client)
     store = ViewStore(redis_client, settings.topic_prefix)
-    with _worker(settings, "t1", partitions=settings.partitions) as worker:
+    with cache_worker(settings, "t1", partitions=settings.partitions) as worker:
         consumers = [_consumer(settings, spark, v, redis_client) for v in views]
         for consumer in consumers:
             consumer.start()
         try:
-            with _writing(table):
+            with writing(table):
                 time.sleep(4)  # the workload runs while the consumers follow
             table.close()  # no more (empty) epochs: the topic's record count is final
             last = store.mce("t1") or 0
@@ -186,7 +141,7 @@ def test_fan_out_three_views_share_one_fetch_stream(settings: Settings, redis_cl
                 consumer.stop()
         logs = read_topic(settings.bootstrap_servers, settings.changelog_topic("t1"), settings.partitions, idle=1.5)
         in_topic = sum(len(log.order) for log in logs.values())
-        _until(lambda: worker.upstream("t1")["records_fetched"] >= in_topic, 60, "the worker to fetch every record")
+        until(lambda: worker.upstream("t1")["records_fetched"] >= in_topic, 60, "the worker to fetch every record")
         stats = worker.upstream("t1")
     assert stats["records_fetched"] == in_topic, "one fetch stream: each record fetched once"
     from_cache, from_kafka = CacheRegistry(redis_client, settings.topic_prefix).reads("t1")
@@ -208,15 +163,15 @@ def test_sigkilled_worker_consumers_fall_back_and_the_restarted_worker_refills(
     try:
         first.wait_ready("t1", settings.partitions)
         consumer.start()
-        with _writing(table):
-            _until(lambda: first.upstream("t1")["served_epochs"] > 0, 60, "reads from the cache")
+        with writing(table):
+            until(lambda: first.upstream("t1")["served_epochs"] > 0, 60, "reads from the cache")
             first.kill()
             killed_at = store.mce("t1") or 0
             # With the worker dead (its Redis claims still name it for a few seconds) mv1 keeps up.
             _wait_for_mces(store, ["mv1"], killed_at + 1, timeout=60)
             second = CacheWorkerProcess(settings, "t1")
             second.wait_ready("t1", settings.partitions)
-            _until(lambda: second is not None and second.upstream("t1")["served_epochs"] > 0, 60,
+            until(lambda: second is not None and second.upstream("t1")["served_epochs"] > 0, 60,
                    "the restarted worker to serve")
         table.close()
         last = store.mce("t1") or 0
@@ -244,13 +199,13 @@ def test_worker_rides_out_a_redis_restart(make_settings: Callable[..., Settings]
     worker = CacheWorkerProcess(settings, "t1")
     try:
         worker.wait_ready("t1", settings.partitions)
-        with _writing(table):
-            _until(lambda: (store.mce("t1") or 0) >= 3, 60, "the table's first epochs")
+        with writing(table):
+            until(lambda: (store.mce("t1") or 0) >= 3, 60, "the table's first epochs")
             aof.kill()
             aof.restart_after(DOWN_S).join()
             after = (store.mce("t1") or 0) + 3
-            _until(lambda: (store.mce("t1") or 0) >= after, 60, "the table's epochs after the restart")
-            _until(lambda: (worker.upstream("t1")["tail"] or 0) >= after, 60,
+            until(lambda: (store.mce("t1") or 0) >= after, 60, "the table's epochs after the restart")
+            until(lambda: (worker.upstream("t1")["tail"] or 0) >= after, 60,
                    f"the worker to align epoch {after} of t1")
         worker.wait_ready("t1", settings.partitions)  # still claims every partition in Redis
         assert worker.process.poll() is None
@@ -270,19 +225,19 @@ def test_lagged_consumer_replays_from_kafka_then_rejoins_the_cache(
     table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
     create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
     store = ViewStore(redis_client, settings.topic_prefix)
-    with _worker(settings, "t1", partitions=settings.partitions) as worker, _writing(table):
+    with cache_worker(settings, "t1", partitions=settings.partitions) as worker, writing(table):
         consumer = _consumer(settings, spark, "mv1", redis_client)
         consumer.start()
-        _until(lambda: worker.upstream("t1")["served_epochs"] > 0, 60, "reads from the cache")
+        until(lambda: worker.upstream("t1")["served_epochs"] > 0, 60, "reads from the cache")
         consumer.stop()
         stopped_at = store.mce("mv1") or 0
-        _until(lambda: (worker.upstream("t1")["floor"] or 0) > stopped_at, 30, "the cache to evict mv1's next epochs")
+        until(lambda: (worker.upstream("t1")["floor"] or 0) > stopped_at, 30, "the cache to evict mv1's next epochs")
         before = worker.upstream("t1")
         consumer = _consumer(settings, spark, "mv1", redis_client)
         consumer.start()
         try:
-            _until(lambda: worker.upstream("t1")["evicted_replies"] > before["evicted_replies"], 60, "a replay")
-            _until(lambda: worker.upstream("t1")["served_epochs"] > before["served_epochs"], 60, "rejoining the cache")
+            until(lambda: worker.upstream("t1")["evicted_replies"] > before["evicted_replies"], 60, "a replay")
+            until(lambda: worker.upstream("t1")["served_epochs"] > before["served_epochs"], 60, "rejoining the cache")
         finally:
             consumer.stop()
     table.close()
@@ -292,126 +247,6 @@ def test_lagged_consumer_replays_from_kafka_then_rejoins_the_cache(
     consumer.stop()
     assert check_oracle(settings, redis_client, ["t1", "mv1"]) > 0
     assert_barriers_once(settings, redis_client, "mv1", last)
-
-
-class _SlowConsumer(ViewConsumer):
-    """A downstream that takes 0.5 s per epoch once started (an artificial delay), so it falls ever
-    further behind; the backlog that :meth:`start` applies goes at full speed.
-
-    The delay is in ``apply_epoch``, which every epoch the consumer's driver computes goes through.
-    """
-
-    delay = 0.0
-
-    def start(self, on_catch_up: Callable[[int, int], None] | None = None) -> Any:
-        query = super().start(on_catch_up)
-        self.delay = 0.5
-        return query
-
-    def apply_epoch(self, epoch: int, changes: Any) -> None:
-        time.sleep(self.delay)
-        super().apply_epoch(epoch, changes)
-
-
-class _CrashLoop:
-    """A downstream that crash-loops: its consumer process is SIGKILLed each time it commits an epoch and
-    started again at once, as a supervisor would, until :meth:`stop`."""
-
-    def __init__(self, settings: Settings, view: str) -> None:
-        self.settings = settings
-        self.view = view
-        self.kills = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._lock = threading.Lock()
-        self._child: subprocess.Popen[str] | None = None
-        self.errors: list[str] = []
-
-    def __enter__(self) -> _CrashLoop:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        with self._lock:  # a child still starting would print nothing for half a minute: end it now
-            if self._child is not None:
-                self._child.send_signal(signal.SIGKILL)
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            child = spawn_view_runner(self.settings, [self.view])
-            with self._lock:
-                self._child = child
-                if self._stop.is_set():
-                    child.send_signal(signal.SIGKILL)
-            try:
-                assert child.stdout is not None
-                for line in child.stdout:  # "mce VIEW EPOCH" once an epoch is committed: the crash point
-                    if line.startswith("mce ") or self._stop.is_set():
-                        break
-                else:
-                    if not self._stop.is_set():  # (killed by __exit__ otherwise)
-                        self.errors.append(f"the consumer exited by itself ({child.poll()})")
-            finally:
-                child.send_signal(signal.SIGKILL)
-                child.wait()
-            if not self._stop.is_set():
-                self.kills += 1
-
-
-def test_isolation_stopped_slow_and_crash_looping_downstreams_do_not_slow_the_upstream(
-        settings: Settings, redis_client: redis.Redis, spark: Any, report: Callable[[str], None]) -> None:
-    """I3: t1 has a stopped downstream (mv1), a slow one (mv2) and a crash-looping one (mv3); t0 has none.
-    Both write at once for the same seconds with the worker caching t1: their epoch rates match. Then the
-    three downstreams run normally, replay what they lagged, and the oracle holds at every epoch."""
-    t0 = Table.create(settings, "t0", COLUMNS, ["id"], client=redis_client)
-    t1 = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
-    create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
-    create_view(settings, "mv2", "SELECT sum(v1) AS s FROM t1", client=redis_client)
-    create_view(settings, "mv3", "SELECT count(v1) AS c FROM t1", client=redis_client)
-    store = ViewStore(redis_client, settings.topic_prefix)
-    laps = Laps()
-    # The crash loop's process starts while the slow consumer does (the tables commit an empty epoch
-    # every interval from their creation on: it crashes at its first commit, writes or not).
-    with _worker(settings, "t1", partitions=settings.partitions), _CrashLoop(settings, "mv3") as crashing:
-        slow = _SlowConsumer(settings, "mv2", spark=spark, client=redis_client, max_epochs_per_trigger=5)
-        try:
-            slow.start()  # its backlog is applied before start() returns
-            laps.lap("slow consumer started")
-            with _writing(t0, seed=1), _writing(t1, seed=2):
-                # Up to 300 s: its Spark driver's start took over 120 s twice on a loaded CI machine.
-                _until(lambda: crashing.kills >= 1, 300, "the crash-looping consumer's first crash")
-                _until(lambda: (store.mce("mv2") or 0) > 0, 60, "the slow consumer's first epoch")
-                laps.lap("first crash")
-                start = {t: store.mce(t) for t in ("t0", "t1")}
-                time.sleep(4)  # the measurement window: epochs each table commits in these 4 s
-                epochs = {t: store.index.count_after(t, start[t]) for t in ("t0", "t1")}
-            lag = store.index.count_after("t1", store.mce("mv2"))
-        finally:
-            slow.stop()
-    t0.close()
-    t1.close()
-    laps.lap("measured")
-    ratio = epochs["t1"] / epochs["t0"]
-    report(f"I3: t1 (stopped, slow and crash-looping downstreams) {epochs['t1']} epochs in 4 s, t0 (none) "
-           f"{epochs['t0']}: ratio {ratio:.2f}; mv2 lags {lag} epochs; mv3 crashed {crashing.kills} times")
-    assert not crashing.errors, crashing.errors
-    assert lag > 3, "the slow downstream really fell behind"
-    assert ratio >= 0.8
-    last = store.mce("t1") or 0
-    for view in ("mv1", "mv2", "mv3"):  # restarted: each replays its lagged epochs and catches up
-        consumer = ViewConsumer(settings, view, spark=spark, client=redis_client, max_epochs_per_trigger=1000)
-        assert consumer.catch_up() == last
-        consumer.stop()
-    laps.lap("caught up")
-    checked = check_oracle(settings, redis_client, ["t1", "mv1", "mv2", "mv3"])
-    assert checked > 0
-    laps.lap("oracle")
-    for view in ("mv1", "mv2", "mv3"):
-        assert_barriers_once(settings, redis_client, view, last)
-    laps.lap("barriers")
-    report(f"I3's phases: {laps}; {checked} (view, epoch) pairs checked")
 
 
 def test_worker_memory_stays_within_the_cache_bound_plus_one_batch(
@@ -439,11 +274,11 @@ def test_worker_memory_stays_within_the_cache_bound_plus_one_batch(
             written += 500
             time.sleep(0.05)
         last = table.flush()  # the table keeps committing (empty) epochs after it
-        _until(lambda: (worker.upstream("t1")["tail"] or 0) >= last, 120, "the worker to align every epoch")
+        until(lambda: (worker.upstream("t1")["tail"] or 0) >= last, 120, "the worker to align every epoch")
         stats: dict[str, Any] = worker.stats()
         return stats
 
-    with _worker(settings, "t1", partitions=settings.partitions) as worker:
+    with cache_worker(settings, "t1", partitions=settings.partitions) as worker:
         start_kib = worker.stats()["peak_rss_kib"]
         write(10_000)  # the warm-up: more than the bound, so the cache has filled and evicted
         time.sleep(0.5)
@@ -482,7 +317,7 @@ def test_two_workers_share_the_partitions_through_faust_group_assignment(
     workers = [CacheWorkerProcess(settings, "t1"), CacheWorkerProcess(settings, "t1")]
     registry = CacheRegistry(redis_client, settings.topic_prefix)
     try:
-        with _writing(table):
+        with writing(table):
             def split() -> bool:
                 try:
                     held = [set(w.upstream("t1")["partitions"]) for w in workers]
@@ -490,14 +325,14 @@ def test_two_workers_share_the_partitions_through_faust_group_assignment(
                     return False
                 return all(held) and not held[0] & held[1] and held[0] | held[1] == set(range(settings.partitions))
 
-            _until(split, 90, "the two workers to split the partitions")
+            until(split, 90, "the two workers to split the partitions")
             owners = {w.url: set(w.upstream("t1")["partitions"]) for w in workers}
-            _until(lambda: all(registry.worker_for("t1", p) is not None and p in owners[registry.worker_for("t1", p)
+            until(lambda: all(registry.worker_for("t1", p) is not None and p in owners[registry.worker_for("t1", p)
                                                                                       or ""]
                                for p in range(settings.partitions)), 30, "both workers' claims in Redis")
-            _until(lambda: all(w.upstream("t1")["tail"] is not None for w in workers), 30, "both to align")
+            until(lambda: all(w.upstream("t1")["tail"] is not None for w in workers), 30, "both to align")
         last = table.flush()
-        _until(lambda: all((w.upstream("t1")["tail"] or 0) >= last for w in workers), 30, "the last epoch")
+        until(lambda: all((w.upstream("t1")["tail"] or 0) >= last for w in workers), 30, "the last epoch")
         planner = _Planner(settings, CatalogStore(settings, redis_client).get("t1"))
         floor = max(w.upstream("t1")["floor"] for w in workers)
         for part in planner.plan(floor, last):
