@@ -43,7 +43,7 @@ from mvlog.connectors.recovery import ChangelogTrimmedError, LogTail, commit_hel
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.epoch import SEQUENCE_MASK, epoch_from_millis
-from mvlog.services.state_rebuild import ViewNotRestorableError, restore_view_state
+from mvlog.services.state_rebuild import ViewNotRestorableError, restore_or_leave
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ def restore(settings: Settings, client: redis.Redis, entry: CatalogEntry,
 
     ``own_last``: the index entries of the last epoch the caller (the object's writer) committed: the
     proof that it committed, for the roll-forward (see :func:`~mvlog.connectors.recovery.roll_forward`).
-    ``derive_state``: re-derive a view's operator state (default: when Redis had no MCE for it).
+    ``derive_state``: re-derive a view's operator state, or leave it to the view's consumer
+    (:func:`~mvlog.services.state_rebuild.restore_or_leave`; default: when Redis had no MCE for it).
     ``upto_epoch``: roll forward no further (the object's writer may be running; see ``roll_forward``).
     """
     store = ViewStore(client, settings.topic_prefix)
@@ -120,7 +121,7 @@ def restore(settings: Settings, client: redis.Redis, entry: CatalogEntry,
     after = roll_forward(settings, store, entry, proven=own_last, downstreams=downstreams,
                          upto_epoch=upto_epoch).last_committed
     if entry.kind == "view" and after and (derive_state or (derive_state is None and before is None)):
-        restore_view_state(settings, client, entry)
+        restore_or_leave(settings, client, entry)  # (left to the view's consumer: the caller, or its next run)
     return store.mce(entry.name)
 
 
@@ -184,7 +185,7 @@ def ensure_control_plane(settings: Settings, client: redis.Redis,
 
 def _restore_state(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> None:
     try:
-        restore_view_state(settings, client, entry)
+        restore_or_leave(settings, client, entry)
     except ViewNotRestorableError as exc:  # left to the view's consumer, which restores itself
         log.warning("rebuild: %s", exc)
 

@@ -8,13 +8,24 @@ During a rebuild the upstreams come back first (dependency order), so those rows
 This replaces reading each upstream's whole changelog per view, which made a rebuild minutes long.
 
 A view still backfilling holds Q of the upstream keys its positions cover only: only those take part.
+
+With the operators in Spark's tasks (``Settings.operators_in_tasks``), a rebuild leaves the operator state
+of a view the tasks can re-derive to that view's consumer (:func:`restore_or_leave`: marked ``rederive``
+in its ``meta``), which has a Spark session, and whose writer re-derives it before its next epoch
+(:func:`rederive_state`): Spark SQL folds the upstream's changelog up to the epoch before the MCE, and a task
+per view partition computes that epoch and stages its partition's rows and state, swapped in by the driver
+in one step (:meth:`~mvlog.services.rederive_tasks.TaskDerivation.rebuild`). The process that rebuilds
+never holds the upstream's rows then.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 
 import redis
+from pyspark.sql import SparkSession
 
 from mvlog.backfill_record import load_positions
 from mvlog.catalog import CatalogEntry
@@ -26,9 +37,16 @@ from mvlog.connectors.rows_at_epoch import EpochNotReadableError, rows_at_epoch
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key
 from mvlog.services.backfill.chunked import backfill_needed, coverage
-from mvlog.services.rederive import RedisRebuildSink
+from mvlog.services.rederive import RedisRebuildSink, plan_derivation
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ChangeBatch, InMemoryState, ViewOperator
+from mvlog.views.partitioning import passes_key_through
+from mvlog.views.routing import grouped_by_key
+
+log = logging.getLogger(__name__)
+
+#: How long a consumer retries a re-derivation while an upstream is behind the view in Redis.
+REDERIVE_TIMEOUT_S = 120.0
 
 
 class ViewNotRestorableError(RuntimeError):
@@ -70,3 +88,79 @@ def _backfill_coverage(store: ViewStore, entry: CatalogEntry, upstreams: dict[st
     if not backfill_needed(store, entry):
         return None
     return coverage(load_positions(store.backfill_state(entry.name), entry.sources), upstreams)
+
+
+def left_to_consumer(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> bool:
+    """Whether a rebuild leaves ``entry``'s operator state to the view's consumer: the operators run in
+    Spark's tasks (``Settings.operators_in_tasks``, the deployment's setting), the view has one upstream,
+    its operator runs in tasks by key or by group, and no chunked backfill is running (a backfilling view
+    covers only part of its upstream, which the tasks' derivation does not know)."""
+    if not settings.operators_in_tasks or entry.kind != "view" or len(entry.sources) != 1:
+        return False
+    if backfill_needed(ViewStore(client, settings.topic_prefix), entry):
+        return False
+    catalog = CatalogStore(settings, client)
+    plan = plan_for(catalog, entry.name, entry.sql or "")
+    return passes_key_through(plan, catalog.get(entry.sources[0]).key_columns) or grouped_by_key(plan)
+
+
+def restore_or_leave(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> None:
+    """A rebuild's step for view ``entry``: its operator state re-derived now, or left to its consumer
+    (marked, see :func:`left_to_consumer`)."""
+    if left_to_consumer(settings, client, entry):
+        ViewStore(client, settings.topic_prefix).mark_rederive(entry.name)
+        log.info("%s: operator state left for the view's consumer to re-derive in Spark's tasks", entry.name)
+        return
+    restore_view_state(settings, client, entry)
+
+
+def rederive_state(settings: Settings, client: redis.Redis, entry: CatalogEntry, spark: SparkSession | None,
+                   timeout: float = REDERIVE_TIMEOUT_S) -> int | None:
+    """The consumer's side of :func:`restore_or_leave`: re-derive the view's operator state (and rows) at
+    its MCE, in Spark's tasks when ``spark`` is given and the tasks can (else the driver's way), and clear
+    the mark; retried while an upstream is behind the view in Redis. Returns the MCE."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            mce = _rederive_in_tasks(settings, client, entry, spark) if spark is not None else None
+            if mce is None:
+                mce = restore_view_state(settings, client, entry)
+            ViewStore(client, settings.topic_prefix).clear_rederive(entry.name)
+            return mce
+        except ViewNotRestorableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _rederive_in_tasks(settings: Settings, client: redis.Redis, entry: CatalogEntry, spark: SparkSession
+                       ) -> int | None:
+    """:func:`restore_view_state` computed by Spark's tasks
+    (:meth:`~mvlog.services.rederive_tasks.TaskDerivation.rebuild` of the MCE alone); None when the tasks
+    cannot (an operator they do not run, an upstream's changelog no longer from its first epoch)."""
+    from mvlog.services.rederive_tasks import TaskDerivation  # its Spark jobs: only a consumer's process
+
+    store = ViewStore(client, settings.topic_prefix)
+    mce = store.mce(entry.name)
+    if mce is None:
+        return None
+    for upstream in entry.sources:
+        if (store.mce(upstream) or 0) < mce:
+            raise ViewNotRestorableError(f"{entry.name}: its upstream {upstream} is at epoch {store.mce(upstream)} "
+                                         f"in Redis, below the view's MCE {mce}")
+    try:
+        derivation = TaskDerivation.for_plan(settings, client, plan_derivation(settings, client, entry.name, mce, mce),
+                                             spark)
+    except ReplayRangeError as exc:
+        log.warning("%s: operator state re-derived the driver's way: %s", entry.name, exc)
+        return None
+    if derivation is None:
+        return None
+    started = time.monotonic()
+    try:
+        rebuilt = derivation.rebuild()
+    except ReplayRangeError as exc:  # the MCE moved: another consumer of the view runs
+        raise ViewNotRestorableError(str(exc)) from exc
+    log.warning("%s: operator state re-derived in Spark's tasks at epoch %d (%d rows) in %.1f s", entry.name, mce,
+                rebuilt.rows, time.monotonic() - started, extra={"rederived_in_tasks": entry.name})
+    return mce

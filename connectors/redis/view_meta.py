@@ -1,7 +1,8 @@
 """A view's max committed epoch (MCE) and lifecycle: the ``meta`` hash every reader and writer checks.
 
 ``<prefix>:{view}:meta`` holds ``mce`` (and ``mce_hex``, the form the commit scripts compare),
-``mce_ts_ms``, and the lifecycle ``state`` with its ``reason``. The MCE moves only with an epoch's commit
+``mce_ts_ms``, the lifecycle ``state`` with its ``reason``, and ``rederive`` while a rebuild's operator state
+is left for the view's consumer to re-derive. The MCE moves only with an epoch's commit
 (:mod:`~mvlog.connectors.redis.epoch_commit`, :mod:`~mvlog.connectors.redis.load_staging`); the lifecycle
 also by itself (:meth:`ViewMeta.set_lifecycle`) or with an epoch.
 """
@@ -39,6 +40,20 @@ class ViewMeta(ViewKeyspace):
         (its Kafka transaction committed it), so the MCE at that epoch is this commit's. An MCE above it
         is another writer's: still a refusal."""
         return self.mce(view) == epoch
+
+    def mce_and_rederive(self, view: str) -> tuple[int | None, bool]:
+        """The MCE, and whether a rebuild left the view's operator state for its consumer to re-derive
+        (:meth:`mark_rederive`), in one round trip: what a view's writer checks before each epoch."""
+        mce, rederive = self.redis.hmget(self._key(view, "meta"), ["mce", "rederive"])
+        return (int(mce) if mce is not None else None), rederive is not None
+
+    def mark_rederive(self, view: str) -> None:
+        """A rebuild after a Redis wipe restored the view's rows and MCE and left its operator state for
+        the view's consumer to re-derive in Spark's tasks (:mod:`mvlog.services.state_rebuild`)."""
+        self.redis.hset(self._key(view, "meta"), "rederive", 1)
+
+    def clear_rederive(self, view: str) -> None:
+        self.redis.hdel(self._key(view, "meta"), "rederive")
 
     def mce_many(self, views: Sequence[str]) -> dict[str, int | None]:
         pipe = self.redis.pipeline(transaction=False)

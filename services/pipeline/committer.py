@@ -109,13 +109,16 @@ class EpochCommitter:
 
     def __init__(self, settings: Settings, client: redis.Redis, entry: CatalogEntry, *, commit_point: CommitPoint,
                  derived_state: bool, lifecycle: Callable[[], Lifecycle] = lambda: Lifecycle.LIVE,
-                 catalog: CatalogStore | None = None) -> None:
+                 catalog: CatalogStore | None = None, rederive: Callable[[], object] | None = None) -> None:
         """``derived_state``: the object has operator state that only the control-plane rebuild re-derives
         (a view), so a missing control-plane marker counts as lost state too, and is waited for; a table's
         state is its rows, which its own roll-forward restores. ``lifecycle``: the state to set after a
-        recovery (a view still backfilling stays so)."""
+        recovery (a view still backfilling stays so). ``rederive``: re-derives a view's operator state
+        that a rebuild left to its consumer (:func:`~mvlog.services.state_rebuild.restore_or_leave`),
+        before the next epoch is computed."""
         self.settings, self.entry, self.commit_point = settings, entry, commit_point
         self._redis, self._derived_state, self._lifecycle = client, derived_state, lifecycle
+        self._rederive = rederive
         self.store = ViewStore(client, settings.topic_prefix)
         self.catalog = catalog or CatalogStore(settings, client)
         # A new transactional producer fences every earlier writer of the object.
@@ -131,9 +134,9 @@ class EpochCommitter:
 
     @classmethod
     def for_view(cls, settings: Settings, client: redis.Redis, entry: CatalogEntry, catalog: CatalogStore,
-                 lifecycle: Callable[[], Lifecycle]) -> EpochCommitter:
+                 lifecycle: Callable[[], Lifecycle], rederive: Callable[[], object]) -> EpochCommitter:
         return cls(settings, client, entry, commit_point=CommitPoint.REDIS, derived_state=True,
-                   lifecycle=lifecycle, catalog=catalog)
+                   lifecycle=lifecycle, catalog=catalog, rederive=rederive)
 
     @property
     def name(self) -> str:
@@ -166,6 +169,7 @@ class EpochCommitter:
         if (self.store.mce(self.name) is None or self.catalog.wiped()) and has_records(
                 self.settings, self.settings.changelog_topic(self.name), self.entry.partitions):
             recover_after_wipe(self.settings, self._redis, self.entry, None)
+        self._rederive_if_left()
         self._reload()
 
     # --- committing -------------------------------------------------------------------------------
@@ -235,9 +239,11 @@ class EpochCommitter:
     # --- recovering -------------------------------------------------------------------------------
 
     def ensure_serving_state(self) -> bool:
-        """True when Redis had lost the object's state (wiped) and it was recovered from Kafka."""
-        if self.store.mce(self.name) == (self.mce or None) and not (self._derived_state and self.catalog.wiped()):
-            return False
+        """True when Redis had lost the object's state (wiped) and it was recovered from Kafka (or a rebuild
+        left a view's operator state to this consumer, which re-derived it now)."""
+        mce, left = self.store.mce_and_rederive(self.name)
+        if mce == (self.mce or None) and not (self._derived_state and self.catalog.wiped()):
+            return left and self._rederive_if_left()
         if self.catalog.find(self.name) is None and not self.catalog.wiped():
             raise ViewDroppedError(f"{self.name}: the {self.entry.kind} was dropped while this process wrote it")
         self.recover()
@@ -254,7 +260,15 @@ class EpochCommitter:
             raise AnotherWriterError(f"{self.entry.kind} {self.name}: Redis is at epoch {mce}, this writer at "
                                      f"{self.mce}; another writer of it is running")
         self.mce = mce
+        self._rederive_if_left()
         self.store.set_lifecycle(self.name, self._lifecycle())
+
+    def _rederive_if_left(self) -> bool:
+        """Re-derive the view's operator state if a rebuild left it to this consumer; True if it did."""
+        if self._rederive is None or not self.store.mce_and_rederive(self.name)[1]:
+            return False
+        self._rederive()
+        return True
 
     def close(self) -> None:
         self.writer.close()

@@ -40,6 +40,7 @@ from mvlog.services.pipeline.view_commit import commit_view_epoch
 from mvlog.services.replacement.operations import complete_apply
 from mvlog.services.replacement.stage import ReplacementStage
 from mvlog.services.spark_session import spark_session
+from mvlog.services.state_rebuild import rederive_state
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ChangeBatch, EpochOutput, ViewOperator, ViewPlan
 from mvlog.views.state import StoredState
@@ -65,9 +66,11 @@ class ViewConsumer:
         self.store = ViewStore(self._redis, settings.topic_prefix)
         self.spark = spark or spark_session(settings, app_name=f"mvlog-{view}")
         self.max_epochs_per_trigger = max_epochs_per_trigger or settings.max_epochs_per_trigger
-        # Its writer fences any earlier consumer; a wiped Redis is rebuilt from Kafka (or that waited for).
-        self.committer = EpochCommitter.for_view(settings, self._redis, self.entry, self.catalog,
-                                                 lambda: self.backfills.lifecycle())
+        # Its writer fences earlier consumers; it rebuilds a wiped Redis (or waits), re-derives state left to it.
+        in_tasks = self.spark if settings.operators_in_tasks else None
+        self.committer = EpochCommitter.for_view(
+            settings, self._redis, self.entry, self.catalog, lambda: self.backfills.lifecycle(),
+            lambda: rederive_state(settings, self._redis, self.entry, in_tasks))
         self.committer.rebuild_if_wiped()
         # Opt-in (Settings.operators_in_tasks): a filter/project or GROUP BY view's epochs in Spark's tasks.
         self.tasks = self._task_path()

@@ -6,6 +6,7 @@ The wipe is a real FLUSHALL, on a redis-server of this test's own (the session's
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -48,9 +49,14 @@ def snapshot(client: redis.Redis, settings: Settings) -> dict[str, Any]:
     }
 
 
-def test_flushall_under_a_running_pipeline(make_settings: Callable[..., Settings], own_redis: str,
-                                           spark: Any) -> None:
-    settings = make_settings(redis_url=own_redis)
+@pytest.mark.parametrize("path", ["driver", "tasks"])
+def test_flushall_under_a_running_pipeline(path: str, make_settings: Callable[..., Settings], own_redis: str,
+                                           spark: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """``tasks``: both views' operators run in Spark's tasks; the table writer's rebuild leaves their operator
+    state to their consumers, which re-derive it in Spark's tasks before their next epoch."""
+    tasks = {"operators_in_tasks": True, "tasks_min_records": 0} if path == "tasks" else {}
+    settings = make_settings(redis_url=own_redis, **tasks)
+    caplog.set_level(logging.WARNING, logger="mvlog.services.state_rebuild")
     client = redis.Redis.from_url(own_redis)
     store = ViewStore(client, settings.topic_prefix)
     rng = random.Random(3)
@@ -95,6 +101,9 @@ def test_flushall_under_a_running_pipeline(make_settings: Callable[..., Settings
             assert after[f"{name}:opstate"] == before[f"{name}:opstate"], name
             assert after[f"{name}:mce"] == empty, name
         assert not CatalogStore(settings, client).wiped()
+        in_tasks = {getattr(r, "rederived_in_tasks", None) for r in caplog.records} - {None}
+        assert in_tasks == ({"mv1", "mv2"} if path == "tasks" else set()), in_tasks
+        assert not any(store.meta(name).get("rederive") for name in ("mv1", "mv2"))
 
         wait_for(caught_up(write_epochs(5)), "the views to keep up after the wipe")
     finally:

@@ -38,9 +38,13 @@ class _Store:
     def __init__(self, mce: int | None) -> None:
         self.mce_value, self.index = mce, _Index()
         self.lifecycles: list[Lifecycle] = []
+        self.rederive = False  # a rebuild left the view's operator state to its consumer
 
     def mce(self, view: str) -> int | None:
         return self.mce_value
+
+    def mce_and_rederive(self, view: str) -> tuple[int | None, bool]:
+        return self.mce_value, self.rederive
 
     def holds(self, view: str, epoch: int) -> bool:
         return self.mce_value == epoch
@@ -92,6 +96,7 @@ def world(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     def recover_after_wipe(settings: Settings, client: Any, entry: CatalogEntry, own_last: Index | None) -> int:
         state["proofs"].append(own_last)
         store.mce_value = state["rebuilt"]
+        store.rederive = bool(state.get("leave"))  # the rebuild left the view's state to its consumer
         catalog.is_wiped = False
         return int(state["rebuilt"])
 
@@ -101,11 +106,12 @@ def world(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return state
 
 
-def _committer(world: dict[str, Any], point: CommitPoint) -> EpochCommitter:
+def _committer(world: dict[str, Any], point: CommitPoint,
+               rederive: Callable[[], object] | None = None) -> EpochCommitter:
     entry = CatalogEntry("v", "view", RowSchema.of({"id": "int"}, ["id"]), 1)
     return EpochCommitter(Settings(), cast(redis.Redis, None), entry, commit_point=point,
                           derived_state=point is CommitPoint.REDIS, lifecycle=lambda: Lifecycle.BACKFILLING,
-                          catalog=world["catalog"])
+                          catalog=world["catalog"], rederive=rederive)
 
 
 def _produce(log: list[str], epoch: int) -> Callable[[Any], CommittedEpoch]:
@@ -212,6 +218,38 @@ def test_compute_skips_an_epoch_the_rebuild_rolled_forward(world: dict[str, Any]
         return 1
 
     assert committer.compute(compute, 11) is None and committer.mce == 12
+
+
+def test_state_a_rebuild_left_to_the_consumer_is_rederived_before_the_next_epoch(world: dict[str, Any]) -> None:
+    """Another process rebuilt Redis and left the view's operator state to its consumer: the MCE is the
+    consumer's, the catalog no longer wiped, only the mark says so; the state is re-derived once, before
+    the epoch is computed, and the epoch is computed as usual."""
+    log: list[str] = []
+
+    def rederive() -> None:
+        log.append("rederive")
+        world["store"].rederive = False  # the re-derivation clears the mark
+
+    def compute() -> int:
+        log.append("compute")
+        return 7
+
+    committer = _committer(world, CommitPoint.REDIS, rederive)
+    world["store"].rederive = True
+    assert committer.compute(compute, 11) == 7
+    assert log == ["rederive", "compute"] and committer.mce == 10
+    assert committer.ensure_serving_state() is False  # nothing left
+
+
+def test_a_wipe_found_by_the_consumer_rederives_what_its_rebuild_left(world: dict[str, Any]) -> None:
+    """The consumer finds Redis wiped and rebuilds it itself (the rebuild marks its own view): it
+    re-derives the state after the roll-forward, then goes on."""
+    calls: list[int | None] = []
+    committer = _committer(world, CommitPoint.REDIS, lambda: calls.append(world["store"].mce_value))
+    world["store"].mce_value, world["rebuilt"], world["leave"] = None, 10, True
+    world["catalog"].is_wiped = True
+    assert committer.ensure_serving_state() is True
+    assert calls == [10], "re-derived once, after the roll-forward restored the MCE"
 
 
 def test_a_table_refuses_a_redis_rebuilt_past_it(world: dict[str, Any]) -> None:
