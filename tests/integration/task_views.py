@@ -56,6 +56,13 @@ def task_settings(make_settings: Callable[..., Settings]) -> Settings:
     return make_settings(spark_master=CLUSTER, operators_in_tasks=True, tasks_min_records=0, partitions=3)
 
 
+def tables(settings: Settings, client: redis.Redis) -> tuple[Table, Table]:
+    """t1 (``id``, ``v1``, ``deleted``) and t2 (:data:`T2`), each committing only when flushed."""
+    t1 = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"], client=client,
+                      auto_commit=False)
+    return t1, Table.create(settings, "t2", T2, ["id"], client=client, auto_commit=False)
+
+
 def write_epochs(table: Table, rng: random.Random, epochs: int, rows: int, t2: Table | None = None) -> int:
     """``epochs`` epochs of upserts (new keys and updates), deletes and one empty epoch; the last one.
     With ``t2``: after each, an epoch of ``t2`` (the first one inserts a row of each table with join key

@@ -23,7 +23,6 @@ import redis
 
 from mvlog.config import Settings
 from mvlog.connectors.redis.view_store import ViewStore
-from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle
@@ -32,12 +31,12 @@ from .task_views import (
     JOINS,
     LONE,
     RENAMED,
-    T2,
     VIEWS,
     changes_of,
     check_wire,
     done_lines,
     extended,
+    tables,
     task_settings,
     why,
     write_epochs,
@@ -49,9 +48,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow, pyte
 def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
     settings = task_settings(make_settings)
-    table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
-                         client=redis_client, auto_commit=False)
-    t2 = Table.create(settings, "t2", T2, ["id"], client=redis_client, auto_commit=False)
+    table, t2 = tables(settings, redis_client)
     for name, sql in [*VIEWS, *JOINS]:
         create_view(settings, name, sql, client=redis_client)
     create_view(settings, *RENAMED, client=redis_client, partitions=2)

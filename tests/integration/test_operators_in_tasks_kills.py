@@ -24,12 +24,11 @@ from mvlog.config import Settings
 from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.partition_epochs import PartitionBarrier
-from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle
 from .processes.task_view_runner import run as run_views
-from .task_views import JOIN, T2, VIEWS, check_wire, done_lines, task_settings, why, write_epochs
+from .task_views import JOIN, VIEWS, check_wire, done_lines, tables, task_settings, why, write_epochs
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -48,9 +47,7 @@ def _after_mce(store: ViewStore, view: str, mce: int) -> dict[int, int]:
 def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing(
         make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
     settings = task_settings(make_settings)
-    table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
-                         client=redis_client, auto_commit=False)
-    t2 = Table.create(settings, "t2", T2, ["id"], client=redis_client, auto_commit=False)
+    table, t2 = tables(settings, redis_client)
     views = {name: sql for name, sql in [*VIEWS, JOIN] if name in ("mvf", "mvg", "mvj")}
     for name, sql in views.items():
         create_view(settings, name, sql, client=redis_client)
