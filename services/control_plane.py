@@ -43,7 +43,7 @@ from mvlog.connectors.recovery import ChangelogTrimmedError, LogTail, commit_hel
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.epoch import SEQUENCE_MASK, epoch_from_millis
-from mvlog.services.state_rebuild import ViewNotRestorableError, restore_or_leave
+from mvlog.services.state_rebuild import RESTORE_TIMEOUT_S, ViewNotRestorableError, restore_or_leave, until_restorable
 
 log = logging.getLogger(__name__)
 
@@ -191,16 +191,9 @@ def _restore_state(settings: Settings, client: redis.Redis, entry: CatalogEntry)
 
 
 def recover_after_wipe(settings: Settings, client: redis.Redis, entry: CatalogEntry,
-                       own_last: dict[int, IndexEntry] | None, timeout: float = 120.0) -> int | None:
+                       own_last: dict[int, IndexEntry] | None, timeout: float = RESTORE_TIMEOUT_S) -> int | None:
     """What a live writer does on finding Redis wiped: make sure the control plane is rebuilt (its own
     last epoch proven committed by ``own_last``), then restore its own state (retrying while its upstream
     catches up)."""
     ensure_control_plane(settings, client, {entry.name: own_last})
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return restore(settings, client, entry, own_last, derive_state=True)
-        except ViewNotRestorableError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    return until_restorable(lambda: restore(settings, client, entry, own_last, derive_state=True), timeout)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import redis
 from pyspark.sql import SparkSession
@@ -45,13 +46,28 @@ from mvlog.views.routing import grouped_by_key
 
 log = logging.getLogger(__name__)
 
-#: How long a consumer retries a re-derivation while an upstream is behind the view in Redis.
-REDERIVE_TIMEOUT_S = 120.0
+#: How long a writer retries restoring its view's state while an upstream is behind the view in Redis.
+RESTORE_TIMEOUT_S = 120.0
+
+T = TypeVar("T")
 
 
 class ViewNotRestorableError(RuntimeError):
     """A view's operator state cannot be re-derived yet (an upstream is behind it in Redis, or the view's
     consumer committed meanwhile): left to the view's own consumer, which restores itself."""
+
+
+def until_restorable(attempt: Callable[[], T], timeout: float = RESTORE_TIMEOUT_S) -> T:
+    """``attempt()``, tried again every half second while it raises :class:`ViewNotRestorableError` (an
+    upstream catching up), for ``timeout`` seconds at most."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return attempt()
+        except ViewNotRestorableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def restore_view_state(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> int | None:
@@ -114,23 +130,19 @@ def restore_or_leave(settings: Settings, client: redis.Redis, entry: CatalogEntr
     restore_view_state(settings, client, entry)
 
 
-def rederive_state(settings: Settings, client: redis.Redis, entry: CatalogEntry, spark: SparkSession | None,
-                   timeout: float = REDERIVE_TIMEOUT_S) -> int | None:
+def rederive_state(settings: Settings, client: redis.Redis, entry: CatalogEntry, spark: SparkSession | None
+                   ) -> int | None:
     """The consumer's side of :func:`restore_or_leave`: re-derive the view's operator state (and rows) at
     its MCE, in Spark's tasks when ``spark`` is given and the tasks can (else the driver's way), and clear
     the mark; retried while an upstream is behind the view in Redis. Returns the MCE."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            mce = _rederive_in_tasks(settings, client, entry, spark) if spark is not None else None
-            if mce is None:
-                mce = restore_view_state(settings, client, entry)
-            ViewStore(client, settings.topic_prefix).clear_rederive(entry.name)
-            return mce
-        except ViewNotRestorableError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    def attempt() -> int | None:
+        mce = _rederive_in_tasks(settings, client, entry, spark) if spark is not None else None
+        if mce is None:
+            mce = restore_view_state(settings, client, entry)
+        ViewStore(client, settings.topic_prefix).clear_rederive(entry.name)
+        return mce
+
+    return until_restorable(attempt)
 
 
 def _rederive_in_tasks(settings: Settings, client: redis.Redis, entry: CatalogEntry, spark: SparkSession
@@ -144,10 +156,10 @@ def _rederive_in_tasks(settings: Settings, client: redis.Redis, entry: CatalogEn
     mce = store.mce(entry.name)
     if mce is None:
         return None
-    for upstream in entry.sources:
-        if (store.mce(upstream) or 0) < mce:
-            raise ViewNotRestorableError(f"{entry.name}: its upstream {upstream} is at epoch {store.mce(upstream)} "
-                                         f"in Redis, below the view's MCE {mce}")
+    for upstream, at in store.mce_many(entry.sources).items():
+        if (at or 0) < mce:
+            raise ViewNotRestorableError(f"{entry.name}: its upstream {upstream} is at epoch {at} in Redis, "
+                                         f"below the view's MCE {mce}")
     try:
         derivation = TaskDerivation.for_plan(settings, client, plan_derivation(settings, client, entry.name, mce, mce),
                                              spark)
