@@ -21,7 +21,9 @@ that needs the driver:
 ``replay derive --rebuild`` runs the same tasks up to the view's MCE, but each task writes nothing to
 Kafka: it stages its partition's rows, key-order members and operator state for the rebuild in Redis
 (disjoint per partition; a retried task stages the same values again), and the driver swaps the staged
-rebuild in for the view's in one script, refused when the MCE moved meanwhile.
+rebuild in for the view's in one script, refused when the MCE moved meanwhile. A staged replacement's
+first state is staged the same way, from the replacement's definition, into the replacement's own
+staging (:func:`mvlog.services.replacement.hydration.hydrate_in_tasks` swaps it in).
 
 The result is the changelog the driver engines write, epoch for epoch and barrier for barrier (the same
 ``prev_epoch`` chain), and the driver's work grows with partitions and epochs, never with changes. A
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import redis
@@ -49,6 +51,7 @@ from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import EpochIndex, IndexEntry
+from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.spark.job_progress import JobProgress
 from mvlog.connectors.spark.source_options import changelog_read
@@ -69,9 +72,11 @@ from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
 from mvlog.services.rederive import DerivationPlan, folded_prefix, new_replay_topic, serving_rows
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import EpochOutput, InMemoryState, ViewOperator, ViewPlan
-from mvlog.views.key_routing import KeyRouting
-from mvlog.views.partitioning import passes_key_through
-from mvlog.views.routing import GroupRouting, grouped_by_key
+from mvlog.views.key_routing import KeyRouting, one_upstream_routing
+from mvlog.views.routing import GroupRouting
+
+#: Whose staging a rebuild's tasks fill (:attr:`DeriveJob.stage_for`).
+StageFor = Literal["view", "replacement"]
 
 #: One row per (partition, epoch) a task wrote or found committed.
 DERIVED_SCHEMA = pa.schema([("partition", pa.int32()), ("epoch", pa.int64()), ("offset", pa.int64()),
@@ -96,8 +101,11 @@ class DeriveJob:
     epochs: tuple[int, ...]  # the epochs to derive, ascending
     routing: GroupRouting | KeyRouting  # how the rows reached their partitions (and whose state is whose)
     #: False: write the epochs to the target's changelog. True: write nothing to Kafka, and stage the
-    #: partition's rows and operator state after the last epoch for the view's rebuild in Redis.
+    #: partition's rows and operator state after the last epoch in Redis, for ``stage_for``.
     rebuild: bool = False
+    #: Whose staging a rebuild fills: the view's own rebuild (``view``), or the first state of the view's
+    #: staged replacement (``replacement``: ``view`` and ``plan`` are then the replacement's definition).
+    stage_for: StageFor = "view"
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``mapInArrow``'s function: the task's shuffled rows in, one row per partition and epoch (a
@@ -168,7 +176,10 @@ class DeriveJob:
         encoded, order = serving_rows(self.view.key_columns, view_rows)
         client = redis_client.connect(settings)
         try:
-            ViewStore(client, settings.topic_prefix).stage_rebuild(self.view.name, encoded, state.data, order)
+            if self.stage_for == "replacement":  # its apply diffs rows: it keeps no key order of its own
+                ReplacementStore(client, settings.topic_prefix).stage_hydration(self.view.name, encoded, state.data)
+            else:
+                ViewStore(client, settings.topic_prefix).stage_rebuild(self.view.name, encoded, state.data, order)
         finally:
             client.close()
         return {"partition": partition, "rows": len(encoded), "state": len(state.data), "changes": changes}
@@ -218,12 +229,8 @@ class TaskDerivation:
             return None
         upstream = catalog.get(view.sources[0])
         view_plan = plan_for(catalog, view.name, view.sql or "")
-        routing: GroupRouting | KeyRouting
-        if passes_key_through(view_plan, upstream.key_columns):
-            routing = KeyRouting(view_plan, tuple(upstream.key_columns), view.partitions)
-        elif grouped_by_key(view_plan):
-            routing = GroupRouting(view_plan, view.partitions)
-        else:
+        routing = one_upstream_routing(view_plan, upstream.key_columns, view.partitions)
+        if routing is None:
             return None
         return cls(settings, client, plan, view, upstream, view_plan, routing, spark)
 
@@ -250,12 +257,19 @@ class TaskDerivation:
         the view is running). Each task stages its partition's part; the driver swaps them in in one step."""
         store = ViewStore(self.client, self.settings.topic_prefix)
         store.clear_rebuild(self.view.name)
-        with JobProgress(self.spark, f"mvlog-rebuild-{self.view.name}", on_progress):
-            results = self._derived(self._job(self.view.name, rebuild=True)).toArrow().to_pylist()
-        self._require_every_partition(f"{self.view.name}: the rebuild", {row["partition"]: row for row in results})
+        rebuilt = self.staged("view", on_progress)
         if not store.swap_rebuild(self.view.name, self.plan.last):
             raise ReplayRangeError(f"{self.view.name}: its MCE is no longer {self.plan.last}; a consumer "
                                    "of the view is running: stop it before rebuilding")
+        return rebuilt
+
+    def staged(self, stage_for: StageFor, on_progress: Callable[[int, int], None] | None = None) -> RebuiltState:
+        """Run the tasks that stage each partition's rows and operator state at the plan's last epoch for
+        ``stage_for`` (see :attr:`DeriveJob.stage_for`); swapping them in is the caller's."""
+        with JobProgress(self.spark, f"mvlog-rebuild-{self.view.name}", on_progress):
+            job = self._job(self.view.name, rebuild=True, stage_for=stage_for)
+            results = self._derived(job).toArrow().to_pylist()
+        self._require_every_partition(f"{self.view.name}: the rebuild", {row["partition"]: row for row in results})
         return RebuiltState(sum(row["rows"] for row in results), sum(row["changes"] for row in results))
 
     def derive_into(self, name: str, on_job: Callable[[DeriveJob], DeriveJob] | None = None) -> DataFrame:
@@ -264,9 +278,9 @@ class TaskDerivation:
         job = self._job(name, rebuild=False)
         return self._derived(on_job(job) if on_job is not None else job)
 
-    def _job(self, target: str, *, rebuild: bool) -> DeriveJob:
+    def _job(self, target: str, *, rebuild: bool, stage_for: StageFor = "view") -> DeriveJob:
         return DeriveJob(self.settings.to_executor_json(), target, self.view, self.upstream, self.view_plan,
-                         self.plan.prev_epoch, tuple(self.plan.epochs), self.routing, rebuild)
+                         self.plan.prev_epoch, tuple(self.plan.epochs), self.routing, rebuild, stage_for)
 
     def _derived(self, job: DeriveJob) -> DataFrame:
         """``job`` over the input, routed and shuffled so that task ``p`` holds view partition ``p``'s."""

@@ -41,8 +41,7 @@ from mvlog.services.backfill.chunked import backfill_needed, coverage
 from mvlog.services.rederive import RedisRebuildSink, plan_derivation
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ChangeBatch, InMemoryState, ViewOperator
-from mvlog.views.partitioning import passes_key_through
-from mvlog.views.routing import grouped_by_key
+from mvlog.views.key_routing import one_upstream_routing
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +115,9 @@ def left_to_consumer(settings: Settings, client: redis.Redis, entry: CatalogEntr
     if backfill_needed(ViewStore(client, settings.topic_prefix), entry):
         return False
     catalog = CatalogStore(settings, client)
-    plan = plan_for(catalog, entry.name, entry.sql or "")
-    return passes_key_through(plan, catalog.get(entry.sources[0]).key_columns) or grouped_by_key(plan)
+    upstream = catalog.get(entry.sources[0])
+    return one_upstream_routing(plan_for(catalog, entry.name, entry.sql or ""), upstream.key_columns,
+                                entry.partitions) is not None
 
 
 def restore_or_leave(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> None:

@@ -12,6 +12,9 @@ Keys (``P`` = topic prefix, ``V`` = view):
   stays staged until discarded).
 - ``P:{V}:replacement:rows`` and ``P:{V}:replacement:opstate``: its rows and operator state, encoded
   like the view's own (``P:{V}:rows``, ``P:{V}:opstate``).
+- ``P:{V}:replacement:rows.hydrate`` and ``P:{V}:replacement:opstate.hydrate``: its first state while
+  Spark's tasks stage it, one view partition each (:meth:`ReplacementStore.stage_hydration`), until
+  :meth:`ReplacementStore.swap_hydration` makes it the replacement's.
 
 Every write is a Lua script that first checks the record's ``id`` and ``status``, so a discarded or
 replaced replacement is never written by a consumer that has not noticed yet. The cut-over
@@ -48,6 +51,10 @@ _WITHDRAW_SCRIPT = lua_script("replacement_withdraw")
 _FAIL_SCRIPT = lua_script("replacement_fail")
 
 _DISCARD_SCRIPT = lua_script("replacement_discard")
+
+# KEYS: record, rows, opstate, staged rows, staged opstate. ARGV: id, epoch hex, epoch, ts, then record
+# fields to set (name, value pairs).
+_HYDRATE_SCRIPT = lua_script("replacement_hydrate", lib=["swap_staged"])
 
 # KEYS: record, rows, opstate, view meta, view rows, view opstate, view key-order index, index keys...
 # ARGV: id, epoch hex, epoch, ts, version, one index member per index key, then the counts of key-order
@@ -98,6 +105,7 @@ class ReplacementStore:
         self._fail = client.register_script(_FAIL_SCRIPT)
         self._discard = client.register_script(_DISCARD_SCRIPT)
         self._apply = client.register_script(_APPLY_SCRIPT)
+        self._hydrate = client.register_script(_HYDRATE_SCRIPT)
 
     def key(self, view: str, what: str = "") -> str:
         return view_key(self.prefix, view, "replacement" + (f":{what}" if what else ""))
@@ -107,6 +115,9 @@ class ReplacementStore:
 
     def _keys(self, view: str) -> list[str]:
         return [self.key(view), self.key(view, "rows"), self.key(view, "opstate")]
+
+    def _hydration_keys(self, view: str) -> list[str]:
+        return [self.key(view, "rows.hydrate"), self.key(view, "opstate.hydrate")]
 
     # --- the record ------------------------------------------------------------------------------
 
@@ -141,12 +152,12 @@ class ReplacementStore:
 
     def discard(self, view: str) -> str | None:
         """Drop the staged replacement's state; returns its id (None: nothing was staged)."""
-        result = self._discard(keys=self._keys(view), args=[_now_ms()])
+        result = self._discard(keys=self._keys(view) + self._hydration_keys(view), args=[_now_ms()])
         return result.decode() if isinstance(result, bytes) else None
 
     def forget(self, view: str) -> None:
         """Delete every key of the view's replacement (the view is dropped)."""
-        self.redis.delete(*self._keys(view))
+        self.redis.delete(*self._keys(view), *self._hydration_keys(view))
 
     # --- the hydrating replacement's state ---------------------------------------------------------
 
@@ -167,6 +178,29 @@ class ReplacementStore:
         for name, setting in (fields or {}).items():
             args += [name, str(setting)]
         return bool(self._commit(keys=self._keys(view), args=args))
+
+    def clear_hydration(self, view: str) -> None:
+        """Drop what an earlier hydration in tasks left staged (before one starts staging)."""
+        self.redis.delete(*self._hydration_keys(view))
+
+    def stage_hydration(self, view: str, rows: Mapping[bytes, bytes], state: Mapping[bytes, bytes],
+                        chunk: int = 1000) -> None:
+        """Add rows and operator state to the staged first state of the replacement. Spark's tasks stage
+        disjoint parts (a view partition each), and a retried task stages the same values again."""
+        for key, mapping in zip(self._hydration_keys(view), (rows, state), strict=True):
+            items = list(mapping.items())
+            for start in range(0, len(items), chunk):
+                self.redis.hset(key, mapping=dict(items[start:start + chunk]))
+
+    def swap_hydration(self, view: str, replacement_id: str, epoch: int,
+                       fields: Mapping[str, str | int] | None = None) -> bool:
+        """Make the staged first state the replacement's, at ``epoch``, and record ``fields``, in one
+        script; False (the staging dropped, nothing else changed) when the replacement is no longer
+        staged under ``replacement_id`` or is already at ``epoch`` or later."""
+        args: list[str | int] = [replacement_id, epoch_hex(epoch), epoch, _now_ms()]
+        for name, setting in (fields or {}).items():
+            args += [name, str(setting)]
+        return bool(self._hydrate(keys=self._keys(view) + self._hydration_keys(view), args=args))
 
     def rows(self, view: str) -> dict[bytes, bytes]:
         return cast(dict[bytes, bytes], self.redis.hgetall(self.key(view, "rows")))

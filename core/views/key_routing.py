@@ -25,7 +25,7 @@ import pyarrow as pa
 from mvlog.views.evaluate import arrow_type
 from mvlog.views.partitioning import passes_key_through
 from mvlog.views.plan import ViewPlan
-from mvlog.views.routing import partitions_table, view_key_partitions
+from mvlog.views.routing import GroupRouting, grouped_by_key, partitions_table, view_key_partitions
 
 
 @dataclass(frozen=True)
@@ -55,3 +55,16 @@ class KeyRouting:
         if keys:
             raise ValueError(f"view {self.plan.name!r} keeps no operator state, yet wrote {list(keys)[:3]!r}")
         return []
+
+
+def one_upstream_routing(plan: ViewPlan, upstream_key: Sequence[str], partitions: int
+                         ) -> KeyRouting | GroupRouting | None:
+    """How a one-upstream view's input is shuffled to its ``partitions`` tasks: by the key it passes
+    through, or by its GROUP BY values; None when its operator does not run partitioned (a global
+    aggregate, top-N, a window, a subquery: state not split by partition). The one rule that says which
+    views the tasks compute, derive and re-derive."""
+    if passes_key_through(plan, upstream_key):
+        return KeyRouting(plan, tuple(upstream_key), partitions)
+    if grouped_by_key(plan):
+        return GroupRouting(plan, partitions)
+    return None

@@ -65,9 +65,9 @@ from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import Stage
 from mvlog.views import ViewPlan
 from mvlog.views.join_routing import JoinRouting, two_view_equi_join
-from mvlog.views.key_routing import KeyRouting
-from mvlog.views.partitioning import passes_key_through, runs_in_tasks
-from mvlog.views.routing import GroupRouting, grouped_by_key
+from mvlog.views.key_routing import KeyRouting, one_upstream_routing
+from mvlog.views.partitioning import runs_in_tasks
+from mvlog.views.routing import GroupRouting
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +113,8 @@ class TaskEpochs:
         upstream = upstreams[entry.sources[0]]
         if runs_in_tasks(plan, upstream.key_columns, upstream.partitions, entry.partitions):
             return cls(settings, entry, [upstream], plan, committer, client)
-        if passes_key_through(plan, upstream.key_columns):
-            routing = KeyRouting(plan, tuple(upstream.key_columns), entry.partitions)
+        if (routing := one_upstream_routing(plan, upstream.key_columns, entry.partitions)) is not None:
             return cls(settings, entry, [upstream], plan, committer, client, routing)
-        if grouped_by_key(plan):
-            return cls(settings, entry, [upstream], plan, committer, client, GroupRouting(plan, entry.partitions))
         return None
 
     def takes(self, stages: Sequence[Stage], after: int) -> bool:

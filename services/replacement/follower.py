@@ -9,8 +9,9 @@ behind the view, so a restarted consumer redoes the view's epoch and skips the r
 
 Hydration (the replacement's rows at the view's MCE) starts with :meth:`ReplacementFollower.start`:
 the replacement's first state at an epoch F, from each upstream's snapshot or whole changelog (chosen
-by :mod:`mvlog.services.replacement.hydration`); :meth:`~ReplacementFollower.hydrate` then catches up
-over the upstream changelog's epochs after F through :data:`UpstreamHistory`.
+by :mod:`mvlog.services.replacement.hydration`), or with :meth:`~ReplacementFollower.start_in_tasks`
+where Spark's tasks compute it; :meth:`~ReplacementFollower.hydrate` then catches up over the upstream
+changelog's epochs after F through :data:`UpstreamHistory`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from functools import partial
 from mvlog.changes import Change
 from mvlog.connectors.kafka.changelog_writer import encode_batch
 from mvlog.connectors.redis.replacement_store import ReplacementRecord, ReplacementStore
+from mvlog.services.rederive_tasks import TaskDerivation
+from mvlog.services.replacement.hydration import HydrationStart, hydrate_in_tasks
 from mvlog.views import ChangeBatch, ViewOperator, ViewPlan
 from mvlog.views.state import StoredState
 
@@ -52,6 +55,14 @@ class ReplacementFollower:
         changes; ``origin`` (which snapshot or changelog each came from) is recorded with it."""
         self._commit(epoch, self._batches(inputs), {"hydration_epoch": epoch, "hydrated_from": origin})
         log.info("%s: replacement %s started at epoch %d (%s)", self.view, self.id, epoch, origin)
+
+    def start_in_tasks(self, derivation: TaskDerivation, start: HydrationStart) -> None:
+        """The replacement's first state at ``start.epoch``, computed by Spark's tasks (``derivation``: the
+        replacement's operator over its upstream's changelog)."""
+        if hydrate_in_tasks(derivation, self.store, self.id, start):
+            self.mce = start.epoch
+        else:
+            self.stale = True
 
     def hydrate(self, upto: int, history: UpstreamHistory) -> None:
         """Bring a started replacement to epoch ``upto`` (e.g. after a restart)."""

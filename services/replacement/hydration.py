@@ -12,24 +12,43 @@ view's MCE when every upstream replays its changelog). Each upstream's rows at F
 snapshot backfill does (the snapshot's rows pass through the driver); the follower then catches up
 over (F, MCE] from the changelog and follows the view's epochs. Nothing is written to the view's
 changelog either way.
+
+Where the operators run in Spark's tasks (``Settings.operators_in_tasks``) and the replacement's
+operator is one they run (one upstream, by the key it passes through or by its groups), hydration from
+the upstream's whole changelog runs there too (:func:`hydrate_in_tasks`): Spark SQL folds the log up to
+the epoch before F, a task per view partition computes epoch F with the replacement's operator and
+stages its partition's rows and state, and one script makes them the replacement's. The driver then
+never holds the upstream's rows. From a snapshot, hydration stays the driver's.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import redis
 from pyspark.sql import SparkSession
 
-from mvlog.catalog import CatalogEntry
+from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
 from mvlog.connectors.kafka.retention import starts_the_log
+from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.view_store import ViewStore
-from mvlog.replacement import ReplacementError
+from mvlog.replacement import ReplacementError, applied_entry
+from mvlog.replay import ReplayRangeError
+from mvlog.services.rederive import plan_derivation
+from mvlog.services.rederive_tasks import TaskDerivation
 from mvlog.services.snapshot_compaction import check_changelog_after, read_snapshot
 from mvlog.snapshot_plan import SnapshotError, SnapshotRecord
+from mvlog.views import ViewPlan
+from mvlog.views.key_routing import one_upstream_routing
+
+log = logging.getLogger(__name__)
 
 #: ``changes_of(upstream, after, upto)``: the upstream's changes of its epochs in ``(after, upto]``.
 ChangesOf = Callable[[str, int, int], list[Change]]
@@ -94,3 +113,44 @@ def snapshot_reads(spark: SparkSession, upstream: CatalogEntry, record: Snapshot
     rows = read_snapshot(spark, upstream, record.path).select(*columns).toArrow().to_pylist()
     keys = upstream.key_columns
     return [Change(Op.READ, tuple(row[k] for k in keys), None, row) for row in rows]
+
+
+def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSession, entry: CatalogEntry,
+                        plan: ViewPlan, start: HydrationStart) -> TaskDerivation | None:
+    """The hydration of view ``entry``'s replacement ``plan`` in Spark's tasks, or None where it stays the
+    driver's: the setting off, a snapshot to start from, an operator the tasks do not run (a join, a
+    global aggregate, top-N, windows), other upstreams than the view's, or no upstream epoch at F."""
+    if not settings.operators_in_tasks or any(record is not None for record in start.snapshots.values()):
+        return None
+    if len(plan.sources) != 1 or tuple(plan.sources) != tuple(entry.sources):
+        return None
+    upstream = CatalogStore(settings, client).get(plan.sources[0])
+    routing = one_upstream_routing(plan, upstream.key_columns, entry.partitions)
+    if routing is None:
+        return None
+    try:
+        derivation = plan_derivation(settings, client, entry.name, start.epoch, start.epoch)
+    except (CatalogError, ReplayRangeError) as error:
+        log.info("%s: a replacement hydrated on the driver: %s", entry.name, error)
+        return None
+    if derivation.last != start.epoch:
+        return None
+    replacement = applied_entry(entry, plan.sql, plan.schema, plan.sources, entry.version)
+    return TaskDerivation(settings, client, derivation, replacement, upstream, plan, routing, spark)
+
+
+def hydrate_in_tasks(derivation: TaskDerivation, replacements: ReplacementStore, replacement_id: str,
+                     start: HydrationStart) -> bool:
+    """The replacement's first state at ``start.epoch``: staged by the tasks, a view partition each, then
+    made the replacement's in one script with its record's hydration fields; False (nothing kept) when
+    the replacement was discarded or replaced meanwhile."""
+    view, started = derivation.view.name, time.monotonic()
+    replacements.clear_hydration(view)
+    staged = derivation.staged("replacement")
+    fields: dict[str, str | int] = {"hydration_epoch": start.epoch,
+                                    "hydrated_from": f"{start.describe()}, in Spark's tasks"}
+    if not replacements.swap_hydration(view, replacement_id, start.epoch, fields):
+        return False
+    log.info("%s: replacement %s hydrated in Spark's tasks at epoch %d (%d rows) in %.1f s", view, replacement_id,
+             start.epoch, staged.rows, time.monotonic() - started)
+    return True

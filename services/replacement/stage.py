@@ -30,7 +30,7 @@ from mvlog.services.pipeline.committer import EpochCommitter, EpochWithdrawn, Sc
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import EpochWork
 from mvlog.services.replacement.follower import ReplacementFollower
-from mvlog.services.replacement.hydration import first_inputs, hydration_start
+from mvlog.services.replacement.hydration import derivation_in_tasks, first_inputs, hydration_start
 from mvlog.services.replacement.operations import plan_replacement
 from mvlog.views import ChangeBatch, ViewDefinitionError, ViewOperator, ViewPlan
 
@@ -82,8 +82,13 @@ class ReplacementStage:
             except ReplacementError as error:
                 self._failed(record.id, error)
                 return
-            follower.start(start.epoch, first_inputs(start, self._reader.spark, upstreams, self._reader.changes),
-                           start.describe())
+            settings, spark = self._reader.settings, self._reader.spark
+            derivation = derivation_in_tasks(settings, self.store.redis, spark, self.entry, follower.plan, start)
+            if derivation is not None:
+                follower.start_in_tasks(derivation, start)
+            else:
+                follower.start(start.epoch, first_inputs(start, spark, upstreams, self._reader.changes),
+                               start.describe())
             if follower.stale:
                 self.follower = None
                 return

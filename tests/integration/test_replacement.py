@@ -20,7 +20,7 @@ from mvlog.changes import Change, Epoch
 from mvlog.config import Settings
 from mvlog.connectors.kafka.changelog_reader import ChangelogReader
 from mvlog.connectors.redis.catalog_store import CatalogStore
-from mvlog.connectors.redis.replacement_store import ReplacementStore
+from mvlog.connectors.redis.replacement_store import ReplacementRecord, ReplacementStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import IncompatibleReplacementError, ReplacementError, Status, staged_in
 from mvlog.schemas.codec import decode_row
@@ -46,8 +46,9 @@ OLD = "SELECT * FROM t1 WHERE deleted = false"
 NEW = "SELECT * FROM t1 WHERE deleted = false AND v1 > 0"
 MV2_NEW = "SELECT sum(v1) AS s FROM mv1 WHERE v1 > 1"
 WIDER = "SELECT id, v1, deleted, k, v1 * 2 AS doubled FROM t1 WHERE deleted = false AND v1 > 0"  # + nullable column
-VIEWS = [("mv1", OLD), ("mv2", "SELECT sum(v1) AS s FROM mv1"), ("mv3", "SELECT count(v1) AS c FROM mv1"),
-         ("ref", OLD)]
+MV3_NEW = "SELECT k, count(v1) AS c, sum(v1) AS s FROM mv1 GROUP BY k"  # + nullable column
+VIEWS = [("mv1", OLD), ("mv2", "SELECT sum(v1) AS s FROM mv1"),
+         ("mv3", "SELECT k, count(v1) AS c FROM mv1 GROUP BY k"), ("ref", OLD)]
 
 
 def changelog(settings: Settings, client: redis.Redis, view: str) -> list[Epoch]:
@@ -56,6 +57,12 @@ def changelog(settings: Settings, client: redis.Redis, view: str) -> list[Epoch]
     with ChangelogReader(settings, view, entry.key_columns, entry.partitions, store.index,
                          upto_epoch=store.mce(view)) as reader:
         return list(reader.epochs(idle_timeout=10.0))
+
+
+def hydrated_in_tasks(record: ReplacementRecord | None) -> bool:
+    """Whether the replacement's first state was computed by Spark's tasks (its record says where from)."""
+    assert record is not None and record.hydrated
+    return (record.fields or {}).get("hydrated_from", "").endswith("in Spark's tasks")
 
 
 def _canonical(changes: list[Change]) -> list[tuple[Any, ...]]:
@@ -96,11 +103,19 @@ def test_replace_mv1_filter_under_running_mv2_mv3(path: str, make_settings: Call
         assert staged_in(CatalogStore(settings, redis_client).get("mv1")) == (staged.id, NEW)  # in the catalog topic
         # mv2 (an aggregate on mv1) gets a replacement too: it follows mv1 through mv1's own cut-over.
         stage_replacement(settings, "mv2", MV2_NEW, client=redis_client)
+        # mv3's (a GROUP BY: in "tasks" its operator state is derived per partition too).
+        stage_replacement(settings, "mv3", MV3_NEW, client=redis_client)
         for _ in range(2):
             write_epoch()
             run_views()
-        hydrated_before = ReplacementStore(redis_client, settings.topic_prefix).record("mv1")
+        replacements = ReplacementStore(redis_client, settings.topic_prefix)
+        hydrated_before = replacements.record("mv1")
         assert hydrated_before is not None and hydrated_before.mce == mv1.mce
+        # "tasks": mv1's replacement (a filter) is hydrated by Spark's tasks; mv2's (a global aggregate,
+        # whose state is not split by partition) on the driver.
+        assert hydrated_in_tasks(hydrated_before) == (path == "tasks")
+        assert not hydrated_in_tasks(replacements.record("mv2"))
+        assert hydrated_in_tasks(replacements.record("mv3")) == (path == "tasks")
 
         # Redis loses the replacement and the catalog: both come back from Kafka. The catalog topic has the
         # staged definition; mv1's next consumer records it again and hydrates it anew.
@@ -114,7 +129,7 @@ def test_replace_mv1_filter_under_running_mv2_mv3(path: str, make_settings: Call
 
         # Hydrated read-only at mv1's epoch: its rows are NEW over t1 at that epoch.
         record, plan, rows = replacement_rows(settings, "mv1", client=redis_client)
-        assert record.mce == mv1.mce
+        assert record.mce == mv1.mce and hydrated_in_tasks(record) == (path == "tasks")
         t1_rows = [row for _, row in sorted(ViewStore(redis_client, settings.topic_prefix).read_at_consistent_epoch(
             "t1")[1])]
         upstream = {"t1": (CatalogStore(settings, redis_client).get("t1").schema, [decode_row(r) for r in t1_rows])}
@@ -148,6 +163,7 @@ def test_replace_mv1_filter_under_running_mv2_mv3(path: str, make_settings: Call
         stage_replacement(settings, "mv1", WIDER, client=redis_client)
         write_epoch()
         run_views()
+        assert hydrated_in_tasks(replacements.record("mv1")) == (path == "tasks")
         widened_id = request_apply(settings, "mv1", client=redis_client)
         widened_at = write_epoch()
         run_views()
@@ -157,6 +173,10 @@ def test_replace_mv1_filter_under_running_mv2_mv3(path: str, make_settings: Call
         mv2_at = write_epoch()
         run_views()
         assert wait_for_apply(settings, "mv2", mv2_id, timeout=10, client=redis_client).epoch == mv2_at
+        mv3_id = request_apply(settings, "mv3", client=redis_client)
+        mv3_at = write_epoch()
+        run_views()
+        assert wait_for_apply(settings, "mv3", mv3_id, timeout=10, client=redis_client).epoch == mv3_at
         write_epoch()
         run_views()
     finally:
@@ -168,6 +188,7 @@ def test_replace_mv1_filter_under_running_mv2_mv3(path: str, make_settings: Call
     # summed to its MCE equals its Redis rows.
     assert check_oracle(settings, redis_client, ["t1", "mv1", "mv2", "mv3", "ref"]) >= 4 * 14
     assert [e.mutation.payload["sql"] for e in changelog(settings, redis_client, "mv2") if e.mutation] == [MV2_NEW]
+    assert [e.mutation.payload["sql"] for e in changelog(settings, redis_client, "mv3") if e.mutation] == [MV3_NEW]
     mv1_log, ref_log = changelog(settings, redis_client, "mv1"), changelog(settings, redis_client, "ref")
     mutations = [(e.epoch, e.mutation) for e in mv1_log if e.mutation is not None]
     assert [(epoch, m.kind, m.payload["sql"], m.payload["replacement_id"]) for epoch, m in mutations] == [
@@ -198,7 +219,7 @@ def test_replace_mv1_filter_under_running_mv2_mv3(path: str, make_settings: Call
     assert staged_in(CatalogStore(settings, redis_client).get("mv1")) is None
     with pytest.raises(ReplacementError, match="was discarded"):
         apply_replacement(settings, "mv1", timeout=0.1, client=redis_client)
-    with pytest.raises(ReplacementError, match="mv3 has no replacement"):
-        apply_replacement(settings, "mv3", timeout=0.1, client=redis_client)
+    with pytest.raises(ReplacementError, match="ref has no replacement"):
+        apply_replacement(settings, "ref", timeout=0.1, client=redis_client)
     with pytest.raises(ReplacementError, match="'t1' is a table"):
         apply_replacement(settings, "t1", timeout=0.1, client=redis_client)
