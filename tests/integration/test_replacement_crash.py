@@ -5,7 +5,9 @@ The consumers of t1 -> mv1 -> mv2, mv3 run in a child process that SIGKILLs itse
 cut-over epoch reached Kafka but not Redis, and after Redis but before the catalog. Each restart carries
 on from what was durable; at the end the changelog holds exactly one committed apply_replacement epoch
 (the killed attempts are dropped by the chain rule), the oracle holds at every epoch of every view, and
-the catalog has the new definition.
+the catalog has the new definition. The ``tasks`` variant runs the operators in Spark's tasks and kills
+the replacement's hydration there, after its tasks staged the first state and before the swap; a
+restart hydrates it anew, and the apply completes.
 """
 
 from __future__ import annotations
@@ -69,9 +71,15 @@ def _killed(child: subprocess.Popen[str], timeout: float = 300.0) -> None:
 
 
 @pytest.mark.timeout(1500)  # four Spark process starts; the oracle checks every epoch of three views
+@pytest.mark.parametrize("path", ["driver", "tasks"])
 def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
-        make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
-    settings = make_settings(barrier_interval_ms=1000)  # fewer epochs for the oracle to check
+        path: str, make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
+    # "tasks": the views' operators run in Spark's tasks, and so does the replacement's hydration (a
+    # filter over the whole changelog), killed after its tasks staged the first state, before the swap.
+    # The cut-over is the driver's on both paths: that variant skips steps 2 and 3.
+    tasks = path == "tasks"
+    settings = make_settings(barrier_interval_ms=1000,  # fewer epochs for the oracle to check
+                             operators_in_tasks=tasks, tasks_min_records=0)
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"], client=redis_client)
     create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
     create_view(settings, "mv2", "SELECT sum(v1) AS s FROM mv1", client=redis_client)
@@ -104,27 +112,37 @@ def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
         staged = stage_replacement(settings, "mv1", NEW, client=redis_client)
         _killed(child)
         assert not record().hydrated and record().status is Status.STAGED
+        # In tasks, the staged first state is all there is: the replacement's own keys are still empty.
+        assert redis_client.exists(replacements.key("mv1", "rows.hydrate")) == tasks
+        assert not redis_client.exists(replacements.key("mv1", "rows"))
 
-        # 2. Killed after the cut-over epoch reached Kafka, before Redis: not applied (yet).
-        child = _runner(settings, "cutover_kafka")
-        _until(lambda: record().hydrated, "hydration after the restart")
-        request_apply(settings, "mv1", client=redis_client)
-        _killed(child)
-        assert record().status is Status.STAGED and record().apply_requested
-        entry = catalog.get("mv1")
-        attempts = [b for entries in read_topic(settings.bootstrap_servers, settings.changelog_topic("mv1"),
-                                                entry.partitions, idle=1.5)[0].barriers.values()
-                    for _, b in entries if b["mutation"] is not None]
-        assert len(attempts) == 1  # the killed attempt is in Kafka, uncommitted for readers
+        if not tasks:
+            # 2. Killed after the cut-over epoch reached Kafka, before Redis: not applied (yet).
+            child = _runner(settings, "cutover_kafka")
+            _until(lambda: record().hydrated, "hydration after the restart")
+            request_apply(settings, "mv1", client=redis_client)
+            _killed(child)
+            assert record().status is Status.STAGED and record().apply_requested
+            entry = catalog.get("mv1")
+            attempts = [b for entries in read_topic(settings.bootstrap_servers, settings.changelog_topic("mv1"),
+                                                    entry.partitions, idle=1.5)[0].barriers.values()
+                        for _, b in entries if b["mutation"] is not None]
+            assert len(attempts) == 1  # the killed attempt is in Kafka, uncommitted for readers
 
-        # 3. Killed after the Redis cut-over, before the catalog entry: applied; the catalog lags.
-        child = _runner(settings, "cutover_redis")
-        _killed(child)
-        assert record().status is Status.APPLIED
-        assert catalog.get("mv1").sql != NEW
+            # 3. Killed after the Redis cut-over, before the catalog entry: applied; the catalog lags.
+            child = _runner(settings, "cutover_redis")
+            _killed(child)
+            assert record().status is Status.APPLIED
+            assert catalog.get("mv1").sql != NEW
 
-        # 4. A clean restart rolls the catalog forward and the chain carries on under the new definition.
+        # 4. A clean restart (hydrating anew in tasks) rolls the catalog forward and the chain carries on
+        # under the new definition.
         child = _runner(settings, "none")
+        if tasks:
+            _until(lambda: record().hydrated, "hydration after the restart")
+            assert (record().fields or {})["hydrated_from"].endswith("in Spark's tasks")
+            assert not redis_client.exists(replacements.key("mv1", "rows.hydrate"))
+            request_apply(settings, "mv1", client=redis_client)
         applied = wait_for_apply(settings, "mv1", staged.id, timeout=60, client=redis_client)
         assert catalog.get("mv1").sql == NEW
     except BaseException:
@@ -153,7 +171,8 @@ def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
     for partition, log in logs.items():
         mutated = [(epoch, offset) for epoch, entries in log.barriers.items() for offset, b in entries
                    if b["mutation"] is not None]
-        assert len(mutated) == 2, (partition, mutated)  # step 2's killed attempt and step 3's kept one
+        # The driver's path: step 2's killed attempt and step 3's kept one.
+        assert len(mutated) == (1 if tasks else 2), (partition, mutated)
         index = views.index.at("mv1", partition, applied.epoch)
         assert index is not None and (applied.epoch, index.offset) in mutated
     assert (catalog.get("mv1").version, applied.version) == (3, 3)

@@ -5,7 +5,8 @@ Usage: python -m tests.integration.processes.replacement_runner SETTINGS_JSON KI
 KILL_AT is one of:
 
 - ``none``: run until killed from outside;
-- ``hydrate``: after reading the upstream history, before the replacement's first commit;
+- ``hydrate``: after reading the upstream history, before the replacement's first commit (hydrated
+  on the driver), or after Spark's tasks staged its first state, before the swap (hydrated in tasks);
 - ``cutover_kafka``: after the cut-over epoch (diff + apply_replacement barriers) committed to Kafka,
   before the Redis cut-over;
 - ``cutover_redis``: after the Redis cut-over, before the view's catalog entry is rewritten.
@@ -42,6 +43,13 @@ def install(kill_at: str) -> None:
             commit(self, epoch, inputs, fields)
 
         ReplacementFollower._commit = die_on_hydration  # type: ignore[method-assign]
+
+        def die_before_the_swap(self: ReplacementStore, view: str, replacement_id: str, epoch: int,
+                                fields: Mapping[str, str | int] | None = None) -> bool:
+            _die()
+            return False
+
+        ReplacementStore.swap_hydration = die_before_the_swap  # type: ignore[method-assign]
     elif kill_at in ("cutover_kafka", "cutover_redis"):
         apply = ReplacementStore.apply
 
