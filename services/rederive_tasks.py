@@ -85,7 +85,7 @@ _DERIVED_DDL = "`partition` INT, `epoch` BIGINT, `offset` BIGINT, `records` BIGI
 #: A rebuild's: one row per partition, what it staged.
 STAGED_SCHEMA = pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("state", pa.int64()),
                            ("changes", pa.int64())])
-_STAGED_DDL = "`partition` INT, `rows` BIGINT, `state` BIGINT, `changes` BIGINT"
+STAGED_DDL = "`partition` INT, `rows` BIGINT, `state` BIGINT, `changes` BIGINT"
 
 
 @dataclass(frozen=True)
@@ -289,7 +289,7 @@ class TaskDerivation:
                              StructField(ROUTE_TOKEN, IntegerType(), False)])
         routed = frame.mapInArrow(RouteRows(self.routing).run, schema)
         shuffled = routed.repartition(self.view.partitions, ROUTE_TOKEN)
-        return shuffled.mapInArrow(job.run, _STAGED_DDL if job.rebuild else _DERIVED_DDL)
+        return shuffled.mapInArrow(job.run, STAGED_DDL if job.rebuild else _DERIVED_DDL)
 
     def _require_every_partition(self, what: str, found: Mapping[int, Any]) -> None:
         if sorted(found) != list(range(self.view.partitions)):

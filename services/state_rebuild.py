@@ -14,8 +14,10 @@ of a view the tasks can re-derive to that view's consumer (:func:`restore_or_lea
 in its ``meta``), which has a Spark session, and whose writer re-derives it before its next epoch
 (:func:`rederive_state`): Spark SQL folds the upstream's changelog up to the epoch before the MCE, and a task
 per view partition computes that epoch and stages its partition's rows and state, swapped in by the driver
-in one step (:meth:`~mvlog.services.rederive_tasks.TaskDerivation.rebuild`). The process that rebuilds
-never holds the upstream's rows then.
+in one step (:meth:`~mvlog.services.rederive_tasks.TaskDerivation.rebuild`); a two-view join's tasks
+are one per join-key partition, each hydrating its join keys from both sides' folded changelogs
+(:mod:`mvlog.services.join_rederive_tasks`). The process that rebuilds never holds the upstreams' rows
+then.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from mvlog.services.backfill.chunked import backfill_needed, coverage
 from mvlog.services.rederive import RedisRebuildSink, plan_derivation
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ChangeBatch, InMemoryState, ViewOperator
+from mvlog.views.join_routing import two_view_equi_join
 from mvlog.views.key_routing import one_upstream_routing
 
 log = logging.getLogger(__name__)
@@ -107,17 +110,19 @@ def _backfill_coverage(store: ViewStore, entry: CatalogEntry, upstreams: dict[st
 
 def left_to_consumer(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> bool:
     """Whether a rebuild leaves ``entry``'s operator state to the view's consumer: the operators run in
-    Spark's tasks (``Settings.operators_in_tasks``, the deployment's setting), the view has one upstream,
-    its operator runs in tasks by key or by group, and no chunked backfill is running (a backfilling view
-    covers only part of its upstream, which the tasks' derivation does not know)."""
-    if not settings.operators_in_tasks or entry.kind != "view" or len(entry.sources) != 1:
+    Spark's tasks (``Settings.operators_in_tasks``, the deployment's setting), the view's operator is one
+    they run (one upstream by key or by group, or a two-view equi-join), and no chunked backfill is
+    running (a backfilling view covers only part of its upstreams, which the tasks' derivation does not
+    know)."""
+    if not settings.operators_in_tasks or entry.kind != "view" or len(entry.sources) not in (1, 2):
         return False
     if backfill_needed(ViewStore(client, settings.topic_prefix), entry):
         return False
     catalog = CatalogStore(settings, client)
-    upstream = catalog.get(entry.sources[0])
-    return one_upstream_routing(plan_for(catalog, entry.name, entry.sql or ""), upstream.key_columns,
-                                entry.partitions) is not None
+    plan = plan_for(catalog, entry.name, entry.sql or "")
+    if len(entry.sources) == 2:
+        return two_view_equi_join(plan)
+    return one_upstream_routing(plan, catalog.get(entry.sources[0]).key_columns, entry.partitions) is not None
 
 
 def restore_or_leave(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> None:
@@ -148,9 +153,12 @@ def rederive_state(settings: Settings, client: redis.Redis, entry: CatalogEntry,
 def _rederive_in_tasks(settings: Settings, client: redis.Redis, entry: CatalogEntry, spark: SparkSession
                        ) -> int | None:
     """:func:`restore_view_state` computed by Spark's tasks
-    (:meth:`~mvlog.services.rederive_tasks.TaskDerivation.rebuild` of the MCE alone); None when the tasks
-    cannot (an operator they do not run, an upstream's changelog no longer from its first epoch)."""
-    from mvlog.services.rederive_tasks import TaskDerivation  # its Spark jobs: only a consumer's process
+    (:meth:`~mvlog.services.rederive_tasks.TaskDerivation.rebuild` of the MCE alone, or a join's
+    :class:`~mvlog.services.join_rederive_tasks.JoinRebuild`); None when the tasks cannot (an operator
+    they do not run, an upstream's changelog no longer from its first epoch)."""
+    # Their Spark jobs: imported in a consumer's process only.
+    from mvlog.services.join_rederive_tasks import JoinRebuild
+    from mvlog.services.rederive_tasks import TaskDerivation
 
     store = ViewStore(client, settings.topic_prefix)
     mce = store.mce(entry.name)
@@ -160,9 +168,13 @@ def _rederive_in_tasks(settings: Settings, client: redis.Redis, entry: CatalogEn
         if (at or 0) < mce:
             raise ViewNotRestorableError(f"{entry.name}: its upstream {upstream} is at epoch {at} in Redis, "
                                          f"below the view's MCE {mce}")
+    derivation: TaskDerivation | JoinRebuild | None
     try:
-        derivation = TaskDerivation.for_plan(settings, client, plan_derivation(settings, client, entry.name, mce, mce),
-                                             spark)
+        plan = plan_derivation(settings, client, entry.name, mce, mce)
+        if len(entry.sources) == 2:
+            derivation = JoinRebuild.for_plan(settings, client, plan, spark)
+        else:
+            derivation = TaskDerivation.for_plan(settings, client, plan, spark)
     except ReplayRangeError as exc:
         log.warning("%s: operator state re-derived the driver's way: %s", entry.name, exc)
         return None

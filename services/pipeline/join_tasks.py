@@ -103,6 +103,19 @@ def view_rows_schema(plan: ViewPlan) -> pa.Schema:
                       pa.field(ROUTE_TOKEN, pa.int32())])
 
 
+def sides(rows: pa.Table, upstreams: Sequence[CatalogEntry]) -> list[pa.Table]:
+    """A join-key task's rows (the first shuffle's layout) split by side, each under its upstream's own
+    column names and in the data source's order."""
+    out = []
+    for side, upstream in enumerate(upstreams):
+        mine = rows.filter(pc.equal(rows.column(SIDE), side))
+        prefix = side_column(side, "")
+        names = [*META_COLUMNS, *(prefix + c.name for c in upstream.schema.columns)]
+        mine = mine.select(names).rename_columns([n[len(prefix):] if n.startswith(prefix) else n for n in names])
+        out.append(mine.sort_by(SOURCE_ORDER))
+    return out
+
+
 @dataclass(frozen=True)
 class RouteJoinRows:
     """``mapInArrow``'s function over one side's read, before the first shuffle (see the module)."""
@@ -163,14 +176,10 @@ class JoinKeyJob:
         """Each side's changes per epoch, and the micro-batch's last epoch."""
         epochs: EpochBatches = {}
         upto = self.upto
-        for side, upstream in enumerate(self.upstreams):
-            mine = rows.filter(pc.equal(rows.column(SIDE), side))
-            prefix = side_column(side, "")
-            names = [*META_COLUMNS, *(prefix + c.name for c in upstream.schema.columns)]
-            mine = mine.select(names).rename_columns([n[len(prefix):] if n.startswith(prefix) else n for n in names])
+        for side, (upstream, mine) in enumerate(zip(self.upstreams, sides(rows, self.upstreams), strict=True)):
             if upto is None and side == self.end_side:
                 upto = pc.max(mine.column("_epoch")).as_py() if mine.num_rows else self.target.after
-            batches_from_arrow(mine.sort_by(SOURCE_ORDER), upstream, epochs)
+            batches_from_arrow(mine, upstream, epochs)
         assert upto is not None
         return epochs, upto
 

@@ -28,7 +28,7 @@ from ..oracle import check_oracle
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-NAMES = ["t1", "mv1", "mv2"]
+NAMES = ("t1", "mv1", "mv2", "mv3")
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
@@ -36,6 +36,16 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 90.0) ->
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+def create_chain(settings: Settings, client: redis.Redis) -> tuple[str, ...]:
+    """mv1 (a filter of t1), mv2 (a GROUP BY of mv1) and mv3, a LEFT JOIN of the two: its state indexes both
+    sides by k; rows of mv1 whose k has no group in mv2 (every row of it deleted) are null-extended."""
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE v1 > 0", client=client)
+    create_view(settings, "mv2", "SELECT k, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi "
+                "FROM mv1 GROUP BY k", client=client)
+    create_view(settings, "mv3", "SELECT a.id, a.v1, b.n FROM mv1 a LEFT JOIN mv2 b ON a.k = b.k", client=client)
+    return NAMES[1:]
 
 
 def snapshot(client: redis.Redis, settings: Settings) -> dict[str, Any]:
@@ -52,8 +62,9 @@ def snapshot(client: redis.Redis, settings: Settings) -> dict[str, Any]:
 @pytest.mark.parametrize("path", ["driver", "tasks"])
 def test_flushall_under_a_running_pipeline(path: str, make_settings: Callable[..., Settings], own_redis: str,
                                            spark: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """``tasks``: both views' operators run in Spark's tasks; the table writer's rebuild leaves their operator
-    state to their consumers, which re-derive it in Spark's tasks before their next epoch."""
+    """``tasks``: the views' operators run in Spark's tasks (mv3's join too); the table writer's rebuild
+    leaves their operator state to their consumers, which re-derive it in Spark's tasks before their next
+    epoch."""
     tasks = {"operators_in_tasks": True, "tasks_min_records": 0} if path == "tasks" else {}
     settings = make_settings(redis_url=own_redis, **tasks)
     caplog.set_level(logging.WARNING, logger="mvlog.services.state_rebuild")
@@ -62,10 +73,8 @@ def test_flushall_under_a_running_pipeline(path: str, make_settings: Callable[..
     rng = random.Random(3)
     t1 = Table.create(settings, "t1", {"id": "int", "v1": "int", "k": "string"}, ["id"], client=client,
                       auto_commit=False)
-    create_view(settings, "mv1", "SELECT * FROM t1 WHERE v1 > 0", client=client)
-    create_view(settings, "mv2", "SELECT k, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi "
-                "FROM mv1 GROUP BY k", client=client)
-    consumers = [ViewConsumer(settings, name, spark=spark, client=client) for name in ("mv1", "mv2")]
+    views = create_chain(settings, client)
+    consumers = [ViewConsumer(settings, name, spark=spark, client=client) for name in views]
 
     def write_epochs(count: int) -> int:
         for _ in range(count):
@@ -78,14 +87,14 @@ def test_flushall_under_a_running_pipeline(path: str, make_settings: Callable[..
         return last
 
     def caught_up(epoch: int) -> Callable[[], bool]:
-        return lambda: all((store.mce(name) or 0) >= epoch for name in ("mv1", "mv2"))
+        return lambda: all((store.mce(name) or 0) >= epoch for name in views)
 
     try:
         for consumer in consumers:
             consumer.start()
         wait_for(caught_up(write_epochs(6)), "the views to catch up before the wipe")
         before = snapshot(client, settings)
-        assert before["mv2:opstate"] and before["mv2:rows"]
+        assert before["mv2:opstate"] and before["mv2:rows"] and before["mv3:opstate"] and before["mv3:rows"]
 
         client.flushall()
         assert client.dbsize() == 0
@@ -102,16 +111,16 @@ def test_flushall_under_a_running_pipeline(path: str, make_settings: Callable[..
             assert after[f"{name}:mce"] == empty, name
         assert not CatalogStore(settings, client).wiped()
         in_tasks = {getattr(r, "rederived_in_tasks", None) for r in caplog.records} - {None}
-        assert in_tasks == ({"mv1", "mv2"} if settings.operators_in_tasks else set()), in_tasks
-        assert not any(store.meta(name).get("rederive") for name in ("mv1", "mv2"))
+        assert in_tasks == (set(views) if settings.operators_in_tasks else set()), in_tasks
+        assert not any(store.meta(name).get("rederive") for name in views)
 
         wait_for(caught_up(write_epochs(5)), "the views to keep up after the wipe")
     finally:
         for consumer in consumers:
             consumer.stop()
         t1.close()
-    checked = check_oracle(settings, client, NAMES)
-    assert checked >= 2 * 12, "the oracle held at every committed epoch of both views, before and after"
+    checked = check_oracle(settings, client, list(NAMES))
+    assert checked >= 3 * 12, "the oracle held at every committed epoch of the views, before and after"
     client.close()
 
 
@@ -223,10 +232,8 @@ def test_a_rebuild_killed_half_way_is_taken_over_within_one_lease(make_settings:
     rng = random.Random(11)
     t1 = Table.create(settings, "t1", {"id": "int", "v1": "int", "k": "string"}, ["id"], client=client,
                       auto_commit=False)
-    create_view(settings, "mv1", "SELECT * FROM t1 WHERE v1 > 0", client=client)
-    create_view(settings, "mv2", "SELECT k, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi "
-                "FROM mv1 GROUP BY k", client=client)
-    consumers = [ViewConsumer(settings, name, spark=spark, client=client) for name in ("mv1", "mv2")]
+    views = create_chain(settings, client)
+    consumers = [ViewConsumer(settings, name, spark=spark, client=client) for name in views]
     try:
         for _ in range(5):
             t1.upsert([{"id": rng.randrange(15), "v1": rng.randrange(-2, 9), "k": rng.choice("abc")}
