@@ -73,7 +73,8 @@ class JoinRebuildJob:
         if rows is not None:
             for upstream, mine in zip(self.upstreams, sides(rows, self.upstreams), strict=True):
                 batches_from_arrow(mine, upstream, epochs)
-        state, view_rows = InMemoryState(), dict[Key, Row]()
+        state = InMemoryState()
+        view_rows: dict[Key, Row] = {}
         if (inputs := epochs.get(self.epoch)) is not None:
             output = ViewOperator(self.plan).apply_epoch(inputs, state)
             state.apply(output.state_writes)
