@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -175,23 +176,11 @@ def test_view_created_on_a_busy_upstream_is_exact_at_every_epoch(
     assert min(epochs) >= 5, epochs  # the backfill spanned epochs while the upstream wrote
 
 
-def _read_until(child: subprocess.Popen[str], prefix: str, timeout: float, sink: list[str]) -> None:
-    assert child.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = child.stdout.readline()
-        if not line:
-            raise AssertionError(f"the consumer process exited ({child.poll()}) before printing {prefix!r}")
-        sink.append(line.rstrip("\n"))
-        if line.startswith(prefix):
-            return
-    raise AssertionError(f"no {prefix!r} within {timeout}s")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # four Spark driver start-ups on a shared 2-core machine
 def test_backfill_killed_at_random_points_resumes_from_its_positions(
-        make_settings: Callable[..., Settings], redis_client: redis.Redis, report: Callable[[str], None]) -> None:
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, report: Callable[[str], None],
+        tmp_path: Path) -> None:
     laps = Laps()
     settings = make_settings(barrier_interval_ms=400, backfill_batch_rows=40, backfill_max_batch_rows=80)
     table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
@@ -204,23 +193,23 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
     sampled: list[dict[bytes, bytes]] = []
     kills = 0
     # Each run's Spark session starts while the one before it runs (Relay).
-    with Relay(settings, ["mv1"], runs=KILLS + 1) as relay:
+    with Relay(settings, ["mv1"], runs=KILLS + 1, log_dir=tmp_path) as relay:
         with busy(table, seed=rng.randrange(1 << 30), keys=KEYS, per_tick=30):
             while kills < KILLS:
-                child = relay.next()
+                lines = relay.next()
+                child = lines.child
                 out: list[str] = []
                 try:
-                    _read_until(child, "ready", 120, out)
+                    lines.until("ready", 120, out)
                     laps.lap("start to ready")
                     for _ in range(rng.randrange(1, 4)):
-                        _read_until(child, "mce", 60, out)
+                        lines.until("mce", 60, out)
                     time.sleep(rng.uniform(0, 0.3))
                     laps.lap("ready to kill")
                 finally:
                     child.send_signal(signal.SIGKILL)
                     child.wait()
-                assert child.stdout is not None
-                out += child.stdout.read().splitlines()  # what it printed before the kill
+                out += lines.rest()  # what it printed before the kill
                 reads += [(kills, line) for line in out if line.startswith("chunk ")]
                 sampled.append(store.backfill_state("mv1"))
                 kills += 1
@@ -229,7 +218,7 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
         # one chunk per upstream epoch.
         last = table.flush()
         laps.lap("kills")
-        child = relay.next()
+        child = relay.next().child
         try:
             deadline = time.monotonic() + 240
             while (store.mce("mv1") or 0) < last or store.lifecycle("mv1") != Lifecycle.LIVE:

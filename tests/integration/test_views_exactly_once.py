@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import redis
@@ -26,7 +26,7 @@ from mvlog.services.view_ddl import create_view
 from ..oracle import check_oracle
 from .barrier_check import assert_barriers_once
 from .laps import Laps
-from .processes.view_runner import Relay
+from .processes.view_runner import Lines, Relay
 from .spark_processes import executor_jvms, executor_python_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
@@ -67,22 +67,10 @@ def _kill_in_cluster(driver: int, victim: str, rng: random.Random) -> int:
         time.sleep(0.1)
 
 
-def _wait_for_line(child: subprocess.Popen[str], prefix: str, timeout: float) -> str:
-    assert child.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = child.stdout.readline()
-        if not line:
-            raise AssertionError(f"the consumer process exited ({child.poll()}) before printing {prefix!r}")
-        if line.startswith(prefix):
-            return line
-    raise AssertionError(f"no {prefix!r} within {timeout}s")
-
-
 @pytest.mark.parametrize("path", ["driver", "tasks"])
 def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
         path: str, make_settings: Callable[..., Settings], redis_client: redis.Redis,
-        report: Callable[[str], None]) -> None:
+        report: Callable[[str], None], tmp_path: Path) -> None:
     """``driver``: every view's epochs the driver's way, on ``local[2]``, each kill the consumer process's.
     ``tasks``: the views that can (the filter mv1, the join mvl) compute every epoch in Spark's tasks, on
     a ``local-cluster`` (executors in JVMs of their own), and the kills hit an executor and a Python worker
@@ -122,36 +110,36 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
     killed: list[str] = []
     in_tasks: list[str] = []
     laps = Laps()
-    child: subprocess.Popen[str] | None = None
+    child: Lines | None = None
     victims = _victims(settings, KILLS[path], rng)
     # Each consumer process starts its Spark session while the one before it runs (Relay).
-    with Relay(settings, views, runs=victims.count("driver") + 1) as relay:
+    with Relay(settings, views, runs=victims.count("driver") + 1, log_dir=tmp_path) as relay:
         try:
             for victim in victims:
                 if child is None:
                     child = relay.next()
-                    ready = _wait_for_line(child, "ready", 120).split()
+                    ready = child.until("ready", 120).split()
                     in_tasks = ready[1].split(",") if len(ready) > 1 and ready[1] != "-" else []
                     # The filter mv1 takes the task path with the setting on; the others stay on the driver.
                     assert ("mv1" in in_tasks) is settings.operators_in_tasks, ready
                     laps.lap("start to ready")
                 # Somewhere in the middle of committing epochs: after 1-6 commits, plus a random delay.
                 for _ in range(rng.randrange(1, 4)):
-                    _wait_for_line(child, "mce", 60)
+                    child.until("mce", 60)
                 time.sleep(rng.uniform(0, 0.3))
                 if victim == "driver":
-                    child.send_signal(signal.SIGKILL)
-                    child.wait()
+                    child.child.send_signal(signal.SIGKILL)
+                    child.child.wait()
                     child = None
                 else:
-                    _kill_in_cluster(child.pid, victim, rng)
+                    _kill_in_cluster(child.child.pid, victim, rng)
                     at_kill = {view: store.mce(view) or 0 for view in views}  # read after it: later ones are too
                     behind = set(views)
                     while behind:  # the same consumer commits past the kill in every view: lost tasks retried
-                        _, view, epoch = _wait_for_line(child, "mce", 180).split()
+                        _, view, epoch = child.until("mce", 180).split()
                         if int(epoch) > at_kill[view]:
                             behind.discard(view)
-                    assert child.poll() is None, f"the consumer died after its {victim} was killed"
+                    assert child.child.poll() is None, f"the consumer died after its {victim} was killed"
                 killed.append(victim)
                 laps.lap(f"ready to {victim} kill")
                 kills += 1
@@ -162,14 +150,14 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
         table.close()
 
         laps.lap("flush")
-        child = relay.next()
+        last_run = relay.next().child
         deadline = time.monotonic() + 300
         while any((store.mce(v) or 0) < last for v in views):
             assert time.monotonic() < deadline, {v: store.mce(v) for v in views}
-            assert child.poll() is None, "the consumer process died"
+            assert last_run.poll() is None, "the consumer process died"
             time.sleep(0.2)
-        child.send_signal(signal.SIGTERM)
-        child.wait(30)
+        last_run.send_signal(signal.SIGTERM)
+        last_run.wait(30)
 
     laps.lap("last run to caught up")
     assert kills == KILLS[path]

@@ -13,8 +13,10 @@ Exits with an error as soon as a consumer's micro-batch fails to apply.
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,31 +28,79 @@ from mvlog.services.spark_session import spark_session
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def spawn(settings: Settings, views: list[str], *, standby: bool = False) -> subprocess.Popen[str]:
+def spawn(settings: Settings, views: list[str], *, standby: bool = False,
+          log: Path | None = None) -> subprocess.Popen[str]:
     """This runner in a child process for ``views``; its stdout is a pipe of the lines above (``standby``:
-    it waits, once its Spark session runs, for a line on stdin: :meth:`Relay.next` sends it)."""
+    it waits, once its Spark session runs, for a line on stdin: :meth:`Relay.next` sends it). Its stderr
+    (Spark's log, tracebacks) goes to ``log`` when given."""
     # ROOT first for the runner; the caller's PYTHONPATH stays (e.g. a worktree's package over the installed one).
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "PYSPARK_PYTHON": sys.executable}
-    return subprocess.Popen([sys.executable, "-m", "tests.integration.processes.view_runner",
-                             *(["--standby"] if standby else []), settings.model_dump_json(), *views],
-                            stdin=subprocess.PIPE if standby else None, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
+    with open(log, "ab") if log is not None else open(os.devnull, "wb") as stderr:
+        return subprocess.Popen([sys.executable, "-m", "tests.integration.processes.view_runner",
+                                 *(["--standby"] if standby else []), settings.model_dump_json(), *views],
+                                stdin=subprocess.PIPE if standby else None, stdout=subprocess.PIPE,
+                                stderr=stderr, text=True, cwd=ROOT, env=env)
+
+
+class Lines:
+    """A consumer process's stdout, read line by line by a thread of its own: a wait for a line then
+    times out even while the process prints nothing (a blocked ``readline`` would not), and what it printed
+    before a SIGKILL can still be read."""
+
+    def __init__(self, child: subprocess.Popen[str]) -> None:
+        assert child.stdout is not None
+        self.child = child
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, args=(child.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stdout: object) -> None:
+        for line in stdout:  # type: ignore[attr-defined]
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)  # end of output: the process exited (or closed its stdout)
+
+    def until(self, prefix: str, timeout: float, sink: list[str] | None = None) -> str:
+        """The next line starting with ``prefix``; the lines before it (and it) are added to ``sink``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {prefix!r} within {timeout} s (the consumer process "
+                                     f"{'runs' if self.child.poll() is None else 'exited'})") from None
+            if line is None:
+                self._lines.put(None)
+                raise AssertionError(f"the consumer process exited ({self.child.poll()}) before printing {prefix!r}")
+            if sink is not None:
+                sink.append(line)
+            if line.startswith(prefix):
+                return line
+
+    def rest(self) -> list[str]:
+        """Every line not read yet, once the process has exited."""
+        self._reader.join(30)
+        lines = []
+        while not self._lines.empty():
+            if (line := self._lines.get_nowait()) is not None:
+                lines.append(line)
+        return lines
 
 
 class Relay:
     """The consumer processes of a SIGKILL test, one after another: each starts its Spark session
     (``standby``) while the one before it runs, and makes its consumers when it takes over (:meth:`next`).
     A kill then costs the recovery the test is about, not a JVM's start on top of it. ``runs``: how many
-    take over in all (no process is started that none needs)."""
+    take over in all (no process is started that none needs). ``log_dir``: where each process's stderr
+    goes (``consumer-<n>.log``); when the block fails, the last lines of each are printed for the report."""
 
-    def __init__(self, settings: Settings, views: list[str], runs: int) -> None:
-        self.settings, self.views, self._left = settings, views, runs
+    def __init__(self, settings: Settings, views: list[str], runs: int, log_dir: Path | None = None) -> None:
+        self.settings, self.views, self._left, self._log_dir = settings, views, runs, log_dir
         self._spawned: list[subprocess.Popen[str]] = []
         self._waiting: subprocess.Popen[str] | None = None
         self._start()
 
-    def next(self, timeout: float = 180.0) -> subprocess.Popen[str]:
+    def next(self, timeout: float = 180.0) -> Lines:
         """The next consumer process, told to go on (its stdout then prints ``ready`` and so on)."""
         taking = self._waiting
         assert taking is not None and taking.stdout is not None, "every run has taken over already"
@@ -64,22 +114,27 @@ class Relay:
         taking.stdin.write("go\n")
         taking.stdin.flush()
         self._start()
-        return taking
+        return Lines(taking)
 
     def _start(self) -> None:
         if self._left > 0:
             self._left -= 1
-            self._waiting = spawn(self.settings, self.views, standby=True)
+            log = None if self._log_dir is None else self._log_dir / f"consumer-{len(self._spawned)}.log"
+            self._waiting = spawn(self.settings, self.views, standby=True, log=log)
             self._spawned.append(self._waiting)
 
     def __enter__(self) -> Relay:
         return self
 
-    def __exit__(self, *_: object) -> None:
+    def __exit__(self, failed: type[BaseException] | None, *_: object) -> None:
         for child in self._spawned:  # a test that fails leaves some running, and one waiting
             if child.poll() is None:
                 child.kill()
                 child.wait()
+        if failed is not None and self._log_dir is not None:
+            for log in sorted(self._log_dir.glob("consumer-*.log")):
+                tail = log.read_text(errors="replace").splitlines()[-60:]
+                print(f"--- the last lines of {log.name} ---", *tail, sep="\n")
 
 
 def _print_chunk(chunk: Chunk) -> None:
