@@ -40,7 +40,13 @@ from mvlog.connectors.spark.source_options import changelog_read
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key, Row
 from mvlog.services.pipeline.join_tasks import RouteJoinRows, shuffled_schema, sides
-from mvlog.services.pipeline.partition_tasks import ROUTE_TOKEN, VIEW_PARTITION, check_owned, own_partition
+from mvlog.services.pipeline.partition_tasks import (
+    ROUTE_TOKEN,
+    VIEW_PARTITION,
+    check_owned,
+    own_partition,
+    require_every_partition,
+)
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
 from mvlog.services.rederive import DerivationPlan, last_images, serving_rows
 from mvlog.services.rederive_tasks import STAGED_DDL, STAGED_SCHEMA, RebuiltState
@@ -121,9 +127,8 @@ class JoinRebuild:
                              self.routing, self.plan.last)
         shuffled = self._input().repartition(self.view.partitions, ROUTE_TOKEN)
         results = shuffled.mapInArrow(job.run, STAGED_DDL).toArrow().to_pylist()
-        if sorted(row["partition"] for row in results) != list(range(self.view.partitions)):
-            raise RuntimeError(f"{self.view.name}: the rebuild came back from partitions "
-                               f"{sorted(row['partition'] for row in results)}, not all {self.view.partitions}")
+        require_every_partition(f"{self.view.name}: the rebuild", (row["partition"] for row in results),
+                                self.view.partitions)
         if not store.swap_rebuild(self.view.name, self.plan.last):
             raise ReplayRangeError(f"{self.view.name}: its MCE is no longer {self.plan.last}; a consumer "
                                    "of the view is running")

@@ -33,7 +33,7 @@ still go the driver's way (:meth:`TaskDerivation.for_plan` returns None).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -66,6 +66,7 @@ from mvlog.services.pipeline.partition_tasks import (
     check_owned,
     partition_transactional_id,
     partitions_of_task,
+    require_every_partition,
     written_or_found,
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
@@ -247,7 +248,7 @@ class TaskDerivation:
                                                                                   row["records"])
         index = EpochIndex(self.client, self.settings.topic_prefix)
         for epoch in self.plan.epochs:
-            self._require_every_partition(f"{name}: epoch {epoch}", by_epoch.get(epoch, {}))
+            require_every_partition(f"{name}: epoch {epoch}", by_epoch.get(epoch, {}), self.view.partitions)
             index.add(name, by_epoch[epoch])
         return DerivedTopic(name, topic, len(self.plan.epochs), sum(row["records"] for row in results))
 
@@ -269,7 +270,8 @@ class TaskDerivation:
         with JobProgress(self.spark, f"mvlog-rebuild-{self.view.name}", on_progress):
             job = self._job(self.view.name, rebuild=True, stage_for=stage_for)
             results = self._derived(job).toArrow().to_pylist()
-        self._require_every_partition(f"{self.view.name}: the rebuild", {row["partition"]: row for row in results})
+        require_every_partition(f"{self.view.name}: the rebuild", (row["partition"] for row in results),
+                                self.view.partitions)
         return RebuiltState(sum(row["rows"] for row in results), sum(row["changes"] for row in results))
 
     def derive_into(self, name: str, on_job: Callable[[DeriveJob], DeriveJob] | None = None) -> DataFrame:
@@ -290,10 +292,6 @@ class TaskDerivation:
         routed = frame.mapInArrow(RouteRows(self.routing).run, schema)
         shuffled = routed.repartition(self.view.partitions, ROUTE_TOKEN)
         return shuffled.mapInArrow(job.run, STAGED_DDL if job.rebuild else _DERIVED_DDL)
-
-    def _require_every_partition(self, what: str, found: Mapping[int, Any]) -> None:
-        if sorted(found) != list(range(self.view.partitions)):
-            raise RuntimeError(f"{what} came back from partitions {sorted(found)}, not all {self.view.partitions}")
 
     def _input(self) -> DataFrame:
         """The upstream's last image per key up to ``prev_epoch``, as signed rows of that one epoch, then the

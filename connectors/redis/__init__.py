@@ -20,7 +20,8 @@ result here):
 * Plumbing: ``redis_keys`` (every key of a view shares its hash tag ``{view}``, so multi-key scripts run on
   Redis Cluster), ``redis_client`` (how every process connects, and waits through a restart),
   ``lua_scripts`` (the scripts in ``lua/*.lua`` with their shared functions in ``lua/lib/``),
-  ``packed_script`` (a script with many arguments sent in one packed ``EVALSHA``).
+  ``packed_script`` (a script with many arguments sent in one packed ``EVALSHA``), ``chunked_writes``
+  (a staging's many fields sent as commands of bounded size).
 
 One unit because these modules share the key layout, the client and its retry policy, and the rule that
 a multi-key change is one Lua script (atomic, refusing an epoch at or below the MCE).

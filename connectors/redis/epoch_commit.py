@@ -19,6 +19,7 @@ import redis
 
 from mvlog.changes import Change
 from mvlog.connectors.kafka.changelog_writer import EncodedBatch
+from mvlog.connectors.redis.chunked_writes import CHUNK, hset_chunked, zadd_chunked
 from mvlog.connectors.redis.epoch_index import IndexEntry, epoch_hex, index_member
 from mvlog.connectors.redis.lua_scripts import lua_script
 from mvlog.connectors.redis.packed_script import run_script
@@ -135,7 +136,7 @@ class EpochCommits(ViewMeta):
         return StreamedCommit(self, view, epoch, follows)
 
     def replace_state(self, view: str, expected_mce: int, rows: Mapping[bytes, bytes],
-                      state: Mapping[bytes, bytes], order: Sequence[bytes] = (), chunk: int = 1000) -> bool:
+                      state: Mapping[bytes, bytes], order: Sequence[bytes] = (), chunk: int = CHUNK) -> bool:
         """Replace the view's rows, operator state and key-order index (``order``: the members of
         ``rows``) with ones rebuilt for epoch ``expected_mce``.
 
@@ -154,18 +155,14 @@ class EpochCommits(ViewMeta):
         self.redis.delete(*self._rebuild_keys(view))
 
     def stage_rebuild(self, view: str, rows: Mapping[bytes, bytes], state: Mapping[bytes, bytes],
-                      order: Sequence[bytes] = (), chunk: int = 1000) -> None:
+                      order: Sequence[bytes] = (), chunk: int = CHUNK) -> None:
         """Add rebuilt rows, operator state and key-order members to the staging of a rebuild. Several
         writers may stage disjoint parts (Spark tasks, one per partition), and staging a part again writes
         the same values (a retried task)."""
-        staged = self._rebuild_keys(view)
-        for key, mapping in zip(staged, (rows, state), strict=False):
-            items = list(mapping.items())
-            for start in range(0, len(items), chunk):
-                self.redis.hset(key, mapping=dict(items[start:start + chunk]))
-        members = list(order)
-        for start in range(0, len(members), chunk):
-            self.redis.zadd(staged[2], dict.fromkeys(members[start:start + chunk], 0))
+        rows_key, state_key, order_key = self._rebuild_keys(view)
+        hset_chunked(self.redis, rows_key, rows, chunk)
+        hset_chunked(self.redis, state_key, state, chunk)
+        zadd_chunked(self.redis, order_key, list(order), chunk)
 
     def swap_rebuild(self, view: str, expected_mce: int) -> bool:
         """Swap the staged rebuild in, in one script, if the MCE is still ``expected_mce``; False (the

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from mvlog.connectors.redis.chunked_writes import hset_chunked, sadd_chunked
 from mvlog.connectors.redis.epoch_commit import JOURNAL_LIMIT, EpochCommit, ServingStateLostError
 from mvlog.connectors.redis.epoch_index import IndexEntry, epoch_hex, index_member
 from mvlog.connectors.redis.lua_scripts import lua_script
@@ -28,7 +29,6 @@ from mvlog.connectors.redis.packed_script import run_script
 from mvlog.connectors.redis.view_meta import ViewMeta
 
 STAGE_TTL_S = 3600
-CHUNK = 4096
 
 _COMMIT_SCRIPT = lua_script("partition_commit", lib=["refuse_epoch"], constants={"JOURNAL_LIMIT": JOURNAL_LIMIT})
 
@@ -93,14 +93,11 @@ class PartitionStaging(ViewMeta):
         pipe = self.redis.pipeline(transaction=False)
         for key in mine if fresh else ():  # one DEL each: redis-py's cluster pipeline refuses a multi-key DEL
             pipe.delete(key)
-        for key, mapping in ((keys[0], puts), (keys[4], state_puts)):
-            items = list(mapping.items())
-            for start in range(0, len(items), CHUNK):
-                pipe.hset(key, mapping=dict(items[start:start + CHUNK]))
+        hset_chunked(pipe, keys[0], puts)
+        hset_chunked(pipe, keys[4], state_puts)
         for key, members in zip((keys[1], keys[2], keys[3], keys[5]),
                                 (deletes, order_puts, order_deletes, state_deletes), strict=True):
-            for start in range(0, len(members), CHUNK):
-                pipe.sadd(key, *members[start:start + CHUNK])
+            sadd_chunked(pipe, key, members)
         for key in mine:
             pipe.expire(key, STAGE_TTL_S)
         pipe.execute()

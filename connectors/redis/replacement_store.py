@@ -33,6 +33,7 @@ from typing import cast
 import redis
 
 from mvlog.changes import IndexEntry
+from mvlog.connectors.redis.chunked_writes import CHUNK, hset_chunked
 from mvlog.connectors.redis.epoch_index import EpochIndex, epoch_hex, index_member
 from mvlog.connectors.redis.lua_scripts import lua_script
 from mvlog.connectors.redis.redis_keys import view_key
@@ -184,13 +185,11 @@ class ReplacementStore:
         self.redis.delete(*self._hydration_keys(view))
 
     def stage_hydration(self, view: str, rows: Mapping[bytes, bytes], state: Mapping[bytes, bytes],
-                        chunk: int = 1000) -> None:
+                        chunk: int = CHUNK) -> None:
         """Add rows and operator state to the staged first state of the replacement. Spark's tasks stage
         disjoint parts (a view partition each), and a retried task stages the same values again."""
         for key, mapping in zip(self._hydration_keys(view), (rows, state), strict=True):
-            items = list(mapping.items())
-            for start in range(0, len(items), chunk):
-                self.redis.hset(key, mapping=dict(items[start:start + chunk]))
+            hset_chunked(self.redis, key, mapping, chunk)
 
     def swap_hydration(self, view: str, replacement_id: str, epoch: int,
                        fields: Mapping[str, str | int] | None = None) -> bool:

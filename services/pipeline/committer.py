@@ -243,7 +243,7 @@ class EpochCommitter:
         left a view's operator state to this consumer, which re-derived it now)."""
         mce, left = self.store.mce_and_rederive(self.name)
         if mce == (self.mce or None) and not (self._derived_state and self.catalog.wiped()):
-            return left and self._rederive_if_left()
+            return left and self._rederive_if_left(marked=True)
         if self.catalog.find(self.name) is None and not self.catalog.wiped():
             raise ViewDroppedError(f"{self.name}: the {self.entry.kind} was dropped while this process wrote it")
         self.recover()
@@ -263,9 +263,12 @@ class EpochCommitter:
         self._rederive_if_left()
         self.store.set_lifecycle(self.name, self._lifecycle())
 
-    def _rederive_if_left(self) -> bool:
-        """Re-derive the view's operator state if a rebuild left it to this consumer; True if it did."""
-        if self._rederive is None or not self.store.mce_and_rederive(self.name)[1]:
+    def _rederive_if_left(self, *, marked: bool | None = None) -> bool:
+        """Re-derive the view's operator state if a rebuild left it to this consumer; True if it did.
+        ``marked``: whether the caller just read the rebuild's mark (None: read it here)."""
+        if marked is None:
+            marked = self.store.mce_and_rederive(self.name)[1]
+        if self._rederive is None or not marked:
             return False
         self._rederive()
         return True

@@ -32,7 +32,7 @@ its partition it:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -161,6 +161,14 @@ class PartitionJob:
             results = PartitionEpochs(self, partition).run(rows)
             if results:
                 yield pa.RecordBatch.from_pylist(results, schema=RESULT_SCHEMA)
+
+
+def require_every_partition(what: str, partitions: Iterable[int], count: int) -> None:
+    """The driver's check of a job's result rows: every one of the view's ``count`` partitions answered
+    (a task that returned nothing would otherwise leave its partition's part out unnoticed)."""
+    answered = sorted(partitions)
+    if answered != list(range(count)):
+        raise RuntimeError(f"{what} came back from partitions {answered}, not all {count}")
 
 
 def check_routed(partition: int) -> None:

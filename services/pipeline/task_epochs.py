@@ -60,6 +60,7 @@ from mvlog.services.pipeline.partition_tasks import (
     PartitionJob,
     PartitionTarget,
     RouteRows,
+    require_every_partition,
 )
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import Stage
@@ -270,10 +271,7 @@ def commit_partition_results(committer: EpochCommitter, staging: PartitionStagin
     (:data:`~mvlog.services.pipeline.partition_tasks.RESULT_SCHEMA`): its Kafka side is the tasks'
     transactions, its Redis side the partitions' staging swapped in with the index and the MCE (and
     ``backfill``'s fields)."""
-    partitions = sorted(row["partition"] for row in rows)
-    if partitions != list(range(entry.partitions)):
-        raise RuntimeError(f"{entry.name}: epoch {epoch} came back from partitions {partitions}, "
-                           f"not all {entry.partitions}")
+    require_every_partition(f"{entry.name}: epoch {epoch}", (row["partition"] for row in rows), entry.partitions)
     index = {row["partition"]: IndexEntry(epoch, row["offset"], row["records"]) for row in rows}
     staged = {row["partition"]: StagedCounts(row["puts"], row["deletes"], row["order_puts"], row["order_deletes"],
                                              row["state_puts"], row["state_deletes"]) for row in rows}

@@ -134,6 +134,8 @@ def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSes
         log.info("%s: a replacement hydrated on the driver: %s", entry.name, error)
         return None
     if derivation.last != start.epoch:
+        log.info("%s: a replacement hydrated on the driver: the upstream's epochs plan through %d, not F (%d)",
+                 entry.name, derivation.last, start.epoch)
         return None
     replacement = applied_entry(entry, plan.sql, plan.schema, plan.sources, entry.version)
     return TaskDerivation(settings, client, derivation, replacement, upstream, plan, routing, spark)
