@@ -135,8 +135,11 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
                     _kill_in_cluster(child.child.pid, victim, rng)
                     at_kill = {view: store.mce(view) or 0 for view in views}  # read after it: later ones are too
                     behind = set(views)
+                    deadline = time.monotonic() + 240
                     while behind:  # the same consumer commits past the kill in every view: lost tasks retried
-                        _, view, epoch = child.until("mce", 180).split()
+                        left = deadline - time.monotonic()
+                        assert left > 0, f"{sorted(behind)} not past {at_kill} within 240 s of the {victim} kill"
+                        _, view, epoch = child.until("mce", left).split()
                         if int(epoch) > at_kill[view]:
                             behind.discard(view)
                     assert child.child.poll() is None, f"the consumer died after its {victim} was killed"

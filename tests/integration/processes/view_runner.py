@@ -12,13 +12,17 @@ Exits with an error as soon as a consumer's micro-batch fails to apply.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+import psutil
 
 from mvlog.backfill import Chunk
 from mvlog.config import Settings
@@ -127,14 +131,37 @@ class Relay:
         return self
 
     def __exit__(self, failed: type[BaseException] | None, *_: object) -> None:
+        if failed is not None and self._log_dir is not None:
+            for n, child in enumerate(self._spawned):
+                if child.poll() is None:
+                    _dump_stacks(child, self._log_dir / f"consumer-{n}")
         for child in self._spawned:  # a test that fails leaves some running, and one waiting
             if child.poll() is None:
                 child.kill()
                 child.wait()
         if failed is not None and self._log_dir is not None:
             for log in sorted(self._log_dir.glob("consumer-*.log")):
-                tail = log.read_text(errors="replace").splitlines()[-60:]
+                tail = log.read_text(errors="replace").splitlines()[-150:]
                 print(f"--- the last lines of {log.name} ---", *tail, sep="\n")
+
+
+def _dump_stacks(child: subprocess.Popen[str], log: Path) -> None:
+    """Where a consumer process that the test gave up on is: its Python threads' stacks (``SIGUSR1``: the
+    runner's ``faulthandler`` writes them to its log) and, in ``<log>.jstack-<pid>``, each JVM's below it
+    (the Spark driver's, a local cluster's executors'); the driver's streaming threads are printed too."""
+    os.kill(child.pid, signal.SIGUSR1)
+    for process in psutil.Process(child.pid).children(recursive=True):
+        try:
+            if process.name() != "java":
+                continue
+            dump = subprocess.run(["jstack", str(process.pid)], capture_output=True, text=True, timeout=30).stdout
+        except (psutil.Error, OSError, subprocess.TimeoutExpired):
+            continue
+        Path(f"{log}.jstack-{process.pid}").write_text(dump)
+        for thread in dump.split("\n\n"):
+            if "stream execution thread" in thread:
+                print(f"--- {log.name}: JVM {process.pid} ---", "\n".join(thread.splitlines()[:40]), sep="\n")
+    time.sleep(1)  # faulthandler's dump
 
 
 def _print_chunk(chunk: Chunk) -> None:
@@ -144,6 +171,7 @@ def _print_chunk(chunk: Chunk) -> None:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that gives up on this process: _dump_stacks
     args = sys.argv[1:]
     standby = args[0] == "--standby"
     settings = Settings.model_validate_json(args[1 if standby else 0])
