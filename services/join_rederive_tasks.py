@@ -20,7 +20,7 @@ The driver collects one small row per partition: it never holds the upstreams' r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ from mvlog.config import Settings
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.spark.job_progress import JobProgress
 from mvlog.connectors.spark.source_options import changelog_read
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key, Row
@@ -49,7 +50,7 @@ from mvlog.services.pipeline.partition_tasks import (
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
 from mvlog.services.rederive import DerivationPlan, last_images, serving_rows
-from mvlog.services.rederive_tasks import STAGED_DDL, STAGED_SCHEMA, RebuiltState
+from mvlog.services.rederive_tasks import STAGED_DDL, STAGED_SCHEMA, RebuiltState, replay_session
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import InMemoryState, ViewOperator, ViewPlan
 from mvlog.views.join_routing import JoinRouting, two_view_equi_join
@@ -100,14 +101,22 @@ class JoinRebuild:
     """Rebuilds the rows and operator state of a two-view join at its MCE in Spark's tasks (see the module)."""
 
     def __init__(self, settings: Settings, client: redis.Redis, plan: DerivationPlan, view: CatalogEntry,
-                 upstreams: tuple[CatalogEntry, CatalogEntry], view_plan: ViewPlan, spark: SparkSession) -> None:
-        self.settings, self.client, self.plan, self.spark = settings, client, plan, spark
+                 upstreams: tuple[CatalogEntry, CatalogEntry], view_plan: ViewPlan,
+                 spark: SparkSession | None = None) -> None:
+        self.settings, self.client, self.plan, self._spark = settings, client, plan, spark
         self.view, self.upstreams, self.view_plan = view, upstreams, view_plan
         self.routing = JoinRouting(view_plan, view.partitions)
 
+    @property
+    def spark(self) -> SparkSession:
+        """The session the job runs in (a consumer's, or made on first use: a dry run starts no Spark)."""
+        if self._spark is None:
+            self._spark = replay_session(self.settings, self.view.name)
+        return self._spark
+
     @classmethod
-    def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan, spark: SparkSession
-                 ) -> JoinRebuild | None:
+    def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
+                 spark: SparkSession | None = None) -> JoinRebuild | None:
         """The rebuild in tasks, or None when the view is not a join the tasks run
         (:func:`~mvlog.views.join_routing.two_view_equi_join`)."""
         catalog = CatalogStore(settings, client)
@@ -118,15 +127,17 @@ class JoinRebuild:
         first, second = JoinRouting(view_plan, view.partitions).upstreams()
         return cls(settings, client, plan, view, (catalog.get(first), catalog.get(second)), view_plan, spark)
 
-    def rebuild(self) -> RebuiltState:
+    def rebuild(self, on_progress: Callable[[int, int], None] | None = None) -> RebuiltState:
         """Recompute the view's rows and operator state at the plan's last epoch, which must be its MCE, and
-        swap them in (refused, nothing changed, when the MCE moved meanwhile)."""
+        swap them in (refused, nothing changed, when the MCE moved meanwhile). ``on_progress(tasks done,
+        tasks)``: called while the job runs."""
         store = ViewStore(self.client, self.settings.topic_prefix)
         store.clear_rebuild(self.view.name)
         job = JoinRebuildJob(self.settings.to_executor_json(), self.view, self.upstreams, self.view_plan,
                              self.routing, self.plan.last)
-        shuffled = self._input().repartition(self.view.partitions, ROUTE_TOKEN)
-        results = shuffled.mapInArrow(job.run, STAGED_DDL).toArrow().to_pylist()
+        with JobProgress(self.spark, f"mvlog-rebuild-{self.view.name}", on_progress):
+            shuffled = self._input().repartition(self.view.partitions, ROUTE_TOKEN)
+            results = shuffled.mapInArrow(job.run, STAGED_DDL).toArrow().to_pylist()
         require_every_partition(f"{self.view.name}: the rebuild", (row["partition"] for row in results),
                                 self.view.partitions)
         if not store.swap_rebuild(self.view.name, self.plan.last):

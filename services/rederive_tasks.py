@@ -200,6 +200,13 @@ class RebuiltState:
     changes: int  # the changes of the plan's epochs (the hydration's not counted)
 
 
+def replay_session(settings: Settings, view: str) -> SparkSession:
+    """The Spark session of a replay or rebuild of ``view`` run by a command (not a consumer's)."""
+    from mvlog.services.spark_session import spark_session
+
+    return spark_session(settings, app_name=f"mvlog-replay-{view}")
+
+
 class TaskDerivation:
     """Runs a :class:`~mvlog.services.rederive.DerivationPlan` of a one-upstream view in Spark's tasks,
     into a new changelog (see the module's docstring)."""
@@ -214,9 +221,7 @@ class TaskDerivation:
     def spark(self) -> SparkSession:
         """The session the job runs in: made on first use, so that a dry run starts no Spark."""
         if self._spark is None:
-            from mvlog.services.spark_session import spark_session
-
-            self._spark = spark_session(self.settings, app_name=f"mvlog-replay-{self.view.name}")
+            self._spark = replay_session(self.settings, self.view.name)
         return self._spark
 
     @classmethod

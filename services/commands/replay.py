@@ -176,7 +176,7 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
         if into == "rebuild" and plan.last != mce:
             raise click.ClickException(f"{view}: --rebuild recomputes the serving state at the view's MCE {mce}; "
                                        f"the range ends at {plan.last} (leave --to-epoch out)")
-        tasks = _derivation_in_tasks(settings, client, plan) if engine == "spark" else None
+        tasks = _derivation_in_tasks(settings, client, plan, into) if engine == "spark" else None
         result["in_tasks"] = tasks is not None
         if not dry_run and tasks is not None:
             started = time.monotonic()
@@ -213,12 +213,16 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
     _show_derivation(plan.to_json() | result, output)
 
 
-def _derivation_in_tasks(settings: Settings, client: Any, plan: Any) -> Any:
-    """The plan's derivation in Spark's tasks (:mod:`mvlog.services.rederive_tasks`), or None when the
-    view's operator does not run in tasks (the driver engine derives it)."""
+def _derivation_in_tasks(settings: Settings, client: Any, plan: Any, into: str) -> Any:
+    """The plan's derivation in Spark's tasks (:mod:`mvlog.services.rederive_tasks`; a two-view join's
+    rebuild: :mod:`mvlog.services.join_rederive_tasks`), or None when the tasks do not run it (the driver
+    engine derives it)."""
+    from mvlog.services.join_rederive_tasks import JoinRebuild
     from mvlog.services.rederive_tasks import TaskDerivation
 
-    return TaskDerivation.for_plan(settings, client, plan)
+    if (tasks := TaskDerivation.for_plan(settings, client, plan)) is not None:
+        return tasks
+    return JoinRebuild.for_plan(settings, client, plan) if into == "rebuild" else None
 
 
 def _show_derivation(document: dict[str, Any], output: str) -> None:

@@ -146,9 +146,9 @@ def test_derive_into_topic_and_dry_run(settings: Settings, redis_client: redis.R
 
 def test_rebuild_restores_serving_state_and_the_pipeline_carries_on(settings: Settings, redis_client: redis.Redis,
                                                                     spark: Any) -> None:
-    """After the view's rows and operator state are lost, `replay derive --rebuild --execute --engine spark`
-    restores both exactly; a dry run does nothing; the view then keeps up with new epochs and the oracle
-    holds."""
+    """After the view's rows and operator state are lost (a GROUP BY's, a join's), `replay derive --rebuild
+    --execute --engine spark` restores both exactly in Spark's tasks; a dry run does nothing; the views then
+    keep up with new epochs and the oracle holds."""
     consumers = build(settings, redis_client, spark, epochs=5)
     stop(consumers)
     store = ViewStore(redis_client, settings.topic_prefix)
@@ -168,15 +168,28 @@ def test_rebuild_restores_serving_state_and_the_pipeline_carries_on(settings: Se
     assert redis_client.hgetall(state_key) == state
     assert redis_client.zrange(order_key, 0, -1) == order
     assert not redis_client.exists(f"{settings.topic_prefix}:{{mvg}}:rows.rebuild"), "the staging is swapped in"
+    # The join's rebuild runs in tasks too, a task per join-key partition: rows, key order and both sides'
+    # indexes as they were.
+    join_keys = [f"{settings.topic_prefix}:{{mvj}}:{what}" for what in ("rows", "opstate", "keyorder")]
+    join_rows, join_state = redis_client.hgetall(join_keys[0]), redis_client.hgetall(join_keys[1])
+    join_order = redis_client.zrange(join_keys[2], 0, -1)
+    assert join_rows and join_state
+    redis_client.delete(*join_keys)
+    out = json.loads(ok(mvlog(settings, "replay", "derive", "mvj", "--rebuild", "--execute", "--engine", "spark",
+                              "--output", "json")).stdout)
+    assert out["in_tasks"] and out["executed"] and out["rows"] == len(join_rows), out
+    assert redis_client.hgetall(join_keys[0]) == join_rows
+    assert redis_client.hgetall(join_keys[1]) == join_state
+    assert redis_client.zrange(join_keys[2], 0, -1) == join_order
     with Table.open(settings, "t1", client=redis_client, auto_commit=False) as t1:
         t1.upsert([{"id": 1, "v1": -9, "deleted": False, "k": "a"}, {"id": 2, "v1": 40, "deleted": False, "k": "b"}])
         t1.flush()
-    for name in ("mv1", "mvg"):
+    for name in ("mv1", "mvg", "mvj"):
         consumer = ViewConsumer(settings, name, spark=spark, client=redis_client)
         consumer.catch_up()
         consumer.stop()
     assert store.mce("mvg") == store.mce("t1")
-    assert check_oracle(settings, redis_client, ["t1", "mv1", "mvg"]) > 0
+    assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvg", "mvj"]) > 0
 
 
 def _consume_all(settings: Settings, client: redis.Redis, view: str, group: str) -> list[tuple[int, int, int]]:
