@@ -44,7 +44,7 @@ from .barrier_check import assert_barriers_once
 from .busy_table import busy
 from .laps import Laps
 from .processes.task_view_runner import run as run_task_views
-from .processes.view_runner import Relay
+from .processes.view_runner import MCE_TIMEOUT_S, READY_TIMEOUT_S, Relay
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -200,10 +200,10 @@ def test_backfill_killed_at_random_points_resumes_from_its_positions(
                 child = lines.child
                 out: list[str] = []
                 try:
-                    lines.until("ready", 120, out)
+                    lines.until("ready", READY_TIMEOUT_S, out)
                     laps.lap("start to ready")
                     for _ in range(rng.randrange(1, 4)):
-                        lines.until("mce", 60, out)
+                        lines.until("mce", MCE_TIMEOUT_S, out)
                     time.sleep(rng.uniform(0, 0.3))
                     laps.lap("ready to kill")
                 finally:

@@ -26,7 +26,7 @@ from mvlog.services.view_ddl import create_view
 from ..oracle import check_oracle
 from .barrier_check import assert_barriers_once
 from .laps import Laps
-from .processes.view_runner import Lines, Relay
+from .processes.view_runner import MCE_TIMEOUT_S, READY_TIMEOUT_S, Lines, Relay
 from .spark_processes import executor_jvms, executor_python_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
@@ -118,14 +118,14 @@ def test_consumers_killed_at_random_points_lose_nothing_and_apply_nothing_twice(
             for victim in victims:
                 if child is None:
                     child = relay.next()
-                    ready = child.until("ready", 120).split()
+                    ready = child.until("ready", READY_TIMEOUT_S).split()
                     in_tasks = ready[1].split(",") if len(ready) > 1 and ready[1] != "-" else []
                     # The filter mv1 takes the task path with the setting on; the others stay on the driver.
                     assert ("mv1" in in_tasks) is settings.operators_in_tasks, ready
                     laps.lap("start to ready")
                 # Somewhere in the middle of committing epochs: after 1-6 commits, plus a random delay.
                 for _ in range(rng.randrange(1, 4)):
-                    child.until("mce", 60)
+                    child.until("mce", MCE_TIMEOUT_S)
                 time.sleep(rng.uniform(0, 0.3))
                 if victim == "driver":
                     child.child.send_signal(signal.SIGKILL)

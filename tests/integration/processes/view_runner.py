@@ -31,6 +31,11 @@ from mvlog.services.spark_session import spark_session
 
 ROOT = Path(__file__).resolve().parents[3]
 
+#: How long a SIGKILL test waits for a consumer process's ``ready`` (the backlog of every view read with
+#: batch jobs: 15-20 s on a quiet machine, over 120 s in a loaded CI run) and for its next ``mce``.
+READY_TIMEOUT_S = 300.0
+MCE_TIMEOUT_S = 120.0
+
 
 def spawn(settings: Settings, views: list[str], *, standby: bool = False,
           log: Path | None = None) -> subprocess.Popen[str]:
