@@ -126,8 +126,9 @@ def check_backfilled_view(settings: Settings, client: redis.Redis, view: str) ->
 
 def test_view_created_on_a_busy_upstream_is_exact_at_every_epoch(
         make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any) -> None:
-    # Small chunks and 400 ms epochs: a backfill over several epochs, with few epochs to check.
-    settings = make_settings(barrier_interval_ms=400, backfill_batch_rows=100, backfill_max_batch_rows=300)
+    # Chunks of 150-300 rows and 1 s epochs: a backfill over several epochs, with few epochs to check. (400 ms
+    # epochs let a loaded CI run's upstream outpace the backfill: 271 s and 110 epochs a view, 48 alone.)
+    settings = make_settings(barrier_interval_ms=1000, backfill_batch_rows=150, backfill_max_batch_rows=300)
     table = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client)
     rng = random.Random(5)
     table.upsert([{"id": i, "v1": rng.randrange(-50, 50), "deleted": rng.random() < 0.2} for i in range(KEYS)])
