@@ -154,8 +154,12 @@ def _dump_stacks(child: subprocess.Popen[str], log: Path) -> None:
     """Where a consumer process that the test gave up on is: its Python threads' stacks (``SIGUSR1``: the
     runner's ``faulthandler`` writes them to its log) and, in ``<log>.jstack-<pid>``, each JVM's below it
     (the Spark driver's, a local cluster's executors'); the driver's streaming threads are printed too."""
-    os.kill(child.pid, signal.SIGUSR1)
-    for process in psutil.Process(child.pid).children(recursive=True):
+    try:
+        os.kill(child.pid, signal.SIGUSR1)
+        below = psutil.Process(child.pid).children(recursive=True)
+    except (ProcessLookupError, psutil.Error):
+        return  # it exited meanwhile
+    for process in below:
         try:
             if process.name() != "java":
                 continue
