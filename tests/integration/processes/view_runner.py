@@ -112,18 +112,14 @@ class Relay:
     def next(self, timeout: float = 180.0) -> Lines:
         """The next consumer process, told to go on (its stdout then prints ``ready`` and so on)."""
         taking = self._waiting
-        assert taking is not None and taking.stdout is not None, "every run has taken over already"
+        assert taking is not None and taking.stdin is not None, "every run has taken over already"
         self._waiting = None
-        deadline = time.monotonic() + timeout
-        while (line := taking.stdout.readline()) != "standby\n":
-            if not line:
-                raise AssertionError(f"a standby consumer process exited ({taking.poll()}) before its Spark started")
-            assert time.monotonic() < deadline, f"no standby consumer process within {timeout} s"
-        assert taking.stdin is not None
+        lines = Lines(taking)
+        lines.until("standby", timeout)  # its Spark session runs
         taking.stdin.write("go\n")
         taking.stdin.flush()
         self._start()
-        return Lines(taking)
+        return lines
 
     def _start(self) -> None:
         if self._left > 0:
