@@ -89,11 +89,8 @@ class JoinRebuildJob:
         check_owned(self.view.name, partition, dict.fromkeys(state.data), self.routing.partitions_of_state_keys)
         encoded, order = serving_rows(self.view.key_columns, view_rows)
         settings = Settings.from_executor_json(self.settings_json)
-        client = redis_client.connect(settings)
-        try:
-            ViewStore(client, settings.topic_prefix).stage_rebuild(self.view.name, encoded, state.data, order)
-        finally:
-            client.close()
+        ViewStore(redis_client.task_client(settings), settings.topic_prefix).stage_rebuild(
+            self.view.name, encoded, state.data, order)
         return {"partition": partition, "rows": len(encoded), "state": len(state.data), "changes": 0}
 
 

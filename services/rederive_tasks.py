@@ -175,14 +175,11 @@ class DeriveJob:
             changes += len(found) if epoch != self.prev_epoch else 0
         check_owned(self.view.name, partition, dict.fromkeys(state.data), self.routing.partitions_of_state_keys)
         encoded, order = serving_rows(self.view.key_columns, view_rows)
-        client = redis_client.connect(settings)
-        try:
-            if self.stage_for == "replacement":  # its apply diffs rows: it keeps no key order of its own
-                ReplacementStore(client, settings.topic_prefix).stage_hydration(self.view.name, encoded, state.data)
-            else:
-                ViewStore(client, settings.topic_prefix).stage_rebuild(self.view.name, encoded, state.data, order)
-        finally:
-            client.close()
+        client = redis_client.task_client(settings)
+        if self.stage_for == "replacement":  # its apply diffs rows: it keeps no key order of its own
+            ReplacementStore(client, settings.topic_prefix).stage_hydration(self.view.name, encoded, state.data)
+        else:
+            ViewStore(client, settings.topic_prefix).stage_rebuild(self.view.name, encoded, state.data, order)
         return {"partition": partition, "rows": len(encoded), "state": len(state.data), "changes": changes}
 
 

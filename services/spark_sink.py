@@ -173,7 +173,7 @@ class _Staging:
         settings = target.settings
         schema = RowSchema.from_json(target.schema_json)
         partition = _partition_id()
-        client = redis_client.connect(settings)
+        client = redis_client.task_client(settings)
         keys: list[str] = []
         rows = 0
         try:
@@ -199,8 +199,6 @@ class _Staging:
             if keys:
                 client.delete(*keys)
             raise
-        finally:
-            client.close()
         return StagedPartition(partition, tuple(keys), rows)
 
 

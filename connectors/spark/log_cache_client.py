@@ -96,38 +96,34 @@ def sub_range(part: PartitionRange, after: int, upto: int) -> PartitionRange:
 def read_with_cache(part: PartitionRange, from_kafka: KafkaRead) -> Iterator[pa.RecordBatch]:
     """The planned epochs of ``part`` in order, each exactly once, from the cache where it can."""
     settings = Settings.from_executor_json(part.settings_json)
-    client = redis_client.connect(settings)
-    registry = CacheRegistry(client, settings.topic_prefix)
+    registry = CacheRegistry(redis_client.task_client(settings), settings.topic_prefix)
     planned = [epoch for epoch, _ in part.barriers]
     from_cache = 0
-    try:
-        base = registry.worker_for(part.view, part.partition)
-        last = planned[-1]
-        done = part.after_epoch  # every planned epoch up to here has been yielded
-        deadline = time.monotonic() + settings.cache_wait_ms / 1000
-        while base is not None and done < last:
-            reply = fetch_epochs(base, part.view, part.partition, done, last)
-            if reply.status == "hit":
-                expected = [e for e in planned if e > done]
-                if barrier_epochs(reply.batches) == expected:
-                    yield from reply.batches
-                    from_cache += len(expected)
-                    done = last
-                    break
-                log.warning("%s partition %d: the log cache's epochs in (%d, %d] differ from the epoch index; "
-                            "reading Kafka", part.view, part.partition, done, last)
+    base = registry.worker_for(part.view, part.partition)
+    last = planned[-1]
+    done = part.after_epoch  # every planned epoch up to here has been yielded
+    deadline = time.monotonic() + settings.cache_wait_ms / 1000
+    while base is not None and done < last:
+        reply = fetch_epochs(base, part.view, part.partition, done, last)
+        if reply.status == "hit":
+            expected = [e for e in planned if e > done]
+            if barrier_epochs(reply.batches) == expected:
+                yield from reply.batches
+                from_cache += len(expected)
+                done = last
                 break
-            if reply.status == "evicted" and reply.floor is not None and reply.floor > done:
-                replay_upto = min(reply.floor, last)
-                yield from from_kafka(sub_range(part, done, replay_upto))  # replay of lagged epochs
-                done = replay_upto
-                continue
-            if reply.status == "not_yet" and time.monotonic() < deadline:
-                time.sleep(0.02)
-                continue
+            log.warning("%s partition %d: the log cache's epochs in (%d, %d] differ from the epoch index; "
+                        "reading Kafka", part.view, part.partition, done, last)
             break
-        if done < last:
-            yield from from_kafka(sub_range(part, done, last))
-        registry.count_reads(part.view, from_cache, len(planned) - from_cache)
-    finally:
-        client.close()
+        if reply.status == "evicted" and reply.floor is not None and reply.floor > done:
+            replay_upto = min(reply.floor, last)
+            yield from from_kafka(sub_range(part, done, replay_upto))  # replay of lagged epochs
+            done = replay_upto
+            continue
+        if reply.status == "not_yet" and time.monotonic() < deadline:
+            time.sleep(0.02)
+            continue
+        break
+    if done < last:
+        yield from from_kafka(sub_range(part, done, last))
+    registry.count_reads(part.view, from_cache, len(planned) - from_cache)

@@ -99,7 +99,7 @@ class SeedJob:
         """Stage partition ``partition``'s seed and commit its epoch E to Kafka (unless committed)."""
         settings = Settings.from_executor_json(self.settings_json)
         view, epoch = self.view, self.epoch
-        staging = PartitionStaging(redis_client.connect(settings), settings.topic_prefix)
+        staging = PartitionStaging(redis_client.task_client(settings), settings.topic_prefix)
         decoder, budget = SeedDecoder(self.plan), settings.snapshot_load_batch_rows
         staged = [StagedCounts(0, 0, 0, 0)]
 
@@ -133,7 +133,6 @@ class SeedJob:
                 offset = committed.offset
         finally:
             writer.close()
-            staging.redis.close()
         total = [sum(getattr(c, f) for c in staged) for f in ("puts", "deletes", "order_puts", "order_deletes",
                                                               "state_puts", "state_deletes")]
         return {"partition": partition, "epoch": epoch, "offset": offset, "records": records,

@@ -162,14 +162,10 @@ class ChunkRows:
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         settings = Settings.from_executor_json(self.settings_json)
-        client = redis_client.connect(settings)
-        store = BackfillStore(client, settings.topic_prefix)
-        try:
-            for batch in batches:
-                for task in batch.column(0).to_pylist():
-                    yield from self._rows(store, task * ROWS_PER_TASK, min(self.rows, (task + 1) * ROWS_PER_TASK))
-        finally:
-            client.close()
+        store = BackfillStore(redis_client.task_client(settings), settings.topic_prefix)
+        for batch in batches:
+            for task in batch.column(0).to_pylist():
+                yield from self._rows(store, task * ROWS_PER_TASK, min(self.rows, (task + 1) * ROWS_PER_TASK))
 
     def _rows(self, store: BackfillStore, start: int, stop: int) -> Iterator[pa.RecordBatch]:
         found = store.chunk_rows(self.view, start, stop)

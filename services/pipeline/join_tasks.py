@@ -192,24 +192,21 @@ class JoinKeyJob:
         of_vnode = partitions_table(view.partitions)
         tokens = pa.array(partition_tokens(view.partitions), pa.int32())
         out: list[pa.Table] = [self.out_schema.empty_table()]
-        staging = PartitionStaging(redis_client.connect(settings), settings.topic_prefix)
-        try:
-            state = committed_state(staging, target)
-            for epoch in todo:
-                output = operator.apply_epoch(epochs[epoch], state)
-                state.apply(output.state_writes)
-                check_owned(view.name, partition, output.state_writes, self.routing.partitions_of_state_keys)
-                puts, deletes = output.state_puts_and_deletes()
-                counts = staging.stage(view.name, partition, EpochCommit(epoch, {}, (), {}, state_puts=puts,
-                                                                         state_deletes=deletes), rows=False)
-                rows_out, weights = output.changes.signed()
-                parts = view_key_partitions(self.plan.schema, rows_out, of_vnode)
-                out.append(self._shaped(rows_out, epoch, weights, -1, 0, 0, parts, tokens))
-                mark = pa.array([partition], pa.int32())
-                out.append(self._shaped(None, epoch, pa.array([0], pa.int64()), partition, counts.state_puts,
-                                        counts.state_deletes, mark, tokens))
-        finally:
-            staging.redis.close()
+        staging = PartitionStaging(redis_client.task_client(settings), settings.topic_prefix)
+        state = committed_state(staging, target)
+        for epoch in todo:
+            output = operator.apply_epoch(epochs[epoch], state)
+            state.apply(output.state_writes)
+            check_owned(view.name, partition, output.state_writes, self.routing.partitions_of_state_keys)
+            puts, deletes = output.state_puts_and_deletes()
+            counts = staging.stage(view.name, partition, EpochCommit(epoch, {}, (), {}, state_puts=puts,
+                                                                     state_deletes=deletes), rows=False)
+            rows_out, weights = output.changes.signed()
+            parts = view_key_partitions(self.plan.schema, rows_out, of_vnode)
+            out.append(self._shaped(rows_out, epoch, weights, -1, 0, 0, parts, tokens))
+            mark = pa.array([partition], pa.int32())
+            out.append(self._shaped(None, epoch, pa.array([0], pa.int64()), partition, counts.state_puts,
+                                    counts.state_deletes, mark, tokens))
         return pa.concat_tables(out)
 
     def _shaped(self, rows: pa.Table | None, epoch: int, weights: pa.Array, counts_of: int, puts: int,

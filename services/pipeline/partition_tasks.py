@@ -295,14 +295,11 @@ class PartitionWriter:
         if not todo:
             return []
         require_next(partition, target.after, todo, target.next_epoch)
-        staging = PartitionStaging(redis_client.connect(self.settings), self.settings.topic_prefix)
-        try:
-            return KEPT_WRITERS.run(
-                self.settings, view, partition, partition_transactional_id(self.settings, view.name, partition),
-                WriterClaims(staging.redis, self.settings.topic_prefix),
-                lambda writer, kept: self._write(writer, kept, staging, todo, compute, state, stage_state))
-        finally:
-            staging.redis.close()
+        staging = PartitionStaging(redis_client.task_client(self.settings), self.settings.topic_prefix)
+        return KEPT_WRITERS.run(
+            self.settings, view, partition, partition_transactional_id(self.settings, view.name, partition),
+            WriterClaims(staging.redis, self.settings.topic_prefix),
+            lambda writer, kept: self._write(writer, kept, staging, todo, compute, state, stage_state))
 
     def _write(self, writer: ChangelogWriter, kept: bool, staging: PartitionStaging, todo: list[int],
                compute: Callable[[int, LayeredState], EpochOutput], state: Callable[[PartitionStaging], LayeredState],
