@@ -175,6 +175,11 @@ def _print_chunk(chunk: Chunk) -> None:
         print(f"chunk {part.vnode} {start}", flush=True)
 
 
+def _phase(began: float, what: str) -> None:
+    """A line on stderr (the consumer's log, read when a test fails): where the start's time went."""
+    print(f"view_runner +{time.monotonic() - began:.1f}s {what}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that gives up on this process: _dump_stacks
     args = sys.argv[1:]
@@ -188,14 +193,17 @@ def main() -> None:
         if not sys.stdin.readline():
             return  # the test ended without it
     consumers: list[ViewConsumer] = []
+    began = time.monotonic()
     for view in args[2 if standby else 1:]:
         spark = consumers[0].spark if consumers else spark
         consumers.append(ViewConsumer(settings, view, spark=spark, max_epochs_per_trigger=20,
                                       trigger_interval="100 milliseconds"))
+        _phase(began, f"{view}: consumer made")
     for consumer in consumers:
         if consumer.backfill is not None:
             consumer.backfill.on_chunk_read = _print_chunk
         consumer.start()
+        _phase(began, f"{consumer.entry.name}: started at MCE {consumer.mce}")
     in_tasks = ",".join(c.entry.name for c in consumers if c.tasks is not None) or "-"
     print(f"ready {in_tasks}", flush=True)  # the views whose operators run in Spark's tasks
     reported = {c.entry.name: c.mce for c in consumers}
