@@ -84,6 +84,12 @@ class DerivationPlan:
     retained: RetainedRange
     upstreams: list[UpstreamRead] = field(default_factory=list)
 
+    @classmethod
+    def at_snapshot(cls, view: str, source: str, epoch: int) -> DerivationPlan:
+        """A plan of no epoch: the state at ``epoch``, hydrated from ``source``'s snapshot there (its
+        changelog is not read)."""
+        return cls(view, (source,), epoch, epoch, epoch, [], RetainedRange(source, epoch, epoch))
+
     def upto(self, upstream: str) -> int:
         """The last epoch read from ``upstream``."""
         return next(u.upto for u in self.upstreams if u.name == upstream)

@@ -53,6 +53,7 @@ from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import EpochIndex, IndexEntry
 from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.spark.change_rows import BARRIER, META_COLUMNS
 from mvlog.connectors.spark.job_progress import JobProgress
 from mvlog.connectors.spark.source_options import changelog_read
 from mvlog.partition_epochs import prev_epochs, resume_partition
@@ -71,7 +72,9 @@ from mvlog.services.pipeline.partition_tasks import (
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
 from mvlog.services.rederive import DerivationPlan, folded_prefix, new_replay_topic, serving_rows
+from mvlog.services.snapshot_compaction import read_snapshot
 from mvlog.services.view_ddl import plan_for
+from mvlog.snapshot_plan import SnapshotRecord
 from mvlog.views import EpochOutput, InMemoryState, ViewOperator, ViewPlan
 from mvlog.views.key_routing import KeyRouting, one_upstream_routing
 from mvlog.views.routing import GroupRouting
@@ -107,6 +110,9 @@ class DeriveJob:
     #: Whose staging a rebuild fills: the view's own rebuild (``view``), or the first state of the view's
     #: staged replacement (``replacement``: ``view`` and ``plan`` are then the replacement's definition).
     stage_for: StageFor = "view"
+    #: A rebuild of a view still backfilling: ``covers(upstream, key)``, the upstream keys its chunked
+    #: backfill had reached at the last epoch (the view holds only those); None: every key.
+    covers: Callable[[str, Key], bool] | None = None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """``mapInArrow``'s function: the task's shuffled rows in, one row per partition and epoch (a
@@ -124,6 +130,11 @@ class DeriveJob:
         rows (the state the iterator's epochs then move on), and each epoch's output in order."""
         inputs: EpochBatches = {}
         batches_from_arrow(rows, self.upstream, inputs)
+        if self.covers is not None:
+            name, covers = self.upstream.name, self.covers
+            for batches in inputs.values():
+                if (batch := batches.get(name)) is not None:
+                    batches[name] = batch.where([covers(name, key) for key in batch.keys])
         operator, state = ViewOperator(self.plan), InMemoryState()
         hydration = None
         if (prefix := inputs.get(self.prev_epoch)) is not None:
@@ -210,9 +221,14 @@ class TaskDerivation:
 
     def __init__(self, settings: Settings, client: redis.Redis, plan: DerivationPlan, view: CatalogEntry,
                  upstream: CatalogEntry, view_plan: ViewPlan, routing: GroupRouting | KeyRouting,
-                 spark: SparkSession | None = None) -> None:
+                 spark: SparkSession | None = None, covers: Callable[[str, Key], bool] | None = None,
+                 snapshot: SnapshotRecord | None = None) -> None:
         self.settings, self.client, self.plan, self._spark = settings, client, plan, spark
         self.view, self.upstream, self.view_plan, self.routing = view, upstream, view_plan, routing
+        self.covers = covers  # see DeriveJob.covers
+        #: The upstream's snapshot at the hydration epoch (``plan.prev_epoch``), read instead of folding
+        #: its changelog (a replacement's hydration from a snapshot: ``plan`` then has no epoch).
+        self.snapshot = snapshot
 
     @property
     def spark(self) -> SparkSession:
@@ -223,9 +239,11 @@ class TaskDerivation:
 
     @classmethod
     def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
-                 spark: SparkSession | None = None) -> TaskDerivation | None:
+                 spark: SparkSession | None = None, covers: Callable[[str, Key], bool] | None = None
+                 ) -> TaskDerivation | None:
         """The derivation in tasks, or None when the view's operator does not run in tasks (a join, a
-        global aggregate, top-N, windows...): the driver engines derive it."""
+        global aggregate, top-N, windows...): the driver engines derive it. ``covers``: a rebuild's of
+        a view still backfilling (:attr:`DeriveJob.covers`)."""
         catalog = CatalogStore(settings, client)
         view = catalog.get(plan.view)
         if len(view.sources) != 1:
@@ -235,7 +253,7 @@ class TaskDerivation:
         routing = one_upstream_routing(view_plan, upstream.key_columns, view.partitions)
         if routing is None:
             return None
-        return cls(settings, client, plan, view, upstream, view_plan, routing, spark)
+        return cls(settings, client, plan, view, upstream, view_plan, routing, spark, covers)
 
     def run(self, name: str | None = None, on_progress: Callable[[int, int], None] | None = None) -> DerivedTopic:
         """Derive the plan's epochs into the changelog of ``name`` (made up when None; refused when it is
@@ -284,7 +302,8 @@ class TaskDerivation:
 
     def _job(self, target: str, *, rebuild: bool, stage_for: StageFor = "view") -> DeriveJob:
         return DeriveJob(self.settings.to_executor_json(), target, self.view, self.upstream, self.view_plan,
-                         self.plan.prev_epoch, tuple(self.plan.epochs), self.routing, rebuild, stage_for)
+                         self.plan.prev_epoch, tuple(self.plan.epochs), self.routing, rebuild, stage_for,
+                         self.covers if rebuild else None)
 
     def _derived(self, job: DeriveJob) -> DataFrame:
         """``job`` over the input, routed and shuffled so that task ``p`` holds view partition ``p``'s."""
@@ -299,6 +318,8 @@ class TaskDerivation:
         """The upstream's last image per key up to ``prev_epoch``, as signed rows of that one epoch, then the
         range's epochs as read."""
         plan, name = self.plan, self.upstream.name
+        if self.snapshot is not None:
+            return snapshot_hydration(self.spark, self.upstream, self.snapshot)
         frame = changelog_read(self.spark, self.settings, name, plan.prev_epoch, plan.upto(name))
         index = EpochIndex(self.client, self.settings.topic_prefix)
         if (prefix := folded_prefix(self.spark, self.settings, index, plan, name)) is None:
@@ -306,3 +327,17 @@ class TaskDerivation:
         hydration = (prefix.withColumn("_epoch", F.lit(plan.prev_epoch).cast("bigint"))
                      .withColumn("_change_type", F.lit("insert")).withColumn("_weight", F.lit(1).cast("int")))
         return hydration.select(*frame.columns).unionByName(frame)
+
+
+def snapshot_hydration(spark: SparkSession, upstream: CatalogEntry, snapshot: SnapshotRecord) -> DataFrame:
+    """The snapshot's rows as the data source's signed rows of its epoch (all inserts, each a change of its
+    own), and one barrier row of that epoch, which the routing copies to every view partition: each
+    partition's task then runs, with rows or without."""
+    rows = (read_snapshot(spark, upstream, snapshot.path)
+            .withColumn("_epoch", F.lit(snapshot.epoch).cast("bigint")).withColumn("_change_type", F.lit("insert"))
+            .withColumn("_weight", F.lit(1).cast("int")).withColumn("_partition", F.lit(0).cast("int"))
+            .withColumn("_offset", F.monotonically_increasing_id())
+            .select(*(f"`{name}`" for name in upstream.schema.names), *META_COLUMNS))
+    barrier = {**dict.fromkeys(upstream.schema.names), "_epoch": snapshot.epoch, "_change_type": BARRIER,
+               "_weight": 0, "_partition": 0, "_offset": -1, "_key": b""}
+    return rows.unionByName(spark.createDataFrame([tuple(barrier[f.name] for f in rows.schema)], rows.schema))

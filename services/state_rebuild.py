@@ -7,7 +7,8 @@ During a rebuild the upstreams come back first (dependency order), so those rows
 (:func:`~mvlog.connectors.rows_at_epoch.rows_at_epoch`: its serving rows with its later epochs undone).
 This replaces reading each upstream's whole changelog per view, which made a rebuild minutes long.
 
-A view still backfilling holds Q of the upstream keys its positions cover only: only those take part.
+A view still backfilling holds the upstream keys its positions cover only: only those take part, on
+either path.
 
 With the operators in Spark's tasks (``Settings.operators_in_tasks``), a rebuild leaves the operator state
 of a view the tasks can re-derive to that view's consumer (:func:`restore_or_leave`: marked ``rederive``
@@ -111,17 +112,15 @@ def _backfill_coverage(store: ViewStore, entry: CatalogEntry, upstreams: dict[st
 def left_to_consumer(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> bool:
     """Whether a rebuild leaves ``entry``'s operator state to the view's consumer: the operators run in
     Spark's tasks (``Settings.operators_in_tasks``, the deployment's setting), the view's operator is one
-    they run (one upstream by key or by group, or a two-view equi-join), and no chunked backfill is
-    running (a backfilling view covers only part of its upstreams, which the tasks' derivation does not
-    know)."""
+    they run (one upstream by key or by group, or a two-view equi-join). A view still backfilling is
+    re-derived by its tasks from the keys its backfill covers (:attr:`DeriveJob.covers`), which a join's
+    tasks do not take: a backfilling join is re-derived now."""
     if not settings.operators_in_tasks or entry.kind != "view" or len(entry.sources) not in (1, 2):
-        return False
-    if backfill_needed(ViewStore(client, settings.topic_prefix), entry):
         return False
     catalog = CatalogStore(settings, client)
     plan = plan_for(catalog, entry.name, entry.sql or "")
     if len(entry.sources) == 2:
-        return two_view_equi_join(plan)
+        return two_view_equi_join(plan) and not backfill_needed(ViewStore(client, settings.topic_prefix), entry)
     return one_upstream_routing(plan, catalog.get(entry.sources[0]).key_columns, entry.partitions) is not None
 
 
@@ -155,7 +154,7 @@ def _rederive_in_tasks(settings: Settings, client: redis.Redis, entry: CatalogEn
     """:func:`restore_view_state` computed by Spark's tasks
     (:meth:`~mvlog.services.rederive_tasks.TaskDerivation.rebuild` of the MCE alone, or a join's
     :class:`~mvlog.services.join_rederive_tasks.JoinRebuild`); None when the tasks cannot (an operator
-    they do not run, an upstream's changelog no longer from its first epoch)."""
+    they do not run, a join still backfilling, an upstream's changelog no longer from its first epoch)."""
     # Their Spark jobs: imported in a consumer's process only.
     from mvlog.services.join_rederive_tasks import JoinRebuild
     from mvlog.services.rederive_tasks import TaskDerivation
@@ -168,13 +167,15 @@ def _rederive_in_tasks(settings: Settings, client: redis.Redis, entry: CatalogEn
         if (at or 0) < mce:
             raise ViewNotRestorableError(f"{entry.name}: its upstream {upstream} is at epoch {at} in Redis, "
                                          f"below the view's MCE {mce}")
+    catalog = CatalogStore(settings, client)
+    covers = _backfill_coverage(store, entry, {name: catalog.get(name) for name in entry.sources})
     derivation: TaskDerivation | JoinRebuild | None
     try:
         plan = plan_derivation(settings, client, entry.name, mce, mce)
         if len(entry.sources) == 2:
-            derivation = JoinRebuild.for_plan(settings, client, plan, spark)
+            derivation = JoinRebuild.for_plan(settings, client, plan, spark) if covers is None else None
         else:
-            derivation = TaskDerivation.for_plan(settings, client, plan, spark)
+            derivation = TaskDerivation.for_plan(settings, client, plan, spark, covers)
     except ReplayRangeError as exc:
         log.warning("%s: operator state re-derived the driver's way: %s", entry.name, exc)
         return None

@@ -108,6 +108,13 @@ class ChangeBatch:
             return keys
         return self._keys
 
+    def where(self, keep: Sequence[bool]) -> ChangeBatch:
+        """The changes whose ``keep`` is true, in order."""
+        mask = pa.array(keep, pa.bool_())
+        keys = None if self._keys is None else [key for key, kept in zip(self._keys, keep, strict=True) if kept]
+        return ChangeBatch(self.schema, self.ops.filter(mask), self.before.filter(mask), self.after.filter(mask),
+                           keys)
+
     def one_change_per_key(self) -> bool:
         """Whether no key changes twice (every mvlog writer's batches; then each key has at most one
         signed row per sign, and the operator needs no netting)."""

@@ -17,8 +17,8 @@ Where the operators run in Spark's tasks (``Settings.operators_in_tasks``) and t
 operator is one they run (one upstream, by the key it passes through or by its groups), hydration from
 the upstream's whole changelog runs there too (:func:`hydrate_in_tasks`): Spark SQL folds the log up to
 the epoch before F, a task per view partition computes epoch F with the replacement's operator and
-stages its partition's rows and state, and one script makes them the replacement's. The driver then
-never holds the upstream's rows. From a snapshot, hydration stays the driver's.
+stages its partition's rows and state, and one script makes them the replacement's. From a snapshot,
+the tasks read its files instead, as the rows at F. The driver then never holds the upstream's rows.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import ReplacementError, applied_entry
 from mvlog.replay import ReplayRangeError
-from mvlog.services.rederive import plan_derivation
+from mvlog.services.rederive import DerivationPlan, plan_derivation
 from mvlog.services.rederive_tasks import TaskDerivation
 from mvlog.services.snapshot_compaction import check_changelog_after, read_snapshot
 from mvlog.snapshot_plan import SnapshotError, SnapshotRecord
@@ -118,9 +118,10 @@ def snapshot_reads(spark: SparkSession, upstream: CatalogEntry, record: Snapshot
 def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSession, entry: CatalogEntry,
                         plan: ViewPlan, start: HydrationStart) -> TaskDerivation | None:
     """The hydration of view ``entry``'s replacement ``plan`` in Spark's tasks, or None where it stays the
-    driver's: the setting off, a snapshot to start from, an operator the tasks do not run (a join, a
-    global aggregate, top-N, windows), other upstreams than the view's, or no upstream epoch at F."""
-    if not settings.operators_in_tasks or any(record is not None for record in start.snapshots.values()):
+    driver's: the setting off, an operator the tasks do not run (a join, a global aggregate, top-N,
+    windows), other upstreams than the view's, or no upstream epoch at F. From the upstream's snapshot
+    (F is its epoch), the tasks read its files; else Spark SQL folds the changelog up to F."""
+    if not settings.operators_in_tasks:
         return None
     if len(plan.sources) != 1 or tuple(plan.sources) != tuple(entry.sources):
         return None
@@ -128,6 +129,11 @@ def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSes
     routing = one_upstream_routing(plan, upstream.key_columns, entry.partitions)
     if routing is None:
         return None
+    replacement = applied_entry(entry, plan.sql, plan.schema, plan.sources, entry.version)
+    if (snapshot := start.snapshots.get(upstream.name)) is not None:
+        at_snapshot = DerivationPlan.at_snapshot(entry.name, upstream.name, snapshot.epoch)
+        return TaskDerivation(settings, client, at_snapshot, replacement, upstream, plan, routing, spark,
+                              snapshot=snapshot)
     try:
         derivation = plan_derivation(settings, client, entry.name, start.epoch, start.epoch)
     except (CatalogError, ReplayRangeError) as error:
@@ -137,7 +143,6 @@ def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSes
         log.info("%s: a replacement hydrated on the driver: the upstream's epochs plan through %d, not F (%d)",
                  entry.name, derivation.last, start.epoch)
         return None
-    replacement = applied_entry(entry, plan.sql, plan.schema, plan.sources, entry.version)
     return TaskDerivation(settings, client, derivation, replacement, upstream, plan, routing, spark)
 
 

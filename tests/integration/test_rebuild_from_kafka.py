@@ -131,7 +131,7 @@ def backfilling(consumer: ViewConsumer) -> bool:
 
 @pytest.mark.parametrize("path", ["driver", "tasks"])
 def test_flushall_during_a_chunked_backfill(path: str, make_settings: Callable[..., Settings], own_redis: str,
-                                            spark: Any) -> None:
+                                            spark: Any, caplog: pytest.LogCaptureFixture) -> None:
     """A view created online loses nothing when Redis is wiped while it backfills: its positions, counters
     and journal come back from its own changelog (the backfill_progress mutations on its barriers), its
     operator state is re-derived from the upstream keys those positions cover, and the backfill resumes
@@ -139,9 +139,12 @@ def test_flushall_during_a_chunked_backfill(path: str, make_settings: Callable[.
 
     "tasks": the GROUP BY and its backfill run in Spark's tasks, whose chunk of an epoch is saved in Redis
     until that epoch commits: a wipe that loses it after a partition committed the epoch (or while the
-    rebuild holds that epoch back for want of proof) has it read again from the epoch's barriers."""
+    rebuild holds that epoch back for want of proof) has it read again from the epoch's barriers. The
+    rebuild leaves the view's operator state to its consumer, whose tasks re-derive it from the keys the
+    restored positions cover."""
     tasks = {"operators_in_tasks": True, "tasks_min_records": 0} if path == "tasks" else {}
     settings = make_settings(redis_url=own_redis, backfill_batch_rows=8, **tasks)
+    caplog.set_level(logging.WARNING, logger="mvlog.services.state_rebuild")
     client = redis.Redis.from_url(own_redis)
     store = ViewStore(client, settings.topic_prefix)
     rng = random.Random(5)
@@ -187,6 +190,10 @@ def test_flushall_during_a_chunked_backfill(path: str, make_settings: Callable[.
         client.flushall()
         t1.flush()
         restored = store.mce("mv1")
+        assert bool(store.meta("mv1").get("rederive")) is settings.operators_in_tasks
+        consumer = ViewConsumer(settings, "mv1", spark=spark, client=client)  # re-derives what was left to it
+        in_tasks = {getattr(r, "rederived_in_tasks", None) for r in caplog.records} - {None}
+        assert in_tasks == ({"mv1"} if settings.operators_in_tasks else set()), in_tasks
         if restored == mce:
             assert {key: client.hgetall(key) for key in keys} == before
             assert store.backfill_journal("mv1") == journal
@@ -199,7 +206,6 @@ def test_flushall_during_a_chunked_backfill(path: str, make_settings: Callable[.
         assert rows_done > 0 and b"done" not in backfill()
 
         # 2. The consumer resumes from the restored positions; Redis is wiped again while it runs.
-        consumer = ViewConsumer(settings, "mv1", spark=spark, client=client)
         assert consumer.backfill is not None and consumer.backfill.rows_done == rows_done
         consumer.start()
         run_until(lambda: int(backfill().get(b"rows_done", 0)) >= rows_done + 15, "more of the backfill")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -59,8 +60,12 @@ def _replacement_matches_oracle(settings: Settings, client: redis.Redis, view: s
     return record
 
 
-def test_replacement_hydrates_from_the_upstream_snapshot(settings: Settings, redis_client: redis.Redis,
-                                                         spark: Any) -> None:
+@pytest.mark.parametrize("path", ["driver", "tasks"])
+def test_replacement_hydrates_from_the_upstream_snapshot(path: str, make_settings: Callable[..., Settings],
+                                                         redis_client: redis.Redis, spark: Any) -> None:
+    """``tasks``: mv1's filters run in Spark's tasks, and so does the hydration: a task per view partition
+    reads the snapshot's files and stages its part of the replacement."""
+    settings = make_settings(**({"operators_in_tasks": True, "tasks_min_records": 0} if path == "tasks" else {}))
     rng = random.Random(11)
     store = ViewStore(redis_client, settings.topic_prefix)
     replacements = ReplacementStore(redis_client, settings.topic_prefix)
@@ -97,11 +102,11 @@ def test_replacement_hydrates_from_the_upstream_snapshot(settings: Settings, red
         at = write_epoch()  # mv1's consumer hydrates the replacement with this epoch's micro-batch
         hydrated = _replacement_matches_oracle(settings, redis_client, "mv1", at)
         assert hydrated.hydration_epoch == snapshot.epoch < at
-        assert hydrated.fields is not None and \
-            hydrated.fields["hydrated_from"] == f"t1: snapshot at epoch {snapshot.epoch}"
+        source = f"t1: snapshot at epoch {snapshot.epoch}" + (", in Spark's tasks" if path == "tasks" else "")
+        assert hydrated.fields is not None and hydrated.fields["hydrated_from"] == source
         listed = json.loads(ok(mvlog(settings, "replacement", "list", "--output", "json")).stdout)
         assert [(r["view"], r["hydration_epoch"], r["hydrated_from"]) for r in listed] == [
-            ("mv1", snapshot.epoch, f"t1: snapshot at epoch {snapshot.epoch}")]
+            ("mv1", snapshot.epoch, source)]
         request_apply(settings, "mv1", client=redis_client)
         cut_over = write_epoch()
         applied = wait_for_apply(settings, "mv1", staged.id, timeout=30, client=redis_client)
@@ -123,7 +128,8 @@ def test_replacement_hydrates_from_the_upstream_snapshot(settings: Settings, red
         assert not starts_the_log(settings, store.index, "t1")
         stage_replacement(settings, "mv1", WIDER, client=redis_client)
         at = write_epoch()
-        assert _replacement_matches_oracle(settings, redis_client, "mv1", at).hydration_epoch == snapshot.epoch
+        wider = _replacement_matches_oracle(settings, redis_client, "mv1", at)
+        assert wider.hydration_epoch == snapshot.epoch and (wider.fields or {}).get("hydrated_from") == source
         discard_replacement(settings, "mv1", client=redis_client)
 
         # 3. Retention also took E: neither a whole changelog nor a covered snapshot, so it stops with the

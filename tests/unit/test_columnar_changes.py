@@ -104,6 +104,10 @@ def test_the_data_sources_signed_rows_pair_into_changes_and_one_change_per_key_i
     signed, weights = once.signed()
     assert (signed.to_pylist(), weights.to_pylist()) == (rows.slice(0, 4).to_pylist(), [-1, 1, 1, -1])
     assert len(ChangeBatch.from_signed(VIEW, rows.slice(0, 0), pa.array([], pa.int32()), pa.array([]))) == 0
+    kept = once.where([True, False, True])  # a backfilling view's rebuild keeps the covered keys only
+    assert kept.to_changes() == [once.to_changes()[0], once.to_changes()[2]] and kept.keys == [(1,), (3,)]
+    assert len(ChangeBatch.from_signed(VIEW, rows, pa.array([-1, 1, 1, -1, 1]), pa.array([4, 4, 5, 6, 7]))
+               .where([False] * 4)) == 0
 
 
 def test_outer_join_keys_with_null_components_round_trip_through_the_key_codec() -> None:
