@@ -15,6 +15,11 @@ input row and state key it needs, and stages rows no other task stages.
    several writers stage disjoint parts; a retried task stages the same values again);
 3. the driver swaps the staged rebuild in for the view's in one script, refused when the MCE moved.
 
+A staged join replacement's first state is computed the same way from the replacement's definition, at
+the epoch F hydration starts from, into the replacement's own staging
+(:func:`mvlog.services.replacement.hydration.hydrate_in_tasks` swaps it in); a side that starts from its
+snapshot is folded from the snapshot's rows and its changelog after it.
+
 The driver collects one small row per partition: it never holds the upstreams' rows.
 """
 
@@ -35,6 +40,7 @@ from mvlog.changes import apply_changes
 from mvlog.config import Settings
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.spark.job_progress import JobProgress
 from mvlog.connectors.spark.source_options import changelog_read
@@ -50,8 +56,16 @@ from mvlog.services.pipeline.partition_tasks import (
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
 from mvlog.services.rederive import DerivationPlan, last_images, serving_rows
-from mvlog.services.rederive_tasks import STAGED_DDL, STAGED_SCHEMA, RebuiltState, replay_session
+from mvlog.services.rederive_tasks import (
+    STAGED_DDL,
+    STAGED_SCHEMA,
+    RebuiltState,
+    StageFor,
+    replay_session,
+    snapshot_hydration,
+)
 from mvlog.services.view_ddl import plan_for
+from mvlog.snapshot_plan import SnapshotRecord
 from mvlog.views import InMemoryState, ViewOperator, ViewPlan
 from mvlog.views.join_routing import JoinRouting, two_view_equi_join
 
@@ -66,7 +80,8 @@ class JoinRebuildJob:
     upstreams: tuple[CatalogEntry, CatalogEntry]  # by side
     plan: ViewPlan
     routing: JoinRouting
-    epoch: int  # the view's MCE: the one epoch the folded rows carry
+    epoch: int  # the view's MCE (a replacement's: F): the one epoch the folded rows carry
+    stage_for: StageFor = "view"  # whose staging the tasks fill (see DeriveJob.stage_for)
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found = own_partition(batches, VIEW_PARTITION)
@@ -75,7 +90,8 @@ class JoinRebuildJob:
             yield pa.RecordBatch.from_pylist([self.stage(partition, rows)], schema=STAGED_SCHEMA)
 
     def stage(self, partition: int, rows: pa.Table | None) -> dict[str, Any]:
-        """Partition ``partition``'s rows and operator state at the epoch, staged for the view's rebuild."""
+        """Partition ``partition``'s rows and operator state at the epoch, staged for the view's rebuild
+        or its replacement's hydration."""
         epochs: EpochBatches = {}
         if rows is not None:
             for upstream, mine in zip(self.upstreams, sides(rows, self.upstreams), strict=True):
@@ -89,19 +105,32 @@ class JoinRebuildJob:
         check_owned(self.view.name, partition, dict.fromkeys(state.data), self.routing.partitions_of_state_keys)
         encoded, order = serving_rows(self.view.key_columns, view_rows)
         settings = Settings.from_executor_json(self.settings_json)
-        ViewStore(redis_client.task_client(settings), settings.topic_prefix).stage_rebuild(
-            self.view.name, encoded, state.data, order)
+        client = redis_client.task_client(settings)
+        if self.stage_for == "replacement":  # its apply diffs rows: it keeps no key order of its own
+            ReplacementStore(client, settings.topic_prefix).stage_hydration(self.view.name, encoded, state.data)
+        else:
+            ViewStore(client, settings.topic_prefix).stage_rebuild(self.view.name, encoded, state.data, order)
         return {"partition": partition, "rows": len(encoded), "state": len(state.data), "changes": 0}
 
 
-class JoinRebuild:
-    """Rebuilds the rows and operator state of a two-view join at its MCE in Spark's tasks (see the module)."""
+@dataclass(frozen=True)
+class SideRead:
+    """What one side's rows at the epoch are folded from: its changelog up to ``upto`` (its last epoch at
+    or before the join's), after its ``snapshot``'s rows when it starts from one."""
 
-    def __init__(self, settings: Settings, client: redis.Redis, plan: DerivationPlan, view: CatalogEntry,
-                 upstreams: tuple[CatalogEntry, CatalogEntry], view_plan: ViewPlan,
+    upto: int
+    snapshot: SnapshotRecord | None = None
+
+
+class JoinRebuild:
+    """Computes the rows and operator state of a two-view join at one epoch in Spark's tasks (see the
+    module): the view's own at its MCE, or a join replacement's first state."""
+
+    def __init__(self, settings: Settings, client: redis.Redis, epoch: int, view: CatalogEntry,
+                 upstreams: tuple[CatalogEntry, CatalogEntry], view_plan: ViewPlan, reads: dict[str, SideRead],
                  spark: SparkSession | None = None) -> None:
-        self.settings, self.client, self.plan, self._spark = settings, client, plan, spark
-        self.view, self.upstreams, self.view_plan = view, upstreams, view_plan
+        self.settings, self.client, self.epoch, self._spark = settings, client, epoch, spark
+        self.view, self.upstreams, self.view_plan, self.reads = view, upstreams, view_plan, reads
         self.routing = JoinRouting(view_plan, view.partitions)
 
     @property
@@ -122,34 +151,45 @@ class JoinRebuild:
         if len(view.sources) != 2 or not two_view_equi_join(view_plan):
             return None
         first, second = JoinRouting(view_plan, view.partitions).upstreams()
-        return cls(settings, client, plan, view, (catalog.get(first), catalog.get(second)), view_plan, spark)
+        reads = {name: SideRead(plan.upto(name)) for name in (first, second)}
+        return cls(settings, client, plan.last, view, (catalog.get(first), catalog.get(second)), view_plan, reads,
+                   spark)
 
     def rebuild(self, on_progress: Callable[[int, int], None] | None = None) -> RebuiltState:
-        """Recompute the view's rows and operator state at the plan's last epoch, which must be its MCE, and
-        swap them in (refused, nothing changed, when the MCE moved meanwhile). ``on_progress(tasks done,
-        tasks)``: called while the job runs."""
+        """Recompute the view's rows and operator state at the epoch, which must be its MCE, and swap them
+        in (refused, nothing changed, when the MCE moved meanwhile). ``on_progress(tasks done, tasks)``:
+        called while the job runs."""
         store = ViewStore(self.client, self.settings.topic_prefix)
         store.clear_rebuild(self.view.name)
+        rebuilt = self.staged("view", on_progress)
+        if not store.swap_rebuild(self.view.name, self.epoch):
+            raise ReplayRangeError(f"{self.view.name}: its MCE is no longer {self.epoch}; a consumer "
+                                   "of the view is running")
+        return rebuilt
+
+    def staged(self, stage_for: StageFor, on_progress: Callable[[int, int], None] | None = None) -> RebuiltState:
+        """Run the tasks that stage each join-key partition's rows and operator state at the epoch for
+        ``stage_for``; swapping them in is the caller's."""
         job = JoinRebuildJob(self.settings.to_executor_json(), self.view, self.upstreams, self.view_plan,
-                             self.routing, self.plan.last)
+                             self.routing, self.epoch, stage_for)
         with JobProgress(self.spark, f"mvlog-rebuild-{self.view.name}", on_progress):
             shuffled = self._input().repartition(self.view.partitions, ROUTE_TOKEN)
             results = shuffled.mapInArrow(job.run, STAGED_DDL).toArrow().to_pylist()
         require_every_partition(f"{self.view.name}: the rebuild", (row["partition"] for row in results),
                                 self.view.partitions)
-        if not store.swap_rebuild(self.view.name, self.plan.last):
-            raise ReplayRangeError(f"{self.view.name}: its MCE is no longer {self.plan.last}; a consumer "
-                                   "of the view is running")
         return RebuiltState(sum(row["rows"] for row in results), 0)
 
     def _input(self) -> DataFrame:
-        """Each side's rows at the MCE, one epoch of inserts, routed to the partitions of their join keys."""
+        """Each side's rows at the epoch, one epoch of inserts, routed to the partitions of their join keys."""
         schema = shuffled_schema(self.upstreams)
         frames = []
         for side, upstream in enumerate(self.upstreams):
-            folded = last_images(changelog_read(self.spark, self.settings, upstream.name, 0,
-                                                self.plan.upto(upstream.name)))
-            rows = (folded.withColumn("_epoch", F.lit(self.plan.last).cast("bigint"))
+            read = self.reads[upstream.name]
+            log = changelog_read(self.spark, self.settings, upstream.name,
+                                 read.snapshot.epoch if read.snapshot is not None else 0, read.upto)
+            if read.snapshot is not None:  # its rows at the snapshot's epoch, then its changes after
+                log = snapshot_hydration(self.spark, upstream, read.snapshot).unionByName(log)
+            rows = (last_images(log).withColumn("_epoch", F.lit(self.epoch).cast("bigint"))
                     .withColumn("_change_type", F.lit("insert")).withColumn("_weight", F.lit(1).cast("int")))
             frames.append(rows.mapInArrow(RouteJoinRows(self.routing, side, schema).run, from_arrow_schema(schema)))
         return frames[0].union(frames[1])

@@ -23,6 +23,7 @@ from functools import partial
 from mvlog.changes import Change
 from mvlog.connectors.kafka.changelog_writer import encode_batch
 from mvlog.connectors.redis.replacement_store import ReplacementRecord, ReplacementStore
+from mvlog.services.join_rederive_tasks import JoinRebuild
 from mvlog.services.rederive_tasks import TaskDerivation
 from mvlog.services.replacement.hydration import HydrationStart, hydrate_in_tasks
 from mvlog.views import ChangeBatch, ViewOperator, ViewPlan
@@ -56,9 +57,9 @@ class ReplacementFollower:
         self._commit(epoch, self._batches(inputs), {"hydration_epoch": epoch, "hydrated_from": origin})
         log.info("%s: replacement %s started at epoch %d (%s)", self.view, self.id, epoch, origin)
 
-    def start_in_tasks(self, derivation: TaskDerivation, start: HydrationStart) -> None:
+    def start_in_tasks(self, derivation: TaskDerivation | JoinRebuild, start: HydrationStart) -> None:
         """The replacement's first state at ``start.epoch``, computed by Spark's tasks (``derivation``: the
-        replacement's operator over its upstream's changelog)."""
+        replacement's operator over its upstreams' snapshots and changelogs)."""
         if hydrate_in_tasks(derivation, self.store, self.id, start):
             self.mce = start.epoch
         else:

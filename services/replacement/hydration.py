@@ -14,11 +14,14 @@ over (F, MCE] from the changelog and follows the view's epochs. Nothing is writt
 changelog either way.
 
 Where the operators run in Spark's tasks (``Settings.operators_in_tasks``) and the replacement's
-operator is one they run (one upstream, by the key it passes through or by its groups), hydration from
-the upstream's whole changelog runs there too (:func:`hydrate_in_tasks`): Spark SQL folds the log up to
+operator is one they run (one upstream, by the key it passes through or by its groups), hydration
+runs there too (:func:`hydrate_in_tasks`): Spark SQL folds the log up to
 the epoch before F, a task per view partition computes epoch F with the replacement's operator and
 stages its partition's rows and state, and one script makes them the replacement's. From a snapshot,
-the tasks read its files instead, as the rows at F. The driver then never holds the upstream's rows.
+the tasks read its files instead, as the rows at F. A two-view equi-join replacement is hydrated by
+one task per join-key partition (:class:`~mvlog.services.join_rederive_tasks.JoinRebuild`, as a join's
+rebuild after a Redis wipe): each side folded to F from its snapshot, if any, and its changelog. The
+driver then never holds the upstreams' rows.
 """
 
 from __future__ import annotations
@@ -36,16 +39,19 @@ from mvlog.changes import Change, Op
 from mvlog.config import Settings
 from mvlog.connectors.kafka.retention import starts_the_log
 from mvlog.connectors.redis.catalog_store import CatalogStore
+from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import ReplacementError, applied_entry
 from mvlog.replay import ReplayRangeError
+from mvlog.services.join_rederive_tasks import JoinRebuild, SideRead
 from mvlog.services.rederive import DerivationPlan, plan_derivation
 from mvlog.services.rederive_tasks import TaskDerivation
 from mvlog.services.snapshot_compaction import check_changelog_after, read_snapshot
 from mvlog.snapshot_plan import SnapshotError, SnapshotRecord
 from mvlog.views import ViewPlan
+from mvlog.views.join_routing import JoinRouting, two_view_equi_join
 from mvlog.views.key_routing import one_upstream_routing
 
 log = logging.getLogger(__name__)
@@ -116,15 +122,15 @@ def snapshot_reads(spark: SparkSession, upstream: CatalogEntry, record: Snapshot
 
 
 def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSession, entry: CatalogEntry,
-                        plan: ViewPlan, start: HydrationStart) -> TaskDerivation | None:
+                        plan: ViewPlan, start: HydrationStart) -> TaskDerivation | JoinRebuild | None:
     """The hydration of view ``entry``'s replacement ``plan`` in Spark's tasks, or None where it stays the
-    driver's: the setting off, an operator the tasks do not run (a join, a global aggregate, top-N,
-    windows), other upstreams than the view's, or no upstream epoch at F. From the upstream's snapshot
-    (F is its epoch), the tasks read its files; else Spark SQL folds the changelog up to F."""
-    if not settings.operators_in_tasks:
+    driver's: the setting off, an operator the tasks do not run (a global aggregate, top-N, windows, a
+    join other than a two-view equi-join), other upstreams than the view's, or no upstream epoch at F.
+    From an upstream's snapshot, the tasks read its files; else Spark SQL folds the changelog up to F."""
+    if not settings.operators_in_tasks or sorted(plan.sources) != sorted(entry.sources):
         return None
-    if len(plan.sources) != 1 or tuple(plan.sources) != tuple(entry.sources):
-        return None
+    if len(plan.sources) == 2:
+        return _join_in_tasks(settings, client, spark, entry, plan, start)
     upstream = CatalogStore(settings, client).get(plan.sources[0])
     routing = one_upstream_routing(plan, upstream.key_columns, entry.partitions)
     if routing is None:
@@ -146,7 +152,24 @@ def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSes
     return TaskDerivation(settings, client, derivation, replacement, upstream, plan, routing, spark)
 
 
-def hydrate_in_tasks(derivation: TaskDerivation, replacements: ReplacementStore, replacement_id: str,
+def _join_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSession, entry: CatalogEntry,
+                   plan: ViewPlan, start: HydrationStart) -> JoinRebuild | None:
+    """A two-view equi-join replacement's hydration in tasks: each side's rows at F folded from its
+    snapshot (if it starts from one) and its changelog up to its last epoch at or before F."""
+    if not two_view_equi_join(plan):
+        return None
+    catalog, index = CatalogStore(settings, client), EpochIndex(client, settings.topic_prefix)
+    first, second = JoinRouting(plan, entry.partitions).upstreams()
+    reads = {}
+    for name in (first, second):
+        last = index.before(name, 0, start.epoch + 1)
+        reads[name] = SideRead(last.epoch if last is not None else 0, start.snapshots.get(name))
+    replacement = applied_entry(entry, plan.sql, plan.schema, plan.sources, entry.version)
+    return JoinRebuild(settings, client, start.epoch, replacement, (catalog.get(first), catalog.get(second)), plan,
+                       reads, spark)
+
+
+def hydrate_in_tasks(derivation: TaskDerivation | JoinRebuild, replacements: ReplacementStore, replacement_id: str,
                      start: HydrationStart) -> bool:
     """The replacement's first state at ``start.epoch``: staged by the tasks, a view partition each, then
     made the replacement's in one script with its record's hydration fields; False (nothing kept) when

@@ -9,12 +9,14 @@ for every view at every epoch, and mvj's changelog before the cut-over is its ol
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 
 from mvlog.config import Settings
+from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.schemas.codec import decode_row
@@ -24,7 +26,7 @@ from mvlog.services.snapshot_compaction import build_snapshot
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 
-from ..oracle import check_oracle
+from ..oracle import assert_same_rows, check_oracle, duckdb_view_rows, rows_at, rows_by_epoch
 from .test_replacement import _canonical, changelog
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -35,7 +37,12 @@ VIEWS = [("mv1", "SELECT * FROM t1 WHERE deleted = false"), ("mvj", JOIN),
          ("mvs", "SELECT sum(w) AS s, count(*) AS n FROM mvj"), ("ref", JOIN)]
 
 
-def test_replace_a_join_view_under_a_running_chain(settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
+@pytest.mark.parametrize("path", ["driver", "tasks"])
+def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Callable[..., Settings],
+                                                   redis_client: redis.Redis, spark: Any) -> None:
+    """``tasks``: the views run in Spark's tasks, and the join's replacement is hydrated there (a task per
+    join-key partition, each side folded from its snapshot and its changelog after it)."""
+    settings = make_settings(**({"operators_in_tasks": True, "tasks_min_records": 0} if path == "tasks" else {}))
     rng = random.Random(5)
     store = ViewStore(redis_client, settings.topic_prefix)
     t1 = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"], client=redis_client,
@@ -68,12 +75,20 @@ def test_replace_a_join_view_under_a_running_chain(settings: Settings, redis_cli
 
         staged = stage_replacement(settings, "mvj", NEW, client=redis_client)
         at = write_epoch()
-        record, _, rows = replacement_rows(settings, "mvj", client=redis_client)
+        record, plan, rows = replacement_rows(settings, "mvj", client=redis_client)
         assert record.mce == at and rows
+        # Its rows at ``at`` are its definition over its upstreams' rows there (their changelogs summed).
+        catalog = CatalogStore(settings, redis_client)
+        upstreams = {name: (catalog.get(name).schema,
+                            list(rows_at(rows_by_epoch(changelog(settings, redis_client, name)), at).values()))
+                     for name in ("mv1", "t2")}
+        assert_same_rows("mvj", {plan.schema.key_of(r): r for r in rows}, duckdb_view_rows(plan, upstreams),
+                         plan.schema, f"replacement at {at}")
         hydrated = ReplacementStore(redis_client, settings.topic_prefix).record("mvj")
         assert hydrated is not None and hydrated.hydration_epoch == mv1_snapshot.epoch
         assert (hydrated.fields or {})["hydrated_from"] == (f"mv1: snapshot at epoch {mv1_snapshot.epoch}; "
-                                                            f"t2: snapshot at epoch {t2_snapshot.epoch}")
+                                                            f"t2: snapshot at epoch {t2_snapshot.epoch}"
+                                                            + (", in Spark's tasks" if path == "tasks" else ""))
         request_apply(settings, "mvj", client=redis_client)
         reached = write_epoch()  # t1's and t2's epochs: the cut-over is mvj's first epoch after the request
         cut_over = wait_for_apply(settings, "mvj", staged.id, timeout=30, client=redis_client).epoch
