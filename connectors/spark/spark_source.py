@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
@@ -74,7 +74,8 @@ from mvlog.trigger_limit import last_admitted
 
 # arrow_schema: re-exported from change_rows
 __all__ = ["EpochRangeError", "MvlogDataSource", "PartitionRange", "ReadRanges", "arrow_schema", "plan_ranges",
-           "read_partition_from_kafka", "read_partition_range", "spark_schema_ddl", "trigger_ends"]
+           "read_partition_from_kafka", "read_partition_group", "read_partition_range", "read_partitions_from_kafka",
+           "spark_schema_ddl", "trigger_ends"]
 
 _META_DDL = "_epoch BIGINT, _change_type STRING, _weight INT, _partition INT, _offset BIGINT, _key BINARY"
 
@@ -119,6 +120,69 @@ def read_partition_range(part: PartitionRange, batch_rows: int = 8192) -> Iterat
     yield from read_with_cache(part, read_partition_from_kafka)
 
 
+def read_partition_group(group: PartitionGroup, batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
+    """Executor side: a small read's partitions, each planned epoch exactly once. What the log cache holds
+    of each comes from there; what is left of them all is then read from Kafka by one consumer assigned to
+    every such partition (:func:`read_partitions_from_kafka`). The batches come partition after partition
+    from the cache, then mixed: every reader pairs and orders the rows by epoch, partition and offset."""
+    left: list[PartitionRange] = []
+
+    def later(part: PartitionRange) -> Iterator[pa.RecordBatch]:
+        left.append(part)
+        return iter(())
+
+    for part in group.parts:
+        yield from read_with_cache(part, later)
+    yield from read_partitions_from_kafka(left, batch_rows)
+
+
+def read_partitions_from_kafka(parts: Sequence[PartitionRange], batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
+    """Executor side: ranges of several partitions of one changelog read from Kafka by one consumer assigned
+    to them all, each decoded as :func:`read_partition_from_kafka` decodes one. A consumer per partition, one
+    after the other, cost a client's set-up, its broker connections and a fetch round each: more than the
+    reading, for the few records of a small read. A partition with a second range (the log cache served
+    epochs between them) has it read on its own afterwards."""
+    first: dict[int, PartitionRange] = {}
+    rest: list[PartitionRange] = []
+    for part in parts:
+        if part.partition in first:
+            rest.append(part)
+        else:
+            first[part.partition] = part
+    if len(first) <= 1:
+        for part in [*first.values(), *rest]:
+            yield from read_partition_from_kafka(part, batch_rows)
+        return
+    consumer = reader_consumer(Settings.from_executor_json(parts[0].settings_json))
+    reads = {partition: _KafkaPartitionRead(part, consumer) for partition, part in first.items()}
+    try:
+        consumer.assign([TopicPartition(read.topic, p, read.part.start_offset) for p, read in reads.items()])
+        open_reads = dict(reads)
+        while open_reads:
+            with gc_paused():  # see mvlog.gc_pause: the messages die inside, before any collection
+                messages: dict[int, list[Message]] = {p: [] for p in open_reads}
+                for message in next_records(consumer):
+                    mine = messages.get(message.partition())  # type: ignore[arg-type]
+                    if mine is not None:
+                        mine.append(message)
+                    elif message.error() is not None and message.partition() not in reads:
+                        raise ChangelogReadError(f"{parts[0].view}: {message.error()}")
+                for partition, mine in messages.items():
+                    open_reads[partition].take(mine)
+            for partition, read in list(open_reads.items()):
+                if read.done:  # its last barrier read: the consumer fetches it no more
+                    consumer.incremental_unassign([TopicPartition(read.topic, partition)])
+                    del open_reads[partition]
+                if len(read.rows) >= batch_rows or (read.done and len(read.rows)):
+                    yield from read.rows.flush_batches(batch_rows)
+    finally:
+        for read in reads.values():
+            read.close()
+        consumer.close()
+    for part in rest:
+        yield from read_partition_from_kafka(part, batch_rows)
+
+
 def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> Generator[pa.RecordBatch, None, None]:
     """Executor side: one partition's committed epochs of the range read from Kafka, as record batches.
 
@@ -142,9 +206,11 @@ def read_partition_from_kafka(part: PartitionRange, batch_rows: int = 8192) -> G
 
 
 class _KafkaPartitionRead:
-    """The state of one partition's read: what :func:`read_partition_from_kafka` decodes batch by batch."""
+    """The state of one partition's read: what :func:`read_partition_from_kafka` decodes batch by batch.
+    ``consumer``: one shared with other partitions' reads (:func:`read_partitions_from_kafka`), which
+    assigns it; None: its own, assigned here and closed with it."""
 
-    def __init__(self, part: PartitionRange) -> None:
+    def __init__(self, part: PartitionRange, consumer: Consumer | None = None) -> None:
         settings = Settings.from_executor_json(part.settings_json)
         self.part = part
         self.rows = SignedRowBuilder(RowSchema.from_json(part.schema_json), part.partition)
@@ -157,8 +223,10 @@ class _KafkaPartitionRead:
         self.offset = part.start_offset - 1  # the last offset read
         self.poison = 0  # change events dead-lettered since the last barrier: that barrier may count them
         self.last_progress = time.monotonic()
-        self.consumer = reader_consumer(settings)
-        self.consumer.assign([TopicPartition(self.topic, part.partition, part.start_offset)])
+        self._own_consumer = consumer is None
+        self.consumer = consumer if consumer is not None else reader_consumer(settings)
+        if consumer is None:
+            self.consumer.assign([TopicPartition(self.topic, part.partition, part.start_offset)])
         self.dead_letters = DeadLetterQueue(settings, part.view)
 
     @property
@@ -214,7 +282,8 @@ class _KafkaPartitionRead:
             self.rows.add_barrier(barrier.epoch, offset)
 
     def close(self) -> None:
-        self.consumer.close()
+        if self._own_consumer:
+            self.consumer.close()
         self.dead_letters.close()
 
 
@@ -423,8 +492,7 @@ def _read_planned(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if isinstance(partition, PartitionRange):
         yield from read_partition_range(partition)
     elif isinstance(partition, PartitionGroup):
-        for part in partition.parts:
-            yield from read_partition_range(part)
+        yield from read_partition_group(partition)
 
 
 def plan_ranges(settings: Settings, entry: CatalogEntry, after: int, upto: int) -> list[PartitionRange]:

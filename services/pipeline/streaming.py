@@ -13,12 +13,14 @@ consumer's loop (:mod:`mvlog.services.pipeline.view_consumer`).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
+from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -27,6 +29,39 @@ from pyspark.sql.streaming.query import StreamingQuery
 from mvlog.services.pipeline.micro_batch_worker import MicroBatchWorker
 
 log = logging.getLogger(__name__)
+
+#: A streaming query's checkpoint folder: ``<temp>/mvlog-checkpoint-<pid>-<consumer>-<random>``.
+CHECKPOINT_PREFIX = "mvlog-checkpoint-"
+
+
+def checkpoint_folder(name: str) -> str:
+    """A new checkpoint folder for consumer ``name``'s streaming query. mvlog keeps its own positions (the
+    view's MCE), so a folder serves one run of the query and :meth:`MicroBatchRunner.stop` deletes it; the
+    folders of processes that died without stopping (SIGKILL) are deleted here, by the next start."""
+    remove_dead_checkpoints()
+    return tempfile.mkdtemp(prefix=f"{CHECKPOINT_PREFIX}{os.getpid()}-{name}-")
+
+
+def remove_dead_checkpoints(folder: Path | None = None) -> int:
+    """Delete the checkpoint folders in ``folder`` (the temporary one) of processes no longer running;
+    returns how many."""
+    removed = 0
+    for path in (folder or Path(tempfile.gettempdir())).glob(f"{CHECKPOINT_PREFIX}*"):
+        pid = path.name[len(CHECKPOINT_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class MicroBatchRunner:
@@ -59,7 +94,7 @@ class MicroBatchRunner:
     def start(self, stream: DataFrame, process_batch: Callable[[DataFrame, int], None], trigger_interval: str,
               query_name: str) -> StreamingQuery:
         """Start the streaming query (``process_batch``: its ``foreachBatch``) and the idle upkeep."""
-        self._checkpoint_dir = tempfile.mkdtemp(prefix=f"mvlog-{self.name}-")
+        self._checkpoint_dir = checkpoint_folder(self.name)
         self.query = (stream.writeStream.foreachBatch(partial(self._until_stopped, process_batch))
                       .option("checkpointLocation", self._checkpoint_dir)
                       .trigger(processingTime=trigger_interval).queryName(query_name).start())
