@@ -20,7 +20,14 @@ the epoch F hydration starts from, into the replacement's own staging
 (:func:`mvlog.services.replacement.hydration.hydrate_in_tasks` swaps it in); a side that starts from its
 snapshot is folded from the snapshot's rows and its changelog after it.
 
-The driver collects one small row per partition: it never holds the upstreams' rows.
+``replay derive --into-topic --engine spark`` of such a join takes both shuffles of the live path
+(:class:`JoinDerivation`): task ``j`` of the join-key shuffle hydrates a fresh operator with both sides'
+rows at the epoch before the range (each side's log folded by Spark SQL) and computes the range's epochs
+in order, emitting their changes as signed view rows; task ``p`` of the view-key shuffle consolidates
+its partition's, and writes each epoch in a transaction of its own to the new changelog, as a
+one-upstream view's derivation does (:func:`~mvlog.services.rederive_tasks.write_derived`).
+
+The driver collects one small row per partition (and epoch): it never holds the upstreams' rows.
 """
 
 from __future__ import annotations
@@ -42,32 +49,48 @@ from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.connectors.spark.job_progress import JobProgress
 from mvlog.connectors.spark.source_options import changelog_read
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key, Row
-from mvlog.services.pipeline.join_tasks import RouteJoinRows, shuffled_schema, sides
+from mvlog.services.pipeline.join_tasks import (
+    RouteJoinRows,
+    shaped_view_rows,
+    shuffled_schema,
+    sides,
+    view_changes_by_epoch,
+    view_rows_schema,
+)
 from mvlog.services.pipeline.partition_tasks import (
     ROUTE_TOKEN,
     VIEW_PARTITION,
     check_owned,
     own_partition,
+    partitions_of_task,
     require_every_partition,
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
-from mvlog.services.rederive import DerivationPlan, last_images, serving_rows
+from mvlog.services.rederive import DerivationPlan, last_images, new_replay_topic, serving_rows
 from mvlog.services.rederive_tasks import (
+    DERIVED_DDL,
+    DERIVED_SCHEMA,
     STAGED_DDL,
     STAGED_SCHEMA,
+    DerivedTopic,
     RebuiltState,
+    ReplaySession,
     StageFor,
-    replay_session,
+    derivation_input,
+    index_derived,
     snapshot_hydration,
+    write_derived,
 )
 from mvlog.services.view_ddl import plan_for
 from mvlog.snapshot_plan import SnapshotRecord
-from mvlog.views import InMemoryState, ViewOperator, ViewPlan
+from mvlog.views import ChangeBatch, InMemoryState, ViewOperator, ViewPlan
 from mvlog.views.join_routing import JoinRouting, two_view_equi_join
+from mvlog.views.routing import partitions_table, view_key_partitions
 
 
 @dataclass(frozen=True)
@@ -122,7 +145,7 @@ class SideRead:
     snapshot: SnapshotRecord | None = None
 
 
-class JoinRebuild:
+class JoinRebuild(ReplaySession):
     """Computes the rows and operator state of a two-view join at one epoch in Spark's tasks (see the
     module): the view's own at its MCE, or a join replacement's first state."""
 
@@ -132,13 +155,6 @@ class JoinRebuild:
         self.settings, self.client, self.epoch, self._spark = settings, client, epoch, spark
         self.view, self.upstreams, self.view_plan, self.reads = view, upstreams, view_plan, reads
         self.routing = JoinRouting(view_plan, view.partitions)
-
-    @property
-    def spark(self) -> SparkSession:
-        """The session the job runs in (a consumer's, or made on first use: a dry run starts no Spark)."""
-        if self._spark is None:
-            self._spark = replay_session(self.settings, self.view.name)
-        return self._spark
 
     @classmethod
     def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
@@ -193,3 +209,116 @@ class JoinRebuild:
                     .withColumn("_change_type", F.lit("insert")).withColumn("_weight", F.lit(1).cast("int")))
             frames.append(rows.mapInArrow(RouteJoinRows(self.routing, side, schema).run, from_arrow_schema(schema)))
         return frames[0].union(frames[1])
+
+
+@dataclass(frozen=True)
+class JoinDeriveKeyJob:
+    """``mapInArrow``'s function after the join-key shuffle of a derivation into a new changelog: one
+    join-key partition's epochs from a fresh operator state, as signed view rows routed to their view
+    partitions, plus a count row to view partition ``j`` (so its task runs even without a change)."""
+
+    view: CatalogEntry
+    upstreams: tuple[CatalogEntry, CatalogEntry]  # by side
+    plan: ViewPlan
+    routing: JoinRouting
+    prev_epoch: int  # the hydration epoch: both sides' folded rows carry it
+    epochs: tuple[int, ...]  # the range, ascending
+    out_schema: pa.Schema  # view_rows_schema
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for partition, rows in partitions_of_task(batches, VIEW_PARTITION, shuffled=True):
+            yield from self._partition(partition, rows).to_batches()
+
+    def _partition(self, partition: int, rows: pa.Table) -> pa.Table:
+        inputs: EpochBatches = {}
+        for upstream, mine in zip(self.upstreams, sides(rows, self.upstreams), strict=True):
+            batches_from_arrow(mine, upstream, inputs)
+        operator, state = ViewOperator(self.plan), InMemoryState()
+        of_vnode = partitions_table(self.view.partitions)
+        tokens = pa.array(partition_tokens(self.view.partitions), pa.int32())
+        mark = pa.array([partition], pa.int32())
+        out = [shaped_view_rows(self.out_schema, None, self.prev_epoch, pa.array([0], pa.int64()), partition, 0, 0,
+                                mark, tokens)]
+        for epoch in (self.prev_epoch, *self.epochs):
+            if epoch not in inputs:
+                continue  # neither side changed in this join-key partition
+            output = operator.apply_epoch(inputs[epoch], state)
+            state.apply(output.state_writes)
+            check_owned(self.view.name, partition, output.state_writes, self.routing.partitions_of_state_keys)
+            if epoch == self.prev_epoch:
+                continue  # the hydration: the state before the range, not an epoch of it
+            changed, weights = output.changes.signed()
+            parts = view_key_partitions(self.plan.schema, changed, of_vnode)
+            out.append(shaped_view_rows(self.out_schema, changed, epoch, weights, -1, 0, 0, parts, tokens))
+        return pa.concat_tables(out)
+
+
+@dataclass(frozen=True)
+class JoinDeriveWriteJob:
+    """``mapInArrow``'s function after the view-key shuffle: one view partition's epochs written to the
+    target's changelog (:func:`~mvlog.services.rederive_tasks.write_derived`)."""
+
+    settings_json: str
+    target: str
+    view: CatalogEntry
+    plan: ViewPlan
+    prev_epoch: int
+    epochs: tuple[int, ...]
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        settings = Settings.from_executor_json(self.settings_json)
+        for partition, rows in partitions_of_task(batches, VIEW_PARTITION, shuffled=True):
+            by_epoch = view_changes_by_epoch(rows, self.plan.schema)
+            changes = ((epoch, by_epoch.get(epoch) or ChangeBatch.empty(self.plan.schema)) for epoch in self.epochs)
+            results = write_derived(settings, self.target, self.view, partition, self.prev_epoch, self.epochs,
+                                    changes)
+            yield pa.RecordBatch.from_pylist(results, schema=DERIVED_SCHEMA)
+
+
+class JoinDerivation(ReplaySession):
+    """Runs a :class:`~mvlog.services.rederive.DerivationPlan` of a two-view equi-join in Spark's tasks,
+    into a new changelog (see the module)."""
+
+    def __init__(self, settings: Settings, client: redis.Redis, plan: DerivationPlan, view: CatalogEntry,
+                 upstreams: tuple[CatalogEntry, CatalogEntry], view_plan: ViewPlan,
+                 spark: SparkSession | None = None) -> None:
+        self.settings, self.client, self.plan, self._spark = settings, client, plan, spark
+        self.view, self.upstreams, self.view_plan = view, upstreams, view_plan
+        self.routing = JoinRouting(view_plan, view.partitions)
+
+    @classmethod
+    def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
+                 spark: SparkSession | None = None) -> JoinDerivation | None:
+        """The derivation in tasks, or None when the view is not a two-view equi-join."""
+        rebuild = JoinRebuild.for_plan(settings, client, plan, spark)
+        if rebuild is None:
+            return None
+        return cls(settings, client, plan, rebuild.view, rebuild.upstreams, rebuild.view_plan, spark)
+
+    def run(self, name: str | None = None, on_progress: Callable[[int, int], None] | None = None) -> DerivedTopic:
+        """Derive the plan's epochs into the changelog of ``name`` (made up when None; refused when it is a
+        table or view, or holds epochs already) and index them."""
+        name, topic = new_replay_topic(self.settings, self.client, self.view, name)
+        with JobProgress(self.spark, f"mvlog-replay-{name}", on_progress):
+            results = self.derive_into(name).toArrow().to_pylist()
+        return index_derived(self.settings, self.client, name, topic, self.view, self.plan.epochs, results)
+
+    def derive_into(self, name: str, on_job: Callable[[JoinDeriveWriteJob], JoinDeriveWriteJob] | None = None
+                    ) -> DataFrame:
+        """The Spark job that writes the epochs into ``name``'s changelog (not run yet): one result row per
+        partition and epoch. ``on_job``: the tests' hook to alter what the partitions write."""
+        epochs, partitions = tuple(self.plan.epochs), self.view.partitions
+        rows_schema = view_rows_schema(self.view_plan)
+        keys = JoinDeriveKeyJob(self.view, self.upstreams, self.view_plan, self.routing, self.plan.prev_epoch, epochs,
+                                rows_schema)
+        write = JoinDeriveWriteJob(self.settings.to_executor_json(), name, self.view, self.view_plan,
+                                   self.plan.prev_epoch, epochs)
+        if on_job is not None:
+            write = on_job(write)
+        schema = shuffled_schema(self.upstreams)
+        sides_read = [derivation_input(self.spark, self.settings, self.client, self.plan, upstream.name)
+                      .mapInArrow(RouteJoinRows(self.routing, side, schema).run, from_arrow_schema(schema))
+                      for side, upstream in enumerate(self.upstreams)]
+        joined = (sides_read[0].union(sides_read[1]).repartition(partitions, ROUTE_TOKEN)
+                  .mapInArrow(keys.run, from_arrow_schema(rows_schema)))
+        return joined.repartition(partitions, ROUTE_TOKEN).mapInArrow(write.run, DERIVED_DDL)

@@ -33,7 +33,7 @@ still go the driver's way (:meth:`TaskDerivation.for_plan` returns None).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -75,7 +75,7 @@ from mvlog.services.rederive import DerivationPlan, folded_prefix, new_replay_to
 from mvlog.services.snapshot_compaction import read_snapshot
 from mvlog.services.view_ddl import plan_for
 from mvlog.snapshot_plan import SnapshotRecord
-from mvlog.views import EpochOutput, InMemoryState, ViewOperator, ViewPlan
+from mvlog.views import ChangeBatch, EpochOutput, InMemoryState, ViewOperator, ViewPlan
 from mvlog.views.key_routing import KeyRouting, one_upstream_routing
 from mvlog.views.routing import GroupRouting
 
@@ -85,7 +85,7 @@ StageFor = Literal["view", "replacement"]
 #: One row per (partition, epoch) a task wrote or found committed.
 DERIVED_SCHEMA = pa.schema([("partition", pa.int32()), ("epoch", pa.int64()), ("offset", pa.int64()),
                             ("records", pa.int64()), ("written", pa.bool_())])
-_DERIVED_DDL = "`partition` INT, `epoch` BIGINT, `offset` BIGINT, `records` BIGINT, `written` BOOLEAN"
+DERIVED_DDL = "`partition` INT, `epoch` BIGINT, `offset` BIGINT, `records` BIGINT, `written` BOOLEAN"
 #: A rebuild's: one row per partition, what it staged.
 STAGED_SCHEMA = pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("state", pa.int64()),
                            ("changes", pa.int64())])
@@ -152,27 +152,11 @@ class DeriveJob:
         return epochs(), state
 
     def write(self, settings: Settings, partition: int, rows: pa.Table) -> list[dict[str, Any]]:
-        """Partition ``partition``'s epochs written to the target's changelog, each in its own transaction
-        unless an earlier attempt committed it (its barrier found: then checked, not written again)."""
+        """Partition ``partition``'s epochs written to the target's changelog (:func:`write_derived`)."""
         epochs, _ = self.derive(rows)
-        found = partition_barriers(settings, self.target, partition, 0)
-        committed = resume_partition(partition, self.prev_epoch, list(self.epochs), found)
-        prev = prev_epochs(self.prev_epoch, list(self.epochs))
-        results: list[dict[str, Any]] = []
-        writer = ChangelogWriter(settings, self.target, self.view.key_columns, self.view.partitions,
-                                 transactional_id=partition_transactional_id(settings, self.target, partition),
-                                 partition=partition)
-        try:
-            for epoch, output in epochs:
-                if epoch == self.prev_epoch:
-                    continue  # the hydration: the state before the range, not an epoch of it
-                encoded = encode_batch(self.view.key_columns, output.changes)
-                barrier = written_or_found(writer, partition, epoch, prev[epoch], encoded, committed.get(epoch))
-                results.append({"partition": partition, "epoch": epoch, "offset": barrier.offset,
-                                "records": barrier.records, "written": epoch not in committed})
-        finally:
-            writer.close()
-        return results
+        changes = ((epoch, output.changes) for epoch, output in epochs
+                   if epoch != self.prev_epoch)  # the hydration: the state before the range, not an epoch of it
+        return write_derived(settings, self.target, self.view, partition, self.prev_epoch, self.epochs, changes)
 
     def stage(self, settings: Settings, partition: int, rows: pa.Table) -> dict[str, Any]:
         """Partition ``partition``'s rows and operator state after the last epoch, staged for the view's
@@ -192,6 +176,59 @@ class DeriveJob:
         else:
             ViewStore(client, settings.topic_prefix).stage_rebuild(self.view.name, encoded, state.data, order)
         return {"partition": partition, "rows": len(encoded), "state": len(state.data), "changes": changes}
+
+
+def write_derived(settings: Settings, target: str, view: CatalogEntry, partition: int, prev_epoch: int,
+                  epochs: Sequence[int], changes: Iterable[tuple[int, ChangeBatch]]) -> list[dict[str, Any]]:
+    """Partition ``partition``'s ``changes`` of ``epochs`` (in order; each epoch's) written to ``target``'s
+    changelog, each epoch in its own transaction unless an earlier attempt committed it (its barrier
+    found: then checked, not written again); one :data:`DERIVED_SCHEMA` row per epoch."""
+    found = partition_barriers(settings, target, partition, 0)
+    committed = resume_partition(partition, prev_epoch, list(epochs), found)
+    prev = prev_epochs(prev_epoch, list(epochs))
+    results: list[dict[str, Any]] = []
+    writer = ChangelogWriter(settings, target, view.key_columns, view.partitions,
+                             transactional_id=partition_transactional_id(settings, target, partition),
+                             partition=partition)
+    try:
+        for epoch, batch in changes:
+            encoded = encode_batch(view.key_columns, batch)
+            barrier = written_or_found(writer, partition, epoch, prev[epoch], encoded, committed.get(epoch))
+            results.append({"partition": partition, "epoch": epoch, "offset": barrier.offset,
+                            "records": barrier.records, "written": epoch not in committed})
+    finally:
+        writer.close()
+    return results
+
+
+def index_derived(settings: Settings, client: redis.Redis, name: str, topic: str, view: CatalogEntry,
+                  epochs: Sequence[int], results: Iterable[dict[str, Any]]) -> DerivedTopic:
+    """Index the epochs the tasks wrote into ``name``'s changelog (their :data:`DERIVED_SCHEMA` rows),
+    each epoch once every partition has it."""
+    by_epoch: dict[int, dict[int, IndexEntry]] = {}
+    changes = 0
+    for row in results:
+        by_epoch.setdefault(row["epoch"], {})[row["partition"]] = IndexEntry(row["epoch"], row["offset"],
+                                                                              row["records"])
+        changes += row["records"]
+    index = EpochIndex(client, settings.topic_prefix)
+    for epoch in epochs:
+        require_every_partition(f"{name}: epoch {epoch}", by_epoch.get(epoch, {}), view.partitions)
+        index.add(name, by_epoch[epoch])
+    return DerivedTopic(name, topic, len(epochs), changes)
+
+
+def derivation_input(spark: SparkSession, settings: Settings, client: redis.Redis, plan: DerivationPlan,
+                     upstream: str) -> DataFrame:
+    """``upstream``'s part of a derivation: its last image per key up to the plan's ``prev_epoch``, as
+    signed rows of that one epoch (the hydration), then the range's epochs as read."""
+    frame = changelog_read(spark, settings, upstream, plan.prev_epoch, plan.upto(upstream))
+    index = EpochIndex(client, settings.topic_prefix)
+    if (prefix := folded_prefix(spark, settings, index, plan, upstream)) is None:
+        return frame
+    hydration = (prefix.withColumn("_epoch", F.lit(plan.prev_epoch).cast("bigint"))
+                 .withColumn("_change_type", F.lit("insert")).withColumn("_weight", F.lit(1).cast("int")))
+    return hydration.select(*frame.columns).unionByName(frame)
 
 
 @dataclass(frozen=True)
@@ -215,7 +252,22 @@ def replay_session(settings: Settings, view: str) -> SparkSession:
     return spark_session(settings, app_name=f"mvlog-replay-{view}")
 
 
-class TaskDerivation:
+class ReplaySession:
+    """A derivation's Spark session: the one it was given (a consumer's), or made on first use, so that a
+    dry run starts no Spark."""
+
+    settings: Settings
+    view: CatalogEntry
+    _spark: SparkSession | None
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            self._spark = replay_session(self.settings, self.view.name)
+        return self._spark
+
+
+class TaskDerivation(ReplaySession):
     """Runs a :class:`~mvlog.services.rederive.DerivationPlan` of a one-upstream view in Spark's tasks,
     into a new changelog (see the module's docstring)."""
 
@@ -229,13 +281,6 @@ class TaskDerivation:
         #: The upstream's snapshot at the hydration epoch (``plan.prev_epoch``), read instead of folding
         #: its changelog (a replacement's hydration from a snapshot: ``plan`` then has no epoch).
         self.snapshot = snapshot
-
-    @property
-    def spark(self) -> SparkSession:
-        """The session the job runs in: made on first use, so that a dry run starts no Spark."""
-        if self._spark is None:
-            self._spark = replay_session(self.settings, self.view.name)
-        return self._spark
 
     @classmethod
     def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
@@ -262,15 +307,7 @@ class TaskDerivation:
         name, topic = new_replay_topic(self.settings, self.client, self.view, name)
         with JobProgress(self.spark, f"mvlog-replay-{name}", on_progress):
             results = self.derive_into(name).toArrow().to_pylist()
-        by_epoch: dict[int, dict[int, IndexEntry]] = {}
-        for row in results:
-            by_epoch.setdefault(row["epoch"], {})[row["partition"]] = IndexEntry(row["epoch"], row["offset"],
-                                                                                  row["records"])
-        index = EpochIndex(self.client, self.settings.topic_prefix)
-        for epoch in self.plan.epochs:
-            require_every_partition(f"{name}: epoch {epoch}", by_epoch.get(epoch, {}), self.view.partitions)
-            index.add(name, by_epoch[epoch])
-        return DerivedTopic(name, topic, len(self.plan.epochs), sum(row["records"] for row in results))
+        return index_derived(self.settings, self.client, name, topic, self.view, self.plan.epochs, results)
 
     def rebuild(self, on_progress: Callable[[int, int], None] | None = None) -> RebuiltState:
         """Recompute the view's rows and operator state at the plan's last epoch, which must be its MCE, and
@@ -312,21 +349,14 @@ class TaskDerivation:
                              StructField(ROUTE_TOKEN, IntegerType(), False)])
         routed = frame.mapInArrow(RouteRows(self.routing).run, schema)
         shuffled = routed.repartition(self.view.partitions, ROUTE_TOKEN)
-        return shuffled.mapInArrow(job.run, STAGED_DDL if job.rebuild else _DERIVED_DDL)
+        return shuffled.mapInArrow(job.run, STAGED_DDL if job.rebuild else DERIVED_DDL)
 
     def _input(self) -> DataFrame:
         """The upstream's last image per key up to ``prev_epoch``, as signed rows of that one epoch, then the
         range's epochs as read."""
-        plan, name = self.plan, self.upstream.name
         if self.snapshot is not None:
             return snapshot_hydration(self.spark, self.upstream, self.snapshot)
-        frame = changelog_read(self.spark, self.settings, name, plan.prev_epoch, plan.upto(name))
-        index = EpochIndex(self.client, self.settings.topic_prefix)
-        if (prefix := folded_prefix(self.spark, self.settings, index, plan, name)) is None:
-            return frame
-        hydration = (prefix.withColumn("_epoch", F.lit(plan.prev_epoch).cast("bigint"))
-                     .withColumn("_change_type", F.lit("insert")).withColumn("_weight", F.lit(1).cast("int")))
-        return hydration.select(*frame.columns).unionByName(frame)
+        return derivation_input(self.spark, self.settings, self.client, self.plan, self.upstream.name)
 
 
 def snapshot_hydration(spark: SparkSession, upstream: CatalogEntry, snapshot: SnapshotRecord) -> DataFrame:

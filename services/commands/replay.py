@@ -214,15 +214,17 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
 
 
 def _derivation_in_tasks(settings: Settings, client: Any, plan: Any, into: str) -> Any:
-    """The plan's derivation in Spark's tasks (:mod:`mvlog.services.rederive_tasks`; a two-view join's
-    rebuild: :mod:`mvlog.services.join_rederive_tasks`), or None when the tasks do not run it (the driver
-    engine derives it)."""
-    from mvlog.services.join_rederive_tasks import JoinRebuild
+    """The plan's derivation in Spark's tasks (:mod:`mvlog.services.rederive_tasks`; a two-view join's:
+    :mod:`mvlog.services.join_rederive_tasks`), or None when the tasks do not run it (the driver engine
+    derives it)."""
+    from mvlog.services.join_rederive_tasks import JoinDerivation, JoinRebuild
     from mvlog.services.rederive_tasks import TaskDerivation
 
     if (tasks := TaskDerivation.for_plan(settings, client, plan)) is not None:
         return tasks
-    return JoinRebuild.for_plan(settings, client, plan) if into == "rebuild" else None
+    if into == "rebuild":
+        return JoinRebuild.for_plan(settings, client, plan)
+    return JoinDerivation.for_plan(settings, client, plan)
 
 
 def _show_derivation(document: dict[str, Any], output: str) -> None:

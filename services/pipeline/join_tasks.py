@@ -52,6 +52,7 @@ from mvlog.connectors.redis.epoch_commit import EpochCommit
 from mvlog.connectors.redis.partition_staging import PartitionStaging
 from mvlog.connectors.spark.change_rows import META_COLUMNS, arrow_schema
 from mvlog.connectors.spark.hash_partitioning import partition_tokens
+from mvlog.row_schema import RowSchema
 from mvlog.services.pipeline.partition_tasks import (
     RESULT_SCHEMA,
     ROUTE_TOKEN,
@@ -203,27 +204,30 @@ class JoinKeyJob:
                                                                      state_deletes=deletes), rows=False)
             rows_out, weights = output.changes.signed()
             parts = view_key_partitions(self.plan.schema, rows_out, of_vnode)
-            out.append(self._shaped(rows_out, epoch, weights, -1, 0, 0, parts, tokens))
+            out.append(shaped_view_rows(self.out_schema, rows_out, epoch, weights, -1, 0, 0, parts, tokens))
             mark = pa.array([partition], pa.int32())
-            out.append(self._shaped(None, epoch, pa.array([0], pa.int64()), partition, counts.state_puts,
-                                    counts.state_deletes, mark, tokens))
+            out.append(shaped_view_rows(self.out_schema, None, epoch, pa.array([0], pa.int64()), partition,
+                                        counts.state_puts, counts.state_deletes, mark, tokens))
         return pa.concat_tables(out)
 
-    def _shaped(self, rows: pa.Table | None, epoch: int, weights: pa.Array, counts_of: int, puts: int,
-                deletes: int, parts: pa.Array, tokens: pa.Array) -> pa.Table:
-        count = len(parts)
-        columns: dict[str, Any] = {}
-        for f in self.out_schema:
-            if rows is not None and f.name in rows.column_names:
-                columns[f.name] = rows.column(f.name).cast(f.type)
-            else:
-                columns[f.name] = pa.nulls(count, f.type)
-        columns.update({"_epoch": pa.array([epoch] * count, pa.int64()), "_weight": weights.cast(pa.int64()),
-                        COUNTS_OF: pa.array([counts_of] * count, pa.int32()),
-                        STATE_PUTS: pa.array([puts] * count, pa.int64()),
-                        STATE_DELETES: pa.array([deletes] * count, pa.int64()),
-                        VIEW_PARTITION: parts, ROUTE_TOKEN: tokens.take(parts)})
-        return pa.table(columns, schema=self.out_schema)
+
+def shaped_view_rows(schema: pa.Schema, rows: pa.Table | None, epoch: int, weights: pa.Array, counts_of: int,
+                     puts: int, deletes: int, parts: pa.Array, tokens: pa.Array) -> pa.Table:
+    """Rows of the second shuffle (``schema``: :func:`view_rows_schema`): signed view rows (``counts_of``
+    -1), or a join-key task's count row (``rows`` None, ``counts_of`` its partition), to ``parts``."""
+    count = len(parts)
+    columns: dict[str, Any] = {}
+    for f in schema:
+        if rows is not None and f.name in rows.column_names:
+            columns[f.name] = rows.column(f.name).cast(f.type)
+        else:
+            columns[f.name] = pa.nulls(count, f.type)
+    columns.update({"_epoch": pa.array([epoch] * count, pa.int64()), "_weight": weights.cast(pa.int64()),
+                    COUNTS_OF: pa.array([counts_of] * count, pa.int32()),
+                    STATE_PUTS: pa.array([puts] * count, pa.int64()),
+                    STATE_DELETES: pa.array([deletes] * count, pa.int64()),
+                    VIEW_PARTITION: parts, ROUTE_TOKEN: tokens.take(parts)})
+    return pa.table(columns, schema=schema)
 
 
 @dataclass(frozen=True)
@@ -250,19 +254,12 @@ class ViewPartitionJob:
             if epoch in state_counts:
                 raise RuntimeError(f"{view.name} partition {partition}: epoch {epoch} counted twice")
             state_counts[epoch] = (puts, deletes)
-        changes = rows.filter(pc.equal(rows.column(COUNTS_OF), -1))
-        order = [("_epoch", "ascending"), *((k, "ascending") for k in self.plan.schema.primary_key),
-                 ("_weight", "ascending")]
-        by_epoch = _by_epoch(changes.sort_by(order))
+        by_epoch = view_changes_by_epoch(rows, self.plan.schema)
         if set(by_epoch) - set(state_counts):
             raise RuntimeError(f"{view.name} partition {partition}: changes of epochs no join-key task counted")
-        schema, names = self.plan.schema, list(self.plan.schema.names)
 
         def compute(epoch: int, _state: LayeredState) -> EpochOutput:
-            signed = by_epoch.get(epoch)
-            if signed is None:
-                return EpochOutput(ChangeBatch.empty(schema))
-            return EpochOutput(consolidate_signed(signed.select(names), signed.column("_weight").to_pylist(), schema))
+            return EpochOutput(by_epoch.get(epoch) or ChangeBatch.empty(self.plan.schema))
 
         results = PartitionWriter(self.target, partition).write(
             sorted(state_counts), compute, lambda _staging: LayeredState(InMemoryState()), stage_state=False)
@@ -271,12 +268,19 @@ class ViewPartitionJob:
         return results
 
 
-def _by_epoch(rows: pa.Table) -> dict[int, pa.Table]:
-    """``rows`` (sorted by epoch) sliced per epoch."""
-    out: dict[int, pa.Table] = {}
-    counts = pc.value_counts(rows.column("_epoch"))
+def view_changes_by_epoch(rows: pa.Table, schema: RowSchema) -> dict[int, ChangeBatch]:
+    """A view partition's signed rows of the second shuffle (count rows skipped), per epoch, consolidated
+    into one change per view key: sorted by epoch and view key first, so that a recomputed epoch gives the
+    same changes in the same order (a pair whose join key changed is retracted by the old key's task and
+    asserted by the new one's: one update here)."""
+    changes = rows.filter(pc.equal(rows.column(COUNTS_OF), -1))
+    order = [("_epoch", "ascending"), *((k, "ascending") for k in schema.primary_key), ("_weight", "ascending")]
+    changes = changes.sort_by(order)
+    names, out = list(schema.names), {}
+    counts = pc.value_counts(changes.column("_epoch"))
     start = 0
     for epoch, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True):
-        out[epoch] = rows.slice(start, count)
+        signed = changes.slice(start, count)
+        out[epoch] = consolidate_signed(signed.select(names), signed.column("_weight").to_pylist(), schema)
         start += count
     return out

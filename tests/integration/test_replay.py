@@ -24,6 +24,7 @@ from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.epoch import epoch_millis
 from mvlog.schemas.codec import TYPE_BARRIER, decode_barrier, record_type
+from mvlog.services.join_rederive_tasks import JoinDerivation
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.rederive import Derivation, new_replay_topic, plan_derivation
 from mvlog.services.rederive_tasks import TaskDerivation
@@ -302,25 +303,28 @@ def test_replay_refuses_bad_input(settings: Settings, redis_client: redis.Redis,
 def test_derive_in_tasks_equals_the_changelog_and_resumes_an_earlier_attempt(
         settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
     """A filter passing its upstream's key through (mv1) and a GROUP BY (mvg) are re-derived by a Spark
-    task per partition: the new changelog equals the view's, epoch for epoch and change for change, with
-    the same prev_epoch chain. An earlier attempt that committed the first epochs of every partition (a
-    task that died) is resumed: each partition holds each epoch's barrier exactly once. A global aggregate
-    and a join go the driver's way. The CLI takes the task path with --engine spark."""
+    task per partition, the join (mvj) by the live path's two shuffles (join key, then view key): the new
+    changelog equals the view's, epoch for epoch and change for change, with the same prev_epoch chain.
+    An earlier attempt that committed the first epochs of every partition (a task that died) is resumed:
+    each partition holds each epoch's barrier exactly once. A global aggregate goes the driver's way. The
+    CLI takes the task path with --engine spark."""
     consumers = build(settings, redis_client, spark)
     stop(consumers)
     catalog = CatalogStore(settings, redis_client)
     for name in ("mv2", "mvj"):
         assert TaskDerivation.for_plan(settings, redis_client, plan_derivation(settings, redis_client, name)) is None
-    for name in ("mv1", "mvg"):
+    assert JoinDerivation.for_plan(settings, redis_client, plan_derivation(settings, redis_client, "mv2")) is None
+    for name in ("mv1", "mvg", "mvj"):
         entry = catalog.get(name)
         original = read_log(settings, redis_client, name)
         first, last = original[3].epoch, original[-2].epoch
         plan = plan_derivation(settings, redis_client, name, first, last)
-        tasks = TaskDerivation.for_plan(settings, redis_client, plan, spark)
+        tasks: TaskDerivation | JoinDerivation | None = (JoinDerivation if name == "mvj" else TaskDerivation).for_plan(
+            settings, redis_client, plan, spark)
         assert tasks is not None
         target = f"{name}.tasks"
         new_replay_topic(settings, redis_client, entry, target)
-        earlier = tasks.derive_into(target, on_job=lambda job: replace(job, epochs=job.epochs[:2])).toArrow()
+        earlier = tasks.derive_into(target, on_job=lambda job: replace(job, epochs=job.epochs[:2])).toArrow()  # type: ignore[arg-type, type-var]
         assert sorted(earlier.column("epoch").to_pylist()) == sorted(plan.epochs[:2] * entry.partitions)
         progress: list[tuple[int, int]] = []
         derived = tasks.run(target, partial(record_progress, progress))
@@ -340,7 +344,8 @@ def test_derive_in_tasks_equals_the_changelog_and_resumes_an_earlier_attempt(
         for mine, theirs in zip(copied, expected, strict=True):
             assert as_bag(mine.changes) == as_bag(theirs.changes), (name, mine.epoch)
         assert derived.changes == sum(len(e.changes) for e in expected)
-    done = json.loads(ok(mvlog(settings, "replay", "derive", "mvg", "--into-topic", "--engine", "spark",
-                               "--execute", "--output", "json")).stdout)
-    assert done["in_tasks"] and done["executed"] and done["epochs_written"] == len(read_log(settings, redis_client,
-                                                                                            "mvg"))
+    for name in ("mvg", "mvj"):
+        done = json.loads(ok(mvlog(settings, "replay", "derive", name, "--into-topic", "--engine", "spark",
+                                   "--execute", "--output", "json")).stdout)
+        assert done["in_tasks"] and done["executed"] and done["epochs_written"] == len(read_log(settings, redis_client,
+                                                                                                name))
