@@ -54,6 +54,7 @@ from mvlog.connectors.spark.job_progress import JobProgress
 from mvlog.connectors.spark.source_options import changelog_read
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key, Row
+from mvlog.services.backfill.chunked import keep_covered
 from mvlog.services.pipeline.join_tasks import (
     RouteJoinRows,
     shaped_view_rows,
@@ -105,6 +106,7 @@ class JoinRebuildJob:
     routing: JoinRouting
     epoch: int  # the view's MCE (a replacement's: F): the one epoch the folded rows carry
     stage_for: StageFor = "view"  # whose staging the tasks fill (see DeriveJob.stage_for)
+    covers: Callable[[str, Key], bool] | None = None  # a view still backfilling (see DeriveJob.covers)
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found = own_partition(batches, VIEW_PARTITION)
@@ -119,6 +121,8 @@ class JoinRebuildJob:
         if rows is not None:
             for upstream, mine in zip(self.upstreams, sides(rows, self.upstreams), strict=True):
                 batches_from_arrow(mine, upstream, epochs)
+        if self.covers is not None:
+            keep_covered(epochs, self.covers)
         state = InMemoryState()
         view_rows: dict[Key, Row] = {}
         if (inputs := epochs.get(self.epoch)) is not None:
@@ -136,6 +140,19 @@ class JoinRebuildJob:
         return {"partition": partition, "rows": len(encoded), "state": len(state.data), "changes": 0}
 
 
+def equi_join(settings: Settings, client: redis.Redis, name: str
+              ) -> tuple[CatalogEntry, tuple[CatalogEntry, CatalogEntry], ViewPlan] | None:
+    """View ``name``, its upstreams by side and its plan, when it is a two-view equi-join the tasks run
+    (:func:`~mvlog.views.join_routing.two_view_equi_join`); else None."""
+    catalog = CatalogStore(settings, client)
+    view = catalog.get(name)
+    view_plan = plan_for(catalog, view.name, view.sql or "")
+    if len(view.sources) != 2 or not two_view_equi_join(view_plan):
+        return None
+    first, second = JoinRouting(view_plan, view.partitions).upstreams()
+    return view, (catalog.get(first), catalog.get(second)), view_plan
+
+
 @dataclass(frozen=True)
 class SideRead:
     """What one side's rows at the epoch are folded from: its changelog up to ``upto`` (its last epoch at
@@ -151,25 +168,23 @@ class JoinRebuild(ReplaySession):
 
     def __init__(self, settings: Settings, client: redis.Redis, epoch: int, view: CatalogEntry,
                  upstreams: tuple[CatalogEntry, CatalogEntry], view_plan: ViewPlan, reads: dict[str, SideRead],
-                 spark: SparkSession | None = None) -> None:
+                 spark: SparkSession | None = None, covers: Callable[[str, Key], bool] | None = None) -> None:
         self.settings, self.client, self.epoch, self._spark = settings, client, epoch, spark
         self.view, self.upstreams, self.view_plan, self.reads = view, upstreams, view_plan, reads
         self.routing = JoinRouting(view_plan, view.partitions)
+        self.covers = covers  # a view still backfilling (see DeriveJob.covers)
 
     @classmethod
     def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
-                 spark: SparkSession | None = None) -> JoinRebuild | None:
+                 spark: SparkSession | None = None, covers: Callable[[str, Key], bool] | None = None
+                 ) -> JoinRebuild | None:
         """The rebuild in tasks, or None when the view is not a join the tasks run
-        (:func:`~mvlog.views.join_routing.two_view_equi_join`)."""
-        catalog = CatalogStore(settings, client)
-        view = catalog.get(plan.view)
-        view_plan = plan_for(catalog, view.name, view.sql or "")
-        if len(view.sources) != 2 or not two_view_equi_join(view_plan):
+        (:func:`~mvlog.views.join_routing.two_view_equi_join`). ``covers``: of a view still backfilling."""
+        if (join := equi_join(settings, client, plan.view)) is None:
             return None
-        first, second = JoinRouting(view_plan, view.partitions).upstreams()
-        reads = {name: SideRead(plan.upto(name)) for name in (first, second)}
-        return cls(settings, client, plan.last, view, (catalog.get(first), catalog.get(second)), view_plan, reads,
-                   spark)
+        view, upstreams, view_plan = join
+        reads = {upstream.name: SideRead(plan.upto(upstream.name)) for upstream in upstreams}
+        return cls(settings, client, plan.last, view, upstreams, view_plan, reads, spark, covers)
 
     def rebuild(self, on_progress: Callable[[int, int], None] | None = None) -> RebuiltState:
         """Recompute the view's rows and operator state at the epoch, which must be its MCE, and swap them
@@ -187,7 +202,7 @@ class JoinRebuild(ReplaySession):
         """Run the tasks that stage each join-key partition's rows and operator state at the epoch for
         ``stage_for``; swapping them in is the caller's."""
         job = JoinRebuildJob(self.settings.to_executor_json(), self.view, self.upstreams, self.view_plan,
-                             self.routing, self.epoch, stage_for)
+                             self.routing, self.epoch, stage_for, self.covers if stage_for == "view" else None)
         with JobProgress(self.spark, f"mvlog-rebuild-{self.view.name}", on_progress):
             shuffled = self._input().repartition(self.view.partitions, ROUTE_TOKEN)
             results = shuffled.mapInArrow(job.run, STAGED_DDL).toArrow().to_pylist()
@@ -290,10 +305,10 @@ class JoinDerivation(ReplaySession):
     def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
                  spark: SparkSession | None = None) -> JoinDerivation | None:
         """The derivation in tasks, or None when the view is not a two-view equi-join."""
-        rebuild = JoinRebuild.for_plan(settings, client, plan, spark)
-        if rebuild is None:
+        if (join := equi_join(settings, client, plan.view)) is None:
             return None
-        return cls(settings, client, plan, rebuild.view, rebuild.upstreams, rebuild.view_plan, spark)
+        view, upstreams, view_plan = join
+        return cls(settings, client, plan, view, upstreams, view_plan, spark)
 
     def run(self, name: str | None = None, on_progress: Callable[[int, int], None] | None = None) -> DerivedTopic:
         """Derive the plan's epochs into the changelog of ``name`` (made up when None; refused when it is a

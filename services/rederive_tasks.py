@@ -59,6 +59,7 @@ from mvlog.connectors.spark.source_options import changelog_read
 from mvlog.partition_epochs import prev_epochs, resume_partition
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key, Row
+from mvlog.services.backfill.chunked import keep_covered
 from mvlog.services.pipeline.partition_tasks import (
     ROUTE_TOKEN,
     SOURCE_ORDER,
@@ -131,10 +132,7 @@ class DeriveJob:
         inputs: EpochBatches = {}
         batches_from_arrow(rows, self.upstream, inputs)
         if self.covers is not None:
-            name, covers = self.upstream.name, self.covers
-            for batches in inputs.values():
-                if (batch := batches.get(name)) is not None:
-                    batches[name] = batch.where([covers(name, key) for key in batch.keys])
+            keep_covered(inputs, self.covers)
         operator, state = ViewOperator(self.plan), InMemoryState()
         hydration = None
         if (prefix := inputs.get(self.prev_epoch)) is not None:

@@ -113,14 +113,14 @@ def left_to_consumer(settings: Settings, client: redis.Redis, entry: CatalogEntr
     """Whether a rebuild leaves ``entry``'s operator state to the view's consumer: the operators run in
     Spark's tasks (``Settings.operators_in_tasks``, the deployment's setting), the view's operator is one
     they run (one upstream by key or by group, or a two-view equi-join). A view still backfilling is
-    re-derived by its tasks from the keys its backfill covers (:attr:`DeriveJob.covers`), which a join's
-    tasks do not take: a backfilling join is re-derived now."""
+    re-derived by its tasks from the upstream keys its backfill covers
+    (:attr:`~mvlog.services.rederive_tasks.DeriveJob.covers`)."""
     if not settings.operators_in_tasks or entry.kind != "view" or len(entry.sources) not in (1, 2):
         return False
     catalog = CatalogStore(settings, client)
     plan = plan_for(catalog, entry.name, entry.sql or "")
     if len(entry.sources) == 2:
-        return two_view_equi_join(plan) and not backfill_needed(ViewStore(client, settings.topic_prefix), entry)
+        return two_view_equi_join(plan)
     return one_upstream_routing(plan, catalog.get(entry.sources[0]).key_columns, entry.partitions) is not None
 
 
@@ -154,7 +154,7 @@ def _rederive_in_tasks(settings: Settings, client: redis.Redis, entry: CatalogEn
     """:func:`restore_view_state` computed by Spark's tasks
     (:meth:`~mvlog.services.rederive_tasks.TaskDerivation.rebuild` of the MCE alone, or a join's
     :class:`~mvlog.services.join_rederive_tasks.JoinRebuild`); None when the tasks cannot (an operator
-    they do not run, a join still backfilling, an upstream's changelog no longer from its first epoch)."""
+    they do not run, an upstream's changelog no longer from its first epoch)."""
     # Their Spark jobs: imported in a consumer's process only.
     from mvlog.services.join_rederive_tasks import JoinRebuild
     from mvlog.services.rederive_tasks import TaskDerivation
@@ -173,7 +173,7 @@ def _rederive_in_tasks(settings: Settings, client: redis.Redis, entry: CatalogEn
     try:
         plan = plan_derivation(settings, client, entry.name, mce, mce)
         if len(entry.sources) == 2:
-            derivation = JoinRebuild.for_plan(settings, client, plan, spark) if covers is None else None
+            derivation = JoinRebuild.for_plan(settings, client, plan, spark, covers)
         else:
             derivation = TaskDerivation.for_plan(settings, client, plan, spark, covers)
     except ReplayRangeError as exc:

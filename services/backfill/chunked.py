@@ -66,6 +66,7 @@ from mvlog.row_schema import Key
 from mvlog.schemas.codec import decode_row, encode_key
 from mvlog.services.backfill.task_chunks import BackfillBatch, TaskChunk, committed_positions, recover_chunk
 from mvlog.services.view_ddl import view_option
+from mvlog.views import ChangeBatch
 from mvlog.vnode import VNODE_COUNT, vnode_of
 
 log = logging.getLogger(__name__)
@@ -376,6 +377,14 @@ def coverage(positions: BackfillPositions, upstreams: Mapping[str, CatalogEntry]
         return positions.covers(source, vnode, order_member(vnode, key, encoded))
 
     return covers
+
+
+def keep_covered(epochs: Mapping[int, dict[str, ChangeBatch]], covers: Callable[[str, Key], bool]) -> None:
+    """Drop from each epoch's batches (per upstream) the changes of upstream keys ``covers`` says a
+    backfill has not reached: a backfilling view's re-derivation in tasks, which reads whole upstreams."""
+    for batches in epochs.values():
+        for name, batch in batches.items():
+            batches[name] = batch.where([covers(name, key) for key in batch.keys])
 
 
 def backfill_needed(store: ViewStore, entry: CatalogEntry) -> bool:

@@ -129,19 +129,27 @@ def backfilling(consumer: ViewConsumer) -> bool:
     return consumer.backfill is not None
 
 
+#: Views created online over t1 (and t2) with a chunked backfill: a GROUP BY, and a join whose backfill
+#: walks both sides.
+BACKFILLED = {"mv1": "SELECT k, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi FROM t1 WHERE v1 > 0 "
+                     "GROUP BY k",
+              "mvj": "SELECT a.id, a.v1, b.w FROM t1 a JOIN t2 b ON a.k = b.k"}
+
+
 @pytest.mark.parametrize("path", ["driver", "tasks"])
 def test_flushall_during_a_chunked_backfill(path: str, make_settings: Callable[..., Settings], own_redis: str,
                                             spark: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """A view created online loses nothing when Redis is wiped while it backfills: its positions, counters
-    and journal come back from its own changelog (the backfill_progress mutations on its barriers), its
-    operator state is re-derived from the upstream keys those positions cover, and the backfill resumes
-    where it was instead of starting over (which would drop the changes of keys it already holds).
+    """Views created online lose nothing when Redis is wiped while they backfill: their positions, counters
+    and journals come back from their own changelogs (the backfill_progress mutations on their barriers),
+    their operator state is re-derived from the upstream keys those positions cover, and the backfills
+    resume where they were instead of starting over (which would drop the changes of keys they already
+    hold).
 
-    "tasks": the GROUP BY and its backfill run in Spark's tasks, whose chunk of an epoch is saved in Redis
+    "tasks": the views and their backfills run in Spark's tasks, whose chunk of an epoch is saved in Redis
     until that epoch commits: a wipe that loses it after a partition committed the epoch (or while the
     rebuild holds that epoch back for want of proof) has it read again from the epoch's barriers. The
-    rebuild leaves the view's operator state to its consumer, whose tasks re-derive it from the keys the
-    restored positions cover."""
+    rebuild leaves the views' operator state to their consumers, whose tasks re-derive it from the keys
+    the restored positions cover (the join's, a task per join-key partition, from both sides')."""
     tasks = {"operators_in_tasks": True, "tasks_min_records": 0} if path == "tasks" else {}
     settings = make_settings(redis_url=own_redis, backfill_batch_rows=8, **tasks)
     caplog.set_level(logging.WARNING, logger="mvlog.services.state_rebuild")
@@ -150,6 +158,7 @@ def test_flushall_during_a_chunked_backfill(path: str, make_settings: Callable[.
     rng = random.Random(5)
     t1 = Table.create(settings, "t1", {"id": "int", "v1": "int", "k": "string"}, ["id"], client=client,
                       auto_commit=False)
+    t2 = Table.create(settings, "t2", {"k": "string", "w": "int"}, ["k"], client=client, auto_commit=False)
 
     def write_epoch() -> int:
         for _ in range(6):
@@ -157,73 +166,99 @@ def test_flushall_during_a_chunked_backfill(path: str, make_settings: Callable[.
                 t1.delete([rng.randrange(120)])
             else:
                 t1.upsert([{"id": rng.randrange(120), "v1": rng.randrange(-2, 9), "k": rng.choice("abcd")}])
-        return t1.flush()
+        t2.upsert([{"k": rng.choice("abcde"), "w": rng.randrange(10)}])
+        epoch = t1.flush()
+        t2.flush()
+        return epoch  # where both views get: the join plans through the least latest epoch of t1 and t2
 
     t1.upsert([{"id": i, "v1": rng.randrange(-2, 9), "k": rng.choice("abcd")} for i in range(120)])
+    t2.upsert([{"k": k, "w": i} for i, k in enumerate("abc")])
     t1.flush()
-    create_view(settings, "mv1", "SELECT k, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi "
-                "FROM t1 WHERE v1 > 0 GROUP BY k", client=client, backfill="chunked")
-    alter_view(settings, "mv1", client=client, backfill_rate_limit=15)  # about 8 s for t1's ~100 rows
+    t2.flush()
+    for name, sql in BACKFILLED.items():
+        create_view(settings, name, sql, client=client, backfill="chunked")
+        alter_view(settings, name, client=client, backfill_rate_limit=15)  # about 8 s for t1's rows
 
-    def backfill() -> dict[bytes, bytes]:
-        return store.backfill_state("mv1")
+    def rows_done(name: str) -> int:
+        return int(store.backfill_state(name).get(b"rows_done", 0))
+
+    def done(name: str) -> bool:
+        return b"done" in store.backfill_state(name)
+
+    def advance() -> None:
+        epoch = write_epoch()
+        for consumer in consumers:
+            consumer.wait_for_epoch(epoch)
 
     def run_until(condition: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + 120
         while not condition():
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            consumer.wait_for_epoch(write_epoch())
+            advance()
 
-    consumer = ViewConsumer(settings, "mv1", spark=spark, client=client)
-    assert (consumer.tasks is not None) is settings.operators_in_tasks
+    def kept(name: str) -> dict[str, Any]:
+        keys = {what: f"{settings.topic_prefix}:{{{name}}}:{what}" for what in ("rows", "opstate", "backfill")}
+        return {what: client.hgetall(key) for what, key in keys.items()} | {"journal": store.backfill_journal(name)}
+
+    consumers = [ViewConsumer(settings, name, spark=spark, client=client) for name in BACKFILLED]
+    assert all((consumer.tasks is not None) is settings.operators_in_tasks for consumer in consumers)
     try:
-        consumer.start()
-        run_until(lambda: int(backfill().get(b"rows_done", 0)) >= 20, "a part of the backfill")
-        consumer.stop()
-        assert b"done" not in backfill()
-        keys = [f"{settings.topic_prefix}:{{mv1}}:{what}" for what in ("rows", "opstate", "backfill")]
-        before = {key: client.hgetall(key) for key in keys}
-        journal = store.backfill_journal("mv1")
-        mce = store.mce("mv1")
+        for consumer in consumers:
+            consumer.start()
+        run_until(lambda: all(rows_done(name) >= 20 for name in BACKFILLED), "a part of the backfills")
+        for consumer in consumers:
+            consumer.stop()
+        assert not any(done(name) for name in BACKFILLED)
+        before = {name: kept(name) for name in BACKFILLED}
+        mces = {name: store.mce(name) for name in BACKFILLED}
 
-        # 1. The consumer is stopped: the table writer notices the wipe and rebuilds everything, mv1 included.
+        # 1. The consumers are stopped: the table writers notice the wipe and rebuild everything, the views
+        # included; with the operators in tasks, the views' consumers re-derive their operator state.
         client.flushall()
         t1.flush()
-        restored = store.mce("mv1")
-        assert bool(store.meta("mv1").get("rederive")) is settings.operators_in_tasks
-        consumer = ViewConsumer(settings, "mv1", spark=spark, client=client)  # re-derives what was left to it
+        t2.flush()
+        assert all(bool(store.meta(name).get("rederive")) is settings.operators_in_tasks for name in BACKFILLED)
+        restored = {name: store.mce(name) for name in BACKFILLED}
+        consumers = [ViewConsumer(settings, name, spark=spark, client=client) for name in BACKFILLED]
         in_tasks = {getattr(r, "rederived_in_tasks", None) for r in caplog.records} - {None}
-        assert in_tasks == ({"mv1"} if settings.operators_in_tasks else set()), in_tasks
-        if restored == mce:
-            assert {key: client.hgetall(key) for key in keys} == before
-            assert store.backfill_journal("mv1") == journal
-        else:
-            # On Tansu nothing proves the last epoch of a stopped writer committed (see control_plane): it
-            # is abandoned and redone by the next consumer; everything else comes back as it was.
-            assert restored is not None and restored < (mce or 0)
-            assert journal[:len(store.backfill_journal("mv1"))] == store.backfill_journal("mv1")
-        rows_done = int(backfill()[b"rows_done"])
-        assert rows_done > 0 and b"done" not in backfill()
+        assert in_tasks == (set(BACKFILLED) if settings.operators_in_tasks else set()), in_tasks
+        for name in BACKFILLED:
+            if restored[name] == mces[name]:
+                assert kept(name) == before[name], name
+            else:
+                # On Tansu nothing proves the last epoch of a stopped writer committed (see control_plane): it
+                # is abandoned and redone by the next consumer; everything else comes back as it was.
+                at = restored[name]
+                assert at is not None and at < (mces[name] or 0)
+                journal = store.backfill_journal(name)
+                assert before[name]["journal"][:len(journal)] == journal
+        resumed = {name: rows_done(name) for name in BACKFILLED}
+        assert all(resumed[name] > 0 and not done(name) for name in BACKFILLED)
 
-        # 2. The consumer resumes from the restored positions; Redis is wiped again while it runs.
-        assert consumer.backfill is not None and consumer.backfill.rows_done == rows_done
-        consumer.start()
-        run_until(lambda: int(backfill().get(b"rows_done", 0)) >= rows_done + 15, "more of the backfill")
-        assert b"done" not in backfill()
+        # 2. The consumers resume from the restored positions; Redis is wiped again while they run.
+        for consumer in consumers:
+            assert consumer.backfill is not None and consumer.backfill.rows_done == resumed[consumer.entry.name]
+            consumer.start()
+        run_until(lambda: all(rows_done(name) >= resumed[name] + 15 or done(name) for name in BACKFILLED),
+                  "more of the backfills")
+        assert not all(done(name) for name in BACKFILLED)
         client.flushall()
-        run_until(lambda: b"done" in backfill(), "the end of the backfill")
-        assert not backfilling(consumer) and (done := consumer.backfills.chunked) is not None and done.done
+        run_until(lambda: all(done(name) for name in BACKFILLED), "the end of the backfills")
+        for consumer in consumers:
+            assert not backfilling(consumer) and (chunked := consumer.backfills.chunked) is not None and chunked.done
 
-        # 3. Wiped once more after it finished: it stays finished (the last payload says so).
+        # 3. Wiped once more after they finished: they stay finished (the last payload says so).
         client.flushall()
-        consumer.wait_for_epoch(write_epoch())
-        assert b"done" in backfill() and not backfilling(consumer)
-        consumer.wait_for_epoch(write_epoch())
+        advance()
+        assert all(done(name) for name in BACKFILLED) and not any(backfilling(c) for c in consumers)
+        advance()
     finally:
-        consumer.stop()
+        for consumer in consumers:
+            consumer.stop()
         t1.close()
-    checked = check_oracle(settings, client, ["t1", "mv1"], spark)
-    assert checked >= 10, "the oracle held at every epoch: on the covered keys while backfilling, in full after"
+        t2.close()
+    checked = check_oracle(settings, client, ["t1", "t2", *BACKFILLED], spark)
+    assert checked >= 20, "the oracle held at every epoch: on the covered keys while backfilling, in full after"
     client.close()
 
 
