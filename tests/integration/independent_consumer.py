@@ -45,26 +45,32 @@ def _high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, i
     return {p: high for p, (low, high) in marks.items() if high > low}
 
 
+#: How long :func:`read_topic` waits for a first record, however short its ``idle``.
+FIRST_RECORD_WAIT = 10.0
+
+
 def read_topic(bootstrap: str, topic: str, partitions: int, idle: float = 3.0,
                max_seconds: float = 120.0) -> dict[int, PartitionLog]:
     """Read what the topic held when the read began: until every partition's position reached its high
     watermark of then (read_committed moves a position past the markers of committed and aborted
     transactions), or no record came for ``idle`` seconds (a transaction still open holds a position
-    back), or ``max_seconds`` passed."""
+    back; before the first record, ``FIRST_RECORD_WAIT`` seconds at least: a consumer's first fetch takes
+    longer on a busy machine), or ``max_seconds`` passed."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "independent", "enable.auto.commit": False,
                          "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
     ends = _high_watermarks(bootstrap, topic, partitions)
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     logs = {p: PartitionLog() for p in range(partitions)}
-    last = started = time.monotonic()
+    started = time.monotonic()
+    last: float | None = None  # when the last record came
 
     def at_ends() -> bool:
         positions = consumer.position([TopicPartition(topic, p) for p in range(partitions)])
         return all(tp.offset >= ends[tp.partition] for tp in positions if tp.partition in ends)
 
     try:
-        while (time.monotonic() - last < idle and time.monotonic() - started < max_seconds
-               and not at_ends()):
+        while (time.monotonic() - (last or started) < (idle if last is not None else max(idle, FIRST_RECORD_WAIT))
+               and time.monotonic() - started < max_seconds and not at_ends()):
             # What is queued, else the next record: consume(n, t) waits all of t unless n records are queued.
             messages = consumer.consume(1000, timeout=0) or consumer.consume(1, timeout=0.3)
             for msg in messages:
