@@ -39,15 +39,12 @@ from typing import Any
 import pyarrow as pa
 import redis
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F  # noqa: N812 (Spark's convention)
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import apply_changes
 from mvlog.config import Settings
-from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.catalog_store import CatalogStore
-from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.connectors.spark.job_progress import JobProgress
@@ -72,7 +69,7 @@ from mvlog.services.pipeline.partition_tasks import (
     require_every_partition,
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
-from mvlog.services.rederive import DerivationPlan, last_images, new_replay_topic, serving_rows
+from mvlog.services.rederive import DerivationPlan, last_images, new_replay_topic
 from mvlog.services.rederive_tasks import (
     DERIVED_DDL,
     DERIVED_SCHEMA,
@@ -82,9 +79,11 @@ from mvlog.services.rederive_tasks import (
     RebuiltState,
     ReplaySession,
     StageFor,
+    as_hydration,
     derivation_input,
     index_derived,
     snapshot_hydration,
+    stage_part,
     write_derived,
 )
 from mvlog.services.view_ddl import plan_for
@@ -130,14 +129,9 @@ class JoinRebuildJob:
             state.apply(output.state_writes)
             apply_changes(view_rows, output.changes.to_changes())
         check_owned(self.view.name, partition, dict.fromkeys(state.data), self.routing.partitions_of_state_keys)
-        encoded, order = serving_rows(self.view.key_columns, view_rows)
-        settings = Settings.from_executor_json(self.settings_json)
-        client = redis_client.task_client(settings)
-        if self.stage_for == "replacement":  # its apply diffs rows: it keeps no key order of its own
-            ReplacementStore(client, settings.topic_prefix).stage_hydration(self.view.name, encoded, state.data)
-        else:
-            ViewStore(client, settings.topic_prefix).stage_rebuild(self.view.name, encoded, state.data, order)
-        return {"partition": partition, "rows": len(encoded), "state": len(state.data), "changes": 0}
+        staged = stage_part(Settings.from_executor_json(self.settings_json), self.stage_for, self.view, view_rows,
+                            state.data)
+        return {"partition": partition, "rows": staged, "state": len(state.data), "changes": 0}
 
 
 def equi_join(settings: Settings, client: redis.Redis, name: str
@@ -220,8 +214,7 @@ class JoinRebuild(ReplaySession):
                                  read.snapshot.epoch if read.snapshot is not None else 0, read.upto)
             if read.snapshot is not None:  # its rows at the snapshot's epoch, then its changes after
                 log = snapshot_hydration(self.spark, upstream, read.snapshot).unionByName(log)
-            rows = (last_images(log).withColumn("_epoch", F.lit(self.epoch).cast("bigint"))
-                    .withColumn("_change_type", F.lit("insert")).withColumn("_weight", F.lit(1).cast("int")))
+            rows = as_hydration(last_images(log), self.epoch)
             frames.append(rows.mapInArrow(RouteJoinRows(self.routing, side, schema).run, from_arrow_schema(schema)))
         return frames[0].union(frames[1])
 

@@ -33,7 +33,7 @@ still go the driver's way (:meth:`TaskDerivation.for_plan` returns None).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -167,13 +167,22 @@ class DeriveJob:
             apply_changes(view_rows, found)
             changes += len(found) if epoch != self.prev_epoch else 0
         check_owned(self.view.name, partition, dict.fromkeys(state.data), self.routing.partitions_of_state_keys)
-        encoded, order = serving_rows(self.view.key_columns, view_rows)
-        client = redis_client.task_client(settings)
-        if self.stage_for == "replacement":  # its apply diffs rows: it keeps no key order of its own
-            ReplacementStore(client, settings.topic_prefix).stage_hydration(self.view.name, encoded, state.data)
-        else:
-            ViewStore(client, settings.topic_prefix).stage_rebuild(self.view.name, encoded, state.data, order)
-        return {"partition": partition, "rows": len(encoded), "state": len(state.data), "changes": changes}
+        staged = stage_part(settings, self.stage_for, self.view, view_rows, state.data)
+        return {"partition": partition, "rows": staged, "state": len(state.data), "changes": changes}
+
+
+def stage_part(settings: Settings, stage_for: StageFor, view: CatalogEntry, rows: Mapping[Key, Row],
+               state: Mapping[bytes, bytes]) -> int:
+    """Stage a task's part of ``view``'s rows and operator state: for the view's rebuild, with the rows'
+    key-order members, or for its staged replacement's hydration, whose apply diffs rows (it keeps no key
+    order of its own). Returns the rows staged."""
+    encoded, order = serving_rows(view.key_columns, rows)
+    client = redis_client.task_client(settings)
+    if stage_for == "replacement":
+        ReplacementStore(client, settings.topic_prefix).stage_hydration(view.name, encoded, state)
+    else:
+        ViewStore(client, settings.topic_prefix).stage_rebuild(view.name, encoded, state, order)
+    return len(encoded)
 
 
 def write_derived(settings: Settings, target: str, view: CatalogEntry, partition: int, prev_epoch: int,
@@ -224,9 +233,14 @@ def derivation_input(spark: SparkSession, settings: Settings, client: redis.Redi
     index = EpochIndex(client, settings.topic_prefix)
     if (prefix := folded_prefix(spark, settings, index, plan, upstream)) is None:
         return frame
-    hydration = (prefix.withColumn("_epoch", F.lit(plan.prev_epoch).cast("bigint"))
-                 .withColumn("_change_type", F.lit("insert")).withColumn("_weight", F.lit(1).cast("int")))
-    return hydration.select(*frame.columns).unionByName(frame)
+    return as_hydration(prefix, plan.prev_epoch).select(*frame.columns).unionByName(frame)
+
+
+def as_hydration(rows: DataFrame, epoch: int) -> DataFrame:
+    """``rows`` (a changelog's columns) as the data source's signed rows of one epoch, ``epoch``, all
+    inserts: an operator's hydration."""
+    return (rows.withColumn("_epoch", F.lit(epoch).cast("bigint")).withColumn("_change_type", F.lit("insert"))
+            .withColumn("_weight", F.lit(1).cast("int")))
 
 
 @dataclass(frozen=True)
@@ -361,10 +375,8 @@ def snapshot_hydration(spark: SparkSession, upstream: CatalogEntry, snapshot: Sn
     """The snapshot's rows as the data source's signed rows of its epoch (all inserts, each a change of its
     own), and one barrier row of that epoch, which the routing copies to every view partition: each
     partition's task then runs, with rows or without."""
-    rows = (read_snapshot(spark, upstream, snapshot.path)
-            .withColumn("_epoch", F.lit(snapshot.epoch).cast("bigint")).withColumn("_change_type", F.lit("insert"))
-            .withColumn("_weight", F.lit(1).cast("int")).withColumn("_partition", F.lit(0).cast("int"))
-            .withColumn("_offset", F.monotonically_increasing_id())
+    rows = (as_hydration(read_snapshot(spark, upstream, snapshot.path), snapshot.epoch)
+            .withColumn("_partition", F.lit(0).cast("int")).withColumn("_offset", F.monotonically_increasing_id())
             .select(*(f"`{name}`" for name in upstream.schema.names), *META_COLUMNS))
     barrier = {**dict.fromkeys(upstream.schema.names), "_epoch": snapshot.epoch, "_change_type": BARRIER,
                "_weight": 0, "_partition": 0, "_offset": -1, "_key": b""}
