@@ -2,17 +2,19 @@
 
 The local stack, the soak and the test fixtures start brokers, databases and pipeline processes. When the
 starting process is SIGKILLed (a test's timeout, an operator's Ctrl-\\), its children would otherwise run on
-as orphans holding ports and CPU: Linux's parent-death signal ends them instead.
+as orphans holding ports and CPU: Linux's parent-death signal ends them instead. :func:`pid_alive` tells
+whether a process recorded by pid (a pid file, a folder's name) still runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -82,3 +84,27 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def pid_alive(pid: int, expect: Sequence[str] = ()) -> bool:
+    """True when ``pid`` runs and (where /proc tells) its command line holds every string in ``expect``.
+
+    The check on the command line keeps a recycled pid (a stale pid file) from being mistaken for ours.
+    """
+    proc = Path(f"/proc/{pid}")
+    if Path("/proc/self").exists():
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return False
+        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):  # a zombie has exited already
+            return False
+        return all(part in cmdline for part in expect)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mvlog.infra.child_processes import die_with_parent
+from mvlog.infra.child_processes import die_with_parent, pid_alive
 from mvlog.infra.kafka_broker import KafkaBroker, KafkaSetupError, ensure_kafka_jars, find_java, kafka_version
 
 if TYPE_CHECKING:
@@ -263,30 +263,6 @@ class ServiceStatus:
         else:
             state = f"running (pid {self.pid}), " + ("healthy" if self.healthy else "NOT answering")
         return f"{self.name:<14} {self.address:<22} {state}"
-
-
-def _pid_alive(pid: int, expect: Sequence[str] = ()) -> bool:
-    """True when ``pid`` runs and (where /proc tells) its command line holds every string in ``expect``.
-
-    The check on the command line keeps a recycled pid (a stale pid file) from being mistaken for ours.
-    """
-    proc = Path(f"/proc/{pid}")
-    if Path("/proc/self").exists():
-        try:
-            stat = (proc / "stat").read_text()
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return False
-        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):  # a zombie has exited already
-            return False
-        return all(part in cmdline for part in expect)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _reap(pid: int) -> None:
@@ -579,7 +555,7 @@ class LocalStack:
     def kill(self, name: str) -> None:
         """SIGKILL one process of the stack (``"kafka"`` or ``"redis"``), as a crash would: fault tests."""
         pid = self._read_pid(name)
-        if pid is None or not _pid_alive(pid, self._expectations()[name]):
+        if pid is None or not pid_alive(pid, self._expectations()[name]):
             raise StackError(f"{name} is not running from {self.data_dir}")
         os.kill(pid, signal.SIGKILL)
         if not self._wait_gone(pid, self._expectations()[name], self._children.get(name), 10.0):
@@ -589,7 +565,7 @@ class LocalStack:
     def _stop_one(self, name: str) -> bool:
         expect = self._expectations()[name]
         pid = self._read_pid(name)
-        running = pid is not None and _pid_alive(pid, expect)
+        running = pid is not None and pid_alive(pid, expect)
         if pid is not None and running:
             self._terminate(name, pid, expect)
         self._pid_file(name).unlink(missing_ok=True)
@@ -620,7 +596,7 @@ class LocalStack:
                     return True
             else:
                 _reap(pid)
-                if not _pid_alive(pid, expect):
+                if not pid_alive(pid, expect):
                     return True
                 time.sleep(0.1)
         return False
@@ -634,7 +610,7 @@ class LocalStack:
         result = []
         for name, expect in self._expectations().items():
             pid = self._read_pid(name)
-            running = pid is not None and _pid_alive(pid, expect)
+            running = pid is not None and pid_alive(pid, expect)
             healthy = running and check_health and checks[name](timeout)
             result.append(ServiceStatus(name, addresses[name], pid if running else None, running,
                                         healthy, self.log_dir / f"{name}.log"))

@@ -26,6 +26,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming.query import StreamingQuery
 
+from mvlog.infra.child_processes import pid_alive
 from mvlog.services.pipeline.micro_batch_worker import MicroBatchWorker
 
 log = logging.getLogger(__name__)
@@ -48,20 +49,10 @@ def remove_dead_checkpoints(folder: Path | None = None) -> int:
     removed = 0
     for path in (folder or Path(tempfile.gettempdir())).glob(f"{CHECKPOINT_PREFIX}*"):
         pid = path.name[len(CHECKPOINT_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _running(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed += 1
     return removed
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 class MicroBatchRunner:

@@ -13,7 +13,7 @@ import redis
 
 from mvlog.config import Settings
 from mvlog.connectors.redis.catalog_store import CatalogStore
-from mvlog.infra import local_stack
+from mvlog.infra.child_processes import pid_alive
 from mvlog.infra.local_stack import free_ports, redis_answers
 
 from .test_cli_views import MVLOG, T1, lines, mvlog, ok, read_json, refused, topic_exists
@@ -113,7 +113,7 @@ def test_down_and_stack_status_find_the_stack_from_another_directory(tmp_path: P
         down = _run(["down"], elsewhere, bare)
         assert down.returncode == 0, down.stderr
         assert f"Local stack in {(started_in / '.mvlog').resolve()} stopped." in down.stdout, down.stdout
-        assert not any(local_stack._pid_alive(pid) for pid in pids)
+        assert not any(pid_alive(pid) for pid in pids)
         assert not redis_answers("127.0.0.1", redis_port, 1.0)
         assert "nothing to stop" in _run(["down"], elsewhere, bare).stdout  # forgotten once stopped
     finally:

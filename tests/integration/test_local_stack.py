@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from mvlog.config import Settings
 from mvlog.infra import local_stack
+from mvlog.infra.child_processes import pid_alive
 from mvlog.infra.local_stack import (
     BinaryNotFoundError,
     LocalStack,
@@ -226,7 +227,7 @@ def test_mvlog_up_and_down_start_and_stop_both_processes(tmp_path: Path) -> None
     assert down.returncode == 0, down.stderr
     assert "stopped" in down.stdout
     for pid in pids:
-        assert not local_stack._pid_alive(pid)
+        assert not pid_alive(pid)
     assert not kafka_answers(f"127.0.0.1:{kafka_port}", 1.0)
     assert not redis_answers("127.0.0.1", redis_port, 1.0)
     status = _cli("stack-status", env=env)
@@ -268,7 +269,7 @@ def test_mvlog_up_with_half_a_stack_starts_the_missing_half_and_keeps_the_data(t
         assert again.returncode == 0, again.stderr
         assert "Kept kafka running; started redis" in again.stderr
         assert int((tmp_path / "stack" / "kafka.pid").read_text()) == kafka_pid
-        assert local_stack._pid_alive(kafka_pid)
+        assert pid_alive(kafka_pid)
         assert redis.Redis(port=redis_port).get("half:key") == b"kept"
         assert _read(settings, topic, 0, seconds=3) == [b"kept"]
     finally:
