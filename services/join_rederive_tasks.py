@@ -53,10 +53,9 @@ from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key, Row
 from mvlog.services.backfill.chunked import keep_covered
 from mvlog.services.pipeline.join_tasks import (
-    RouteJoinRows,
+    routed_sides,
     shaped_view_rows,
-    shuffled_schema,
-    sides,
+    side_epochs,
     view_changes_by_epoch,
     view_rows_schema,
 )
@@ -68,7 +67,7 @@ from mvlog.services.pipeline.partition_tasks import (
     partitions_of_task,
     require_every_partition,
 )
-from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
+from mvlog.services.pipeline.reading import EpochBatches
 from mvlog.services.rederive import DerivationPlan, last_images, new_replay_topic
 from mvlog.services.rederive_tasks import (
     DERIVED_DDL,
@@ -118,14 +117,14 @@ class JoinRebuildJob:
         or its replacement's hydration."""
         epochs: EpochBatches = {}
         if rows is not None:
-            for upstream, mine in zip(self.upstreams, sides(rows, self.upstreams), strict=True):
-                batches_from_arrow(mine, upstream, epochs)
-        if self.covers is not None:
-            keep_covered(epochs, self.covers)
+            side_epochs(rows, self.upstreams, self.routing, epochs)
+        if (covers := self.covers) is not None:  # asked by upstream (a self-join's second side: its view's)
+            upstream_of = dict(zip(self.routing.inputs(), self.routing.upstreams(), strict=True))
+            keep_covered(epochs, lambda name, key: covers(upstream_of[name], key))
         state = InMemoryState()
         view_rows: dict[Key, Row] = {}
         if (inputs := epochs.get(self.epoch)) is not None:
-            output = ViewOperator(self.plan).apply_epoch(inputs, state)
+            output = ViewOperator(self.routing.operator_plan()).apply_epoch(inputs, state)
             state.apply(output.state_writes)
             apply_changes(view_rows, output.changes.to_changes())
         check_owned(self.view.name, partition, dict.fromkeys(state.data), self.routing.partitions_of_state_keys)
@@ -141,7 +140,7 @@ def equi_join(settings: Settings, client: redis.Redis, name: str
     catalog = CatalogStore(settings, client)
     view = catalog.get(name)
     view_plan = plan_for(catalog, view.name, view.sql or "")
-    if len(view.sources) != 2 or not two_view_equi_join(view_plan):
+    if not two_view_equi_join(view_plan):  # two views, or a self-join's one
         return None
     first, second = JoinRouting(view_plan, view.partitions).upstreams()
     return view, (catalog.get(first), catalog.get(second)), view_plan
@@ -206,17 +205,18 @@ class JoinRebuild(ReplaySession):
 
     def _input(self) -> DataFrame:
         """Each side's rows at the epoch, one epoch of inserts, routed to the partitions of their join keys."""
-        schema = shuffled_schema(self.upstreams)
-        frames = []
-        for side, upstream in enumerate(self.upstreams):
+
+        def folded(upstream: CatalogEntry) -> DataFrame:
             read = self.reads[upstream.name]
             log = changelog_read(self.spark, self.settings, upstream.name,
                                  read.snapshot.epoch if read.snapshot is not None else 0, read.upto)
             if read.snapshot is not None:  # its rows at the snapshot's epoch, then its changes after
                 log = snapshot_hydration(self.spark, upstream, read.snapshot).unionByName(log)
-            rows = as_hydration(last_images(log), self.epoch)
-            frames.append(rows.mapInArrow(RouteJoinRows(self.routing, side, schema).run, from_arrow_schema(schema)))
-        return frames[0].union(frames[1])
+            return as_hydration(last_images(log), self.epoch)
+
+        routed = routed_sides(self.routing, self.upstreams, folded)
+        assert routed is not None  # every side is read
+        return routed
 
 
 @dataclass(frozen=True)
@@ -239,9 +239,8 @@ class JoinDeriveKeyJob:
 
     def _partition(self, partition: int, rows: pa.Table) -> pa.Table:
         inputs: EpochBatches = {}
-        for upstream, mine in zip(self.upstreams, sides(rows, self.upstreams), strict=True):
-            batches_from_arrow(mine, upstream, inputs)
-        operator, state = ViewOperator(self.plan), InMemoryState()
+        side_epochs(rows, self.upstreams, self.routing, inputs)
+        operator, state = ViewOperator(self.routing.operator_plan()), InMemoryState()
         of_vnode = partitions_table(self.view.partitions)
         tokens = pa.array(partition_tokens(self.view.partitions), pa.int32())
         mark = pa.array([partition], pa.int32())
@@ -323,10 +322,9 @@ class JoinDerivation(ReplaySession):
                                    self.plan.prev_epoch, epochs)
         if on_job is not None:
             write = on_job(write)
-        schema = shuffled_schema(self.upstreams)
-        sides_read = [derivation_input(self.spark, self.settings, self.client, self.plan, upstream.name)
-                      .mapInArrow(RouteJoinRows(self.routing, side, schema).run, from_arrow_schema(schema))
-                      for side, upstream in enumerate(self.upstreams)]
-        joined = (sides_read[0].union(sides_read[1]).repartition(partitions, ROUTE_TOKEN)
+        routed = routed_sides(self.routing, self.upstreams, lambda upstream: derivation_input(
+            self.spark, self.settings, self.client, self.plan, upstream.name))
+        assert routed is not None  # every side is read
+        joined = (routed.repartition(partitions, ROUTE_TOKEN)
                   .mapInArrow(keys.run, from_arrow_schema(rows_schema)))
         return joined.repartition(partitions, ROUTE_TOKEN).mapInArrow(write.run, DERIVED_DDL)

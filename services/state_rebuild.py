@@ -112,16 +112,17 @@ def _backfill_coverage(store: ViewStore, entry: CatalogEntry, upstreams: dict[st
 def left_to_consumer(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> bool:
     """Whether a rebuild leaves ``entry``'s operator state to the view's consumer: the operators run in
     Spark's tasks (``Settings.operators_in_tasks``, the deployment's setting), the view's operator is one
-    they run (one upstream by key or by group, or a two-view equi-join). A view still backfilling is
+    they run (one upstream by key or by group, or an equi-join of two views or of one with itself). A view still backfilling is
     re-derived by its tasks from the upstream keys its backfill covers
     (:attr:`~mvlog.services.rederive_tasks.DeriveJob.covers`)."""
     if not settings.operators_in_tasks or entry.kind != "view" or len(entry.sources) not in (1, 2):
         return False
     catalog = CatalogStore(settings, client)
     plan = plan_for(catalog, entry.name, entry.sql or "")
-    if len(entry.sources) == 2:
-        return two_view_equi_join(plan)
-    return one_upstream_routing(plan, catalog.get(entry.sources[0]).key_columns, entry.partitions) is not None
+    if two_view_equi_join(plan):  # of two views, or of one with itself
+        return True
+    return (len(entry.sources) == 1
+            and one_upstream_routing(plan, catalog.get(entry.sources[0]).key_columns, entry.partitions) is not None)
 
 
 def restore_or_leave(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> None:
@@ -172,10 +173,8 @@ def _rederive_in_tasks(settings: Settings, client: redis.Redis, entry: CatalogEn
     derivation: TaskDerivation | JoinRebuild | None
     try:
         plan = plan_derivation(settings, client, entry.name, mce, mce)
-        if len(entry.sources) == 2:
-            derivation = JoinRebuild.for_plan(settings, client, plan, spark, covers)
-        else:
-            derivation = TaskDerivation.for_plan(settings, client, plan, spark, covers)
+        derivation = (JoinRebuild.for_plan(settings, client, plan, spark, covers)
+                      or TaskDerivation.for_plan(settings, client, plan, spark, covers))
     except ReplayRangeError as exc:
         log.warning("%s: operator state re-derived the driver's way: %s", entry.name, exc)
         return None

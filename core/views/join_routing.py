@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pyarrow as pa
@@ -60,15 +60,23 @@ from mvlog.views.routing import partitions_table
 from mvlog.views.state_codec import JOIN_TAGS, encode_key
 from mvlog.vnode import VNODE_COUNT
 
+#: The suffix of a self-join's second side in a join-key task's input (:meth:`JoinRouting.inputs`): not a
+#: view name (``#`` is not allowed in one).
+SECOND_SIDE = "#1"
+
 
 def two_view_equi_join(plan: ViewPlan) -> bool:
-    """A view over an equi-join of two different views, projected and filtered only: the views
-    :class:`JoinRouting` can partition. An inner or outer (left, right, full) join, with or without a
-    residual condition; or a semi or anti join (``EXISTS`` / ``IN`` / ``NOT EXISTS``) whose subquery is
-    a filter/project of one view, passing its correlated columns through (:func:`subquery_of`: its rows
-    are routed by that view's columns). Not a chain of joins (the second step's key is another column),
-    not an aggregate, top-N, window, union or other subquery over or in a join (state of another shape),
-    not a self-join (one upstream read once: its rows would need to go to two join-key partitions)."""
+    """A view over an equi-join of two sources, projected and filtered only: the views :class:`JoinRouting`
+    can partition. An inner or outer (left, right, full) join of two views or of one view with itself,
+    with or without a residual condition; or a semi or anti join (``EXISTS`` / ``IN`` / ``NOT EXISTS``)
+    whose subquery is a filter/project of another view, passing its correlated columns through
+    (:func:`subquery_of`: its rows are routed by that view's columns). Not a chain of joins (the second
+    step's key is another column), not an aggregate, top-N, window, union or other subquery over or in a
+    join (state of another shape).
+
+    A self-join reads its one upstream once and routes each row twice, once per side by that side's join
+    key (:meth:`JoinRouting.partitions_of`): the operator of a join-key task then gets each side's rows
+    apart (:meth:`JoinRouting.inputs`), which the one view's changes of a single operator cannot say."""
     query = plan.query
     if (plan.union or len(query.sources) != 2 or len(query.joins) != 1 or query.is_aggregate
             or query.top_n is not None or query.window is not None):
@@ -76,7 +84,7 @@ def two_view_equi_join(plan: ViewPlan) -> bool:
     if query.joins[0].kind.filters:
         inner = subquery_of(plan)
         return inner is not None and inner.sources[0] != query.sources[0].view
-    return not plan.inner and query.sources[0].view != query.sources[1].view
+    return not plan.inner
 
 
 def subquery_of(plan: ViewPlan) -> ViewPlan | None:
@@ -121,6 +129,30 @@ class JoinRouting:
         the FROM view and the view its subquery reads."""
         sources, sub = self.plan.query.sources, self._subquery
         return sources[0].view, sub.query.sources[0].view if sub is not None else sources[1].view
+
+    def self_join(self) -> bool:
+        """Both sides read the same view (its rows are routed once per side)."""
+        first, second = self.upstreams()
+        return first == second
+
+    def inputs(self) -> tuple[str, str]:
+        """The name each side's changes go under in the input of :meth:`operator_plan`'s operator: the
+        upstreams' names, but a self-join's second side's, ``<view>#1``: in a join-key task the two sides
+        hold different rows of the one view (each routed by its own side's join key)."""
+        first, second = self.upstreams()
+        return (first, second + SECOND_SIDE) if first == second else (first, second)
+
+    def operator_plan(self) -> ViewPlan:
+        """The plan a join-key task's operator runs: the view's, a self-join's second source renamed to its
+        input (:meth:`inputs`). The operator's state does not change (its buckets are per side, ``j0`` /
+        ``j1``), nor its output: it reads each source's changes by that source's view name, and a single
+        operator gives both sources the one view's changes."""
+        if not self.self_join():
+            return self.plan
+        query = self.plan.query
+        second = replace(query.sources[1], view=self.inputs()[1])
+        return replace(self.plan, sources=self.inputs(),
+                       query=replace(query, sources=(query.sources[0], second, *query.sources[2:])))
 
     def columns(self, side: int) -> list[str]:
         """The join key's columns of upstream ``side`` (0: FROM, 1: JOIN, or the view a semi or anti

@@ -38,12 +38,15 @@ first shuffle's output again (stage 1 reruns only if that output was lost, and r
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial, reduce
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
@@ -119,40 +122,60 @@ def sides(rows: pa.Table, upstreams: Sequence[CatalogEntry]) -> list[pa.Table]:
 
 @dataclass(frozen=True)
 class RouteJoinRows:
-    """``mapInArrow``'s function over one side's read, before the first shuffle (see the module)."""
+    """``mapInArrow``'s function over one upstream's read, before the first shuffle (see the module): its
+    rows routed as the rows of each of ``sides`` (both, for a self-join's one upstream)."""
 
     routing: JoinRouting
-    side: int
+    sides: tuple[int, ...]
     schema: pa.Schema  # shuffled_schema
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         tokens = pa.array(partition_tokens(self.routing.partitions), pa.int32())
-        prefix = side_column(self.side, "")
-
-        def shape(rows: pa.Table, parts: pa.Array) -> pa.Table:
-            count = rows.num_rows
-            columns = []
-            for f in self.schema:
-                if f.name in META_COLUMNS:
-                    columns.append(rows.column(f.name).cast(f.type))
-                elif f.name == SIDE:
-                    columns.append(pa.array([self.side] * count, pa.int32()))
-                elif f.name.startswith(prefix):
-                    columns.append(rows.column(f.name[len(prefix):]).cast(f.type))
-                elif f.name == VIEW_PARTITION:
-                    columns.append(parts)
-                elif f.name == ROUTE_TOKEN:
-                    columns.append(tokens.take(parts))
-                else:
-                    columns.append(pa.nulls(count, f.type))
-            return pa.Table.from_arrays(columns, schema=self.schema)
-
-        def partitions_of(changes: pa.Table) -> pa.Array:
-            return self.routing.partitions_of(self.side, changes)
-
         for batch in batches:
-            yield from routed(pa.Table.from_batches([batch]), self.routing.partitions, partitions_of,
-                              shape).to_batches()
+            table = pa.Table.from_batches([batch])
+            for side in self.sides:
+                yield from routed(table, self.routing.partitions, partial(self.routing.partitions_of, side),
+                                  partial(self._shape, side, tokens)).to_batches()
+
+    def _shape(self, side: int, tokens: pa.Array, rows: pa.Table, parts: pa.Array) -> pa.Table:
+        """``rows`` of upstream ``side`` in the shared layout, to the join-key partitions ``parts``."""
+        count, prefix = rows.num_rows, side_column(side, "")
+        columns = []
+        for f in self.schema:
+            if f.name in META_COLUMNS:
+                columns.append(rows.column(f.name).cast(f.type))
+            elif f.name == SIDE:
+                columns.append(pa.array([side] * count, pa.int32()))
+            elif f.name.startswith(prefix):
+                columns.append(rows.column(f.name[len(prefix):]).cast(f.type))
+            elif f.name == VIEW_PARTITION:
+                columns.append(parts)
+            elif f.name == ROUTE_TOKEN:
+                columns.append(tokens.take(parts))
+            else:
+                columns.append(pa.nulls(count, f.type))
+        return pa.Table.from_arrays(columns, schema=self.schema)
+
+
+def routed_sides(routing: JoinRouting, upstreams: Sequence[CatalogEntry],
+                 read: Callable[[CatalogEntry], DataFrame | None]) -> DataFrame | None:
+    """Both sides' input of the first shuffle, not yet shuffled: ``read(upstream)`` (None: nothing read)
+    once per upstream, its rows routed as each side that upstream is (a self-join's one upstream: twice)."""
+    schema = shuffled_schema(upstreams)
+    spark_schema = from_arrow_schema(schema)
+    frames = []
+    for upstream in {u.name: u for u in upstreams}.values():
+        if (frame := read(upstream)) is not None:
+            of = tuple(side for side, u in enumerate(upstreams) if u.name == upstream.name)
+            frames.append(frame.mapInArrow(RouteJoinRows(routing, of, schema).run, spark_schema))
+    return reduce(DataFrame.union, frames) if frames else None
+
+
+def side_epochs(rows: pa.Table, upstreams: Sequence[CatalogEntry], routing: JoinRouting, into: EpochBatches) -> None:
+    """A join-key task's rows (the first shuffle's layout) into ``into``: each side's changes per epoch
+    under its input name (:meth:`JoinRouting.inputs`), for the operator of :meth:`JoinRouting.operator_plan`."""
+    for upstream, name, mine in zip(upstreams, routing.inputs(), sides(rows, upstreams), strict=True):
+        batches_from_arrow(mine, upstream, into, name)
 
 
 @dataclass(frozen=True)
@@ -177,10 +200,10 @@ class JoinKeyJob:
         """Each side's changes per epoch, and the micro-batch's last epoch."""
         epochs: EpochBatches = {}
         upto = self.upto
-        for side, (upstream, mine) in enumerate(zip(self.upstreams, sides(rows, self.upstreams), strict=True)):
-            if upto is None and side == self.end_side:
-                upto = pc.max(mine.column("_epoch")).as_py() if mine.num_rows else self.target.after
-            batches_from_arrow(mine, upstream, epochs)
+        if upto is None:
+            mine = sides(rows, self.upstreams)[self.end_side]
+            upto = pc.max(mine.column("_epoch")).as_py() if mine.num_rows else self.target.after
+        side_epochs(rows, self.upstreams, self.routing, epochs)
         assert upto is not None
         return epochs, upto
 
@@ -189,7 +212,7 @@ class JoinKeyJob:
         epochs, upto = self._epochs(rows)
         todo = sorted(e for e in epochs if target.after < e <= upto)
         settings = Settings.from_executor_json(target.settings_json)
-        operator = ViewOperator(self.plan)
+        operator = ViewOperator(self.routing.operator_plan())
         of_vnode = partitions_table(view.partitions)
         tokens = pa.array(partition_tokens(view.partitions), pa.int32())
         out: list[pa.Table] = [self.out_schema.empty_table()]

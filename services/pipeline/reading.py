@@ -26,14 +26,15 @@ from mvlog.views import ChangeBatch
 EpochBatches = dict[int, dict[str, ChangeBatch]]  # epoch -> upstream view -> its changes
 
 
-def batches_from_arrow(table: pa.Table, upstream: CatalogEntry, into: EpochBatches) -> None:
+def batches_from_arrow(table: pa.Table, upstream: CatalogEntry, into: EpochBatches, name: str | None = None) -> None:
     """Each epoch's changes in the data source's signed rows, as one batch per epoch (barrier-only epochs
-    too: their barriers still have to be committed). The rows of a change share its partition and
-    offset; they are paired in Arrow, so a row never becomes a Python object here."""
+    too: their barriers still have to be committed), under ``name`` (the upstream's unless given: a
+    self-join's second side's, :meth:`~mvlog.views.join_routing.JoinRouting.inputs`). The rows of a change
+    share its partition and offset; they are paired in Arrow, so a row never becomes a Python object here."""
     for epoch, rows in epoch_slices(table):
         change_ids = pc.add(pc.multiply(rows.column("_partition").cast(pa.int64()), 1 << 40), rows.column("_offset"))
-        into.setdefault(epoch, {})[upstream.name] = ChangeBatch.from_signed(upstream.schema, rows,
-                                                                             rows.column("_weight"), change_ids)
+        into.setdefault(epoch, {})[name or upstream.name] = ChangeBatch.from_signed(
+            upstream.schema, rows, rows.column("_weight"), change_ids)
 
 
 class UpstreamEpochLostError(RuntimeError):

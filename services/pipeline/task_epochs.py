@@ -48,9 +48,8 @@ from mvlog.connectors.redis.table_writers import TableWriters, plan_through
 from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
 from mvlog.services.pipeline.join_tasks import (
     JoinKeyJob,
-    RouteJoinRows,
     ViewPartitionJob,
-    shuffled_schema,
+    routed_sides,
     view_rows_schema,
 )
 from mvlog.services.pipeline.partition_tasks import (
@@ -106,7 +105,7 @@ class TaskEpochs:
         """The task path of the view, when the setting is on and the view can take it; else None."""
         if not settings.operators_in_tasks:
             return None
-        if len(entry.sources) == 2 and two_view_equi_join(plan):
+        if two_view_equi_join(plan):  # two views, or a self-join's one
             join = JoinRouting(plan, entry.partitions)
             return cls(settings, entry, [upstreams[view] for view in join.upstreams()], plan, committer, client, join)
         if len(entry.sources) != 1:
@@ -138,7 +137,7 @@ class TaskEpochs:
     def _pending(self, after: int, enough: int) -> int:
         """Change events the upstreams committed after epoch ``after`` (counting stops at ``enough``)."""
         pending = 0
-        for upstream in self.upstreams:
+        for upstream in {u.name: u for u in self.upstreams}.values():  # a self-join's once
             for partition in range(upstream.partitions):
                 pending += sum(e.records for e in self.staging.index.between(upstream.name, partition, after, _NO_END))
                 if pending >= enough:
@@ -222,23 +221,18 @@ class TaskEpochs:
         (``read_settled``). ``stage`` shapes each side's input (a chunked backfill)."""
         routing = cast(JoinRouting, self.routing)
         end_side = next(i for i, u in enumerate(self.upstreams) if u.name == self.entry.sources[0])
-        schema = shuffled_schema(self.upstreams)
-        spark_schema = from_arrow_schema(schema)
-        frames = []
-        for side, upstream in enumerate(self.upstreams):
-            if side == end_side and batch is not None:
+
+        def read(upstream: CatalogEntry) -> DataFrame | None:
+            if upstream.name == self.entry.sources[0] and batch is not None:
                 frame: DataFrame | None = batch
             else:
                 end = reader.settled_upto(upstream.name, upto)
                 frame = reader.frame(upstream.name, read_after, end) if end > read_after else None
-            if stage is not None:
-                frame = stage.frame(reader.spark, upstream.name, frame)
-            if frame is not None:
-                frames.append(frame.mapInArrow(RouteJoinRows(routing, side, schema).run, spark_schema))
-        if not frames:
+            return stage.frame(reader.spark, upstream.name, frame) if stage is not None else frame
+
+        if (routed := routed_sides(routing, self.upstreams, read)) is None:
             return None
-        by_join_key = frames[0] if len(frames) == 1 else frames[0].union(frames[1])
-        by_join_key = by_join_key.repartition(self.entry.partitions, ROUTE_TOKEN)
+        by_join_key = routed.repartition(self.entry.partitions, ROUTE_TOKEN)
         out_schema = view_rows_schema(self.plan)
         join = JoinKeyJob(target, (self.upstreams[0], self.upstreams[1]), self.plan, routing,
                           upto if batch is None else None, end_side, out_schema)

@@ -129,7 +129,7 @@ def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSes
     From an upstream's snapshot, the tasks read its files; else Spark SQL folds the changelog up to F."""
     if not settings.operators_in_tasks or sorted(plan.sources) != sorted(entry.sources):
         return None
-    if len(plan.sources) == 2:
+    if plan.is_join or len(plan.sources) == 2:  # a self-join reads one view
         return _join_in_tasks(settings, client, spark, entry, plan, start)
     upstream = CatalogStore(settings, client).get(plan.sources[0])
     routing = one_upstream_routing(plan, upstream.key_columns, entry.partitions)
@@ -154,7 +154,7 @@ def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSes
 
 def _join_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSession, entry: CatalogEntry,
                    plan: ViewPlan, start: HydrationStart) -> JoinRebuild | None:
-    """A two-view equi-join replacement's hydration in tasks: each side's rows at F folded from its
+    """An equi-join replacement's hydration in tasks (of two views, or of one with itself): each side's rows at F folded from its
     snapshot (if it starts from one) and its changelog up to its last epoch at or before F."""
     if not two_view_equi_join(plan):
         return None

@@ -25,8 +25,9 @@ from mvlog.connectors.kafka.changelog_writer import encode_batch
 from mvlog.connectors.spark.change_rows import BARRIER, SignedRowBuilder
 from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.row_schema import Key, Row, RowSchema
-from mvlog.services.pipeline.join_tasks import SIDE, RouteJoinRows, shuffled_schema, side_column
+from mvlog.services.pipeline.join_tasks import SIDE, RouteJoinRows, shuffled_schema, side_column, side_epochs
 from mvlog.services.pipeline.partition_tasks import ROUTE_TOKEN, VIEW_PARTITION
+from mvlog.services.pipeline.reading import EpochBatches
 from mvlog.views import ChangeBatch, ViewOperator, ViewPlan, plan_view
 from mvlog.views.change_batch import consolidate_signed
 from mvlog.views.join_routing import JoinRouting, two_view_equi_join
@@ -54,8 +55,9 @@ JOIN = "SELECT a.id, b.bid, a.s, b.w, a.x + b.w AS t FROM a JOIN b ON a.k = b.k2
      False),  # two subqueries: a chain
     ("SELECT a.s, count(*) AS n FROM a JOIN b ON a.k = b.k2 GROUP BY a.s", False),  # an aggregate over it
     ("SELECT a.s, count(*) AS n FROM a LEFT JOIN b ON a.k = b.k2 GROUP BY a.s", False),
-    ("SELECT x.id, y.id AS id2 FROM a x JOIN a y ON x.k = y.k", False),  # a self-join: one upstream
-    ("SELECT x.id, y.id AS id2 FROM a x LEFT JOIN a y ON x.k = y.k", False),
+    ("SELECT x.id, y.id AS id2 FROM a x JOIN a y ON x.k = y.k", True),  # a self-join: its rows routed twice
+    ("SELECT x.id, y.id AS id2 FROM a x LEFT JOIN a y ON x.k = y.k", True),
+    ("SELECT x.id, count(*) AS n FROM a x JOIN a y ON x.k = y.id GROUP BY x.id", False),
     ("SELECT * FROM a WHERE k > 0", False),
 ])
 def test_which_views_the_join_routing_takes(sql: str, taken: bool) -> None:
@@ -128,6 +130,7 @@ class SplitJoin:
     def __post_init__(self) -> None:
         self.routing = JoinRouting(self.plan, self.partitions)
         self.operator = ViewOperator(self.plan)
+        self.split_operator = ViewOperator(self.routing.operator_plan())
         self.parts = [InMemoryState() for _ in range(self.partitions)]
         self.of_vnode = partitions_table(self.partitions)
         key = self.plan.schema.primary_key
@@ -144,11 +147,11 @@ class SplitJoin:
         self.view = apply_changes(self.view, output.changes.to_changes())
         signed: list[pa.Table] = []
         for j in range(self.partitions):
-            mine = {}
-            for side, name in enumerate(("a", "b")):
-                owners = self.routing.partitions_of(side, inputs[name].signed()[0]).to_pylist()
-                mine[name] = _split(inputs[name], owners, j)
-            out = self.operator.apply_epoch(mine, self.parts[j])
+            mine = {}  # each side's rows of join-key partition j, under the side's input name
+            for side, (upstream, name) in enumerate(zip(self.routing.upstreams(), self.routing.inputs(), strict=True)):
+                owners = self.routing.partitions_of(side, inputs[upstream].signed()[0]).to_pylist()
+                mine[name] = _split(inputs[upstream], owners, j)
+            out = self.split_operator.apply_epoch(mine, self.parts[j])
             self.parts[j].apply(out.state_writes)
             assert set(self.routing.partitions_of_state_keys(list(out.state_writes))) <= {j}
             rows, weights = out.changes.signed()
@@ -215,6 +218,30 @@ def test_semi_and_anti_joins_split_by_join_key_give_the_single_operators_changes
     split = SplitJoin(plan_view("v", sql, {"a": A, "b": B}), partitions)
     assert split.routing.upstreams() == ("a", "b") and split.routing.columns(1) == ["k2"]
     _random_epochs(split, random.Random(partitions * 31 + len(sql)))
+
+
+#: Self-joins: one view's rows, each routed once per side by that side's join key (``k`` and ``id`` are
+#: other columns: a row is in two partitions, as a parent and as a child).
+SELF_JOINS = ["SELECT x.id, y.id AS yid, x.s, y.x FROM a x JOIN a y ON x.k = y.id",
+              "SELECT x.id, y.id AS yid FROM a x LEFT JOIN a y ON x.k = y.k AND x.id < y.id",
+              "SELECT x.id, y.id AS yid, y.s FROM a x FULL JOIN a y ON x.k = y.id"]
+
+
+@pytest.mark.parametrize("sql", SELF_JOINS)
+@pytest.mark.parametrize("partitions", [1, 3, 4])
+def test_a_self_join_routed_once_per_side_gives_the_single_operators_changes(sql: str, partitions: int) -> None:
+    """:class:`SplitJoin` of a view joined with itself: the second side's rows go to the operator apart
+    (:meth:`JoinRouting.inputs`), its state and output the single operator's, which reads the one view's
+    changes for both sides."""
+    split = SplitJoin(plan_view("v", sql, {"a": A}), partitions)
+    assert split.routing.upstreams() == ("a", "a") and split.routing.inputs() == ("a", "a#1")
+    assert split.routing.operator_plan().sources == ("a", "a#1") and split.plan.sources == ("a",)
+    rng = random.Random(partitions * 17 + len(sql))
+    rows: dict[int, Row] = {}
+    for _ in range(10):
+        split.epoch({"a": ChangeBatch.from_changes(A, _changes(rng, rows, 12, _a))})
+    assert split.emptied > 0, "no bucket emptied: its delete went untested"
+    assert split.view, "the join never matched"
 
 
 join_keys_a = st.sampled_from([0, 1, 2, None])
@@ -284,7 +311,8 @@ def test_equal_join_keys_of_both_sides_go_to_one_partition_and_null_keys_to_part
     with pytest.raises(ValueError, match="not a join bucket"):
         routing.partitions_of_state_keys([b"g[3.0]"])
     with pytest.raises(ValueError, match="not an equi-join of two views"):
-        JoinRouting(plan_view("v", "SELECT x.id FROM a x LEFT JOIN a y ON x.k = y.k", {"a": A, "b": B}), 4)
+        JoinRouting(plan_view("v", "SELECT a.s, count(*) AS n FROM a JOIN b ON a.k = b.k2 GROUP BY a.s",
+                                 {"a": A, "b": B}), 4)
 
 
 def test_route_join_rows_puts_a_side_in_the_shared_layout_and_every_barrier_in_every_partition() -> None:
@@ -297,7 +325,7 @@ def test_route_join_rows_puts_a_side_in_the_shared_layout_and_every_barrier_in_e
     builder.add_images(7, 10, b"k1", row, {**row, "k2": 2.0})  # moves to another join key
     builder.add_barrier(7, 11)
     builder.add_barrier(9, 12)
-    out = pa.Table.from_batches(list(RouteJoinRows(routing, 1, schema).run(iter([builder.flush()]))))
+    out = pa.Table.from_batches(list(RouteJoinRows(routing, (1,), schema).run(iter([builder.flush()]))))
     assert out.schema == schema
     assert set(out.column(SIDE).to_pylist()) == {1}
     changes = out.filter(pc.not_equal(out.column("_change_type"), BARRIER))
@@ -314,3 +342,34 @@ def test_route_join_rows_puts_a_side_in_the_shared_layout_and_every_barrier_in_e
 
 def _entry(name: str, schema: RowSchema) -> CatalogEntry:
     return CatalogEntry(name=name, kind="table", schema=schema, partitions=3)
+
+
+def test_a_self_joins_rows_are_routed_once_per_side_by_that_sides_join_key() -> None:
+    """One read of the view, routed as both sides: a row goes to the partition of ``k`` as side 0 and of
+    ``id`` as side 1 (``x.k = y.id``), each barrier to every partition once per side, and a join-key task's
+    rows split back under the sides' input names (:func:`side_epochs`) for the operator that tells them
+    apart."""
+    routing = JoinRouting(plan_view("v", SELF_JOINS[0], {"a": A}), 3)
+    upstreams = [_entry("a", A), _entry("a", A)]
+    schema = shuffled_schema(upstreams)
+    builder = SignedRowBuilder(A, 1)
+    rows: list[Row] = [{"id": i, "k": k, "x": 0.5, "s": "p"} for i, k in ((1, 2), (2, 7), (3, None))]
+    for offset, row in enumerate(rows):
+        builder.add_images(5, offset, b"k%d" % offset, None, row)
+    builder.add_barrier(5, 3)
+    out = pa.Table.from_batches(list(RouteJoinRows(routing, (0, 1), schema).run(iter([builder.flush()]))))
+    changes = out.filter(pc.not_equal(out.column("_change_type"), BARRIER))
+    by_side = {side: changes.filter(pc.equal(changes.column(SIDE), side)) for side in (0, 1)}
+    assert by_side[0].column(side_column(0, "id")).to_pylist() == [1, 2, 3]
+    assert by_side[1].column(side_column(1, "id")).to_pylist() == [1, 2, 3]
+    assert by_side[0].column(VIEW_PARTITION).to_pylist() == routing.partitions_of(
+        0, pa.table({"k": pa.array([2, 7, None], pa.int64())})).to_pylist()
+    assert by_side[1].column(VIEW_PARTITION).to_pylist() == routing.partitions_of(
+        1, pa.table({"id": pa.array([1, 2, 3], pa.int64())})).to_pylist()
+    barriers = out.filter(pc.equal(out.column("_change_type"), BARRIER))
+    assert sorted(zip(barriers.column(SIDE).to_pylist(), barriers.column(VIEW_PARTITION).to_pylist(),
+                      strict=True)) == [(s, p) for s in (0, 1) for p in range(3)]
+    epochs: EpochBatches = {}
+    side_epochs(out, upstreams, routing, epochs)
+    assert set(epochs[5]) == {"a", "a#1"}
+    assert sorted(k[0] for k in epochs[5]["a"].keys) == sorted(k[0] for k in epochs[5]["a#1"].keys) == [1, 2, 3]
