@@ -112,8 +112,8 @@ def _backfill_coverage(store: ViewStore, entry: CatalogEntry, upstreams: dict[st
 def left_to_consumer(settings: Settings, client: redis.Redis, entry: CatalogEntry) -> bool:
     """Whether a rebuild leaves ``entry``'s operator state to the view's consumer: the operators run in
     Spark's tasks (``Settings.operators_in_tasks``, the deployment's setting), the view's operator is one
-    they run (one upstream by key or by group, or an equi-join of two views or of one with itself). A view still backfilling is
-    re-derived by its tasks from the upstream keys its backfill covers
+    they run (one upstream by key or by group, or an equi-join of two views or of one with itself). A
+    view still backfilling is re-derived by its tasks from the upstream keys its backfill covers
     (:attr:`~mvlog.services.rederive_tasks.DeriveJob.covers`)."""
     if not settings.operators_in_tasks or entry.kind != "view" or len(entry.sources) not in (1, 2):
         return False

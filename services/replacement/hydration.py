@@ -154,8 +154,9 @@ def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSes
 
 def _join_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSession, entry: CatalogEntry,
                    plan: ViewPlan, start: HydrationStart) -> JoinRebuild | None:
-    """An equi-join replacement's hydration in tasks (of two views, or of one with itself): each side's rows at F folded from its
-    snapshot (if it starts from one) and its changelog up to its last epoch at or before F."""
+    """An equi-join replacement's hydration in tasks (of two views, or of one with itself): each side's
+    rows at F folded from its snapshot (if it starts from one) and its changelog up to its last epoch at
+    or before F."""
     if not two_view_equi_join(plan):
         return None
     catalog, index = CatalogStore(settings, client), EpochIndex(client, settings.topic_prefix)

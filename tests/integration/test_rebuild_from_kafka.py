@@ -129,11 +129,12 @@ def backfilling(consumer: ViewConsumer) -> bool:
     return consumer.backfill is not None
 
 
-#: Views created online over t1 (and t2) with a chunked backfill: a GROUP BY, and a join whose backfill
-#: walks both sides.
+#: Views created online over t1 (and t2) with a chunked backfill: a GROUP BY, a join whose backfill walks
+#: both sides, and a self-join whose one walk of t1 feeds both sides.
 BACKFILLED = {"mv1": "SELECT k, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi FROM t1 WHERE v1 > 0 "
                      "GROUP BY k",
-              "mvj": "SELECT a.id, a.v1, b.w FROM t1 a JOIN t2 b ON a.k = b.k"}
+              "mvj": "SELECT a.id, a.v1, b.w FROM t1 a JOIN t2 b ON a.k = b.k",
+              "mvs": "SELECT a.id, b.id AS id2, a.v1, b.k FROM t1 a JOIN t1 b ON a.v1 = b.id"}
 
 
 @pytest.mark.parametrize("path", ["driver", "tasks"])

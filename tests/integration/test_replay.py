@@ -41,11 +41,14 @@ VIEWS = [
     ("mv2", "SELECT sum(v1) AS s FROM mv1"),
     ("mvg", "SELECT k, count(*) AS n, min(v1) AS lo, max(v1) AS hi, avg(v1) AS a FROM mv1 GROUP BY k"),
     ("mvj", "SELECT a.id, a.v1, b.w FROM mv1 a JOIN t2 b ON a.v1 = b.id"),
+    ("mvs", "SELECT a.id, b.id AS id2, a.v1, b.k FROM mv1 a JOIN mv1 b ON a.v1 = b.id"),  # a self-join
 ]
+JOINS = ("mvj", "mvs")
 
 
 def build(settings: Settings, client: redis.Redis, spark: Any, epochs: int = 8, seed: int = 7) -> list[ViewConsumer]:
-    """t1 -> mv1 -> mv2, mvg; mv1 JOIN t2 -> mvj, with ``epochs`` epochs of inserts, updates and deletes."""
+    """t1 -> mv1 -> mv2, mvg; mv1 JOIN t2 -> mvj; mv1 JOIN mv1 -> mvs, with ``epochs`` epochs of inserts,
+    updates and deletes."""
     rng = random.Random(seed)
     t1 = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean", "k": "string"}, ["id"],
                       client=client, auto_commit=False)
@@ -104,7 +107,7 @@ def test_rederived_epochs_equal_the_original_changelog(settings: Settings, redis
             plan = plan_derivation(settings, redis_client, name, first, last)
             expected = [e for e in original if first <= e.epoch <= last]
             assert plan.epochs == [e.epoch for e in expected]
-            for engine in ("local", "spark") if name in ("mvg", "mvj") else ("local",):
+            for engine in ("local", "spark") if name in ("mvg", *JOINS) else ("local",):
                 derived = list(Derivation(settings, redis_client, plan, engine, spark=spark).epochs())
                 assert [d.epoch for d in derived] == [e.epoch for e in expected], (name, engine)
                 assert [d.prev_epoch for d in derived] == [e.prev_epoch for e in expected], (name, engine)
@@ -169,28 +172,29 @@ def test_rebuild_restores_serving_state_and_the_pipeline_carries_on(settings: Se
     assert redis_client.hgetall(state_key) == state
     assert redis_client.zrange(order_key, 0, -1) == order
     assert not redis_client.exists(f"{settings.topic_prefix}:{{mvg}}:rows.rebuild"), "the staging is swapped in"
-    # The join's rebuild runs in tasks too, a task per join-key partition: rows, key order and both sides'
-    # indexes as they were.
-    join_keys = [f"{settings.topic_prefix}:{{mvj}}:{what}" for what in ("rows", "opstate", "keyorder")]
-    join_rows, join_state = redis_client.hgetall(join_keys[0]), redis_client.hgetall(join_keys[1])
-    join_order = redis_client.zrange(join_keys[2], 0, -1)
-    assert join_rows and join_state
-    redis_client.delete(*join_keys)
-    out = json.loads(ok(mvlog(settings, "replay", "derive", "mvj", "--rebuild", "--execute", "--engine", "spark",
-                              "--output", "json")).stdout)
-    assert out["in_tasks"] and out["executed"] and out["rows"] == len(join_rows), out
-    assert redis_client.hgetall(join_keys[0]) == join_rows
-    assert redis_client.hgetall(join_keys[1]) == join_state
-    assert redis_client.zrange(join_keys[2], 0, -1) == join_order
+    # The joins' rebuilds run in tasks too, a task per join-key partition: rows, key order and both sides'
+    # indexes as they were (the self-join's: one read of mv1, routed once per side).
+    for join in JOINS:
+        join_keys = [f"{settings.topic_prefix}:{{{join}}}:{what}" for what in ("rows", "opstate", "keyorder")]
+        join_rows, join_state = redis_client.hgetall(join_keys[0]), redis_client.hgetall(join_keys[1])
+        join_order = redis_client.zrange(join_keys[2], 0, -1)
+        assert join_rows and join_state, join
+        redis_client.delete(*join_keys)
+        out = json.loads(ok(mvlog(settings, "replay", "derive", join, "--rebuild", "--execute", "--engine", "spark",
+                                  "--output", "json")).stdout)
+        assert out["in_tasks"] and out["executed"] and out["rows"] == len(join_rows), out
+        assert redis_client.hgetall(join_keys[0]) == join_rows, join
+        assert redis_client.hgetall(join_keys[1]) == join_state, join
+        assert redis_client.zrange(join_keys[2], 0, -1) == join_order, join
     with Table.open(settings, "t1", client=redis_client, auto_commit=False) as t1:
         t1.upsert([{"id": 1, "v1": -9, "deleted": False, "k": "a"}, {"id": 2, "v1": 40, "deleted": False, "k": "b"}])
         t1.flush()
-    for name in ("mv1", "mvg", "mvj"):
+    for name in ("mv1", "mvg", *JOINS):
         consumer = ViewConsumer(settings, name, spark=spark, client=redis_client)
         consumer.catch_up()
         consumer.stop()
     assert store.mce("mvg") == store.mce("t1")
-    assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvg", "mvj"]) > 0
+    assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvg", *JOINS]) > 0
 
 
 def _consume_all(settings: Settings, client: redis.Redis, view: str, group: str) -> list[tuple[int, int, int]]:
@@ -303,23 +307,24 @@ def test_replay_refuses_bad_input(settings: Settings, redis_client: redis.Redis,
 def test_derive_in_tasks_equals_the_changelog_and_resumes_an_earlier_attempt(
         settings: Settings, redis_client: redis.Redis, spark: Any) -> None:
     """A filter passing its upstream's key through (mv1) and a GROUP BY (mvg) are re-derived by a Spark
-    task per partition, the join (mvj) by the live path's two shuffles (join key, then view key): the new
-    changelog equals the view's, epoch for epoch and change for change, with the same prev_epoch chain.
+    task per partition, the joins (mvj, and mvs of mv1 with itself) by the live path's two shuffles (join
+    key, then view key): the new changelog equals the view's, epoch for epoch and change for change, with
+    the same prev_epoch chain.
     An earlier attempt that committed the first epochs of every partition (a task that died) is resumed:
     each partition holds each epoch's barrier exactly once. A global aggregate goes the driver's way. The
     CLI takes the task path with --engine spark."""
     consumers = build(settings, redis_client, spark)
     stop(consumers)
     catalog = CatalogStore(settings, redis_client)
-    for name in ("mv2", "mvj"):
+    for name in ("mv2", *JOINS):
         assert TaskDerivation.for_plan(settings, redis_client, plan_derivation(settings, redis_client, name)) is None
     assert JoinDerivation.for_plan(settings, redis_client, plan_derivation(settings, redis_client, "mv2")) is None
-    for name in ("mv1", "mvg", "mvj"):
+    for name in ("mv1", "mvg", *JOINS):
         entry = catalog.get(name)
         original = read_log(settings, redis_client, name)
         first, last = original[3].epoch, original[-2].epoch
         plan = plan_derivation(settings, redis_client, name, first, last)
-        tasks: TaskDerivation | JoinDerivation | None = (JoinDerivation if name == "mvj" else TaskDerivation).for_plan(
+        tasks: TaskDerivation | JoinDerivation | None = (JoinDerivation if name in JOINS else TaskDerivation).for_plan(
             settings, redis_client, plan, spark)
         assert tasks is not None
         target = f"{name}.tasks"
@@ -344,7 +349,7 @@ def test_derive_in_tasks_equals_the_changelog_and_resumes_an_earlier_attempt(
         for mine, theirs in zip(copied, expected, strict=True):
             assert as_bag(mine.changes) == as_bag(theirs.changes), (name, mine.epoch)
         assert derived.changes == sum(len(e.changes) for e in expected)
-    for name in ("mvg", "mvj"):
+    for name in ("mvg", *JOINS):
         done = json.loads(ok(mvlog(settings, "replay", "derive", name, "--into-topic", "--engine", "spark",
                                    "--execute", "--output", "json")).stdout)
         assert done["in_tasks"] and done["executed"] and done["epochs_written"] == len(read_log(settings, redis_client,
