@@ -88,7 +88,7 @@ from mvlog.services.rederive_tasks import (
 from mvlog.services.view_ddl import plan_for
 from mvlog.snapshot_plan import SnapshotRecord
 from mvlog.views import ChangeBatch, InMemoryState, ViewOperator, ViewPlan
-from mvlog.views.join_routing import JoinRouting, two_view_equi_join
+from mvlog.views.join_routing import JoinRouting, two_source_equi_join
 from mvlog.views.routing import partitions_table, view_key_partitions
 
 
@@ -135,12 +135,12 @@ class JoinRebuildJob:
 
 def equi_join(settings: Settings, client: redis.Redis, name: str
               ) -> tuple[CatalogEntry, tuple[CatalogEntry, CatalogEntry], ViewPlan] | None:
-    """View ``name``, its upstreams by side and its plan, when it is a two-view equi-join the tasks run
-    (:func:`~mvlog.views.join_routing.two_view_equi_join`); else None."""
+    """View ``name``, its upstreams by side and its plan, when it is an equi-join the tasks run, of two views
+    or of one with itself (:func:`~mvlog.views.join_routing.two_source_equi_join`); else None."""
     catalog = CatalogStore(settings, client)
     view = catalog.get(name)
     view_plan = plan_for(catalog, view.name, view.sql or "")
-    if not two_view_equi_join(view_plan):  # two views, or a self-join's one
+    if not two_source_equi_join(view_plan):  # two views, or a self-join's one
         return None
     first, second = JoinRouting(view_plan, view.partitions).upstreams()
     return view, (catalog.get(first), catalog.get(second)), view_plan
@@ -172,7 +172,7 @@ class JoinRebuild(ReplaySession):
                  spark: SparkSession | None = None, covers: Callable[[str, Key], bool] | None = None
                  ) -> JoinRebuild | None:
         """The rebuild in tasks, or None when the view is not a join the tasks run
-        (:func:`~mvlog.views.join_routing.two_view_equi_join`). ``covers``: of a view still backfilling."""
+        (:func:`~mvlog.views.join_routing.two_source_equi_join`). ``covers``: of a view still backfilling."""
         if (join := equi_join(settings, client, plan.view)) is None:
             return None
         view, upstreams, view_plan = join
@@ -296,7 +296,7 @@ class JoinDerivation(ReplaySession):
     @classmethod
     def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
                  spark: SparkSession | None = None) -> JoinDerivation | None:
-        """The derivation in tasks, or None when the view is not a two-view equi-join."""
+        """The derivation in tasks, or None when the view is not an equi-join the tasks run."""
         if (join := equi_join(settings, client, plan.view)) is None:
             return None
         view, upstreams, view_plan = join

@@ -1,6 +1,6 @@
-"""Where a two-view equi-join's (inner, left, right or full outer, semi or anti) input rows and operator
-state live when its operator runs in Spark's tasks: by the partition of their **join key**, not of the view's key
-(issue 19 item 2, joins).
+"""Where the input rows and operator state of an equi-join of two sources (inner, left, right or full outer,
+semi or anti; two views, or one view with itself) live when its operator runs in Spark's tasks: by the
+partition of their **join key**, not of the view's key (issue 19 item 2, joins).
 
 A join view's key is both sources' keys (``mvlog.views.plan``): the view row of a pair ``(a, b)`` lands
 in the partition of ``vnode(encode(a.pk, b.pk))``, which depends on both rows. A row ``a`` matches every
@@ -65,7 +65,7 @@ from mvlog.vnode import VNODE_COUNT
 SECOND_SIDE = "#1"
 
 
-def two_view_equi_join(plan: ViewPlan) -> bool:
+def two_source_equi_join(plan: ViewPlan) -> bool:
     """A view over an equi-join of two sources, projected and filtered only: the views :class:`JoinRouting`
     can partition. An inner or outer (left, right, full) join of two views or of one view with itself,
     with or without a residual condition; or a semi or anti join (``EXISTS`` / ``IN`` / ``NOT EXISTS``)
@@ -107,7 +107,7 @@ def subquery_of(plan: ViewPlan) -> ViewPlan | None:
 
 @dataclass(frozen=True)
 class JoinRouting:
-    """Routes a two-view equi-join's input rows (each upstream's columns, by name) to join-key partitions."""
+    """Routes an equi-join's input rows (each upstream's columns, by name) to join-key partitions."""
 
     plan: ViewPlan
     partitions: int
@@ -115,7 +115,7 @@ class JoinRouting:
     _subquery: ViewPlan | None = field(init=False, repr=False, compare=False)  # a semi or anti join's
 
     def __post_init__(self) -> None:
-        if not two_view_equi_join(self.plan):
+        if not two_source_equi_join(self.plan):
             raise ValueError(f"view {self.plan.name!r} is not an equi-join of two views")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
         object.__setattr__(self, "_subquery", subquery_of(self.plan))

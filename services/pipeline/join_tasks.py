@@ -1,23 +1,25 @@
-"""Executor side of a two-view equi-join (inner, outer, semi, anti) whose operator runs in Spark's tasks: two
-shuffles, one by join key for the operator and its state, one by the view's key for the changelog
-partitions.
+"""Executor side of an equi-join of two sources (inner, outer, semi, anti; a self-join too) whose operator
+runs in Spark's tasks: two shuffles, one by join key for the operator and its state, one by the view's key
+for the changelog partitions.
 
 Why two (:mod:`mvlog.views.join_routing`): the join's state is per join key, its output rows are placed
 by a key made of both sources' keys, and no routing of the inputs by the output's partition keeps every
 pair of one join key in one task. A micro-batch goes:
 
-1. :class:`RouteJoinRows` (before the first shuffle, per input side): each change row of a side gets the
-   partition of its join key (``JoinRouting``), each barrier row is copied to every partition. Both sides
-   share one row layout (:func:`shuffled_schema`: the data source's meta columns, ``_side``, each side's
-   columns under its own prefix, the other side's null) so that their frames are one ``union``.
-2. :class:`JoinKeyJob` (task ``j`` of the first shuffle, one per join-key partition): both sides' rows
-   back in the data source's order, the epochs above the MCE (up to the micro-batch's end) computed in
-   order by the pure operator over the buckets of ``j``'s join keys, read from the view's committed
-   operator state in Redis and layered epoch by epoch (as a GROUP BY task does); every bucket it writes
-   is checked to be ``j``'s. It stages each epoch's state writes under partition ``j``'s staging keys
-   (``pstage:<epoch>:<j>:sput/sdel``: the tasks' state keys are disjoint) and emits the epoch's output
-   changes as signed view rows, each routed to the view partition of its key, plus one *count row* per
-   epoch routed to partition ``j``: the state it staged, and the mark that epoch exists.
+1. :class:`RouteJoinRows` (before the first shuffle, per upstream read: :func:`routed_sides`): each
+   change row of a side gets the partition of its join key (``JoinRouting``), each barrier row is copied
+   to every partition. Both sides share one row layout (:func:`shuffled_schema`: the data source's meta
+   columns, ``_side``, each side's columns under its own prefix, the other side's null) so that their
+   frames are one ``union``. A self-join's one read is routed as both sides (each row twice, each time by
+   that side's join key).
+2. :class:`JoinKeyJob` (task ``j`` of the first shuffle, one per join-key partition): both sides' rows back
+   in the data source's order, each side's under its input name (:func:`side_epochs`), the epochs above the
+   MCE (up to the micro-batch's end) computed in order by the pure operator over the buckets of ``j``'s join
+   keys, read from the view's committed operator state in Redis and layered epoch by epoch (as a GROUP BY
+   task does); every bucket it writes is checked to be ``j``'s. It stages each epoch's state writes under
+   partition ``j``'s staging keys (``pstage:<epoch>:<j>:sput/sdel``: the tasks' state keys are disjoint) and
+   emits the epoch's output changes as signed view rows, each routed to the view partition of its key, plus
+   one *count row* per epoch routed to partition ``j``: the state it staged, and the mark that epoch exists.
 3. :class:`ViewPartitionJob` (task ``p`` of the second shuffle, one per changelog partition): per epoch
    of its count row (every epoch of the micro-batch, since every task ``j`` saw every barrier), its
    signed rows consolidated into one change per view key (a pair whose join key changed is retracted by

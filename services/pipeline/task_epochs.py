@@ -64,7 +64,7 @@ from mvlog.services.pipeline.partition_tasks import (
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import Stage
 from mvlog.views import ViewPlan
-from mvlog.views.join_routing import JoinRouting, two_view_equi_join
+from mvlog.views.join_routing import JoinRouting, two_source_equi_join
 from mvlog.views.key_routing import KeyRouting, one_upstream_routing
 from mvlog.views.partitioning import runs_in_tasks
 from mvlog.views.routing import GroupRouting
@@ -105,7 +105,7 @@ class TaskEpochs:
         """The task path of the view, when the setting is on and the view can take it; else None."""
         if not settings.operators_in_tasks:
             return None
-        if two_view_equi_join(plan):  # two views, or a self-join's one
+        if two_source_equi_join(plan):  # two views, or a self-join's one
             join = JoinRouting(plan, entry.partitions)
             return cls(settings, entry, [upstreams[view] for view in join.upstreams()], plan, committer, client, join)
         if len(entry.sources) != 1:

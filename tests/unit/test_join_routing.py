@@ -30,7 +30,7 @@ from mvlog.services.pipeline.partition_tasks import ROUTE_TOKEN, VIEW_PARTITION
 from mvlog.services.pipeline.reading import EpochBatches
 from mvlog.views import ChangeBatch, ViewOperator, ViewPlan, plan_view
 from mvlog.views.change_batch import consolidate_signed
-from mvlog.views.join_routing import JoinRouting, two_view_equi_join
+from mvlog.views.join_routing import JoinRouting, two_source_equi_join
 from mvlog.views.routing import partitions_table, view_key_partitions
 from mvlog.views.state import InMemoryState
 from mvlog.vnode import partition_of_vnode
@@ -61,7 +61,7 @@ JOIN = "SELECT a.id, b.bid, a.s, b.w, a.x + b.w AS t FROM a JOIN b ON a.k = b.k2
     ("SELECT * FROM a WHERE k > 0", False),
 ])
 def test_which_views_the_join_routing_takes(sql: str, taken: bool) -> None:
-    assert two_view_equi_join(plan_view("v", sql, {"a": A, "b": B})) is taken
+    assert two_source_equi_join(plan_view("v", sql, {"a": A, "b": B})) is taken
 
 
 def _a(rng: random.Random, i: int) -> Row:
