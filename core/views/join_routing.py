@@ -69,7 +69,7 @@ def two_source_equi_join(plan: ViewPlan) -> bool:
     """A view over an equi-join of two sources, projected and filtered only: the views :class:`JoinRouting`
     can partition. An inner or outer (left, right, full) join of two views or of one view with itself,
     with or without a residual condition; or a semi or anti join (``EXISTS`` / ``IN`` / ``NOT EXISTS``)
-    whose subquery is a filter/project of another view, passing its correlated columns through
+    whose subquery is a filter/project of a view (another, or the same), passing its correlated columns through
     (:func:`subquery_of`: its rows are routed by that view's columns). Not a chain of joins (the second
     step's key is another column), not an aggregate, top-N, window, union or other subquery over or in a
     join (state of another shape).
@@ -82,8 +82,7 @@ def two_source_equi_join(plan: ViewPlan) -> bool:
             or query.top_n is not None or query.window is not None):
         return False
     if query.joins[0].kind.filters:
-        inner = subquery_of(plan)
-        return inner is not None and inner.sources[0] != query.sources[0].view
+        return subquery_of(plan) is not None
     return not plan.inner
 
 
@@ -143,16 +142,18 @@ class JoinRouting:
         return (first, second + SECOND_SIDE) if first == second else (first, second)
 
     def operator_plan(self) -> ViewPlan:
-        """The plan a join-key task's operator runs: the view's, a self-join's second source renamed to its
-        input (:meth:`inputs`). The operator's state does not change (its buckets are per side, ``j0`` /
-        ``j1``), nor its output: it reads each source's changes by that source's view name, and a single
-        operator gives both sources the one view's changes."""
+        """The plan a join-key task's operator runs: the view's, a self-join's second source (or its semi or
+        anti join's subquery's source) renamed to its input (:meth:`inputs`). The operator's state does not
+        change (its buckets are per side, ``j0`` / ``j1``), nor its output: it reads each source's changes
+        by that source's view name, and a single operator gives both sources the one view's changes."""
         if not self.self_join():
             return self.plan
-        query = self.plan.query
-        second = replace(query.sources[1], view=self.inputs()[1])
-        return replace(self.plan, sources=self.inputs(),
-                       query=replace(query, sources=(query.sources[0], second, *query.sources[2:])))
+        second = self.inputs()[1]
+        if (sub := self._subquery) is not None:
+            renamed = _read_as(sub, 0, second, (second,))
+            inner = tuple((name, renamed if plan is sub else plan) for name, plan in self.plan.inner)
+            return replace(self.plan, sources=self.inputs(), inner=inner)
+        return _read_as(self.plan, 1, second, self.inputs())
 
     def columns(self, side: int) -> list[str]:
         """The join key's columns of upstream ``side`` (0: FROM, 1: JOIN, or the view a semi or anti
@@ -187,3 +188,10 @@ class JoinRouting:
                 raise ValueError(f"{key!r} is not a join bucket's state key")
             owners.append(self._of_vnode[zlib.crc32(key[2:]) % VNODE_COUNT])
         return owners
+
+
+def _read_as(plan: ViewPlan, source: int, name: str, reads: tuple[str, ...]) -> ViewPlan:
+    """``plan`` with its query's source ``source`` read under ``name``, and the views it reads ``reads``."""
+    sources = list(plan.query.sources)
+    sources[source] = replace(sources[source], view=name)
+    return replace(plan, sources=reads, query=replace(plan.query, sources=tuple(sources)))

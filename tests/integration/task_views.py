@@ -50,9 +50,13 @@ FULL = ("mvjf", "SELECT t1.id, t2.id AS id2, t1.v1, t2.k, t2.w FROM t1 FULL JOIN
 # in it, then out when t2's arrives, a row of t1 in or out as its key's last match leaves or arrives.
 ANTI = ("mvja", "SELECT t1.id, t1.v1 FROM t1 WHERE NOT EXISTS (SELECT 1 FROM t2 WHERE t2.k = t1.v1 AND t2.w < 80)")
 JOINS = [JOIN, FULL, ANTI]
-# A self-join: t1's one read routed twice, as the left side by ``v1`` and as the right side by ``id``
-# (another partition for most rows); a row whose ``v1`` is an ``id`` of t1 pairs with that row.
+# Self-joins: t1's one read routed twice, as the left side by ``v1`` and as the right side by ``id``
+# (another partition for most rows); a row whose ``v1`` is an ``id`` of t1 pairs with that row. And an
+# anti join whose subquery reads t1 too: the rows no live row points to.
 SELF = ("mvjs", "SELECT a.id, b.id AS id2, a.v1, b.deleted FROM t1 a JOIN t1 b ON a.v1 = b.id")
+SELF_ANTI = ("mvjx", "SELECT a.id, a.v1 FROM t1 a WHERE NOT EXISTS (SELECT 1 FROM t1 b WHERE b.v1 = a.id "
+                     "AND b.deleted = false)")
+SELF_JOINS = [SELF, SELF_ANTI]
 
 
 def task_settings(make_settings: Callable[..., Settings]) -> Settings:

@@ -32,6 +32,8 @@ from .task_views import (
     LONE,
     RENAMED,
     SELF,
+    SELF_ANTI,
+    SELF_JOINS,
     VIEWS,
     changes_of,
     check_wire,
@@ -50,11 +52,11 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
     settings = task_settings(make_settings)
     table, t2 = tables(settings, redis_client)
-    for name, sql in [*VIEWS, *JOINS, SELF]:
+    for name, sql in [*VIEWS, *JOINS, *SELF_JOINS]:
         create_view(settings, name, sql, client=redis_client)
     create_view(settings, *RENAMED, client=redis_client, partitions=2)
     store = ViewStore(redis_client, settings.topic_prefix)
-    views = [v for v, _ in VIEWS] + [RENAMED[0]] + [v for v, _ in JOINS] + [SELF[0]]
+    views = [v for v, _ in VIEWS] + [RENAMED[0]] + [v for v, _ in [*JOINS, *SELF_JOINS]]
     rng = random.Random(19)
     try:
         last = write_epochs(table, rng, 4, 60, t2)
@@ -64,7 +66,7 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         # Every upstream epoch, every partition, written by this run's tasks. The join's epochs are both
         # tables': it plans up to the least latest epoch of the two (both writers run), t1's last, so t2's
         # epoch after it waits for the next run (4 + 3 now, 1 + 3 + 2 then).
-        assert all(done[view] == (last, 4 * 3) for view, _ in [*VIEWS, SELF]), done  # the self-join: t1's
+        assert all(done[view] == (last, 4 * 3) for view, _ in [*VIEWS, *SELF_JOINS]), done  # self-joins: t1's
         assert done["mvr"] == (last, 4 * 2), done
         assert done["mvj"] == done["mvjf"] == done["mvja"] == (last, 7 * 3), done
         for join, _ in JOINS:
@@ -74,7 +76,8 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         second = run_views(settings, views)
         assert second.returncode == 0, why(second)
         done = done_lines(second.stdout)
-        assert done["mvf"] == done["mvg"] == done["mvjs"] == (last, 3 * 3) and done["mvr"] == (last, 3 * 2)
+        assert done["mvf"] == done["mvg"] == done["mvjs"] == done["mvjx"] == (last, 3 * 3)
+        assert done["mvr"] == (last, 3 * 2)
         assert done["mvj"] == done["mvjf"] == done["mvja"] == (last, 6 * 3)
     finally:
         table.close()
@@ -86,6 +89,7 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     assert deletes["mvj"] > 0, "no joined pair deleted"
     assert deletes["mvja"] > 0, "no row left the anti join"
     assert deletes["mvjs"] > 0 and store.row_count(SELF[0]) > 10, "the self-join's pairs never came and went"
+    assert deletes["mvjx"] > 0 and store.row_count(SELF_ANTI[0]) > 10, "no row of the self anti join left it"
     # Each side's null-extended rows asserted (a join key's last match left, or it never had one) and
     # retracted (its first match arrived, or the row left).
     for missing in ("id2", "id"):

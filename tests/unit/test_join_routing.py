@@ -50,7 +50,7 @@ JOIN = "SELECT a.id, b.bid, a.s, b.w, a.x + b.w AS t FROM a JOIN b ON a.k = b.k2
     ("SELECT a.s FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k)", True),  # anti
     ("SELECT a.s FROM a WHERE a.k IN (SELECT k2 FROM b WHERE w > 0)", True),
     ("SELECT a.s FROM a WHERE a.k IN (SELECT k2 + 1 FROM b)", False),  # a computed join key: not b's column
-    ("SELECT x.s FROM a x WHERE EXISTS (SELECT 1 FROM a y WHERE y.k = x.id)", False),  # over one upstream
+    ("SELECT x.s FROM a x WHERE EXISTS (SELECT 1 FROM a y WHERE y.k = x.id)", True),  # over one upstream
     ("SELECT a.s FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k) AND a.id IN (SELECT w FROM b)",
      False),  # two subqueries: a chain
     ("SELECT a.s, count(*) AS n FROM a JOIN b ON a.k = b.k2 GROUP BY a.s", False),  # an aggregate over it
@@ -224,7 +224,10 @@ def test_semi_and_anti_joins_split_by_join_key_give_the_single_operators_changes
 #: other columns: a row is in two partitions, as a parent and as a child).
 SELF_JOINS = ["SELECT x.id, y.id AS yid, x.s, y.x FROM a x JOIN a y ON x.k = y.id",
               "SELECT x.id, y.id AS yid FROM a x LEFT JOIN a y ON x.k = y.k AND x.id < y.id",
-              "SELECT x.id, y.id AS yid, y.s FROM a x FULL JOIN a y ON x.k = y.id"]
+              "SELECT x.id, y.id AS yid, y.s FROM a x FULL JOIN a y ON x.k = y.id",
+              # Semi and anti: the subquery reads the FROM view itself (rows with a child, without one).
+              "SELECT x.id, x.s FROM a x WHERE EXISTS (SELECT 1 FROM a y WHERE y.k = x.id AND y.s <> 's0')",
+              "SELECT x.id FROM a x WHERE NOT EXISTS (SELECT 1 FROM a y WHERE y.k = x.id)"]
 
 
 @pytest.mark.parametrize("sql", SELF_JOINS)
@@ -236,6 +239,7 @@ def test_a_self_join_routed_once_per_side_gives_the_single_operators_changes(sql
     split = SplitJoin(plan_view("v", sql, {"a": A}), partitions)
     assert split.routing.upstreams() == ("a", "a") and split.routing.inputs() == ("a", "a#1")
     assert split.routing.operator_plan().sources == ("a", "a#1") and split.plan.sources == ("a",)
+    assert split.routing.operator_plan().upstream_schemas == {"a": A, "a#1": A}
     rng = random.Random(partitions * 17 + len(sql))
     rows: dict[int, Row] = {}
     for _ in range(10):
