@@ -33,8 +33,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 JOIN = "SELECT a.id, a.v1, b.w FROM mv1 a JOIN t2 b ON a.v1 = b.id"
 NEW = JOIN + " WHERE b.w > 0"
+# A self-join, replaced beside it: one upstream (mv1) read once for both sides.
+SELF = "SELECT a.id, b.id AS id2, a.v1 FROM mv1 a JOIN mv1 b ON a.v1 = b.id"
+SELF_NEW = SELF + " WHERE b.v1 > 0"
 VIEWS = [("mv1", "SELECT * FROM t1 WHERE deleted = false"), ("mvj", JOIN),
-         ("mvs", "SELECT sum(w) AS s, count(*) AS n FROM mvj"), ("ref", JOIN)]
+         ("mvs", "SELECT sum(w) AS s, count(*) AS n FROM mvj"), ("ref", JOIN), ("mvself", SELF)]
+REPLACED = {"mvj": NEW, "mvself": SELF_NEW}
 
 
 @pytest.mark.parametrize("path", ["driver", "tasks"])
@@ -73,26 +77,33 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
         assert t2_snapshot.epoch < mv1_snapshot.epoch
         write_epoch()
 
-        staged = stage_replacement(settings, "mvj", NEW, client=redis_client)
+        staged = {name: stage_replacement(settings, name, sql, client=redis_client) for name, sql in REPLACED.items()}
         at = write_epoch()
-        record, plan, rows = replacement_rows(settings, "mvj", client=redis_client)
-        assert record.mce == at and rows
-        # Its rows at ``at`` are its definition over its upstreams' rows there (their changelogs summed).
         catalog = CatalogStore(settings, redis_client)
         upstreams = {name: (catalog.get(name).schema,
                             list(rows_at(rows_by_epoch(changelog(settings, redis_client, name)), at).values()))
                      for name in ("mv1", "t2")}
-        assert_same_rows("mvj", {plan.schema.key_of(r): r for r in rows}, duckdb_view_rows(plan, upstreams),
-                         plan.schema, f"replacement at {at}")
+        in_tasks = ", in Spark's tasks" if path == "tasks" else ""
+        for name in REPLACED:
+            record, plan, rows = replacement_rows(settings, name, client=redis_client)
+            assert record.mce == at and rows, name
+            # Its rows at ``at`` are its definition over its upstreams' rows there (their changelogs summed).
+            assert_same_rows(name, {plan.schema.key_of(r): r for r in rows}, duckdb_view_rows(plan, upstreams),
+                             plan.schema, f"replacement at {at}")
         hydrated = ReplacementStore(redis_client, settings.topic_prefix).record("mvj")
         assert hydrated is not None and hydrated.hydration_epoch == mv1_snapshot.epoch
         assert (hydrated.fields or {})["hydrated_from"] == (f"mv1: snapshot at epoch {mv1_snapshot.epoch}; "
-                                                            f"t2: snapshot at epoch {t2_snapshot.epoch}"
-                                                            + (", in Spark's tasks" if path == "tasks" else ""))
-        request_apply(settings, "mvj", client=redis_client)
+                                                            f"t2: snapshot at epoch {t2_snapshot.epoch}" + in_tasks)
+        hydrated = ReplacementStore(redis_client, settings.topic_prefix).record("mvself")
+        assert hydrated is not None and hydrated.hydration_epoch == mv1_snapshot.epoch
+        assert (hydrated.fields or {})["hydrated_from"] == f"mv1: snapshot at epoch {mv1_snapshot.epoch}" + in_tasks
+        for name in REPLACED:
+            request_apply(settings, name, client=redis_client)
         reached = write_epoch()  # t1's and t2's epochs: the cut-over is mvj's first epoch after the request
-        cut_over = wait_for_apply(settings, "mvj", staged.id, timeout=30, client=redis_client).epoch
+        cut_over = wait_for_apply(settings, "mvj", staged["mvj"].id, timeout=30, client=redis_client).epoch
         assert at < cut_over <= reached
+        assert at < wait_for_apply(settings, "mvself", staged["mvself"].id, timeout=30,
+                                   client=redis_client).epoch <= reached
         for _ in range(2):
             write_epoch()
     finally:
@@ -102,7 +113,7 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
             consumer.committer.writer.close()
 
     # I1 at every epoch: mvj under both definitions, mvs built on it, and the untouched ref.
-    assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvj", "mvs", "ref"]) >= 4 * 8
+    assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvj", "mvs", "ref", "mvself"]) >= 4 * 8
     mvj_log, ref_log = changelog(settings, redis_client, "mvj"), changelog(settings, redis_client, "ref")
     assert [e.epoch for e in mvj_log if e.mutation is not None] == [cut_over]
     before = [(e.epoch, _canonical(e.changes)) for e in mvj_log if e.epoch < cut_over]
@@ -110,3 +121,8 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
     # The new filter took effect: no row of mvj has w <= 0 after the cut-over.
     _, raw = store.read_at_consistent_epoch("mvj")
     assert all(decode_row(v)["w"] > 0 for _, v in raw)
+    # ... and the self-join's: every pair's right side has v1 > 0 (mvself and mv1 at the same epoch).
+    (self_mce, self_rows), (mv1_mce, mv1_rows) = store.read_many_at_consistent_epoch(["mvself", "mv1"]).values()
+    assert self_mce == mv1_mce
+    positive = {row["id"] for row in map(decode_row, (v for _, v in mv1_rows)) if row["v1"] > 0}
+    assert self_rows and all(decode_row(v)["id2"] in positive for _, v in self_rows)
