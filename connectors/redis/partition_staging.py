@@ -77,13 +77,15 @@ class PartitionStaging(ViewMeta):
         return [self._key(view, f"{base}:{what}") for what in ("rows", "dels", "oput", "odel", "sput", "sdel")]
 
     def stage(self, view: str, partition: int, commit: EpochCommit, *, rows: bool = True,
-              state: bool = True, fresh: bool = True) -> StagedCounts:
+              state: bool = True, fresh: bool = True, beside: bool = False) -> StagedCounts:
         """Executor side: stage one partition's rows, key-order members and operator state of
         ``commit.epoch`` (replacing an earlier attempt's); the rest of ``commit`` is the driver's.
         ``rows`` / ``state`` False: leave that part's keys alone (a join stages its rows and its state in
         two tasks, :mod:`mvlog.services.pipeline.join_tasks`); its counts are then 0. ``fresh`` False:
         add to what this attempt staged already (a snapshot's epoch, staged batch after batch after one
-        fresh empty stage; each batch's keys are new), the counts being this call's."""
+        fresh empty stage; each batch's keys are new), the counts being this call's. ``beside``: the state is
+        added to what another task staged for the partition (an aggregate over a join stages its groups'
+        state beside the join-key task's buckets: other keys), not replacing it; its counts are this call's."""
         keys = self.staged_keys(view, commit.epoch, partition)
         empty: dict[bytes, bytes] = {}
         puts, deletes = (commit.row_puts, commit.row_deletes) if rows else (empty, ())
@@ -91,7 +93,8 @@ class PartitionStaging(ViewMeta):
         state_puts, state_deletes = (commit.state_puts or {}, commit.state_deletes) if state else (empty, ())
         mine = [key for i, key in enumerate(keys) if (rows if i < 4 else state)]
         pipe = self.redis.pipeline(transaction=False)
-        for key in mine if fresh else ():  # one DEL each: redis-py's cluster pipeline refuses a multi-key DEL
+        replaced = [key for i, key in enumerate(keys) if (rows if i < 4 else state and not beside)]
+        for key in replaced if fresh else ():  # one DEL each: redis-py's cluster pipeline refuses a multi-key DEL
             pipe.delete(key)
         hset_chunked(pipe, keys[0], puts)
         hset_chunked(pipe, keys[4], state_puts)

@@ -56,7 +56,7 @@ import pyarrow as pa
 from mvlog.row_schema import ColumnType
 from mvlog.views.expr import ColumnRef
 from mvlog.views.plan import ViewPlan
-from mvlog.views.routing import partitions_table
+from mvlog.views.routing import keyed_by_groups, partitions_table
 from mvlog.views.state_codec import JOIN_TAGS, encode_key
 from mvlog.vnode import VNODE_COUNT
 
@@ -78,8 +78,25 @@ def two_source_equi_join(plan: ViewPlan) -> bool:
     key (:meth:`JoinRouting.partitions_of`): the operator of a join-key task then gets each side's rows
     apart (:meth:`JoinRouting.inputs`), which the one view's changes of a single operator cannot say."""
     query = plan.query
-    if (plan.union or len(query.sources) != 2 or len(query.joins) != 1 or query.is_aggregate
-            or query.top_n is not None or query.window is not None):
+    if query.is_aggregate or query.top_n is not None or query.window is not None:
+        return False
+    return _equi_join_of_two(plan)
+
+
+def aggregate_over_join(plan: ViewPlan) -> bool:
+    """A GROUP BY keyed by its groups (:func:`~mvlog.views.routing.keyed_by_groups`) over an inner or outer
+    equi-join of two sources (two views, or one with itself; no semi or anti join): its operator runs in
+    two steps, the join per join key and the aggregate per group (a third shuffle, by the group's view
+    partition, between them)."""
+    query = plan.query
+    return (keyed_by_groups(plan) and not plan.inner and len(query.joins) == 1 and not query.joins[0].kind.filters
+            and _equi_join_of_two(plan))
+
+
+def _equi_join_of_two(plan: ViewPlan) -> bool:
+    """One equi-join step of two sources, the second a view or a semi or anti join's routable subquery."""
+    query = plan.query
+    if plan.union or len(query.sources) != 2 or len(query.joins) != 1:
         return False
     if query.joins[0].kind.filters:
         return subquery_of(plan) is not None
@@ -114,7 +131,7 @@ class JoinRouting:
     _subquery: ViewPlan | None = field(init=False, repr=False, compare=False)  # a semi or anti join's
 
     def __post_init__(self) -> None:
-        if not two_source_equi_join(self.plan):
+        if not (two_source_equi_join(self.plan) or aggregate_over_join(self.plan)):
             raise ValueError(f"view {self.plan.name!r} is not an equi-join of two views")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
         object.__setattr__(self, "_subquery", subquery_of(self.plan))

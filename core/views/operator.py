@@ -105,6 +105,26 @@ class ViewOperator:
         one_side: list[JoinedRow] = [(weight, (values,)) for weight, values in self._netted(source, batch)]
         return self._apply_batch(build_batch(query, one_side, self._columns), state, writes)
 
+    def joined(self, changes: Mapping[str, ChangeBatch], state: StateReader,
+               writes: dict[bytes, bytes | None]) -> pa.Table:
+        """The first step of an aggregate over a join (no subquery): the epoch's joined rows, signed (column
+        ``WEIGHT``) and filtered by WHERE, whose groups :meth:`aggregate_joined` folds; the join's state
+        writes go to ``writes``. The two steps give :meth:`apply_epoch`'s output, and each can run where
+        its state is: the join's per join key, the aggregate's per group."""
+        assert self._join is not None and self._aggregate is not None and not self._inner
+        query = self.plan.query
+        netted = {s.view: self._netted(s, changes.get(s.view)) for s in query.sources}
+        rows = self._join.apply([netted[s.view] for s in query.sources], state, writes)
+        batch = build_batch(query, rows, self._columns)
+        return batch.filter(evaluate(query.where, batch)) if query.where is not None else batch
+
+    def aggregate_joined(self, batch: pa.Table, state: StateReader) -> EpochOutput:
+        """The second step of an aggregate over a join: :meth:`joined`'s rows folded into their groups."""
+        assert self._aggregate is not None
+        writes: dict[bytes, bytes | None] = {}
+        changes = self._aggregate.apply(batch, state, writes)
+        return EpochOutput(ChangeBatch.from_changes(self.plan.schema, changes), writes)
+
     def _netted(self, source: Source, batch: ChangeBatch | None) -> list[SignedRow]:
         """Per upstream key: the retraction of its row before the epoch and the assertion of its row
         after it, summed over the key's changes (as Python values: a join matches them row by row)."""

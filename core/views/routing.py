@@ -36,16 +36,22 @@ from mvlog.views.state_codec import GROUP_TAG, decode_value, loads
 from mvlog.vnode import VNODE_COUNT, partition_of_vnode
 
 
-def grouped_by_key(plan: ViewPlan) -> bool:
-    """A GROUP BY over one upstream whose key is its GROUP BY values and whose state is per group: the
-    views :class:`GroupRouting` can partition. Not a global aggregate (its one row has the empty key,
-    and every partition's operator would emit it), not a window (its rows expand into several
-    groups), no join, top-N, union or subquery (state of another shape)."""
+def keyed_by_groups(plan: ViewPlan) -> bool:
+    """A GROUP BY whose key is its GROUP BY values and whose aggregate state is per group, over whatever
+    input: each group's rows and state can go to the view partition of its key. Not a global aggregate
+    (its one row has the empty key, and every partition's operator would emit it), not a window (its
+    rows expand into several groups), no top-N, union or subquery (state of another shape)."""
     query = plan.query
-    if (plan.inner or plan.union or len(query.sources) != 1 or not query.is_aggregate or not query.group_by
-            or query.top_n is not None or query.window is not None or query.joins):
+    if (plan.inner or plan.union or not query.is_aggregate or not query.group_by or query.top_n is not None
+            or query.window is not None):
         return False
     return len(plan.schema.primary_key) == len(query.group_by)
+
+
+def grouped_by_key(plan: ViewPlan) -> bool:
+    """A GROUP BY over one upstream, :func:`keyed_by_groups`: the views :class:`GroupRouting` partitions
+    alone (an aggregate over a join takes the join's routing first, :mod:`mvlog.views.join_routing`)."""
+    return keyed_by_groups(plan) and len(plan.query.sources) == 1 and not plan.query.joins
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ class GroupRouting:
     _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not grouped_by_key(self.plan):
+        if not keyed_by_groups(self.plan):
             raise ValueError(f"view {self.plan.name!r} is not a GROUP BY keyed by its groups")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
 
@@ -75,6 +81,12 @@ class GroupRouting:
                           for c in self._source.columns})
         groups = [evaluate(expr, batch) for expr in self.plan.query.group_by]
         return self.partitions_of_group_values(groups, rows.num_rows)
+
+    def partitions_of_joined(self, batch: pa.Table) -> pa.Array:
+        """The view partition (int32) of each row of ``batch``, the operator's joined rows (an aggregate
+        over a join: :meth:`~mvlog.views.operator.ViewOperator.joined`)."""
+        groups = [evaluate(expr, batch) for expr in self.plan.query.group_by]
+        return self.partitions_of_group_values(groups, batch.num_rows)
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
         """The partition whose task owns the operator state under each key (a group's, ``g[...]``)."""

@@ -72,10 +72,11 @@ from mvlog.services.pipeline.partition_tasks import (
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
 from mvlog.views import ChangeBatch, EpochOutput, ViewOperator, ViewPlan
+from mvlog.views.batch import WEIGHT
 from mvlog.views.change_batch import consolidate_signed
 from mvlog.views.evaluate import arrow_type
 from mvlog.views.join_routing import JoinRouting
-from mvlog.views.routing import partitions_table, view_key_partitions
+from mvlog.views.routing import GroupRouting, partitions_table, view_key_partitions
 from mvlog.views.state import InMemoryState, LayeredState
 
 SIDE = "_side"  # first shuffle: 0 for the FROM view's rows, 1 for the JOIN's (or the subquery's view's)
@@ -107,6 +108,33 @@ def view_rows_schema(plan: ViewPlan) -> pa.Schema:
                       pa.field(COUNTS_OF, pa.int32()), pa.field(STATE_PUTS, pa.int64()),
                       pa.field(STATE_DELETES, pa.int64()), pa.field(VIEW_PARTITION, pa.int32()),
                       pa.field(ROUTE_TOKEN, pa.int32())])
+
+
+def joined_rows_schema(routing: JoinRouting) -> pa.Schema:
+    """An aggregate over a join's second shuffle: the operator's joined rows (their columns but the weight,
+    under :func:`joined_column` names), epoch, weight, the count row's fields, the group's view partition and
+    its routing token."""
+    columns = [pa.field(joined_column(i), f.type) for i, f in enumerate(joined_fields(empty_joined(routing)))]
+    return pa.schema([*columns, pa.field("_epoch", pa.int64()), pa.field("_weight", pa.int64()),
+                      pa.field(COUNTS_OF, pa.int32()), pa.field(STATE_PUTS, pa.int64()),
+                      pa.field(STATE_DELETES, pa.int64()), pa.field(VIEW_PARTITION, pa.int32()),
+                      pa.field(ROUTE_TOKEN, pa.int32())])
+
+
+def empty_joined(routing: JoinRouting) -> pa.Table:
+    """The operator's joined rows of an epoch without changes: their columns, no row."""
+    return ViewOperator(routing.operator_plan()).joined({}, InMemoryState(), {})
+
+
+def joined_fields(joined: pa.Table) -> list[pa.Field]:
+    """The joined rows' columns but the weight, in order."""
+    return [f for f in joined.schema if f.name != WEIGHT]
+
+
+def joined_column(index: int) -> str:
+    """The shuffle's name of the joined rows' column ``index``: the operator's names (``s0.v1``) read as
+    struct fields in Spark."""
+    return f"_c{index}"
 
 
 def sides(rows: pa.Table, upstreams: Sequence[CatalogEntry]) -> list[pa.Table]:
@@ -190,7 +218,9 @@ class JoinKeyJob:
     routing: JoinRouting
     upto: int | None  # the micro-batch's last epoch; None: the last epoch of side ``end_side``'s rows
     end_side: int  # the side read by the stream, whose micro-batch ends with the data source's end marker
-    out_schema: pa.Schema  # view_rows_schema
+    out_schema: pa.Schema  # view_rows_schema; an aggregate over the join's: joined_rows_schema
+    #: An aggregate over the join: its joined rows go to their groups' partitions (:class:`GroupPartitionJob`).
+    groups: GroupRouting | None = None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for partition, rows in partitions_of_task(batches, VIEW_PARTITION, True):
@@ -221,14 +251,22 @@ class JoinKeyJob:
         staging = PartitionStaging(redis_client.task_client(settings), settings.topic_prefix)
         state = committed_state(staging, target)
         for epoch in todo:
-            output = operator.apply_epoch(epochs[epoch], state)
-            state.apply(output.state_writes)
-            check_owned(view.name, partition, output.state_writes, self.routing.partitions_of_state_keys)
-            puts, deletes = output.state_puts_and_deletes()
+            if self.groups is None:
+                output = operator.apply_epoch(epochs[epoch], state)
+                rows_out, weights = output.changes.signed()
+                parts = view_key_partitions(self.plan.schema, rows_out, of_vnode)
+                writes = output.state_writes
+            else:  # an aggregate over the join: the joined rows, to their groups' partitions
+                writes = {}
+                joined = operator.joined(epochs[epoch], state, writes)
+                weights, parts = joined.column(WEIGHT), self.groups.partitions_of_joined(joined)
+                rows_out = pa.table({joined_column(i): joined.column(f.name)
+                                     for i, f in enumerate(joined_fields(joined))})
+            state.apply(writes)
+            check_owned(view.name, partition, writes, self.routing.partitions_of_state_keys)
+            puts, deletes = EpochOutput(ChangeBatch.empty(self.plan.schema), writes).state_puts_and_deletes()
             counts = staging.stage(view.name, partition, EpochCommit(epoch, {}, (), {}, state_puts=puts,
                                                                      state_deletes=deletes), rows=False)
-            rows_out, weights = output.changes.signed()
-            parts = view_key_partitions(self.plan.schema, rows_out, of_vnode)
             out.append(shaped_view_rows(self.out_schema, rows_out, epoch, weights, -1, 0, 0, parts, tokens))
             mark = pa.array([partition], pa.int32())
             out.append(shaped_view_rows(self.out_schema, None, epoch, pa.array([0], pa.int64()), partition,
@@ -270,15 +308,7 @@ class ViewPartitionJob:
 
     def _partition(self, partition: int, rows: pa.Table) -> list[dict[str, Any]]:
         view = self.target.view
-        marks = rows.filter(pc.greater_equal(rows.column(COUNTS_OF), 0))
-        if set(marks.column(COUNTS_OF).to_pylist()) - {partition}:
-            raise RuntimeError(f"{view.name} partition {partition}: got another join-key task's counts")
-        state_counts: dict[int, tuple[int, int]] = {}
-        for epoch, puts, deletes in zip(*(marks.column(c).to_pylist() for c in ("_epoch", STATE_PUTS, STATE_DELETES)),
-                                        strict=True):
-            if epoch in state_counts:
-                raise RuntimeError(f"{view.name} partition {partition}: epoch {epoch} counted twice")
-            state_counts[epoch] = (puts, deletes)
+        state_counts = join_state_counts(view.name, partition, rows)
         by_epoch = view_changes_by_epoch(rows, self.plan.schema)
         if set(by_epoch) - set(state_counts):
             raise RuntimeError(f"{view.name} partition {partition}: changes of epochs no join-key task counted")
@@ -287,10 +317,90 @@ class ViewPartitionJob:
             return EpochOutput(by_epoch.get(epoch) or ChangeBatch.empty(self.plan.schema))
 
         results = PartitionWriter(self.target, partition).write(
-            sorted(state_counts), compute, lambda _staging: LayeredState(InMemoryState()), stage_state=False)
+            sorted(state_counts), compute, lambda _staging: LayeredState(InMemoryState()), stage_state="none")
         for result in results:  # partition p's staging is both halves: its rows, join-key task p's state
             result["state_puts"], result["state_deletes"] = state_counts[result["epoch"]]
         return results
+
+
+@dataclass(frozen=True)
+class GroupPartitionJob:
+    """``mapInArrow``'s function after the second shuffle of an aggregate over a join: one view partition's
+    epochs, its groups' joined rows folded into their groups (read from and staged into the view's operator
+    state, beside join-key task ``p``'s buckets), written as the partition's epochs."""
+
+    target: PartitionTarget
+    routing: JoinRouting
+    groups: GroupRouting
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for partition, rows in partitions_of_task(batches, VIEW_PARTITION, True):
+            results = self._partition(partition, rows)
+            if results:
+                yield pa.RecordBatch.from_pylist(results, schema=RESULT_SCHEMA)
+
+    def _partition(self, partition: int, rows: pa.Table) -> list[dict[str, Any]]:
+        view = self.target.view
+        state_counts = join_state_counts(view.name, partition, rows)
+        empty = empty_joined(self.routing)
+        by_epoch = joined_by_epoch(rows, empty)
+        if set(by_epoch) - set(state_counts):
+            raise RuntimeError(f"{view.name} partition {partition}: joined rows of epochs no join-key task counted")
+        operator = ViewOperator(self.routing.operator_plan())
+
+        def compute(epoch: int, state: LayeredState) -> EpochOutput:
+            output = operator.aggregate_joined(by_epoch.get(epoch, empty), state)
+            state.apply(output.state_writes)
+            check_owned(view.name, partition, output.state_writes, self.groups.partitions_of_state_keys)
+            return output
+
+        results = PartitionWriter(self.target, partition).write(
+            sorted(state_counts), compute, lambda staging: committed_state(staging, self.target), stage_state="beside")
+        for result in results:  # partition p's state staging: its groups' and join-key task p's buckets
+            puts, deletes = state_counts[result["epoch"]]
+            result["state_puts"] += puts
+            result["state_deletes"] += deletes
+        return results
+
+
+def join_state_counts(view: str, partition: int, rows: pa.Table) -> dict[int, tuple[int, int]]:
+    """The state join-key task ``partition`` staged for each epoch (its count rows: one per epoch of the
+    micro-batch), checked to be that task's, each epoch once."""
+    marks = rows.filter(pc.greater_equal(rows.column(COUNTS_OF), 0))
+    if set(marks.column(COUNTS_OF).to_pylist()) - {partition}:
+        raise RuntimeError(f"{view} partition {partition}: got another join-key task's counts")
+    counts: dict[int, tuple[int, int]] = {}
+    for epoch, puts, deletes in zip(*(marks.column(c).to_pylist() for c in ("_epoch", STATE_PUTS, STATE_DELETES)),
+                                    strict=True):
+        if epoch in counts:
+            raise RuntimeError(f"{view} partition {partition}: epoch {epoch} counted twice")
+        counts[epoch] = (puts, deletes)
+    return counts
+
+
+def joined_by_epoch(rows: pa.Table, empty: pa.Table) -> dict[int, pa.Table]:
+    """A view partition's joined rows of the second shuffle (count rows skipped), per epoch, in the
+    operator's layout (``empty``'s columns) and in one order whatever the join-key tasks' (every column
+    ascending: a recomputed epoch folds its rows, floats included, in the same order)."""
+    joined = rows.filter(pc.equal(rows.column(COUNTS_OF), -1))
+    fields = joined_fields(empty)
+    shuffled = [joined_column(i) for i in range(len(fields))]
+    joined = joined.sort_by([("_epoch", "ascending"), *((name, "ascending") for name in shuffled),
+                             ("_weight", "ascending")])
+    out = {}
+    for epoch, part in epoch_parts(joined):
+        arrays = {f.name: part.column(name) for f, name in zip(fields, shuffled, strict=True)}
+        out[epoch] = pa.table(arrays | {WEIGHT: part.column("_weight")}, schema=empty.schema)
+    return out
+
+
+def epoch_parts(rows: pa.Table) -> Iterator[tuple[int, pa.Table]]:
+    """``rows`` (sorted by ``_epoch``) epoch by epoch."""
+    counts = pc.value_counts(rows.column("_epoch"))
+    start = 0
+    for epoch, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True):
+        yield epoch, rows.slice(start, count)
+        start += count
 
 
 def view_changes_by_epoch(rows: pa.Table, schema: RowSchema) -> dict[int, ChangeBatch]:
@@ -301,11 +411,6 @@ def view_changes_by_epoch(rows: pa.Table, schema: RowSchema) -> dict[int, Change
     changes = rows.filter(pc.equal(rows.column(COUNTS_OF), -1))
     order = [("_epoch", "ascending"), *((k, "ascending") for k in schema.primary_key), ("_weight", "ascending")]
     changes = changes.sort_by(order)
-    names, out = list(schema.names), {}
-    counts = pc.value_counts(changes.column("_epoch"))
-    start = 0
-    for epoch, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True):
-        signed = changes.slice(start, count)
-        out[epoch] = consolidate_signed(signed.select(names), signed.column("_weight").to_pylist(), schema)
-        start += count
-    return out
+    names = list(schema.names)
+    return {epoch: consolidate_signed(signed.select(names), signed.column("_weight").to_pylist(), schema)
+            for epoch, signed in epoch_parts(changes)}

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -245,6 +245,10 @@ class PartitionEpochs:
         check_owned(self.target.view.name, self.partition, writes, routing.partitions_of_state_keys)
 
 
+#: Whose operator state a partition's task stages (:meth:`PartitionWriter.write`).
+StateStaging = Literal["own", "none", "beside"]
+
+
 def committed_state(staging: PartitionStaging, target: PartitionTarget) -> LayeredState:
     """The view's operator state as its MCE left it in Redis (never an earlier attempt's staging), under
     the epochs this task computed before the next."""
@@ -287,10 +291,12 @@ class PartitionWriter:
         self.settings = Settings.from_executor_json(target.settings_json)
 
     def write(self, todo: list[int], compute: Callable[[int, LayeredState], EpochOutput],
-              state: Callable[[PartitionStaging], LayeredState], *, stage_state: bool = True) -> list[dict[str, Any]]:
+              state: Callable[[PartitionStaging], LayeredState], *, stage_state: StateStaging = "own"
+              ) -> list[dict[str, Any]]:
         """``compute(epoch, state)``: the epoch's output, in the order of ``todo`` (ascending, above the MCE);
-        ``state(staging)``: the state the first epoch starts from. ``stage_state``: False when another
-        task stages this partition's operator state (a join's join-key task)."""
+        ``state(staging)``: the state the first epoch starts from. ``stage_state``: ``"none"`` when another
+        task stages this partition's operator state (a join's join-key task), ``"beside"`` when this task's
+        state goes beside another's (an aggregate over a join: its groups' beside the join's buckets)."""
         target, partition, view = self.target, self.partition, self.target.view
         if not todo:
             return []
@@ -303,7 +309,7 @@ class PartitionWriter:
 
     def _write(self, writer: ChangelogWriter, kept: bool, staging: PartitionStaging, todo: list[int],
                compute: Callable[[int, LayeredState], EpochOutput], state: Callable[[PartitionStaging], LayeredState],
-               stage_state: bool) -> list[dict[str, Any]]:
+               stage_state: StateStaging) -> list[dict[str, Any]]:
         """:meth:`write` with ``writer``, the partition's writer, which fenced every earlier attempt when it
         was made; ``kept``: its Python worker kept it from an earlier task
         (:mod:`~mvlog.services.pipeline.kept_writers`)."""
@@ -321,7 +327,8 @@ class PartitionWriter:
             state_puts, state_deletes = output.state_puts_and_deletes()
             rows_left = commit_from_encoded(epoch, output.changes.keys, encoded, {}, state_puts=state_puts,
                                             state_deletes=state_deletes)
-            counts = staging.stage(view.name, partition, rows_left, state=stage_state)
+            counts = staging.stage(view.name, partition, rows_left, state=stage_state != "none",
+                                   beside=stage_state == "beside")
             if target.on_written is not None and epoch not in committed:
                 target.on_written(partition, epoch)
             results.append({"partition": partition, "epoch": epoch, "offset": barrier.offset,

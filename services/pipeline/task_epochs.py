@@ -30,9 +30,10 @@ tasks find them, write the others, stage all, and the driver commits the epoch i
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol, cast
 
+import pyarrow as pa
 import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -47,8 +48,10 @@ from mvlog.connectors.redis.partition_staging import BackfillCommit, PartitionSt
 from mvlog.connectors.redis.table_writers import TableWriters, plan_through
 from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
 from mvlog.services.pipeline.join_tasks import (
+    GroupPartitionJob,
     JoinKeyJob,
     ViewPartitionJob,
+    joined_rows_schema,
     routed_sides,
     view_rows_schema,
 )
@@ -64,7 +67,7 @@ from mvlog.services.pipeline.partition_tasks import (
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import Stage
 from mvlog.views import ViewPlan
-from mvlog.views.join_routing import JoinRouting, two_source_equi_join
+from mvlog.views.join_routing import JoinRouting, aggregate_over_join, two_source_equi_join
 from mvlog.views.key_routing import KeyRouting, one_upstream_routing
 from mvlog.views.partitioning import runs_in_tasks
 from mvlog.views.routing import GroupRouting
@@ -105,7 +108,7 @@ class TaskEpochs:
         """The task path of the view, when the setting is on and the view can take it; else None."""
         if not settings.operators_in_tasks:
             return None
-        if two_source_equi_join(plan):  # two views, or a self-join's one
+        if two_source_equi_join(plan) or aggregate_over_join(plan):  # two views, or a self-join's one
             join = JoinRouting(plan, entry.partitions)
             return cls(settings, entry, [upstreams[view] for view in join.upstreams()], plan, committer, client, join)
         if len(entry.sources) != 1:
@@ -233,12 +236,20 @@ class TaskEpochs:
         if (routed := routed_sides(routing, self.upstreams, read)) is None:
             return None
         by_join_key = routed.repartition(self.entry.partitions, ROUTE_TOKEN)
-        out_schema = view_rows_schema(self.plan)
-        join = JoinKeyJob(target, (self.upstreams[0], self.upstreams[1]), self.plan, routing,
-                          upto if batch is None else None, end_side, out_schema)
+        upstreams = (self.upstreams[0], self.upstreams[1])
+        last = upto if batch is None else None
+        if aggregate_over_join(self.plan):  # the joined rows go to their groups' partitions, folded there
+            groups = GroupRouting(self.plan, self.entry.partitions)
+            out_schema = joined_rows_schema(routing)
+            join = JoinKeyJob(target, upstreams, self.plan, routing, last, end_side, out_schema, groups)
+            write: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] = GroupPartitionJob(
+                target, routing, groups).run
+        else:
+            out_schema = view_rows_schema(self.plan)
+            join = JoinKeyJob(target, upstreams, self.plan, routing, last, end_side, out_schema)
+            write = ViewPartitionJob(target, self.plan).run
         by_view_key = by_join_key.mapInArrow(join.run, from_arrow_schema(out_schema))
-        by_view_key = by_view_key.repartition(self.entry.partitions, ROUTE_TOKEN)
-        return by_view_key.mapInArrow(ViewPartitionJob(target, self.plan).run, RESULT_DDL)
+        return by_view_key.repartition(self.entry.partitions, ROUTE_TOKEN).mapInArrow(write, RESULT_DDL)
 
 
 

@@ -49,7 +49,11 @@ FULL = ("mvjf", "SELECT t1.id, t2.id AS id2, t1.v1, t2.k, t2.w FROM t1 FULL JOIN
 # An anti join, the same way (t2's rows routed by the column its subquery passes through): t1's LONE row
 # in it, then out when t2's arrives, a row of t1 in or out as its key's last match leaves or arrives.
 ANTI = ("mvja", "SELECT t1.id, t1.v1 FROM t1 WHERE NOT EXISTS (SELECT 1 FROM t2 WHERE t2.k = t1.v1 AND t2.w < 80)")
-JOINS = [JOIN, FULL, ANTI]
+# An aggregate over the join: a third step, the joined rows shuffled to their groups' partitions (groups
+# that are not join keys), each group's state read and staged there beside the join's buckets.
+GROUPED = ("mvjg", "SELECT t2.w % 7 AS b, count(*) AS n, sum(t1.v1) AS s, min(t2.k) AS lo FROM t1 JOIN t2 "
+                   "ON t1.v1 = t2.k WHERE t1.deleted = false GROUP BY t2.w % 7")
+JOINS = [JOIN, FULL, ANTI, GROUPED]
 # Self-joins: t1's one read routed twice, as the left side by ``v1`` and as the right side by ``id``
 # (another partition for most rows); a row whose ``v1`` is an ``id`` of t1 pairs with that row. And an
 # anti join whose subquery reads t1 too: the rows no live row points to.

@@ -387,7 +387,8 @@ def test_join_backfill_in_tasks_is_exact_at_every_epoch(
     Spark's tasks: each side's changes are routed by that side's positions in the tasks, a micro-batch
     emits a chunk of one side (t1's until it is done, then t2's), and the view is exact at every
     committed epoch on the keys it covered then (a row of one side covered before its match on the other
-    is null-extended, then retracted), every epoch committed in tasks."""
+    is null-extended, then retracted), every epoch committed in tasks. An aggregate over a LEFT JOIN of the
+    same tables backfills beside it (its joined rows folded into their groups in a third step)."""
     settings = make_settings(operators_in_tasks=True, tasks_min_records=0, partitions=3,
                              backfill_batch_rows=70, backfill_max_batch_rows=70)
     t1 = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client, auto_commit=False)
@@ -407,30 +408,40 @@ def test_join_backfill_in_tasks_is_exact_at_every_epoch(
     t1.upsert([{"id": i, "v1": rng.randrange(40), "deleted": False} for i in range(0, 300, 2)])
     t2.upsert([{"id": i, "k": rng.randrange(40), "w": rng.randrange(100)} for i in range(0, 120, 2)])
     write()
-    create_view(settings, "mvj", "SELECT t1.id, t2.id AS id2, t1.v1, t2.k, t2.w FROM t1 FULL JOIN t2 "
-                "ON t1.v1 = t2.k WHERE t1.deleted = false OR t1.deleted IS NULL", client=redis_client,
-                backfill="chunked")
+    views = {"mvj": "SELECT t1.id, t2.id AS id2, t1.v1, t2.k, t2.w FROM t1 FULL JOIN t2 ON t1.v1 = t2.k "
+                    "WHERE t1.deleted = false OR t1.deleted IS NULL",
+             "mvjg": "SELECT t2.w % 5 AS b, count(*) AS n, sum(t1.v1) AS s, max(t1.id) AS hi FROM t1 LEFT JOIN t2 "
+                     "ON t1.v1 = t2.k WHERE t1.deleted = false GROUP BY t2.w % 5"}
+    for name, sql in views.items():
+        create_view(settings, name, sql, client=redis_client, backfill="chunked")
     store = ViewStore(redis_client, settings.topic_prefix)
-    consumer = ViewConsumer(settings, "mvj", spark=spark, client=redis_client)
-    assert consumer.tasks is not None and consumer.backfills.in_tasks is not None
+    consumers = [ViewConsumer(settings, name, spark=spark, client=redis_client) for name in views]
+    assert all(c.tasks is not None and c.backfills.in_tasks is not None for c in consumers)
     rounds = 0
     try:
         # A chunk of about 70 rows a round: t1's ~155 rows, then t2's ~65.
-        while store.lifecycle("mvj") != Lifecycle.LIVE and rounds < 20:
+        while any(store.lifecycle(name) != Lifecycle.LIVE for name in views) and rounds < 20:
             rounds += 1
             write()
-            consumer.catch_up()
-        assert store.lifecycle("mvj") == Lifecycle.LIVE, store.backfill_progress("mvj")
+            for consumer in consumers:
+                consumer.catch_up()
+        assert all(store.lifecycle(name) == Lifecycle.LIVE for name in views), store.backfill_progress("mvj")
         write()  # and on, live
-        consumer.catch_up()
+        for consumer in consumers:
+            consumer.catch_up()
     finally:
-        consumer.stop()
+        for consumer in consumers:
+            consumer.stop()
         t1.close()
         t2.close()
-    sources = {line.split()[1] for line in store.backfill_journal("mvj")}
-    assert sources == {"t1", "t2"}, sources
-    # Every epoch of the view was computed, written and committed by its tasks, none by the driver.
-    assert consumer.tasks.epochs_written == consumer.epochs_applied * 3 > 0, consumer.epochs_applied
-    checked = check_oracle(settings, redis_client, ["t1", "t2", "mvj"])
+    for consumer in consumers:
+        name = consumer.entry.name
+        sources = {line.split()[1] for line in store.backfill_journal(name)}
+        assert sources == {"t1", "t2"}, (name, sources)
+        # Every epoch of the view was computed, written and committed by its tasks, none by the driver.
+        assert consumer.tasks is not None
+        assert consumer.tasks.epochs_written == consumer.epochs_applied * 3 > 0, (name, consumer.epochs_applied)
+    checked = check_oracle(settings, redis_client, ["t1", "t2", *views])
     assert checked >= 8, checked
-    report(f"live after {rounds} rounds, {consumer.epochs_applied} view epochs in tasks, {checked} epochs checked")
+    report(f"live after {rounds} rounds, {[c.epochs_applied for c in consumers]} view epochs in tasks, "
+           f"{checked} epochs checked")

@@ -30,8 +30,8 @@ from mvlog.services.pipeline.partition_tasks import ROUTE_TOKEN, VIEW_PARTITION
 from mvlog.services.pipeline.reading import EpochBatches
 from mvlog.views import ChangeBatch, ViewOperator, ViewPlan, plan_view
 from mvlog.views.change_batch import consolidate_signed
-from mvlog.views.join_routing import JoinRouting, two_source_equi_join
-from mvlog.views.routing import partitions_table, view_key_partitions
+from mvlog.views.join_routing import JoinRouting, aggregate_over_join, two_source_equi_join
+from mvlog.views.routing import GroupRouting, partitions_table, view_key_partitions
 from mvlog.views.state import InMemoryState
 from mvlog.vnode import partition_of_vnode
 
@@ -315,8 +315,7 @@ def test_equal_join_keys_of_both_sides_go_to_one_partition_and_null_keys_to_part
     with pytest.raises(ValueError, match="not a join bucket"):
         routing.partitions_of_state_keys([b"g[3.0]"])
     with pytest.raises(ValueError, match="not an equi-join of two views"):
-        JoinRouting(plan_view("v", "SELECT a.s, count(*) AS n FROM a JOIN b ON a.k = b.k2 GROUP BY a.s",
-                                 {"a": A, "b": B}), 4)
+        JoinRouting(plan_view("v", "SELECT count(*) AS n FROM a JOIN b ON a.k = b.k2", {"a": A, "b": B}), 4)
 
 
 def test_route_join_rows_puts_a_side_in_the_shared_layout_and_every_barrier_in_every_partition() -> None:
@@ -377,3 +376,67 @@ def test_a_self_joins_rows_are_routed_once_per_side_by_that_sides_join_key() -> 
     side_epochs(out, upstreams, routing, epochs)
     assert set(epochs[5]) == {"a", "a#1"}
     assert sorted(k[0] for k in epochs[5]["a"].keys) == sorted(k[0] for k in epochs[5]["a#1"].keys) == [1, 2, 3]
+
+
+#: Aggregates over joins: the join per join key, then the joined rows to their groups' partitions.
+AGGREGATES_OVER_JOINS = [
+    "SELECT a.s, count(*) AS n, sum(b.w) AS t, min(b.w) AS lo, max(a.x) AS hi FROM a JOIN b ON a.k = b.k2 "
+    "WHERE b.w <> 0 GROUP BY a.s",
+    "SELECT b.w, count(*) AS n, avg(a.x) AS m FROM a LEFT JOIN b ON a.k = b.k2 GROUP BY b.w",
+    "SELECT x.s, count(*) AS n, sum(y.id) AS t FROM a x JOIN a y ON x.k = y.id GROUP BY x.s",  # a self-join
+]
+
+
+@pytest.mark.parametrize("sql", AGGREGATES_OVER_JOINS)
+@pytest.mark.parametrize("partitions", [1, 3, 4])
+def test_an_aggregate_over_a_join_split_by_join_key_then_by_group_gives_the_single_operators_changes(
+        sql: str, partitions: int) -> None:
+    """Per epoch: one join step per join-key partition (:meth:`ViewOperator.joined`, its own join state),
+    its joined rows routed to the partition of their group (:meth:`GroupRouting.partitions_of_joined`),
+    one aggregate step per view partition (:meth:`ViewOperator.aggregate_joined`, its own groups' state):
+    the changes and the state are the single operator's, each change and state key in its partition."""
+    schemas = {"a": A, "b": B}
+    plan = plan_view("v", sql, {name: schemas[name] for name in ("a", "b") if f" {name} " in sql + " "})
+    assert aggregate_over_join(plan) and not two_source_equi_join(plan)
+    routing, groups = JoinRouting(plan, partitions), GroupRouting(plan, partitions)
+    whole, operator, split = InMemoryState(), ViewOperator(plan), ViewOperator(routing.operator_plan())
+    joins = [InMemoryState() for _ in range(partitions)]
+    aggregates = [InMemoryState() for _ in range(partitions)]
+    view: dict[Key, Row] = {}
+    split_view: dict[Key, Row] = {}
+    rng = random.Random(partitions * 13 + len(sql))
+    rows_a: dict[int, Row] = {}
+    rows_b: dict[int, Row] = {}
+    for _ in range(10):
+        inputs = {"a": ChangeBatch.from_changes(A, _changes(rng, rows_a, 12, _a)),
+                  "b": ChangeBatch.from_changes(B, _changes(rng, rows_b, 12, _b))}
+        inputs = {name: batch for name, batch in inputs.items() if name in plan.sources}
+        output = operator.apply_epoch(inputs, whole)
+        whole.apply(output.state_writes)
+        view = apply_changes(view, output.changes.to_changes())
+        joined: list[pa.Table] = []
+        for j in range(partitions):
+            mine = {}
+            for side, (upstream, name) in enumerate(zip(routing.upstreams(), routing.inputs(), strict=True)):
+                owners = routing.partitions_of(side, inputs[upstream].signed()[0]).to_pylist()
+                mine[name] = _split(inputs[upstream], owners, j)
+            writes: dict[bytes, bytes | None] = {}
+            joined.append(split.joined(mine, joins[j], writes))
+            assert set(routing.partitions_of_state_keys(list(writes))) <= {j}
+            joins[j].apply(writes)
+        rows = pa.concat_tables(joined)
+        owners = groups.partitions_of_joined(rows).to_pylist()
+        for p in range(partitions):
+            out = split.aggregate_joined(rows.filter(pa.array([o == p for o in owners], pa.bool_())), aggregates[p])
+            assert set(groups.partitions_of_state_keys(list(out.state_writes))) <= {p}
+            aggregates[p].apply(out.state_writes)
+            encoded = encode_batch(plan.schema.primary_key, out.changes)
+            assert {partition_of_vnode(v, partitions) for v in encoded.vnodes} <= {p}
+            split_view = apply_changes(split_view, out.changes.to_changes())
+        assert split_view == view
+        merged: dict[bytes, bytes] = {}
+        for state in (*joins, *aggregates):
+            assert not set(state.data) & set(merged)
+            merged.update(state.data)
+        assert merged == whole.data
+    assert view, "no group ever had a row"
