@@ -28,7 +28,7 @@ from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle
 from .processes.task_view_runner import run as run_views
-from .task_views import JOIN, VIEWS, check_wire, done_lines, tables, task_settings, why, write_epochs
+from .task_views import GROUPED, JOIN, VIEWS, check_wire, done_lines, tables, task_settings, why, write_epochs
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -48,7 +48,7 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
         make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
     settings = task_settings(make_settings)
     table, t2 = tables(settings, redis_client)
-    views = {name: sql for name, sql in [*VIEWS, JOIN] if name in ("mvf", "mvg", "mvj")}
+    views = {name: sql for name, sql in [*VIEWS, JOIN, GROUPED] if name in ("mvf", "mvg", "mvj", "mvjg")}
     for name, sql in views.items():
         create_view(settings, name, sql, client=redis_client)
     store = ViewStore(redis_client, settings.topic_prefix)
@@ -56,8 +56,8 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
     try:
         mce = write_epochs(table, rng, 2, 50, t2)
         assert run_views(settings, list(views)).returncode == 0
-        assert store.mce("mvg") == mce and store.mce("mvj") == mce
-        start = {view: _after_mce(store, view, mce) for view in ("mvg", "mvj")}
+        assert store.mce("mvg") == mce and store.mce("mvj") == mce and store.mce("mvjg") == mce
+        start = {view: _after_mce(store, view, mce) for view in ("mvg", "mvj", "mvjg")}
         last = write_epochs(table, rng, 4, 80, t2)
         # mvf's task of partition 0 kills its Python worker after its first epoch, its task of partition 1
         # the executor JVM it runs in: both are retried. mvg's task of partition 0 kills the driver after its
@@ -80,16 +80,23 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
         written = {"mvg": done_lines(resumed.stdout)["mvg"]}
         assert written["mvg"][0] == last and store.mce("mvj") == mce
         before["mvj"] = _committed(settings, "mvj", start["mvj"])
-        joined = run_views(settings, ["mvj"])
-        assert joined.returncode == 0, why(joined)
+        # mvj resumes; then the aggregate over the join's task of view partition 0 (after the third step)
+        # kills the driver, the same way: its groups' state staged beside the join's buckets is redone.
+        joined = run_views(settings, ["mvj", "mvjg"], kills=["mvjg:0:driver2", "mvjg:1:hold", "mvjg:2:hold"])
+        assert joined.returncode == -9, (joined.returncode, joined.stdout, why(joined))
         written["mvj"] = done_lines(joined.stdout)["mvj"]
-        assert written["mvj"][0] == last
+        assert written["mvj"][0] == last and store.mce("mvjg") == mce
+        before["mvjg"] = _committed(settings, "mvjg", start["mvjg"])
+        grouped = run_views(settings, ["mvjg"])
+        assert grouped.returncode == 0, why(grouped)
+        written["mvjg"] = done_lines(grouped.stdout)["mvjg"]
+        assert written["mvjg"][0] == last
     finally:
         table.close()
         t2.close()
     # What committed before the kill stayed, at the same offsets; the rest was written once. The join's
     # epochs: t2's last of the first round (after t1's last), then 4 of t1 and 3 of t2.
-    for view, epochs in (("mvg", 4), ("mvj", 1 + 4 + 3)):
+    for view, epochs in (("mvg", 4), ("mvj", 1 + 4 + 3), ("mvjg", 1 + 4 + 3)):
         assert before[view][0], f"{view}: partition 0 committed nothing before the kill"
         assert min(len(b) for b in before[view].values()) < len(before[view][0]), before[view]
         after = _committed(settings, view, start[view])
