@@ -53,6 +53,11 @@ from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key, Row
 from mvlog.services.backfill.chunked import keep_covered
 from mvlog.services.pipeline.join_tasks import (
+    empty_joined,
+    joined_by_epoch,
+    joined_column,
+    joined_fields,
+    joined_rows_schema,
     routed_sides,
     shaped_view_rows,
     side_epochs,
@@ -88,8 +93,9 @@ from mvlog.services.rederive_tasks import (
 from mvlog.services.view_ddl import plan_for
 from mvlog.snapshot_plan import SnapshotRecord
 from mvlog.views import ChangeBatch, InMemoryState, ViewOperator, ViewPlan
-from mvlog.views.join_routing import JoinRouting, two_source_equi_join
-from mvlog.views.routing import partitions_table, view_key_partitions
+from mvlog.views.batch import WEIGHT
+from mvlog.views.join_routing import JoinRouting, aggregate_over_join, two_source_equi_join
+from mvlog.views.routing import GroupRouting, partitions_table, view_key_partitions
 
 
 @dataclass(frozen=True)
@@ -105,32 +111,88 @@ class JoinRebuildJob:
     epoch: int  # the view's MCE (a replacement's: F): the one epoch the folded rows carry
     stage_for: StageFor = "view"  # whose staging the tasks fill (see DeriveJob.stage_for)
     covers: Callable[[str, Key], bool] | None = None  # a view still backfilling (see DeriveJob.covers)
+    #: A GROUP BY over the join: the task stages the join's state only and sends its joined rows to their
+    #: groups' partitions (rows of ``joined_rows_schema``), where :class:`GroupRebuildJob` folds them.
+    groups: GroupRouting | None = None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found = own_partition(batches, VIEW_PARTITION)
-        if found is not None:
-            partition, rows = found
+        if found is None:
+            return
+        partition, rows = found
+        if self.groups is None:
             yield pa.RecordBatch.from_pylist([self.stage(partition, rows)], schema=STAGED_SCHEMA)
+            return
+        inputs = self._inputs(rows)
+        state = InMemoryState()
+        writes: dict[bytes, bytes | None] = {}
+        joined = ViewOperator(self.routing.operator_plan()).joined(inputs, state, writes) if inputs else None
+        state.apply(writes)
+        self._stage(partition, {}, state)
+        if joined is not None and joined.num_rows:
+            tokens = pa.array(partition_tokens(self.view.partitions), pa.int32())
+            shuffled = pa.table({joined_column(i): joined.column(f.name) for i, f in enumerate(joined_fields(joined))})
+            yield from shaped_view_rows(joined_rows_schema(self.routing), shuffled, self.epoch, joined.column(WEIGHT),
+                                        -1, 0, 0, self.groups.partitions_of_joined(joined), tokens).to_batches()
 
     def stage(self, partition: int, rows: pa.Table | None) -> dict[str, Any]:
         """Partition ``partition``'s rows and operator state at the epoch, staged for the view's rebuild
         or its replacement's hydration."""
+        state = InMemoryState()
+        view_rows: dict[Key, Row] = {}
+        if (inputs := self._inputs(rows)) is not None:
+            output = ViewOperator(self.routing.operator_plan()).apply_epoch(inputs, state)
+            state.apply(output.state_writes)
+            apply_changes(view_rows, output.changes.to_changes())
+        return {"partition": partition, "rows": self._stage(partition, view_rows, state), "state": len(state.data),
+                "changes": 0}
+
+    def _stage(self, partition: int, view_rows: dict[Key, Row], state: InMemoryState) -> int:
+        """Stage the task's part: its view rows and its join-key partition's state (checked to be its own)."""
+        check_owned(self.view.name, partition, dict.fromkeys(state.data), self.routing.partitions_of_state_keys)
+        return stage_part(Settings.from_executor_json(self.settings_json), self.stage_for, self.view, view_rows,
+                          state.data)
+
+    def _inputs(self, rows: pa.Table | None) -> dict[str, ChangeBatch] | None:
+        """The task's rows at the epoch, each side's under its input name (those the backfill covers)."""
         epochs: EpochBatches = {}
         if rows is not None:
             side_epochs(rows, self.upstreams, self.routing, epochs)
         if (covers := self.covers) is not None:  # asked by upstream (a self-join's second side: its view's)
             upstream_of = dict(zip(self.routing.inputs(), self.routing.upstreams(), strict=True))
             keep_covered(epochs, lambda name, key: covers(upstream_of[name], key))
-        state = InMemoryState()
+        return epochs.get(self.epoch)
+
+
+@dataclass(frozen=True)
+class GroupRebuildJob:
+    """``mapInArrow``'s function after the group shuffle of a GROUP BY over a join's rebuild: one view
+    partition's groups folded from their joined rows at the epoch, staged beside the join-key tasks' state
+    (other keys: the rebuild's staging takes disjoint parts)."""
+
+    settings_json: str
+    view: CatalogEntry
+    routing: JoinRouting
+    groups: GroupRouting
+    epoch: int
+    stage_for: StageFor = "view"
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        found = own_partition(batches, VIEW_PARTITION)
+        if found is None:
+            return
+        partition, rows = found
+        empty = empty_joined(self.routing)
+        joined = joined_by_epoch(rows, empty).get(self.epoch, empty) if rows is not None else empty
+        output = ViewOperator(self.routing.operator_plan()).aggregate_joined(joined, InMemoryState())
+        check_owned(self.view.name, partition, output.state_writes, self.groups.partitions_of_state_keys)
         view_rows: dict[Key, Row] = {}
-        if (inputs := epochs.get(self.epoch)) is not None:
-            output = ViewOperator(self.routing.operator_plan()).apply_epoch(inputs, state)
-            state.apply(output.state_writes)
-            apply_changes(view_rows, output.changes.to_changes())
-        check_owned(self.view.name, partition, dict.fromkeys(state.data), self.routing.partitions_of_state_keys)
-        staged = stage_part(Settings.from_executor_json(self.settings_json), self.stage_for, self.view, view_rows,
-                            state.data)
-        return {"partition": partition, "rows": staged, "state": len(state.data), "changes": 0}
+        apply_changes(view_rows, output.changes.to_changes())
+        state, _ = output.state_puts_and_deletes()
+        settings = Settings.from_executor_json(self.settings_json)
+        staged = stage_part(settings, self.stage_for, self.view, view_rows, state)
+        yield pa.RecordBatch.from_pylist([{"partition": partition, "rows": staged, "state": len(state), "changes": 0}],
+                                         schema=STAGED_SCHEMA)
 
 
 def equi_join(settings: Settings, client: redis.Redis, name: str
@@ -140,7 +202,7 @@ def equi_join(settings: Settings, client: redis.Redis, name: str
     catalog = CatalogStore(settings, client)
     view = catalog.get(name)
     view_plan = plan_for(catalog, view.name, view.sql or "")
-    if not two_source_equi_join(view_plan):  # two views, or a self-join's one
+    if not (two_source_equi_join(view_plan) or aggregate_over_join(view_plan)):  # two views, or a self-join's one
         return None
     first, second = JoinRouting(view_plan, view.partitions).upstreams()
     return view, (catalog.get(first), catalog.get(second)), view_plan
@@ -194,11 +256,19 @@ class JoinRebuild(ReplaySession):
     def staged(self, stage_for: StageFor, on_progress: Callable[[int, int], None] | None = None) -> RebuiltState:
         """Run the tasks that stage each join-key partition's rows and operator state at the epoch for
         ``stage_for``; swapping them in is the caller's."""
-        job = JoinRebuildJob(self.settings.to_executor_json(), self.view, self.upstreams, self.view_plan,
-                             self.routing, self.epoch, stage_for, self.covers if stage_for == "view" else None)
+        settings_json, partitions = self.settings.to_executor_json(), self.view.partitions
+        groups = GroupRouting(self.view_plan, partitions) if aggregate_over_join(self.view_plan) else None
+        job = JoinRebuildJob(settings_json, self.view, self.upstreams, self.view_plan, self.routing, self.epoch,
+                             stage_for, self.covers if stage_for == "view" else None, groups)
         with JobProgress(self.spark, f"mvlog-rebuild-{self.view.name}", on_progress):
-            shuffled = self._input().repartition(self.view.partitions, ROUTE_TOKEN)
-            results = shuffled.mapInArrow(job.run, STAGED_DDL).toArrow().to_pylist()
+            shuffled = self._input().repartition(partitions, ROUTE_TOKEN)
+            if groups is None:
+                results = shuffled.mapInArrow(job.run, STAGED_DDL).toArrow().to_pylist()
+            else:  # the join's state by join key, then its joined rows to their groups' partitions
+                joined = shuffled.mapInArrow(job.run, from_arrow_schema(joined_rows_schema(self.routing)))
+                fold = GroupRebuildJob(settings_json, self.view, self.routing, groups, self.epoch, stage_for)
+                results = (joined.repartition(partitions, ROUTE_TOKEN).mapInArrow(fold.run, STAGED_DDL)
+                           .toArrow().to_pylist())
         require_every_partition(f"{self.view.name}: the rebuild", (row["partition"] for row in results),
                                 self.view.partitions)
         return RebuiltState(sum(row["rows"] for row in results), 0)
@@ -297,8 +367,8 @@ class JoinDerivation(ReplaySession):
     def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
                  spark: SparkSession | None = None) -> JoinDerivation | None:
         """The derivation in tasks, or None when the view is not an equi-join the tasks run."""
-        if (join := equi_join(settings, client, plan.view)) is None:
-            return None
+        if (join := equi_join(settings, client, plan.view)) is None or aggregate_over_join(join[2]):
+            return None  # a GROUP BY over a join is derived the driver's way
         view, upstreams, view_plan = join
         return cls(settings, client, plan, view, upstreams, view_plan, spark)
 
