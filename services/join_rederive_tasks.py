@@ -301,7 +301,10 @@ class JoinDeriveKeyJob:
     routing: JoinRouting
     prev_epoch: int  # the hydration epoch: both sides' folded rows carry it
     epochs: tuple[int, ...]  # the range, ascending
-    out_schema: pa.Schema  # view_rows_schema
+    out_schema: pa.Schema  # view_rows_schema; a GROUP BY over the join's: joined_rows_schema
+    #: A GROUP BY over the join: each epoch's joined rows (the hydration's too) go to their groups'
+    #: partitions, where :class:`GroupDeriveWriteJob` folds them.
+    groups: GroupRouting | None = None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for partition, rows in partitions_of_task(batches, VIEW_PARTITION, shuffled=True):
@@ -319,6 +322,16 @@ class JoinDeriveKeyJob:
         for epoch in (self.prev_epoch, *self.epochs):
             if epoch not in inputs:
                 continue  # neither side changed in this join-key partition
+            if self.groups is not None:  # the joined rows, to their groups' partitions (the hydration's too)
+                writes: dict[bytes, bytes | None] = {}
+                joined = operator.joined(inputs[epoch], state, writes)
+                state.apply(writes)
+                check_owned(self.view.name, partition, writes, self.routing.partitions_of_state_keys)
+                shuffled = pa.table({joined_column(i): joined.column(f.name)
+                                     for i, f in enumerate(joined_fields(joined))})
+                out.append(shaped_view_rows(self.out_schema, shuffled, epoch, joined.column(WEIGHT), -1, 0, 0,
+                                            self.groups.partitions_of_joined(joined), tokens))
+                continue
             output = operator.apply_epoch(inputs[epoch], state)
             state.apply(output.state_writes)
             check_owned(self.view.name, partition, output.state_writes, self.routing.partitions_of_state_keys)
@@ -352,6 +365,44 @@ class JoinDeriveWriteJob:
             yield pa.RecordBatch.from_pylist(results, schema=DERIVED_SCHEMA)
 
 
+@dataclass(frozen=True)
+class GroupDeriveWriteJob:
+    """``mapInArrow``'s function after the group shuffle of a GROUP BY over a join's derivation: one view
+    partition's groups hydrated from their joined rows at the epoch before the range, then each epoch of
+    the range folded and written to the target's changelog (:func:`~mvlog.services.rederive_tasks.write_derived`)."""
+
+    settings_json: str
+    target: str
+    view: CatalogEntry
+    routing: JoinRouting
+    prev_epoch: int
+    epochs: tuple[int, ...]
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        settings = Settings.from_executor_json(self.settings_json)
+        empty = empty_joined(self.routing)
+        operator = ViewOperator(self.routing.operator_plan())
+        for partition, rows in partitions_of_task(batches, VIEW_PARTITION, shuffled=True):
+            by_epoch = joined_by_epoch(rows, empty)
+            state = InMemoryState()
+            state.apply(operator.aggregate_joined(by_epoch.get(self.prev_epoch, empty), state).state_writes)
+
+            def changes(by_epoch: dict[int, pa.Table] = by_epoch, state: InMemoryState = state
+                        ) -> Iterator[tuple[int, ChangeBatch]]:
+                for epoch in self.epochs:
+                    output = operator.aggregate_joined(by_epoch.get(epoch, empty), state)
+                    state.apply(output.state_writes)
+                    yield epoch, output.changes
+
+            results = write_derived(settings, self.target, self.view, partition, self.prev_epoch, self.epochs,
+                                    changes())
+            yield pa.RecordBatch.from_pylist(results, schema=DERIVED_SCHEMA)
+
+
+#: The write step of a join's derivation (after the view-key shuffle, or a GROUP BY's group shuffle).
+DeriveWrite = JoinDeriveWriteJob | GroupDeriveWriteJob
+
+
 class JoinDerivation(ReplaySession):
     """Runs a :class:`~mvlog.services.rederive.DerivationPlan` of a two-view equi-join in Spark's tasks,
     into a new changelog (see the module)."""
@@ -367,8 +418,8 @@ class JoinDerivation(ReplaySession):
     def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
                  spark: SparkSession | None = None) -> JoinDerivation | None:
         """The derivation in tasks, or None when the view is not an equi-join the tasks run."""
-        if (join := equi_join(settings, client, plan.view)) is None or aggregate_over_join(join[2]):
-            return None  # a GROUP BY over a join is derived the driver's way
+        if (join := equi_join(settings, client, plan.view)) is None:
+            return None
         view, upstreams, view_plan = join
         return cls(settings, client, plan, view, upstreams, view_plan, spark)
 
@@ -380,16 +431,21 @@ class JoinDerivation(ReplaySession):
             results = self.derive_into(name).toArrow().to_pylist()
         return index_derived(self.settings, self.client, name, topic, self.view, self.plan.epochs, results)
 
-    def derive_into(self, name: str, on_job: Callable[[JoinDeriveWriteJob], JoinDeriveWriteJob] | None = None
-                    ) -> DataFrame:
+    def derive_into(self, name: str, on_job: Callable[[DeriveWrite], DeriveWrite] | None = None) -> DataFrame:
         """The Spark job that writes the epochs into ``name``'s changelog (not run yet): one result row per
         partition and epoch. ``on_job``: the tests' hook to alter what the partitions write."""
         epochs, partitions = tuple(self.plan.epochs), self.view.partitions
-        rows_schema = view_rows_schema(self.view_plan)
-        keys = JoinDeriveKeyJob(self.view, self.upstreams, self.view_plan, self.routing, self.plan.prev_epoch, epochs,
-                                rows_schema)
-        write = JoinDeriveWriteJob(self.settings.to_executor_json(), name, self.view, self.view_plan,
-                                   self.plan.prev_epoch, epochs)
+        settings_json, prev = self.settings.to_executor_json(), self.plan.prev_epoch
+        write: DeriveWrite
+        if aggregate_over_join(self.view_plan):  # the joined rows to their groups' partitions, folded there
+            rows_schema = joined_rows_schema(self.routing)
+            keys = JoinDeriveKeyJob(self.view, self.upstreams, self.view_plan, self.routing, prev, epochs, rows_schema,
+                                    GroupRouting(self.view_plan, partitions))
+            write = GroupDeriveWriteJob(settings_json, name, self.view, self.routing, prev, epochs)
+        else:
+            rows_schema = view_rows_schema(self.view_plan)
+            keys = JoinDeriveKeyJob(self.view, self.upstreams, self.view_plan, self.routing, prev, epochs, rows_schema)
+            write = JoinDeriveWriteJob(settings_json, name, self.view, self.view_plan, prev, epochs)
         if on_job is not None:
             write = on_job(write)
         routed = routed_sides(self.routing, self.upstreams, lambda upstream: derivation_input(
