@@ -55,9 +55,8 @@ from mvlog.services.backfill.chunked import keep_covered
 from mvlog.services.pipeline.join_tasks import (
     empty_joined,
     joined_by_epoch,
-    joined_column,
-    joined_fields,
     joined_rows_schema,
+    joined_to_groups,
     routed_sides,
     shaped_view_rows,
     side_epochs,
@@ -93,7 +92,6 @@ from mvlog.services.rederive_tasks import (
 from mvlog.services.view_ddl import plan_for
 from mvlog.snapshot_plan import SnapshotRecord
 from mvlog.views import ChangeBatch, InMemoryState, ViewOperator, ViewPlan
-from mvlog.views.batch import WEIGHT
 from mvlog.views.join_routing import JoinRouting, aggregate_over_join, two_source_equi_join
 from mvlog.views.routing import GroupRouting, partitions_table, view_key_partitions
 
@@ -131,9 +129,8 @@ class JoinRebuildJob:
         self._stage(partition, {}, state)
         if joined is not None and joined.num_rows:
             tokens = pa.array(partition_tokens(self.view.partitions), pa.int32())
-            shuffled = pa.table({joined_column(i): joined.column(f.name) for i, f in enumerate(joined_fields(joined))})
-            yield from shaped_view_rows(joined_rows_schema(self.routing), shuffled, self.epoch, joined.column(WEIGHT),
-                                        -1, 0, 0, self.groups.partitions_of_joined(joined), tokens).to_batches()
+            yield from joined_to_groups(joined_rows_schema(self.routing), joined, self.epoch, self.groups,
+                                        tokens).to_batches()
 
     def stage(self, partition: int, rows: pa.Table | None) -> dict[str, Any]:
         """Partition ``partition``'s rows and operator state at the epoch, staged for the view's rebuild
@@ -327,10 +324,7 @@ class JoinDeriveKeyJob:
                 joined = operator.joined(inputs[epoch], state, writes)
                 state.apply(writes)
                 check_owned(self.view.name, partition, writes, self.routing.partitions_of_state_keys)
-                shuffled = pa.table({joined_column(i): joined.column(f.name)
-                                     for i, f in enumerate(joined_fields(joined))})
-                out.append(shaped_view_rows(self.out_schema, shuffled, epoch, joined.column(WEIGHT), -1, 0, 0,
-                                            self.groups.partitions_of_joined(joined), tokens))
+                out.append(joined_to_groups(self.out_schema, joined, epoch, self.groups, tokens))
                 continue
             output = operator.apply_epoch(inputs[epoch], state)
             state.apply(output.state_writes)

@@ -137,6 +137,16 @@ def joined_column(index: int) -> str:
     return f"_c{index}"
 
 
+def joined_to_groups(schema: pa.Schema, joined: pa.Table, epoch: int, groups: GroupRouting,
+                     tokens: pa.Array) -> pa.Table:
+    """An epoch's joined rows (the operator's) as rows of the group shuffle (``schema``:
+    :func:`joined_rows_schema`: each column under its :func:`joined_column` name, the weight apart), each to
+    its group's view partition."""
+    shuffled = pa.table({joined_column(i): joined.column(f.name) for i, f in enumerate(joined_fields(joined))})
+    parts = groups.partitions_of_joined(joined)
+    return shaped_view_rows(schema, shuffled, epoch, joined.column(WEIGHT), -1, 0, 0, parts, tokens)
+
+
 def sides(rows: pa.Table, upstreams: Sequence[CatalogEntry]) -> list[pa.Table]:
     """A join-key task's rows (the first shuffle's layout) split by side, each under its upstream's own
     column names and in the data source's order."""
@@ -255,19 +265,17 @@ class JoinKeyJob:
                 output = operator.apply_epoch(epochs[epoch], state)
                 rows_out, weights = output.changes.signed()
                 parts = view_key_partitions(self.plan.schema, rows_out, of_vnode)
+                out.append(shaped_view_rows(self.out_schema, rows_out, epoch, weights, -1, 0, 0, parts, tokens))
                 writes = output.state_writes
             else:  # an aggregate over the join: the joined rows, to their groups' partitions
                 writes = {}
                 joined = operator.joined(epochs[epoch], state, writes)
-                weights, parts = joined.column(WEIGHT), self.groups.partitions_of_joined(joined)
-                rows_out = pa.table({joined_column(i): joined.column(f.name)
-                                     for i, f in enumerate(joined_fields(joined))})
+                out.append(joined_to_groups(self.out_schema, joined, epoch, self.groups, tokens))
             state.apply(writes)
             check_owned(view.name, partition, writes, self.routing.partitions_of_state_keys)
             puts, deletes = EpochOutput(ChangeBatch.empty(self.plan.schema), writes).state_puts_and_deletes()
             counts = staging.stage(view.name, partition, EpochCommit(epoch, {}, (), {}, state_puts=puts,
                                                                      state_deletes=deletes), rows=False)
-            out.append(shaped_view_rows(self.out_schema, rows_out, epoch, weights, -1, 0, 0, parts, tokens))
             mark = pa.array([partition], pa.int32())
             out.append(shaped_view_rows(self.out_schema, None, epoch, pa.array([0], pa.int64()), partition,
                                         counts.state_puts, counts.state_deletes, mark, tokens))
@@ -301,10 +309,7 @@ class ViewPartitionJob:
     plan: ViewPlan
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for partition, rows in partitions_of_task(batches, VIEW_PARTITION, True):
-            results = self._partition(partition, rows)
-            if results:
-                yield pa.RecordBatch.from_pylist(results, schema=RESULT_SCHEMA)
+        return partition_results(batches, self._partition)
 
     def _partition(self, partition: int, rows: pa.Table) -> list[dict[str, Any]]:
         view = self.target.view
@@ -334,10 +339,7 @@ class GroupPartitionJob:
     groups: GroupRouting
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for partition, rows in partitions_of_task(batches, VIEW_PARTITION, True):
-            results = self._partition(partition, rows)
-            if results:
-                yield pa.RecordBatch.from_pylist(results, schema=RESULT_SCHEMA)
+        return partition_results(batches, self._partition)
 
     def _partition(self, partition: int, rows: pa.Table) -> list[dict[str, Any]]:
         view = self.target.view
@@ -361,6 +363,14 @@ class GroupPartitionJob:
             result["state_puts"] += puts
             result["state_deletes"] += deletes
         return results
+
+
+def partition_results(batches: Iterator[pa.RecordBatch],
+                      results_of: Callable[[int, pa.Table], list[dict[str, Any]]]) -> Iterator[pa.RecordBatch]:
+    """A task's result rows after the last shuffle: ``results_of(partition, rows)`` of its view partition."""
+    for partition, rows in partitions_of_task(batches, VIEW_PARTITION, True):
+        if results := results_of(partition, rows):
+            yield pa.RecordBatch.from_pylist(results, schema=RESULT_SCHEMA)
 
 
 def join_state_counts(view: str, partition: int, rows: pa.Table) -> dict[int, tuple[int, int]]:
