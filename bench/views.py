@@ -9,6 +9,10 @@ Two views of one root table ``t1(id PK, k, v1, deleted)``:
   rows) after every fifth epoch of t1, each update fanning out to the t1 rows of its group; its writer is
   closed (sealed) before the clocks, so the join follows t1 to its last epoch. Its baseline joins the
   after images of both changelogs with a DataFrame ``join``; its rate counts t1's changes only.
+* **joingroup** (``--join`` too) ``SELECT t2.w % 10 AS b, count(*) AS n, sum(t1.v1) AS s FROM t1 JOIN t2 ON
+  t1.k = t2.k WHERE t1.deleted = false GROUP BY t2.w % 10``: a GROUP BY over the join, whose groups are not
+  join keys (in tasks: the join per join key, then its joined rows shuffled to their groups' partitions).
+  Its baseline: the same join, then ``groupBy``.
 
 Everything runs in one process, on a local stack (Apache Kafka + redis-server) that this script starts on
 free loopback ports in a temporary folder and stops at the end, with one Spark session (``local[2]`` by
@@ -120,6 +124,9 @@ VIEWS = {
 DIMENSION = "t2"  # --join
 DIMENSION_COLUMNS = {"k": "int", "w": "int"}
 JOIN_SQL = "SELECT t1.id, t1.v1, t2.w FROM t1 JOIN t2 ON t1.k = t2.k WHERE t1.deleted = false"
+JOIN_GROUP_SQL = ("SELECT t2.w % 10 AS b, count(*) AS n, sum(t1.v1) AS s FROM t1 JOIN t2 ON t1.k = t2.k "
+                  "WHERE t1.deleted = false GROUP BY t2.w % 10")
+JOINS = ("join", "joingroup")  # the views over t1 and t2
 
 
 def view_name(view: str, rep: int = 0) -> str:
@@ -179,6 +186,14 @@ class Workload:
         if view == "join":
             return {r["id"]: (r["v1"], self.dimension[r["k"]]) for r in self.state.values()
                     if not r["deleted"] and r["k"] in self.dimension}
+        if view == "joingroup":
+            buckets: dict[int, list[int]] = {}
+            for r in self.state.values():
+                if not r["deleted"] and r["k"] in self.dimension:
+                    agg = buckets.setdefault(self.dimension[r["k"]] % 10, [0, 0])
+                    agg[0] += 1
+                    agg[1] += r["v1"]
+            return {b: (n, s) for b, (n, s) in buckets.items()}
         if view == "filter":
             return {r["id"]: (r["v1"],) for r in self.state.values() if not r["deleted"]}
         groups: dict[Any, list[int]] = {}
@@ -207,6 +222,8 @@ def check_view(store: ViewStore, view: str, name: str, workload: Workload) -> st
             actual[row["id"]] = (row["v1"],)
         elif view == "join":
             actual[row["id"]] = (row["v1"], row["w"])
+        elif view == "joingroup":
+            actual[row["b"]] = (row["n"], row["s"])
         else:
             actual[row["k"]] = (row["n"], row["s"])
     if actual != expected:
@@ -290,10 +307,14 @@ class PlainChangelogReader(DataSourceReader):
 def baseline_frame(spark: SparkSession, view: str, options: dict[str, str],
                    dimension: dict[str, str] | None = None) -> Any:
     df = spark.read.format("plain_changelog").options(**options).load()
-    if view == "join":
+    if view in JOINS:
         assert dimension is not None
         t2 = spark.read.format("plain_changelog").options(**dimension, columns="k,w").load()
-        return df.filter("deleted = false").join(t2, "k").select("id", "v1", "w")
+        joined = df.filter("deleted = false").join(t2, "k")
+        if view == "join":
+            return joined.select("id", "v1", "w")
+        return (joined.groupBy((sf.col("w") % 10).alias("b"))
+                .agg(sf.count(sf.lit(1)).alias("n"), sf.sum("v1").alias("s")))
     if view == "filter":
         return df.filter("deleted = false").select("id", "v1")
     return df.groupBy("k").agg(sf.count(sf.lit(1)).alias("n"), sf.sum("v1").alias("s"))
@@ -562,7 +583,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     workload = Workload(args.keys, args.groups, random.Random(args.seed))
     epoch_sizes = [min(args.epoch_size, args.changes - done) for done in range(0, args.changes, args.epoch_size)]
-    views = {**VIEWS, **({"join": JOIN_SQL} if args.join else {})}  # the live phase runs VIEWS only
+    views = {**VIEWS, **({"join": JOIN_SQL, "joingroup": JOIN_GROUP_SQL} if args.join else {})}  # live: VIEWS only
     profiles = {view: (cProfile.Profile(), cProfile.Profile()) for view in views} if args.profile else {}
     catch_up: dict[str, list[CatchUp]] = {view: [] for view in views}
     baseline: dict[str, list[float]] = {view: [] for view in views}
@@ -636,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for rep in range(args.repeat):  # interleaved, so drift hits both sides alike
                 for view in views:
                     dimension_options = (dict(plain_options(dimension_offsets),
-                                              topic=settings.changelog_topic(DIMENSION)) if view == "join" else None)
+                                              topic=settings.changelog_topic(DIMENSION)) if view in JOINS else None)
                     baseline[view].append(run_baseline(spark, view, plain_options(last_offsets), dimension_options))
                     if args.driver_path:
                         name = view_name(view, rep)
