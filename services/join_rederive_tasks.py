@@ -92,8 +92,8 @@ from mvlog.services.rederive_tasks import (
 from mvlog.services.view_ddl import plan_for
 from mvlog.snapshot_plan import SnapshotRecord
 from mvlog.views import ChangeBatch, InMemoryState, ViewOperator, ViewPlan
-from mvlog.views.join_routing import JoinRouting, aggregate_over_join, two_source_equi_join
-from mvlog.views.routing import GroupRouting, partitions_table, view_key_partitions
+from mvlog.views.join_routing import JoinRouting, routed_by_join_key
+from mvlog.views.routing import partitions_table, view_key_partitions
 
 
 @dataclass(frozen=True)
@@ -109,18 +109,17 @@ class JoinRebuildJob:
     epoch: int  # the view's MCE (a replacement's: F): the one epoch the folded rows carry
     stage_for: StageFor = "view"  # whose staging the tasks fill (see DeriveJob.stage_for)
     covers: Callable[[str, Key], bool] | None = None  # a view still backfilling (see DeriveJob.covers)
-    #: A GROUP BY over the join: the task stages the join's state only and sends its joined rows to their
-    #: groups' partitions (rows of ``joined_rows_schema``), where :class:`GroupRebuildJob` folds them.
-    groups: GroupRouting | None = None
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found = own_partition(batches, VIEW_PARTITION)
         if found is None:
             return
         partition, rows = found
-        if self.groups is None:
+        if (groups := self.routing.groups) is None:
             yield pa.RecordBatch.from_pylist([self.stage(partition, rows)], schema=STAGED_SCHEMA)
             return
+        # A GROUP BY over the join: the task stages the join's state only and sends its joined rows to their
+        # groups' partitions (rows of ``joined_rows_schema``), where :class:`GroupRebuildJob` folds them.
         inputs = self._inputs(rows)
         state = InMemoryState()
         writes: dict[bytes, bytes | None] = {}
@@ -129,7 +128,7 @@ class JoinRebuildJob:
         self._stage(partition, {}, state)
         if joined is not None and joined.num_rows:
             tokens = pa.array(partition_tokens(self.view.partitions), pa.int32())
-            yield from joined_to_groups(joined_rows_schema(self.routing), joined, self.epoch, self.groups,
+            yield from joined_to_groups(joined_rows_schema(self.routing), joined, self.epoch, groups,
                                         tokens).to_batches()
 
     def stage(self, partition: int, rows: pa.Table | None) -> dict[str, Any]:
@@ -169,8 +168,7 @@ class GroupRebuildJob:
 
     settings_json: str
     view: CatalogEntry
-    routing: JoinRouting
-    groups: GroupRouting
+    routing: JoinRouting  # its groups: a GROUP BY over the join's
     epoch: int
     stage_for: StageFor = "view"
 
@@ -182,7 +180,8 @@ class GroupRebuildJob:
         empty = empty_joined(self.routing)
         joined = joined_by_epoch(rows, empty).get(self.epoch, empty) if rows is not None else empty
         output = ViewOperator(self.routing.operator_plan()).aggregate_joined(joined, InMemoryState())
-        check_owned(self.view.name, partition, output.state_writes, self.groups.partitions_of_state_keys)
+        assert self.routing.groups is not None
+        check_owned(self.view.name, partition, output.state_writes, self.routing.groups.partitions_of_state_keys)
         view_rows: dict[Key, Row] = {}
         apply_changes(view_rows, output.changes.to_changes())
         state, _ = output.state_puts_and_deletes()
@@ -195,11 +194,11 @@ class GroupRebuildJob:
 def equi_join(settings: Settings, client: redis.Redis, name: str
               ) -> tuple[CatalogEntry, tuple[CatalogEntry, CatalogEntry], ViewPlan] | None:
     """View ``name``, its upstreams by side and its plan, when it is an equi-join the tasks run, of two views
-    or of one with itself (:func:`~mvlog.views.join_routing.two_source_equi_join`); else None."""
+    or of one with itself (:func:`~mvlog.views.join_routing.routed_by_join_key`); else None."""
     catalog = CatalogStore(settings, client)
     view = catalog.get(name)
     view_plan = plan_for(catalog, view.name, view.sql or "")
-    if not (two_source_equi_join(view_plan) or aggregate_over_join(view_plan)):  # two views, or a self-join's one
+    if not routed_by_join_key(view_plan):
         return None
     first, second = JoinRouting(view_plan, view.partitions).upstreams()
     return view, (catalog.get(first), catalog.get(second)), view_plan
@@ -231,7 +230,7 @@ class JoinRebuild(ReplaySession):
                  spark: SparkSession | None = None, covers: Callable[[str, Key], bool] | None = None
                  ) -> JoinRebuild | None:
         """The rebuild in tasks, or None when the view is not a join the tasks run
-        (:func:`~mvlog.views.join_routing.two_source_equi_join`). ``covers``: of a view still backfilling."""
+        (:func:`~mvlog.views.join_routing.routed_by_join_key`). ``covers``: of a view still backfilling."""
         if (join := equi_join(settings, client, plan.view)) is None:
             return None
         view, upstreams, view_plan = join
@@ -254,16 +253,15 @@ class JoinRebuild(ReplaySession):
         """Run the tasks that stage each join-key partition's rows and operator state at the epoch for
         ``stage_for``; swapping them in is the caller's."""
         settings_json, partitions = self.settings.to_executor_json(), self.view.partitions
-        groups = GroupRouting(self.view_plan, partitions) if aggregate_over_join(self.view_plan) else None
         job = JoinRebuildJob(settings_json, self.view, self.upstreams, self.view_plan, self.routing, self.epoch,
-                             stage_for, self.covers if stage_for == "view" else None, groups)
+                             stage_for, self.covers if stage_for == "view" else None)
         with JobProgress(self.spark, f"mvlog-rebuild-{self.view.name}", on_progress):
             shuffled = self._input().repartition(partitions, ROUTE_TOKEN)
-            if groups is None:
+            if self.routing.groups is None:
                 results = shuffled.mapInArrow(job.run, STAGED_DDL).toArrow().to_pylist()
             else:  # the join's state by join key, then its joined rows to their groups' partitions
                 joined = shuffled.mapInArrow(job.run, from_arrow_schema(joined_rows_schema(self.routing)))
-                fold = GroupRebuildJob(settings_json, self.view, self.routing, groups, self.epoch, stage_for)
+                fold = GroupRebuildJob(settings_json, self.view, self.routing, self.epoch, stage_for)
                 results = (joined.repartition(partitions, ROUTE_TOKEN).mapInArrow(fold.run, STAGED_DDL)
                            .toArrow().to_pylist())
         require_every_partition(f"{self.view.name}: the rebuild", (row["partition"] for row in results),
@@ -298,10 +296,7 @@ class JoinDeriveKeyJob:
     routing: JoinRouting
     prev_epoch: int  # the hydration epoch: both sides' folded rows carry it
     epochs: tuple[int, ...]  # the range, ascending
-    out_schema: pa.Schema  # view_rows_schema; a GROUP BY over the join's: joined_rows_schema
-    #: A GROUP BY over the join: each epoch's joined rows (the hydration's too) go to their groups'
-    #: partitions, where :class:`GroupDeriveWriteJob` folds them.
-    groups: GroupRouting | None = None
+    out_schema: pa.Schema  # view_rows_schema; a GROUP BY over the join's (``routing.groups``): joined_rows_schema
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for partition, rows in partitions_of_task(batches, VIEW_PARTITION, shuffled=True):
@@ -319,12 +314,13 @@ class JoinDeriveKeyJob:
         for epoch in (self.prev_epoch, *self.epochs):
             if epoch not in inputs:
                 continue  # neither side changed in this join-key partition
-            if self.groups is not None:  # the joined rows, to their groups' partitions (the hydration's too)
+            if (groups := self.routing.groups) is not None:  # the joined rows, to their groups' partitions (the
+                # hydration's too), where GroupDeriveWriteJob folds them
                 writes: dict[bytes, bytes | None] = {}
                 joined = operator.joined(inputs[epoch], state, writes)
                 state.apply(writes)
                 check_owned(self.view.name, partition, writes, self.routing.partitions_of_state_keys)
-                out.append(joined_to_groups(self.out_schema, joined, epoch, self.groups, tokens))
+                out.append(joined_to_groups(self.out_schema, joined, epoch, groups, tokens))
                 continue
             output = operator.apply_epoch(inputs[epoch], state)
             state.apply(output.state_writes)
@@ -431,10 +427,9 @@ class JoinDerivation(ReplaySession):
         epochs, partitions = tuple(self.plan.epochs), self.view.partitions
         settings_json, prev = self.settings.to_executor_json(), self.plan.prev_epoch
         write: DeriveWrite
-        if aggregate_over_join(self.view_plan):  # the joined rows to their groups' partitions, folded there
+        if self.routing.groups is not None:  # the joined rows to their groups' partitions, folded there
             rows_schema = joined_rows_schema(self.routing)
-            keys = JoinDeriveKeyJob(self.view, self.upstreams, self.view_plan, self.routing, prev, epochs, rows_schema,
-                                    GroupRouting(self.view_plan, partitions))
+            keys = JoinDeriveKeyJob(self.view, self.upstreams, self.view_plan, self.routing, prev, epochs, rows_schema)
             write = GroupDeriveWriteJob(settings_json, name, self.view, self.routing, prev, epochs)
         else:
             rows_schema = view_rows_schema(self.view_plan)

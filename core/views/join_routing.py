@@ -56,7 +56,7 @@ import pyarrow as pa
 from mvlog.row_schema import ColumnType
 from mvlog.views.expr import ColumnRef
 from mvlog.views.plan import ViewPlan
-from mvlog.views.routing import keyed_by_groups, partitions_table
+from mvlog.views.routing import GroupRouting, keyed_by_groups, partitions_table
 from mvlog.views.state_codec import JOIN_TAGS, encode_key
 from mvlog.vnode import VNODE_COUNT
 
@@ -91,6 +91,12 @@ def aggregate_over_join(plan: ViewPlan) -> bool:
     query = plan.query
     return (keyed_by_groups(plan) and not plan.inner and len(query.joins) == 1 and not query.joins[0].kind.filters
             and _equi_join_of_two(plan))
+
+
+def routed_by_join_key(plan: ViewPlan) -> bool:
+    """A view whose operator :class:`JoinRouting` partitions: an equi-join of two sources
+    (:func:`two_source_equi_join`), or a GROUP BY over one (:func:`aggregate_over_join`)."""
+    return two_source_equi_join(plan) or aggregate_over_join(plan)
 
 
 def _equi_join_of_two(plan: ViewPlan) -> bool:
@@ -129,11 +135,15 @@ class JoinRouting:
     partitions: int
     _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _subquery: ViewPlan | None = field(init=False, repr=False, compare=False)  # a semi or anti join's
+    #: A GROUP BY over the join: where its groups (its joined rows, its groups' state) go, the third step.
+    groups: GroupRouting | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not (two_source_equi_join(self.plan) or aggregate_over_join(self.plan)):
+        if not routed_by_join_key(self.plan):
             raise ValueError(f"view {self.plan.name!r} is not an equi-join of two views")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
+        groups = GroupRouting(self.plan, self.partitions) if aggregate_over_join(self.plan) else None
+        object.__setattr__(self, "groups", groups)
         object.__setattr__(self, "_subquery", subquery_of(self.plan))
 
     @property

@@ -51,9 +51,13 @@ class EpochOutput:
     state_writes: dict[bytes, bytes | None] = field(default_factory=dict)  # None deletes the key
 
     def state_puts_and_deletes(self) -> tuple[dict[bytes, bytes], list[bytes]]:
-        """:attr:`state_writes` as the commits take them: the keys set (with their values), the keys deleted."""
-        puts = {k: v for k, v in self.state_writes.items() if v is not None}
-        return puts, [k for k, v in self.state_writes.items() if v is None]
+        """:attr:`state_writes` as the commits take them (:func:`puts_and_deletes`)."""
+        return puts_and_deletes(self.state_writes)
+
+
+def puts_and_deletes(writes: Mapping[bytes, bytes | None]) -> tuple[dict[bytes, bytes], list[bytes]]:
+    """State writes as the commits take them: the keys set (with their values), the keys deleted (None)."""
+    return {k: v for k, v in writes.items() if v is not None}, [k for k, v in writes.items() if v is None]
 
 
 class ViewOperator:

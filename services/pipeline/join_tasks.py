@@ -76,6 +76,7 @@ from mvlog.views.batch import WEIGHT
 from mvlog.views.change_batch import consolidate_signed
 from mvlog.views.evaluate import arrow_type
 from mvlog.views.join_routing import JoinRouting
+from mvlog.views.operator import puts_and_deletes
 from mvlog.views.routing import GroupRouting, partitions_table, view_key_partitions
 from mvlog.views.state import InMemoryState, LayeredState
 
@@ -228,9 +229,7 @@ class JoinKeyJob:
     routing: JoinRouting
     upto: int | None  # the micro-batch's last epoch; None: the last epoch of side ``end_side``'s rows
     end_side: int  # the side read by the stream, whose micro-batch ends with the data source's end marker
-    out_schema: pa.Schema  # view_rows_schema; an aggregate over the join's: joined_rows_schema
-    #: An aggregate over the join: its joined rows go to their groups' partitions (:class:`GroupPartitionJob`).
-    groups: GroupRouting | None = None
+    out_schema: pa.Schema  # view_rows_schema; a GROUP BY over the join's (``routing.groups``): joined_rows_schema
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for partition, rows in partitions_of_task(batches, VIEW_PARTITION, True):
@@ -261,7 +260,7 @@ class JoinKeyJob:
         staging = PartitionStaging(redis_client.task_client(settings), settings.topic_prefix)
         state = committed_state(staging, target)
         for epoch in todo:
-            if self.groups is None:
+            if (groups := self.routing.groups) is None:
                 output = operator.apply_epoch(epochs[epoch], state)
                 rows_out, weights = output.changes.signed()
                 parts = view_key_partitions(self.plan.schema, rows_out, of_vnode)
@@ -270,10 +269,10 @@ class JoinKeyJob:
             else:  # an aggregate over the join: the joined rows, to their groups' partitions
                 writes = {}
                 joined = operator.joined(epochs[epoch], state, writes)
-                out.append(joined_to_groups(self.out_schema, joined, epoch, self.groups, tokens))
+                out.append(joined_to_groups(self.out_schema, joined, epoch, groups, tokens))
             state.apply(writes)
             check_owned(view.name, partition, writes, self.routing.partitions_of_state_keys)
-            puts, deletes = EpochOutput(ChangeBatch.empty(self.plan.schema), writes).state_puts_and_deletes()
+            puts, deletes = puts_and_deletes(writes)
             counts = staging.stage(view.name, partition, EpochCommit(epoch, {}, (), {}, state_puts=puts,
                                                                      state_deletes=deletes), rows=False)
             mark = pa.array([partition], pa.int32())
@@ -335,8 +334,7 @@ class GroupPartitionJob:
     state, beside join-key task ``p``'s buckets), written as the partition's epochs."""
 
     target: PartitionTarget
-    routing: JoinRouting
-    groups: GroupRouting
+    routing: JoinRouting  # its groups: a GROUP BY over the join's
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return partition_results(batches, self._partition)
@@ -348,12 +346,13 @@ class GroupPartitionJob:
         by_epoch = joined_by_epoch(rows, empty)
         if set(by_epoch) - set(state_counts):
             raise RuntimeError(f"{view.name} partition {partition}: joined rows of epochs no join-key task counted")
-        operator = ViewOperator(self.routing.operator_plan())
+        operator, groups = ViewOperator(self.routing.operator_plan()), self.routing.groups
+        assert groups is not None
 
         def compute(epoch: int, state: LayeredState) -> EpochOutput:
             output = operator.aggregate_joined(by_epoch.get(epoch, empty), state)
             state.apply(output.state_writes)
-            check_owned(view.name, partition, output.state_writes, self.groups.partitions_of_state_keys)
+            check_owned(view.name, partition, output.state_writes, groups.partitions_of_state_keys)
             return output
 
         results = PartitionWriter(self.target, partition).write(

@@ -67,7 +67,7 @@ from mvlog.services.pipeline.partition_tasks import (
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import Stage
 from mvlog.views import ViewPlan
-from mvlog.views.join_routing import JoinRouting, aggregate_over_join, two_source_equi_join
+from mvlog.views.join_routing import JoinRouting, routed_by_join_key
 from mvlog.views.key_routing import KeyRouting, one_upstream_routing
 from mvlog.views.partitioning import runs_in_tasks
 from mvlog.views.routing import GroupRouting
@@ -108,7 +108,7 @@ class TaskEpochs:
         """The task path of the view, when the setting is on and the view can take it; else None."""
         if not settings.operators_in_tasks:
             return None
-        if two_source_equi_join(plan) or aggregate_over_join(plan):  # two views, or a self-join's one
+        if routed_by_join_key(plan):  # two views, or a self-join's one
             join = JoinRouting(plan, entry.partitions)
             return cls(settings, entry, [upstreams[view] for view in join.upstreams()], plan, committer, client, join)
         if len(entry.sources) != 1:
@@ -238,12 +238,11 @@ class TaskEpochs:
         by_join_key = routed.repartition(self.entry.partitions, ROUTE_TOKEN)
         upstreams = (self.upstreams[0], self.upstreams[1])
         last = upto if batch is None else None
-        if aggregate_over_join(self.plan):  # the joined rows go to their groups' partitions, folded there
-            groups = GroupRouting(self.plan, self.entry.partitions)
+        if routing.groups is not None:  # a GROUP BY: the joined rows go to their groups' partitions, folded there
             out_schema = joined_rows_schema(routing)
-            join = JoinKeyJob(target, upstreams, self.plan, routing, last, end_side, out_schema, groups)
+            join = JoinKeyJob(target, upstreams, self.plan, routing, last, end_side, out_schema)
             write: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] = GroupPartitionJob(
-                target, routing, groups).run
+                target, routing).run
         else:
             out_schema = view_rows_schema(self.plan)
             join = JoinKeyJob(target, upstreams, self.plan, routing, last, end_side, out_schema)

@@ -51,7 +51,7 @@ from mvlog.services.rederive_tasks import TaskDerivation
 from mvlog.services.snapshot_compaction import check_changelog_after, read_snapshot
 from mvlog.snapshot_plan import SnapshotError, SnapshotRecord
 from mvlog.views import ViewPlan
-from mvlog.views.join_routing import JoinRouting, aggregate_over_join, two_source_equi_join
+from mvlog.views.join_routing import JoinRouting, routed_by_join_key
 from mvlog.views.key_routing import one_upstream_routing
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ def _join_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSession,
     """An equi-join replacement's hydration in tasks (of two views, or of one with itself): each side's
     rows at F folded from its snapshot (if it starts from one) and its changelog up to its last epoch at
     or before F."""
-    if not (two_source_equi_join(plan) or aggregate_over_join(plan)):
+    if not routed_by_join_key(plan):
         return None
     catalog, index = CatalogStore(settings, client), EpochIndex(client, settings.topic_prefix)
     first, second = JoinRouting(plan, entry.partitions).upstreams()
