@@ -5,11 +5,14 @@ Apache Kafka (``kafka/pom.xml``), Kafka Connect with Debezium (``connect/pom.xml
 (``registry/pom.xml``, an archive unpacked rather than jars copied) are resolved the same way; only their
 pom, their cache folder and what proves a folder complete differ. A resolution goes to a folder of its own
 (``<folder>.<random>.partial``) and is renamed when whole, so an interrupted one is never taken for a
-complete one, and two at once (two clones set up together) do not write into one folder.
+complete one, and two at once (two clones set up together) do not write into one folder: the first renamed
+in place is kept, the others are dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import shutil
@@ -52,6 +55,7 @@ def resolve_jars(pom: Path, home: Path, *, what: str, env_var: str,
                             f"(`apt-get install -y maven`; `make setup` does it) or set {env_var} to a folder "
                             "whose libs/ holds them.")
     home.parent.mkdir(parents=True, exist_ok=True)
+    found_before = home.exists()
     # A folder of this resolution's own: two setups at once (two clones) never unpack into one another's.
     partial = Path(tempfile.mkdtemp(prefix=f"{home.name}.", suffix=".partial", dir=home.parent))
     goal = ["dependency:unpack"] if unpack else ["dependency:copy-dependencies", "-DincludeScope=runtime"]
@@ -63,6 +67,26 @@ def resolve_jars(pom: Path, home: Path, *, what: str, env_var: str,
         shutil.rmtree(partial, ignore_errors=True)
         raise JarSetupError(f"Maven could not resolve {what} (`{' '.join(command)}`):\n"
                             f"{(done.stdout + done.stderr)[-3000:]}")
-    shutil.rmtree(home, ignore_errors=True)
-    partial.replace(home)  # whole or absent
+    _install(partial, home, found_before=found_before)
     return home / folder
+
+
+def _install(partial: Path, home: Path, *, found_before: bool) -> None:
+    """Rename the whole ``partial`` folder to ``home``. A ``home`` that appeared while Maven ran is another
+    resolution's whole folder and is kept (ours is dropped); one found before is stale (an interrupted copy
+    by hand, a component's earlier layout) and is set aside in one rename, then removed. Never a moment
+    where a reader sees a half-written ``home``."""
+    if home.exists() and not found_before:
+        shutil.rmtree(partial, ignore_errors=True)
+        return
+    if home.exists():
+        aside = partial.with_suffix(".old")
+        with contextlib.suppress(FileNotFoundError):  # another resolution set it aside first
+            home.rename(aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    try:
+        partial.replace(home)
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        shutil.rmtree(partial, ignore_errors=True)  # another resolution renamed its whole folder first

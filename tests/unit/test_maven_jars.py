@@ -56,19 +56,24 @@ def _fake_mvn(folder: Path, body: str) -> None:
     script.chmod(0o755)
 
 
-def test_two_resolutions_at_once_each_write_a_folder_of_their_own(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two setups resolving one component at once (two clones) used to unpack into one ``.partial`` folder
-    and fail; each now has its own, and the last one renamed in place wins whole. A failed resolution
-    leaves no folder behind."""
+@pytest.mark.parametrize("stale", [False, True], ids=["fresh", "over-a-stale-folder"])
+def test_resolutions_at_once_each_write_a_folder_of_their_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             stale: bool) -> None:
+    """Setups resolving one component at once (two clones) used to unpack into one ``.partial`` folder and
+    fail, then to race between removing ``home`` and renaming into it (ENOTEMPTY in CI); each now writes a
+    folder of its own and one whole folder is kept, over a stale one too. A failed resolution leaves no
+    folder behind."""
     tools = tmp_path / "bin"
     tools.mkdir()
-    _fake_mvn(tools, 'mkdir -p "$out" && sleep 0.5 && echo "$$" > "$out/x.jar"')
+    _fake_mvn(tools, 'mkdir -p "$out" && sleep 0.3 && echo "$$" > "$out/x.jar"')
     monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")
     home = tmp_path / "cache" / "x-1"
-    with ThreadPoolExecutor(2) as pool:
-        found = list(pool.map(lambda _: resolve_jars(POM, home, what="X", env_var="MVLOG_X_HOME"), range(2)))
-    assert found == [home / "libs"] * 2
+    if stale:
+        (home / "libs").mkdir(parents=True)
+        (home / "libs" / "half.jar").touch()
+    with ThreadPoolExecutor(6) as pool:
+        found = list(pool.map(lambda _: resolve_jars(POM, home, what="X", env_var="MVLOG_X_HOME"), range(6)))
+    assert found == [home / "libs"] * 6
     assert [p.name for p in (home / "libs").iterdir()] == ["x.jar"]
     assert sorted(p.name for p in home.parent.iterdir()) == ["x-1"], "no partial folder is left"
     _fake_mvn(tools, 'mkdir -p "$out" && echo "no network" && exit 1')
