@@ -27,8 +27,10 @@ staging (:func:`mvlog.services.replacement.hydration.hydrate_in_tasks` swaps it 
 
 The result is the changelog the driver engines write, epoch for epoch and barrier for barrier (the same
 ``prev_epoch`` chain), and the driver's work grows with partitions and epochs, never with changes. A
-join, and the operators whose state is not split by partition (global aggregates, top-N, windows),
-still go the driver's way (:meth:`TaskDerivation.for_plan` returns None).
+join, and the operators whose state is not split by partition (top-N, chains of joins), still go the
+driver's way (:meth:`TaskDerivation.for_plan` returns None). A global aggregate's one row is derived by
+the task of its partition (the others write barriers only), a windowed GROUP BY's windows by the tasks of
+their partitions.
 """
 
 from __future__ import annotations
@@ -126,15 +128,18 @@ class DeriveJob:
             else:
                 yield pa.RecordBatch.from_pylist(self.write(settings, partition, rows), schema=DERIVED_SCHEMA)
 
-    def derive(self, rows: pa.Table) -> tuple[Iterator[tuple[int, EpochOutput]], InMemoryState]:
+    def derive(self, partition: int, rows: pa.Table) -> tuple[Iterator[tuple[int, EpochOutput]], InMemoryState]:
         """The partition's epochs from its rows: the operator state hydrated from the hydration epoch's
         rows (the state the iterator's epochs then move on), and each epoch's output in order."""
         inputs: EpochBatches = {}
         batches_from_arrow(rows, self.upstream, inputs)
         if self.covers is not None:
             keep_covered(inputs, self.covers)
-        operator, state = ViewOperator(self.plan), InMemoryState()
+        operator, state = ViewOperator(self.plan, owned=self.routing.owned(partition)), InMemoryState()
         hydration = None
+        if not self.routing.computes(partition):  # a global aggregate's partition other than its row's
+            empty = EpochOutput(ChangeBatch.empty(self.plan.schema))
+            return iter([(epoch, empty) for epoch in self.epochs]), state
         if (prefix := inputs.get(self.prev_epoch)) is not None:
             hydration = operator.apply_epoch(prefix, state)
             state.apply(hydration.state_writes)
@@ -151,7 +156,7 @@ class DeriveJob:
 
     def write(self, settings: Settings, partition: int, rows: pa.Table) -> list[dict[str, Any]]:
         """Partition ``partition``'s epochs written to the target's changelog (:func:`write_derived`)."""
-        epochs, _ = self.derive(rows)
+        epochs, _ = self.derive(partition, rows)
         changes = ((epoch, output.changes) for epoch, output in epochs
                    if epoch != self.prev_epoch)  # the hydration: the state before the range, not an epoch of it
         return write_derived(settings, self.target, self.view, partition, self.prev_epoch, self.epochs, changes)
@@ -159,7 +164,7 @@ class DeriveJob:
     def stage(self, settings: Settings, partition: int, rows: pa.Table) -> dict[str, Any]:
         """Partition ``partition``'s rows and operator state after the last epoch, staged for the view's
         rebuild (:meth:`~mvlog.connectors.redis.epoch_commit.EpochCommits.stage_rebuild`)."""
-        epochs, state = self.derive(rows)
+        epochs, state = self.derive(partition, rows)
         view_rows: dict[Key, Row] = {}
         changes = 0
         for epoch, output in epochs:
@@ -298,8 +303,9 @@ class TaskDerivation(ReplaySession):
     def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
                  spark: SparkSession | None = None, covers: Callable[[str, Key], bool] | None = None
                  ) -> TaskDerivation | None:
-        """The derivation in tasks, or None when the view's operator does not run in tasks (a join, a
-        global aggregate, top-N, windows...): the driver engines derive it. ``covers``: a rebuild's of
+        """The derivation in tasks, or None when the view's operator does not run in tasks this way (a
+        join: :class:`~mvlog.services.join_rederive_tasks.JoinDerivation`; top-N): the driver engines
+        derive it. ``covers``: a rebuild's of
         a view still backfilling (:attr:`DeriveJob.covers`)."""
         catalog = CatalogStore(settings, client)
         view = catalog.get(plan.view)

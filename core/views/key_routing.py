@@ -50,6 +50,18 @@ class KeyRouting:
                         for name, column in zip(schema.primary_key, self.upstream_key, strict=True)})
         return view_key_partitions(schema, key, self._of_vnode)
 
+    def fan_out(self, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
+        """Where each row of ``rows`` goes, as :meth:`GroupRouting.fan_out` says: one partition a row."""
+        return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(rows)
+
+    def computes(self, partition: int) -> bool:
+        """Every partition's task runs the operator (on its own rows)."""
+        return True
+
+    def owned(self, partition: int) -> None:
+        """Every row a task gets is its own (:meth:`GroupRouting.owned`)."""
+        return
+
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
         """None: the view keeps no operator state, so any state key it writes is an error."""
         if keys:
@@ -60,9 +72,9 @@ class KeyRouting:
 def one_upstream_routing(plan: ViewPlan, upstream_key: Sequence[str], partitions: int
                          ) -> KeyRouting | GroupRouting | None:
     """How a one-upstream view's input is shuffled to its ``partitions`` tasks: by the key it passes
-    through, or by its GROUP BY values; None when its operator does not run partitioned (a global
-    aggregate, top-N, a window, a subquery: state not split by partition). The one rule that says which
-    views the tasks compute, derive and re-derive."""
+    through, or by its GROUP BY values (a global aggregate's: all to its one row's partition); None when
+    its operator does not run partitioned (top-N, a window, a subquery: state not split by partition).
+    The one rule that says which views the tasks compute, derive and re-derive."""
     if passes_key_through(plan, upstream_key):
         return KeyRouting(plan, tuple(upstream_key), partitions)
     if grouped_by_key(plan):

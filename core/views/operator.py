@@ -24,7 +24,7 @@ in chunks over several.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -63,8 +63,13 @@ def puts_and_deletes(writes: Mapping[bytes, bytes | None]) -> tuple[dict[bytes, 
 class ViewOperator:
     """Maintains one view; holds only its plan, so one instance can serve any number of epochs."""
 
-    def __init__(self, plan: ViewPlan) -> None:
+    def __init__(self, plan: ViewPlan, *, owned: Callable[[pa.Table], pa.Array] | None = None) -> None:
+        """``owned(batch)``: the rows of the aggregate's input (after WHERE and a window's expansion) whose
+        groups this operator maintains, a mask; None: all. A windowed GROUP BY's Spark task gets a row
+        once for all of its windows in its partition, and keeps those windows
+        (:meth:`~mvlog.views.routing.GroupRouting.owned`)."""
         self.plan = plan
+        self._owned = owned
         query = plan.query
         self._columns = referenced_columns(query)
         self._join = JoinStage(query) if len(query.sources) > 1 and not plan.union else None
@@ -149,6 +154,8 @@ class ViewOperator:
             batch = batch.filter(evaluate(query.where, batch))  # NULL drops the row, as in SQL
         if query.window is not None:
             batch = expand_windows(batch, query.window)
+        if self._owned is not None:
+            batch = batch.filter(self._owned(batch))
         if self._aggregate is not None:
             changes = self._aggregate.apply(batch, state, writes)
             return EpochOutput(ChangeBatch.from_changes(self.plan.schema, changes), writes)

@@ -15,14 +15,22 @@ bytes from the input row (the GROUP BY expressions evaluated on it, cast to the 
   its GROUP BY values: :meth:`GroupRouting.partitions_of_state_keys`), so the partitions' state keys
   are disjoint and a task never needs another task's state.
 
+A global aggregate's one group is the empty tuple: every input row goes to the partition of the empty
+key, whose task alone runs the operator (:meth:`GroupRouting.computes`). A windowed GROUP BY's groups
+hold the window (its start and end): a row of a hopping window falls in several, maybe in several
+partitions, so it goes once to each partition holding one of its windows (:meth:`GroupRouting.fan_out`),
+whose operator keeps those windows only (:meth:`GroupRouting.owned`: the other copies are the other
+partitions' to fold).
+
 Pure: Arrow in, partitions out; the Spark shuffle that uses it is in ``mvlog.services.pipeline``.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -33,17 +41,20 @@ from mvlog.schemas.arrow_rows import encode_rows
 from mvlog.views.evaluate import arrow_type, column_field, evaluate
 from mvlog.views.plan import ViewPlan
 from mvlog.views.state_codec import GROUP_TAG, decode_value, loads
+from mvlog.views.window import expand
 from mvlog.vnode import VNODE_COUNT, partition_of_vnode
+
+_ROW = "__row"  # a row's index in :meth:`GroupRouting.fan_out`'s copies
+_PARTITION = "__partition"
 
 
 def keyed_by_groups(plan: ViewPlan) -> bool:
     """A GROUP BY whose key is its GROUP BY values and whose aggregate state is per group, over whatever
-    input: each group's rows and state can go to the view partition of its key. Not a global aggregate
-    (its one row has the empty key, and every partition's operator would emit it), not a window (its
-    rows expand into several groups), no top-N, union or subquery (state of another shape)."""
+    input: each group's rows and state can go to the view partition of its key. A global aggregate too
+    (its one group, the empty tuple, has one partition), and a windowed GROUP BY (a row goes to the
+    partitions of its windows). No top-N, union or subquery (state of another shape)."""
     query = plan.query
-    if (plan.inner or plan.union or not query.is_aggregate or not query.group_by or query.top_n is not None
-            or query.window is not None):
+    if plan.inner or plan.union or not query.is_aggregate or query.top_n is not None:
         return False
     return len(plan.schema.primary_key) == len(query.group_by)
 
@@ -67,6 +78,13 @@ class GroupRouting:
             raise ValueError(f"view {self.plan.name!r} is not a GROUP BY keyed by its groups")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
 
+    def computes(self, partition: int) -> bool:
+        """Whether partition ``partition``'s task runs the operator: every partition of a GROUP BY (each
+        its own groups); of a global aggregate, only the partition of its one row (the empty key). The
+        others get no change row, yet their operator would emit that row at their first epoch (a global
+        aggregate has its row over no input, as in SQL): they write barriers only."""
+        return bool(self.plan.query.group_by) or partition == self.partitions_of_groups([()])[0]
+
     @property
     def _source(self) -> RowSchema:
         return self.plan.query.sources[0].schema
@@ -76,15 +94,45 @@ class GroupRouting:
         return [g.type for g in self.plan.query.group_by]
 
     def partitions_of(self, rows: pa.Table) -> pa.Array:
-        """The view partition (int32) of each row of ``rows`` (the upstream's columns, by name)."""
-        batch = pa.table({column_field(0, c.name): rows.column(c.name).cast(arrow_type(c.type))
-                          for c in self._source.columns})
-        groups = [evaluate(expr, batch) for expr in self.plan.query.group_by]
-        return self.partitions_of_group_values(groups, rows.num_rows)
+        """The view partition (int32) of each row of ``rows`` (the upstream's columns, by name); not of a
+        windowed GROUP BY's, whose rows may have several (:meth:`fan_out`)."""
+        if self.plan.query.window is not None:
+            raise ValueError(f"view {self.plan.name!r} is windowed: a row may go to several partitions")
+        return self.partitions_of_joined(self._operator_batch(rows))
+
+    def fan_out(self, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
+        """Where each row of ``rows`` (the upstream's columns, by name) goes: (row index, partition) pairs,
+        in row order. One pair a row (:meth:`partitions_of`), but for a windowed GROUP BY: one per
+        partition holding any of the row's windows (none for a row with a NULL time, in no window)."""
+        if (window := self.plan.query.window) is None:
+            return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(rows)
+        batch = self._operator_batch(rows).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+        copies = expand(batch, window)
+        pairs = pa.table({_ROW: copies.column(_ROW), _PARTITION: self.partitions_of_joined(copies)})
+        pairs = pairs.group_by([_ROW, _PARTITION]).aggregate([]).sort_by([(_ROW, "ascending"),
+                                                                              (_PARTITION, "ascending")])
+        return pairs.column(_ROW).combine_chunks(), pairs.column(_PARTITION).combine_chunks()
+
+    def owned(self, partition: int) -> Callable[[pa.Table], pa.Array] | None:
+        """What the operator of partition ``partition``'s task keeps of its aggregate's input (a mask over
+        the rows after WHERE and the windows' expansion): a windowed GROUP BY's task gets a row once for
+        all of its windows there (:meth:`fan_out`) and keeps those windows. None: every row is its own."""
+        if self.plan.query.window is None:
+            return None
+        return partial(self._in_partition, partition)
+
+    def _in_partition(self, partition: int, batch: pa.Table) -> pa.Array:
+        return pc.equal(self.partitions_of_joined(batch), partition)
+
+    def _operator_batch(self, rows: pa.Table) -> pa.Table:
+        """``rows`` in the operator's layout (its upstream's columns as the expressions read them)."""
+        return pa.table({column_field(0, c.name): rows.column(c.name).cast(arrow_type(c.type))
+                         for c in self._source.columns})
 
     def partitions_of_joined(self, batch: pa.Table) -> pa.Array:
-        """The view partition (int32) of each row of ``batch``, the operator's joined rows (an aggregate
-        over a join: :meth:`~mvlog.views.operator.ViewOperator.joined`)."""
+        """The view partition (int32) of each row of ``batch``, rows in the operator's layout: an aggregate
+        over a join's joined rows (:meth:`~mvlog.views.operator.ViewOperator.joined`), a windowed one's
+        copies of its rows (``WINDOW_START`` set)."""
         groups = [evaluate(expr, batch) for expr in self.plan.query.group_by]
         return self.partitions_of_group_values(groups, batch.num_rows)
 

@@ -175,8 +175,11 @@ class RouteJoinRows:
         for batch in batches:
             table = pa.Table.from_batches([batch])
             for side in self.sides:
-                yield from routed(table, self.routing.partitions, partial(self.routing.partitions_of, side),
+                yield from routed(table, self.routing.partitions, partial(self._fan_out, side),
                                   partial(self._shape, side, tokens)).to_batches()
+
+    def _fan_out(self, side: int, rows: pa.Table) -> tuple[pa.Table, pa.Array]:
+        return rows, self.routing.partitions_of(side, rows)
 
     def _shape(self, side: int, tokens: pa.Array, rows: pa.Table, parts: pa.Array) -> pa.Table:
         """``rows`` of upstream ``side`` in the shared layout, to the join-key partitions ``parts``."""

@@ -56,7 +56,7 @@ from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.partition_epochs import PartitionBarrier, prev_epochs, require_next, resume_partition
 from mvlog.services.pipeline.kept_writers import KEPT_WRITERS
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
-from mvlog.views import EpochOutput, ViewOperator, ViewPlan
+from mvlog.views import ChangeBatch, EpochOutput, ViewOperator, ViewPlan
 from mvlog.views.key_routing import KeyRouting
 from mvlog.views.routing import GroupRouting
 from mvlog.views.state import InMemoryState, LayeredState, StoredState
@@ -102,19 +102,23 @@ class RouteRows:
         def shape(rows: pa.Table, parts: pa.Array) -> pa.Table:
             return rows.append_column(VIEW_PARTITION, parts).append_column(ROUTE_TOKEN, tokens.take(parts))
 
+        def fan_out(changes: pa.Table) -> tuple[pa.Table, pa.Array]:
+            rows, parts = self.routing.fan_out(changes)
+            return changes.take(rows), parts
+
         for batch in batches:
-            yield from routed(pa.Table.from_batches([batch]), self.routing.partitions, self.routing.partitions_of,
-                              shape).to_batches()
+            yield from routed(pa.Table.from_batches([batch]), self.routing.partitions, fan_out, shape).to_batches()
 
 
-def routed(table: pa.Table, partitions: int, partitions_of: Callable[[pa.Table], pa.Array],
+def routed(table: pa.Table, partitions: int, fan_out: Callable[[pa.Table], tuple[pa.Table, pa.Array]],
            shape: Callable[[pa.Table, pa.Array], pa.Table]) -> pa.Table:
-    """The rows of ``table`` (the data source's signed rows) before a shuffle: each change row once, to
-    ``partitions_of(changes)``; each barrier row once per partition (an epoch with no change for a
-    partition still needs its barrier there). ``shape(rows, their partitions)``: the rows as shuffled."""
+    """The rows of ``table`` (the data source's signed rows) before a shuffle: the change rows as
+    ``fan_out(changes)`` sends them (rows, their partitions: each row once, but a windowed GROUP BY's
+    once per partition of its windows); each barrier row once per partition (an epoch with no change for
+    a partition still needs its barrier there). ``shape(rows, their partitions)``: the rows as shuffled."""
     barrier = pc.equal(table.column("_change_type"), BARRIER)
     changes = table.filter(pc.invert(barrier))
-    out = [shape(changes, partitions_of(changes))]
+    out = [shape(*fan_out(changes))]
     barriers = table.filter(barrier)
     for p in range(partitions) if barriers.num_rows else ():
         out.append(shape(barriers, pa.array([p] * barriers.num_rows, pa.int32())))
@@ -216,10 +220,14 @@ class PartitionEpochs:
         epochs: EpochBatches = {}
         batches_from_arrow(rows, job.upstream, epochs)
         todo = sorted(e for e in epochs if e > self.target.after)
-        operator = ViewOperator(job.plan)
+        routing = job.routing
+        operator = ViewOperator(job.plan, owned=routing.owned(self.partition) if routing is not None else None)
         writer = PartitionWriter(self.target, self.partition)
+        computes = routing is None or routing.computes(self.partition)
 
         def compute(epoch: int, state: LayeredState) -> EpochOutput:
+            if not computes:  # a global aggregate's partition other than its row's: barriers only
+                return EpochOutput(ChangeBatch.empty(job.plan.schema))
             output = operator.apply_epoch(epochs[epoch], state)
             state.apply(output.state_writes)
             self._check_state_keys(output.state_writes)

@@ -124,8 +124,8 @@ def snapshot_reads(spark: SparkSession, upstream: CatalogEntry, record: Snapshot
 def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSession, entry: CatalogEntry,
                         plan: ViewPlan, start: HydrationStart) -> TaskDerivation | JoinRebuild | None:
     """The hydration of view ``entry``'s replacement ``plan`` in Spark's tasks, or None where it stays the
-    driver's: the setting off, an operator the tasks do not run (a global aggregate, top-N, windows, a
-    join other than a two-view equi-join), other upstreams than the view's, or no upstream epoch at F.
+    driver's: the setting off, an operator the tasks do not run (top-N, a join other than an equi-join
+    of two sources), other upstreams than the view's, or no upstream epoch at F.
     From an upstream's snapshot, the tasks read its files; else Spark SQL folds the changelog up to F."""
     if not settings.operators_in_tasks or sorted(plan.sources) != sorted(entry.sources):
         return None

@@ -29,6 +29,13 @@ VIEWS = [
     # move the extremes.
     ("mvg", "SELECT id % 40 AS b, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi, avg(v1) AS a "
             "FROM t1 WHERE deleted = false GROUP BY id % 40"),
+    # A global aggregate: every row shuffled to its one row's partition, whose task alone computes it; the
+    # other partitions' epochs are barriers only.
+    ("mvga", "SELECT count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi FROM t1 WHERE deleted = false"),
+    # A hopping window over ``id`` as the time (ms): each row in three windows, often of three partitions;
+    # the row goes to each, whose operator folds its own windows.
+    ("mvw", "SELECT window.start, window.end, count(*) AS n, sum(v1) AS s, max(v1) AS hi FROM t1 "
+            "WHERE deleted = false GROUP BY window(id, '10 milliseconds', '4 milliseconds')"),
 ]
 # The upstream's key under another name, and over two partitions where t1 has three (either alone is
 # enough): other key bytes, so the input is shuffled by the partition of the key it will have

@@ -111,10 +111,10 @@ def test_replace_mv1_filter_under_running_mv2_mv3(path: str, make_settings: Call
         replacements = ReplacementStore(redis_client, settings.topic_prefix)
         hydrated_before = replacements.record("mv1")
         assert hydrated_before is not None and hydrated_before.mce == mv1.mce
-        # "tasks": mv1's replacement (a filter) is hydrated by Spark's tasks; mv2's (a global aggregate,
-        # whose state is not split by partition) on the driver.
+        # "tasks": mv1's replacement (a filter) is hydrated by Spark's tasks, and so is mv2's (a global
+        # aggregate: by the task of its one row's partition).
         assert hydrated_in_tasks(hydrated_before) == (path == "tasks")
-        assert not hydrated_in_tasks(replacements.record("mv2"))
+        assert hydrated_in_tasks(replacements.record("mv2")) == (path == "tasks")
         assert hydrated_in_tasks(replacements.record("mv3")) == (path == "tasks")
 
         # Redis loses the replacement and the catalog: both come back from Kafka. The catalog topic has the

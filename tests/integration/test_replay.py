@@ -43,7 +43,11 @@ VIEWS = [
     ("mvj", "SELECT a.id, a.v1, b.w FROM mv1 a JOIN t2 b ON a.v1 = b.id"),
     ("mvs", "SELECT a.id, b.id AS id2, a.v1, b.k FROM mv1 a JOIN mv1 b ON a.v1 = b.id"),  # a self-join
     ("mvjg", "SELECT a.k, count(*) AS n, sum(b.w) AS s FROM mv1 a JOIN t2 b ON a.v1 = b.id GROUP BY a.k"),
+    # A hopping window over ``id`` as the time (ms): a row in three windows, in the tasks of their partitions.
+    ("mvw", "SELECT window.start, k, count(*) AS n, sum(v1) AS s FROM mv1 GROUP BY window(id, '6 milliseconds', "
+            "'2 milliseconds'), k"),
 ]
+GROUPED = ("mv2", "mvg", "mvw")  # one-upstream aggregates, in the GROUP BY's tasks: global, grouped, windowed
 JOINS = ("mvj", "mvs", "mvjg")
 
 
@@ -108,7 +112,7 @@ def test_rederived_epochs_equal_the_original_changelog(settings: Settings, redis
             plan = plan_derivation(settings, redis_client, name, first, last)
             expected = [e for e in original if first <= e.epoch <= last]
             assert plan.epochs == [e.epoch for e in expected]
-            for engine in ("local", "spark") if name in ("mvg", *JOINS) else ("local",):
+            for engine in ("local", "spark") if name in (*GROUPED, *JOINS) else ("local",):
                 derived = list(Derivation(settings, redis_client, plan, engine, spark=spark).epochs())
                 assert [d.epoch for d in derived] == [e.epoch for e in expected], (name, engine)
                 assert [d.prev_epoch for d in derived] == [e.prev_epoch for e in expected], (name, engine)
@@ -176,7 +180,7 @@ def test_rebuild_restores_serving_state_and_the_pipeline_carries_on(settings: Se
     # The joins' rebuilds run in tasks too, a task per join-key partition: rows, key order and both sides'
     # indexes as they were (the self-join's: one read of mv1, routed once per side; the GROUP BY over a
     # join's: its joined rows then folded by a task per group partition, its groups' state beside).
-    for join in JOINS:
+    for join in ("mv2", "mvw", *JOINS):  # a global aggregate's by its one row's partition's task
         join_keys = [f"{settings.topic_prefix}:{{{join}}}:{what}" for what in ("rows", "opstate", "keyorder")]
         join_rows, join_state = redis_client.hgetall(join_keys[0]), redis_client.hgetall(join_keys[1])
         join_order = redis_client.zrange(join_keys[2], 0, -1)
@@ -191,12 +195,12 @@ def test_rebuild_restores_serving_state_and_the_pipeline_carries_on(settings: Se
     with Table.open(settings, "t1", client=redis_client, auto_commit=False) as t1:
         t1.upsert([{"id": 1, "v1": -9, "deleted": False, "k": "a"}, {"id": 2, "v1": 40, "deleted": False, "k": "b"}])
         t1.flush()
-    for name in ("mv1", "mvg", *JOINS):
+    for name in ("mv1", *GROUPED, *JOINS):
         consumer = ViewConsumer(settings, name, spark=spark, client=redis_client)
         consumer.catch_up()
         consumer.stop()
-    assert store.mce("mvg") == store.mce("t1")
-    assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvg", *JOINS]) > 0
+    assert store.mce("mvg") == store.mce("mv2") == store.mce("mvw") == store.mce("t1")
+    assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", *GROUPED, *JOINS]) > 0
 
 
 def _consume_all(settings: Settings, client: redis.Redis, view: str, group: str) -> list[tuple[int, int, int]]:
@@ -313,15 +317,16 @@ def test_derive_in_tasks_equals_the_changelog_and_resumes_an_earlier_attempt(
     key, then view key): the new changelog equals the view's, epoch for epoch and change for change, with
     the same prev_epoch chain.
     An earlier attempt that committed the first epochs of every partition (a task that died) is resumed:
-    each partition holds each epoch's barrier exactly once. A global aggregate goes the driver's way. The
-    CLI takes the task path with --engine spark."""
+    each partition holds each epoch's barrier exactly once. A global aggregate (mv2) is derived by the task
+    of its one row's partition, the others writing barriers only. The CLI takes the task path with
+    --engine spark."""
     consumers = build(settings, redis_client, spark)
     stop(consumers)
     catalog = CatalogStore(settings, redis_client)
-    for name in ("mv2", *JOINS):
+    for name in JOINS:
         assert TaskDerivation.for_plan(settings, redis_client, plan_derivation(settings, redis_client, name)) is None
     assert JoinDerivation.for_plan(settings, redis_client, plan_derivation(settings, redis_client, "mv2")) is None
-    for name in ("mv1", "mvg", *JOINS):
+    for name in ("mv1", *GROUPED, *JOINS):
         entry = catalog.get(name)
         original = read_log(settings, redis_client, name)
         first, last = original[len(original) // 2].epoch, original[-2].epoch  # a hydration with groups
@@ -351,7 +356,7 @@ def test_derive_in_tasks_equals_the_changelog_and_resumes_an_earlier_attempt(
         for mine, theirs in zip(copied, expected, strict=True):
             assert as_bag(mine.changes) == as_bag(theirs.changes), (name, mine.epoch)
         assert derived.changes == sum(len(e.changes) for e in expected)
-    for name in ("mvg", *JOINS):
+    for name in (*GROUPED, *JOINS):
         done = json.loads(ok(mvlog(settings, "replay", "derive", name, "--into-topic", "--engine", "spark",
                                    "--execute", "--output", "json")).stdout)
         assert done["in_tasks"] and done["executed"] and done["epochs_written"] == len(read_log(settings, redis_client,

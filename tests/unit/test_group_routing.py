@@ -27,6 +27,7 @@ from mvlog.vnode import partition_of_vnode
 
 T1 = RowSchema.of({"id": "int", "g": "string", "x": "float", "v": "int", "ok": "boolean"}, ["id"])
 T2 = RowSchema.of({"id": "int", "w": "int"}, ["id"])
+TOP_N = "SELECT id, g FROM (SELECT id, g, ROW_NUMBER() OVER (PARTITION BY g ORDER BY v) AS rn FROM t1) s WHERE rn <= 2"
 
 
 # Spark 4's own figures (``SELECT hash(CAST(i AS INT))`` for i in -3..11, and the partition
@@ -52,7 +53,9 @@ def test_murmur3_is_sparks_hash_and_the_tokens_route_to_their_partitions() -> No
     ("SELECT g, x, count(*) AS n FROM t1 GROUP BY g, x", True),
     ("SELECT count(*) AS n FROM t1 GROUP BY v % 3", True),  # the key is a hidden column
     ("SELECT DISTINCT g FROM t1", True),
-    ("SELECT count(*) AS n FROM t1", False),  # global: every partition would emit its one row
+    ("SELECT count(*) AS n FROM t1", True),  # global: every row to its one row's partition
+    ("SELECT count(*) AS n FROM t1 GROUP BY window(v, '10 seconds')", True),  # to its windows' partitions
+    (TOP_N, False),  # per PARTITION BY group, rows keyed by the source's key
     ("SELECT * FROM t1 WHERE v > 0", False),  # no state: the no-shuffle path
     ("SELECT t1.g, count(*) AS n FROM t1 JOIN t2 ON t1.v = t2.id GROUP BY t1.g", False),
     ("SELECT g, n FROM (SELECT g, count(*) AS n FROM t1 GROUP BY g) s", False),  # a subquery's state
@@ -104,6 +107,12 @@ def _signed(changes: list[Change]) -> tuple[pa.Table, pa.Array, pa.Array]:
     "SELECT g, count(*) AS n, sum(v) AS s, min(v) AS lo, max(v) AS hi, avg(v) AS a FROM t1 WHERE ok GROUP BY g",
     "SELECT g, x, count(v) AS n, max(x) AS top FROM t1 GROUP BY g, x HAVING count(*) > 1",
     "SELECT count(*) AS n, min(g) AS first FROM t1 GROUP BY v % 3",
+    "SELECT count(*) AS n, sum(v) AS s, min(g) AS first, avg(x) AS a FROM t1 WHERE ok",  # global: one partition
+    # Windows over ``v`` as the time (ms): tumbling (a row in one window), hopping (in four, maybe in as
+    # many partitions: the row goes to each, whose operator keeps its own windows).
+    "SELECT count(*) AS n, max(g) AS top FROM t1 GROUP BY window(v, '3 milliseconds')",
+    "SELECT window.start, g, count(*) AS n, sum(x) AS s FROM t1 WHERE ok "
+    "GROUP BY window(v, '4 milliseconds', '1 millisecond'), g",
 ])
 @pytest.mark.parametrize("partitions", [1, 3, 4])
 def test_partitions_computed_apart_give_the_whole_view_each_change_in_its_partition(sql: str,
@@ -126,11 +135,18 @@ def test_partitions_computed_apart_give_the_whole_view_each_change_in_its_partit
         whole.apply(output.state_writes)
         view = apply_changes(view, output.changes.to_changes())
         rows, weights, ids = _signed(changes)
-        routed = routing.partitions_of(rows).to_pylist()
+        indices, routed = (column.to_pylist() for column in routing.fan_out(rows))
+        if plan.query.window is None:
+            assert indices == list(range(rows.num_rows)) and routed == routing.partitions_of(rows).to_pylist()
+        else:
+            assert len(set(zip(indices, routed, strict=True))) == len(indices), "a row twice in one partition"
         for p in range(partitions):
-            mask = pa.array([r == p for r in routed])
-            batch = ChangeBatch.from_signed(T1, rows.filter(mask), weights.filter(mask), ids.filter(mask))
-            out = operator.apply_epoch({"t1": batch}, parts[p])
+            if not routing.computes(p):  # a global aggregate's other partitions: no row, no operator
+                assert not plan.query.group_by and p not in routed
+                continue
+            mine = pa.array([i for i, r in zip(indices, routed, strict=True) if r == p], pa.int64())
+            batch = ChangeBatch.from_signed(T1, rows.take(mine), weights.take(mine), ids.take(mine))
+            out = ViewOperator(plan, owned=routing.owned(p)).apply_epoch({"t1": batch}, parts[p])
             parts[p].apply(out.state_writes)
             encoded = encode_batch(plan.schema.primary_key, out.changes)
             assert {partition_of_vnode(v, partitions) for v in encoded.vnodes} <= {p}
@@ -162,7 +178,23 @@ def test_state_keys_of_another_shape_are_refused() -> None:
     with pytest.raises(ValueError, match="not a group's state key"):
         routing.partitions_of_state_keys([b"j0[1]"])
     with pytest.raises(ValueError, match="not a GROUP BY"):
-        GroupRouting(plan_view("v", "SELECT count(*) AS n FROM t1", {"t1": T1}), 4)
+        GroupRouting(plan_view("v", TOP_N, {"t1": T1}), 4)
+
+
+def test_a_global_aggregate_is_computed_by_its_one_rows_partition_only() -> None:
+    """Its one row has the empty key: every input row goes to that key's partition, the only one whose
+    task runs the operator (the others would emit the row too, over no input)."""
+    plan = plan_view("v", "SELECT count(*) AS n FROM t1", {"t1": T1})
+    for partitions in (1, 3, 4):
+        routing = GroupRouting(plan, partitions)
+        owner = partition_of_vnode(encode_batch((), ChangeBatch.from_changes(
+            plan.schema, [Change(Op.CREATE, (), None, {"n": 0})])).vnodes[0], partitions)
+        assert [p for p in range(partitions) if routing.computes(p)] == [owner]
+        rows, _, _ = _signed([Change(Op.CREATE, (i,), None, {"id": i, "g": "a", "x": None, "v": i, "ok": True})
+                              for i in range(20)])
+        assert set(routing.partitions_of(rows).to_pylist()) == {owner}
+        assert routing.partitions_of_state_keys(list(ViewOperator(plan).apply_epoch(
+            {"t1": ChangeBatch.empty(T1)}, InMemoryState()).state_writes)) == [owner]
 
 
 def test_layered_state_reads_its_own_writes_and_deletes_over_the_base() -> None:
