@@ -13,6 +13,13 @@ Two views of one root table ``t1(id PK, k, v1, deleted)``:
   t1.k = t2.k WHERE t1.deleted = false GROUP BY t2.w % 10``: a GROUP BY over the join, whose groups are not
   join keys (in tasks: the join per join key, then its joined rows shuffled to their groups' partitions).
   Its baseline: the same join, then ``groupBy``.
+* **global**, **window**, **topn** (``--more``, catch-up only): ``SELECT count(*) AS n, sum(v1) AS s FROM t1
+  WHERE deleted = false`` (one row: in tasks, one task computes it); ``SELECT window.start, count(*) AS n,
+  sum(v1) AS s FROM t1 GROUP BY window(id, '1000 milliseconds', '500 milliseconds')`` (``id`` as the time:
+  each row in two hopping windows, in tasks sent to both windows' partitions); ``SELECT id, k, v1 FROM
+  (SELECT id, k, v1, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v1 DESC) AS rn FROM t1) t WHERE rn <= 3``
+  (in tasks: a join's two shuffles, by ranking group then by view key). Baselines: ``agg``; both window
+  starts of each row (``explode``) then ``groupBy``; ``row_number()`` over a ``Window`` then a filter.
 
 Everything runs in one process, on a local stack (Apache Kafka + redis-server) that this script starts on
 free loopback ports in a temporary folder and stops at the end, with one Spark session (``local[2]`` by
@@ -89,7 +96,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as sf
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
@@ -127,6 +134,14 @@ JOIN_SQL = "SELECT t1.id, t1.v1, t2.w FROM t1 JOIN t2 ON t1.k = t2.k WHERE t1.de
 JOIN_GROUP_SQL = ("SELECT t2.w % 10 AS b, count(*) AS n, sum(t1.v1) AS s FROM t1 JOIN t2 ON t1.k = t2.k "
                   "WHERE t1.deleted = false GROUP BY t2.w % 10")
 JOINS = ("join", "joingroup")  # the views over t1 and t2
+MORE = {  # --more
+    "global": "SELECT count(*) AS n, sum(v1) AS s FROM t1 WHERE deleted = false",
+    "window": "SELECT window.start, count(*) AS n, sum(v1) AS s FROM t1 "
+              "GROUP BY window(id, '1000 milliseconds', '500 milliseconds')",
+    "topn": "SELECT id, k, v1 FROM (SELECT id, k, v1, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v1 DESC) AS rn "
+            "FROM t1) t WHERE rn <= 3",
+}
+WINDOW_MS, SLIDE_MS, TOP = 1000, 500, 3
 
 
 def view_name(view: str, rep: int = 0) -> str:
@@ -196,6 +211,24 @@ class Workload:
             return {b: (n, s) for b, (n, s) in buckets.items()}
         if view == "filter":
             return {r["id"]: (r["v1"],) for r in self.state.values() if not r["deleted"]}
+        if view == "global":
+            live = [r["v1"] for r in self.state.values() if not r["deleted"]]
+            return {(): (len(live), sum(live) if live else None)}
+        if view == "window":
+            windows: dict[int, list[int]] = {}
+            for r in self.state.values():
+                last = r["id"] - r["id"] % SLIDE_MS
+                for start in range(last, last - WINDOW_MS, -SLIDE_MS):
+                    agg = windows.setdefault(start, [0, 0])
+                    agg[0] += 1
+                    agg[1] += r["v1"]
+            return {start: (n, s) for start, (n, s) in windows.items()}
+        if view == "topn":
+            ranked: dict[int, list[dict[str, Any]]] = {}
+            for r in self.state.values():
+                ranked.setdefault(r["k"], []).append(r)
+            return {r["id"]: (r["k"], r["v1"]) for rows in ranked.values()
+                    for r in sorted(rows, key=lambda r: (-r["v1"], r["id"]))[:TOP]}
         groups: dict[Any, list[int]] = {}
         for r in self.state.values():
             agg = groups.setdefault(r["k"], [0, 0])
@@ -224,6 +257,12 @@ def check_view(store: ViewStore, view: str, name: str, workload: Workload) -> st
             actual[row["id"]] = (row["v1"], row["w"])
         elif view == "joingroup":
             actual[row["b"]] = (row["n"], row["s"])
+        elif view == "global":
+            actual[()] = (row["n"], row["s"])
+        elif view == "window":
+            actual[row["start"]] = (row["n"], row["s"])
+        elif view == "topn":
+            actual[row["id"]] = (row["k"], row["v1"])
         else:
             actual[row["k"]] = (row["n"], row["s"])
     if actual != expected:
@@ -317,6 +356,16 @@ def baseline_frame(spark: SparkSession, view: str, options: dict[str, str],
                 .agg(sf.count(sf.lit(1)).alias("n"), sf.sum("v1").alias("s")))
     if view == "filter":
         return df.filter("deleted = false").select("id", "v1")
+    if view == "global":
+        return df.filter("deleted = false").agg(sf.count(sf.lit(1)).alias("n"), sf.sum("v1").alias("s"))
+    if view == "window":
+        last = sf.col("id") - sf.col("id") % SLIDE_MS
+        starts = sf.array(*(last - k * SLIDE_MS for k in range(WINDOW_MS // SLIDE_MS)))
+        return (df.select(sf.explode(starts).alias("start"), "v1").groupBy("start")
+                .agg(sf.count(sf.lit(1)).alias("n"), sf.sum("v1").alias("s")))
+    if view == "topn":
+        rank = sf.row_number().over(Window.partitionBy("k").orderBy(sf.desc("v1"), "id"))
+        return df.withColumn("rn", rank).filter(sf.col("rn") <= TOP).select("id", "k", "v1")
     return df.groupBy("k").agg(sf.count(sf.lit(1)).alias("n"), sf.sum("v1").alias("s"))
 
 
@@ -567,6 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(MVLOG_REDIS_CLUSTER) instead of the stack's redis-server")
     parser.add_argument("--join", action=argparse.BooleanOptionalAction, default=False,
                         help="also a two-view join over t1 and a table t2 of one row per group (catch-up only)")
+    parser.add_argument("--more", action=argparse.BooleanOptionalAction, default=False,
+                        help="also a global aggregate, a hopping window and a top-N over t1 (catch-up only)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--profile", type=Path, default=None,
                         help="cProfile the driver's foreachBatch calls and applies during the first catch-up of each "
@@ -583,7 +634,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     workload = Workload(args.keys, args.groups, random.Random(args.seed))
     epoch_sizes = [min(args.epoch_size, args.changes - done) for done in range(0, args.changes, args.epoch_size)]
-    views = {**VIEWS, **({"join": JOIN_SQL, "joingroup": JOIN_GROUP_SQL} if args.join else {})}  # live: VIEWS only
+    views = {**VIEWS, **({"join": JOIN_SQL, "joingroup": JOIN_GROUP_SQL} if args.join else {}),
+             **(MORE if args.more else {})}  # live: VIEWS only
     profiles = {view: (cProfile.Profile(), cProfile.Profile()) for view in views} if args.profile else {}
     catch_up: dict[str, list[CatchUp]] = {view: [] for view in views}
     baseline: dict[str, list[float]] = {view: [] for view in views}

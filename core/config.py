@@ -111,7 +111,8 @@ class Settings(BaseSettings):
     # its operator in Spark's tasks, one per changelog partition, each committing its partition of an epoch
     # in a Kafka transaction of its own (mvlog.services.pipeline.partition_tasks). Off: the driver applies
     # every epoch, as before. Outer, semi and anti joins, self-joins, GROUP BYs over joins, global aggregates,
-    # windows and renamed keys take it too; other views (chains of joins, top-N) ignore it (docs/scaling.md).
+    # windows, top-N of one view and renamed keys take it too; other views (chains of joins) ignore it
+    # (docs/scaling.md).
     operators_in_tasks: bool = False
     # With operators_in_tasks: epochs pending upstream holding fewer change events than this (a live view's
     # usual micro-batch) go the driver's way, for latency (a task path micro-batch pays a producer, a

@@ -1,4 +1,5 @@
-"""A two-view join's rows and operator state re-derived in Spark's tasks, for a rebuild after a Redis wipe.
+"""A two-view join's rows and operator state re-derived in Spark's tasks, for a rebuild after a Redis wipe
+(a top-N's too: its ranking groups in the join key's place, one side; :mod:`mvlog.views.topn_routing`).
 
 A join's live epochs take two shuffles (:mod:`mvlog.services.pipeline.join_tasks`): by join key for the
 operator and its state, then by the view's key for the changelog partitions. A rebuild writes no
@@ -92,7 +93,7 @@ from mvlog.services.rederive_tasks import (
 from mvlog.services.view_ddl import plan_for
 from mvlog.snapshot_plan import SnapshotRecord
 from mvlog.views import ChangeBatch, InMemoryState, ViewOperator, ViewPlan
-from mvlog.views.join_routing import JoinRouting, routed_by_join_key
+from mvlog.views.keyed_routing import OperatorKeyRouting, operator_key_routing
 from mvlog.views.routing import partitions_table, view_key_partitions
 
 
@@ -103,9 +104,9 @@ class JoinRebuildJob:
 
     settings_json: str
     view: CatalogEntry
-    upstreams: tuple[CatalogEntry, CatalogEntry]  # by side
+    upstreams: tuple[CatalogEntry, ...]  # by side: a join's two, a top-N's one
     plan: ViewPlan
-    routing: JoinRouting
+    routing: OperatorKeyRouting
     epoch: int  # the view's MCE (a replacement's: F): the one epoch the folded rows carry
     stage_for: StageFor = "view"  # whose staging the tasks fill (see DeriveJob.stage_for)
     covers: Callable[[str, Key], bool] | None = None  # a view still backfilling (see DeriveJob.covers)
@@ -168,7 +169,7 @@ class GroupRebuildJob:
 
     settings_json: str
     view: CatalogEntry
-    routing: JoinRouting  # its groups: a GROUP BY over the join's
+    routing: OperatorKeyRouting  # its groups: a GROUP BY over the join's
     epoch: int
     stage_for: StageFor = "view"
 
@@ -191,17 +192,25 @@ class GroupRebuildJob:
                                          schema=STAGED_SCHEMA)
 
 
-def equi_join(settings: Settings, client: redis.Redis, name: str
-              ) -> tuple[CatalogEntry, tuple[CatalogEntry, CatalogEntry], ViewPlan] | None:
-    """View ``name``, its upstreams by side and its plan, when it is an equi-join the tasks run, of two views
-    or of one with itself (:func:`~mvlog.views.join_routing.routed_by_join_key`); else None."""
-    catalog = CatalogStore(settings, client)
-    view = catalog.get(name)
-    view_plan = plan_for(catalog, view.name, view.sql or "")
-    if not routed_by_join_key(view_plan):
-        return None
-    first, second = JoinRouting(view_plan, view.partitions).upstreams()
-    return view, (catalog.get(first), catalog.get(second)), view_plan
+@dataclass(frozen=True)
+class KeyedView:
+    """A view the tasks run by operator key (an equi-join of two views or of one with itself, a top-N of
+    one view: :func:`~mvlog.views.keyed_routing.routed_by_operator_key`): what its jobs need."""
+
+    entry: CatalogEntry
+    upstreams: tuple[CatalogEntry, ...]  # by side
+    plan: ViewPlan
+    routing: OperatorKeyRouting
+
+    @classmethod
+    def of(cls, settings: Settings, client: redis.Redis, name: str) -> KeyedView | None:
+        """View ``name``'s, or None when the tasks do not run it by operator key."""
+        catalog = CatalogStore(settings, client)
+        entry = catalog.get(name)
+        plan = plan_for(catalog, entry.name, entry.sql or "")
+        if (routing := operator_key_routing(plan, entry.partitions)) is None:
+            return None
+        return cls(entry, tuple(catalog.get(upstream) for upstream in routing.upstreams()), plan, routing)
 
 
 @dataclass(frozen=True)
@@ -217,25 +226,25 @@ class JoinRebuild(ReplaySession):
     """Computes the rows and operator state of a two-view join at one epoch in Spark's tasks (see the
     module): the view's own at its MCE, or a join replacement's first state."""
 
-    def __init__(self, settings: Settings, client: redis.Redis, epoch: int, view: CatalogEntry,
-                 upstreams: tuple[CatalogEntry, CatalogEntry], view_plan: ViewPlan, reads: dict[str, SideRead],
-                 spark: SparkSession | None = None, covers: Callable[[str, Key], bool] | None = None) -> None:
-        self.settings, self.client, self.epoch, self._spark = settings, client, epoch, spark
-        self.view, self.upstreams, self.view_plan, self.reads = view, upstreams, view_plan, reads
-        self.routing = JoinRouting(view_plan, view.partitions)
+    def __init__(self, settings: Settings, client: redis.Redis, epoch: int, keyed: KeyedView,
+                 reads: dict[str, SideRead], spark: SparkSession | None = None,
+                 covers: Callable[[str, Key], bool] | None = None) -> None:
+        """``keyed``: the view's (a replacement's: its definition under the view's entry)."""
+        self.settings, self.client, self.epoch, self._spark, self.reads = settings, client, epoch, spark, reads
+        self.view, self.upstreams, self.view_plan = keyed.entry, keyed.upstreams, keyed.plan
+        self.routing = keyed.routing
         self.covers = covers  # a view still backfilling (see DeriveJob.covers)
 
     @classmethod
     def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
                  spark: SparkSession | None = None, covers: Callable[[str, Key], bool] | None = None
                  ) -> JoinRebuild | None:
-        """The rebuild in tasks, or None when the view is not a join the tasks run
-        (:func:`~mvlog.views.join_routing.routed_by_join_key`). ``covers``: of a view still backfilling."""
-        if (join := equi_join(settings, client, plan.view)) is None:
+        """The rebuild in tasks, or None when the view is not one the tasks run by operator key
+        (:func:`~mvlog.views.keyed_routing.routed_by_operator_key`). ``covers``: of a view still backfilling."""
+        if (keyed := KeyedView.of(settings, client, plan.view)) is None:
             return None
-        view, upstreams, view_plan = join
-        reads = {upstream.name: SideRead(plan.upto(upstream.name)) for upstream in upstreams}
-        return cls(settings, client, plan.last, view, upstreams, view_plan, reads, spark, covers)
+        reads = {upstream.name: SideRead(plan.upto(upstream.name)) for upstream in keyed.upstreams}
+        return cls(settings, client, plan.last, keyed, reads, spark, covers)
 
     def rebuild(self, on_progress: Callable[[int, int], None] | None = None) -> RebuiltState:
         """Recompute the view's rows and operator state at the epoch, which must be its MCE, and swap them
@@ -291,9 +300,9 @@ class JoinDeriveKeyJob:
     partitions, plus a count row to view partition ``j`` (so its task runs even without a change)."""
 
     view: CatalogEntry
-    upstreams: tuple[CatalogEntry, CatalogEntry]  # by side
+    upstreams: tuple[CatalogEntry, ...]  # by side: a join's two, a top-N's one
     plan: ViewPlan
-    routing: JoinRouting
+    routing: OperatorKeyRouting
     prev_epoch: int  # the hydration epoch: both sides' folded rows carry it
     epochs: tuple[int, ...]  # the range, ascending
     out_schema: pa.Schema  # view_rows_schema; a GROUP BY over the join's (``routing.groups``): joined_rows_schema
@@ -364,7 +373,7 @@ class GroupDeriveWriteJob:
     settings_json: str
     target: str
     view: CatalogEntry
-    routing: JoinRouting
+    routing: OperatorKeyRouting
     prev_epoch: int
     epochs: tuple[int, ...]
 
@@ -397,21 +406,19 @@ class JoinDerivation(ReplaySession):
     """Runs a :class:`~mvlog.services.rederive.DerivationPlan` of a two-view equi-join in Spark's tasks,
     into a new changelog (see the module)."""
 
-    def __init__(self, settings: Settings, client: redis.Redis, plan: DerivationPlan, view: CatalogEntry,
-                 upstreams: tuple[CatalogEntry, CatalogEntry], view_plan: ViewPlan,
+    def __init__(self, settings: Settings, client: redis.Redis, plan: DerivationPlan, keyed: KeyedView,
                  spark: SparkSession | None = None) -> None:
         self.settings, self.client, self.plan, self._spark = settings, client, plan, spark
-        self.view, self.upstreams, self.view_plan = view, upstreams, view_plan
-        self.routing = JoinRouting(view_plan, view.partitions)
+        self.view, self.upstreams, self.view_plan = keyed.entry, keyed.upstreams, keyed.plan
+        self.routing = keyed.routing
 
     @classmethod
     def for_plan(cls, settings: Settings, client: redis.Redis, plan: DerivationPlan,
                  spark: SparkSession | None = None) -> JoinDerivation | None:
-        """The derivation in tasks, or None when the view is not an equi-join the tasks run."""
-        if (join := equi_join(settings, client, plan.view)) is None:
+        """The derivation in tasks, or None when the view is not one the tasks run by operator key."""
+        if (keyed := KeyedView.of(settings, client, plan.view)) is None:
             return None
-        view, upstreams, view_plan = join
-        return cls(settings, client, plan, view, upstreams, view_plan, spark)
+        return cls(settings, client, plan, keyed, spark)
 
     def run(self, name: str | None = None, on_progress: Callable[[int, int], None] | None = None) -> DerivedTopic:
         """Derive the plan's epochs into the changelog of ``name`` (made up when None; refused when it is a

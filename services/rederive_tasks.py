@@ -27,8 +27,9 @@ staging (:func:`mvlog.services.replacement.hydration.hydrate_in_tasks` swaps it 
 
 The result is the changelog the driver engines write, epoch for epoch and barrier for barrier (the same
 ``prev_epoch`` chain), and the driver's work grows with partitions and epochs, never with changes. A
-join, and the operators whose state is not split by partition (top-N, chains of joins), still go the
-driver's way (:meth:`TaskDerivation.for_plan` returns None). A global aggregate's one row is derived by
+join or a top-N (state per join key or ranking group) takes the join's two shuffles
+(:mod:`mvlog.services.join_rederive_tasks`), and chains of joins still go the driver's way
+(:meth:`TaskDerivation.for_plan` returns None for all three). A global aggregate's one row is derived by
 the task of its partition (the others write barriers only), a windowed GROUP BY's windows by the tasks of
 their partitions.
 """
@@ -304,8 +305,8 @@ class TaskDerivation(ReplaySession):
                  spark: SparkSession | None = None, covers: Callable[[str, Key], bool] | None = None
                  ) -> TaskDerivation | None:
         """The derivation in tasks, or None when the view's operator does not run in tasks this way (a
-        join: :class:`~mvlog.services.join_rederive_tasks.JoinDerivation`; top-N): the driver engines
-        derive it. ``covers``: a rebuild's of
+        join or a top-N: :class:`~mvlog.services.join_rederive_tasks.JoinDerivation`; a chain of joins: the
+        driver engines). ``covers``: a rebuild's of
         a view still backfilling (:attr:`DeriveJob.covers`)."""
         catalog = CatalogStore(settings, client)
         view = catalog.get(plan.view)

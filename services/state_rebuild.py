@@ -44,8 +44,8 @@ from mvlog.services.backfill.chunked import backfill_needed, coverage
 from mvlog.services.rederive import RedisRebuildSink, plan_derivation
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ChangeBatch, InMemoryState, ViewOperator
-from mvlog.views.join_routing import routed_by_join_key
 from mvlog.views.key_routing import one_upstream_routing
+from mvlog.views.keyed_routing import routed_by_operator_key
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def left_to_consumer(settings: Settings, client: redis.Redis, entry: CatalogEntr
         return False
     catalog = CatalogStore(settings, client)
     plan = plan_for(catalog, entry.name, entry.sql or "")
-    if routed_by_join_key(plan):  # of two views, or of one with itself, or a GROUP BY over one
+    if routed_by_operator_key(plan):  # a join of two views, or of one with itself, a GROUP BY over one, a top-N
         return True
     return (len(entry.sources) == 1
             and one_upstream_routing(plan, catalog.get(entry.sources[0]).key_columns, entry.partitions) is not None)

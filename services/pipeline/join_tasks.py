@@ -1,6 +1,7 @@
 """Executor side of an equi-join of two sources (inner, outer, semi, anti; a self-join too) whose operator
 runs in Spark's tasks: two shuffles, one by join key for the operator and its state, one by the view's key
-for the changelog partitions.
+for the changelog partitions. A top-N of one view runs the same way, its ranking groups (its PARTITION BY
+values) in the join key's place (:mod:`mvlog.views.topn_routing`, one side; :mod:`mvlog.views.keyed_routing`).
 
 Why two (:mod:`mvlog.views.join_routing`): the join's state is per join key, its output rows are placed
 by a key made of both sources' keys, and no routing of the inputs by the output's partition keeps every
@@ -75,7 +76,7 @@ from mvlog.views import ChangeBatch, EpochOutput, ViewOperator, ViewPlan
 from mvlog.views.batch import WEIGHT
 from mvlog.views.change_batch import consolidate_signed
 from mvlog.views.evaluate import arrow_type
-from mvlog.views.join_routing import JoinRouting
+from mvlog.views.keyed_routing import OperatorKeyRouting
 from mvlog.views.operator import puts_and_deletes
 from mvlog.views.routing import GroupRouting, partitions_table, view_key_partitions
 from mvlog.views.state import InMemoryState, LayeredState
@@ -111,7 +112,7 @@ def view_rows_schema(plan: ViewPlan) -> pa.Schema:
                       pa.field(ROUTE_TOKEN, pa.int32())])
 
 
-def joined_rows_schema(routing: JoinRouting) -> pa.Schema:
+def joined_rows_schema(routing: OperatorKeyRouting) -> pa.Schema:
     """An aggregate over a join's second shuffle: the operator's joined rows (their columns but the weight,
     under :func:`joined_column` names), epoch, weight, the count row's fields, the group's view partition and
     its routing token."""
@@ -122,7 +123,7 @@ def joined_rows_schema(routing: JoinRouting) -> pa.Schema:
                       pa.field(ROUTE_TOKEN, pa.int32())])
 
 
-def empty_joined(routing: JoinRouting) -> pa.Table:
+def empty_joined(routing: OperatorKeyRouting) -> pa.Table:
     """The operator's joined rows of an epoch without changes: their columns, no row."""
     return ViewOperator(routing.operator_plan()).joined({}, InMemoryState(), {})
 
@@ -166,7 +167,7 @@ class RouteJoinRows:
     """``mapInArrow``'s function over one upstream's read, before the first shuffle (see the module): its
     rows routed as the rows of each of ``sides`` (both, for a self-join's one upstream)."""
 
-    routing: JoinRouting
+    routing: OperatorKeyRouting
     sides: tuple[int, ...]
     schema: pa.Schema  # shuffled_schema
 
@@ -201,7 +202,7 @@ class RouteJoinRows:
         return pa.Table.from_arrays(columns, schema=self.schema)
 
 
-def routed_sides(routing: JoinRouting, upstreams: Sequence[CatalogEntry],
+def routed_sides(routing: OperatorKeyRouting, upstreams: Sequence[CatalogEntry],
                  read: Callable[[CatalogEntry], DataFrame | None]) -> DataFrame | None:
     """Both sides' input of the first shuffle, not yet shuffled: ``read(upstream)`` (None: nothing read)
     once per upstream, its rows routed as each side that upstream is (a self-join's one upstream: twice)."""
@@ -215,7 +216,8 @@ def routed_sides(routing: JoinRouting, upstreams: Sequence[CatalogEntry],
     return reduce(DataFrame.union, frames) if frames else None
 
 
-def side_epochs(rows: pa.Table, upstreams: Sequence[CatalogEntry], routing: JoinRouting, into: EpochBatches) -> None:
+def side_epochs(rows: pa.Table, upstreams: Sequence[CatalogEntry], routing: OperatorKeyRouting,
+                into: EpochBatches) -> None:
     """A join-key task's rows (the first shuffle's layout) into ``into``: each side's changes per epoch
     under its input name (:meth:`JoinRouting.inputs`), for the operator of :meth:`JoinRouting.operator_plan`."""
     for upstream, name, mine in zip(upstreams, routing.inputs(), sides(rows, upstreams), strict=True):
@@ -227,9 +229,9 @@ class JoinKeyJob:
     """``mapInArrow``'s function after the first shuffle: one join-key partition's epochs (the module's step 2)."""
 
     target: PartitionTarget
-    upstreams: tuple[CatalogEntry, CatalogEntry]  # by side
+    upstreams: tuple[CatalogEntry, ...]  # by side: a join's two, a top-N's one
     plan: ViewPlan
-    routing: JoinRouting
+    routing: OperatorKeyRouting
     upto: int | None  # the micro-batch's last epoch; None: the last epoch of side ``end_side``'s rows
     end_side: int  # the side read by the stream, whose micro-batch ends with the data source's end marker
     out_schema: pa.Schema  # view_rows_schema; a GROUP BY over the join's (``routing.groups``): joined_rows_schema
@@ -337,7 +339,7 @@ class GroupPartitionJob:
     state, beside join-key task ``p``'s buckets), written as the partition's epochs."""
 
     target: PartitionTarget
-    routing: JoinRouting  # its groups: a GROUP BY over the join's
+    routing: OperatorKeyRouting  # its groups: a GROUP BY over the join's
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return partition_results(batches, self._partition)

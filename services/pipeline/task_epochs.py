@@ -13,7 +13,8 @@ other names, or over another partition count, is shuffled the same way by the pa
 row will have (:mod:`mvlog.views.key_routing`: a changelog key's bytes hold its columns' names), with no
 state. A two-view equi-join (inner, outer, semi
 or anti: :mod:`mvlog.views.join_routing`) goes through two shuffles, by join key and then by view key
-(:mod:`~mvlog.services.pipeline.join_tasks`).
+(:mod:`~mvlog.services.pipeline.join_tasks`), and so does a top-N, by ranking group and then by view key
+(:mod:`mvlog.views.topn_routing`). A global aggregate and a windowed GROUP BY take the GROUP BY's shuffle.
 The driver then commits each epoch through the view's
 :class:`~mvlog.services.pipeline.committer.EpochCommitter`, in order: the Kafka side is already done
 (the partitions' transactions), and the Redis side is one script that swaps every partition's staged
@@ -67,8 +68,8 @@ from mvlog.services.pipeline.partition_tasks import (
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import Stage
 from mvlog.views import ViewPlan
-from mvlog.views.join_routing import JoinRouting, routed_by_join_key
 from mvlog.views.key_routing import KeyRouting, one_upstream_routing
+from mvlog.views.keyed_routing import OperatorKeyRouting, operator_key_routing
 from mvlog.views.partitioning import runs_in_tasks
 from mvlog.views.routing import GroupRouting
 
@@ -82,7 +83,7 @@ class TaskEpochs:
 
     def __init__(self, settings: Settings, entry: CatalogEntry, upstreams: Sequence[CatalogEntry], plan: ViewPlan,
                  committer: EpochCommitter, client: redis.Redis,
-                 routing: GroupRouting | KeyRouting | JoinRouting | None = None) -> None:
+                 routing: GroupRouting | KeyRouting | OperatorKeyRouting | None = None) -> None:
         self.settings, self.entry, self.plan = settings, entry, plan
         self.upstreams = tuple(upstreams)  # by side: the query's FROM order (one, or a join's two)
         self.committer = committer
@@ -108,9 +109,9 @@ class TaskEpochs:
         """The task path of the view, when the setting is on and the view can take it; else None."""
         if not settings.operators_in_tasks:
             return None
-        if routed_by_join_key(plan):  # two views, or a self-join's one
-            join = JoinRouting(plan, entry.partitions)
-            return cls(settings, entry, [upstreams[view] for view in join.upstreams()], plan, committer, client, join)
+        if (keyed := operator_key_routing(plan, entry.partitions)) is not None:  # a join, a top-N
+            return cls(settings, entry, [upstreams[view] for view in keyed.upstreams()], plan, committer, client,
+                       keyed)
         if len(entry.sources) != 1:
             return None
         upstream = upstreams[entry.sources[0]]
@@ -166,7 +167,7 @@ class TaskEpochs:
         target = PartitionTarget(self.settings.to_executor_json(), self.entry, after, start,
                                  min(following) if following else None, self.on_written,
                                  stage.mutation if stage is not None else None)
-        if isinstance(self.routing, JoinRouting):
+        if isinstance(self.routing, OperatorKeyRouting):
             results = self._joined(reader, target, upto, batch, stage, read_after)
             if results is None:
                 return 0
@@ -222,7 +223,7 @@ class TaskEpochs:
         the other side up to its latest epoch (the tasks drop what is past the marker). A side is never read
         past its latest epoch: the join's bound says a stopped table has nothing more up to there
         (``read_settled``). ``stage`` shapes each side's input (a chunked backfill)."""
-        routing = cast(JoinRouting, self.routing)
+        routing = cast(OperatorKeyRouting, self.routing)
         end_side = next(i for i, u in enumerate(self.upstreams) if u.name == self.entry.sources[0])
 
         def read(upstream: CatalogEntry) -> DataFrame | None:
@@ -236,7 +237,7 @@ class TaskEpochs:
         if (routed := routed_sides(routing, self.upstreams, read)) is None:
             return None
         by_join_key = routed.repartition(self.entry.partitions, ROUTE_TOKEN)
-        upstreams = (self.upstreams[0], self.upstreams[1])
+        upstreams = tuple(self.upstreams)
         last = upto if batch is None else None
         if routing.groups is not None:  # a GROUP BY: the joined rows go to their groups' partitions, folded there
             out_schema = joined_rows_schema(routing)

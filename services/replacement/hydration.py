@@ -45,14 +45,14 @@ from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import ReplacementError, applied_entry
 from mvlog.replay import ReplayRangeError
-from mvlog.services.join_rederive_tasks import JoinRebuild, SideRead
+from mvlog.services.join_rederive_tasks import JoinRebuild, KeyedView, SideRead
 from mvlog.services.rederive import DerivationPlan, plan_derivation
 from mvlog.services.rederive_tasks import TaskDerivation
 from mvlog.services.snapshot_compaction import check_changelog_after, read_snapshot
 from mvlog.snapshot_plan import SnapshotError, SnapshotRecord
 from mvlog.views import ViewPlan
-from mvlog.views.join_routing import JoinRouting, routed_by_join_key
 from mvlog.views.key_routing import one_upstream_routing
+from mvlog.views.keyed_routing import operator_key_routing
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +124,12 @@ def snapshot_reads(spark: SparkSession, upstream: CatalogEntry, record: Snapshot
 def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSession, entry: CatalogEntry,
                         plan: ViewPlan, start: HydrationStart) -> TaskDerivation | JoinRebuild | None:
     """The hydration of view ``entry``'s replacement ``plan`` in Spark's tasks, or None where it stays the
-    driver's: the setting off, an operator the tasks do not run (top-N, a join other than an equi-join
-    of two sources), other upstreams than the view's, or no upstream epoch at F.
+    driver's: the setting off, an operator the tasks do not run (a join other than an equi-join of two
+    sources, a top-N over a join), other upstreams than the view's, or no upstream epoch at F.
     From an upstream's snapshot, the tasks read its files; else Spark SQL folds the changelog up to F."""
     if not settings.operators_in_tasks or sorted(plan.sources) != sorted(entry.sources):
         return None
-    if plan.is_join or len(plan.sources) == 2:  # a self-join reads one view
+    if plan.is_join or len(plan.sources) == 2 or plan.query.top_n is not None:  # a self-join reads one view
         return _join_in_tasks(settings, client, spark, entry, plan, start)
     upstream = CatalogStore(settings, client).get(plan.sources[0])
     routing = one_upstream_routing(plan, upstream.key_columns, entry.partitions)
@@ -154,20 +154,19 @@ def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSes
 
 def _join_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSession, entry: CatalogEntry,
                    plan: ViewPlan, start: HydrationStart) -> JoinRebuild | None:
-    """An equi-join replacement's hydration in tasks (of two views, or of one with itself): each side's
-    rows at F folded from its snapshot (if it starts from one) and its changelog up to its last epoch at
+    """An equi-join replacement's hydration in tasks (of two views, or of one with itself), or a top-N's:
+    each side's rows at F folded from its snapshot (if it starts from one) and its changelog up to its last epoch at
     or before F."""
-    if not routed_by_join_key(plan):
+    if (routing := operator_key_routing(plan, entry.partitions)) is None:
         return None
     catalog, index = CatalogStore(settings, client), EpochIndex(client, settings.topic_prefix)
-    first, second = JoinRouting(plan, entry.partitions).upstreams()
     reads = {}
-    for name in (first, second):
+    for name in routing.upstreams():
         last = index.before(name, 0, start.epoch + 1)
         reads[name] = SideRead(last.epoch if last is not None else 0, start.snapshots.get(name))
     replacement = applied_entry(entry, plan.sql, plan.schema, plan.sources, entry.version)
-    return JoinRebuild(settings, client, start.epoch, replacement, (catalog.get(first), catalog.get(second)), plan,
-                       reads, spark)
+    keyed = KeyedView(replacement, tuple(catalog.get(name) for name in routing.upstreams()), plan, routing)
+    return JoinRebuild(settings, client, start.epoch, keyed, reads, spark)
 
 
 def hydrate_in_tasks(derivation: TaskDerivation | JoinRebuild, replacements: ReplacementStore, replacement_id: str,

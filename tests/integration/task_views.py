@@ -36,6 +36,10 @@ VIEWS = [
     # the row goes to each, whose operator folds its own windows.
     ("mvw", "SELECT window.start, window.end, count(*) AS n, sum(v1) AS s, max(v1) AS hi FROM t1 "
             "WHERE deleted = false GROUP BY window(id, '10 milliseconds', '4 milliseconds')"),
+    # A top-N: a join's two shuffles, by ranking group (v1) for its state, then by the view key (id) for its
+    # changelog; rows move between groups as v1 changes, and a group's top 2 shifts as rows come and go.
+    ("mvt", "SELECT id, v1, rn FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY v1 ORDER BY id DESC) AS rn "
+            "FROM t1 WHERE deleted = false) t WHERE rn <= 2"),
 ]
 # The upstream's key under another name, and over two partitions where t1 has three (either alone is
 # enough): other key bytes, so the input is shuffled by the partition of the key it will have

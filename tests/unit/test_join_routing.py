@@ -31,6 +31,7 @@ from mvlog.services.pipeline.reading import EpochBatches
 from mvlog.views import ChangeBatch, ViewOperator, ViewPlan, plan_view
 from mvlog.views.change_batch import consolidate_signed
 from mvlog.views.join_routing import JoinRouting, aggregate_over_join, two_source_equi_join
+from mvlog.views.keyed_routing import operator_key_routing
 from mvlog.views.routing import GroupRouting, partitions_table, view_key_partitions
 from mvlog.views.state import InMemoryState
 from mvlog.vnode import partition_of_vnode
@@ -128,7 +129,9 @@ class SplitJoin:
     extended: Counter[int] = field(default_factory=Counter)  # null-extended rows asserted (+1) and retracted (-1)
 
     def __post_init__(self) -> None:
-        self.routing = JoinRouting(self.plan, self.partitions)
+        routing = operator_key_routing(self.plan, self.partitions)  # a join's, or a top-N's
+        assert routing is not None
+        self.routing = routing
         self.operator = ViewOperator(self.plan)
         self.split_operator = ViewOperator(self.routing.operator_plan())
         self.parts = [InMemoryState() for _ in range(self.partitions)]
@@ -216,6 +219,7 @@ def test_join_keys_computed_apart_then_consolidated_per_view_partition_give_the_
 def test_semi_and_anti_joins_split_by_join_key_give_the_single_operators_changes(sql: str, partitions: int) -> None:
     """:class:`SplitJoin` over random epochs, b's rows routed by the column its subquery passes through."""
     split = SplitJoin(plan_view("v", sql, {"a": A, "b": B}), partitions)
+    assert isinstance(split.routing, JoinRouting)
     assert split.routing.upstreams() == ("a", "b") and split.routing.columns(1) == ["k2"]
     _random_epochs(split, random.Random(partitions * 31 + len(sql)))
 

@@ -1,0 +1,31 @@
+"""The views whose operator runs in Spark's tasks in two shuffles: first by the key its state is kept under
+(an equi-join's join key, a top-N's PARTITION BY values), then by the view's key for the changelog
+partitions (issue 19 item 2). Their routings share one interface (the sources read, each side's input
+name, the operator's plan, the partition of each input row and of each state key), so the same jobs
+(:mod:`mvlog.services.pipeline.join_tasks`) run both on every path: live, catch-up, chunked backfill,
+rebuild after a wipe, ``replay derive`` and replacement hydration.
+"""
+
+from __future__ import annotations
+
+from mvlog.views.join_routing import JoinRouting, routed_by_join_key
+from mvlog.views.plan import ViewPlan
+from mvlog.views.topn_routing import TopNRouting, top_n_of_one_view
+
+#: How a view of two shuffles routes its input and state.
+OperatorKeyRouting = JoinRouting | TopNRouting
+
+
+def routed_by_operator_key(plan: ViewPlan) -> bool:
+    """An equi-join of two sources (or a GROUP BY over one), or a top-N of one view."""
+    return routed_by_join_key(plan) or top_n_of_one_view(plan)
+
+
+def operator_key_routing(plan: ViewPlan, partitions: int) -> OperatorKeyRouting | None:
+    """The view's routing by operator key over ``partitions`` partitions, or None when its operator does not
+    run this way (:func:`routed_by_operator_key`)."""
+    if routed_by_join_key(plan):
+        return JoinRouting(plan, partitions)
+    if top_n_of_one_view(plan):
+        return TopNRouting(plan, partitions)
+    return None
