@@ -89,12 +89,7 @@ class ViewOperator:
         query = self.plan.query
         writes: dict[bytes, bytes | None] = {}
         if self._inner:
-            changes = dict(changes)
-            for name, operator, prefix in self._inner:
-                inputs = {view: changes[view] for view in operator.plan.sources if view in changes}
-                output = operator.apply_epoch(inputs, PrefixedState(state, prefix))
-                writes.update({prefix + key: value for key, value in output.state_writes.items()})
-                changes[name] = output.changes
+            changes = self._with_inner(changes, state, writes)
             if self.plan.union:
                 branches = [changes[name] for name, _, _ in self._inner]
                 return EpochOutput(union_changes(self.plan.schema, [p for _, p in self.plan.inner], branches), writes)
@@ -114,13 +109,27 @@ class ViewOperator:
         one_side: list[JoinedRow] = [(weight, (values,)) for weight, values in self._netted(source, batch)]
         return self._apply_batch(build_batch(query, one_side, self._columns), state, writes)
 
+    def _with_inner(self, changes: Mapping[str, ChangeBatch], state: StateReader,
+                    writes: dict[bytes, bytes | None]) -> dict[str, ChangeBatch]:
+        """``changes`` and the epoch's changes of each subquery (its operator run on them), under its name."""
+        changes = dict(changes)
+        for name, operator, prefix in self._inner:
+            inputs = {view: changes[view] for view in operator.plan.sources if view in changes}
+            output = operator.apply_epoch(inputs, PrefixedState(state, prefix))
+            writes.update({prefix + key: value for key, value in output.state_writes.items()})
+            changes[name] = output.changes
+        return changes
+
     def joined(self, changes: Mapping[str, ChangeBatch], state: StateReader,
                writes: dict[bytes, bytes | None]) -> pa.Table:
-        """The first step of an aggregate over a join (no subquery): the epoch's joined rows, signed (column
-        ``WEIGHT``) and filtered by WHERE, whose groups :meth:`aggregate_joined` folds; the join's state
-        writes go to ``writes``. The two steps give :meth:`apply_epoch`'s output, and each can run where
-        its state is: the join's per join key, the aggregate's per group."""
-        assert self._join is not None and self._aggregate is not None and not self._inner
+        """The first step of an aggregate over a join (a semi or anti join's subquery run first): the
+        epoch's joined rows, signed (column ``WEIGHT``) and filtered by WHERE, whose groups
+        :meth:`aggregate_joined` folds; the join's state writes go to ``writes``. The two steps give
+        :meth:`apply_epoch`'s output, and each can run where its state is: the join's per join key, the
+        aggregate's per group."""
+        assert self._join is not None and self._aggregate is not None and not self.plan.union
+        if self._inner:
+            changes = self._with_inner(changes, state, writes)
         query = self.plan.query
         netted = {s.view: self._netted(s, changes.get(s.view)) for s in query.sources}
         rows = self._join.apply([netted[s.view] for s in query.sources], state, writes)

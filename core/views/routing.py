@@ -52,9 +52,10 @@ def keyed_by_groups(plan: ViewPlan) -> bool:
     """A GROUP BY whose key is its GROUP BY values and whose aggregate state is per group, over whatever
     input: each group's rows and state can go to the view partition of its key. A global aggregate too
     (its one group, the empty tuple, has one partition), and a windowed GROUP BY (a row goes to the
-    partitions of its windows). No top-N, union or subquery (state of another shape)."""
+    partitions of its windows). No top-N or union (state of another shape); a subquery only where the
+    caller routes it (:func:`grouped_by_key` takes none, a GROUP BY over a semi or anti join its own)."""
     query = plan.query
-    if plan.inner or plan.union or not query.is_aggregate or query.top_n is not None:
+    if plan.union or not query.is_aggregate or query.top_n is not None:
         return False
     return len(plan.schema.primary_key) == len(query.group_by)
 
@@ -62,7 +63,7 @@ def keyed_by_groups(plan: ViewPlan) -> bool:
 def grouped_by_key(plan: ViewPlan) -> bool:
     """A GROUP BY over one upstream, :func:`keyed_by_groups`: the views :class:`GroupRouting` partitions
     alone (an aggregate over a join takes the join's routing first, :mod:`mvlog.views.join_routing`)."""
-    return keyed_by_groups(plan) and len(plan.query.sources) == 1 and not plan.query.joins
+    return keyed_by_groups(plan) and not plan.inner and len(plan.query.sources) == 1 and not plan.query.joins
 
 
 @dataclass(frozen=True)

@@ -388,6 +388,11 @@ AGGREGATES_OVER_JOINS = [
     "WHERE b.w <> 0 GROUP BY a.s",
     "SELECT b.w, count(*) AS n, avg(a.x) AS m FROM a LEFT JOIN b ON a.k = b.k2 GROUP BY b.w",
     "SELECT x.s, count(*) AS n, sum(y.id) AS t FROM a x JOIN a y ON x.k = y.id GROUP BY x.s",  # a self-join
+    # Over a semi and an anti join (their subquery a filter of b, run in the join step), and a self anti join.
+    "SELECT a.s, count(*) AS n, max(a.x) AS hi FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k AND b.w > -2) "
+    "GROUP BY a.s",
+    "SELECT a.k, count(*) AS n FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k AND b.w <> 0) GROUP BY a.k",
+    "SELECT x.s, count(*) AS n FROM a x WHERE NOT EXISTS (SELECT 1 FROM a y WHERE y.k = x.id) GROUP BY x.s",
 ]
 
 
