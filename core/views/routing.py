@@ -99,7 +99,7 @@ class GroupRouting:
         windowed GROUP BY's, whose rows may have several (:meth:`fan_out`)."""
         if self.plan.query.window is not None:
             raise ValueError(f"view {self.plan.name!r} is windowed: a row may go to several partitions")
-        return self.partitions_of_joined(self._operator_batch(rows))
+        return self.partitions_of_batch(self._operator_batch(rows))
 
     def fan_out(self, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
         """Where each row of ``rows`` (the upstream's columns, by name) goes: (row index, partition) pairs,
@@ -109,7 +109,7 @@ class GroupRouting:
             return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(rows)
         batch = self._operator_batch(rows).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
         copies = expand(batch, window)
-        pairs = pa.table({_ROW: copies.column(_ROW), _PARTITION: self.partitions_of_joined(copies)})
+        pairs = pa.table({_ROW: copies.column(_ROW), _PARTITION: self.partitions_of_batch(copies)})
         pairs = pairs.group_by([_ROW, _PARTITION]).aggregate([]).sort_by([(_ROW, "ascending"),
                                                                               (_PARTITION, "ascending")])
         return pairs.column(_ROW).combine_chunks(), pairs.column(_PARTITION).combine_chunks()
@@ -123,14 +123,14 @@ class GroupRouting:
         return partial(self._in_partition, partition)
 
     def _in_partition(self, partition: int, batch: pa.Table) -> pa.Array:
-        return pc.equal(self.partitions_of_joined(batch), partition)
+        return pc.equal(self.partitions_of_batch(batch), partition)
 
     def _operator_batch(self, rows: pa.Table) -> pa.Table:
         """``rows`` in the operator's layout (its upstream's columns as the expressions read them)."""
         return pa.table({column_field(0, c.name): rows.column(c.name).cast(arrow_type(c.type))
                          for c in self._source.columns})
 
-    def partitions_of_joined(self, batch: pa.Table) -> pa.Array:
+    def partitions_of_batch(self, batch: pa.Table) -> pa.Array:
         """The view partition (int32) of each row of ``batch``, rows in the operator's layout: an aggregate
         over a join's joined rows (:meth:`~mvlog.views.operator.ViewOperator.joined`), a windowed one's
         copies of its rows (``WINDOW_START`` set)."""

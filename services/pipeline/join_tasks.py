@@ -145,7 +145,7 @@ def joined_to_groups(schema: pa.Schema, joined: pa.Table, epoch: int, groups: Gr
     :func:`joined_rows_schema`: each column under its :func:`joined_column` name, the weight apart), each to
     its group's view partition."""
     shuffled = pa.table({joined_column(i): joined.column(f.name) for i, f in enumerate(joined_fields(joined))})
-    parts = groups.partitions_of_joined(joined)
+    parts = groups.partitions_of_batch(joined)
     return shaped_view_rows(schema, shuffled, epoch, joined.column(WEIGHT), -1, 0, 0, parts, tokens)
 
 

@@ -401,7 +401,7 @@ AGGREGATES_OVER_JOINS = [
 def test_an_aggregate_over_a_join_split_by_join_key_then_by_group_gives_the_single_operators_changes(
         sql: str, partitions: int) -> None:
     """Per epoch: one join step per join-key partition (:meth:`ViewOperator.joined`, its own join state),
-    its joined rows routed to the partition of their group (:meth:`GroupRouting.partitions_of_joined`),
+    its joined rows routed to the partition of their group (:meth:`GroupRouting.partitions_of_batch`),
     one aggregate step per view partition (:meth:`ViewOperator.aggregate_joined`, its own groups' state):
     the changes and the state are the single operator's, each change and state key in its partition."""
     schemas = {"a": A, "b": B}
@@ -434,7 +434,7 @@ def test_an_aggregate_over_a_join_split_by_join_key_then_by_group_gives_the_sing
             assert set(routing.partitions_of_state_keys(list(writes))) <= {j}
             joins[j].apply(writes)
         rows = pa.concat_tables(joined)
-        owners = groups.partitions_of_joined(rows).to_pylist()
+        owners = groups.partitions_of_batch(rows).to_pylist()
         for p in range(partitions):
             out = split.aggregate_joined(rows.filter(pa.array([o == p for o in owners], pa.bool_())), aggregates[p])
             assert set(groups.partitions_of_state_keys(list(out.state_writes))) <= {p}
