@@ -280,6 +280,13 @@ class ChangelogWriter:
         except RecordTooLargeError:
             self._abort()
             raise
+        except KafkaException as exc:
+            # A produce() after the producer learnt it was fenced raises librdkafka's fatal error (_FATAL),
+            # not the fencing itself: the same end as a fenced commit, and nothing to abort with either.
+            if (fenced := fenced_error(self.view, self.transactional_id, exc.args[0])) is not None:
+                raise fenced from exc
+            self._abort()
+            raise EpochWriteError(f"{self.view}: epoch {epoch} was aborted: {exc}") from exc
         except Exception as exc:
             self._abort()
             raise EpochWriteError(f"{self.view}: epoch {epoch} was aborted: {exc}") from exc
@@ -387,9 +394,16 @@ class ChangelogWriter:
         try:
             return call(*args)
         except KafkaException as exc:
-            error: KafkaError = exc.args[0]
-            if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED) or error.fatal():
-                raise WriterFencedError(
-                    f"{self.view}: writer {self.transactional_id} was fenced by a newer instance: {error}"
-                ) from exc
+            if (fenced := fenced_error(self.view, self.transactional_id, exc.args[0])) is not None:
+                raise fenced from exc
             raise
+
+
+def fenced_error(view: str, transactional_id: str | None, error: KafkaError) -> WriterFencedError | None:
+    """A writer's end when ``error`` says its producer can write no more: fenced by a newer instance of its
+    transactional id, or any fatal error (librdkafka's ``_FATAL`` stands for the fencing on a produce()
+    after it learnt of it); None for an error a retry or an abort can handle."""
+    if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError._FATAL) or error.fatal():
+        return WriterFencedError(f"{view}: writer {transactional_id} was fenced by a newer instance (or failed "
+                                 f"fatally): {error}")
+    return None

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from confluent_kafka import KafkaError
 from hypothesis import given
 from hypothesis import strategies as st
 
 from mvlog.barrier_alignment import AlignmentError, EpochAligner
 from mvlog.changes import Barrier, Change, Mutation, Op, apply_changes, change_between
+from mvlog.connectors.kafka.changelog_writer import WriterFencedError, fenced_error
 from mvlog.epoch import EpochClock, epoch_from_millis, epoch_millis
 from mvlog.row_schema import RowSchema
 from mvlog.schemas.codec import (
@@ -165,3 +167,13 @@ def test_aligner_skips_epochs_before_the_start_and_checks_record_counts() -> Non
     assert aligner.add_barrier(0, _barrier(10, 5, 0, 7), offset=3) == []  # before the start: not checked
     with pytest.raises(AlignmentError, match="announces 2 change"):
         aligner.add_barrier(0, _barrier(11, 10, 0, 2), offset=4)
+
+
+def test_a_fatal_producer_error_ends_the_writer_as_fenced_and_a_retriable_one_does_not() -> None:
+    """A produce() after librdkafka learnt of the fencing raises ``_FATAL``, not the fencing: the writer
+    ends the same way either way (CI, session 32: a fenced table writer's next epoch said "aborted")."""
+    for code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError._FATAL):
+        fenced = fenced_error("t1", "p.t1.writer", KafkaError(code))
+        assert isinstance(fenced, WriterFencedError) and "fenced" in str(fenced) and "p.t1.writer" in str(fenced)
+    assert isinstance(fenced_error("t1", None, KafkaError(KafkaError._STATE, fatal=True)), WriterFencedError)
+    assert fenced_error("t1", "p.t1.writer", KafkaError(KafkaError._MSG_TIMED_OUT)) is None
