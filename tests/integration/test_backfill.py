@@ -303,11 +303,12 @@ def test_rate_limit_caps_the_backfill_and_changes_while_it_runs(
 @pytest.mark.timeout(900)  # four Spark starts of a runner on a shared 2-core machine
 def test_backfill_in_tasks_finishes_a_chunk_epoch_some_partitions_committed(
         make_settings: Callable[..., Settings], redis_client: redis.Redis, report: Callable[[str], None]) -> None:
-    """A chunked backfill whose routing runs in Spark's tasks (a filter and a GROUP BY in tasks, over three
-    partitions): its chunk's epoch ends each micro-batch. The driver is SIGKILLed by the GROUP BY's task of
-    partition 0 right after it committed the chunk's epoch, the other partitions not: the next consumer
-    finds the chunk saved, runs the same micro-batch, writes only what was missing, and the view is exact
-    at every epoch, each epoch's barrier once in each partition."""
+    """A chunked backfill whose routing runs in Spark's tasks (a filter, a GROUP BY, a global aggregate, a
+    hopping window and a top-N in tasks, over three partitions): its chunk's epoch ends each micro-batch.
+    The driver is SIGKILLed by the GROUP BY's task of partition 0 right after it committed the chunk's
+    epoch, the other partitions not: the next consumer finds the chunk saved, runs the same micro-batch,
+    writes only what was missing, and the view is exact at every epoch, each epoch's barrier once in each
+    partition."""
     laps = Laps()
     settings = make_settings(operators_in_tasks=True, tasks_min_records=0, partitions=3,
                              backfill_batch_rows=40, backfill_max_batch_rows=40)
@@ -323,7 +324,14 @@ def test_backfill_in_tasks_finishes_a_chunk_epoch_some_partitions_committed(
     for _ in range(3):
         epoch()
     views = {"mv1": "SELECT * FROM t1 WHERE deleted = false",
-             "mvg": "SELECT id % 7 AS b, count(*) AS n, sum(v1) AS s, min(v1) AS lo FROM t1 GROUP BY id % 7"}
+             "mvg": "SELECT id % 7 AS b, count(*) AS n, sum(v1) AS s, min(v1) AS lo FROM t1 GROUP BY id % 7",
+             # A global aggregate (its one row's partition's task), a hopping window (a row to each of its
+             # windows' partitions) and a top-N (by ranking group, then by view key) backfill in tasks too.
+             "mvga": "SELECT count(*) AS n, sum(v1) AS s FROM t1 WHERE deleted = false",
+             "mvw": "SELECT window.start, count(*) AS n, max(v1) AS hi FROM t1 "
+                    "GROUP BY window(id, '30 milliseconds', '10 milliseconds')",
+             "mvt": "SELECT id, v1 FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY id % 5 ORDER BY v1 DESC) "
+                    "AS rn FROM t1) t WHERE rn <= 3"}
     for name, sql in views.items():
         create_view(settings, name, sql, client=redis_client, backfill="chunked")
     store = ViewStore(redis_client, settings.topic_prefix)
