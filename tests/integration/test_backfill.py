@@ -346,6 +346,7 @@ def test_backfill_in_tasks_finishes_a_chunk_epoch_some_partitions_committed(
     try:
         first = run()  # the first chunk of each, emitted in the upstream's last epoch
         assert first.returncode == 0, first.stderr[-3000:]
+        assert set(runs[0]) == set(views) and all(written > 0 for _, written in runs[0].values()), runs[0]  # tasks
         assert store.lifecycle("mvg") == Lifecycle.BACKFILLING and store.chunk_record("mvg") is None
         laps.lap("first run")
         at = store.mce("mvg") or 0
