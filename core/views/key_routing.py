@@ -72,9 +72,10 @@ class KeyRouting:
 def one_upstream_routing(plan: ViewPlan, upstream_key: Sequence[str], partitions: int
                          ) -> KeyRouting | GroupRouting | None:
     """How a one-upstream view's input is shuffled to its ``partitions`` tasks: by the key it passes
-    through, or by its GROUP BY values (a global aggregate's: all to its one row's partition); None when
-    its operator does not run partitioned (top-N, a window, a subquery: state not split by partition).
-    The one rule that says which views the tasks compute, derive and re-derive."""
+    through, or by its GROUP BY values (a global aggregate's: all to its one row's partition; a windowed
+    one's: each row to its windows' partitions); None when its operator does not run partitioned this way
+    (a top-N: by ranking group, :mod:`mvlog.views.topn_routing`; a subquery: state of another shape).
+    The one rule that says which one-upstream views the tasks compute, derive and re-derive."""
     if passes_key_through(plan, upstream_key):
         return KeyRouting(plan, tuple(upstream_key), partitions)
     if grouped_by_key(plan):
