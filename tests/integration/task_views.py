@@ -68,7 +68,9 @@ GROUPED = ("mvjg", "SELECT t2.w % 7 AS b, count(*) AS n, sum(t1.v1) AS s, min(t2
 # shuffled to their groups (v1 % 3: several join keys a group).
 ANTI_GROUPED = ("mvjag", "SELECT t1.v1 % 3 AS b, count(*) AS n, max(t1.id) AS hi FROM t1 WHERE NOT EXISTS "
                          "(SELECT 1 FROM t2 WHERE t2.k = t1.v1 AND t2.w < 80) GROUP BY t1.v1 % 3")
-JOINS = [JOIN, FULL, ANTI, GROUPED, ANTI_GROUPED]
+# A global aggregate over the join: every joined row to its one row's partition, whose task alone folds it.
+GLOBAL = ("mvjt", "SELECT count(*) AS n, sum(t2.w) AS s, min(t1.id) AS lo FROM t1 JOIN t2 ON t1.v1 = t2.k")
+JOINS = [JOIN, FULL, ANTI, GROUPED, ANTI_GROUPED, GLOBAL]
 # Self-joins: t1's one read routed twice, as the left side by ``v1`` and as the right side by ``id``
 # (another partition for most rows); a row whose ``v1`` is an ``id`` of t1 pairs with that row. And an
 # anti join whose subquery reads t1 too: the rows no live row points to.

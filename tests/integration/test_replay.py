@@ -49,13 +49,15 @@ VIEWS = [
     # A GROUP BY over an anti join (its subquery run in the join-key tasks).
     ("mvja", "SELECT a.k, count(*) AS n, max(a.v1) AS hi FROM mv1 a WHERE NOT EXISTS (SELECT 1 FROM t2 b "
              "WHERE b.id = a.v1 AND b.w > 0) GROUP BY a.k"),
+    # A global aggregate over a LEFT JOIN (folded by its one row's partition's task).
+    ("mvjn", "SELECT count(*) AS n, sum(b.w) AS s FROM mv1 a LEFT JOIN t2 b ON a.v1 = b.id"),
     ("mvt", "SELECT id, k, v1, rn FROM (SELECT id, k, v1, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v1 DESC) AS rn "
             "FROM mv1) t WHERE rn <= 2"),
 ]
 GROUPED = ("mv2", "mvg", "mvw")  # one-upstream aggregates, in the GROUP BY's tasks: global, grouped, windowed
 # Views run by operator key in tasks (the join's two shuffles: JoinDerivation, JoinRebuild): the joins and
 # a top-N (its ranking groups by k, rows moving between groups as k changes).
-JOINS = ("mvj", "mvs", "mvjg", "mvja", "mvt")
+JOINS = ("mvj", "mvs", "mvjg", "mvja", "mvjn", "mvt")
 
 
 def build(settings: Settings, client: redis.Redis, spark: Any, epochs: int = 8, seed: int = 7) -> list[ViewConsumer]:
