@@ -319,7 +319,8 @@ def test_equal_join_keys_of_both_sides_go_to_one_partition_and_null_keys_to_part
     with pytest.raises(ValueError, match="not a join bucket"):
         routing.partitions_of_state_keys([b"g[3.0]"])
     with pytest.raises(ValueError, match="not an equi-join of two views"):
-        JoinRouting(plan_view("v", "SELECT count(*) AS n FROM a JOIN b ON a.k = b.k2", {"a": A, "b": B}), 4)
+        JoinRouting(plan_view("v", "SELECT a.id FROM a JOIN b ON a.k = b.k2 JOIN a c ON c.id = b.w",
+                              {"a": A, "b": B}), 4)  # a chain of joins
 
 
 def test_route_join_rows_puts_a_side_in_the_shared_layout_and_every_barrier_in_every_partition() -> None:
