@@ -99,7 +99,7 @@ class GroupRouting:
         windowed GROUP BY's, whose rows may have several (:meth:`fan_out`)."""
         if self.plan.query.window is not None:
             raise ValueError(f"view {self.plan.name!r} is windowed: a row may go to several partitions")
-        return self.partitions_of_batch(self._operator_batch(rows))
+        return self.partitions_of_batch(source_batch(self._source, rows))
 
     def fan_out(self, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
         """Where each row of ``rows`` (the upstream's columns, by name) goes: (row index, partition) pairs,
@@ -107,7 +107,7 @@ class GroupRouting:
         partition holding any of the row's windows (none for a row with a NULL time, in no window)."""
         if (window := self.plan.query.window) is None:
             return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(rows)
-        batch = self._operator_batch(rows).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+        batch = source_batch(self._source, rows).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
         copies = expand(batch, window)
         pairs = pa.table({_ROW: copies.column(_ROW), _PARTITION: self.partitions_of_batch(copies)})
         pairs = pairs.group_by([_ROW, _PARTITION]).aggregate([]).sort_by([(_ROW, "ascending"),
@@ -124,11 +124,6 @@ class GroupRouting:
 
     def _in_partition(self, partition: int, batch: pa.Table) -> pa.Array:
         return pc.equal(self.partitions_of_batch(batch), partition)
-
-    def _operator_batch(self, rows: pa.Table) -> pa.Table:
-        """``rows`` in the operator's layout (its upstream's columns as the expressions read them)."""
-        return pa.table({column_field(0, c.name): rows.column(c.name).cast(arrow_type(c.type))
-                         for c in self._source.columns})
 
     def partitions_of_batch(self, batch: pa.Table) -> pa.Array:
         """The view partition (int32) of each row of ``batch``, rows in the operator's layout: an aggregate
@@ -163,6 +158,12 @@ class GroupRouting:
                 values = pc.if_else(pc.equal(values, 0.0), pa.scalar(0.0, pa.float64()), values)
             key.append((name, values))
         return _partitions_of_key_rows(key, count, self._of_vnode)
+
+
+def source_batch(source: RowSchema, rows: pa.Table) -> pa.Table:
+    """A one-source view's input ``rows`` (the upstream's columns, by name) in the operator's layout, as its
+    expressions read them: what a routing evaluates GROUP BY values, windows or ranking groups on."""
+    return pa.table({column_field(0, c.name): rows.column(c.name).cast(arrow_type(c.type)) for c in source.columns})
 
 
 def partitions_table(partitions: int) -> tuple[int, ...]:

@@ -32,9 +32,9 @@ from typing import Any
 import pyarrow as pa
 
 from mvlog.row_schema import ColumnType
-from mvlog.views.evaluate import arrow_type, column_field, evaluate
+from mvlog.views.evaluate import evaluate
 from mvlog.views.plan import ViewPlan
-from mvlog.views.routing import GroupRouting, partitions_table
+from mvlog.views.routing import GroupRouting, partitions_table, source_batch
 from mvlog.views.state_codec import TOP_N_TAG, encode_key
 from mvlog.vnode import VNODE_COUNT
 
@@ -90,9 +90,7 @@ class TopNRouting:
             raise ValueError(f"a top-N reads one view, not side {side}")
         top_n = self.plan.query.top_n
         assert top_n is not None
-        source = self.plan.query.sources[0].schema
-        batch = pa.table({column_field(0, c.name): rows.column(c.name).cast(arrow_type(c.type))
-                          for c in source.columns})
+        batch = source_batch(self.plan.query.sources[0].schema, rows)
         columns = [evaluate(p, batch).to_pylist() for p in top_n.partition]
         kinds = self._kinds
         if not columns:
