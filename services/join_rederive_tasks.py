@@ -92,7 +92,7 @@ from mvlog.services.rederive_tasks import (
 )
 from mvlog.services.view_ddl import plan_for
 from mvlog.snapshot_plan import SnapshotRecord
-from mvlog.views import ChangeBatch, EpochOutput, InMemoryState, ViewOperator, ViewPlan
+from mvlog.views import ChangeBatch, InMemoryState, ViewOperator, ViewPlan
 from mvlog.views.keyed_routing import OperatorKeyRouting, operator_key_routing
 from mvlog.views.routing import partitions_table, view_key_partitions
 
@@ -181,9 +181,8 @@ class GroupRebuildJob:
         empty = empty_joined(self.routing)
         joined = joined_by_epoch(rows, empty).get(self.epoch, empty) if rows is not None else empty
         assert self.routing.groups is not None
-        output = EpochOutput(ChangeBatch.empty(self.routing.plan.schema))  # a global aggregate's other partitions
-        if self.routing.groups.computes(partition):
-            output = ViewOperator(self.routing.operator_plan()).aggregate_joined(joined, InMemoryState())
+        operator = ViewOperator(self.routing.operator_plan(), share=self.routing.groups.share(partition))
+        output = operator.aggregate_joined(joined, InMemoryState())
         check_owned(self.view.name, partition, output.state_writes, self.routing.groups.partitions_of_state_keys)
         view_rows: dict[Key, Row] = {}
         apply_changes(view_rows, output.changes.to_changes())
@@ -382,21 +381,17 @@ class GroupDeriveWriteJob:
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         settings = Settings.from_executor_json(self.settings_json)
         empty = empty_joined(self.routing)
-        operator = ViewOperator(self.routing.operator_plan())
         groups = self.routing.groups
         assert groups is not None
         for partition, rows in partitions_of_task(batches, VIEW_PARTITION, shuffled=True):
             by_epoch = joined_by_epoch(rows, empty)
+            operator = ViewOperator(self.routing.operator_plan(), share=groups.share(partition))
             state = InMemoryState()
             state.apply(operator.aggregate_joined(by_epoch.get(self.prev_epoch, empty), state).state_writes)
-            computes = groups.computes(partition)  # a global aggregate's other partitions: barriers only
 
             def changes(by_epoch: dict[int, pa.Table] = by_epoch, state: InMemoryState = state,
-                        computes: bool = computes) -> Iterator[tuple[int, ChangeBatch]]:
+                        operator: ViewOperator = operator) -> Iterator[tuple[int, ChangeBatch]]:
                 for epoch in self.epochs:
-                    if not computes:
-                        yield epoch, ChangeBatch.empty(self.view.schema)
-                        continue
                     output = operator.aggregate_joined(by_epoch.get(epoch, empty), state)
                     state.apply(output.state_writes)
                     yield epoch, output.changes

@@ -136,11 +136,8 @@ class DeriveJob:
         batches_from_arrow(rows, self.upstream, inputs)
         if self.covers is not None:
             keep_covered(inputs, self.covers)
-        operator, state = ViewOperator(self.plan, owned=self.routing.owned(partition)), InMemoryState()
+        operator, state = ViewOperator(self.plan, share=self.routing.share(partition)), InMemoryState()
         hydration = None
-        if not self.routing.computes(partition):  # a global aggregate's partition other than its row's
-            empty = EpochOutput(ChangeBatch.empty(self.plan.schema))
-            return iter([(epoch, empty) for epoch in self.epochs]), state
         if (prefix := inputs.get(self.prev_epoch)) is not None:
             hydration = operator.apply_epoch(prefix, state)
             state.apply(hydration.state_writes)

@@ -91,8 +91,11 @@ def unfiltered(call: AggregateCall) -> AggregateCall:
 class AggregateStage:
     """Turns a filtered batch of signed rows into the changes of the groups it touches."""
 
-    def __init__(self, query: Query) -> None:
+    def __init__(self, query: Query, *, global_row: bool = True) -> None:
+        """``global_row``: whether this stage maintains a global aggregate's one row (false in a Spark
+        task of a partition other than the row's, :class:`~mvlog.views.share.OperatorShare`)."""
         self.query = query
+        self.global_row = global_row
         self.group_types = [g.type for g in query.group_by]
         self.calls = tuple(unfiltered(call) for call in query.aggregates)
         extremes: list[Expr] = []
@@ -116,6 +119,11 @@ class AggregateStage:
 
     def apply(self, batch: pa.Table, state: StateReader, writes: dict[bytes, bytes | None]) -> list[Change]:
         deltas = self._deltas(batch)
+        if self.is_global and not self.global_row:
+            if deltas:
+                raise ValueError("input rows of a global aggregate reached an operator that does not maintain "
+                                 "its row: they belong to the row's partition")
+            return []
         if self.is_global:
             deltas.setdefault((), self.empty())
         keys = {group: encode_key(GROUP_TAG, group, self.group_types) for group in deltas}

@@ -26,6 +26,7 @@ from mvlog.views.evaluate import arrow_type
 from mvlog.views.partitioning import passes_key_through
 from mvlog.views.plan import ViewPlan
 from mvlog.views.routing import GroupRouting, grouped_by_key, partitions_table, view_key_partitions
+from mvlog.views.share import WHOLE, OperatorShare
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,9 @@ class KeyRouting:
         """Where each row of ``rows`` goes, as :meth:`GroupRouting.fan_out` says: one partition a row."""
         return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(rows)
 
-    def computes(self, partition: int) -> bool:
-        """Every partition's task runs the operator (on its own rows)."""
-        return True
-
-    def owned(self, partition: int) -> None:
-        """Every row a task gets is its own (:meth:`GroupRouting.owned`)."""
-        return
+    def share(self, partition: int) -> OperatorShare:
+        """Every row a task gets is its own (:meth:`GroupRouting.share`)."""
+        return WHOLE
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
         """None: the view keeps no operator state, so any state key it writes is an error."""

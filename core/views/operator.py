@@ -24,7 +24,7 @@ in chunks over several.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -37,6 +37,7 @@ from mvlog.views.evaluate import arrow_type, column_field, evaluate
 from mvlog.views.join import JoinStage
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import Source
+from mvlog.views.share import WHOLE, OperatorShare
 from mvlog.views.state import PrefixedState, StateReader
 from mvlog.views.topn import TopNStage
 from mvlog.views.union import union_changes
@@ -63,17 +64,16 @@ def puts_and_deletes(writes: Mapping[bytes, bytes | None]) -> tuple[dict[bytes, 
 class ViewOperator:
     """Maintains one view; holds only its plan, so one instance can serve any number of epochs."""
 
-    def __init__(self, plan: ViewPlan, *, owned: Callable[[pa.Table], pa.Array] | None = None) -> None:
-        """``owned(batch)``: the rows of the aggregate's input (after WHERE and a window's expansion) whose
-        groups this operator maintains, a mask; None: all. A windowed GROUP BY's Spark task gets a row
-        once for all of its windows in its partition, and keeps those windows
-        (:meth:`~mvlog.views.routing.GroupRouting.owned`)."""
+    def __init__(self, plan: ViewPlan, *, share: OperatorShare = WHOLE) -> None:
+        """``share``: what this operator maintains of the view, when a Spark task runs it for one view
+        partition (:meth:`~mvlog.views.routing.GroupRouting.share`): a windowed GROUP BY's task keeps
+        only its own windows, and only one task maintains a global aggregate's row."""
         self.plan = plan
-        self._owned = owned
+        self._owned = share.rows
         query = plan.query
         self._columns = referenced_columns(query)
         self._join = JoinStage(query) if len(query.sources) > 1 and not plan.union else None
-        self._aggregate = AggregateStage(query) if query.is_aggregate else None
+        self._aggregate = AggregateStage(query, global_row=share.global_row) if query.is_aggregate else None
         self._top_n = TopNStage(query, plan.schema) if query.top_n is not None else None
         # Subqueries and WITH queries: operators of their own, run first, each with its state under its
         # own prefix; their output changes are the input of this query's source of that name.

@@ -16,10 +16,10 @@ bytes from the input row (the GROUP BY expressions evaluated on it, cast to the 
   are disjoint and a task never needs another task's state.
 
 A global aggregate's one group is the empty tuple: every input row goes to the partition of the empty
-key, whose task alone runs the operator (:meth:`GroupRouting.computes`). A windowed GROUP BY's groups
+key, whose task alone maintains that row (:meth:`GroupRouting.share`). A windowed GROUP BY's groups
 hold the window (its start and end): a row of a hopping window falls in several, maybe in several
 partitions, so it goes once to each partition holding one of its windows (:meth:`GroupRouting.fan_out`),
-whose operator keeps those windows only (:meth:`GroupRouting.owned`: the other copies are the other
+whose operator keeps those windows only (:meth:`GroupRouting.share`: the other copies are the other
 partitions' to fold).
 
 Pure: Arrow in, partitions out; the Spark shuffle that uses it is in ``mvlog.services.pipeline``.
@@ -28,7 +28,7 @@ Pure: Arrow in, partitions out; the Spark shuffle that uses it is in ``mvlog.ser
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -40,6 +40,7 @@ from mvlog.row_schema import ColumnType, RowSchema
 from mvlog.schemas.arrow_rows import encode_rows
 from mvlog.views.evaluate import arrow_type, column_field, evaluate
 from mvlog.views.plan import ViewPlan
+from mvlog.views.share import OperatorShare
 from mvlog.views.state_codec import GROUP_TAG, decode_value, loads
 from mvlog.views.window import expand
 from mvlog.vnode import VNODE_COUNT, partition_of_vnode
@@ -79,13 +80,6 @@ class GroupRouting:
             raise ValueError(f"view {self.plan.name!r} is not a GROUP BY keyed by its groups")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
 
-    def computes(self, partition: int) -> bool:
-        """Whether partition ``partition``'s task runs the operator: every partition of a GROUP BY (each
-        its own groups); of a global aggregate, only the partition of its one row (the empty key). The
-        others get no change row, yet their operator would emit that row at their first epoch (a global
-        aggregate has its row over no input, as in SQL): they write barriers only."""
-        return bool(self.plan.query.group_by) or partition == self.partitions_of_groups([()])[0]
-
     @property
     def _source(self) -> RowSchema:
         return self.plan.query.sources[0].schema
@@ -114,13 +108,14 @@ class GroupRouting:
                                                                               (_PARTITION, "ascending")])
         return pairs.column(_ROW).combine_chunks(), pairs.column(_PARTITION).combine_chunks()
 
-    def owned(self, partition: int) -> Callable[[pa.Table], pa.Array] | None:
-        """What the operator of partition ``partition``'s task keeps of its aggregate's input (a mask over
-        the rows after WHERE and the windows' expansion): a windowed GROUP BY's task gets a row once for
-        all of its windows there (:meth:`fan_out`) and keeps those windows. None: every row is its own."""
-        if self.plan.query.window is None:
-            return None
-        return partial(self._in_partition, partition)
+    def share(self, partition: int) -> OperatorShare:
+        """What partition ``partition``'s operator maintains: a windowed GROUP BY's task gets a row once for
+        all of its windows there (:meth:`fan_out`) and keeps those windows; a global aggregate's one row
+        is its partition's alone (every input row goes there, and the others' operators would emit the
+        row over no input, as SQL's global row). Any other GROUP BY's task owns every row it gets."""
+        rows = partial(self._in_partition, partition) if self.plan.query.window is not None else None
+        global_row = bool(self.plan.query.group_by) or partition == self.partitions_of_groups([()])[0]
+        return OperatorShare(rows, global_row)
 
     def _in_partition(self, partition: int, batch: pa.Table) -> pa.Array:
         return pc.equal(self.partitions_of_batch(batch), partition)

@@ -351,13 +351,11 @@ class GroupPartitionJob:
         by_epoch = joined_by_epoch(rows, empty)
         if set(by_epoch) - set(state_counts):
             raise RuntimeError(f"{view.name} partition {partition}: joined rows of epochs no join-key task counted")
-        operator, groups = ViewOperator(self.routing.operator_plan()), self.routing.groups
+        groups = self.routing.groups
         assert groups is not None
-        computes = groups.computes(partition)
+        operator = ViewOperator(self.routing.operator_plan(), share=groups.share(partition))
 
         def compute(epoch: int, state: LayeredState) -> EpochOutput:
-            if not computes:  # a global aggregate's partition other than its row's: barriers only
-                return EpochOutput(ChangeBatch.empty(self.routing.plan.schema))
             output = operator.aggregate_joined(by_epoch.get(epoch, empty), state)
             state.apply(output.state_writes)
             check_owned(view.name, partition, output.state_writes, groups.partitions_of_state_keys)

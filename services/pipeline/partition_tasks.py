@@ -56,9 +56,10 @@ from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.partition_epochs import PartitionBarrier, prev_epochs, require_next, resume_partition
 from mvlog.services.pipeline.kept_writers import KEPT_WRITERS
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
-from mvlog.views import ChangeBatch, EpochOutput, ViewOperator, ViewPlan
+from mvlog.views import EpochOutput, ViewOperator, ViewPlan
 from mvlog.views.key_routing import KeyRouting
 from mvlog.views.routing import GroupRouting
+from mvlog.views.share import WHOLE
 from mvlog.views.state import InMemoryState, LayeredState, StoredState
 
 #: Columns :class:`RouteRows` adds: the view partition of the row, and the int Spark's hash partitioning
@@ -221,13 +222,10 @@ class PartitionEpochs:
         batches_from_arrow(rows, job.upstream, epochs)
         todo = sorted(e for e in epochs if e > self.target.after)
         routing = job.routing
-        operator = ViewOperator(job.plan, owned=routing.owned(self.partition) if routing is not None else None)
+        operator = ViewOperator(job.plan, share=routing.share(self.partition) if routing is not None else WHOLE)
         writer = PartitionWriter(self.target, self.partition)
-        computes = routing is None or routing.computes(self.partition)
 
         def compute(epoch: int, state: LayeredState) -> EpochOutput:
-            if not computes:  # a global aggregate's partition other than its row's: barriers only
-                return EpochOutput(ChangeBatch.empty(job.plan.schema))
             output = operator.apply_epoch(epochs[epoch], state)
             state.apply(output.state_writes)
             self._check_state_keys(output.state_writes)

@@ -140,13 +140,10 @@ def test_partitions_computed_apart_give_the_whole_view_each_change_in_its_partit
             assert indices == list(range(rows.num_rows)) and routed == routing.partitions_of(rows).to_pylist()
         else:
             assert len(set(zip(indices, routed, strict=True))) == len(indices), "a row twice in one partition"
-        for p in range(partitions):
-            if not routing.computes(p):  # a global aggregate's other partitions: no row, no operator
-                assert not plan.query.group_by and p not in routed
-                continue
+        for p in range(partitions):  # a global aggregate's other partitions: no row, and no change
             mine = pa.array([i for i, r in zip(indices, routed, strict=True) if r == p], pa.int64())
             batch = ChangeBatch.from_signed(T1, rows.take(mine), weights.take(mine), ids.take(mine))
-            out = ViewOperator(plan, owned=routing.owned(p)).apply_epoch({"t1": batch}, parts[p])
+            out = ViewOperator(plan, share=routing.share(p)).apply_epoch({"t1": batch}, parts[p])
             parts[p].apply(out.state_writes)
             encoded = encode_batch(plan.schema.primary_key, out.changes)
             assert {partition_of_vnode(v, partitions) for v in encoded.vnodes} <= {p}
@@ -183,18 +180,26 @@ def test_state_keys_of_another_shape_are_refused() -> None:
 
 def test_a_global_aggregate_is_computed_by_its_one_rows_partition_only() -> None:
     """Its one row has the empty key: every input row goes to that key's partition, the only one whose
-    task runs the operator (the others would emit the row too, over no input)."""
+    operator maintains the row (the others' would emit it too, over no input, unless told they do not)."""
     plan = plan_view("v", "SELECT count(*) AS n FROM t1", {"t1": T1})
     for partitions in (1, 3, 4):
         routing = GroupRouting(plan, partitions)
         owner = partition_of_vnode(encode_batch((), ChangeBatch.from_changes(
             plan.schema, [Change(Op.CREATE, (), None, {"n": 0})])).vnodes[0], partitions)
-        assert [p for p in range(partitions) if routing.computes(p)] == [owner]
+        assert [p for p in range(partitions) if routing.share(p).global_row] == [owner]
         rows, _, _ = _signed([Change(Op.CREATE, (i,), None, {"id": i, "g": "a", "x": None, "v": i, "ok": True})
                               for i in range(20)])
         assert set(routing.partitions_of(rows).to_pylist()) == {owner}
         assert routing.partitions_of_state_keys(list(ViewOperator(plan).apply_epoch(
             {"t1": ChangeBatch.empty(T1)}, InMemoryState()).state_writes)) == [owner]
+        for other in (p for p in range(partitions) if p != owner):  # no row over no input, and no rows
+            operator = ViewOperator(plan, share=routing.share(other))
+            output = operator.apply_epoch({"t1": ChangeBatch.empty(T1)}, InMemoryState())
+            assert not output.changes.to_changes() and not output.state_writes
+            with pytest.raises(ValueError, match="belong to the row's partition"):
+                operator.apply_epoch({"t1": ChangeBatch.from_signed(T1, *_signed(
+                    [Change(Op.CREATE, (1,), None, {"id": 1, "g": "a", "x": None, "v": 1, "ok": True})]))},
+                    InMemoryState())
 
 
 def test_layered_state_reads_its_own_writes_and_deletes_over_the_base() -> None:
