@@ -85,12 +85,13 @@ def two_source_equi_join(plan: ViewPlan) -> bool:
 
 def aggregate_over_join(plan: ViewPlan) -> bool:
     """A GROUP BY keyed by its groups (:func:`~mvlog.views.routing.keyed_by_groups`; a global aggregate
-    too, all of whose joined rows go to its one row's partition; not a windowed one) over an inner, outer,
-    semi or anti equi-join of two sources (two views, or one with itself; a semi or anti join's subquery
-    routable, :func:`subquery_of`): its operator runs in two steps, the join per join key and the
-    aggregate per group (a third shuffle, by the group's view partition, between them)."""
+    too, all of whose joined rows go to its one row's partition; a windowed one, whose joined rows go to
+    the partitions of their windows) over an inner, outer, semi or anti equi-join of two sources (two
+    views, or one with itself; a semi or anti join's subquery routable, :func:`subquery_of`): its
+    operator runs in two steps, the join per join key and the aggregate per group (a third shuffle, by
+    the group's view partition, between them)."""
     query = plan.query
-    return keyed_by_groups(plan) and query.window is None and len(query.joins) == 1 and _equi_join_of_two(plan)
+    return keyed_by_groups(plan) and len(query.joins) == 1 and _equi_join_of_two(plan)
 
 
 def routed_by_join_key(plan: ViewPlan) -> bool:

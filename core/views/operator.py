@@ -140,8 +140,15 @@ class ViewOperator:
         """The second step of an aggregate over a join: :meth:`joined`'s rows folded into their groups."""
         assert self._aggregate is not None
         writes: dict[bytes, bytes | None] = {}
-        changes = self._aggregate.apply(batch, state, writes)
+        changes = self._aggregate.apply(self._grouped_input(batch), state, writes)
         return EpochOutput(ChangeBatch.from_changes(self.plan.schema, changes), writes)
+
+    def _grouped_input(self, batch: pa.Table) -> pa.Table:
+        """A filtered batch as the aggregate or the top-N takes it: a copy of each row per window it falls
+        in (a windowed GROUP BY), then only the rows of this operator's share."""
+        if self.plan.query.window is not None:
+            batch = expand_windows(batch, self.plan.query.window)
+        return batch.filter(self._owned(batch)) if self._owned is not None else batch
 
     def _netted(self, source: Source, batch: ChangeBatch | None) -> list[SignedRow]:
         """Per upstream key: the retraction of its row before the epoch and the assertion of its row
@@ -161,10 +168,7 @@ class ViewOperator:
         query = self.plan.query
         if query.where is not None:
             batch = batch.filter(evaluate(query.where, batch))  # NULL drops the row, as in SQL
-        if query.window is not None:
-            batch = expand_windows(batch, query.window)
-        if self._owned is not None:
-            batch = batch.filter(self._owned(batch))
+        batch = self._grouped_input(batch)
         if self._aggregate is not None:
             changes = self._aggregate.apply(batch, state, writes)
             return EpochOutput(ChangeBatch.from_changes(self.plan.schema, changes), writes)

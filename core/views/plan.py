@@ -400,13 +400,12 @@ def _time_window(parsed: ParsedSelect, binder: Binder, group_nodes: list[exp.Exp
     where = parsed.describe(call, "window")
     if len(calls) > 1:
         raise parsed.unsupported("more than one time window in GROUP BY", calls[1], "window")
-    if len(binder.sources) > 1:
-        raise parsed.unsupported("time window over a join", call, "window",
-                                 hint="create the join as a view and window it in a view on that one")
-    if binder.sources[0].view.startswith("$"):  # an inner query's internal name
+    args = list(call.expressions)
+    time = binder.row_expr(args[0], "window()") if args else None
+    side = _window_side(parsed, binder, call, time)
+    if binder.sources[side].view.startswith("$"):  # an inner query's internal name
         raise parsed.unsupported("time window over a subquery or WITH query", call, "window",
                                  hint="create the subquery as a view and window it in a view on that one")
-    args = list(call.expressions)
     if not 2 <= len(args) <= 3:
         raise parsed.unsupported("window() with a start offset" if len(args) == 4 else "window() arguments", call,
                                  "window", hint="window(ts, '10 seconds') or window(ts, '10 seconds', '2 seconds')")
@@ -416,7 +415,25 @@ def _time_window(parsed: ParsedSelect, binder: Binder, group_nodes: list[exp.Exp
             raise parsed.unsupported("window() duration that is not a string literal", duration, "window",
                                      hint="write it as '10 seconds'")
         durations.append(str(duration.this))
-    return plan_window(binder.row_expr(args[0], "window()"), durations, where)
+    assert time is not None
+    return plan_window(time, durations, where, side)
+
+
+def _window_side(parsed: ParsedSelect, binder: Binder, call: exp.Expr, time: Expr | None) -> int:
+    """The source whose rows a time window copies, one per window (over a join: the one source the time
+    reads, which no outer join null-extends, so that copying its rows before the join, as the rendered
+    SQL does, is the same as copying the joined rows after it, as the operator does)."""
+    if len(binder.sources) == 1:
+        return 0
+    sides = {e.side for e in walk(time) if isinstance(e, ColumnRef)} if time is not None else set()
+    if len(sides) != 1:
+        raise parsed.unsupported("time window over a join whose time is not a column of one joined view", call,
+                                 "window", hint="window over a column of one side, e.g. window(a.ts, '1 minute')")
+    side = sides.pop()
+    if side in binder.nullable_sides:
+        raise parsed.unsupported("time window over the side an outer join null-extends", call, "window",
+                                 hint="window over the time of the side the join keeps, or use an inner join")
+    return side
 
 
 def _distinct_outputs(outputs: list[OutputColumn]

@@ -113,6 +113,9 @@ class TimeWindow:
     time: Expr
     size: int  # milliseconds
     slide: int  # milliseconds
+    #: The source whose rows the rendered SQL copies, one per window, before a join: the one the time
+    #: reads (the operator copies the joined rows instead, after the join: the same rows).
+    side: int = 0
 
 
 @dataclass(frozen=True)

@@ -131,10 +131,11 @@ def _select(query: Query, table_names: Mapping[str, str], dialect: str,
 def _from_where_group(select: exp.Select, query: Query, table_names: Mapping[str, str], dialect: str,
                       inner: Mapping[str, ViewPlan]) -> exp.Select:
     tables = [_source(query, side, table_names, dialect, inner) for side in range(len(query.sources))]
-    if query.window is not None:  # one copy of each row per time window it falls in
-        source = query.sources[0]
-        tables[0] = windowed_source(query, exp.to_table(table_names[source.view], dialect=dialect), source.alias,
-                                    render_expr(query.window.time, query))
+    if query.window is not None:  # one copy of each row of the time's source per time window it falls in
+        side = query.window.side
+        source = query.sources[side]
+        tables[side] = windowed_source(query, exp.to_table(table_names[source.view], dialect=dialect),
+                                       source.alias, render_expr(query.window.time, query))
     select = select.from_(tables[0])
     for index, join in enumerate(query.joins):
         conditions: list[exp.Expr] = [exp.EQ(this=render_expr(c.left, query), expression=render_expr(c.right, query))
@@ -249,7 +250,8 @@ def render_expr(expr: Expr, query: Query) -> exp.Expr:
         case RowNumber():
             return _row_number(query)
         case WindowStart():
-            return exp.column(WINDOW_START, table=query.sources[0].alias, quoted=True)
+            assert query.window is not None
+            return exp.column(WINDOW_START, table=query.sources[query.window.side].alias, quoted=True)
         case Call(args=args):
             return render_call(expr, [render_expr(a, query) for a in args])
     raise TypeError(f"cannot render {expr!r}")  # unreachable for plans made by plan_view

@@ -99,9 +99,14 @@ class GroupRouting:
         """Where each row of ``rows`` (the upstream's columns, by name) goes: (row index, partition) pairs,
         in row order. One pair a row (:meth:`partitions_of`), but for a windowed GROUP BY: one per
         partition holding any of the row's windows (none for a row with a NULL time, in no window)."""
+        return self.fan_out_batch(source_batch(self._source, rows))
+
+    def fan_out_batch(self, batch: pa.Table) -> tuple[pa.Array, pa.Array]:
+        """:meth:`fan_out` of rows in the operator's layout (:meth:`partitions_of_batch`): an aggregate
+        over a join's joined rows, before their windows' expansion."""
         if (window := self.plan.query.window) is None:
-            return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(rows)
-        batch = source_batch(self._source, rows).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+            return pa.array(range(batch.num_rows), pa.int64()), self.partitions_of_batch(batch)
+        batch = batch.append_column(_ROW, pa.array(range(batch.num_rows), pa.int64()))
         copies = expand(batch, window)
         pairs = pa.table({_ROW: copies.column(_ROW), _PARTITION: self.partitions_of_batch(copies)})
         pairs = pairs.group_by([_ROW, _PARTITION]).aggregate([]).sort_by([(_ROW, "ascending"),

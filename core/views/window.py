@@ -45,8 +45,9 @@ def duration_ms(text: str) -> int | None:
     return int(match[1]) * unit if unit is not None else None
 
 
-def plan_window(time: Expr, durations: list[str], describe: str) -> TimeWindow:
-    """The window of ``window(time, size[, slide])`` (``time`` already bound), checked."""
+def plan_window(time: Expr, durations: list[str], describe: str, side: int = 0) -> TimeWindow:
+    """The window of ``window(time, size[, slide])`` (``time`` already bound, read off source ``side``),
+    checked."""
     if time.type is not ColumnType.INT:
         kind = time.type
         raise ViewDefinitionError(f"type error in {describe}: the event time of window() is an int column of "
@@ -66,7 +67,7 @@ def plan_window(time: Expr, durations: list[str], describe: str) -> TimeWindow:
     if math.ceil(size / slide) > MAX_WINDOWS_PER_ROW:
         raise ViewDefinitionError(f"{describe}: each row would fall in {math.ceil(size / slide)} windows (at most "
                                   f"{MAX_WINDOWS_PER_ROW}); use a longer slide")
-    return TimeWindow(time, size, slide)
+    return TimeWindow(time, size, slide, side)
 
 
 def expand(batch: pa.Table, window: TimeWindow) -> pa.Table:

@@ -143,9 +143,11 @@ def joined_to_groups(schema: pa.Schema, joined: pa.Table, epoch: int, groups: Gr
                      tokens: pa.Array) -> pa.Table:
     """An epoch's joined rows (the operator's) as rows of the group shuffle (``schema``:
     :func:`joined_rows_schema`: each column under its :func:`joined_column` name, the weight apart), each to
-    its group's view partition."""
+    its group's view partition (a windowed GROUP BY's: once to each partition holding one of its windows,
+    :meth:`~mvlog.views.routing.GroupRouting.fan_out_batch`)."""
+    rows, parts = groups.fan_out_batch(joined)
+    joined = joined.take(rows)
     shuffled = pa.table({joined_column(i): joined.column(f.name) for i, f in enumerate(joined_fields(joined))})
-    parts = groups.partitions_of_batch(joined)
     return shaped_view_rows(schema, shuffled, epoch, joined.column(WEIGHT), -1, 0, 0, parts, tokens)
 
 

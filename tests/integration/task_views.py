@@ -61,9 +61,12 @@ FULL = ("mvjf", "SELECT t1.id, t2.id AS id2, t1.v1, t2.k, t2.w FROM t1 FULL JOIN
 # in it, then out when t2's arrives, a row of t1 in or out as its key's last match leaves or arrives.
 ANTI = ("mvja", "SELECT t1.id, t1.v1 FROM t1 WHERE NOT EXISTS (SELECT 1 FROM t2 WHERE t2.k = t1.v1 AND t2.w < 80)")
 # An aggregate over the join: a third step, the joined rows shuffled to their groups' partitions (groups
-# that are not join keys), each group's state read and staged there beside the join's buckets.
-GROUPED = ("mvjg", "SELECT t2.w % 7 AS b, count(*) AS n, sum(t1.v1) AS s, min(t2.k) AS lo FROM t1 JOIN t2 "
-                   "ON t1.v1 = t2.k WHERE t1.deleted = false GROUP BY t2.w % 7")
+# that are not join keys), each group's state read and staged there beside the join's buckets. Windowed
+# over t1's ``id`` as the time (ms): a joined row falls in two windows, often of two partitions, and goes
+# to each, whose task folds its own windows.
+GROUPED = ("mvjg", "SELECT window.start, t2.w % 7 AS b, count(*) AS n, sum(t1.v1) AS s, min(t2.k) AS lo "
+                   "FROM t1 JOIN t2 ON t1.v1 = t2.k WHERE t1.deleted = false "
+                   "GROUP BY window(t1.id, '20 milliseconds', '10 milliseconds'), t2.w % 7")
 # A GROUP BY over the anti join: the subquery run in the join-key tasks, the rows without a match then
 # shuffled to their groups (v1 % 3: several join keys a group).
 ANTI_GROUPED = ("mvjag", "SELECT t1.v1 % 3 AS b, count(*) AS n, max(t1.id) AS hi FROM t1 WHERE NOT EXISTS "

@@ -396,6 +396,10 @@ AGGREGATES_OVER_JOINS = [
     "SELECT x.s, count(*) AS n FROM a x WHERE NOT EXISTS (SELECT 1 FROM a y WHERE y.k = x.id) GROUP BY x.s",
     # Global: every joined row to the one row's partition, whose task alone folds it.
     "SELECT count(*) AS n, sum(b.w) AS t, max(a.x) AS hi FROM a LEFT JOIN b ON a.k = b.k2",
+    # Windowed: a joined row to each partition holding one of its windows, whose task keeps its own.
+    "SELECT window.start, a.s, count(*) AS n, sum(b.w) AS t FROM a JOIN b ON a.k = b.k2 "
+    "GROUP BY window(a.id, '4 milliseconds', '1 millisecond'), a.s",
+    "SELECT window.end, count(*) AS n, min(b.w) AS lo FROM a LEFT JOIN b ON a.k = b.k2 GROUP BY window(a.k, '3 ms')",
 ]
 
 
@@ -404,7 +408,7 @@ AGGREGATES_OVER_JOINS = [
 def test_an_aggregate_over_a_join_split_by_join_key_then_by_group_gives_the_single_operators_changes(
         sql: str, partitions: int) -> None:
     """Per epoch: one join step per join-key partition (:meth:`ViewOperator.joined`, its own join state),
-    its joined rows routed to the partition of their group (:meth:`GroupRouting.partitions_of_batch`),
+    its joined rows routed to the partition of their group (:meth:`GroupRouting.fan_out_batch`),
     one aggregate step per view partition (:meth:`ViewOperator.aggregate_joined`, its own groups' state):
     the changes and the state are the single operator's, each change and state key in its partition."""
     schemas = {"a": A, "b": B}
@@ -437,10 +441,11 @@ def test_an_aggregate_over_a_join_split_by_join_key_then_by_group_gives_the_sing
             assert set(routing.partitions_of_state_keys(list(writes))) <= {j}
             joins[j].apply(writes)
         rows = pa.concat_tables(joined)
-        owners = groups.partitions_of_batch(rows).to_pylist()
+        indices, owners = groups.fan_out_batch(rows)  # a windowed one's rows: once to each of their partitions
+        assert len(set(zip(indices.to_pylist(), owners.to_pylist(), strict=True))) == len(indices)
         for p in range(partitions):  # a global aggregate's other partitions: no joined row, no change
             aggregate = ViewOperator(routing.operator_plan(), share=groups.share(p))
-            out = aggregate.aggregate_joined(rows.filter(pa.array([o == p for o in owners], pa.bool_())), aggregates[p])
+            out = aggregate.aggregate_joined(rows.take(indices.filter(pc.equal(owners, p))), aggregates[p])
             assert set(groups.partitions_of_state_keys(list(out.state_writes))) <= {p}
             aggregates[p].apply(out.state_writes)
             encoded = encode_batch(plan.schema.primary_key, out.changes)

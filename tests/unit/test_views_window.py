@@ -33,6 +33,24 @@ def test_tumbling_and_hopping_windows(all_epochs):
     ], all_epochs)
 
 
+@SETTINGS
+@given(epochs("t1", "t2"))
+def test_windows_over_joins(all_epochs):
+    """The time is a column of one joined view, which no outer join null-extends: DuckDB copies that view's
+    rows per window before the join, the operator the joined rows after it, the same rows."""
+    run_views([
+        ("inner", "SELECT window.start AS ws, b.tag, count(*) AS n, sum(b.w) AS total, max(a.v2) AS top "
+                  "FROM t1 a JOIN t2 b ON a.v1 = b.k GROUP BY window(a.id, '3 milliseconds', '1 millisecond'), b.tag"),
+        ("left", "SELECT window.end AS we, count(*) AS n, count(b.id) AS matched, min(b.w) AS low "
+                 "FROM t1 a LEFT JOIN t2 b ON a.v1 = b.k WHERE NOT a.deleted OR a.deleted IS NULL "
+                 "GROUP BY window(a.v1, '2 milliseconds')"),
+        ("right_time", "SELECT window.start, count(*) AS n, sum(a.v1) AS s FROM t1 a RIGHT JOIN t2 b ON a.v1 = b.k "
+                       "GROUP BY window(b.k * 2, '4 milliseconds', '2 milliseconds')"),  # b's side: kept
+        ("anti", "SELECT window.start AS ws, count(*) AS n FROM t1 a WHERE NOT EXISTS "
+                 "(SELECT 1 FROM t2 b WHERE b.k = a.v1) GROUP BY window(a.id, '2 milliseconds', '1 millisecond')"),
+    ], all_epochs)
+
+
 def test_a_row_counts_in_each_window_that_holds_it_and_an_emptied_window_goes():
     pipeline = Pipeline([("w", "SELECT window.start AS ws, window.end AS we, count(*) AS n FROM t1 "
                                "GROUP BY window(v1, '10 seconds', '5 seconds')")])
@@ -61,8 +79,12 @@ def test_bad_windows_are_refused(sql, error):
 @pytest.mark.parametrize(("sql", "construct"), [
     ("SELECT count(*) AS n FROM t1 GROUP BY window(v1, '1 second', '1 second', '1 second')",
      "window() with a start offset"),
-    ("SELECT count(*) AS n FROM t1 a JOIN t2 b ON a.v1 = b.k GROUP BY window(a.v1, '1 second')",
-     "time window over a join"),
+    ("SELECT count(*) AS n FROM t1 a JOIN t2 b ON a.v1 = b.k GROUP BY window(a.v1 + b.k, '1 second')",
+     "time window over a join whose time is not a column of one joined view"),
+    ("SELECT count(*) AS n FROM t1 a LEFT JOIN t2 b ON a.v1 = b.k GROUP BY window(b.k, '1 second')",
+     "time window over the side an outer join null-extends"),
+    ("SELECT count(*) AS n FROM t1 a FULL JOIN t2 b ON a.v1 = b.k GROUP BY window(a.v1, '1 second')",
+     "time window over the side an outer join null-extends"),
     ("SELECT count(*) AS n FROM t1 GROUP BY window(v1, '1 second'), window(id, '1 second')",
      "more than one time window in GROUP BY"),
     ("SELECT window(v1, '1 second') AS w FROM t1", "function window()"),
