@@ -401,31 +401,30 @@ def _time_window(parsed: ParsedSelect, binder: Binder, group_nodes: list[exp.Exp
     if len(calls) > 1:
         raise parsed.unsupported("more than one time window in GROUP BY", calls[1], "window")
     args = list(call.expressions)
-    time = binder.row_expr(args[0], "window()") if args else None
+    if not 2 <= len(args) <= 3:
+        raise parsed.unsupported("window() with a start offset" if len(args) == 4 else "window() arguments", call,
+                                 "window", hint="window(ts, '10 seconds') or window(ts, '10 seconds', '2 seconds')")
+    time = binder.row_expr(args[0], "window()")
     side = _window_side(parsed, binder, call, time)
     if binder.sources[side].view.startswith("$"):  # an inner query's internal name
         raise parsed.unsupported("time window over a subquery or WITH query", call, "window",
                                  hint="create the subquery as a view and window it in a view on that one")
-    if not 2 <= len(args) <= 3:
-        raise parsed.unsupported("window() with a start offset" if len(args) == 4 else "window() arguments", call,
-                                 "window", hint="window(ts, '10 seconds') or window(ts, '10 seconds', '2 seconds')")
     durations = []
     for duration in args[1:]:
         if not (isinstance(duration, exp.Literal) and duration.is_string):
             raise parsed.unsupported("window() duration that is not a string literal", duration, "window",
                                      hint="write it as '10 seconds'")
         durations.append(str(duration.this))
-    assert time is not None
     return plan_window(time, durations, where, side)
 
 
-def _window_side(parsed: ParsedSelect, binder: Binder, call: exp.Expr, time: Expr | None) -> int:
+def _window_side(parsed: ParsedSelect, binder: Binder, call: exp.Expr, time: Expr) -> int:
     """The source whose rows a time window copies, one per window (over a join: the one source the time
     reads, which no outer join null-extends, so that copying its rows before the join, as the rendered
     SQL does, is the same as copying the joined rows after it, as the operator does)."""
     if len(binder.sources) == 1:
         return 0
-    sides = {e.side for e in walk(time) if isinstance(e, ColumnRef)} if time is not None else set()
+    sides = {e.side for e in walk(time) if isinstance(e, ColumnRef)}
     if len(sides) != 1:
         raise parsed.unsupported("time window over a join whose time is not a column of one joined view", call,
                                  "window", hint="window over a column of one side, e.g. window(a.ts, '1 minute')")
