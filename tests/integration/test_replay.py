@@ -46,9 +46,10 @@ VIEWS = [
     # A hopping window over ``id`` as the time (ms): a row in three windows, in the tasks of their partitions.
     ("mvw", "SELECT window.start, k, count(*) AS n, sum(v1) AS s FROM mv1 GROUP BY window(id, '6 milliseconds', "
             "'2 milliseconds'), k"),
-    # A GROUP BY over an anti join (its subquery run in the join-key tasks).
-    ("mvja", "SELECT a.k, count(*) AS n, max(a.v1) AS hi FROM mv1 a WHERE NOT EXISTS (SELECT 1 FROM t2 b "
-             "WHERE b.id = a.v1 AND b.w > 0) GROUP BY a.k"),
+    # A windowed GROUP BY over an anti join (its subquery run in the join-key tasks, each row without a
+    # match then sent to the tasks of its windows' partitions).
+    ("mvja", "SELECT window.start, a.k, count(*) AS n, max(a.v1) AS hi FROM mv1 a WHERE NOT EXISTS (SELECT 1 "
+             "FROM t2 b WHERE b.id = a.v1 AND b.w > 0) GROUP BY window(a.id, '6 milliseconds', '2 milliseconds'), a.k"),
     # A global aggregate over a LEFT JOIN (folded by its one row's partition's task).
     ("mvjn", "SELECT count(*) AS n, sum(b.w) AS s FROM mv1 a LEFT JOIN t2 b ON a.v1 = b.id"),
     ("mvt", "SELECT id, k, v1, rn FROM (SELECT id, k, v1, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v1 DESC) AS rn "
