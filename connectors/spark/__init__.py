@@ -8,6 +8,8 @@
 * ``job_progress``: a long Spark job's tasks done, from Spark's status tracker (for a progress bar).
 * ``log_cache_client``: the executor side of the log cache: a task's planned epochs come from a Faust
   worker over HTTP when it holds them, else from Kafka.
+* ``worker_daemon``: the daemon Spark forks its Python workers from (``spark.python.daemon.module``):
+  PySpark's, with Spark's archives taken off the workers' path where the packages are installed.
 
 One unit because this code runs in Spark's executors (imported there by module name when a session
 registers the data source) and shares one contract, the signed-row schema; it reads Kafka and Redis

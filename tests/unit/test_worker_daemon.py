@@ -1,0 +1,41 @@
+"""The Spark worker daemon's path: Spark's archives come off only where the rest of the path provides
+their package, and jars always (mvlog.connectors.spark.worker_daemon)."""
+
+from __future__ import annotations
+
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from mvlog.connectors.spark import worker_daemon
+from mvlog.connectors.spark.worker_daemon import redundant_archives
+
+
+def _archive(path: Path, package: str) -> str:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(f"{package}/__init__.py", "")
+    return str(path)
+
+
+def test_an_archive_goes_only_when_its_package_is_installed_elsewhere(tmp_path: Path) -> None:
+    lib, site = tmp_path / "lib", tmp_path / "site"
+    lib.mkdir()
+    (site / "pyspark").mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    pyspark_zip = _archive(lib / "pyspark.zip", "pyspark")
+    py4j_zip = _archive(lib / "py4j-0.10.9.9-src.zip", "py4j")  # no py4j on the rest of the path: kept
+    jar = _archive(lib / "spark-core_2.13-4.3.0.jar", "org")
+    other = _archive(lib / "user-code.zip", "mine")  # not Spark's: kept
+    path = [str(tmp_path), pyspark_zip, py4j_zip, jar, other, str(site)]
+    assert redundant_archives(path) == [jar, pyspark_zip]
+    assert redundant_archives([pyspark_zip, py4j_zip, str(tmp_path)]) == []  # Spark's own pyspark only
+
+
+def test_taking_them_off_also_drops_their_cached_finders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    jar = _archive(tmp_path / "spark-core.jar", "org")
+    monkeypatch.setattr(sys, "path", [*sys.path, jar])
+    monkeypatch.setattr(sys, "path_importer_cache", {**sys.path_importer_cache, jar: None, jar + "/org": None})
+    assert worker_daemon.take_off_archives() == [jar]
+    assert jar not in sys.path and not [k for k in sys.path_importer_cache if k.startswith(jar)]
