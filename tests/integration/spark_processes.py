@@ -2,17 +2,21 @@
 
 A SIGKILL test on a real multi-process cluster kills more than the driver (issue 19 item 6): an
 executor's JVM (``CoarseGrainedExecutorBackend``; the cluster's worker starts another, Spark retries its
-tasks) or one of an executor's Python workers (forked by the executor's ``pyspark.daemon``; the task
-running in it fails and is retried). In ``local[N]`` the executors are threads of the driver's JVM and
-its Python workers are the driver JVM's own children: there is nothing here to find.
+tasks) or one of an executor's Python workers (forked by the executor's Python daemon, mvlog's
+``worker_daemon`` around ``pyspark.daemon``; the task running in it fails and is retried). In
+``local[N]`` the executors are threads of the driver's JVM and its Python workers are the driver JVM's
+own children: there is nothing here to find.
 """
 
 from __future__ import annotations
 
 import psutil
 
+from mvlog.connectors.spark import worker_daemon
+
 EXECUTOR_MARK = "CoarseGrainedExecutorBackend"
-DAEMON_MARK = "pyspark.daemon"
+#: The daemon's module in its command line: mvlog's sessions', or PySpark's own (``spark_conf`` may set it).
+DAEMON_MARKS = (worker_daemon.__name__, "pyspark.daemon")
 
 
 def _below(root: int) -> list[psutil.Process]:
@@ -36,8 +40,8 @@ def executor_jvms(driver: int) -> list[int]:
 
 
 def executor_python_workers(driver: int) -> list[int]:
-    """The pids of the executors' Python workers: the children of an executor's ``pyspark.daemon``
-    (which itself is not one: killing it takes every worker of its executor with it)."""
+    """The pids of the executors' Python workers: the children of an executor's Python daemon (which
+    itself is not one: killing it takes every worker of its executor with it)."""
     workers = []
     for executor in executor_jvms(driver):
         for process in _below(executor):
@@ -45,6 +49,6 @@ def executor_python_workers(driver: int) -> list[int]:
                 parent = process.parent()
             except psutil.NoSuchProcess:
                 continue
-            if parent is not None and DAEMON_MARK in _cmdline(parent):
+            if parent is not None and any(mark in _cmdline(parent) for mark in DAEMON_MARKS):
                 workers.append(process.pid)
     return workers

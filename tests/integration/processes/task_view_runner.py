@@ -46,7 +46,7 @@ EXECUTOR_MARK = b"CoarseGrainedExecutorBackend"
 
 
 def executor_pid() -> int:
-    """The executor JVM above this Python worker (worker <- pyspark.daemon <- executor JVM)."""
+    """The executor JVM above this Python worker (worker <- the Python daemon <- executor JVM)."""
     pid = os.getpid()
     while pid > 1:
         if EXECUTOR_MARK in Path(f"/proc/{pid}/cmdline").read_bytes():
