@@ -22,6 +22,10 @@ partitions, so it goes once to each partition holding one of its windows (:meth:
 whose operator keeps those windows only (:meth:`GroupRouting.share`: the other copies are the other
 partitions' to fold).
 
+A GROUP BY over a filter/project subquery (``FROM (SELECT ... FROM t WHERE ...) s``, or a WITH query)
+is routed the same way, its GROUP BY values read off the subquery's row for each input row (a row its
+WHERE drops goes nowhere); the task's operator runs the subquery first, on its partition's rows.
+
 Pure: Arrow in, partitions out; the Spark shuffle that uses it is in ``mvlog.services.pipeline``.
 """
 
@@ -62,9 +66,27 @@ def keyed_by_groups(plan: ViewPlan) -> bool:
 
 
 def grouped_by_key(plan: ViewPlan) -> bool:
-    """A GROUP BY over one upstream, :func:`keyed_by_groups`: the views :class:`GroupRouting` partitions
-    alone (an aggregate over a join takes the join's routing first, :mod:`mvlog.views.join_routing`)."""
-    return keyed_by_groups(plan) and not plan.inner and len(plan.query.sources) == 1 and not plan.query.joins
+    """A GROUP BY over one upstream, :func:`keyed_by_groups`, read directly or through one filter/project
+    subquery in FROM (or WITH query, :func:`stateless_subquery`): the views :class:`GroupRouting`
+    partitions alone (an aggregate over a join takes the join's routing first,
+    :mod:`mvlog.views.join_routing`)."""
+    return (keyed_by_groups(plan) and len(plan.query.sources) == 1 and not plan.query.joins
+            and (not plan.inner or stateless_subquery(plan) is not None))
+
+
+def stateless_subquery(plan: ViewPlan) -> ViewPlan | None:
+    """The one subquery a one-source query reads when it is a filter/project of one view (``FROM (SELECT
+    v % 3 AS b, x FROM t WHERE ok) s``, or a WITH query): each input row gives at most one row of it, by
+    itself, so the routing can evaluate it row by row (:meth:`GroupRouting.fan_out`), and the task's
+    operator, which runs it first, gets every input row of its groups. None for any other shape."""
+    if len(plan.inner) != 1:
+        return None
+    name, inner = plan.inner[0]
+    query = inner.query
+    if (plan.query.sources[0].view != name or inner.inner or inner.union or query.is_aggregate
+            or query.top_n is not None or len(query.sources) != 1 or query.joins):
+        return None
+    return inner
 
 
 @dataclass(frozen=True)
@@ -90,16 +112,33 @@ class GroupRouting:
 
     def partitions_of(self, rows: pa.Table) -> pa.Array:
         """The view partition (int32) of each row of ``rows`` (the upstream's columns, by name); not of a
-        windowed GROUP BY's, whose rows may have several (:meth:`fan_out`)."""
-        if self.plan.query.window is not None:
-            raise ValueError(f"view {self.plan.name!r} is windowed: a row may go to several partitions")
+        windowed GROUP BY's, whose rows may have several, nor of one over a subquery, whose WHERE may
+        leave a row none (:meth:`fan_out`)."""
+        if self.plan.query.window is not None or self.plan.inner:
+            raise ValueError(f"view {self.plan.name!r} is windowed or reads a subquery: a row may go to "
+                             "several partitions or none")
         return self.partitions_of_batch(source_batch(self._source, rows))
 
     def fan_out(self, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
         """Where each row of ``rows`` (the upstream's columns, by name) goes: (row index, partition) pairs,
         in row order. One pair a row (:meth:`partitions_of`), but for a windowed GROUP BY: one per
-        partition holding any of the row's windows (none for a row with a NULL time, in no window)."""
-        return self.fan_out_batch(source_batch(self._source, rows))
+        partition holding any of the row's windows (none for a row with a NULL time, in no window); and
+        none for a row its FROM subquery's WHERE drops (it reaches no group)."""
+        kept, batch = self._operator_input(rows)
+        indices, parts = self.fan_out_batch(batch)
+        return kept.take(indices), parts
+
+    def _operator_input(self, rows: pa.Table) -> tuple[pa.Array, pa.Table]:
+        """The rows of ``rows`` that reach the aggregate (their indices) and their values in the operator's
+        layout: the upstream's columns, or its FROM subquery's outputs over them (their WHERE applied)."""
+        indices = pa.array(range(rows.num_rows), pa.int64())
+        if (inner := stateless_subquery(self.plan)) is None:
+            return indices, source_batch(self._source, rows)
+        batch = source_batch(inner.query.sources[0].schema, rows)
+        if inner.query.where is not None:  # NULL drops the row, as in SQL
+            keep = pc.fill_null(evaluate(inner.query.where, batch), False)
+            batch, indices = batch.filter(keep), indices.filter(keep)
+        return indices, pa.table({column_field(0, o.name): evaluate(o.expr, batch) for o in inner.query.outputs})
 
     def fan_out_batch(self, batch: pa.Table) -> tuple[pa.Array, pa.Array]:
         """:meth:`fan_out` of rows in the operator's layout (:meth:`partitions_of_batch`): an aggregate

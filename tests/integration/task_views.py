@@ -30,8 +30,9 @@ VIEWS = [
     ("mvg", "SELECT id % 40 AS b, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi, avg(v1) AS a "
             "FROM t1 WHERE deleted = false GROUP BY id % 40"),
     # A global aggregate: every row shuffled to its one row's partition, whose task alone computes it; the
-    # other partitions' epochs are barriers only.
-    ("mvga", "SELECT count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi FROM t1 WHERE deleted = false"),
+    # other partitions' epochs are barriers only. Over a filter subquery: the rows its WHERE drops go nowhere.
+    ("mvga", "SELECT count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi "
+             "FROM (SELECT id, v1 FROM t1 WHERE deleted = false) s"),
     # A hopping window over ``id`` as the time (ms): each row in three windows, often of three partitions;
     # the row goes to each, whose operator folds its own windows.
     ("mvw", "SELECT window.start, window.end, count(*) AS n, sum(v1) AS s, max(v1) AS hi FROM t1 "

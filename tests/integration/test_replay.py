@@ -39,7 +39,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 VIEWS = [
     ("mv1", "SELECT * FROM t1 WHERE deleted = false"),
     ("mv2", "SELECT sum(v1) AS s FROM mv1"),
-    ("mvg", "SELECT k, count(*) AS n, min(v1) AS lo, max(v1) AS hi, avg(v1) AS a FROM mv1 GROUP BY k"),
+    # Through a WITH query (a filter/project: routed by its rows' groups, run first by each task).
+    ("mvg", "WITH m AS (SELECT k, v1 FROM mv1 WHERE v1 <> 3) "
+            "SELECT k, count(*) AS n, min(v1) AS lo, max(v1) AS hi, avg(v1) AS a FROM m GROUP BY k"),
     ("mvj", "SELECT a.id, a.v1, b.w FROM mv1 a JOIN t2 b ON a.v1 = b.id"),
     ("mvs", "SELECT a.id, b.id AS id2, a.v1, b.k FROM mv1 a JOIN mv1 b ON a.v1 = b.id"),  # a self-join
     ("mvjg", "SELECT a.k, count(*) AS n, sum(b.w) AS s FROM mv1 a JOIN t2 b ON a.v1 = b.id GROUP BY a.k"),
