@@ -29,17 +29,14 @@ import importlib.machinery
 import sys
 from pathlib import PurePath
 
-#: Archives Spark adds for these packages: the file's name -> the package it provides.
-_PACKAGE_ARCHIVES = {"pyspark.zip": "pyspark"}
-_PY4J_ARCHIVE_PREFIX = "py4j-"
-
 
 def _provides(entry: str) -> str | None:
-    """The package a Spark archive on the path provides (None: not such an archive)."""
+    """The package a Spark archive on the path provides: ``pyspark.zip``, ``py4j-<version>-src.zip``
+    (None: not such an archive)."""
     name = PurePath(entry).name
-    if name in _PACKAGE_ARCHIVES:
-        return _PACKAGE_ARCHIVES[name]
-    if name.startswith(_PY4J_ARCHIVE_PREFIX) and name.endswith(".zip"):
+    if name == "pyspark.zip":
+        return "pyspark"
+    if name.startswith("py4j-") and name.endswith(".zip"):
         return "py4j"
     return None
 
