@@ -82,6 +82,11 @@ SELF = ("mvjs", "SELECT a.id, b.id AS id2, a.v1, b.deleted FROM t1 a JOIN t1 b O
 SELF_ANTI = ("mvjx", "SELECT a.id, a.v1 FROM t1 a WHERE NOT EXISTS (SELECT 1 FROM t1 b WHERE b.v1 = a.id "
                      "AND b.deleted = false)")
 SELF_JOINS = [SELF, SELF_ANTI]
+# A UNION ALL of three filters, t1 read by two of them: no state, so the join's two steps with each input
+# row shuffled by its own key, every branch run there, the output by the view key (branch and its key:
+# a t1 row in both of its branches is two view rows, most often in two partitions).
+UNION = ("mvu", "SELECT id, v1 FROM t1 WHERE deleted = false UNION ALL SELECT id, w FROM t2 WHERE w > 20 "
+                "UNION ALL SELECT id, v1 * 10 FROM t1 WHERE v1 < 0")
 
 
 def task_settings(make_settings: Callable[..., Settings]) -> Settings:

@@ -1,5 +1,5 @@
 """Replacing a join view on a running chain, on the real stack (Apache Kafka, redis-server, Spark local);
-a self-join and a top-N (a join's two steps in tasks) beside it.
+a self-join, a top-N and a union of filters (a join's two steps in tasks) beside it.
 
 t1 -> mv1, and mvj = mv1 JOIN t2 with mvs (an aggregate) on top. mvj's replacement adds a filter on
 t2's side; both of its upstreams have snapshots at different epochs, so hydration starts at the newer
@@ -42,9 +42,14 @@ TOP_N = ("SELECT id, v1, rn FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY
          "FROM mv1) t WHERE rn <= 2")
 TOP_N_NEW = ("SELECT id, v1, rn FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY v1 ORDER BY id) AS rn "
              "FROM mv1) t WHERE rn <= 3")
+# A UNION ALL of filters of both upstreams, replaced by other filters: in tasks each input row goes to its
+# own key's task, whose output goes to the view key's (a join's two steps, no state).
+UNION = "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT id, w FROM t2"
+UNION_NEW = "SELECT id, v1 FROM mv1 WHERE v1 > 1 UNION ALL SELECT id, w * 2 FROM t2 WHERE w <> 0"
 VIEWS = [("mv1", "SELECT * FROM t1 WHERE deleted = false"), ("mvj", JOIN),
-         ("mvs", "SELECT sum(w) AS s, count(*) AS n FROM mvj"), ("ref", JOIN), ("mvself", SELF), ("mvtop", TOP_N)]
-REPLACED = {"mvj": NEW, "mvself": SELF_NEW, "mvtop": TOP_N_NEW}
+         ("mvs", "SELECT sum(w) AS s, count(*) AS n FROM mvj"), ("ref", JOIN), ("mvself", SELF), ("mvtop", TOP_N),
+         ("mvu", UNION)]
+REPLACED = {"mvj": NEW, "mvself": SELF_NEW, "mvtop": TOP_N_NEW, "mvu": UNION_NEW}
 
 
 @pytest.mark.parametrize("path", ["driver", "tasks"])
@@ -96,10 +101,12 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
             # Its rows at ``at`` are its definition over its upstreams' rows there (their changelogs summed).
             assert_same_rows(name, {plan.schema.key_of(r): r for r in rows}, duckdb_view_rows(plan, upstreams),
                              plan.schema, f"replacement at {at}")
-        hydrated = ReplacementStore(redis_client, settings.topic_prefix).record("mvj")
-        assert hydrated is not None and hydrated.hydration_epoch == mv1_snapshot.epoch
-        assert (hydrated.fields or {})["hydrated_from"] == (f"mv1: snapshot at epoch {mv1_snapshot.epoch}; "
-                                                            f"t2: snapshot at epoch {t2_snapshot.epoch}" + in_tasks)
+        for name in ("mvj", "mvu"):  # two upstreams: the newer snapshot, the other rolled forward to it
+            hydrated = ReplacementStore(redis_client, settings.topic_prefix).record(name)
+            assert hydrated is not None and hydrated.hydration_epoch == mv1_snapshot.epoch, name
+            assert (hydrated.fields or {})["hydrated_from"] == (f"mv1: snapshot at epoch {mv1_snapshot.epoch}; "
+                                                                f"t2: snapshot at epoch {t2_snapshot.epoch}"
+                                                                + in_tasks), name
         for name in ("mvself", "mvtop"):  # one upstream: its snapshot, then its changelog
             hydrated = ReplacementStore(redis_client, settings.topic_prefix).record(name)
             assert hydrated is not None and hydrated.hydration_epoch == mv1_snapshot.epoch, name
@@ -110,7 +117,7 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
         reached = write_epoch()  # t1's and t2's epochs: the cut-over is mvj's first epoch after the request
         cut_over = wait_for_apply(settings, "mvj", staged["mvj"].id, timeout=30, client=redis_client).epoch
         assert at < cut_over <= reached
-        for name in ("mvself", "mvtop"):
+        for name in ("mvself", "mvtop", "mvu"):
             assert at < wait_for_apply(settings, name, staged[name].id, timeout=30,
                                        client=redis_client).epoch <= reached
         for _ in range(2):
@@ -122,7 +129,8 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
             consumer.committer.writer.close()
 
     # I1 at every epoch: mvj under both definitions, mvs built on it, and the untouched ref.
-    assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvj", "mvs", "ref", "mvself", "mvtop"]) >= 4 * 8
+    assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvj", "mvs", "ref", "mvself", "mvtop",
+                                                 "mvu"]) >= 4 * 8
     mvj_log, ref_log = changelog(settings, redis_client, "mvj"), changelog(settings, redis_client, "ref")
     assert [e.epoch for e in mvj_log if e.mutation is not None] == [cut_over]
     before = [(e.epoch, _canonical(e.changes)) for e in mvj_log if e.epoch < cut_over]

@@ -1,0 +1,86 @@
+"""The pure parts of a ``UNION ALL`` of filter/project branches in Spark's tasks (issue 19, item 2): which
+views take the union's routing, that one operator per partition of input keys followed by a consolidation
+per view partition gives the single operator's changes (the join's two steps, :class:`SplitJoin`), and
+that a view two branches read is routed once. No broker, no Spark: the shuffles run in
+``tests/integration/test_operators_in_tasks.py``."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mvlog.views import ChangeBatch, plan_view
+from mvlog.views.keyed_routing import operator_key_routing, routed_by_operator_key
+from mvlog.views.routing import partitions_table, view_key_partitions
+from mvlog.views.union_routing import UnionRouting, union_of_filters
+
+from .test_join_routing import A, B, SplitJoin, _a, _b, _changes
+
+UNIONS = [
+    # Two views, WHERE in each branch, a column whose types combine (int and float).
+    "SELECT id, k FROM a WHERE x IS NOT NULL UNION ALL SELECT bid, k2 FROM b WHERE w > 0",
+    # One view read by both branches (a row in both, most often in two view partitions).
+    "SELECT id, s FROM a WHERE k > 1 UNION ALL SELECT id, s FROM a WHERE k <= 2",
+    # Three branches, a computed column, one view twice.
+    "SELECT id, k + 1 AS v FROM a UNION ALL SELECT bid, w FROM b UNION ALL SELECT id, k FROM a WHERE s = 's1'",
+]
+
+
+@pytest.mark.parametrize(("sql", "taken"), [
+    *((sql, True) for sql in UNIONS),
+    ("SELECT k, count(*) AS n FROM a GROUP BY k UNION ALL SELECT bid, w FROM b", False),  # a branch keeps state
+    ("SELECT a.id, b.w FROM a JOIN b ON a.k = b.k2 UNION ALL SELECT bid, w FROM b", False),
+    ("SELECT id, s FROM (SELECT id, s FROM a WHERE k > 0) t UNION ALL SELECT bid, 'b' FROM b", False),
+    ("SELECT id, k FROM a WHERE k > 0", False),  # not a union
+])
+def test_which_views_the_union_routing_takes(sql: str, taken: bool) -> None:
+    plan = plan_view("v", sql, {"a": A, "b": B})
+    assert union_of_filters(plan) is taken
+    assert isinstance(operator_key_routing(plan, 3), UnionRouting) is taken
+    if taken:
+        assert routed_by_operator_key(plan)
+
+
+def _epochs(split: SplitJoin, rng: random.Random, count: int) -> None:
+    rows_a: dict[int, dict[str, object]] = {}
+    rows_b: dict[int, dict[str, object]] = {}
+    for _ in range(count):
+        inputs = {"a": ChangeBatch.from_changes(A, _changes(rng, rows_a, 14, _a))}
+        if "b" in split.plan.sources:
+            inputs["b"] = ChangeBatch.from_changes(B, _changes(rng, rows_b, 14, _b))
+        split.epoch(inputs)
+
+
+@pytest.mark.parametrize("sql", UNIONS)
+@pytest.mark.parametrize("partitions", [1, 3, 4])
+def test_input_keys_computed_apart_then_consolidated_per_view_partition_give_the_single_operators_changes(
+        sql: str, partitions: int) -> None:
+    """Each task runs every branch over the input rows of its keys, no state; the view rows it emits are
+    routed to their view partitions and consolidated there; the union is the single operator's."""
+    split = SplitJoin(plan_view("v", sql, {"a": A, "b": B}), partitions)
+    _epochs(split, random.Random(partitions * 13 + len(sql)), 10)
+    assert split.view, "the union ended empty: nothing passed its branches"
+    assert not split.whole.data, "a union of filters keeps no state"
+
+
+@settings(max_examples=30, deadline=None)
+@given(sql=st.sampled_from(UNIONS), partitions=st.sampled_from([2, 3, 5]), seed=st.integers(0, 2**16))
+def test_any_changes_split_by_input_key_give_the_single_operators_changes(sql: str, partitions: int,
+                                                                            seed: int) -> None:
+    _epochs(SplitJoin(plan_view("v", sql, {"a": A, "b": B}), partitions), random.Random(seed), 6)
+
+
+def test_a_view_two_branches_read_is_one_upstream_routed_once_by_its_own_key() -> None:
+    """The data source reads ``a`` once and its rows go once to their key's partition, where both branches
+    run on them; that partition is where ``a``'s own changelog would put the key over as many partitions."""
+    routing = UnionRouting(plan_view("v", UNIONS[2], {"a": A, "b": B}), 4)
+    assert routing.upstreams() == routing.inputs() == ("a", "b")
+    rows = pa.Table.from_pylist([_a(random.Random(i), i) for i in range(40)])
+    assert routing.partitions_of(0, rows) == view_key_partitions(A, rows.select(["id"]), partitions_table(4))
+    assert len(set(routing.partitions_of(0, rows).to_pylist())) == 4
+    with pytest.raises(ValueError, match="keeps no operator state"):
+        routing.partitions_of_state_keys([b"g[1]"])
