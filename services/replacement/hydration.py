@@ -52,7 +52,7 @@ from mvlog.services.snapshot_compaction import check_changelog_after, read_snaps
 from mvlog.snapshot_plan import SnapshotError, SnapshotRecord
 from mvlog.views import ViewPlan
 from mvlog.views.key_routing import one_upstream_routing
-from mvlog.views.keyed_routing import operator_key_routing
+from mvlog.views.keyed_routing import operator_key_routing, routed_by_operator_key
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,10 @@ def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSes
     From an upstream's snapshot, the tasks read its files; else Spark SQL folds the changelog up to F."""
     if not settings.operators_in_tasks or sorted(plan.sources) != sorted(entry.sources):
         return None
-    if plan.is_join or len(plan.sources) == 2 or plan.query.top_n is not None:  # a self-join reads one view
+    if routed_by_operator_key(plan):  # a join (a self-join reads one view), a top-N, a union of filters
         return _join_in_tasks(settings, client, spark, entry, plan, start)
+    if len(plan.sources) != 1:
+        return None
     upstream = CatalogStore(settings, client).get(plan.sources[0])
     routing = one_upstream_routing(plan, upstream.key_columns, entry.partitions)
     if routing is None:
@@ -154,7 +156,8 @@ def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSes
 
 def _join_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSession, entry: CatalogEntry,
                    plan: ViewPlan, start: HydrationStart) -> JoinRebuild | None:
-    """An equi-join replacement's hydration in tasks (of two views, or of one with itself), or a top-N's:
+    """An equi-join replacement's hydration in tasks (of two views, or of one with itself), a top-N's or a
+    union of filters':
     each side's rows at F folded from its snapshot (if it starts from one) and its changelog up to its last epoch at
     or before F."""
     if (routing := operator_key_routing(plan, entry.partitions)) is None:

@@ -28,7 +28,7 @@ from ..oracle import check_oracle
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-NAMES = ("t1", "mv1", "mv2", "mv3", "mv4", "mv5")
+NAMES = ("t1", "mv1", "mv2", "mv3", "mv4", "mv5", "mv6")
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
@@ -41,7 +41,8 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 90.0) ->
 def create_chain(settings: Settings, client: redis.Redis) -> tuple[str, ...]:
     """mv1 (a filter of t1), mv2 (a GROUP BY of mv1) and mv3, a LEFT JOIN of the two: its state indexes both
     sides by k; rows of mv1 whose k has no group in mv2 (every row of it deleted) are null-extended. mv4, a
-    top-N of mv1 per k (in tasks: re-derived by ranking group), and mv5, a global aggregate of mv1."""
+    top-N of mv1 per k (in tasks: re-derived by ranking group), mv5, a global aggregate of mv1, and mv6, a
+    union of two filters of mv1 (in tasks: its rows re-derived by a join's two steps, no state)."""
     create_view(settings, "mv1", "SELECT * FROM t1 WHERE v1 > 0", client=client)
     create_view(settings, "mv2", "SELECT k, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi "
                 "FROM mv1 GROUP BY k", client=client)
@@ -49,6 +50,8 @@ def create_chain(settings: Settings, client: redis.Redis) -> tuple[str, ...]:
     create_view(settings, "mv4", "SELECT id, k, v1 FROM (SELECT id, k, v1, ROW_NUMBER() OVER (PARTITION BY k "
                 "ORDER BY v1 DESC) AS rn FROM mv1) t WHERE rn <= 2", client=client)
     create_view(settings, "mv5", "SELECT count(*) AS n, sum(v1) AS s FROM mv1", client=client)
+    create_view(settings, "mv6", "SELECT id, v1 FROM mv1 WHERE v1 > 4 UNION ALL SELECT id, v1 * 2 FROM mv1 "
+                "WHERE k = 'a'", client=client)
     return NAMES[1:]
 
 

@@ -46,10 +46,13 @@ TOP_N_NEW = ("SELECT id, v1, rn FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITIO
 # own key's task, whose output goes to the view key's (a join's two steps, no state).
 UNION = "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT id, w FROM t2"
 UNION_NEW = "SELECT id, v1 FROM mv1 WHERE v1 > 1 UNION ALL SELECT id, w * 2 FROM t2 WHERE w <> 0"
+# And one over mv1 alone (read once, both branches run on its rows).
+SELF_UNION = "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT id, v1 FROM mv1 WHERE v1 < 2"
+SELF_UNION_NEW = "SELECT id, v1 FROM mv1 WHERE v1 > 1 UNION ALL SELECT id, -v1 FROM mv1 WHERE v1 < 3"
 VIEWS = [("mv1", "SELECT * FROM t1 WHERE deleted = false"), ("mvj", JOIN),
          ("mvs", "SELECT sum(w) AS s, count(*) AS n FROM mvj"), ("ref", JOIN), ("mvself", SELF), ("mvtop", TOP_N),
-         ("mvu", UNION)]
-REPLACED = {"mvj": NEW, "mvself": SELF_NEW, "mvtop": TOP_N_NEW, "mvu": UNION_NEW}
+         ("mvu", UNION), ("mvu1", SELF_UNION)]
+REPLACED = {"mvj": NEW, "mvself": SELF_NEW, "mvtop": TOP_N_NEW, "mvu": UNION_NEW, "mvu1": SELF_UNION_NEW}
 
 
 @pytest.mark.parametrize("path", ["driver", "tasks"])
@@ -107,7 +110,7 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
             assert (hydrated.fields or {})["hydrated_from"] == (f"mv1: snapshot at epoch {mv1_snapshot.epoch}; "
                                                                 f"t2: snapshot at epoch {t2_snapshot.epoch}"
                                                                 + in_tasks), name
-        for name in ("mvself", "mvtop"):  # one upstream: its snapshot, then its changelog
+        for name in ("mvself", "mvtop", "mvu1"):  # one upstream: its snapshot, then its changelog
             hydrated = ReplacementStore(redis_client, settings.topic_prefix).record(name)
             assert hydrated is not None and hydrated.hydration_epoch == mv1_snapshot.epoch, name
             assert (hydrated.fields or {})["hydrated_from"] == (f"mv1: snapshot at epoch {mv1_snapshot.epoch}"
@@ -117,7 +120,7 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
         reached = write_epoch()  # t1's and t2's epochs: the cut-over is mvj's first epoch after the request
         cut_over = wait_for_apply(settings, "mvj", staged["mvj"].id, timeout=30, client=redis_client).epoch
         assert at < cut_over <= reached
-        for name in ("mvself", "mvtop", "mvu"):
+        for name in ("mvself", "mvtop", "mvu", "mvu1"):
             assert at < wait_for_apply(settings, name, staged[name].id, timeout=30,
                                        client=redis_client).epoch <= reached
         for _ in range(2):
@@ -130,7 +133,7 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
 
     # I1 at every epoch: mvj under both definitions, mvs built on it, and the untouched ref.
     assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvj", "mvs", "ref", "mvself", "mvtop",
-                                                 "mvu"]) >= 4 * 8
+                                                 "mvu", "mvu1"]) >= 4 * 8
     mvj_log, ref_log = changelog(settings, redis_client, "mvj"), changelog(settings, redis_client, "ref")
     assert [e.epoch for e in mvj_log if e.mutation is not None] == [cut_over]
     before = [(e.epoch, _canonical(e.changes)) for e in mvj_log if e.epoch < cut_over]

@@ -56,10 +56,10 @@ VIEWS = [
     ("mvjn", "SELECT count(*) AS n, sum(b.w) AS s FROM mv1 a LEFT JOIN t2 b ON a.v1 = b.id"),
     ("mvt", "SELECT id, k, v1, rn FROM (SELECT id, k, v1, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v1 DESC) AS rn "
             "FROM mv1) t WHERE rn <= 2"),
-    # A UNION ALL of filters, mv1 read by two branches (no state: each input row to its own key's task,
-    # every branch run there, the output by the view key).
+    # A UNION ALL of filters of three views (no state: each input row to its own key's task, every branch
+    # run there, the output by the view key).
     ("mvu", "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT id, w FROM t2 "
-            "UNION ALL SELECT id, v1 * 10 FROM mv1 WHERE k = 'a'"),
+            "UNION ALL SELECT id, v1 * 10 FROM t1 WHERE k = 'a'"),
 ]
 GROUPED = ("mv2", "mvg", "mvw")  # one-upstream aggregates, in the GROUP BY's tasks: global, grouped, windowed
 # Views run by operator key in tasks (the join's two shuffles: JoinDerivation, JoinRebuild): the joins and
