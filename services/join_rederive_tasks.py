@@ -49,7 +49,6 @@ from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.connectors.spark.job_progress import JobProgress
-from mvlog.connectors.spark.source_options import changelog_read
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key, Row
 from mvlog.services.backfill.chunked import keep_covered
@@ -73,7 +72,7 @@ from mvlog.services.pipeline.partition_tasks import (
     require_every_partition,
 )
 from mvlog.services.pipeline.reading import EpochBatches
-from mvlog.services.rederive import DerivationPlan, last_images, new_replay_topic
+from mvlog.services.rederive import DerivationPlan, new_replay_topic
 from mvlog.services.rederive_tasks import (
     DERIVED_DDL,
     DERIVED_SCHEMA,
@@ -85,8 +84,8 @@ from mvlog.services.rederive_tasks import (
     StageFor,
     as_hydration,
     derivation_input,
+    folded_rows,
     index_derived,
-    snapshot_hydration,
     stage_part,
     write_derived,
 )
@@ -244,7 +243,8 @@ class JoinRebuild(ReplaySession):
         (:func:`~mvlog.views.keyed_routing.routed_by_operator_key`). ``covers``: of a view still backfilling."""
         if (keyed := KeyedView.of(settings, client, plan.view)) is None:
             return None
-        reads = {upstream.name: SideRead(plan.upto(upstream.name)) for upstream in keyed.upstreams}
+        reads = {upstream.name: SideRead(plan.upto(upstream.name), plan.snapshot_of(upstream.name))
+                 for upstream in keyed.upstreams}
         return cls(settings, client, plan.last, keyed, reads, spark, covers)
 
     def rebuild(self, on_progress: Callable[[int, int], None] | None = None) -> RebuiltState:
@@ -283,11 +283,7 @@ class JoinRebuild(ReplaySession):
 
         def folded(upstream: CatalogEntry) -> DataFrame:
             read = self.reads[upstream.name]
-            log = changelog_read(self.spark, self.settings, upstream.name,
-                                 read.snapshot.epoch if read.snapshot is not None else 0, read.upto)
-            if read.snapshot is not None:  # its rows at the snapshot's epoch, then its changes after
-                log = snapshot_hydration(self.spark, upstream, read.snapshot).unionByName(log)
-            return as_hydration(last_images(log), self.epoch)
+            return as_hydration(folded_rows(self.spark, self.settings, upstream, read.upto, read.snapshot), self.epoch)
 
         routed = routed_sides(self.routing, self.upstreams, folded)
         assert routed is not None  # every side is read
@@ -448,7 +444,7 @@ class JoinDerivation(ReplaySession):
         if on_job is not None:
             write = on_job(write)
         routed = routed_sides(self.routing, self.upstreams, lambda upstream: derivation_input(
-            self.spark, self.settings, self.client, self.plan, upstream.name))
+            self.spark, self.settings, self.client, self.plan, upstream))
         assert routed is not None  # every side is read
         joined = (routed.repartition(partitions, ROUTE_TOKEN)
                   .mapInArrow(keys.run, from_arrow_schema(rows_schema)))

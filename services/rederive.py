@@ -13,6 +13,11 @@ Two engines read the upstreams: ``local`` (the changelog reader, in this process
 upstream rows and one epoch) and ``spark`` (the ``mvlog`` data source: executors read the partitions,
 Spark SQL folds the prefix into rows per key, and the range is fetched in chunks of epochs).
 
+Kafka's retention deletes a changelog's first epochs. An upstream whose changelog no longer starts at
+its first epoch is read from its newest snapshot at or before the range (``mvlog snapshot``; the
+changelog must hold every epoch after it): the snapshot's rows, then the changelog after it. Only the
+``spark`` engine reads snapshots (their Parquet files).
+
 Where the result goes is the caller's choice (:class:`TopicSink`, :class:`RedisRebuildSink`).
 """
 
@@ -36,6 +41,7 @@ from mvlog.connectors.kafka.retention import retained_epochs, starts_the_log
 from mvlog.connectors.kafka.topics import ensure_topic
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import EpochIndex
+from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.spark.source_options import changelog_read
 from mvlog.key_order import order_member
@@ -43,6 +49,7 @@ from mvlog.replay import ReplayRangeError, ReplayTargetError, RetainedRange
 from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import encode_key, encode_row
 from mvlog.services.view_ddl import plan_for
+from mvlog.snapshot_plan import SnapshotRecord
 from mvlog.views import ChangeBatch, InMemoryState, ViewOperator
 from mvlog.vnode import vnode_of
 
@@ -71,6 +78,9 @@ class UpstreamRead:
     range_epochs: int
     records: int  # change events to read (from the epoch index)
     end_offsets: dict[int, int]  # partition -> offset of the barrier of ``upto``
+    #: Where its rows before the range start: None, its changelog's first epoch; else this snapshot, whose
+    #: rows are read and its changelog after it (retention deleted the start; :func:`_prefix_start`).
+    snapshot: SnapshotRecord | None = None
 
 
 @dataclass
@@ -92,7 +102,14 @@ class DerivationPlan:
 
     def upto(self, upstream: str) -> int:
         """The last epoch read from ``upstream``."""
-        return next(u.upto for u in self.upstreams if u.name == upstream)
+        return self._read(upstream).upto
+
+    def snapshot_of(self, upstream: str) -> SnapshotRecord | None:
+        """The snapshot ``upstream``'s rows before the range start from (None: its changelog's first epoch)."""
+        return self._read(upstream).snapshot
+
+    def _read(self, upstream: str) -> UpstreamRead:
+        return next(u for u in self.upstreams if u.name == upstream)
 
     def to_json(self) -> dict[str, Any]:
         return {"view": self.view, "sources": list(self.sources), "first_epoch": self.first,
@@ -100,6 +117,7 @@ class DerivationPlan:
                 "retained": {"oldest": self.retained.oldest, "latest": self.retained.latest},
                 "upstreams": [{"view": u.name, "upto": u.upto, "prefix_epochs": u.prefix_epochs,
                                "range_epochs": u.range_epochs, "records": u.records,
+                               "snapshot_epoch": u.snapshot.epoch if u.snapshot is not None else None,
                                "partitions": [{"partition": p, "start_offset": 0, "end_offset": o}
                                               for p, o in sorted(u.end_offsets.items())]}
                               for u in self.upstreams]}
@@ -125,34 +143,50 @@ def plan_derivation(settings: Settings, client: redis.Redis, view: str, from_epo
     prev = 0
     for name in entry.sources:
         upstream = catalog.get(name)
-        _require_log_from_start(settings, index, upstream)
         upto_entry = index.before(name, 0, last_asked + 1)
         upto = upto_entry.epoch if upto_entry is not None else 0
         inside = [e.epoch for e in index.between(name, 0, first_asked - 1, upto)]
         before = index.before(name, 0, first_asked)
+        snapshot = _prefix_start(settings, client, upstream, before.epoch if before is not None else 0)
         prev = max(prev, before.epoch if before is not None else 0)
         upstream_epochs.update(inside)
-        records = sum(e.records for p in range(upstream.partitions) for e in index.between(name, p, 0, upto))
+        since = snapshot.epoch if snapshot is not None else 0
+        records = sum(e.records for p in range(upstream.partitions) for e in index.between(name, p, since, upto))
         ends = {p: e.offset for p in range(upstream.partitions) if (e := index.at(name, p, upto)) is not None}
-        prefix = len(index.between(name, 0, 0, before.epoch)) if before is not None else 0
-        reads.append(UpstreamRead(name, upstream.partitions, upto, prefix, len(inside), records, ends))
+        prefix = len(index.between(name, 0, since, before.epoch)) if before is not None else 0
+        reads.append(UpstreamRead(name, upstream.partitions, upto, prefix, len(inside), records, ends, snapshot))
     epochs = sorted(upstream_epochs)
     if not epochs:
         raise ReplayRangeError(f"{view}: no committed epoch between {first_asked} and {last_asked}")
     return DerivationPlan(view, entry.sources, epochs[0], epochs[-1], prev, epochs, retained, reads)
 
 
-def _require_log_from_start(settings: Settings, index: EpochIndex, upstream: CatalogEntry) -> None:
-    """The operator state at the range's start is built from the upstream's whole changelog: refuse when
-    its first epochs are gone (there is no snapshot to start from instead)."""
-    if not starts_the_log(settings, index, upstream.name):
+def _prefix_start(settings: Settings, client: redis.Redis, upstream: CatalogEntry, before: int
+                  ) -> SnapshotRecord | None:
+    """Where the upstream's rows as of epoch ``before`` (the range's start) are read from: its changelog's
+    first epoch (None) while retention kept it; else its newest snapshot at or before ``before`` whose
+    later epochs the changelog still holds. Refused, naming both, with neither."""
+    from mvlog.services.snapshot_compaction import check_changelog_after  # Spark's side: not the CLI's import
+    from mvlog.snapshot_plan import SnapshotError
+
+    store = ViewStore(client, settings.topic_prefix)
+    if starts_the_log(settings, store.index, upstream.name):
+        return None
+    try:
+        oldest = retained_epochs(settings, store.index, upstream.name, upstream.partitions).oldest
+        since = f"its oldest retained epoch is {oldest}"
+    except ReplayRangeError as error:
+        since = str(error).split(": ", 1)[-1]
+    snapshot = SnapshotStore(client, settings.topic_prefix).latest(upstream.name, at_or_before=before)
+    why_not = f"it has no snapshot at or before epoch {before} (mvlog snapshot {upstream.name})"
+    if snapshot is not None:
         try:
-            oldest = retained_epochs(settings, index, upstream.name, upstream.partitions).oldest
-            since = f"its oldest retained epoch is {oldest}"
-        except ReplayRangeError as error:
-            since = str(error).split(": ", 1)[-1]
-        raise ReplayRangeError(f"{upstream.name}: re-deriving needs its changelog from its first epoch, but "
-                               f"{since}; retention deleted the start")
+            check_changelog_after(settings, store, upstream, snapshot.epoch)
+            return snapshot
+        except SnapshotError as error:
+            why_not = f"its snapshot at epoch {snapshot.epoch} is not covered by the changelog ({error})"
+    raise ReplayRangeError(f"{upstream.name}: re-deriving needs its changelog from its first epoch or a snapshot, "
+                           f"but {since} (retention deleted the start) and {why_not}")
 
 
 # ------------------------------------------------------------------------------------------ deriving
@@ -166,6 +200,11 @@ class Derivation:
                  spark: SparkSession | None = None) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
+        if engine == "local" and (read := next((u for u in plan.upstreams if u.snapshot is not None), None)):
+            assert read.snapshot is not None
+            raise ReplayRangeError(f"{read.name}: its changelog no longer starts at its first epoch, and the local "
+                                   f"engine reads changelogs only: --engine spark starts from its snapshot at epoch "
+                                   f"{read.snapshot.epoch}")
         self.settings = settings
         self.plan = plan
         self.engine = engine
@@ -244,6 +283,7 @@ class Derivation:
     def _spark_read(self) -> tuple[Callable[[], dict[str, list[Row]]],
                                    Callable[[], Iterator[tuple[int, dict[str, ChangeBatch]]]]]:
         from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
+        from mvlog.services.rederive_tasks import rows_before
         from mvlog.services.spark_session import spark_session
 
         spark = self._spark or spark_session(self.settings, app_name=f"mvlog-replay-{self.plan.view}")
@@ -251,7 +291,7 @@ class Derivation:
         def prefix() -> dict[str, list[Row]]:
             rows: dict[str, list[Row]] = {}
             for name in self.plan.sources:
-                frame = folded_prefix(spark, self.settings, self.index, self.plan, name)
+                frame = rows_before(spark, self.settings, self.index, self.plan, self.upstreams[name])
                 rows[name] = [] if frame is None else \
                     frame.select(*self.upstreams[name].schema.names).toArrow().to_pylist()
             return rows
@@ -271,16 +311,6 @@ class Derivation:
                 after = upto
 
         return prefix, upstream_range
-
-
-def folded_prefix(spark: SparkSession, settings: Settings, index: EpochIndex, plan: DerivationPlan,
-                  upstream: str) -> DataFrame | None:
-    """``upstream``'s rows as of the epoch before ``plan``'s range: its log up to there read by Spark and
-    folded into each key's last image (:func:`last_images`), not run yet; None when it has no epoch there."""
-    before = index.before(upstream, 0, min(plan.prev_epoch, plan.upto(upstream)) + 1)
-    if before is None:
-        return None
-    return last_images(changelog_read(spark, settings, upstream, 0, before.epoch))
 
 
 def last_images(frame: DataFrame) -> DataFrame:

@@ -75,7 +75,7 @@ from mvlog.services.pipeline.partition_tasks import (
     written_or_found,
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
-from mvlog.services.rederive import DerivationPlan, folded_prefix, new_replay_topic, serving_rows
+from mvlog.services.rederive import DerivationPlan, last_images, new_replay_topic, serving_rows
 from mvlog.services.snapshot_compaction import read_snapshot
 from mvlog.services.view_ddl import plan_for
 from mvlog.snapshot_plan import SnapshotRecord
@@ -229,14 +229,36 @@ def index_derived(settings: Settings, client: redis.Redis, name: str, topic: str
 
 
 def derivation_input(spark: SparkSession, settings: Settings, client: redis.Redis, plan: DerivationPlan,
-                     upstream: str) -> DataFrame:
+                     upstream: CatalogEntry) -> DataFrame:
     """``upstream``'s part of a derivation: its last image per key up to the plan's ``prev_epoch``, as
     signed rows of that one epoch (the hydration), then the range's epochs as read."""
-    frame = changelog_read(spark, settings, upstream, plan.prev_epoch, plan.upto(upstream))
+    frame = changelog_read(spark, settings, upstream.name, plan.prev_epoch, plan.upto(upstream.name))
     index = EpochIndex(client, settings.topic_prefix)
-    if (prefix := folded_prefix(spark, settings, index, plan, upstream)) is None:
+    if (prefix := rows_before(spark, settings, index, plan, upstream)) is None:
         return frame
     return as_hydration(prefix, plan.prev_epoch).select(*frame.columns).unionByName(frame)
+
+
+def rows_before(spark: SparkSession, settings: Settings, index: EpochIndex, plan: DerivationPlan,
+                upstream: CatalogEntry) -> DataFrame | None:
+    """``upstream``'s rows as of the epoch before ``plan``'s range (:func:`folded_rows`, from the snapshot the
+    plan starts it from, if any), not run yet; None when it has none there."""
+    before = index.before(upstream.name, 0, min(plan.prev_epoch, plan.upto(upstream.name)) + 1)
+    snapshot = plan.snapshot_of(upstream.name)
+    if before is None and snapshot is None:
+        return None
+    return folded_rows(spark, settings, upstream, before.epoch if before is not None else 0, snapshot)
+
+
+def folded_rows(spark: SparkSession, settings: Settings, upstream: CatalogEntry, upto: int,
+                snapshot: SnapshotRecord | None = None) -> DataFrame:
+    """``upstream``'s rows at epoch ``upto`` (the data source's signed rows, each key's last image): Spark SQL
+    folds its changelog up to there (:func:`~mvlog.services.rederive.last_images`), from its first epoch,
+    or after ``snapshot``'s epoch over that snapshot's rows (retention deleted the log's start)."""
+    log = changelog_read(spark, settings, upstream.name, snapshot.epoch if snapshot is not None else 0, upto)
+    if snapshot is not None:
+        log = snapshot_hydration(spark, upstream, snapshot).unionByName(log)
+    return last_images(log)
 
 
 def as_hydration(rows: DataFrame, epoch: int) -> DataFrame:
@@ -372,7 +394,7 @@ class TaskDerivation(ReplaySession):
         range's epochs as read."""
         if self.snapshot is not None:
             return snapshot_hydration(self.spark, self.upstream, self.snapshot)
-        return derivation_input(self.spark, self.settings, self.client, self.plan, self.upstream.name)
+        return derivation_input(self.spark, self.settings, self.client, self.plan, self.upstream)
 
 
 def snapshot_hydration(spark: SparkSession, upstream: CatalogEntry, snapshot: SnapshotRecord) -> DataFrame:

@@ -154,8 +154,9 @@ def _rederive_in_tasks(settings: Settings, client: redis.Redis, entry: CatalogEn
                        ) -> int | None:
     """:func:`restore_view_state` computed by Spark's tasks
     (:meth:`~mvlog.services.rederive_tasks.TaskDerivation.rebuild` of the MCE alone, or a join's
-    :class:`~mvlog.services.join_rederive_tasks.JoinRebuild`); None when the tasks cannot (an operator
-    they do not run, an upstream's changelog no longer from its first epoch)."""
+    :class:`~mvlog.services.join_rederive_tasks.JoinRebuild`; an upstream whose changelog no longer starts at
+    its first epoch read from its snapshot, :func:`~mvlog.services.rederive.plan_derivation`); None when the
+    tasks cannot (an operator they do not run, an upstream with neither its whole changelog nor a snapshot)."""
     # Their Spark jobs: imported in a consumer's process only.
     from mvlog.services.join_rederive_tasks import JoinRebuild
     from mvlog.services.rederive_tasks import TaskDerivation

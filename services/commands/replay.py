@@ -138,7 +138,8 @@ def _show_redelivery(plan: RedeliveryPlan, output: str) -> None:
 
 @replay.command("derive")
 @click.argument("view")
-@click.option("--from-epoch", type=EPOCH, default=None, help="First epoch (default: the oldest retained).")
+@click.option("--from-epoch", type=EPOCH, default=None, help="First epoch (default: the oldest retained; with "
+              "--rebuild, the view's MCE).")
 @click.option("--to-epoch", type=EPOCH, default=None, help="Last epoch, inclusive (default: the view's MCE).")
 @click.option("--into-topic", "into", flag_value="topic", help="Write the re-derived epochs to a new changelog "
               "<prefix>.<view>.replay-<id>.changelog (or --topic-name) for inspection.")
@@ -156,7 +157,9 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
     """Re-derive VIEW's changes for a range of epochs from its upstream changelog(s).
 
     The operator's state at the range's start is rebuilt from the upstreams' changelogs from their first
-    epoch; each epoch of the range is then recomputed exactly as the view's consumer computed it.
+    epoch (or, where retention deleted it, from the upstream's newest snapshot before the range and its
+    changelog after it: --engine spark); each epoch of the range is then recomputed exactly as the view's
+    consumer computed it.
     """
     from mvlog.services.rederive import Derivation, RedisRebuildSink, TopicSink, check_topic_name, plan_derivation
 
@@ -168,11 +171,13 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
     result: dict[str, Any] = {"executed": False, "dry_run": dry_run, "into": into}
     with _replay_errors(settings):
         require_kafka(settings)
+        store = ViewStore(client, settings.topic_prefix)
+        mce = store.mce(view)
+        if into == "rebuild" and from_epoch is None:  # the state at the MCE needs that epoch only (and the
+            from_epoch = mce                           # upstream rows before it), not the whole retained range
         plan = plan_derivation(settings, client, view, from_epoch, to_epoch)
         if into == "topic" and topic_name is not None:
             check_topic_name(settings, client, topic_name)
-        store = ViewStore(client, settings.topic_prefix)
-        mce = store.mce(view)
         if into == "rebuild" and plan.last != mce:
             raise click.ClickException(f"{view}: --rebuild recomputes the serving state at the view's MCE {mce}; "
                                        f"the range ends at {plan.last} (leave --to-epoch out)")
@@ -232,8 +237,11 @@ def _show_derivation(document: dict[str, Any], output: str) -> None:
         print_json(document)
         return
     first, last = document["first_epoch"], document["last_epoch"]
+    starts = [f"{u['view']}'s snapshot at epoch {u['snapshot_epoch']}" for u in document["upstreams"]
+              if u.get("snapshot_epoch") is not None]
     click.echo(f"{document['view']}: {document['epochs']} epoch(s) from {first} ({epoch_time(first)}) to {last} "
-               f"({epoch_time(last)}), operator state rebuilt from the upstreams' first epoch")
+               f"({epoch_time(last)}), operator state rebuilt from "
+               + (", ".join(starts) + " (the others' first epoch)" if starts else "the upstreams' first epoch"))
     rows = [(u["view"], p["partition"], p["start_offset"], p["end_offset"], u["prefix_epochs"], u["range_epochs"],
              u["records"]) for u in document["upstreams"] for p in u["partitions"]]
     print_table(None, ["upstream", "partition", "from offset", "to offset", "epochs before", "epochs in range",
