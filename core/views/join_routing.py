@@ -56,7 +56,7 @@ import pyarrow as pa
 from mvlog.row_schema import ColumnType
 from mvlog.views.expr import ColumnRef
 from mvlog.views.plan import ViewPlan
-from mvlog.views.routing import GroupRouting, keyed_by_groups, partitions_table
+from mvlog.views.routing import GroupRouting, filter_of_one_view, keyed_by_groups, partitions_table
 from mvlog.views.state_codec import JOIN_TAGS, encode_key
 from mvlog.vnode import VNODE_COUNT
 
@@ -119,11 +119,9 @@ def subquery_of(plan: ViewPlan) -> ViewPlan | None:
             or query.sources[1].view not in inner or query.sources[0].view in inner):
         return None
     sub = inner[query.sources[1].view]
-    subquery = sub.query
-    if (sub.inner or sub.union or len(subquery.sources) != 1 or subquery.joins or subquery.is_aggregate
-            or subquery.top_n is not None or subquery.window is not None):
+    if not filter_of_one_view(sub):
         return None
-    outputs = {o.name: o.expr for o in subquery.outputs}
+    outputs = {o.name: o.expr for o in sub.query.outputs}
     passed = all(isinstance(outputs.get(c.right.column), ColumnRef) for c in query.joins[0].on)
     return sub if passed else None
 

@@ -82,11 +82,15 @@ def stateless_subquery(plan: ViewPlan) -> ViewPlan | None:
     if len(plan.inner) != 1:
         return None
     name, inner = plan.inner[0]
-    query = inner.query
-    if (plan.query.sources[0].view != name or inner.inner or inner.union or query.is_aggregate
-            or query.top_n is not None or len(query.sources) != 1 or query.joins):
-        return None
-    return inner
+    return inner if plan.query.sources[0].view == name and filter_of_one_view(inner) else None
+
+
+def filter_of_one_view(plan: ViewPlan) -> bool:
+    """A plan that only filters and projects the rows of one view (no subquery, union, join, aggregate,
+    window or top-N): it keeps no state, and each input row gives at most one output row, by itself."""
+    query = plan.query
+    return (not plan.inner and not plan.union and len(query.sources) == 1 and not query.joins
+            and not query.is_aggregate and query.top_n is None and query.window is None)
 
 
 @dataclass(frozen=True)

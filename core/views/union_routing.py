@@ -31,20 +31,13 @@ import pyarrow as pa
 from mvlog.row_schema import RowSchema
 from mvlog.views.evaluate import arrow_type
 from mvlog.views.plan import ViewPlan
-from mvlog.views.routing import GroupRouting, partitions_table, view_key_partitions
+from mvlog.views.routing import GroupRouting, filter_of_one_view, partitions_table, view_key_partitions
 
 
 def union_of_filters(plan: ViewPlan) -> bool:
     """A ``UNION ALL`` whose every branch is a filter/project of one view (no aggregate, join, top-N,
     window or subquery): the views :class:`UnionRouting` partitions."""
-    if not plan.union:
-        return False
-    for _, branch in plan.inner:
-        query = branch.query
-        if (branch.inner or branch.union or len(query.sources) != 1 or query.joins or query.is_aggregate
-                or query.top_n is not None or query.window is not None):
-            return False
-    return True
+    return plan.union and all(filter_of_one_view(branch) for _, branch in plan.inner)
 
 
 @dataclass(frozen=True)

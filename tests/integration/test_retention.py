@@ -397,6 +397,25 @@ def trimmed_t1(stack: StackEndpoints, spark: Any, tmp_path_factory: pytest.TempP
         drop_keys(client, settings.topic_prefix)
 
 
+def backfilled(trimmed: TrimmedTable, views: dict[str, str], spark: Any) -> None:
+    """Create ``views`` over t1 while its changelog starts after retention (a snapshot backfill, a join's
+    chunked: one snapshot cannot seed it) and run their consumers until every one is live at t1's MCE."""
+    settings, client = trimmed.settings, trimmed.client
+    store = ViewStore(client, settings.topic_prefix)
+    for name, sql in views.items():
+        create_view(settings, name, sql, client=client, backfill="chunked" if "JOIN" in sql else "snapshot")
+    consumers = [ViewConsumer(settings, name, spark=spark, client=client) for name in views]
+    try:
+        for _ in range(5):  # a join's chunks, each a micro-batch at t1's MCE
+            catch_up(consumers, store.mce("t1") or 0)
+            if all(store.lifecycle(name) == Lifecycle.LIVE for name in views):
+                break
+    finally:
+        for consumer in consumers:
+            consumer.committer.writer.close()
+    assert all(store.lifecycle(name) == Lifecycle.LIVE for name in views)
+
+
 def test_view_backfilled_from_a_snapshot_after_retention_deleted_the_start(trimmed_t1: TrimmedTable,
                                                                             spark: Any) -> None:
     """Retention deleted every t1 epoch before its snapshot at E: views created with ``--backfill
@@ -408,18 +427,7 @@ def test_view_backfilled_from_a_snapshot_after_retention_deleted_the_start(trimm
     views = {"mvf": "SELECT id, v1 * 2 AS w, k FROM t1 WHERE deleted = false",
              "mvg": "SELECT k, count(*) AS n, count(v1) AS c, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi "
                     "FROM t1 GROUP BY k"}
-    for name, sql in views.items():  # a join cannot be seeded from one snapshot: it backfills in chunks
-        create_view(settings, name, sql, client=client, backfill="chunked" if "JOIN" in sql else "snapshot")
-    consumers = [ViewConsumer(settings, name, spark=spark, client=client) for name in views]
-    try:
-        for _ in range(5):  # the join's chunks, each a micro-batch at t1's MCE
-            catch_up(consumers, store.mce("t1") or 0)
-            if all(store.lifecycle(name) == Lifecycle.LIVE for name in views):
-                break
-    finally:
-        for consumer in consumers:
-            consumer.committer.writer.close()
-    assert all(store.lifecycle(name) == Lifecycle.LIVE for name in views)
+    backfilled(trimmed_t1, views, spark)
     for name in views:
         assert check_view_against_t1(settings, client, name, t1) == [e for e in sorted(t1.history) if e >= at_e]
         assert store.backfill_progress(name)["snapshot_epoch"] == str(at_e)
@@ -441,18 +449,7 @@ def test_derive_and_rebuild_after_retention_start_from_the_snapshot(trimmed_t1: 
     store = ViewStore(client, settings.topic_prefix)
     views = {"mvdg": "SELECT k, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi FROM t1 GROUP BY k",
              "mvdj": "SELECT a.id, b.id AS id2, a.v1, b.k FROM t1 a JOIN t1 b ON a.v1 = b.id"}
-    for name, sql in views.items():  # a join cannot be seeded from one snapshot: it backfills in chunks
-        create_view(settings, name, sql, client=client, backfill="chunked" if "JOIN" in sql else "snapshot")
-    consumers = [ViewConsumer(settings, name, spark=spark, client=client) for name in views]
-    try:
-        for _ in range(5):  # the join's chunks, each a micro-batch at t1's MCE
-            catch_up(consumers, store.mce("t1") or 0)
-            if all(store.lifecycle(name) == Lifecycle.LIVE for name in views):
-                break
-    finally:
-        for consumer in consumers:
-            consumer.committer.writer.close()
-    assert all(store.lifecycle(name) == Lifecycle.LIVE for name in views)
+    backfilled(trimmed_t1, views, spark)
     for name in views:
         keys = [f"{settings.topic_prefix}:{{{name}}}:{what}" for what in ("rows", "opstate", "keyorder")]
         rows, state, order = client.hgetall(keys[0]), client.hgetall(keys[1]), client.zrange(keys[2], 0, -1)
