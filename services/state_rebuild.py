@@ -113,13 +113,13 @@ def left_to_consumer(settings: Settings, client: redis.Redis, entry: CatalogEntr
     """Whether a rebuild leaves ``entry``'s operator state to the view's consumer: the operators run in
     Spark's tasks (``Settings.operators_in_tasks``, the deployment's setting), the view's operator is one
     they run (one upstream by key or by group, an equi-join of two views or of one with itself, a top-N, a
-    union of filters). A view still backfilling is re-derived by its tasks from the upstream keys its
+    union). A view still backfilling is re-derived by its tasks from the upstream keys its
     backfill covers (:attr:`~mvlog.services.rederive_tasks.DeriveJob.covers`)."""
     if not settings.operators_in_tasks or entry.kind != "view":
         return False
     catalog = CatalogStore(settings, client)
     plan = plan_for(catalog, entry.name, entry.sql or "")
-    if routed_by_operator_key(plan):  # a join, a GROUP BY over one, a top-N, a union of filters (of any views)
+    if routed_by_operator_key(plan):  # a join, a GROUP BY over one, a top-N, a union (of any views)
         return True
     return (len(entry.sources) == 1
             and one_upstream_routing(plan, catalog.get(entry.sources[0]).key_columns, entry.partitions) is not None)

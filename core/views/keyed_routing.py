@@ -1,6 +1,6 @@
 """The views whose operator runs in Spark's tasks in two shuffles: first by the key its state is kept under
-(an equi-join's join key, a top-N's PARTITION BY values; a union of filters, which keeps none, by each
-input row's own key), then by the view's key for the changelog partitions (issue 19 item 2). Their
+(an equi-join's join key, a top-N's PARTITION BY values; a union's, each branch's: a GROUP BY's group, a
+filter's input row's own key), then by the view's key for the changelog partitions (issue 19 item 2). Their
 routings share one interface (the sources read, each side's input name, the operator's plan, the
 partition of each input row and of each state key), so the same jobs
 (:mod:`mvlog.services.pipeline.join_tasks`) run them all on every path: live, catch-up, chunked backfill,
@@ -12,15 +12,16 @@ from __future__ import annotations
 from mvlog.views.join_routing import JoinRouting, routed_by_join_key
 from mvlog.views.plan import ViewPlan
 from mvlog.views.topn_routing import TopNRouting, top_n_of_one_view
-from mvlog.views.union_routing import UnionRouting, union_of_filters
+from mvlog.views.union_routing import UnionRouting, routed_union
 
 #: How a view of two shuffles routes its input and state.
 OperatorKeyRouting = JoinRouting | TopNRouting | UnionRouting
 
 
 def routed_by_operator_key(plan: ViewPlan) -> bool:
-    """An equi-join of two sources (or a GROUP BY over one), a top-N of one view, or a union of filters."""
-    return routed_by_join_key(plan) or top_n_of_one_view(plan) or union_of_filters(plan)
+    """An equi-join of two sources (or a GROUP BY over one), a top-N of one view, or a union of filter and
+    GROUP BY branches."""
+    return routed_by_join_key(plan) or top_n_of_one_view(plan) or routed_union(plan)
 
 
 def operator_key_routing(plan: ViewPlan, partitions: int) -> OperatorKeyRouting | None:
@@ -30,6 +31,6 @@ def operator_key_routing(plan: ViewPlan, partitions: int) -> OperatorKeyRouting 
         return JoinRouting(plan, partitions)
     if top_n_of_one_view(plan):
         return TopNRouting(plan, partitions)
-    if union_of_filters(plan):
+    if routed_union(plan):
         return UnionRouting(plan, partitions)
     return None

@@ -129,7 +129,7 @@ def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSes
     From an upstream's snapshot, the tasks read its files; else Spark SQL folds the changelog up to F."""
     if not settings.operators_in_tasks or sorted(plan.sources) != sorted(entry.sources):
         return None
-    if routed_by_operator_key(plan):  # a join (a self-join reads one view), a top-N, a union of filters
+    if routed_by_operator_key(plan):  # a join (a self-join reads one view), a top-N, a union
         return _join_in_tasks(settings, client, spark, entry, plan, start)
     if len(plan.sources) != 1:
         return None
@@ -157,9 +157,8 @@ def derivation_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSes
 def _join_in_tasks(settings: Settings, client: redis.Redis, spark: SparkSession, entry: CatalogEntry,
                    plan: ViewPlan, start: HydrationStart) -> JoinRebuild | None:
     """An equi-join replacement's hydration in tasks (of two views, or of one with itself), a top-N's or a
-    union of filters':
-    each side's rows at F folded from its snapshot (if it starts from one) and its changelog up to its last epoch at
-    or before F."""
+    union's: each side's rows at F folded from its snapshot (if it starts from one) and its changelog up to
+    its last epoch at or before F."""
     if (routing := operator_key_routing(plan, entry.partitions)) is None:
         return None
     catalog, index = CatalogStore(settings, client), EpochIndex(client, settings.topic_prefix)

@@ -82,10 +82,11 @@ SELF = ("mvjs", "SELECT a.id, b.id AS id2, a.v1, b.deleted FROM t1 a JOIN t1 b O
 SELF_ANTI = ("mvjx", "SELECT a.id, a.v1 FROM t1 a WHERE NOT EXISTS (SELECT 1 FROM t1 b WHERE b.v1 = a.id "
                      "AND b.deleted = false)")
 SELF_JOINS = [SELF, SELF_ANTI]
-# A UNION ALL of three filters, t1 read by two of them: no state, so the join's two steps with each input
-# row shuffled by its own key, every branch run there, the output by the view key (branch and its key:
-# a t1 row in both of its branches is two view rows, most often in two partitions).
-UNION = ("mvu", "SELECT id, v1 FROM t1 WHERE deleted = false UNION ALL SELECT id, w FROM t2 WHERE w > 20 "
+# A UNION ALL of two filters of t1 and a GROUP BY of t2: the join's two steps, a side per branch (t1's rows
+# routed once for each of its branches, by their own key; t2's by group, whose state that task reads and
+# stages), then the output by the view key (branch and its key: a t1 row in both of its branches is two
+# view rows, most often in two partitions).
+UNION = ("mvu", "SELECT id, v1 FROM t1 WHERE deleted = false UNION ALL SELECT k, count(*) AS n FROM t2 GROUP BY k "
                 "UNION ALL SELECT id, v1 * 10 FROM t1 WHERE v1 < 0")
 
 

@@ -398,7 +398,7 @@ def test_join_backfill_in_tasks_is_exact_at_every_epoch(
     committed epoch on the keys it covered then (a row of one side covered before its match on the other
     is null-extended, then retracted), every epoch committed in tasks. An aggregate over a LEFT JOIN of the
     same tables backfills beside it (its joined rows folded into their groups in a third step), and a UNION
-    ALL of a filter of each."""
+    ALL of a filter of t1 and a GROUP BY of t2."""
     settings = make_settings(operators_in_tasks=True, tasks_min_records=0, partitions=3,
                              backfill_batch_rows=70, backfill_max_batch_rows=70)
     t1 = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client, auto_commit=False)
@@ -422,8 +422,8 @@ def test_join_backfill_in_tasks_is_exact_at_every_epoch(
                     "WHERE t1.deleted = false OR t1.deleted IS NULL",
              "mvjg": "SELECT t2.w % 5 AS b, count(*) AS n, sum(t1.v1) AS s, max(t1.id) AS hi FROM t1 LEFT JOIN t2 "
                      "ON t1.v1 = t2.k WHERE t1.deleted = false GROUP BY t2.w % 5",
-             # A union of filters (no state; each input row to its own key's task, then by the view key).
-             "mvu": "SELECT id, v1 FROM t1 WHERE deleted = false UNION ALL SELECT id, w FROM t2 WHERE w > 50"}
+             # A union of a filter and a GROUP BY (t1's rows to their own key's task, t2's to their group's).
+             "mvu": "SELECT id, v1 FROM t1 WHERE deleted = false UNION ALL SELECT k, count(*) AS n FROM t2 GROUP BY k"}
     for name, sql in views.items():
         create_view(settings, name, sql, client=redis_client, backfill="chunked")
     store = ViewStore(redis_client, settings.topic_prefix)

@@ -1,5 +1,5 @@
 """Replacing a join view on a running chain, on the real stack (Apache Kafka, redis-server, Spark local);
-a self-join, a top-N and a union of filters (a join's two steps in tasks) beside it.
+a self-join, a top-N and two unions (a join's two steps in tasks) beside it.
 
 t1 -> mv1, and mvj = mv1 JOIN t2 with mvs (an aggregate) on top. mvj's replacement adds a filter on
 t2's side; both of its upstreams have snapshots at different epochs, so hydration starts at the newer
@@ -42,10 +42,10 @@ TOP_N = ("SELECT id, v1, rn FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY
          "FROM mv1) t WHERE rn <= 2")
 TOP_N_NEW = ("SELECT id, v1, rn FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY v1 ORDER BY id) AS rn "
              "FROM mv1) t WHERE rn <= 3")
-# A UNION ALL of filters of both upstreams, replaced by other filters: in tasks each input row goes to its
-# own key's task, whose output goes to the view key's (a join's two steps, no state).
-UNION = "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT id, w FROM t2"
-UNION_NEW = "SELECT id, v1 FROM mv1 WHERE v1 > 1 UNION ALL SELECT id, w * 2 FROM t2 WHERE w <> 0"
+# A UNION ALL of a filter of mv1 and a GROUP BY of t2, replaced by others: in tasks a side per branch, mv1's
+# rows to their own key's task, t2's to their group's (its state there), the output to the view key's.
+UNION = "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT w, count(*) AS n FROM t2 GROUP BY w"
+UNION_NEW = "SELECT id, v1 FROM mv1 WHERE v1 > 1 UNION ALL SELECT w, sum(id) AS n FROM t2 GROUP BY w"
 # And one over mv1 alone (read once, both branches run on its rows).
 SELF_UNION = "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT id, v1 FROM mv1 WHERE v1 < 2"
 SELF_UNION_NEW = "SELECT id, v1 FROM mv1 WHERE v1 > 1 UNION ALL SELECT id, -v1 FROM mv1 WHERE v1 < 3"

@@ -1,8 +1,8 @@
-"""The pure parts of a ``UNION ALL`` of filter/project branches in Spark's tasks (issue 19, item 2): which
-views take the union's routing, that one operator per partition of input keys followed by a consolidation
-per view partition gives the single operator's changes (the join's two steps, :class:`SplitJoin`), and
-that a view two branches read is routed once. No broker, no Spark: the shuffles run in
-``tests/integration/test_operators_in_tasks.py``."""
+"""The pure parts of a ``UNION ALL`` in Spark's tasks (issue 19, item 2): which views take the union's
+routing, that one operator per partition (each branch's rows routed by its group or their own key)
+followed by a consolidation per view partition gives the single operator's changes and state (the join's
+two steps, :class:`SplitJoin`), and how each branch is a side of its own. No broker, no Spark: the
+shuffles run in ``tests/integration/test_operators_in_tasks.py``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from mvlog.views import ChangeBatch, plan_view
 from mvlog.views.keyed_routing import operator_key_routing, routed_by_operator_key
 from mvlog.views.routing import partitions_table, view_key_partitions
-from mvlog.views.union_routing import UnionRouting, union_of_filters
+from mvlog.views.union_routing import UnionRouting, routed_union
 
 from .test_join_routing import A, B, SplitJoin, _a, _b, _changes
 
@@ -27,19 +27,25 @@ UNIONS = [
     "SELECT id, s FROM a WHERE k > 1 UNION ALL SELECT id, s FROM a WHERE k <= 2",
     # Three branches, a computed column, one view twice.
     "SELECT id, k + 1 AS v FROM a UNION ALL SELECT bid, w FROM b UNION ALL SELECT id, k FROM a WHERE s = 's1'",
+    # GROUP BY branches (state per group, under each branch's prefix), beside a filter of the same view.
+    "SELECT k, count(*) AS n FROM a GROUP BY k UNION ALL SELECT w, sum(bid) AS n FROM b GROUP BY w",
+    "SELECT s, max(k) AS n FROM a WHERE x IS NOT NULL GROUP BY s HAVING count(*) > 1 "
+    "UNION ALL SELECT s, k FROM a WHERE k > 1 UNION ALL SELECT s, min(id) AS n FROM a GROUP BY s",
 ]
 
 
 @pytest.mark.parametrize(("sql", "taken"), [
     *((sql, True) for sql in UNIONS),
-    ("SELECT k, count(*) AS n FROM a GROUP BY k UNION ALL SELECT bid, w FROM b", False),  # a branch keeps state
+    ("SELECT count(*) AS n FROM a UNION ALL SELECT w FROM b", False),  # a global aggregate: every task's row
+    ("SELECT window.start, count(*) AS n FROM a GROUP BY window(id, '4 milliseconds') UNION ALL SELECT bid, w "
+     "FROM b", False),  # a windowed branch: a row in several partitions
     ("SELECT a.id, b.w FROM a JOIN b ON a.k = b.k2 UNION ALL SELECT bid, w FROM b", False),
     ("SELECT id, s FROM (SELECT id, s FROM a WHERE k > 0) t UNION ALL SELECT bid, 'b' FROM b", False),
     ("SELECT id, k FROM a WHERE k > 0", False),  # not a union
 ])
 def test_which_views_the_union_routing_takes(sql: str, taken: bool) -> None:
     plan = plan_view("v", sql, {"a": A, "b": B})
-    assert union_of_filters(plan) is taken
+    assert routed_union(plan) is taken
     assert isinstance(operator_key_routing(plan, 3), UnionRouting) is taken
     if taken:
         assert routed_by_operator_key(plan)
@@ -64,7 +70,10 @@ def test_input_keys_computed_apart_then_consolidated_per_view_partition_give_the
     split = SplitJoin(plan_view("v", sql, {"a": A, "b": B}), partitions)
     _epochs(split, random.Random(partitions * 13 + len(sql)), 10)
     assert split.view, "the union ended empty: nothing passed its branches"
-    assert not split.whole.data, "a union of filters keeps no state"
+    grouped = "GROUP BY" in sql
+    assert bool(split.whole.data) is grouped, "a GROUP BY branch keeps state per group, a filter none"
+    if "GROUP BY w" in sql:  # b's groups of a few rows each
+        assert split.emptied > 0, "no group emptied: its state delete went untested"
 
 
 @settings(max_examples=30, deadline=None)
@@ -74,13 +83,20 @@ def test_any_changes_split_by_input_key_give_the_single_operators_changes(sql: s
     _epochs(SplitJoin(plan_view("v", sql, {"a": A, "b": B}), partitions), random.Random(seed), 6)
 
 
-def test_a_view_two_branches_read_is_one_upstream_routed_once_by_its_own_key() -> None:
-    """The data source reads ``a`` once and its rows go once to their key's partition, where both branches
-    run on them; that partition is where ``a``'s own changelog would put the key over as many partitions."""
-    routing = UnionRouting(plan_view("v", UNIONS[2], {"a": A, "b": B}), 4)
-    assert routing.upstreams() == routing.inputs() == ("a", "b")
+def test_each_branch_is_a_side_routed_by_its_group_or_its_rows_own_key() -> None:
+    """A view two branches read is a side per branch, each under its own input name, so each branch's
+    operator gets the rows routed for it: a GROUP BY branch's by group (its state keys' owner), a filter
+    branch's by the row's own key, where ``a``'s own changelog would put it over as many partitions."""
+    routing = UnionRouting(plan_view("v", UNIONS[4], {"a": A, "b": B}), 4)
+    assert routing.upstreams() == ("a", "a", "a")
+    assert routing.inputs() == ("a#b0", "a#b1", "a#b2")
+    assert routing.operator_plan().sources == routing.inputs()
     rows = pa.Table.from_pylist([_a(random.Random(i), i) for i in range(40)])
-    assert routing.partitions_of(0, rows) == view_key_partitions(A, rows.select(["id"]), partitions_table(4))
-    assert len(set(routing.partitions_of(0, rows).to_pylist())) == 4
-    with pytest.raises(ValueError, match="keeps no operator state"):
+    assert routing.partitions_of(1, rows) == view_key_partitions(A, rows.select(["id"]), partitions_table(4))
+    assert len(set(routing.partitions_of(1, rows).to_pylist())) == 4
+    by_group = routing.partitions_of(0, rows).to_pylist()
+    for s in {row["s"] for row in rows.to_pylist()}:  # one partition per group of s, in both GROUP BY branches
+        assert len({p for p, row in zip(by_group, rows.to_pylist(), strict=True) if row["s"] == s}) == 1
+    assert routing.partitions_of(2, rows).to_pylist() == by_group
+    with pytest.raises(ValueError, match="not a GROUP BY branch's state key"):
         routing.partitions_of_state_keys([b"g[1]"])
