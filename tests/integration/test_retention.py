@@ -56,6 +56,7 @@ from mvlog.connectors.kafka.topics import ensure_topic
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.connectors.redis.replacement_store import ReplacementRecord, ReplacementStore
+from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.replacement import Status
 from mvlog.row_schema import Key, Row
@@ -372,7 +373,8 @@ class TrimmedTable:
 
 @pytest.fixture(scope="module")
 def trimmed_t1(stack: StackEndpoints, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrimmedTable]:
-    """One t1 for the snapshot tests (each creates views of its own and writes no t1 epoch)."""
+    """One t1 for the snapshot tests (each creates views of its own, and writes t1's epochs through its
+    model only)."""
     folder = tmp_path_factory.mktemp("retention")
     settings = module_settings(stack, folder, snapshot_dir=folder / "snapshots")
     client = redis.Redis.from_url(settings.redis_url)
@@ -450,25 +452,40 @@ def test_derive_and_rebuild_after_retention_start_from_the_snapshot(trimmed_t1: 
     views = {"mvdg": "SELECT k, count(*) AS n, sum(v1) AS s, min(v1) AS lo, max(v1) AS hi FROM t1 GROUP BY k",
              "mvdj": "SELECT a.id, b.id AS id2, a.v1, b.k FROM t1 a JOIN t1 b ON a.v1 = b.id"}
     backfilled(trimmed_t1, views, spark)
+    # Epochs of the views after their load (whichever snapshot of t1 it took: another test may have made a
+    # later one than E's), through t1's model so that the module's other tests still know its rows.
+    for _ in range(2):
+        trimmed_t1.t1.epoch(upserts=6, deletes=2, keys=range(40))
+    consumers = [ViewConsumer(settings, name, spark=spark, client=client) for name in views]
+    try:
+        catch_up(consumers, store.mce("t1") or 0)
+    finally:
+        for consumer in consumers:
+            consumer.committer.writer.close()
     for name in views:
         keys = [f"{settings.topic_prefix}:{{{name}}}:{what}" for what in ("rows", "opstate", "keyorder")]
         rows, state, order = client.hgetall(keys[0]), client.hgetall(keys[1]), client.zrange(keys[2], 0, -1)
         assert rows and state, name
         client.delete(*keys)
+        # The rebuild recomputes the MCE from t1's rows before it: its newest snapshot at or before there.
+        before = store.index.before("t1", 0, store.mce(name) or 0)
+        start = SnapshotStore(client, settings.topic_prefix).latest("t1", at_or_before=before.epoch if before else 0)
+        assert start is not None and start.epoch >= at_e, start
         error = refused(mvlog(settings, "replay", "derive", name, "--rebuild", "--execute"))
-        assert f"--engine spark starts from its snapshot at epoch {at_e}" in error, error
+        assert f"--engine spark starts from its snapshot at epoch {start.epoch}" in error, error
         out = json.loads(ok(mvlog(settings, "replay", "derive", name, "--rebuild", "--execute", "--engine", "spark",
                                   "--output", "json")).stdout)
         assert out["in_tasks"] and out["executed"] and out["rows"] == len(rows), out
-        assert [u["snapshot_epoch"] for u in out["upstreams"]] == [at_e], out
+        assert [u["snapshot_epoch"] for u in out["upstreams"]] == [start.epoch], out
         assert client.hgetall(keys[0]) == rows, name
         assert client.hgetall(keys[1]) == state, name
         assert client.zrange(keys[2], 0, -1) == order, name
         if name != "mvdg":
             continue
         # The epochs after the snapshot's load, into a topic: the view's own, change for change.
-        epochs = [e.epoch for e in store.index.between(name, 0, at_e, store.mce(name) or 0)]
-        assert len(epochs) >= 3, epochs
+        loaded = int(store.backfill_progress(name)["snapshot_epoch"])
+        epochs = [e.epoch for e in store.index.between(name, 0, loaded, store.mce(name) or 0)]
+        assert len(epochs) >= 2, epochs
         out = json.loads(ok(mvlog(settings, "replay", "derive", name, "--from-epoch", str(epochs[0]), "--into-topic",
                                   "--execute", "--engine", "spark", "--output", "json")).stdout)
         assert out["in_tasks"] and out["epochs_written"] == len(epochs), out
