@@ -4,7 +4,8 @@
 * I2 with a transaction per partition: the driver SIGKILLed by a GROUP BY's task right after its
   partition committed an epoch (other partitions had or had not): the next consumer's tasks find what
   committed, recompute it from the committed state, write only the rest, and the view loses and doubles
-  nothing; then the same with the join's task of view partition 0 (after its second shuffle). In the
+  nothing; then the same with the join's task of view partition 0 (after its second shuffle), the
+  aggregate over the join's, and the union's (a side per branch, one a GROUP BY). In the
   same run, a filter view's task kills only its own Python worker after its first
   epoch, and another of its tasks SIGKILLs its executor's JVM after its first epoch: Spark retries
   both (the second on the other executor, or on the one the cluster's worker starts in place of the
@@ -28,7 +29,7 @@ from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle
 from .processes.task_view_runner import run as run_views
-from .task_views import GROUPED, JOIN, VIEWS, check_wire, done_lines, tables, task_settings, why, write_epochs
+from .task_views import GROUPED, JOIN, UNION, VIEWS, check_wire, done_lines, tables, task_settings, why, write_epochs
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -48,7 +49,7 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
         make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
     settings = task_settings(make_settings)
     table, t2 = tables(settings, redis_client)
-    views = {name: sql for name, sql in [*VIEWS, JOIN, GROUPED] if name in ("mvf", "mvg", "mvj", "mvjg")}
+    views = {name: sql for name, sql in [*VIEWS, JOIN, GROUPED, UNION] if name in ("mvf", "mvg", "mvj", "mvjg", "mvu")}
     for name, sql in views.items():
         create_view(settings, name, sql, client=redis_client)
     store = ViewStore(redis_client, settings.topic_prefix)
@@ -56,8 +57,8 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
     try:
         mce = write_epochs(table, rng, 2, 50, t2)
         assert run_views(settings, list(views)).returncode == 0
-        assert store.mce("mvg") == mce and store.mce("mvj") == mce and store.mce("mvjg") == mce
-        start = {view: _after_mce(store, view, mce) for view in ("mvg", "mvj", "mvjg")}
+        assert all(store.mce(view) == mce for view in ("mvg", "mvj", "mvjg", "mvu"))
+        start = {view: _after_mce(store, view, mce) for view in ("mvg", "mvj", "mvjg", "mvu")}
         last = write_epochs(table, rng, 4, 80, t2)
         # mvf's task of partition 0 kills its Python worker after its first epoch, its task of partition 1
         # the executor JVM it runs in: both are retried. mvg's task of partition 0 kills the driver after its
@@ -87,16 +88,23 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
         written["mvj"] = done_lines(joined.stdout)["mvj"]
         assert written["mvj"][0] == last and store.mce("mvjg") == mce
         before["mvjg"] = _committed(settings, "mvjg", start["mvjg"])
-        grouped = run_views(settings, ["mvjg"])
-        assert grouped.returncode == 0, why(grouped)
-        written["mvjg"] = done_lines(grouped.stdout)["mvjg"]
-        assert written["mvjg"][0] == last
+        # mvjg resumes; then the union's task of view partition 0 (its branches' rows, t2's GROUP BY state
+        # among them, after the second shuffle) kills the driver, the same way.
+        united = run_views(settings, ["mvjg", "mvu"], kills=["mvu:0:driver2", "mvu:1:hold", "mvu:2:hold"])
+        assert united.returncode == -9, (united.returncode, united.stdout, why(united))
+        written["mvjg"] = done_lines(united.stdout)["mvjg"]
+        assert written["mvjg"][0] == last and store.mce("mvu") == mce
+        before["mvu"] = _committed(settings, "mvu", start["mvu"])
+        final = run_views(settings, ["mvu"])
+        assert final.returncode == 0, why(final)
+        written["mvu"] = done_lines(final.stdout)["mvu"]
+        assert written["mvu"][0] == last
     finally:
         table.close()
         t2.close()
     # What committed before the kill stayed, at the same offsets; the rest was written once. The join's
     # epochs: t2's last of the first round (after t1's last), then 4 of t1 and 3 of t2.
-    for view, epochs in (("mvg", 4), ("mvj", 1 + 4 + 3), ("mvjg", 1 + 4 + 3)):
+    for view, epochs in (("mvg", 4), ("mvj", 1 + 4 + 3), ("mvjg", 1 + 4 + 3), ("mvu", 1 + 4 + 3)):
         assert before[view][0], f"{view}: partition 0 committed nothing before the kill"
         assert min(len(b) for b in before[view].values()) < len(before[view][0]), before[view]
         after = _committed(settings, view, start[view])
