@@ -147,14 +147,18 @@ def test_dashboard_shows_redis_numbers_and_turns_a_stalled_view_red(
         redis_client.hset(store.key("mv1", "backfill"), mapping={"rows_done": 30, "rows_total": 120, "rate": 10})
         redis_client.hset(f"{settings.topic_prefix}:cache:t1", mapping={"bytes": 2048, "max_bytes": 4096})
         redis_client.hset(store.key("mv1", "replacement"), mapping={"id": "r1", "status": "staged"})
-        # Three writes, so a page refresh may fall between them: wait for the row to show all three.
-        expected = ["25% (30/120) · ETA 9.0s", "t1 2.0kB", "-"]
-        poll(lambda: page.evaluate(CELLS_JS, "mv1") == expected, 10,
-             "mv1's backfill progress and cache size", lambda: page.evaluate(CELLS_JS, "mv1"))
-        # The running consumer acts on that (made-up) replacement at once, so what follows "staged" is its
+        # Three writes, so a page refresh may fall between them: wait for the row to show all three. The
+        # running consumer acts on that (made-up) replacement at once, so what follows "staged" is its
         # business; the dashboard's is to show the record Redis holds.
-        state = page.locator('#views tr[data-view="mv1"] [data-field="state"]').inner_text()
-        assert "replacement: staged" in state, state
+        expected = ["25% (30/120) · ETA 9.0s", "t1 2.0kB", "-"]
+        state_js = '#views tr[data-view="mv1"] [data-field="state"]'
+
+        def row_shows_all_three() -> bool:
+            state = page.locator(state_js).inner_text()
+            return page.evaluate(CELLS_JS, "mv1") == expected and "replacement: staged" in state
+
+        poll(row_shows_all_three, 10, "mv1's backfill progress, cache size and replacement",
+             lambda: (page.evaluate(CELLS_JS, "mv1"), page.locator(state_js).inner_text()))
         for view, upstream in (("mv1", "t1"), ("mv2", "mv1")):
             check_row_against_redis(page.evaluate(ROW_JS, view), view, upstream, settings.partitions, index, store)
         poll(lambda: page.locator("#chart path[data-series]").count() == 2, 10, "a lag series per view")
