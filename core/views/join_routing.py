@@ -34,6 +34,16 @@ filter/project passing the correlated columns through (:func:`subquery_of`), a r
 the join key of the subquery row it makes, read off its own columns, so its rows are routed like a
 side's and each task runs the whole operator (subquery included, stateless) on its share.
 
+A top-N over an inner equi-join ranked per join key (``ROW_NUMBER() OVER (PARTITION BY <one side's join
+key columns> ...)``, Nexmark's q9 "winning bids": the highest bid of each auction) is one join step too:
+every joined row of a ranking group has the group's values as its join key, so the task of that join key
+holds the whole group, and the group's state key (``t[...]``, :mod:`mvlog.views.topn`) encodes the same
+values with the same types as the join key's bytes, so it has the same owner (:func:`top_n_over_join`).
+The task runs the join and the ranking together; the second shuffle consolidates the view's changes as
+for a join (a row leaving one group's top N and entering another's is one update there). An outer join
+is not routed this way: its null-extended rows would fall in a ranking group of NULL, whose owner is not
+partition 0 where NULL join keys go.
+
 A join key's partition is ``partition_of_vnode(crc32(the JSON of its key values) % 256)``: the bytes of
 its state key after the tag (``encode_key``), so a state key's owner is read off the key itself. Rows
 whose join key has a NULL never match and touch no state: an inner or semi join drops them, an outer
@@ -54,10 +64,11 @@ from typing import Any, cast
 import pyarrow as pa
 
 from mvlog.row_schema import ColumnType
-from mvlog.views.expr import ColumnRef
+from mvlog.views.expr import ColumnRef, Expr
 from mvlog.views.plan import ViewPlan
+from mvlog.views.query import JoinCondition, JoinKind
 from mvlog.views.routing import GroupRouting, filter_of_one_view, keyed_by_groups, partitions_table
-from mvlog.views.state_codec import JOIN_TAGS, encode_key
+from mvlog.views.state_codec import JOIN_TAGS, TOP_N_TAG, encode_key
 from mvlog.vnode import VNODE_COUNT
 
 #: The suffix of a self-join's second side in a join-key task's input (:meth:`JoinRouting.inputs`): not a
@@ -94,10 +105,35 @@ def aggregate_over_join(plan: ViewPlan) -> bool:
     return keyed_by_groups(plan) and len(query.joins) == 1 and _equi_join_of_two(plan)
 
 
+def top_n_over_join(plan: ViewPlan) -> bool:
+    """A top-N over an inner equi-join of two views (or of one view with itself) whose PARTITION BY is one
+    side's join key: its columns, in the ON clause's order, of the types they are compared as. A ranking
+    group is then one join key, in one join-key task, and its state key has that join key's owner."""
+    query = plan.query
+    top_n = query.top_n
+    if top_n is None or query.is_aggregate or query.window is not None or not _equi_join_of_two(plan):
+        return False
+    step = query.joins[0]
+    return step.kind is JoinKind.INNER and _is_join_key(top_n.partition, step.on)
+
+
+def _is_join_key(exprs: Sequence[Expr], on: Sequence[JoinCondition]) -> bool:
+    """``exprs`` are the join key's columns of side 0 or of side 1, in order, each of its compared type."""
+    if len(exprs) != len(on):
+        return False
+    for side in (0, 1):
+        columns = [c.left if side == 0 else c.right for c in on]
+        if all(isinstance(e, ColumnRef) and e.side == side and e.column == column.column and e.type == c.type
+               for e, column, c in zip(exprs, columns, on, strict=True)):
+            return True
+    return False
+
+
 def routed_by_join_key(plan: ViewPlan) -> bool:
     """A view whose operator :class:`JoinRouting` partitions: an equi-join of two sources
-    (:func:`two_source_equi_join`), or a GROUP BY over one (:func:`aggregate_over_join`)."""
-    return two_source_equi_join(plan) or aggregate_over_join(plan)
+    (:func:`two_source_equi_join`), a GROUP BY over one (:func:`aggregate_over_join`), or a top-N over an
+    inner one ranked per join key (:func:`top_n_over_join`)."""
+    return two_source_equi_join(plan) or aggregate_over_join(plan) or top_n_over_join(plan)
 
 
 def _equi_join_of_two(plan: ViewPlan) -> bool:
@@ -139,7 +175,8 @@ class JoinRouting:
 
     def __post_init__(self) -> None:
         if not routed_by_join_key(self.plan):
-            raise ValueError(f"view {self.plan.name!r} is not an equi-join of two views")
+            raise ValueError(f"view {self.plan.name!r} is not an equi-join of two views, a GROUP BY over one or "
+                             "a top-N over one ranked per join key")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
         groups = GroupRouting(self.plan, self.partitions) if aggregate_over_join(self.plan) else None
         object.__setattr__(self, "groups", groups)
@@ -206,13 +243,18 @@ class JoinRouting:
         return self._of_vnode[zlib.crc32(encode_key(b"", values, kinds)) % VNODE_COUNT]
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
-        """The partition whose task owns each state key (a bucket of either side, ``j0[...]``/``j1[...]``)."""
+        """The partition whose task owns each state key: a bucket of either side (``j0[...]``/``j1[...]``),
+        or a top-N's ranking group (``t[...]``, whose values are a join key's: :func:`top_n_over_join`)."""
+        ranked = self.plan.query.top_n is not None
         owners = []
         for key in keys:
-            tag = key[:2]
-            if tag not in JOIN_TAGS or key[2:3] != b"[":
+            if key[:2] in JOIN_TAGS and key[2:3] == b"[":
+                values = key[2:]
+            elif ranked and key.startswith(TOP_N_TAG + b"["):
+                values = key[len(TOP_N_TAG):]
+            else:
                 raise ValueError(f"{key!r} is not a join bucket's state key")
-            owners.append(self._of_vnode[zlib.crc32(key[2:]) % VNODE_COUNT])
+            owners.append(self._of_vnode[zlib.crc32(values) % VNODE_COUNT])
         return owners
 
 

@@ -74,7 +74,13 @@ ANTI_GROUPED = ("mvjag", "SELECT t1.v1 % 3 AS b, count(*) AS n, max(t1.id) AS hi
                          "(SELECT 1 FROM t2 WHERE t2.k = t1.v1 AND t2.w < 80) GROUP BY t1.v1 % 3")
 # A global aggregate over the join: every joined row to its one row's partition, whose task alone folds it.
 GLOBAL = ("mvjt", "SELECT count(*) AS n, sum(t2.w) AS s, min(t1.id) AS lo FROM t1 JOIN t2 ON t1.v1 = t2.k")
-JOINS = [JOIN, FULL, ANTI, GROUPED, ANTI_GROUPED, GLOBAL]
+# A top-N over the join ranked per join key (Nexmark q9's shape): each join-key task joins and ranks its
+# own keys (a group's state ``t[...]`` beside its buckets); the second shuffle consolidates the ranks that
+# moved by view key. New t2 rows with a higher ``w`` push pairs out of a group's top 3, deletes let them in.
+RANKED = ("mvjr", "SELECT id, id2, v1, w, rn FROM (SELECT t1.id, t2.id AS id2, t1.v1, t2.w, ROW_NUMBER() OVER "
+                  "(PARTITION BY t1.v1 ORDER BY t2.w DESC, t1.id) AS rn FROM t1 JOIN t2 ON t1.v1 = t2.k "
+                  "WHERE t1.deleted = false) AS r WHERE rn <= 3")
+JOINS = [JOIN, FULL, ANTI, GROUPED, ANTI_GROUPED, GLOBAL, RANKED]
 # Self-joins: t1's one read routed twice, as the left side by ``v1`` and as the right side by ``id``
 # (another partition for most rows); a row whose ``v1`` is an ``id`` of t1 pairs with that row. And an
 # anti join whose subquery reads t1 too: the rows no live row points to.

@@ -31,6 +31,7 @@ from .processes.task_view_runner import run as run_views
 from .task_views import (
     JOINS,
     LONE,
+    RANKED,
     RENAMED,
     SELF,
     SELF_ANTI,
@@ -90,6 +91,9 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     assert deletes["mvg"] > 0, "no group emptied: the GROUP BY's deletes went untested"
     assert deletes["mvj"] > 0, "no joined pair deleted"
     assert deletes["mvja"] > 0, "no row left the anti join"
+    ranked = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{{RANKED[0]}}}:opstate"))
+    assert sum(key.startswith(b"t[") for key in ranked) >= 5, ranked  # the groups ranked in the join's tasks
+    assert deletes["mvjr"] > 0 and store.row_count("mvjr") >= 10, "no pair left a join key's top 3"
     assert deletes["mvu"] > 0 and store.row_count("mvu") > 20, "the union's rows never came and went"
     union_state = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvu}}:opstate"))
     assert union_state and all(key.startswith(b"($(branch1))g[") for key in union_state), union_state

@@ -30,7 +30,13 @@ from mvlog.services.pipeline.partition_tasks import ROUTE_TOKEN, VIEW_PARTITION
 from mvlog.services.pipeline.reading import EpochBatches
 from mvlog.views import ChangeBatch, ViewOperator, ViewPlan, plan_view
 from mvlog.views.change_batch import consolidate_signed
-from mvlog.views.join_routing import JoinRouting, aggregate_over_join, two_source_equi_join
+from mvlog.views.join_routing import (
+    JoinRouting,
+    aggregate_over_join,
+    routed_by_join_key,
+    top_n_over_join,
+    two_source_equi_join,
+)
 from mvlog.views.keyed_routing import operator_key_routing
 from mvlog.views.routing import GroupRouting, partitions_table, view_key_partitions
 from mvlog.views.state import InMemoryState
@@ -458,3 +464,53 @@ def test_an_aggregate_over_a_join_split_by_join_key_then_by_group_gives_the_sing
             merged.update(state.data)
         assert merged == whole.data
     assert view, "no group ever had a row"
+
+
+#: Top-N over inner joins ranked per join key (Nexmark q9's shape): the join and the ranking in one task.
+TOP_N_OVER_JOINS = [
+    "SELECT * FROM (SELECT a.id, b.bid, a.s, b.k2, ROW_NUMBER() OVER (PARTITION BY b.w ORDER BY b.k2 DESC) AS rn "
+    "FROM a JOIN b ON a.id = b.w) AS t WHERE rn <= 2",
+    "SELECT id, bid FROM (SELECT a.id, b.bid, ROW_NUMBER() OVER (PARTITION BY a.id ORDER BY b.k2) AS rn "
+    "FROM a JOIN b ON a.id = b.w AND a.x IS NOT NULL WHERE b.bid > 1) AS t WHERE rn = 1",  # residual, WHERE
+    "SELECT * FROM (SELECT x.id, y.id AS yid, y.x, ROW_NUMBER() OVER (PARTITION BY x.k ORDER BY y.x DESC) AS rn "
+    "FROM a AS x JOIN a AS y ON x.k = y.k) AS t WHERE rn <= 2",  # a self-join
+]
+
+
+def _ranked(partition: str, join: str = "JOIN", on: str = "a.id = b.w") -> str:
+    return (f"SELECT * FROM (SELECT a.id, b.bid, ROW_NUMBER() OVER (PARTITION BY {partition} ORDER BY b.k2) AS rn "
+            f"FROM a {join} b ON {on}) AS t WHERE rn <= 2")
+
+
+@pytest.mark.parametrize(("sql", "taken"), [
+    *((sql, True) for sql in TOP_N_OVER_JOINS),
+    (_ranked("a.s"), False),  # ranked per another column: a group's rows are in every join key
+    (_ranked("a.id, b.bid"), False),
+    (_ranked("a.id", join="LEFT JOIN"), False),  # null-extended rows: a group of NULL, not partition 0's
+    (_ranked("a.k", on="a.k = b.k2"), False),  # compared as FLOAT, ranked as INT: other bytes, other owners
+    (_ranked("b.k2", on="a.k = b.k2"), True),
+    (_ranked("b.w", on="a.id = b.w AND a.k = b.k2"), False),  # half of the join key
+])
+def test_which_top_n_over_a_join_the_join_routing_takes(sql: str, taken: bool) -> None:
+    plan = plan_view("v", sql, {"a": A, "b": B})
+    assert top_n_over_join(plan) is taken and routed_by_join_key(plan) is taken
+    assert not two_source_equi_join(plan) and not aggregate_over_join(plan)
+
+
+@pytest.mark.parametrize("sql", TOP_N_OVER_JOINS)
+@pytest.mark.parametrize("partitions", [1, 3, 4])
+def test_a_top_n_over_a_join_ranked_in_its_join_keys_tasks_gives_the_single_operators_changes(
+        sql: str, partitions: int) -> None:
+    """:class:`SplitJoin`: each join-key task joins and ranks its own groups, whose state keys
+    (``t[...]``) it owns beside its buckets; the view partitions consolidate the ranks that moved."""
+    schemas = {"a": A, "b": B} if " b " in sql else {"a": A}
+    split = SplitJoin(plan_view("v", sql, schemas), partitions)
+    assert isinstance(split.routing, JoinRouting) and split.routing.groups is None
+    rng = random.Random(partitions * 7 + len(sql))
+    rows: dict[str, dict[int, Row]] = {"a": {}, "b": {}}
+    for _ in range(12):
+        split.epoch({name: ChangeBatch.from_changes(schema, _changes(rng, rows[name], 12, _a if name == "a" else _b))
+                     for name, schema in schemas.items()})
+    assert split.emptied > 0, "no bucket emptied: its delete went untested"
+    assert any(key.startswith(b"t[") for key in split.whole.data), "no ranking group kept"
+    assert split.view, "nothing ranked"
