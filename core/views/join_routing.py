@@ -44,6 +44,17 @@ for a join (a row leaving one group's top N and entering another's is one update
 is not routed this way: its null-extended rows would fall in a ranking group of NULL, whose owner is not
 partition 0 where NULL join keys go.
 
+A **chain of equi-joins on one key** (``a JOIN b ON a.k = b.k LEFT JOIN c ON b.k = c.k``: every step
+compares each source's same columns, in the same order, as the same types; an order enriched by several
+tables keyed by its id) is one join step too, however many sources: a combo (a row of each source so far)
+whose step-``i`` join key is ``v`` holds only rows whose key columns are ``v`` (a match makes them equal;
+a null-extended side adds none), all of them routed to ``v``'s partition, so that task makes the combo,
+holds both buckets of step ``i`` for ``v`` (``j<i>.0[v]`` / ``j<i>.1[v]``, the same bytes after the tag as
+step 0's), and runs every step of the operator on its share (:func:`join_chain_on_one_key`). A combo whose
+step key has a NULL (a null-extended side) touches no state, in whichever task holds it, as a row with a
+NULL join key does. A chain whose steps compare other columns (``JOIN c ON b.w = c.id``) needs a shuffle
+per step and stays on the driver.
+
 A join key's partition is ``partition_of_vnode(crc32(the JSON of its key values) % 256)``: the bytes of
 its state key after the tag (``encode_key``), so a state key's owner is read off the key itself. Rows
 whose join key has a NULL never match and touch no state: an inner or semi join drops them, an outer
@@ -56,6 +67,7 @@ Pure: Arrow in, partitions out.
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -66,14 +78,16 @@ import pyarrow as pa
 from mvlog.row_schema import ColumnType
 from mvlog.views.expr import ColumnRef, Expr
 from mvlog.views.plan import ViewPlan
-from mvlog.views.query import JoinCondition, JoinKind
+from mvlog.views.query import JoinKind
 from mvlog.views.routing import GroupRouting, filter_of_one_view, keyed_by_groups, partitions_table
-from mvlog.views.state_codec import JOIN_TAGS, TOP_N_TAG, encode_key
+from mvlog.views.state_codec import TOP_N_TAG, encode_key
 from mvlog.vnode import VNODE_COUNT
 
 #: The suffix of a self-join's second side in a join-key task's input (:meth:`JoinRouting.inputs`): not a
-#: view name (``#`` is not allowed in one).
+#: view name (``#`` is not allowed in one). Side ``i`` of a chain that reads a view again gets ``#<i>``.
 SECOND_SIDE = "#1"
+#: A join step's state key: its tag (``j0``/``j1`` for step 0, ``j<i>.0``/``j<i>.1`` after), then its key.
+_BUCKET = re.compile(rb"j(?:[01]|[1-9][0-9]*\.[01])(?=\[)")
 
 
 def two_source_equi_join(plan: ViewPlan) -> bool:
@@ -94,46 +108,84 @@ def two_source_equi_join(plan: ViewPlan) -> bool:
     return _equi_join_of_two(plan)
 
 
+def join_chain_on_one_key(plan: ViewPlan) -> bool:
+    """A view over a chain of three or more sources, each step an inner or outer equi-join on the same
+    key (:func:`chain_key_columns`), projected and filtered only."""
+    query = plan.query
+    if query.is_aggregate or query.top_n is not None or query.window is not None:
+        return False
+    return chain_key_columns(plan) is not None
+
+
+def chain_key_columns(plan: ViewPlan) -> list[list[str]] | None:
+    """Each source's columns of the one key every step of a chain of three or more sources compares (inner
+    or outer joins; views, a view read twice too), in the ON clauses' order; None when a step compares
+    other columns, in another order or as another type, or the query is not such a chain."""
+    query = plan.query
+    if plan.union or plan.inner or len(query.sources) < 3 or any(step.kind.filters for step in query.joins):
+        return None
+    first = query.joins[0].on
+    kinds = [c.type for c in first]
+    columns: list[list[str] | None] = [[c.left.column for c in first], [c.right.column for c in first]]
+    for step in query.joins[1:]:
+        on = step.on
+        if len(on) != len(kinds) or any(c.type != kind for c, kind in zip(on, kinds, strict=True)):
+            return None
+        for position, condition in enumerate(on):
+            known = columns[condition.left.side]
+            if known is None or known[position] != condition.left.column:
+                return None
+        columns.append([c.right.column for c in on])
+    return [cast(list[str], c) for c in columns]
+
+
 def aggregate_over_join(plan: ViewPlan) -> bool:
     """A GROUP BY keyed by its groups (:func:`~mvlog.views.routing.keyed_by_groups`; a global aggregate
     too, all of whose joined rows go to its one row's partition; a windowed one, whose joined rows go to
     the partitions of their windows) over an inner, outer, semi or anti equi-join of two sources (two
-    views, or one with itself; a semi or anti join's subquery routable, :func:`subquery_of`): its
+    views, or one with itself; a semi or anti join's subquery routable, :func:`subquery_of`), or over a
+    chain of joins on one key (:func:`chain_key_columns`): its
     operator runs in two steps, the join per join key and the aggregate per group (a third shuffle, by
     the group's view partition, between them)."""
-    query = plan.query
-    return keyed_by_groups(plan) and len(query.joins) == 1 and _equi_join_of_two(plan)
+    return keyed_by_groups(plan) and _equi_join_on_one_key(plan)
 
 
 def top_n_over_join(plan: ViewPlan) -> bool:
-    """A top-N over an inner equi-join of two views (or of one view with itself) whose PARTITION BY is one
-    side's join key: its columns, in the ON clause's order, of the types they are compared as. A ranking
-    group is then one join key, in one join-key task, and its state key has that join key's owner."""
+    """A top-N over an inner equi-join of two views (or of one view with itself), or over an inner chain of
+    joins on one key, whose PARTITION BY is one source's join key: its columns, in the ON clause's order,
+    of the types they are compared as. A ranking group is then one join key, in one join-key task, and its
+    state key has that join key's owner."""
     query = plan.query
     top_n = query.top_n
-    if top_n is None or query.is_aggregate or query.window is not None or not _equi_join_of_two(plan):
+    if top_n is None or query.is_aggregate or query.window is not None or not _equi_join_on_one_key(plan):
         return False
-    step = query.joins[0]
-    return step.kind is JoinKind.INNER and _is_join_key(top_n.partition, step.on)
+    if any(step.kind is not JoinKind.INNER for step in query.joins):
+        return False
+    kinds = [c.type for c in query.joins[0].on]
+    columns = chain_key_columns(plan) or [[c.left.column for c in query.joins[0].on],
+                                          [c.right.column for c in query.joins[0].on]]
+    return any(_is_key(top_n.partition, side, names, kinds) for side, names in enumerate(columns))
 
 
-def _is_join_key(exprs: Sequence[Expr], on: Sequence[JoinCondition]) -> bool:
-    """``exprs`` are the join key's columns of side 0 or of side 1, in order, each of its compared type."""
-    if len(exprs) != len(on):
-        return False
-    for side in (0, 1):
-        columns = [c.left if side == 0 else c.right for c in on]
-        if all(isinstance(e, ColumnRef) and e.side == side and e.column == column.column and e.type == c.type
-               for e, column, c in zip(exprs, columns, on, strict=True)):
-            return True
-    return False
+def _is_key(exprs: Sequence[Expr], side: int, columns: Sequence[str], kinds: Sequence[ColumnType | None]) -> bool:
+    """``exprs`` are source ``side``'s columns ``columns``, in order, each of the type in ``kinds``."""
+    return len(exprs) == len(columns) and all(
+        isinstance(e, ColumnRef) and e.side == side and e.column == column and e.type == kind
+        for e, column, kind in zip(exprs, columns, kinds, strict=True))
 
 
 def routed_by_join_key(plan: ViewPlan) -> bool:
     """A view whose operator :class:`JoinRouting` partitions: an equi-join of two sources
-    (:func:`two_source_equi_join`), a GROUP BY over one (:func:`aggregate_over_join`), or a top-N over an
-    inner one ranked per join key (:func:`top_n_over_join`)."""
-    return two_source_equi_join(plan) or aggregate_over_join(plan) or top_n_over_join(plan)
+    (:func:`two_source_equi_join`) or a chain of them on one key (:func:`join_chain_on_one_key`), a GROUP
+    BY over one (:func:`aggregate_over_join`), or a top-N over an inner one ranked per join key
+    (:func:`top_n_over_join`)."""
+    return (two_source_equi_join(plan) or join_chain_on_one_key(plan) or aggregate_over_join(plan)
+            or top_n_over_join(plan))
+
+
+def _equi_join_on_one_key(plan: ViewPlan) -> bool:
+    """One equi-join step of two sources (:func:`_equi_join_of_two`), or a chain of them on one key."""
+    return _equi_join_of_two(plan) or chain_key_columns(plan) is not None
 
 
 def _equi_join_of_two(plan: ViewPlan) -> bool:
@@ -170,57 +222,67 @@ class JoinRouting:
     partitions: int
     _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _subquery: ViewPlan | None = field(init=False, repr=False, compare=False)  # a semi or anti join's
+    _chain: list[list[str]] | None = field(init=False, repr=False, compare=False)  # a chain's key columns
     #: A GROUP BY over the join: where its groups (its joined rows, its groups' state) go, the third step.
     groups: GroupRouting | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not routed_by_join_key(self.plan):
-            raise ValueError(f"view {self.plan.name!r} is not an equi-join of two views, a GROUP BY over one or "
-                             "a top-N over one ranked per join key")
+            raise ValueError(f"view {self.plan.name!r} is not an equi-join of two views or a chain of them on "
+                             "one key, a GROUP BY over one or a top-N over one ranked per join key")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
         groups = GroupRouting(self.plan, self.partitions) if aggregate_over_join(self.plan) else None
         object.__setattr__(self, "groups", groups)
         object.__setattr__(self, "_subquery", subquery_of(self.plan))
+        object.__setattr__(self, "_chain", chain_key_columns(self.plan))
 
     @property
     def _kinds(self) -> list[ColumnType | None]:
         return [c.type for c in self.plan.query.joins[0].on]
 
-    def upstreams(self) -> tuple[str, str]:
-        """The views the data source reads for each side: the join's sources, or for a semi or anti join,
-        the FROM view and the view its subquery reads."""
+    def upstreams(self) -> tuple[str, ...]:
+        """The views the data source reads for each side: the join's sources (two, or a chain's), or for a
+        semi or anti join, the FROM view and the view its subquery reads."""
         sources, sub = self.plan.query.sources, self._subquery
-        return sources[0].view, sub.query.sources[0].view if sub is not None else sources[1].view
+        if sub is not None:
+            return sources[0].view, sub.query.sources[0].view
+        return tuple(source.view for source in sources)
 
     def self_join(self) -> bool:
-        """Both sides read the same view (its rows are routed once per side)."""
-        first, second = self.upstreams()
-        return first == second
+        """Some sides read the same view (its rows are routed once per side)."""
+        return len(set(self.upstreams())) < len(self.upstreams())
 
-    def inputs(self) -> tuple[str, str]:
+    def inputs(self) -> tuple[str, ...]:
         """The name each side's changes go under in the input of :meth:`operator_plan`'s operator: the
-        upstreams' names, but a self-join's second side's, ``<view>#1``: in a join-key task the two sides
-        hold different rows of the one view (each routed by its own side's join key)."""
-        first, second = self.upstreams()
-        return (first, second + SECOND_SIDE) if first == second else (first, second)
+        upstreams' names, but ``<view>#<side>`` for a side reading a view an earlier side reads (a
+        self-join's second side: ``<view>#1``): in a join-key task the sides hold different rows of the
+        one view (each routed by its own side's join key)."""
+        upstreams = self.upstreams()
+        return tuple(f"{view}#{side}" if view in upstreams[:side] else view for side, view in enumerate(upstreams))
 
     def operator_plan(self) -> ViewPlan:
-        """The plan a join-key task's operator runs: the view's, a self-join's second source (or its semi or
-        anti join's subquery's source) renamed to its input (:meth:`inputs`). The operator's state does not
-        change (its buckets are per side, ``j0`` / ``j1``), nor its output: it reads each source's changes
-        by that source's view name, and a single operator gives both sources the one view's changes."""
+        """The plan a join-key task's operator runs: the view's, each source read again (a self-join's
+        second, or its semi or anti join's subquery's source) renamed to its input (:meth:`inputs`). The
+        operator's state does not change (its buckets are per step and side, ``j0`` / ``j1``, ``j1.0`` ...),
+        nor its output: it reads each source's changes by that source's view name, and a single operator
+        gives every side the one view's changes."""
         if not self.self_join():
             return self.plan
-        second = self.inputs()[1]
+        inputs = self.inputs()
         if (sub := self._subquery) is not None:
-            renamed = _read_as(sub, 0, second, (second,))
+            renamed = _read_as(sub, 0, inputs[1], (inputs[1],))
             inner = tuple((name, renamed if plan is sub else plan) for name, plan in self.plan.inner)
-            return replace(self.plan, sources=self.inputs(), inner=inner)
-        return _read_as(self.plan, 1, second, self.inputs())
+            return replace(self.plan, sources=inputs, inner=inner)
+        query = self.plan.query
+        sources = tuple(replace(source, view=name) for source, name in zip(query.sources, inputs, strict=True))
+        return replace(self.plan, sources=tuple(dict.fromkeys(inputs)), query=replace(query, sources=sources))
 
     def columns(self, side: int) -> list[str]:
         """The join key's columns of upstream ``side`` (0: FROM, 1: JOIN, or the view a semi or anti
-        join's subquery reads, whose column each of its outputs passes through), in the ON clause's order."""
+        join's subquery reads, whose column each of its outputs passes through; a chain's ``side``-th
+        source), in the ON clause's order."""
+        if self._chain is not None:
+            return self._chain[side]
         on = self.plan.query.joins[0].on
         if side == 0:
             return [c.left.column for c in on]
@@ -243,13 +305,15 @@ class JoinRouting:
         return self._of_vnode[zlib.crc32(encode_key(b"", values, kinds)) % VNODE_COUNT]
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
-        """The partition whose task owns each state key: a bucket of either side (``j0[...]``/``j1[...]``),
-        or a top-N's ranking group (``t[...]``, whose values are a join key's: :func:`top_n_over_join`)."""
+        """The partition whose task owns each state key: a bucket of either side of a step (``j0[...]``,
+        ``j1[...]``, a chain's ``j<i>.0[...]``, ``j<i>.1[...]``: one key's bytes after the tag, whatever the
+        step), or a top-N's ranking group (``t[...]``, whose values are a join key's:
+        :func:`top_n_over_join`)."""
         ranked = self.plan.query.top_n is not None
         owners = []
         for key in keys:
-            if key[:2] in JOIN_TAGS and key[2:3] == b"[":
-                values = key[2:]
+            if (tag := _BUCKET.match(key)) is not None:
+                values = key[tag.end():]
             elif ranked and key.startswith(TOP_N_TAG + b"["):
                 values = key[len(TOP_N_TAG):]
             else:

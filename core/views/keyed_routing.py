@@ -19,8 +19,8 @@ OperatorKeyRouting = JoinRouting | TopNRouting | UnionRouting
 
 
 def routed_by_operator_key(plan: ViewPlan) -> bool:
-    """An equi-join of two sources (or a GROUP BY over one, or a top-N over one ranked per join key), a
-    top-N of one view, or a union of filter and GROUP BY branches."""
+    """An equi-join of two sources or a chain of them on one key (or a GROUP BY over one, or a top-N over
+    one ranked per join key), a top-N of one view, or a union of filter and GROUP BY branches."""
     return routed_by_join_key(plan) or top_n_of_one_view(plan) or routed_union(plan)
 
 

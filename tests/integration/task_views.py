@@ -80,7 +80,11 @@ GLOBAL = ("mvjt", "SELECT count(*) AS n, sum(t2.w) AS s, min(t1.id) AS lo FROM t
 RANKED = ("mvjr", "SELECT id, id2, v1, w, rn FROM (SELECT t1.id, t2.id AS id2, t1.v1, t2.w, ROW_NUMBER() OVER "
                   "(PARTITION BY t1.v1 ORDER BY t2.w DESC, t1.id) AS rn FROM t1 JOIN t2 ON t1.v1 = t2.k "
                   "WHERE t1.deleted = false) AS r WHERE rn <= 3")
-JOINS = [JOIN, FULL, ANTI, GROUPED, ANTI_GROUPED, GLOBAL, RANKED]
+# A chain of joins on one key, t1 read twice (its second side's rows routed apart): every step in the task
+# of the key (``v1`` = ``k``), its buckets of both steps there (``j0``/``j1``, ``j1.0``/``j1.1``).
+CHAIN = ("mvjc", "SELECT t1.id, t2.id AS id2, b.id AS id3, t2.w FROM t1 JOIN t2 ON t1.v1 = t2.k "
+                 "LEFT JOIN t1 b ON t2.k = b.v1 AND b.id % 10 = 0 WHERE t1.deleted = false")
+JOINS = [JOIN, FULL, ANTI, GROUPED, ANTI_GROUPED, GLOBAL, RANKED, CHAIN]
 # Self-joins: t1's one read routed twice, as the left side by ``v1`` and as the right side by ``id``
 # (another partition for most rows); a row whose ``v1`` is an ``id`` of t1 pairs with that row. And an
 # anti join whose subquery reads t1 too: the rows no live row points to.

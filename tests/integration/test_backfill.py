@@ -398,7 +398,8 @@ def test_join_backfill_in_tasks_is_exact_at_every_epoch(
     committed epoch on the keys it covered then (a row of one side covered before its match on the other
     is null-extended, then retracted), every epoch committed in tasks. An aggregate over a LEFT JOIN of the
     same tables backfills beside it (its joined rows folded into their groups in a third step), and a UNION
-    ALL of a filter of t1 and a GROUP BY of t2, and a top-N over the inner join ranked per join key."""
+    ALL of a filter of t1 and a GROUP BY of t2, a top-N over the inner join ranked per join key, and a GROUP
+    BY over a chain of joins on one key (t1, t2, t1 again)."""
     settings = make_settings(operators_in_tasks=True, tasks_min_records=0, partitions=3,
                              backfill_batch_rows=70, backfill_max_batch_rows=70)
     t1 = Table.create(settings, "t1", COLUMNS, ["id"], client=redis_client, auto_commit=False)
@@ -426,7 +427,10 @@ def test_join_backfill_in_tasks_is_exact_at_every_epoch(
              "mvu": "SELECT id, v1 FROM t1 WHERE deleted = false UNION ALL SELECT k, count(*) AS n FROM t2 GROUP BY k",
              # A top-N over the join ranked per join key (joined and ranked by the join key's task).
              "mvjr": "SELECT id, id2, w FROM (SELECT t1.id, t2.id AS id2, t2.w, ROW_NUMBER() OVER (PARTITION BY "
-                     "t2.k ORDER BY t2.w DESC, t1.id) AS rn FROM t1 JOIN t2 ON t1.v1 = t2.k) AS r WHERE rn <= 2"}
+                     "t2.k ORDER BY t2.w DESC, t1.id) AS rn FROM t1 JOIN t2 ON t1.v1 = t2.k) AS r WHERE rn <= 2",
+             # A GROUP BY over a chain of joins on one key, t1 read twice (each side's positions its own).
+             "mvjc": "SELECT t2.w % 4 AS b, count(*) AS n, max(c.id) AS hi FROM t1 JOIN t2 ON t1.v1 = t2.k LEFT JOIN "
+                     "t1 c ON t2.k = c.v1 AND c.id % 7 = 0 GROUP BY t2.w % 4"}
     for name, sql in views.items():
         create_view(settings, name, sql, client=redis_client, backfill="chunked")
     store = ViewStore(redis_client, settings.topic_prefix)

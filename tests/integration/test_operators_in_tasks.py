@@ -29,6 +29,7 @@ from mvlog.services.view_ddl import create_view
 from ..oracle import check_oracle
 from .processes.task_view_runner import run as run_views
 from .task_views import (
+    CHAIN,
     JOINS,
     LONE,
     RANKED,
@@ -94,6 +95,10 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     ranked = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{{RANKED[0]}}}:opstate"))
     assert sum(key.startswith(b"t[") for key in ranked) >= 5, ranked  # the groups ranked in the join's tasks
     assert deletes["mvjr"] > 0 and store.row_count("mvjr") >= 10, "no pair left a join key's top 3"
+    chained = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{{CHAIN[0]}}}:opstate"))
+    assert {key[:key.index(b"[")] for key in chained} == {b"j0", b"j1", b"j1.0", b"j1.1"}, chained
+    assert deletes["mvjc"] > 0 and store.row_count("mvjc") >= 20, "the chain's rows never came and went"
+    assert extended(changes["mvjc"], "after", "id3") > 0, "no row of the chain's LEFT JOIN null-extended"
     assert deletes["mvu"] > 0 and store.row_count("mvu") > 20, "the union's rows never came and went"
     union_state = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvu}}:opstate"))
     assert union_state and all(key.startswith(b"($(branch1))g[") for key in union_state), union_state

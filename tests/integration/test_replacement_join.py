@@ -54,11 +54,14 @@ SELF_UNION_NEW = "SELECT id, v1 FROM mv1 WHERE v1 > 1 UNION ALL SELECT id, -v1 F
 RANKED = ("SELECT id, v1, w FROM (SELECT a.id, a.v1, b.w, ROW_NUMBER() OVER (PARTITION BY b.id ORDER BY a.id DESC) "
           "AS rn FROM mv1 a JOIN t2 b ON a.v1 = b.id) t WHERE rn <= 2")
 RANKED_NEW = RANKED.replace("ORDER BY a.id DESC", "ORDER BY a.id").replace("rn <= 2", "rn = 1")
+# A chain of joins on one key (mv1, t2, mv1 again), replaced by another: every step in the key's task.
+CHAIN = "SELECT a.id, b.id AS id2, c.id AS id3 FROM mv1 a JOIN t2 b ON a.v1 = b.id LEFT JOIN mv1 c ON b.id = c.v1"
+CHAIN_NEW = CHAIN + " AND c.id < 15"
 VIEWS = [("mv1", "SELECT * FROM t1 WHERE deleted = false"), ("mvj", JOIN),
          ("mvs", "SELECT sum(w) AS s, count(*) AS n FROM mvj"), ("ref", JOIN), ("mvself", SELF), ("mvtop", TOP_N),
-         ("mvu", UNION), ("mvu1", SELF_UNION), ("mvjr", RANKED)]
+         ("mvu", UNION), ("mvu1", SELF_UNION), ("mvjr", RANKED), ("mvjc", CHAIN)]
 REPLACED = {"mvj": NEW, "mvself": SELF_NEW, "mvtop": TOP_N_NEW, "mvu": UNION_NEW, "mvu1": SELF_UNION_NEW,
-            "mvjr": RANKED_NEW}
+            "mvjr": RANKED_NEW, "mvjc": CHAIN_NEW}
 
 
 @pytest.mark.parametrize("path", ["driver", "tasks"])
@@ -110,7 +113,7 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
             # Its rows at ``at`` are its definition over its upstreams' rows there (their changelogs summed).
             assert_same_rows(name, {plan.schema.key_of(r): r for r in rows}, duckdb_view_rows(plan, upstreams),
                              plan.schema, f"replacement at {at}")
-        for name in ("mvj", "mvu", "mvjr"):  # two upstreams: the newer snapshot, the other rolled forward to it
+        for name in ("mvj", "mvu", "mvjr", "mvjc"):  # two upstreams: the newer snapshot, the other rolled forward to it
             hydrated = ReplacementStore(redis_client, settings.topic_prefix).record(name)
             assert hydrated is not None and hydrated.hydration_epoch == mv1_snapshot.epoch, name
             assert (hydrated.fields or {})["hydrated_from"] == (f"mv1: snapshot at epoch {mv1_snapshot.epoch}; "
@@ -126,7 +129,7 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
         reached = write_epoch()  # t1's and t2's epochs: the cut-over is mvj's first epoch after the request
         cut_over = wait_for_apply(settings, "mvj", staged["mvj"].id, timeout=30, client=redis_client).epoch
         assert at < cut_over <= reached
-        for name in ("mvself", "mvtop", "mvu", "mvu1", "mvjr"):
+        for name in ("mvself", "mvtop", "mvu", "mvu1", "mvjr", "mvjc"):
             assert at < wait_for_apply(settings, name, staged[name].id, timeout=30,
                                        client=redis_client).epoch <= reached
         for _ in range(2):
@@ -139,7 +142,7 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
 
     # I1 at every epoch: mvj under both definitions, mvs built on it, and the untouched ref.
     assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvj", "mvs", "ref", "mvself", "mvtop",
-                                                 "mvu", "mvu1", "mvjr"]) >= 4 * 8
+                                                 "mvu", "mvu1", "mvjr", "mvjc"]) >= 4 * 8
     mvj_log, ref_log = changelog(settings, redis_client, "mvj"), changelog(settings, redis_client, "ref")
     assert [e.epoch for e in mvj_log if e.mutation is not None] == [cut_over]
     before = [(e.epoch, _canonical(e.changes)) for e in mvj_log if e.epoch < cut_over]

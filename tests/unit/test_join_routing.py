@@ -33,6 +33,7 @@ from mvlog.views.change_batch import consolidate_signed
 from mvlog.views.join_routing import (
     JoinRouting,
     aggregate_over_join,
+    join_chain_on_one_key,
     routed_by_join_key,
     top_n_over_join,
     two_source_equi_join,
@@ -44,6 +45,7 @@ from mvlog.vnode import partition_of_vnode
 
 A = RowSchema.of({"id": "int", "k": "int", "x": "float", "s": "string"}, ["id"])
 B = RowSchema.of({"bid": "int", "k2": "float", "w": "int"}, ["bid"])
+C = RowSchema.of({"cid": "int", "k3": "int", "v": "int"}, ["cid"])  # a chain's third source
 JOIN = "SELECT a.id, b.bid, a.s, b.w, a.x + b.w AS t FROM a JOIN b ON a.k = b.k2"
 
 
@@ -77,6 +79,10 @@ def _a(rng: random.Random, i: int) -> Row:
 
 def _b(rng: random.Random, i: int) -> Row:
     return {"bid": i, "k2": rng.choice([0.0, -0.0, 1.0, 2.0, 5.0, None]), "w": rng.randrange(-3, 4)}
+
+
+def _c(rng: random.Random, i: int) -> Row:
+    return {"cid": i, "k3": rng.choice([0, 1, 2, 4, None]), "v": rng.randrange(-2, 3)}
 
 
 def _changes(rng: random.Random, rows: dict[int, Row], ids: int,
@@ -406,6 +412,10 @@ AGGREGATES_OVER_JOINS = [
     "SELECT window.start, a.s, count(*) AS n, sum(b.w) AS t FROM a JOIN b ON a.k = b.k2 "
     "GROUP BY window(a.id, '4 milliseconds', '1 millisecond'), a.s",
     "SELECT window.end, count(*) AS n, min(b.w) AS lo FROM a LEFT JOIN b ON a.k = b.k2 GROUP BY window(a.k, '3 ms')",
+    # Over chains of joins on one key: every step in the join key's task, then the joined rows to their groups.
+    "SELECT a.s, count(*) AS n, sum(c.v) AS t, max(b.w) AS hi FROM a JOIN b ON a.k = b.k2 LEFT JOIN c ON "
+    "b.k2 = c.k3 GROUP BY a.s",
+    "SELECT c.v, count(*) AS n, min(a.id) AS lo FROM a FULL JOIN c ON a.k = c.k3 JOIN a y ON c.k3 = y.k GROUP BY c.v",
 ]
 
 
@@ -417,8 +427,8 @@ def test_an_aggregate_over_a_join_split_by_join_key_then_by_group_gives_the_sing
     its joined rows routed to the partition of their group (:meth:`GroupRouting.fan_out_batch`),
     one aggregate step per view partition (:meth:`ViewOperator.aggregate_joined`, its own groups' state):
     the changes and the state are the single operator's, each change and state key in its partition."""
-    schemas = {"a": A, "b": B}
-    plan = plan_view("v", sql, {name: schemas[name] for name in ("a", "b") if f" {name} " in sql + " "})
+    schemas = {"a": A, "b": B, "c": C}
+    plan = plan_view("v", sql, {name: schemas[name] for name in schemas if f" {name} " in sql + " "})
     assert aggregate_over_join(plan) and not two_source_equi_join(plan)
     routing, groups = JoinRouting(plan, partitions), GroupRouting(plan, partitions)
     whole, operator, split = InMemoryState(), ViewOperator(plan), ViewOperator(routing.operator_plan())
@@ -429,9 +439,12 @@ def test_an_aggregate_over_a_join_split_by_join_key_then_by_group_gives_the_sing
     rng = random.Random(partitions * 13 + len(sql))
     rows_a: dict[int, Row] = {}
     rows_b: dict[int, Row] = {}
+    rows_c: dict[int, Row] = {}
     for _ in range(10):
         inputs = {"a": ChangeBatch.from_changes(A, _changes(rng, rows_a, 12, _a)),
                   "b": ChangeBatch.from_changes(B, _changes(rng, rows_b, 12, _b))}
+        if "c" in plan.sources:
+            inputs["c"] = ChangeBatch.from_changes(C, _changes(rng, rows_c, 12, _c))
         inputs = {name: batch for name, batch in inputs.items() if name in plan.sources}
         output = operator.apply_epoch(inputs, whole)
         whole.apply(output.state_writes)
@@ -514,3 +527,74 @@ def test_a_top_n_over_a_join_ranked_in_its_join_keys_tasks_gives_the_single_oper
     assert split.emptied > 0, "no bucket emptied: its delete went untested"
     assert any(key.startswith(b"t[") for key in split.whole.data), "no ranking group kept"
     assert split.view, "nothing ranked"
+
+
+#: Chains of joins on one key: every step compares each source's same columns (a combo's key is its rows'),
+#: so one task per join key runs them all. Compared as FLOAT (b.k2), or as INT (a.k, c.k3).
+CHAINS = [
+    "SELECT a.id, b.bid, c.cid, a.s, c.v FROM a JOIN b ON a.k = b.k2 JOIN c ON b.k2 = c.k3",
+    "SELECT a.id, c.cid, y.id AS yid, c.v FROM a LEFT JOIN c ON a.k = c.k3 LEFT JOIN a y ON a.k = y.k",  # a's key
+    "SELECT a.id, b.bid, c.cid FROM a FULL JOIN b ON a.k = b.k2 RIGHT JOIN c ON b.k2 = c.k3",
+    "SELECT a.id, b.bid, c.cid FROM a JOIN b ON a.k = b.k2 FULL JOIN c ON b.k2 = c.k3 AND c.v > b.w WHERE c.v <> 1",
+    "SELECT x.id, y.id AS yid, c.cid FROM a x JOIN a y ON x.k = y.k LEFT JOIN c ON y.k = c.k3",  # a read twice
+    # Four sources, a and c each read twice (their second sides' inputs a#2 and c#3).
+    "SELECT a.id, c.cid, y.id AS yid, d.cid AS did FROM a JOIN c ON a.k = c.k3 LEFT JOIN a y ON c.k3 = y.k "
+    "JOIN c d ON y.k = d.k3",
+]
+_SCHEMAS = {"a": A, "b": B, "c": C}
+_MAKE = {"a": _a, "b": _b, "c": _c}
+
+
+def _chain(sql: str) -> ViewPlan:
+    return plan_view("v", sql, {name: schema for name, schema in _SCHEMAS.items() if f" {name} " in sql + " "})
+
+
+@pytest.mark.parametrize(("sql", "taken"), [
+    *((sql, True) for sql in CHAINS),
+    ("SELECT a.id, c.cid FROM a JOIN b ON a.k = b.k2 JOIN c ON b.w = c.k3", False),  # another column
+    ("SELECT a.id, c.cid FROM a JOIN c ON a.k = c.k3 JOIN b ON a.id = b.w", False),
+    ("SELECT a.id, c.cid FROM a JOIN c ON a.k = c.k3 JOIN b ON c.k3 = b.k2", False),  # INT, then FLOAT
+    ("SELECT a.id, c.cid FROM a LEFT JOIN b ON a.k = b.k2 LEFT JOIN c ON a.k = c.k3", False),  # FLOAT, then INT
+    ("SELECT a.id, c.cid FROM a JOIN c ON a.k = c.k3 AND a.id = c.v JOIN a y ON c.v = y.id AND c.k3 = y.k",
+     False),  # the same columns in another order: another key's bytes
+    ("SELECT a.id FROM a JOIN c ON a.k = c.k3 WHERE EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k)", False),
+])
+def test_which_chains_of_joins_the_join_routing_takes(sql: str, taken: bool) -> None:
+    plan = _chain(sql)
+    assert join_chain_on_one_key(plan) is taken and routed_by_join_key(plan) is taken
+    assert not two_source_equi_join(plan)
+
+
+@pytest.mark.parametrize("sql", CHAINS)
+@pytest.mark.parametrize("partitions", [1, 3, 4])
+def test_a_chain_of_joins_on_one_key_in_its_join_keys_tasks_gives_the_single_operators_changes(
+        sql: str, partitions: int) -> None:
+    """:class:`SplitJoin`: each join-key task runs every step on its share, its buckets of every step
+    (``j0``/``j1``, ``j1.0``/``j1.1`` ...) its own; the view partitions consolidate."""
+    plan = _chain(sql)
+    split = SplitJoin(plan, partitions)
+    upstreams = split.routing.upstreams()
+    assert len(upstreams) == len(plan.query.sources) >= 3
+    assert len(set(split.routing.inputs())) == len(upstreams)  # a view read twice: one input per side
+    rng = random.Random(partitions * 11 + len(sql))
+    rows: dict[str, dict[int, Row]] = {name: {} for name in plan.sources}
+    for _ in range(12):
+        split.epoch({name: ChangeBatch.from_changes(_SCHEMAS[name], _changes(rng, rows[name], 12, _MAKE[name]))
+                     for name in plan.sources})
+    assert split.emptied > 0, "no bucket emptied: its delete went untested"
+    assert any(key.startswith(b"j1.") for key in split.whole.data), "no bucket of the second step kept"
+    assert split.view, "the chain never matched"
+
+
+def test_a_top_n_over_a_chain_ranked_per_its_key_is_routed_by_it() -> None:
+    sql = ("SELECT id, cid, rn FROM (SELECT a.id, c.cid, ROW_NUMBER() OVER (PARTITION BY c.k3 ORDER BY a.id) AS rn "
+           "FROM a JOIN c ON a.k = c.k3 JOIN a y ON c.k3 = y.k) AS t WHERE rn <= 2")
+    assert top_n_over_join(_chain(sql))
+    assert not top_n_over_join(_chain(sql.replace("JOIN a y", "LEFT JOIN a y")))
+    split = SplitJoin(_chain(sql), 3)
+    rng = random.Random(5)
+    rows: dict[str, dict[int, Row]] = {"a": {}, "c": {}}
+    for _ in range(12):
+        split.epoch({name: ChangeBatch.from_changes(_SCHEMAS[name], _changes(rng, rows[name], 12, _MAKE[name]))
+                     for name in ("a", "c")})
+    assert any(key.startswith(b"t[") for key in split.whole.data) and split.view
