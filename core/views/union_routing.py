@@ -16,8 +16,13 @@ branch (a view two branches read is read once and routed once per branch, as a s
 2. its output (the view's changes as signed rows) is shuffled by the partition of the view's key, where
    each partition's changes are consolidated and written.
 
-A branch of another shape (a join, a top-N, a subquery, a window or a global aggregate, whose one row
-every task's operator would emit) keeps the union on the driver.
+A branch that joins views (an inner or outer equi-join of two, or a chain of them on one key:
+:mod:`mvlog.views.join_routing`) is a side per source it reads, each routed by the branch's join key, so
+the task of a join key holds that branch's buckets of it (``($(branch<i>))j0[...]``) and runs its join
+there, as a join view's task would; its input names are ``<view>#b<branch>.<source>``.
+
+A branch of another shape (a semi or anti join, a GROUP BY or a top-N over a join, a top-N, a subquery, a
+window or a global aggregate, whose one row every task's operator would emit) keeps the union on the driver.
 
 Pure: Arrow in, partitions out.
 """
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 
 from mvlog.views.evaluate import arrow_type
+from mvlog.views.join_routing import JoinRouting, join_chain_on_one_key, two_source_equi_join
 from mvlog.views.plan import ViewPlan
 from mvlog.views.routing import (
     GroupRouting,
@@ -45,8 +51,16 @@ BRANCH_SIDE = "#b"
 
 def routed_union(plan: ViewPlan) -> bool:
     """A ``UNION ALL`` whose every branch reads one view, and filters and projects it or groups it by
-    key (:func:`_grouped_branch`): the views :class:`UnionRouting` partitions."""
-    return plan.union and all(filter_of_one_view(branch) or _grouped_branch(branch) for _, branch in plan.inner)
+    key (:func:`_grouped_branch`), or joins views (:func:`_joined_branch`): the views :class:`UnionRouting`
+    partitions."""
+    return plan.union and all(filter_of_one_view(branch) or _grouped_branch(branch) or _joined_branch(branch)
+                              for _, branch in plan.inner)
+
+
+def _joined_branch(branch: ViewPlan) -> bool:
+    """An inner or outer equi-join of two views or a chain of them on one key, filtered and projected: no
+    subquery (a semi or anti join's would need its own renaming), no aggregate or top-N over it."""
+    return not branch.inner and (two_source_equi_join(branch) or join_chain_on_one_key(branch))
 
 
 def _grouped_branch(branch: ViewPlan) -> bool:
@@ -63,8 +77,10 @@ class UnionRouting:
     plan: ViewPlan
     partitions: int
     _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    #: Per branch (side): its GROUP BY's routing, or None for a filter/project.
-    _groups: tuple[GroupRouting | None, ...] = field(init=False, repr=False, compare=False)
+    #: Per branch: its GROUP BY's routing, its join's, or None for a filter/project.
+    _routings: tuple[GroupRouting | JoinRouting | None, ...] = field(init=False, repr=False, compare=False)
+    #: Per side: its branch, and the source of that branch it reads (a join branch has a side per source).
+    _sides: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
     #: A join's GROUP BY step: a union has none (:class:`~mvlog.views.join_routing.JoinRouting`'s interface).
     groups: GroupRouting | None = field(init=False, repr=False, compare=False, default=None)
 
@@ -72,51 +88,68 @@ class UnionRouting:
         if not routed_union(self.plan):
             raise ValueError(f"view {self.plan.name!r} is not a UNION ALL of filter/project or GROUP BY branches")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
-        groups = tuple(GroupRouting(branch, self.partitions) if branch.query.is_aggregate else None
-                       for _, branch in self.plan.inner)
-        object.__setattr__(self, "_groups", groups)
+        routings = tuple(GroupRouting(branch, self.partitions) if branch.query.is_aggregate
+                         else JoinRouting(branch, self.partitions) if _joined_branch(branch) else None
+                         for _, branch in self.plan.inner)
+        object.__setattr__(self, "_routings", routings)
+        sides = tuple((i, source) for i, (_, branch) in enumerate(self.plan.inner)
+                      for source in range(len(branch.query.sources)))
+        object.__setattr__(self, "_sides", sides)
 
     def upstreams(self) -> tuple[str, ...]:
-        """The view each branch reads, by side (a view several branches read: once per branch)."""
-        return tuple(branch.query.sources[0].view for _, branch in self.plan.inner)
+        """The view each side reads: a branch's, or each of a join branch's sources (a view several
+        branches or sources read: once per side)."""
+        return tuple(self.plan.inner[i][1].query.sources[source].view for i, source in self._sides)
 
     def self_join(self) -> bool:
         return False
 
     def inputs(self) -> tuple[str, ...]:
-        """The name each branch's rows go under in :meth:`operator_plan`'s input: ``<view>#b<branch>``."""
-        return tuple(f"{view}{BRANCH_SIDE}{i}" for i, view in enumerate(self.upstreams()))
+        """The name each side's rows go under in :meth:`operator_plan`'s input: ``<view>#b<branch>``, or
+        ``<view>#b<branch>.<source>`` for a join branch's sources."""
+        return tuple(f"{view}{BRANCH_SIDE}{i}" if len(self.plan.inner[i][1].query.sources) == 1
+                     else f"{view}{BRANCH_SIDE}{i}.{source}"
+                     for view, (i, source) in zip(self.upstreams(), self._sides, strict=True))
 
     def operator_plan(self) -> ViewPlan:
-        """The plan a task's operator runs: the view's, branch ``i`` reading its side's input (only the rows
-        routed for it). The state and the output do not change: each branch's state is under its own prefix,
-        and a single operator gives every branch its view's changes."""
+        """The plan a task's operator runs: the view's, each branch's sources reading their sides' inputs
+        (only the rows routed for them). The state and the output do not change: each branch's state is
+        under its own prefix, and a single operator gives every branch its views' changes."""
+        reads: dict[int, list[str]] = {}
+        for read, (i, _) in zip(self.inputs(), self._sides, strict=True):
+            reads.setdefault(i, []).append(read)
         inner = []
-        for (name, branch), read in zip(self.plan.inner, self.inputs(), strict=True):
-            source = replace(branch.query.sources[0], view=read)
-            inner.append((name, replace(branch, sources=(read,), query=replace(branch.query, sources=(source,)))))
+        for i, (name, branch) in enumerate(self.plan.inner):
+            sources = tuple(replace(source, view=read)
+                            for source, read in zip(branch.query.sources, reads[i], strict=True))
+            inner.append((name, replace(branch, sources=tuple(reads[i]), query=replace(branch.query, sources=sources))))
         return replace(self.plan, sources=self.inputs(), inner=tuple(inner))
 
     def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
-        """The partition (int32) of each row of branch ``side``'s view (its columns, by name): its group's (a
-        GROUP BY branch), else its own key's, as that view's changelog writer would place it over the
-        union's partition count."""
-        if (groups := self._groups[side]) is not None:
-            return groups.partitions_of(rows)
-        schema = self.plan.inner[side][1].query.sources[0].schema
+        """The partition (int32) of each row of side ``side``'s view (its columns, by name): its group's (a
+        GROUP BY branch), its join key's (a join branch's source), else its own key's, as that view's
+        changelog writer would place it over the union's partition count."""
+        branch, source = self._sides[side]
+        routing = self._routings[branch]
+        if isinstance(routing, GroupRouting):
+            return routing.partitions_of(rows)
+        if isinstance(routing, JoinRouting):
+            return routing.partitions_of(source, rows)
+        schema = self.plan.inner[branch][1].query.sources[0].schema
         key = pa.table({name: rows.column(name).cast(arrow_type(schema.column(name).type))
                         for name in schema.primary_key})
         return view_key_partitions(schema, key, self._of_vnode)
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
-        """The partition whose task owns each state key: a GROUP BY branch's group (``($(branch<i>))g[...]``)."""
+        """The partition whose task owns each state key: a GROUP BY branch's group (``($(branch<i>))g[...]``)
+        or a join branch's bucket (``($(branch<i>))j0[...]``)."""
         owners = []
         for key in keys:
-            for (name, _), groups in zip(self.plan.inner, self._groups, strict=True):
+            for (name, _), routing in zip(self.plan.inner, self._routings, strict=True):
                 prefix = b"(" + name.encode() + b")"
-                if groups is not None and key.startswith(prefix):
-                    owners += groups.partitions_of_state_keys([key[len(prefix):]])
+                if routing is not None and key.startswith(prefix):
+                    owners += routing.partitions_of_state_keys([key[len(prefix):]])
                     break
             else:
-                raise ValueError(f"view {self.plan.name!r}: {key!r} is not a GROUP BY branch's state key")
+                raise ValueError(f"view {self.plan.name!r}: {key!r} is not a GROUP BY or join branch's state key")
         return owners

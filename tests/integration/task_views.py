@@ -98,6 +98,11 @@ SELF_JOINS = [SELF, SELF_ANTI]
 # view rows, most often in two partitions).
 UNION = ("mvu", "SELECT id, v1 FROM t1 WHERE deleted = false UNION ALL SELECT k, count(*) AS n FROM t2 GROUP BY k "
                 "UNION ALL SELECT id, v1 * 10 FROM t1 WHERE v1 < 0")
+# A UNION ALL with a join branch: t1's and t2's rows routed for it by the join key (its buckets there,
+# ``($(branch0))j0[...]``), t1's again for the filter branch by their own key.
+UNION_JOIN = ("mvuj", "SELECT t1.id, t2.w FROM t1 JOIN t2 ON t1.v1 = t2.k WHERE t1.deleted = false "
+                      "UNION ALL SELECT id, v1 FROM t1 WHERE v1 < 0")
+UNIONS = [UNION, UNION_JOIN]
 
 
 def task_settings(make_settings: Callable[..., Settings]) -> Settings:

@@ -424,7 +424,8 @@ def test_join_backfill_in_tasks_is_exact_at_every_epoch(
              "mvjg": "SELECT t2.w % 5 AS b, count(*) AS n, sum(t1.v1) AS s, max(t1.id) AS hi FROM t1 LEFT JOIN t2 "
                      "ON t1.v1 = t2.k WHERE t1.deleted = false GROUP BY t2.w % 5",
              # A union of a filter and a GROUP BY (t1's rows to their own key's task, t2's to their group's).
-             "mvu": "SELECT id, v1 FROM t1 WHERE deleted = false UNION ALL SELECT k, count(*) AS n FROM t2 GROUP BY k",
+             "mvu": "SELECT id, v1 FROM t1 WHERE deleted = false UNION ALL SELECT k, count(*) AS n FROM t2 GROUP BY k "
+                    "UNION ALL SELECT t1.id, t2.w FROM t1 JOIN t2 ON t1.v1 = t2.k",  # and a join branch
              # A top-N over the join ranked per join key (joined and ranked by the join key's task).
              "mvjr": "SELECT id, id2, w FROM (SELECT t1.id, t2.id AS id2, t2.w, ROW_NUMBER() OVER (PARTITION BY "
                      "t2.k ORDER BY t2.w DESC, t1.id) AS rn FROM t1 JOIN t2 ON t1.v1 = t2.k) AS r WHERE rn <= 2",

@@ -37,7 +37,7 @@ from .task_views import (
     SELF,
     SELF_ANTI,
     SELF_JOINS,
-    UNION,
+    UNIONS,
     VIEWS,
     changes_of,
     check_wire,
@@ -56,11 +56,11 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
     settings = task_settings(make_settings)
     table, t2 = tables(settings, redis_client)
-    for name, sql in [*VIEWS, *JOINS, *SELF_JOINS, UNION]:
+    for name, sql in [*VIEWS, *JOINS, *SELF_JOINS, *UNIONS]:
         create_view(settings, name, sql, client=redis_client)
     create_view(settings, *RENAMED, client=redis_client, partitions=2)
     store = ViewStore(redis_client, settings.topic_prefix)
-    views = [v for v, _ in VIEWS] + [RENAMED[0]] + [v for v, _ in [*JOINS, *SELF_JOINS, UNION]]
+    views = [v for v, _ in VIEWS] + [RENAMED[0]] + [v for v, _ in [*JOINS, *SELF_JOINS, *UNIONS]]
     rng = random.Random(19)
     try:
         last = write_epochs(table, rng, 4, 60, t2)
@@ -72,7 +72,7 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         # epoch after it waits for the next run (4 + 3 now, 1 + 3 + 2 then).
         assert all(done[view] == (last, 4 * 3) for view, _ in [*VIEWS, *SELF_JOINS]), done  # self-joins: t1's
         assert done["mvr"] == (last, 4 * 2), done
-        assert all(done[join] == (last, 7 * 3) for join, _ in [*JOINS, UNION]), done
+        assert all(done[join] == (last, 7 * 3) for join, _ in [*JOINS, *UNIONS]), done
         for join, _ in JOINS:
             assert store.get_state(join, [b"j0[%d]" % LONE, b"j1[%d]" % LONE]) == {}  # both buckets emptied
             assert len(redis_client.hkeys(f"{settings.topic_prefix}:{{{join}}}:opstate")) > 5
@@ -82,7 +82,7 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
         done = done_lines(second.stdout)
         assert done["mvf"] == done["mvg"] == done["mvjs"] == done["mvjx"] == (last, 3 * 3)
         assert done["mvr"] == (last, 3 * 2)
-        assert all(done[join] == (last, 6 * 3) for join, _ in [*JOINS, UNION]), done
+        assert all(done[join] == (last, 6 * 3) for join, _ in [*JOINS, *UNIONS]), done
     finally:
         table.close()
         t2.close()
@@ -102,6 +102,9 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     assert deletes["mvu"] > 0 and store.row_count("mvu") > 20, "the union's rows never came and went"
     union_state = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvu}}:opstate"))
     assert union_state and all(key.startswith(b"($(branch1))g[") for key in union_state), union_state
+    union_state = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvuj}}:opstate"))
+    assert {key[:key.index(b"[")] for key in union_state} == {b"($(branch0))j0", b"($(branch0))j1"}, union_state
+    assert deletes["mvuj"] > 0 and store.row_count("mvuj") > 20, "the union's joined rows never came and went"
     state = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvjg}}:opstate"))
     groups = [key for key in state if key.startswith(b"g[")]
     assert store.row_count("mvjg") == len(groups) >= 5 and len(changes["mvjg"]) > len(groups)  # groups updated

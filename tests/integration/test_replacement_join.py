@@ -42,10 +42,12 @@ TOP_N = ("SELECT id, v1, rn FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY
          "FROM mv1) t WHERE rn <= 2")
 TOP_N_NEW = ("SELECT id, v1, rn FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY v1 ORDER BY id) AS rn "
              "FROM mv1) t WHERE rn <= 3")
-# A UNION ALL of a filter of mv1 and a GROUP BY of t2, replaced by others: in tasks a side per branch, mv1's
+# A UNION ALL of a filter of mv1, a GROUP BY of t2 and their join, replaced by others: in tasks a side per branch, mv1's
 # rows to their own key's task, t2's to their group's (its state there), the output to the view key's.
-UNION = "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT w, count(*) AS n FROM t2 GROUP BY w"
-UNION_NEW = "SELECT id, v1 FROM mv1 WHERE v1 > 1 UNION ALL SELECT w, sum(id) AS n FROM t2 GROUP BY w"
+UNION = ("SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT w, count(*) AS n FROM t2 GROUP BY w "
+         "UNION ALL SELECT a.id, b.w FROM mv1 a JOIN t2 b ON a.v1 = b.id")  # and a join branch, by join key
+UNION_NEW = ("SELECT id, v1 FROM mv1 WHERE v1 > 1 UNION ALL SELECT w, sum(id) AS n FROM t2 GROUP BY w "
+             "UNION ALL SELECT a.id, b.w FROM mv1 a JOIN t2 b ON a.v1 = b.id AND b.w > 0")
 # And one over mv1 alone (read once, both branches run on its rows).
 SELF_UNION = "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT id, v1 FROM mv1 WHERE v1 < 2"
 SELF_UNION_NEW = "SELECT id, v1 FROM mv1 WHERE v1 > 1 UNION ALL SELECT id, -v1 FROM mv1 WHERE v1 < 3"

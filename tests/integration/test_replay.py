@@ -65,7 +65,8 @@ VIEWS = [
     # A UNION ALL over three views: filters (each input row to its own key's task) and a GROUP BY (by group,
     # its state there), then the output by the view key.
     ("mvu", "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT w, count(*) AS n FROM t2 GROUP BY w "
-            "UNION ALL SELECT id, v1 * 10 FROM t1 WHERE k = 'a'"),
+            "UNION ALL SELECT id, v1 * 10 FROM t1 WHERE k = 'a' UNION ALL SELECT a.id, b.w FROM mv1 a JOIN t2 b "
+            "ON a.v1 = b.id"),  # and a join branch: mv1's and t2's rows routed for it by its join key
 ]
 GROUPED = ("mv2", "mvg", "mvw")  # one-upstream aggregates, in the GROUP BY's tasks: global, grouped, windowed
 # Views run by operator key in tasks (the join's two shuffles: JoinDerivation, JoinRebuild): the joins and

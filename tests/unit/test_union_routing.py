@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mvlog.views import ChangeBatch, plan_view
+from mvlog.views.join_routing import JoinRouting
 from mvlog.views.keyed_routing import operator_key_routing, routed_by_operator_key
 from mvlog.views.routing import partitions_table, view_key_partitions
 from mvlog.views.union_routing import UnionRouting, routed_union
@@ -31,6 +32,13 @@ UNIONS = [
     "SELECT k, count(*) AS n FROM a GROUP BY k UNION ALL SELECT w, sum(bid) AS n FROM b GROUP BY w",
     "SELECT s, max(k) AS n FROM a WHERE x IS NOT NULL GROUP BY s HAVING count(*) > 1 "
     "UNION ALL SELECT s, k FROM a WHERE k > 1 UNION ALL SELECT s, min(id) AS n FROM a GROUP BY s",
+    # Join branches: a side per source, routed by the branch's join key (its buckets there): an inner join
+    # beside a filter of one of its views, an outer join and a self-join beside a GROUP BY, a chain of a.
+    "SELECT a.id, b.w FROM a JOIN b ON a.k = b.k2 UNION ALL SELECT bid, w FROM b WHERE w > 0",
+    "SELECT a.id, b.bid FROM a LEFT JOIN b ON a.k = b.k2 UNION ALL SELECT k, count(*) AS n FROM a GROUP BY k "
+    "UNION ALL SELECT x.id, y.id AS yid FROM a x FULL JOIN a y ON x.k = y.id",
+    "SELECT x.id, z.id AS zid FROM a x JOIN a y ON x.k = y.k LEFT JOIN a z ON y.k = z.k AND z.id > y.id "
+    "UNION ALL SELECT id, k FROM a",
 ]
 
 
@@ -39,7 +47,12 @@ UNIONS = [
     ("SELECT count(*) AS n FROM a UNION ALL SELECT w FROM b", False),  # a global aggregate: every task's row
     ("SELECT window.start, count(*) AS n FROM a GROUP BY window(id, '4 milliseconds') UNION ALL SELECT bid, w "
      "FROM b", False),  # a windowed branch: a row in several partitions
-    ("SELECT a.id, b.w FROM a JOIN b ON a.k = b.k2 UNION ALL SELECT bid, w FROM b", False),
+    ("SELECT a.k, count(*) AS n FROM a JOIN b ON a.k = b.k2 GROUP BY a.k UNION ALL SELECT bid, w FROM b",
+     False),  # an aggregate over a join: a third step
+    ("SELECT id, k FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k) UNION ALL SELECT bid, w FROM b",
+     False),  # a semi join: its subquery
+    ("SELECT a.id, b.w FROM a JOIN b ON a.k = b.k2 JOIN a c ON b.w = c.id UNION ALL SELECT bid, w FROM b",
+     False),  # a chain on two keys
     ("SELECT id, s FROM (SELECT id, s FROM a WHERE k > 0) t UNION ALL SELECT bid, 'b' FROM b", False),
     ("SELECT id, k FROM a WHERE k > 0", False),  # not a union
 ])
@@ -70,8 +83,8 @@ def test_input_keys_computed_apart_then_consolidated_per_view_partition_give_the
     split = SplitJoin(plan_view("v", sql, {"a": A, "b": B}), partitions)
     _epochs(split, random.Random(partitions * 13 + len(sql)), 10)
     assert split.view, "the union ended empty: nothing passed its branches"
-    grouped = "GROUP BY" in sql
-    assert bool(split.whole.data) is grouped, "a GROUP BY branch keeps state per group, a filter none"
+    grouped = "GROUP BY" in sql or "JOIN" in sql
+    assert bool(split.whole.data) is grouped, "a GROUP BY or join branch keeps state per key, a filter none"
     if "GROUP BY w" in sql:  # b's groups of a few rows each
         assert split.emptied > 0, "no group emptied: its state delete went untested"
 
@@ -98,5 +111,25 @@ def test_each_branch_is_a_side_routed_by_its_group_or_its_rows_own_key() -> None
     for s in {row["s"] for row in rows.to_pylist()}:  # one partition per group of s, in both GROUP BY branches
         assert len({p for p, row in zip(by_group, rows.to_pylist(), strict=True) if row["s"] == s}) == 1
     assert routing.partitions_of(2, rows).to_pylist() == by_group
-    with pytest.raises(ValueError, match="not a GROUP BY branch's state key"):
+    with pytest.raises(ValueError, match="not a GROUP BY or join branch's state key"):
         routing.partitions_of_state_keys([b"g[1]"])
+
+
+def test_a_join_branch_is_a_side_per_source_routed_by_its_join_key() -> None:
+    """A join branch's sources are sides of their own (``<view>#b<branch>.<source>``), each routed by the
+    branch's join key, and its buckets' owner is that key's, under the branch's prefix."""
+    plan = plan_view("v", UNIONS[6], {"a": A, "b": B})
+    routing = UnionRouting(plan, 4)
+    assert routing.upstreams() == ("a", "b", "a", "a", "a")
+    assert routing.inputs() == ("a#b0.0", "b#b0.1", "a#b1", "a#b2.0", "a#b2.1")
+    branch = routing.operator_plan().inner[0][1]
+    assert branch.sources == ("a#b0.0", "b#b0.1")
+    assert [source.view for source in branch.query.sources] == ["a#b0.0", "b#b0.1"]
+    rows = pa.Table.from_pylist([_a(random.Random(i), i) for i in range(40)])
+    join = JoinRouting(plan.inner[0][1], 4)
+    assert routing.partitions_of(0, rows) == join.partitions_of(0, rows)
+    self_join = JoinRouting(plan.inner[2][1], 4)
+    assert routing.partitions_of(4, rows) == self_join.partitions_of(1, rows)  # by y.id: a row's own id
+    assert routing.partitions_of(3, rows) != routing.partitions_of(4, rows)
+    prefix = b"(" + plan.inner[0][0].encode() + b")"
+    assert routing.partitions_of_state_keys([prefix + b"j1[1.0]"]) == join.partitions_of_state_keys([b"j1[1.0]"])
