@@ -10,18 +10,20 @@ rebuild after a wipe, ``replay derive`` and replacement hydration.
 from __future__ import annotations
 
 from mvlog.views.join_routing import JoinRouting, routed_by_join_key
+from mvlog.views.nested_routing import NestedAggregateRouting, aggregate_over_aggregate
 from mvlog.views.plan import ViewPlan
 from mvlog.views.topn_routing import TopNRouting, top_n_of_one_view
 from mvlog.views.union_routing import UnionRouting, routed_union
 
 #: How a view of two shuffles routes its input and state.
-OperatorKeyRouting = JoinRouting | TopNRouting | UnionRouting
+OperatorKeyRouting = JoinRouting | TopNRouting | UnionRouting | NestedAggregateRouting
 
 
 def routed_by_operator_key(plan: ViewPlan) -> bool:
     """An equi-join of two sources or a chain of them on one key (or a GROUP BY over one, or a top-N over
-    one ranked per join key), a top-N of one view, or a union of filter and GROUP BY branches."""
-    return routed_by_join_key(plan) or top_n_of_one_view(plan) or routed_union(plan)
+    one ranked per join key), a top-N of one view, a union of filter, GROUP BY and join branches, or a
+    GROUP BY over a GROUP BY of one view."""
+    return routed_by_join_key(plan) or top_n_of_one_view(plan) or routed_union(plan) or aggregate_over_aggregate(plan)
 
 
 def operator_key_routing(plan: ViewPlan, partitions: int) -> OperatorKeyRouting | None:
@@ -33,4 +35,6 @@ def operator_key_routing(plan: ViewPlan, partitions: int) -> OperatorKeyRouting 
         return TopNRouting(plan, partitions)
     if routed_union(plan):
         return UnionRouting(plan, partitions)
+    if aggregate_over_aggregate(plan):
+        return NestedAggregateRouting(plan, partitions)
     return None

@@ -122,18 +122,23 @@ class ViewOperator:
 
     def joined(self, changes: Mapping[str, ChangeBatch], state: StateReader,
                writes: dict[bytes, bytes | None]) -> pa.Table:
-        """The first step of an aggregate over a join (a semi or anti join's subquery run first): the
-        epoch's joined rows, signed (column ``WEIGHT``) and filtered by WHERE, whose groups
-        :meth:`aggregate_joined` folds; the join's state writes go to ``writes``. The two steps give
-        :meth:`apply_epoch`'s output, and each can run where its state is: the join's per join key, the
-        aggregate's per group."""
-        assert self._join is not None and self._aggregate is not None and not self.plan.union
+        """The first step of an aggregate over a join (a semi or anti join's subquery run first), or over a
+        subquery that keeps state (a GROUP BY over a GROUP BY): the epoch's joined rows, or the subquery's
+        changes, signed (column ``WEIGHT``) and filtered by WHERE, whose groups :meth:`aggregate_joined`
+        folds; the first step's state writes go to ``writes``. The two steps give :meth:`apply_epoch`'s
+        output, and each can run where its state is: the join's per join key (the subquery's per its
+        groups), the aggregate's per group."""
+        assert self._aggregate is not None and not self.plan.union
         if self._inner:
             changes = self._with_inner(changes, state, writes)
         query = self.plan.query
-        netted = {s.view: self._netted(s, changes.get(s.view)) for s in query.sources}
-        rows = self._join.apply([netted[s.view] for s in query.sources], state, writes)
-        batch = build_batch(query, rows, self._columns)
+        if self._join is None:
+            source = query.sources[0]
+            batch = self._signed_columns(source, changes.get(source.view))
+        else:
+            netted = {s.view: self._netted(s, changes.get(s.view)) for s in query.sources}
+            rows = self._join.apply([netted[s.view] for s in query.sources], state, writes)
+            batch = build_batch(query, rows, self._columns)
         return batch.filter(evaluate(query.where, batch)) if query.where is not None else batch
 
     def aggregate_joined(self, batch: pa.Table, state: StateReader) -> EpochOutput:

@@ -41,6 +41,11 @@ VIEWS = [
     # changelog; rows move between groups as v1 changes, and a group's top 2 shifts as rows come and go.
     ("mvt", "SELECT id, v1, rn FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY v1 ORDER BY id DESC) AS rn "
             "FROM t1 WHERE deleted = false) t WHERE rn <= 2"),
+    # A GROUP BY over a GROUP BY: t1's rows shuffled by ``id % 20`` (the inner groups' state there), the
+    # subquery's changes by ``n`` (the outer groups'), then by the view key; an inner group's count moving
+    # takes its row from one n to another.
+    ("mvgg", "SELECT n, count(*) AS c, sum(b) AS s FROM (SELECT id % 20 AS b, count(*) AS n FROM t1 "
+             "WHERE deleted = false GROUP BY id % 20) g GROUP BY n"),
 ]
 # The upstream's key under another name, and over two partitions where t1 has three (either alone is
 # enough): other key bytes, so the input is shuffled by the partition of the key it will have

@@ -95,6 +95,9 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     ranked = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{{RANKED[0]}}}:opstate"))
     assert sum(key.startswith(b"t[") for key in ranked) >= 5, ranked  # the groups ranked in the join's tasks
     assert deletes["mvjr"] > 0 and store.row_count("mvjr") >= 10, "no pair left a join key's top 3"
+    nested = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvgg}}:opstate"))
+    assert {key[:key.index(b"[")] for key in nested} == {b"($(g))g", b"g"}, nested  # both levels' groups
+    assert deletes["mvgg"] > 0 and store.row_count("mvgg") >= 3, "no count's group emptied"
     chained = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{{CHAIN[0]}}}:opstate"))
     assert {key[:key.index(b"[")] for key in chained} == {b"j0", b"j1", b"j1.0", b"j1.1"}, chained
     assert deletes["mvjc"] > 0 and store.row_count("mvjc") >= 20, "the chain's rows never came and went"

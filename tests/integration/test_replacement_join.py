@@ -59,11 +59,14 @@ RANKED_NEW = RANKED.replace("ORDER BY a.id DESC", "ORDER BY a.id").replace("rn <
 # A chain of joins on one key (mv1, t2, mv1 again), replaced by another: every step in the key's task.
 CHAIN = "SELECT a.id, b.id AS id2, c.id AS id3 FROM mv1 a JOIN t2 b ON a.v1 = b.id LEFT JOIN mv1 c ON b.id = c.v1"
 CHAIN_NEW = CHAIN + " AND c.id < 15"
+# A GROUP BY over a GROUP BY, replaced by another: its inner groups' state by their tasks, then the outer.
+NESTED = "SELECT n, count(*) AS c FROM (SELECT v1, count(*) AS n FROM mv1 GROUP BY v1) g GROUP BY n"
+NESTED_NEW = NESTED.replace("FROM mv1 GROUP BY", "FROM mv1 WHERE id % 3 <> 0 GROUP BY")
 VIEWS = [("mv1", "SELECT * FROM t1 WHERE deleted = false"), ("mvj", JOIN),
          ("mvs", "SELECT sum(w) AS s, count(*) AS n FROM mvj"), ("ref", JOIN), ("mvself", SELF), ("mvtop", TOP_N),
-         ("mvu", UNION), ("mvu1", SELF_UNION), ("mvjr", RANKED), ("mvjc", CHAIN)]
+         ("mvu", UNION), ("mvu1", SELF_UNION), ("mvjr", RANKED), ("mvjc", CHAIN), ("mvgg", NESTED)]
 REPLACED = {"mvj": NEW, "mvself": SELF_NEW, "mvtop": TOP_N_NEW, "mvu": UNION_NEW, "mvu1": SELF_UNION_NEW,
-            "mvjr": RANKED_NEW, "mvjc": CHAIN_NEW}
+            "mvjr": RANKED_NEW, "mvjc": CHAIN_NEW, "mvgg": NESTED_NEW}
 
 
 @pytest.mark.parametrize("path", ["driver", "tasks"])
@@ -121,7 +124,7 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
             assert (hydrated.fields or {})["hydrated_from"] == (f"mv1: snapshot at epoch {mv1_snapshot.epoch}; "
                                                                 f"t2: snapshot at epoch {t2_snapshot.epoch}"
                                                                 + in_tasks), name
-        for name in ("mvself", "mvtop", "mvu1"):  # one upstream: its snapshot, then its changelog
+        for name in ("mvself", "mvtop", "mvu1", "mvgg"):  # one upstream: its snapshot, then its changelog
             hydrated = ReplacementStore(redis_client, settings.topic_prefix).record(name)
             assert hydrated is not None and hydrated.hydration_epoch == mv1_snapshot.epoch, name
             assert (hydrated.fields or {})["hydrated_from"] == (f"mv1: snapshot at epoch {mv1_snapshot.epoch}"
@@ -131,7 +134,7 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
         reached = write_epoch()  # t1's and t2's epochs: the cut-over is mvj's first epoch after the request
         cut_over = wait_for_apply(settings, "mvj", staged["mvj"].id, timeout=30, client=redis_client).epoch
         assert at < cut_over <= reached
-        for name in ("mvself", "mvtop", "mvu", "mvu1", "mvjr", "mvjc"):
+        for name in ("mvself", "mvtop", "mvu", "mvu1", "mvjr", "mvjc", "mvgg"):
             assert at < wait_for_apply(settings, name, staged[name].id, timeout=30,
                                        client=redis_client).epoch <= reached
         for _ in range(2):
@@ -144,7 +147,7 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
 
     # I1 at every epoch: mvj under both definitions, mvs built on it, and the untouched ref.
     assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvj", "mvs", "ref", "mvself", "mvtop",
-                                                 "mvu", "mvu1", "mvjr", "mvjc"]) >= 4 * 8
+                                                 "mvu", "mvu1", "mvjr", "mvjc", "mvgg"]) >= 4 * 8
     mvj_log, ref_log = changelog(settings, redis_client, "mvj"), changelog(settings, redis_client, "ref")
     assert [e.epoch for e in mvj_log if e.mutation is not None] == [cut_over]
     before = [(e.epoch, _canonical(e.changes)) for e in mvj_log if e.epoch < cut_over]

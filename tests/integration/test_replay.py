@@ -62,6 +62,8 @@ VIEWS = [
     # A chain of joins on one key, mv1 read twice: every step in the key's task.
     ("mvjc", "SELECT a.id, b.id AS id2, c.id AS id3 FROM mv1 a JOIN t2 b ON a.v1 = b.id LEFT JOIN mv1 c "
              "ON b.id = c.v1 AND c.k = 'a'"),
+    # A GROUP BY over a GROUP BY: mv1's rows by their k, the subquery's rows by their count.
+    ("mvgg", "SELECT n, count(*) AS c, min(k) AS lo FROM (SELECT k, count(*) AS n FROM mv1 GROUP BY k) g GROUP BY n"),
     # A UNION ALL over three views: filters (each input row to its own key's task) and a GROUP BY (by group,
     # its state there), then the output by the view key.
     ("mvu", "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT w, count(*) AS n FROM t2 GROUP BY w "
@@ -71,8 +73,8 @@ VIEWS = [
 GROUPED = ("mv2", "mvg", "mvw")  # one-upstream aggregates, in the GROUP BY's tasks: global, grouped, windowed
 # Views run by operator key in tasks (the join's two shuffles: JoinDerivation, JoinRebuild): the joins and
 # a top-N (its ranking groups by k, rows moving between groups as k changes), a top-N over a join, a chain
-# of joins and a union.
-JOINS = ("mvj", "mvs", "mvjg", "mvja", "mvjn", "mvt", "mvjr", "mvjc", "mvu")
+# of joins, a GROUP BY over a GROUP BY and a union.
+JOINS = ("mvj", "mvs", "mvjg", "mvja", "mvjn", "mvt", "mvjr", "mvjc", "mvgg", "mvu")
 
 
 def build(settings: Settings, client: redis.Redis, spark: Any, epochs: int = 8, seed: int = 7) -> list[ViewConsumer]:

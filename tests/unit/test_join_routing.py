@@ -38,8 +38,8 @@ from mvlog.views.join_routing import (
     top_n_over_join,
     two_source_equi_join,
 )
-from mvlog.views.keyed_routing import operator_key_routing
-from mvlog.views.routing import GroupRouting, partitions_table, view_key_partitions
+from mvlog.views.keyed_routing import OperatorKeyRouting, operator_key_routing
+from mvlog.views.routing import partitions_table, view_key_partitions
 from mvlog.views.state import InMemoryState
 from mvlog.vnode import partition_of_vnode
 
@@ -430,13 +430,21 @@ def test_an_aggregate_over_a_join_split_by_join_key_then_by_group_gives_the_sing
     schemas = {"a": A, "b": B, "c": C}
     plan = plan_view("v", sql, {name: schemas[name] for name in schemas if f" {name} " in sql + " "})
     assert aggregate_over_join(plan) and not two_source_equi_join(plan)
-    routing, groups = JoinRouting(plan, partitions), GroupRouting(plan, partitions)
+    split_aggregate(plan, JoinRouting(plan, partitions), partitions, random.Random(partitions * 13 + len(sql)))
+
+
+def split_aggregate(plan: ViewPlan, routing: OperatorKeyRouting, partitions: int, rng: random.Random) -> None:
+    """Ten epochs of random changes to the plan's sources (of ``a``, ``b``, ``c``), through the single
+    operator and split in two steps: the first (a join, or a GROUP BY's subquery) per partition of
+    ``routing``, its rows routed to their groups' partitions, the aggregate there. Asserts that the
+    changes and the state are the single operator's, each change and state key in its partition."""
+    groups = routing.groups
+    assert groups is not None
     whole, operator, split = InMemoryState(), ViewOperator(plan), ViewOperator(routing.operator_plan())
     joins = [InMemoryState() for _ in range(partitions)]
     aggregates = [InMemoryState() for _ in range(partitions)]
     view: dict[Key, Row] = {}
     split_view: dict[Key, Row] = {}
-    rng = random.Random(partitions * 13 + len(sql))
     rows_a: dict[int, Row] = {}
     rows_b: dict[int, Row] = {}
     rows_c: dict[int, Row] = {}

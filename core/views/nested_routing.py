@@ -1,0 +1,93 @@
+"""Where a GROUP BY over a GROUP BY runs when its operator runs in Spark's tasks: the inner aggregate by its
+groups, the outer one by its own (issue 19 item 2, a chain of two keyed steps).
+
+``SELECT n, count(*) FROM (SELECT k, count(*) AS n FROM t GROUP BY k) s GROUP BY n``, a histogram of
+per-key counts (Nexmark's q5 takes a maximum over per-auction counts the same way): the inner aggregate's
+state is per ``k``, the outer one's per ``n``, and a change of one ``k`` moves a row of the subquery from
+one ``n`` to another. No one placement of the input holds both, so the operator runs in the steps of a
+GROUP BY over a join (:mod:`mvlog.views.join_routing`), the inner aggregate in the join's place:
+
+1. the upstream's signed rows are shuffled by the partition of their inner group
+   (:meth:`NestedAggregateRouting.partitions_of`, the inner GROUP BY's :class:`GroupRouting`); the task of
+   that partition reads and stages the inner groups' state (``($(s))g[...]``), runs the subquery's
+   aggregate, and emits the subquery's changes as signed rows in the outer query's layout
+   (:meth:`~mvlog.views.operator.ViewOperator.joined`);
+2. those rows are shuffled by the partition of their outer group (:attr:`NestedAggregateRouting.groups`),
+   whose task folds them into its groups (``g[...]``) and writes the view's changes, as the partition of
+   a GROUP BY over a join does.
+
+The inner GROUP BY reads one view directly and has groups: a global one's row would be emitted by every
+task's operator, a windowed one's input rows belong to several partitions, and a subquery under it is
+another step. The outer one is any GROUP BY keyed by its groups (a global or a windowed one too: its
+step is the join's third, :meth:`GroupRouting.share`). Pure: Arrow in, partitions out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from mvlog.views.plan import ViewPlan
+from mvlog.views.routing import GroupRouting, grouped_by_key, keyed_by_groups
+
+
+def aggregate_over_aggregate(plan: ViewPlan) -> bool:
+    """A GROUP BY keyed by its groups whose one source is a subquery (or WITH query) that groups one view
+    by key, directly, with GROUP BY columns (not global, not windowed)."""
+    query = plan.query
+    if not keyed_by_groups(plan) or len(query.sources) != 1 or query.joins or len(plan.inner) != 1:
+        return False
+    name, inner = plan.inner[0]
+    return (query.sources[0].view == name and grouped_by_key(inner) and not inner.inner
+            and bool(inner.query.group_by) and inner.query.window is None)
+
+
+@dataclass(frozen=True)
+class NestedAggregateRouting:
+    """Routes a GROUP BY over a GROUP BY: the upstream's rows by their inner group, the subquery's rows by
+    their outer group."""
+
+    plan: ViewPlan
+    partitions: int
+    _inner: GroupRouting = field(init=False, repr=False, compare=False)
+    _prefix: bytes = field(init=False, repr=False, compare=False)
+    #: The outer GROUP BY's step: where the subquery's rows (and the outer groups' state) go.
+    groups: GroupRouting = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not aggregate_over_aggregate(self.plan):
+            raise ValueError(f"view {self.plan.name!r} is not a GROUP BY over a GROUP BY of one view")
+        name, inner = self.plan.inner[0]
+        object.__setattr__(self, "_inner", GroupRouting(inner, self.partitions))
+        object.__setattr__(self, "_prefix", b"(" + name.encode() + b")")
+        object.__setattr__(self, "groups", GroupRouting(self.plan, self.partitions))
+
+    def upstreams(self) -> tuple[str]:
+        """The one view the inner GROUP BY reads."""
+        return (self.plan.inner[0][1].query.sources[0].view,)
+
+    def self_join(self) -> bool:
+        return False
+
+    def inputs(self) -> tuple[str]:
+        """The name the view's changes go under in the operator's input: the upstream's."""
+        return self.upstreams()
+
+    def operator_plan(self) -> ViewPlan:
+        """The plan a task's operator runs: the view's own."""
+        return self.plan
+
+    def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
+        """The partition (int32) of each upstream row's inner group (``side`` 0: the one upstream)."""
+        if side != 0:
+            raise ValueError(f"a GROUP BY over a GROUP BY reads one view, not side {side}")
+        return self._inner.partitions_of(rows)
+
+    def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
+        """The partition whose first-step task owns each state key: an inner group's (``($(s))g[...]``)."""
+        for key in keys:
+            if not key.startswith(self._prefix):
+                raise ValueError(f"view {self.plan.name!r}: {key!r} is not its subquery's state key")
+        return self._inner.partitions_of_state_keys([key[len(self._prefix):] for key in keys])

@@ -1,0 +1,65 @@
+"""The pure parts of a GROUP BY over a GROUP BY in Spark's tasks (issue 19, item 2): which views take the
+nested routing, and that the inner aggregate per partition of its groups, its rows routed to the outer
+groups' partitions and folded there, gives the single operator's changes and state
+(:func:`~tests.unit.test_join_routing.split_aggregate`). No broker, no Spark: the shuffles run in
+``tests/integration/test_operators_in_tasks.py``."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mvlog.views import plan_view
+from mvlog.views.keyed_routing import operator_key_routing, routed_by_operator_key
+from mvlog.views.nested_routing import NestedAggregateRouting, aggregate_over_aggregate
+from mvlog.views.routing import GroupRouting
+
+from .test_join_routing import A, B, split_aggregate
+
+NESTED = [
+    # A histogram of per-key counts: a change of one k moves its row from one n to another.
+    "SELECT n, count(*) AS c, sum(k) AS t FROM (SELECT k, count(*) AS n FROM a GROUP BY k) s GROUP BY n",
+    # The same through a WITH query, the outer grouped by a computed value, WHERE and HAVING on both levels.
+    "WITH per AS (SELECT s, k, max(x) AS hi, count(*) AS n FROM a WHERE id > 1 GROUP BY s, k HAVING count(*) > 0) "
+    "SELECT n % 2 AS odd, count(*) AS c, max(hi) AS top FROM per WHERE k IS NOT NULL GROUP BY n % 2",
+    # A global aggregate over per-group sums (its one row folded by one partition's task).
+    "SELECT count(*) AS groups, sum(t) AS total, max(t) AS hi FROM (SELECT w, sum(bid) AS t FROM b GROUP BY w) q",
+]
+
+
+@pytest.mark.parametrize(("sql", "taken"), [
+    *((sql, True) for sql in NESTED),
+    ("SELECT n, count(*) AS c FROM (SELECT count(*) AS n FROM a) s GROUP BY n", False),  # a global inner one
+    ("SELECT n, count(*) AS c FROM (SELECT window.start AS ws, count(*) AS n FROM a "
+     "GROUP BY window(id, '4 milliseconds')) s GROUP BY n", False),  # a windowed inner one
+    ("SELECT k, count(*) AS c FROM (SELECT k, s FROM a WHERE k > 0) t GROUP BY k", False),  # a stateless one
+    ("SELECT n, count(*) AS c FROM (SELECT a.k, count(*) AS n FROM a JOIN b ON a.k = b.k2 GROUP BY a.k) s "
+     "GROUP BY n", False),  # over a join: a third step
+])
+def test_which_views_the_nested_routing_takes(sql: str, taken: bool) -> None:
+    plan = plan_view("v", sql, {"a": A, "b": B})
+    assert aggregate_over_aggregate(plan) is taken
+    assert isinstance(operator_key_routing(plan, 3), NestedAggregateRouting) is taken
+    if taken:
+        assert routed_by_operator_key(plan)
+
+
+@pytest.mark.parametrize("sql", NESTED)
+@pytest.mark.parametrize("partitions", [1, 3, 4])
+def test_the_inner_groups_apart_then_the_outer_groups_give_the_single_operators_changes(
+        sql: str, partitions: int) -> None:
+    plan = plan_view("v", sql, {"a": A, "b": B})
+    routing = NestedAggregateRouting(plan, partitions)
+    assert routing.upstreams() == routing.inputs() == plan.sources
+    split_aggregate(plan, routing, partitions, random.Random(partitions * 5 + len(sql)))
+
+
+def test_state_keys_of_the_subquery_are_owned_by_its_groups_partitions() -> None:
+    plan = plan_view("v", NESTED[0], {"a": A})
+    routing = NestedAggregateRouting(plan, 4)
+    inner = GroupRouting(plan.inner[0][1], 4)
+    assert routing.partitions_of_state_keys([b"($(s))g[3]", b"($(s))g[null]"]) == \
+        inner.partitions_of_state_keys([b"g[3]", b"g[null]"])
+    with pytest.raises(ValueError, match="not its subquery's state key"):
+        routing.partitions_of_state_keys([b"g[3]"])  # the outer groups' state is the second step's
