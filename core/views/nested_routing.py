@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from mvlog.views.plan import ViewPlan
-from mvlog.views.routing import GroupRouting, grouped_by_key, keyed_by_groups
+from mvlog.views.routing import GroupRouting, OneViewSide, grouped_by_key, keyed_by_groups
 
 
 def aggregate_over_aggregate(plan: ViewPlan) -> bool:
@@ -45,7 +45,7 @@ def aggregate_over_aggregate(plan: ViewPlan) -> bool:
 
 
 @dataclass(frozen=True)
-class NestedAggregateRouting:
+class NestedAggregateRouting(OneViewSide):
     """Routes a GROUP BY over a GROUP BY: the upstream's rows by their inner group, the subquery's rows by
     their outer group."""
 
@@ -67,17 +67,6 @@ class NestedAggregateRouting:
     def upstreams(self) -> tuple[str]:
         """The one view the inner GROUP BY reads."""
         return (self.plan.inner[0][1].query.sources[0].view,)
-
-    def self_join(self) -> bool:
-        return False
-
-    def inputs(self) -> tuple[str]:
-        """The name the view's changes go under in the operator's input: the upstream's."""
-        return self.upstreams()
-
-    def operator_plan(self) -> ViewPlan:
-        """The plan a task's operator runs: the view's own."""
-        return self.plan
 
     def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
         """The partition (int32) of each upstream row's inner group (``side`` 0: the one upstream)."""

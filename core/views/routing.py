@@ -203,6 +203,28 @@ class GroupRouting:
         return _partitions_of_key_rows(key, count, self._of_vnode)
 
 
+class OneViewSide:
+    """The parts of the two-shuffle routing interface (:mod:`mvlog.views.keyed_routing`) that a view reading
+    one upstream as its one side shares: a top-N's, a GROUP BY over a GROUP BY's. Its operator runs the
+    view's own plan, over the upstream's changes under the upstream's name."""
+
+    plan: ViewPlan
+
+    def upstreams(self) -> tuple[str]:
+        raise NotImplementedError
+
+    def self_join(self) -> bool:
+        return False
+
+    def inputs(self) -> tuple[str]:
+        """The name the view's changes go under in the operator's input: the upstream's."""
+        return self.upstreams()
+
+    def operator_plan(self) -> ViewPlan:
+        """The plan a task's operator runs: the view's own."""
+        return self.plan
+
+
 def source_batch(source: RowSchema, rows: pa.Table) -> pa.Table:
     """A one-source view's input ``rows`` (the upstream's columns, by name) in the operator's layout, as its
     expressions read them: what a routing evaluates GROUP BY values, windows or ranking groups on."""

@@ -34,7 +34,7 @@ import pyarrow as pa
 from mvlog.row_schema import ColumnType
 from mvlog.views.evaluate import evaluate
 from mvlog.views.plan import ViewPlan
-from mvlog.views.routing import GroupRouting, partitions_table, source_batch
+from mvlog.views.routing import GroupRouting, OneViewSide, partitions_table, source_batch
 from mvlog.views.state_codec import TOP_N_TAG, encode_key
 from mvlog.vnode import VNODE_COUNT
 
@@ -48,7 +48,7 @@ def top_n_of_one_view(plan: ViewPlan) -> bool:
 
 
 @dataclass(frozen=True)
-class TopNRouting:
+class TopNRouting(OneViewSide):
     """Routes a top-N's input rows (its upstream's columns, by name) to the partitions of their ranking
     groups."""
 
@@ -72,17 +72,6 @@ class TopNRouting:
     def upstreams(self) -> tuple[str]:
         """The one view the data source reads."""
         return (self.plan.query.sources[0].view,)
-
-    def self_join(self) -> bool:
-        return False
-
-    def inputs(self) -> tuple[str]:
-        """The name the view's changes go under in the operator's input: the upstream's."""
-        return self.upstreams()
-
-    def operator_plan(self) -> ViewPlan:
-        """The plan a task's operator runs: the view's own."""
-        return self.plan
 
     def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
         """The partition (int32) of each row's ranking group (``side`` 0: the one upstream's columns, by name)."""
