@@ -6,6 +6,7 @@ from typing import IO
 
 import click
 
+from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.services.cli import pass_settings
@@ -13,8 +14,9 @@ from mvlog.services.commands.backends import backend_errors, connect_redis, requ
 from mvlog.services.commands.names import check_name
 from mvlog.services.commands.output import describe_schema
 from mvlog.services.commands.values import PARTITIONS, count
-from mvlog.services.view_ddl import BACKFILL_METHODS, alter_view, create_view, drop_table, drop_view
+from mvlog.services.view_ddl import BACKFILL_METHODS, alter_view, create_view, drop_table, drop_view, plan_for
 from mvlog.views import ViewDefinitionError
+from mvlog.views.task_path import Upstream, describe, task_path
 
 
 def definition_sql(words: tuple[str, ...], sql_file: IO[str] | None) -> str:
@@ -51,13 +53,15 @@ def create_view_command(settings: Settings, name: str, definition: tuple[str, ..
                         partitions: int | None, backfill: str) -> None:
     """Create view NAME defined by a SELECT over tables and views.
 
-    The SQL subset: SELECT expressions FROM one view or an inner equi-join of two, WHERE, GROUP BY with
-    count, sum, min, max, avg. Anything else is refused, naming the construct and its position, and
-    nothing is created. Quote what the shell would expand:
+    The SQL subset (README, "View SQL"): SELECT expressions FROM views, inner, outer, semi and anti
+    equi-joins, subqueries and WITH queries, WHERE, GROUP BY (count, sum, min, max, avg; tumbling and
+    hopping windows) with HAVING, ROW_NUMBER() top-N and UNION ALL. Anything else is refused, naming the
+    construct and its position, and nothing is created. Quote what the shell would expand:
 
       mvlog create-view mv1 AS "SELECT * FROM t1 WHERE deleted = false"
 
-    The view starts in state 'creating'; `mvlog run-view NAME` maintains it.
+    The view starts in state 'creating'; `mvlog run-view NAME` maintains it. The last line says whether
+    its operator runs in Spark's tasks (MVLOG_OPERATORS_IN_TASKS) or on the driver.
     """
     check_name(name, "view")
     sql = definition_sql(definition, sql_file)
@@ -80,6 +84,18 @@ def create_view_command(settings: Settings, name: str, definition: tuple[str, ..
     if backfill == "auto":
         click.echo(f"Backfill: {method} ({entry.options.get('backfill_auto', '')}).")
     click.echo(f"Its state is 'creating' until a consumer maintains it ({how}): mvlog run-view {name}")
+    click.echo(f"Operator: {operator_placement(settings, CatalogStore(settings, client), entry)}.")
+
+
+def operator_placement(settings: Settings, catalog: CatalogStore, entry: CatalogEntry) -> str:
+    """Where the view's operator runs, as :func:`~mvlog.views.task_path.describe` says it, and whether the
+    setting that moves it to Spark's tasks is on."""
+    upstreams = [catalog.get(source) for source in entry.sources]
+    path = task_path(plan_for(catalog, entry.name, entry.sql or ""),
+                     [Upstream(tuple(u.key_columns), u.partitions) for u in upstreams], entry.partitions)
+    if path is None or settings.operators_in_tasks:
+        return describe(path)
+    return f"on the driver (MVLOG_OPERATORS_IN_TASKS is off; with it on: {describe(path)})"
 
 
 @click.command("drop-view")

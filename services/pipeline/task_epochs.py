@@ -68,10 +68,10 @@ from mvlog.services.pipeline.partition_tasks import (
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import Stage
 from mvlog.views import ViewPlan
-from mvlog.views.key_routing import KeyRouting, one_upstream_routing
-from mvlog.views.keyed_routing import OperatorKeyRouting, operator_key_routing
-from mvlog.views.partitioning import runs_in_tasks
+from mvlog.views.key_routing import KeyRouting
+from mvlog.views.keyed_routing import OperatorKeyRouting
 from mvlog.views.routing import GroupRouting
+from mvlog.views.task_path import Upstream, task_path
 
 log = logging.getLogger(__name__)
 
@@ -109,17 +109,15 @@ class TaskEpochs:
         """The task path of the view, when the setting is on and the view can take it; else None."""
         if not settings.operators_in_tasks:
             return None
-        if (keyed := operator_key_routing(plan, entry.partitions)) is not None:  # a join, a top-N
-            return cls(settings, entry, [upstreams[view] for view in keyed.upstreams()], plan, committer, client,
-                       keyed)
-        if len(entry.sources) != 1:
+        layouts = [Upstream(tuple(upstreams[view].key_columns), upstreams[view].partitions) for view in entry.sources]
+        if (path := task_path(plan, layouts, entry.partitions)) is None:
             return None
-        upstream = upstreams[entry.sources[0]]
-        if runs_in_tasks(plan, upstream.key_columns, upstream.partitions, entry.partitions):
-            return cls(settings, entry, [upstream], plan, committer, client)
-        if (routing := one_upstream_routing(plan, upstream.key_columns, entry.partitions)) is not None:
-            return cls(settings, entry, [upstream], plan, committer, client, routing)
-        return None
+        routing = path.routing
+        if isinstance(routing, (GroupRouting, KeyRouting)) or routing is None:
+            return cls(settings, entry, [upstreams[entry.sources[0]]], plan, committer, client, routing)
+        # A join, a top-N, a union, a nested GROUP BY: its sides' upstreams (a view read twice: twice).
+        return cls(settings, entry, [upstreams[view] for view in routing.upstreams()], plan, committer, client,
+                   routing)
 
     def takes(self, stages: Sequence[Stage], after: int) -> bool:
         """Whether the epochs after ``after`` go the task path: no stage has anything to do to them (a

@@ -129,6 +129,8 @@ def test_create_and_drop_views(settings: Settings, redis_client: redis.Redis, tm
 
     created = ok(mvlog(settings, "create-view", "mv1", "AS", "SELECT * FROM t1 WHERE deleted = false")).stdout
     assert "Created view mv1 over t1" in created and "mvlog run-view mv1" in created
+    assert ("Operator: on the driver (MVLOG_OPERATORS_IN_TASKS is off; with it on: in Spark's tasks, a task per "
+            "changelog partition, no shuffle (keyed like its upstream))." in created), created
     assert ViewStore(redis_client, settings.topic_prefix).meta("mv1")["state"] == "creating"
     sql_file = tmp_path / "mv2.sql"
     sql_file.write_text("SELECT v1 FROM mv1\n")
