@@ -67,6 +67,9 @@ VIEWS = [("mv1", "SELECT * FROM t1 WHERE deleted = false"), ("mvj", JOIN),
          ("mvu", UNION), ("mvu1", SELF_UNION), ("mvjr", RANKED), ("mvjc", CHAIN), ("mvgg", NESTED)]
 REPLACED = {"mvj": NEW, "mvself": SELF_NEW, "mvtop": TOP_N_NEW, "mvu": UNION_NEW, "mvu1": SELF_UNION_NEW,
             "mvjr": RANKED_NEW, "mvjc": CHAIN_NEW, "mvgg": NESTED_NEW}
+#: Shapes the tasks run since session 35, replaced on the tasks' path only (the driver's path is the
+#: one every view had before, tested by the others; the suite's time is kept down).
+TASKS_ONLY = ("mvjr", "mvjc", "mvgg")
 
 
 @pytest.mark.parametrize("path", ["driver", "tasks"])
@@ -80,9 +83,11 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
     t1 = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"], client=redis_client,
                       auto_commit=False)
     t2 = Table.create(settings, "t2", {"id": "int", "w": "int"}, ["id"], client=redis_client, auto_commit=False)
-    for name, sql in VIEWS:
+    views = [(name, sql) for name, sql in VIEWS if path == "tasks" or name not in TASKS_ONLY]
+    replaced = {name: sql for name, sql in REPLACED.items() if path == "tasks" or name not in TASKS_ONLY}
+    for name, sql in views:
         create_view(settings, name, sql, client=redis_client)
-    consumers = [ViewConsumer(settings, name, spark=spark, client=redis_client) for name, _ in VIEWS]
+    consumers = [ViewConsumer(settings, name, spark=spark, client=redis_client) for name, _ in views]
 
     def write_epoch() -> int:
         """An epoch of each table; returns the epoch mvj reached (a join waits for both sides)."""
@@ -105,36 +110,40 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
         assert t2_snapshot.epoch < mv1_snapshot.epoch
         write_epoch()
 
-        staged = {name: stage_replacement(settings, name, sql, client=redis_client) for name, sql in REPLACED.items()}
+        staged = {name: stage_replacement(settings, name, sql, client=redis_client) for name, sql in replaced.items()}
         at = write_epoch()
         catalog = CatalogStore(settings, redis_client)
         upstreams = {name: (catalog.get(name).schema,
                             list(rows_at(rows_by_epoch(changelog(settings, redis_client, name)), at).values()))
                      for name in ("mv1", "t2")}
         in_tasks = ", in Spark's tasks" if path == "tasks" else ""
-        for name in REPLACED:
+        for name in replaced:
             record, plan, rows = replacement_rows(settings, name, client=redis_client)
             assert record.mce == at and rows, name
             # Its rows at ``at`` are its definition over its upstreams' rows there (their changelogs summed).
             assert_same_rows(name, {plan.schema.key_of(r): r for r in rows}, duckdb_view_rows(plan, upstreams),
                              plan.schema, f"replacement at {at}")
         for name in ("mvj", "mvu", "mvjr", "mvjc"):  # two upstreams: the newer snapshot, the other rolled forward to it
+            if name not in replaced:
+                continue
             hydrated = ReplacementStore(redis_client, settings.topic_prefix).record(name)
             assert hydrated is not None and hydrated.hydration_epoch == mv1_snapshot.epoch, name
             assert (hydrated.fields or {})["hydrated_from"] == (f"mv1: snapshot at epoch {mv1_snapshot.epoch}; "
                                                                 f"t2: snapshot at epoch {t2_snapshot.epoch}"
                                                                 + in_tasks), name
         for name in ("mvself", "mvtop", "mvu1", "mvgg"):  # one upstream: its snapshot, then its changelog
+            if name not in replaced:
+                continue
             hydrated = ReplacementStore(redis_client, settings.topic_prefix).record(name)
             assert hydrated is not None and hydrated.hydration_epoch == mv1_snapshot.epoch, name
             assert (hydrated.fields or {})["hydrated_from"] == (f"mv1: snapshot at epoch {mv1_snapshot.epoch}"
                                                                 + in_tasks), name
-        for name in REPLACED:
+        for name in replaced:
             request_apply(settings, name, client=redis_client)
         reached = write_epoch()  # t1's and t2's epochs: the cut-over is mvj's first epoch after the request
         cut_over = wait_for_apply(settings, "mvj", staged["mvj"].id, timeout=30, client=redis_client).epoch
         assert at < cut_over <= reached
-        for name in ("mvself", "mvtop", "mvu", "mvu1", "mvjr", "mvjc", "mvgg"):
+        for name in [n for n in ("mvself", "mvtop", "mvu", "mvu1", "mvjr", "mvjc", "mvgg") if n in replaced]:
             assert at < wait_for_apply(settings, name, staged[name].id, timeout=30,
                                        client=redis_client).epoch <= reached
         for _ in range(2):
@@ -146,8 +155,7 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
             consumer.committer.writer.close()
 
     # I1 at every epoch: mvj under both definitions, mvs built on it, and the untouched ref.
-    assert check_oracle(settings, redis_client, ["t1", "t2", "mv1", "mvj", "mvs", "ref", "mvself", "mvtop",
-                                                 "mvu", "mvu1", "mvjr", "mvjc", "mvgg"]) >= 4 * 8
+    assert check_oracle(settings, redis_client, ["t1", "t2", *(name for name, _ in views)]) >= 4 * 8
     mvj_log, ref_log = changelog(settings, redis_client, "mvj"), changelog(settings, redis_client, "ref")
     assert [e.epoch for e in mvj_log if e.mutation is not None] == [cut_over]
     before = [(e.epoch, _canonical(e.changes)) for e in mvj_log if e.epoch < cut_over]
