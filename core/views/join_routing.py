@@ -83,9 +83,6 @@ from mvlog.views.routing import GroupRouting, filter_of_one_view, keyed_by_group
 from mvlog.views.state_codec import TOP_N_TAG, encode_key
 from mvlog.vnode import VNODE_COUNT
 
-#: The suffix of a self-join's second side in a join-key task's input (:meth:`JoinRouting.inputs`): not a
-#: view name (``#`` is not allowed in one). Side ``i`` of a chain that reads a view again gets ``#<i>``.
-SECOND_SIDE = "#1"
 #: A join step's state key: its tag (``j0``/``j1`` for step 0, ``j<i>.0``/``j<i>.1`` after), then its key.
 _BUCKET = re.compile(rb"j(?:[01]|[1-9][0-9]*\.[01])(?=\[)")
 

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from mvlog.views.plan import ViewPlan
 from mvlog.views.routing import GroupRouting, OneViewSide, grouped_by_key, keyed_by_groups
+from mvlog.views.state import inner_prefix
 
 
 def aggregate_over_aggregate(plan: ViewPlan) -> bool:
@@ -61,7 +62,7 @@ class NestedAggregateRouting(OneViewSide):
             raise ValueError(f"view {self.plan.name!r} is not a GROUP BY over a GROUP BY of one view")
         name, inner = self.plan.inner[0]
         object.__setattr__(self, "_inner", GroupRouting(inner, self.partitions))
-        object.__setattr__(self, "_prefix", b"(" + name.encode() + b")")
+        object.__setattr__(self, "_prefix", inner_prefix(name))
         object.__setattr__(self, "groups", GroupRouting(self.plan, self.partitions))
 
     def upstreams(self) -> tuple[str]:

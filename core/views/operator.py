@@ -38,7 +38,7 @@ from mvlog.views.join import JoinStage
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import Source
 from mvlog.views.share import WHOLE, OperatorShare
-from mvlog.views.state import PrefixedState, StateReader
+from mvlog.views.state import PrefixedState, StateReader, inner_prefix
 from mvlog.views.topn import TopNStage
 from mvlog.views.union import union_changes
 from mvlog.views.window import expand as expand_windows
@@ -77,7 +77,7 @@ class ViewOperator:
         self._top_n = TopNStage(query, plan.schema) if query.top_n is not None else None
         # Subqueries and WITH queries: operators of their own, run first, each with its state under its
         # own prefix; their output changes are the input of this query's source of that name.
-        self._inner = [(name, ViewOperator(inner), b"(" + name.encode() + b")") for name, inner in plan.inner]
+        self._inner = [(name, ViewOperator(inner), inner_prefix(name)) for name, inner in plan.inner]
 
     def apply_epoch(self, changes: Mapping[str, ChangeBatch], state: StateReader) -> EpochOutput:
         """The view's output for one epoch, given each upstream's changes of that epoch (by view name;

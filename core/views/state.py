@@ -49,6 +49,11 @@ class InMemoryState:
         return len(self.data)
 
 
+def inner_prefix(name: str) -> bytes:
+    """The prefix of a subquery's (or union branch's) state keys inside its view's state: ``(<name>)``."""
+    return b"(" + name.encode() + b")"
+
+
 class PrefixedState:
     """The part of a state store under ``prefix``, read with keys relative to it: the state of an
     operator nested in another one (a subquery's), kept apart from its host's and its siblings'."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mvlog.views.join_routing import JoinRouting, aggregate_over_join, top_n_over_join
+from mvlog.views.join_routing import JoinRouting, top_n_over_join
 from mvlog.views.key_routing import KeyRouting, one_upstream_routing
 from mvlog.views.keyed_routing import OperatorKeyRouting, operator_key_routing
 from mvlog.views.nested_routing import NestedAggregateRouting
@@ -77,9 +77,9 @@ def _shuffles(routing: GroupRouting | KeyRouting | OperatorKeyRouting) -> str:
         return "each branch's rows shuffled to where its state is kept, then the changes by view key"
     if isinstance(routing, NestedAggregateRouting):
         return "its rows shuffled by the inner groups, the subquery's changes by the outer groups, then by view key"
-    if aggregate_over_join(routing.plan):
+    assert isinstance(routing, JoinRouting)
+    if routing.groups is not None:  # a GROUP BY over the join
         return "its rows shuffled by join key, the joined rows by group, then the changes by view key"
     if top_n_over_join(routing.plan):
         return "its rows shuffled by join key (joined and ranked there), then its changes by view key"
-    assert isinstance(routing, JoinRouting)
     return "its rows shuffled by join key, then its changes by view key"

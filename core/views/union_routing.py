@@ -44,6 +44,7 @@ from mvlog.views.routing import (
     partitions_table,
     view_key_partitions,
 )
+from mvlog.views.state import inner_prefix
 
 #: A branch's side's input name: ``<view>#b<branch>`` (``#`` is not allowed in a view name).
 BRANCH_SIDE = "#b"
@@ -146,7 +147,7 @@ class UnionRouting:
         owners = []
         for key in keys:
             for (name, _), routing in zip(self.plan.inner, self._routings, strict=True):
-                prefix = b"(" + name.encode() + b")"
+                prefix = inner_prefix(name)
                 if routing is not None and key.startswith(prefix):
                     owners += routing.partitions_of_state_keys([key[len(prefix):]])
                     break
