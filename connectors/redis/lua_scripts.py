@@ -10,6 +10,10 @@ kept once, in ``lua/lib/*.lua``, and prefixed to the text of every script that c
   it is not ``follows`` (``'none'``: no MCE; ``''``: unchecked), nil when the commit may go on.
 * ``swap_staged(staged, live, count)``: for i in 0 .. count - 1, ``KEYS[staged + i]`` replaces
   ``KEYS[live + i]`` (RENAME), or ``KEYS[live + i]`` is deleted when nothing was staged for it.
+* ``apply_staged(first, rows, keyorder, opstate)`` and ``staged_whole(first, n, counts)``: a task's six
+  staged keys of one partition (:mod:`~mvlog.connectors.redis.partition_staging`) applied to a view's
+  (or a staged replacement's) rows, key order and operator state; whether ``n`` partitions' staged keys
+  hold the counts their tasks reported.
 
 Each store reads its scripts once, at import (:func:`lua_script`), and registers them on its client; the
 ``KEYS``/``ARGV`` layout of a script is documented where the store builds them. Every piece is preceded

@@ -30,7 +30,12 @@ from mvlog.connectors.redis.view_meta import ViewMeta
 
 STAGE_TTL_S = 3600
 
-_COMMIT_SCRIPT = lua_script("partition_commit", lib=["refuse_epoch"], constants={"JOURNAL_LIMIT": JOURNAL_LIMIT})
+_COMMIT_SCRIPT = lua_script("partition_commit", lib=["refuse_epoch", "apply_staged"],
+                            constants={"JOURNAL_LIMIT": JOURNAL_LIMIT})
+
+#: The staging scope of a view's staged replacement (:class:`PartitionStaging`'s ``scope``): its tasks'
+#: partitions are staged beside the view's own, under the replacement's keys.
+REPLACEMENT_SCOPE = "replacement:"
 
 
 class StagingIncompleteError(RuntimeError):
@@ -66,14 +71,17 @@ class BackfillCommit:
 
 
 class PartitionStaging(ViewMeta):
-    """Staged partitions of views' epochs, and their commit."""
+    """Staged partitions of views' epochs, and their commit. ``scope``: ``""``, the views' own staging;
+    :data:`REPLACEMENT_SCOPE`, their staged replacements' (committed by
+    :meth:`~mvlog.connectors.redis.replacement_store.ReplacementStore.commit_partitions`)."""
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
+    def __init__(self, client: redis.Redis, prefix: str, scope: str = "") -> None:
         super().__init__(client, prefix)
+        self.scope = scope
         self._commit = client.register_script(_COMMIT_SCRIPT)
 
     def staged_keys(self, view: str, epoch: int, partition: int) -> list[str]:
-        base = f"pstage:{epoch_hex(epoch)}:{partition}"
+        base = f"{self.scope}pstage:{epoch_hex(epoch)}:{partition}"
         return [self._key(view, f"{base}:{what}") for what in ("rows", "dels", "oput", "odel", "sput", "sdel")]
 
     def stage(self, view: str, partition: int, commit: EpochCommit, *, rows: bool = True,

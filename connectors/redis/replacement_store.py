@@ -15,6 +15,9 @@ Keys (``P`` = topic prefix, ``V`` = view):
 - ``P:{V}:replacement:rows.hydrate`` and ``P:{V}:replacement:opstate.hydrate``: its first state while
   Spark's tasks stage it, one view partition each (:meth:`ReplacementStore.stage_hydration`), until
   :meth:`ReplacementStore.swap_hydration` makes it the replacement's.
+- ``P:{V}:replacement:pstage:<epoch hex>:<partition>:<what>``: an epoch it follows in Spark's tasks, as
+  each view partition's task staged it (:data:`~mvlog.connectors.redis.partition_staging.REPLACEMENT_SCOPE`),
+  until :meth:`ReplacementStore.commit_partitions` applies them all with its MCE.
 
 Every write is a Lua script that first checks the record's ``id`` and ``status``, so a discarded or
 replaced replacement is never written by a consumer that has not noticed yet. The cut-over
@@ -36,6 +39,13 @@ from mvlog.changes import IndexEntry
 from mvlog.connectors.redis.chunked_writes import CHUNK, hset_chunked
 from mvlog.connectors.redis.epoch_index import EpochIndex, epoch_hex, index_member
 from mvlog.connectors.redis.lua_scripts import lua_script
+from mvlog.connectors.redis.packed_script import run_script
+from mvlog.connectors.redis.partition_staging import (
+    REPLACEMENT_SCOPE,
+    PartitionStaging,
+    StagedCounts,
+    StagingIncompleteError,
+)
 from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.replacement import Status
 
@@ -44,6 +54,10 @@ _STAGE_SCRIPT = lua_script("replacement_stage")
 # KEYS: record, rows, opstate. ARGV: id, epoch hex, epoch, ts, #row puts, #row deletes, #state puts,
 # #state deletes, then the items, then record fields to set with the commit (name, value pairs).
 _COMMIT_SCRIPT = lua_script("replacement_commit", lib=["each_chunk"])
+
+# KEYS: record, rows, opstate, then each partition's six staged keys. ARGV: id, epoch hex, epoch, ts,
+# partitions, then each partition's six staged counts.
+_PARTITION_COMMIT_SCRIPT = lua_script("replacement_partition_commit", lib=["apply_staged"])
 
 _REQUEST_APPLY_SCRIPT = lua_script("replacement_request_apply")
 
@@ -61,6 +75,10 @@ _HYDRATE_SCRIPT = lua_script("replacement_hydrate", lib=["swap_staged"])
 # ARGV: id, epoch hex, epoch, ts, version, one index member per index key, then the counts of key-order
 # members added and removed (the diff's inserts and deletes) and those members.
 _APPLY_SCRIPT = lua_script("replacement_apply")
+
+
+class ReplacementGoneError(RuntimeError):
+    """The replacement a consumer maintains was discarded (or replaced by another) meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +125,9 @@ class ReplacementStore:
         self._discard = client.register_script(_DISCARD_SCRIPT)
         self._apply = client.register_script(_APPLY_SCRIPT)
         self._hydrate = client.register_script(_HYDRATE_SCRIPT)
+        self._partition_commit = client.register_script(_PARTITION_COMMIT_SCRIPT)
+        #: Where Spark's tasks stage the epochs a replacement follows there (:meth:`commit_partitions`).
+        self.staging = PartitionStaging(client, prefix, REPLACEMENT_SCOPE)
 
     def key(self, view: str, what: str = "") -> str:
         return view_key(self.prefix, view, "replacement" + (f":{what}" if what else ""))
@@ -179,6 +200,27 @@ class ReplacementStore:
         for name, setting in (fields or {}).items():
             args += [name, str(setting)]
         return bool(self._commit(keys=self._keys(view), args=args))
+
+    def commit_partitions(self, view: str, replacement_id: str, epoch: int, staged: Mapping[int, StagedCounts]
+                          ) -> bool:
+        """The replacement's rows and state at ``epoch``, from what each view partition's task staged for it
+        (:attr:`staging`, counts ``staged``), in one script. False (nothing changed) when the replacement is
+        already at ``epoch``; raises :class:`ReplacementGoneError` when it is no longer staged under
+        ``replacement_id``, :class:`~mvlog.connectors.redis.partition_staging.StagingIncompleteError` when
+        a partition's staging is not whole."""
+        partitions = sorted(staged)
+        keys = self._keys(view)
+        args: list[str | int] = [replacement_id, epoch_hex(epoch), epoch, _now_ms(), len(partitions)]
+        for p in partitions:
+            keys += self.staging.staged_keys(view, epoch, p)
+            args += staged[p].as_list()
+        result = int(run_script(self.redis, self._partition_commit, keys, args))
+        if result == -3:
+            raise ReplacementGoneError(f"{view}: replacement {replacement_id} is no longer staged")
+        if result == -2:
+            raise StagingIncompleteError(f"{view}: replacement {replacement_id}, epoch {epoch}: a partition's "
+                                         "staged rows are missing in Redis")
+        return result == 1
 
     def clear_hydration(self, view: str) -> None:
         """Drop what an earlier hydration in tasks left staged (before one starts staging)."""

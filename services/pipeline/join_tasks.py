@@ -55,7 +55,6 @@ from mvlog.catalog import CatalogEntry
 from mvlog.config import Settings
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.epoch_commit import EpochCommit
-from mvlog.connectors.redis.partition_staging import PartitionStaging
 from mvlog.connectors.spark.change_rows import META_COLUMNS, arrow_schema
 from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.row_schema import RowSchema
@@ -264,7 +263,7 @@ class JoinKeyJob:
         of_vnode = partitions_table(view.partitions)
         tokens = pa.array(partition_tokens(view.partitions), pa.int32())
         out: list[pa.Table] = [self.out_schema.empty_table()]
-        staging = PartitionStaging(redis_client.task_client(settings), settings.topic_prefix)
+        staging = target.staging(redis_client.task_client(settings))
         state = committed_state(staging, target)
         for epoch in todo:
             if (groups := self.routing.groups) is None:

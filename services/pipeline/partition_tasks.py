@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import redis
 from pyspark import TaskContext
 
 from mvlog.catalog import CatalogEntry
@@ -47,8 +48,9 @@ from mvlog.config import Settings
 from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, EncodedBatch, encode_batch
 from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis import redis_client
-from mvlog.connectors.redis.epoch_commit import commit_from_encoded
-from mvlog.connectors.redis.partition_staging import PartitionStaging
+from mvlog.connectors.redis.epoch_commit import EpochCommit, commit_from_encoded
+from mvlog.connectors.redis.partition_staging import REPLACEMENT_SCOPE, PartitionStaging
+from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.view_rows import ViewRows
 from mvlog.connectors.redis.writer_claims import WriterClaims
 from mvlog.connectors.spark.change_rows import BARRIER
@@ -141,6 +143,14 @@ class PartitionTarget:
     on_written: Callable[[int, int], None] | None = None
     #: The mutation each epoch's barriers carry (a chunked backfill's progress), if any.
     barrier_mutation: Callable[[int], Mutation] | None = None
+    #: A staged replacement of the view the tasks compute instead (its id): they read and stage its rows
+    #: and operator state, under its own keys, and write nothing to Kafka (``after``: its MCE).
+    replacement_id: str | None = None
+
+    def staging(self, client: redis.Redis) -> PartitionStaging:
+        """Where the tasks stage their partitions: the view's staging, or its staged replacement's."""
+        prefix = Settings.from_executor_json(self.settings_json).topic_prefix
+        return PartitionStaging(client, prefix, REPLACEMENT_SCOPE if self.replacement_id is not None else "")
 
 
 @dataclass(frozen=True)
@@ -256,11 +266,13 @@ StateStaging = Literal["own", "none", "beside"]
 
 
 def committed_state(staging: PartitionStaging, target: PartitionTarget) -> LayeredState:
-    """The view's operator state as its MCE left it in Redis (never an earlier attempt's staging), under
-    the epochs this task computed before the next."""
-    settings = Settings.from_executor_json(target.settings_json)
-    return LayeredState(StoredState(partial(ViewRows(staging.redis, settings.topic_prefix).get_state,
-                                            target.view.name)))
+    """The view's operator state as its MCE left it in Redis (never an earlier attempt's staging), or its
+    staged replacement's as the replacement's MCE left it, under the epochs this task computed before the
+    next."""
+    prefix = Settings.from_executor_json(target.settings_json).topic_prefix
+    store = (ViewRows(staging.redis, prefix) if target.replacement_id is None
+             else ReplacementStore(staging.redis, prefix))
+    return LayeredState(StoredState(partial(store.get_state, target.view.name)))
 
 
 def check_owned(view: str, partition: int, writes: dict[bytes, bytes | None],
@@ -307,20 +319,23 @@ class PartitionWriter:
         if not todo:
             return []
         require_next(partition, target.after, todo, target.next_epoch)
-        staging = PartitionStaging(redis_client.task_client(self.settings), self.settings.topic_prefix)
+        staging = target.staging(redis_client.task_client(self.settings))
+        if target.replacement_id is not None:  # a staged replacement's epochs: staged only, nothing to Kafka
+            return self._write(None, False, staging, todo, compute, state, stage_state)
         return KEPT_WRITERS.run(
             self.settings, view, partition, partition_transactional_id(self.settings, view.name, partition),
             WriterClaims(staging.redis, self.settings.topic_prefix),
             lambda writer, kept: self._write(writer, kept, staging, todo, compute, state, stage_state))
 
-    def _write(self, writer: ChangelogWriter, kept: bool, staging: PartitionStaging, todo: list[int],
+    def _write(self, writer: ChangelogWriter | None, kept: bool, staging: PartitionStaging, todo: list[int],
                compute: Callable[[int, LayeredState], EpochOutput], state: Callable[[PartitionStaging], LayeredState],
                stage_state: StateStaging) -> list[dict[str, Any]]:
         """:meth:`write` with ``writer``, the partition's writer, which fenced every earlier attempt when it
-        was made; ``kept``: its Python worker kept it from an earlier task
-        (:mod:`~mvlog.services.pipeline.kept_writers`)."""
+        was made (None: a staged replacement's epochs, which only Redis holds); ``kept``: its Python worker
+        kept it from an earlier task (:mod:`~mvlog.services.pipeline.kept_writers`)."""
         target, partition, view = self.target, self.partition, self.target.view
-        found = partition_barriers(self.settings, view.name, partition, target.start_offsets.get(partition, 0))
+        found = (partition_barriers(self.settings, view.name, partition, target.start_offsets.get(partition, 0))
+                 if writer is not None else [])
         committed = resume_partition(partition, target.after, todo, found)
         prev = prev_epochs(target.after, todo)
         layered = state(staging)
@@ -329,10 +344,16 @@ class PartitionWriter:
             output = compute(epoch, layered)
             encoded = encode_batch(view.key_columns, output.changes)
             mutation = target.barrier_mutation(epoch) if target.barrier_mutation is not None else None
-            barrier = written_or_found(writer, partition, epoch, prev[epoch], encoded, committed.get(epoch), mutation)
             state_puts, state_deletes = output.state_puts_and_deletes()
-            rows_left = commit_from_encoded(epoch, output.changes.keys, encoded, {}, state_puts=state_puts,
-                                            state_deletes=state_deletes)
+            if writer is None:  # a replacement keeps no key order: its cut-over's diff gives the view's
+                barrier = PartitionBarrier(epoch, prev[epoch], -1, len(encoded.keys))
+                rows_left = EpochCommit(epoch, encoded.row_puts, encoded.row_deletes, {}, state_puts=state_puts,
+                                        state_deletes=state_deletes)
+            else:
+                barrier = written_or_found(writer, partition, epoch, prev[epoch], encoded, committed.get(epoch),
+                                           mutation)
+                rows_left = commit_from_encoded(epoch, output.changes.keys, encoded, {}, state_puts=state_puts,
+                                                state_deletes=state_deletes)
             counts = staging.stage(view.name, partition, rows_left, state=stage_state != "none",
                                    beside=stage_state == "beside")
             if target.on_written is not None and epoch not in committed:

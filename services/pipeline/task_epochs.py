@@ -26,6 +26,10 @@ Where an epoch becomes final differs from the driver path: a partition's transac
 is the partition's attempt at the epoch, never redone (README, Wire format, "A transaction per
 partition"). A driver killed after some partitions committed leaves them in Kafka; the next consumer's
 tasks find them, write the others, stage all, and the driver commits the epoch in Redis.
+
+What commits the staged epochs is a :class:`TaskCommits`: the view's :class:`ViewCommits`, or a staged
+replacement's (:mod:`mvlog.services.replacement.tasks`), whose tasks stage under its own keys and write no
+Kafka: the same jobs run either definition of a view.
 """
 
 from __future__ import annotations
@@ -82,10 +86,11 @@ class TaskEpochs:
     """Runs view ``entry``'s micro-batches in Spark's tasks and commits their epochs."""
 
     def __init__(self, settings: Settings, entry: CatalogEntry, upstreams: Sequence[CatalogEntry], plan: ViewPlan,
-                 committer: EpochCommitter, client: redis.Redis,
+                 committer: TaskCommits, client: redis.Redis,
                  routing: GroupRouting | KeyRouting | OperatorKeyRouting | None = None) -> None:
         self.settings, self.entry, self.plan = settings, entry, plan
         self.upstreams = tuple(upstreams)  # by side: the query's FROM order (one, or a join's two)
+        #: Commits what the tasks staged: the view's epochs (:class:`ViewCommits`), or a staged replacement's.
         self.committer = committer
         #: A GROUP BY's: the input is shuffled by its groups' partitions; a renamed or repartitioned
         #: stateless view's: by its key's; a join's: by its join keys' partitions, and the output again by
@@ -105,18 +110,22 @@ class TaskEpochs:
 
     @classmethod
     def for_view(cls, settings: Settings, entry: CatalogEntry, upstreams: Mapping[str, CatalogEntry],
-                 plan: ViewPlan, committer: EpochCommitter, client: redis.Redis) -> TaskEpochs | None:
-        """The task path of the view, when the setting is on and the view can take it; else None."""
+                 plan: ViewPlan, committer: EpochCommitter | TaskCommits, client: redis.Redis) -> TaskEpochs | None:
+        """The task path of the view, when the setting is on and the view can take it; else None.
+        ``committer``: the view's, or what commits the epochs of another definition of it (a staged
+        replacement: ``entry`` and ``plan`` are then the replacement's)."""
         if not settings.operators_in_tasks:
             return None
         layouts = [Upstream(tuple(upstreams[view].key_columns), upstreams[view].partitions) for view in entry.sources]
         if (path := task_path(plan, layouts, entry.partitions)) is None:
             return None
+        commits = ViewCommits(committer, PartitionStaging(client, settings.topic_prefix), entry) \
+            if isinstance(committer, EpochCommitter) else committer
         routing = path.routing
         if isinstance(routing, (GroupRouting, KeyRouting)) or routing is None:
-            return cls(settings, entry, [upstreams[entry.sources[0]]], plan, committer, client, routing)
+            return cls(settings, entry, [upstreams[entry.sources[0]]], plan, commits, client, routing)
         # A join, a top-N, a union, a nested GROUP BY: its sides' upstreams (a view read twice: twice).
-        return cls(settings, entry, [upstreams[view] for view in routing.upstreams()], plan, committer, client,
+        return cls(settings, entry, [upstreams[view] for view in routing.upstreams()], plan, commits, client,
                    routing)
 
     def takes(self, stages: Sequence[Stage], after: int) -> bool:
@@ -158,13 +167,11 @@ class TaskEpochs:
         self.committer.ensure_serving_state()  # a wiped Redis is rebuilt before anything is computed
         after = self.committer.mce
         read_after = max(after, read_after)
-        # The tasks read their partition from there.
-        start = self.staging.index.offsets_after(self.entry.name, self.entry.partitions, after or None)
         following = [f.epoch for u in self.upstreams
                      if (f := self.staging.index.first_at_or_after(u.name, 0, read_after + 1)) is not None]
-        target = PartitionTarget(self.settings.to_executor_json(), self.entry, after, start,
+        target = PartitionTarget(self.settings.to_executor_json(), self.entry, after, self.committer.start_offsets(),
                                  min(following) if following else None, self.on_written,
-                                 stage.mutation if stage is not None else None)
+                                 stage.mutation if stage is not None else None, self.committer.replacement_id)
         if isinstance(self.routing, OperatorKeyRouting):
             results = self._joined(reader, target, upto, batch, stage, read_after)
             if results is None:
@@ -192,13 +199,13 @@ class TaskEpochs:
         committed = 0
         for epoch in sorted(by_epoch):
             if epoch > self.committer.mce:
-                commit_partition_results(self.committer, self.staging, self.entry, epoch, by_epoch[epoch],
-                                         stage.commit(epoch) if stage is not None else None)
+                self.committer.commit(epoch, by_epoch[epoch], stage.commit(epoch) if stage is not None else None)
                 committed += 1
         self._resumed = True
         if committed:
-            log.debug("%s: %d epoch(s) committed in tasks, MCE %d", self.entry.name, committed, self.committer.mce,
-                      extra={"epochs_in_tasks": (self.entry.name, committed)})  # counted by the tests' conftest
+            what = self.entry.name if self.committer.replacement_id is None else f"{self.entry.name}'s replacement"
+            log.debug("%s: %d epoch(s) committed in tasks, MCE %d", what, committed, self.committer.mce,
+                      extra={"epochs_in_tasks": (what, committed)})  # counted by the tests' conftest
         return committed
 
     def _partitioned(self, frame: DataFrame, routing: GroupRouting | KeyRouting | None) -> DataFrame:
@@ -251,6 +258,56 @@ class TaskEpochs:
 
 
 
+class TaskCommits(Protocol):
+    """What commits the epochs of a micro-batch that Spark's tasks computed and staged, a view partition
+    each: the view's (:class:`ViewCommits`), or a staged replacement's
+    (:class:`~mvlog.services.replacement.tasks.ReplacementCommits`)."""
+
+    #: The replacement whose epochs these are (its id; the tasks then stage its keys and write no Kafka), or None.
+    replacement_id: str | None
+
+    @property
+    def mce(self) -> int:
+        """The last epoch committed."""
+        ...
+
+    def ensure_serving_state(self) -> bool:
+        """Before a micro-batch is computed: rebuild a wiped serving state (True: it was)."""
+        ...
+
+    def start_offsets(self) -> dict[int, int]:
+        """Per view partition, the changelog offset after the MCE's barrier, where the tasks look for
+        the epochs an earlier attempt committed."""
+        ...
+
+    def commit(self, epoch: int, rows: Sequence[Mapping[str, int]], backfill: BackfillCommit | None) -> None:
+        """Commit ``epoch`` from its partitions' result rows (``backfill``: what a chunked backfill adds)."""
+        ...
+
+
+class ViewCommits:
+    """A view's epochs computed in tasks, committed by its :class:`EpochCommitter`: the Kafka side is the
+    tasks' transactions, the Redis side the partitions' staging swapped in with the index and the MCE."""
+
+    replacement_id: str | None = None
+
+    def __init__(self, committer: EpochCommitter, staging: PartitionStaging, entry: CatalogEntry) -> None:
+        self.committer, self.staging, self.entry = committer, staging, entry
+
+    @property
+    def mce(self) -> int:
+        return self.committer.mce
+
+    def ensure_serving_state(self) -> bool:
+        return self.committer.ensure_serving_state()
+
+    def start_offsets(self) -> dict[int, int]:
+        return self.staging.index.offsets_after(self.entry.name, self.entry.partitions, self.mce or None)
+
+    def commit(self, epoch: int, rows: Sequence[Mapping[str, int]], backfill: BackfillCommit | None) -> None:
+        commit_partition_results(self.committer, self.staging, self.entry, epoch, rows, backfill)
+
+
 class TaskStage(Protocol):
     """What a stage does to a micro-batch run in tasks (a chunked backfill:
     :class:`~mvlog.services.backfill.task_chunks.BackfillBatch`)."""
@@ -276,11 +333,16 @@ def commit_partition_results(committer: EpochCommitter, staging: PartitionStagin
     ``backfill``'s fields)."""
     require_every_partition(f"{entry.name}: epoch {epoch}", (row["partition"] for row in rows), entry.partitions)
     index = {row["partition"]: IndexEntry(epoch, row["offset"], row["records"]) for row in rows}
-    staged = {row["partition"]: StagedCounts(row["puts"], row["deletes"], row["order_puts"], row["order_deletes"],
-                                             row["state_puts"], row["state_deletes"]) for row in rows}
+    staged = staged_counts(rows)
     follows = committer.mce
 
     def apply(committed_index: Mapping[int, IndexEntry]) -> bool:
         return staging.commit(entry.name, epoch, follows, staged, committed_index, backfill)
 
     committer.commit(epoch, lambda _writer: CommittedEpoch(epoch, index), ScriptCommit(apply))
+
+
+def staged_counts(rows: Sequence[Mapping[str, int]]) -> dict[int, StagedCounts]:
+    """Per partition, what its task staged for one epoch, from the epoch's result rows."""
+    return {row["partition"]: StagedCounts(row["puts"], row["deletes"], row["order_puts"], row["order_deletes"],
+                                           row["state_puts"], row["state_deletes"]) for row in rows}

@@ -1,12 +1,12 @@
 """The Spark consumer that maintains one view, exactly once per epoch: a short loop over its epoch pipeline.
 
 Spark reads the upstream changelogs (:mod:`~mvlog.services.pipeline.reading`; the backlog, then a
-streaming query: :mod:`~mvlog.services.pipeline.streaming`). For every epoch above the view's MCE, in
+streaming query: :mod:`~mvlog.services.pipeline.streaming`). Where the view's operator runs in Spark's
+tasks (:mod:`~mvlog.services.pipeline.task_epochs`), a micro-batch goes there whole, a staged replacement's
+epochs first (:mod:`~mvlog.services.replacement.tasks`). Otherwise, for every epoch above the MCE, in
 order, the stages see it first (:mod:`~mvlog.services.pipeline.stage`: a replacement followed or cut
-over, a chunked backfill's filter and chunk), the view's operator computes its changes from the operator
-state at the MCE, and the :class:`~mvlog.services.pipeline.committer.EpochCommitter` commits them: Kafka
-transaction, then Redis, the commit point (an epoch that reached Kafka only is redone; readers drop the
-abandoned attempt by the chain rule).
+over, a chunked backfill's filter and chunk), the operator computes its changes from the state at the
+MCE, and the :class:`~mvlog.services.pipeline.committer.EpochCommitter` commits them.
 """
 
 from __future__ import annotations
@@ -109,8 +109,7 @@ class ViewConsumer:
         return self.backfills.running
 
     def _adopt(self, entry: CatalogEntry, plan: ViewPlan, operator: ViewOperator) -> None:
-        """The view's definition after a replacement's cut-over: the task path too is planned anew (the new
-        definition may route otherwise, or not run in tasks at all)."""
+        """The view's definition after a replacement's cut-over (its task path planned anew: it may differ)."""
         self.entry = self.committer.entry = entry
         self.plan, self.operator = plan, operator
         self.tasks = self._task_path()
@@ -123,8 +122,8 @@ class ViewConsumer:
     # --- the loop ---------------------------------------------------------------------------------
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        """foreachBatch: collect the micro-batch and hand it to the worker thread, which applies it once
-        the previous one is applied (raises the previous one's error instead)."""
+        """foreachBatch: the micro-batch in tasks, or collected for the worker thread (which applies it after
+        the previous one, or raises the previous one's error)."""
         if self._in_tasks(None, batch):
             return
         table = batch.toArrow()  # the Spark job: the executors read while the worker applies the previous one
@@ -141,13 +140,15 @@ class ViewConsumer:
             if self._stopped:
                 return True  # nothing is applied after stop()
             backfill = self.backfills.in_tasks  # a chunked backfill the tasks run, with its micro-batches
-            if not self.tasks.takes([s for s in self.stages if s is not backfill], self.mce):
+            replacement = self.replacement if backfill is None and self.replacement.follows_in_tasks else None
+            if not self.tasks.takes([s for s in self.stages if s not in (backfill, replacement)], self.mce):
                 return False
             if backfill is not None:
                 backfill.run_in_tasks(self.tasks, self.reader, upto)  # finished, the next upkeep drops it
             elif self.backfills.start_epoch > self.mce:
                 return False  # a chunked backfill the driver's way left it before its first commit
-            else:
+            else:  # a hydrated replacement follows first (never behind its view), but never beside a backfill
+                self.replacement.follow_in_tasks(self.reader, upto, batch)
                 self.tasks.apply(self.reader, upto, batch)
             return True
 
@@ -199,9 +200,8 @@ class ViewConsumer:
     # --- running ----------------------------------------------------------------------------------
 
     def catch_up(self, upto: int | None = None) -> int:
-        """Apply every committed upstream epoch above the MCE with batch reads; returns the new MCE.
-
-        The streaming query does the same continuously; this is the one-shot form (tests, replay)."""
+        """Apply every committed upstream epoch above the MCE with batch reads; returns the new MCE (the
+        streaming query's one-shot form: tests, replay)."""
         self._upkeep()
         end = plan_through(self.store.index, TableWriters(self._redis, self.settings.topic_prefix),
                            list(self.upstreams.values()))

@@ -6,5 +6,6 @@
   whole changelog).
 * ``follower``: the replacement's operator, hydrated and then fed the view's epochs, writing only its own
   Redis keys.
+* ``tasks``: the replacement's epochs computed by Spark's tasks beside its view's, committed into its keys.
 * ``stage``: all of it as a stage of the view's epoch pipeline, including the cut-over epoch.
 """

@@ -7,7 +7,9 @@ cross-process handshake). :meth:`ReplacementStage.upkeep` picks up a staged, dis
 apply-requested replacement and brings it to the view's MCE; :meth:`ReplacementStage.before_epoch`
 feeds it each epoch and, once an apply is pending and the replacement has the epoch, takes the epoch:
 its changes are the diff between the two definitions' rows, committed through the view's
-:class:`~mvlog.services.pipeline.committer.EpochCommitter` like any epoch.
+:class:`~mvlog.services.pipeline.committer.EpochCommitter` like any epoch. Where the view's epochs run in
+Spark's tasks, the replacement's run there too, first (:meth:`ReplacementStage.follow_in_tasks`,
+:mod:`mvlog.services.replacement.tasks`), and only the cut-over's epoch goes the driver's way.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
+from pyspark.sql import DataFrame
+
 from mvlog.catalog import CatalogEntry, CatalogError
 from mvlog.changes import Mutation, Op
 from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, CommittedEpoch, encode_batch
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import IndexEntry
-from mvlog.connectors.redis.replacement_store import ReplacementStore
+from mvlog.connectors.redis.replacement_store import ReplacementGoneError, ReplacementStore
 from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.key_order import order_member
@@ -29,9 +33,11 @@ from mvlog.schemas.codec import decode_row
 from mvlog.services.pipeline.committer import EpochCommitter, EpochWithdrawn, ScriptCommit
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import EpochWork
+from mvlog.services.pipeline.task_epochs import TaskEpochs
 from mvlog.services.replacement.follower import ReplacementFollower
 from mvlog.services.replacement.hydration import derivation_in_tasks, first_inputs, hydration_start
 from mvlog.services.replacement.operations import plan_replacement
+from mvlog.services.replacement.tasks import ReplacementCommits, follower_tasks
 from mvlog.views import ChangeBatch, ViewDefinitionError, ViewOperator, ViewPlan
 
 log = logging.getLogger(__name__)
@@ -48,6 +54,8 @@ class ReplacementStage:
         self.entry, self.catalog, self.replacements, self.store = entry, catalog, replacements, store
         self._snapshots, self._reader, self._committer, self._adopt = snapshots, reader, committer, adopt
         self.follower: ReplacementFollower | None = None  # the staged replacement, hydrated read-only
+        #: The follower's task path, if its definition runs in tasks (built once per follower).
+        self._tasks: tuple[ReplacementFollower, tuple[TaskEpochs, ReplacementCommits] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -56,6 +64,46 @@ class ReplacementStage:
     @property
     def idle(self) -> bool:
         return self.follower is None  # none staged, discarded or to apply (as of the last upkeep)
+
+    @property
+    def follows_in_tasks(self) -> bool:
+        """Whether the view's epochs may run in Spark's tasks with this stage's work on them done there too
+        (:meth:`follow_in_tasks`): no replacement, or a hydrated one whose definition runs in tasks and
+        whose apply is not pending (a cut-over is the driver's)."""
+        follower = self.follower
+        if follower is None:
+            return True
+        return follower.mce is not None and not follower.apply_requested and self._task_path() is not None
+
+    def follow_in_tasks(self, reader: UpstreamReader, upto: int | None, batch: DataFrame | None) -> int:
+        """Before the view's micro-batch in tasks (the epochs up to ``upto``, or the stream's ``batch``):
+        the replacement's epochs of it, computed and staged by Spark's tasks and committed into the
+        replacement (:mod:`~mvlog.services.replacement.tasks`); the number committed."""
+        follower, path = self.follower, self._task_path()
+        if follower is None or path is None:
+            return 0
+        try:
+            return path[0].apply(reader, upto, batch)
+        except ReplacementGoneError:
+            self.follower = None  # discarded, or replaced by another: the next upkeep picks that up
+        except Exception as error:  # a broken replacement must not stop the view
+            self._failed(follower.id, error)
+        return 0
+
+    @property
+    def epochs_in_tasks(self) -> int:
+        """Epochs of the current replacement committed by Spark's tasks (by this consumer)."""
+        return self._tasks[1][1].epochs_committed if self._tasks is not None and self._tasks[1] is not None else 0
+
+    def _task_path(self) -> tuple[TaskEpochs, ReplacementCommits] | None:
+        follower = self.follower
+        if follower is None:
+            return None
+        if self._tasks is None or self._tasks[0] is not follower:
+            reader = self._reader
+            self._tasks = (follower, follower_tasks(reader.settings, self.store.redis, self.entry, reader.upstreams,
+                                                    follower, self.replacements))
+        return self._tasks[1]
 
     def upkeep(self) -> None:
         """Pick up a staged, discarded or apply-requested replacement and bring it to the view's MCE:
@@ -92,7 +140,9 @@ class ReplacementStage:
             if follower.stale:
                 self.follower = None
                 return
-        if follower.mce is None or follower.mce < mce:
+        if follower.mce is not None and follower.mce < mce:  # up to the view: in tasks where it runs there
+            self.follow_in_tasks(self._reader, mce, None)
+        if self.follower is follower and (follower.mce is None or follower.mce < mce):
             follower.hydrate(mce, lambda after, upto: self._reader.history(self.entry.sources, after, upto))
 
     def before_epoch(self, work: EpochWork) -> None:
@@ -107,7 +157,9 @@ class ReplacementStage:
             return
         if follower.stale:
             self.follower = None
-        elif follower.apply_requested and follower.mce is not None and follower.mce >= work.epoch:
+        elif follower.apply_requested and follower.mce == work.epoch:
+            # Exactly there: a replacement ahead of the view (its epochs committed first, the view's not,
+            # before a crash) is cut over once the view reaches it.
             work.taken = self._cut_over(work.epoch, follower)
 
     def after_commit(self, work: EpochWork) -> None:

@@ -10,6 +10,7 @@ from mvlog.changes import IndexEntry
 from mvlog.config import Settings
 from mvlog.connectors.redis.epoch_commit import EpochCommit, ServingStateLostError
 from mvlog.connectors.redis.partition_staging import PartitionStaging, StagedCounts, StagingIncompleteError
+from mvlog.connectors.redis.replacement_store import ReplacementGoneError, ReplacementStore
 from mvlog.connectors.redis.view_store import ViewStore
 
 
@@ -108,3 +109,50 @@ def test_a_joins_rows_and_state_staged_by_two_tasks_keep_each_other(settings: Se
     assert staging.commit("v", 10, 0, {0: both}, {0: IndexEntry(10, 1, 1)})
     assert store.get_rows("v", [b"a"]) == {b"a": b"1"}
     assert store.get_state("v", [b"j0[1]", b"j1[2]"]) == {b"j0[1]": b"x"}
+
+
+def test_a_staged_replacements_partitions_commit_into_its_own_keys(settings: Settings,
+                                                                    redis_client: redis.Redis) -> None:
+    """The epochs a staged replacement follows in Spark's tasks: staged beside the view's own staging of the
+    same epoch and partition (its scope), committed into the replacement's rows and state with its MCE, the
+    view's keys untouched; refused at or below its MCE, when a partition's staging is lost, and once the
+    replacement is discarded (nothing applied each time)."""
+    replacements = ReplacementStore(redis_client, settings.topic_prefix)
+    view_staging = PartitionStaging(redis_client, settings.topic_prefix)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    assert replacements.stage("v", "r1", "SELECT 1") is None
+    assert replacements.commit("v", "r1", 9, {b"old": b"0", b"gone": b"0"}, [], {b"g[1]": b"s"}, [])
+
+    def stage(epoch: int, partition: int, puts: dict[bytes, bytes], deletes: list[bytes],
+              state: dict[bytes, bytes], state_deletes: list[bytes]) -> StagedCounts:
+        commit = EpochCommit(epoch, puts, deletes, {}, state_puts=state, state_deletes=state_deletes)
+        return replacements.staging.stage("v", partition, commit)
+
+    mine = {0: stage(10, 0, {b"a": b"1"}, [b"gone"], {b"g[2]": b"t"}, [b"g[1]"]),
+            1: stage(10, 1, {b"b": b"2"}, [], {}, [])}
+    view_mine = _stage(view_staging, 10, 0, {b"view": b"row"}, [])  # the view's own partition 0 of epoch 10
+    assert set(replacements.staging.staged_keys("v", 10, 0)).isdisjoint(view_staging.staged_keys("v", 10, 0))
+    assert replacements.commit_partitions("v", "r1", 10, mine)
+    assert replacements.rows("v") == {b"old": b"0", b"a": b"1", b"b": b"2"}
+    assert replacements.get_state("v", [b"g[1]", b"g[2]"]) == {b"g[2]": b"t"}
+    record = replacements.record("v")
+    assert record is not None and record.mce == 10
+    assert store.mce("v") is None and store.get_rows("v", [b"a", b"view"]) == {}  # the view's keys untouched
+    assert redis_client.hlen(view_staging.staged_keys("v", 10, 0)[0]) == 1  # the view's staging too
+    assert view_mine.puts == 1 and not any(redis_client.exists(k) for p in (0, 1)
+                                           for k in replacements.staging.staged_keys("v", 10, p))
+
+    again = {0: stage(10, 0, {b"a": b"other"}, [], {}, []), 1: stage(10, 1, {}, [], {}, [])}
+    assert not replacements.commit_partitions("v", "r1", 10, again)  # at its MCE: a retried epoch
+    assert replacements.rows("v")[b"a"] == b"1"
+
+    lost = {0: stage(11, 0, {b"c": b"3"}, [], {}, []), 1: stage(11, 1, {b"d": b"4"}, [], {}, [])}
+    redis_client.delete(replacements.staging.staged_keys("v", 11, 1)[0])
+    with pytest.raises(StagingIncompleteError):
+        replacements.commit_partitions("v", "r1", 11, lost)
+    assert b"c" not in replacements.rows("v")
+
+    assert replacements.discard("v") == "r1"
+    with pytest.raises(ReplacementGoneError):
+        replacements.commit_partitions("v", "r1", 11, {0: stage(11, 0, {b"c": b"3"}, [], {}, [])})
+    assert replacements.rows("v") == {}

@@ -7,7 +7,8 @@ on from what was durable; at the end the changelog holds exactly one committed a
 (the killed attempts are dropped by the chain rule), the oracle holds at every epoch of every view, and
 the catalog has the new definition. The ``tasks`` variant runs the operators in Spark's tasks and kills
 the replacement's hydration there, after its tasks staged the first state and before the swap; a
-restart hydrates it anew, and the apply completes.
+restart hydrates it anew and follows the view's epochs in tasks, and is killed once it committed an
+epoch ahead of its view; the next restart cuts over when the view reaches it, and the apply completes.
 """
 
 from __future__ import annotations
@@ -116,7 +117,18 @@ def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
         assert redis_client.exists(replacements.key("mv1", "rows.hydrate")) == tasks
         assert not redis_client.exists(replacements.key("mv1", "rows"))
 
-        if not tasks:
+        ahead = 0
+        if tasks:
+            # 2. In tasks the replacement follows its view's epochs there, committed first: killed after it
+            # committed an epoch the view has not, the replacement is ahead of its view.
+            child = _runner(settings, "followed")
+            _killed(child)
+            ahead = record().mce or 0
+            assert ahead > (views.mce("mv1") or 0), (ahead, views.mce("mv1"))
+            assert (record().fields or {})["hydrated_from"].endswith("in Spark's tasks")
+            assert not redis_client.exists(replacements.key("mv1", "rows.hydrate"))
+            request_apply(settings, "mv1", client=redis_client)  # pending while the replacement is ahead
+        else:
             # 2. Killed after the cut-over epoch reached Kafka, before Redis: not applied (yet).
             child = _runner(settings, "cutover_kafka")
             _until(lambda: record().hydrated, "hydration after the restart")
@@ -135,16 +147,13 @@ def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
             assert record().status is Status.APPLIED
             assert catalog.get("mv1").sql != NEW
 
-        # 4. A clean restart (hydrating anew in tasks) rolls the catalog forward and the chain carries on
-        # under the new definition.
+        # 4. A clean restart rolls the catalog forward (the driver's path) or cuts over (in tasks), and the
+        # chain carries on under the new definition.
         child = _runner(settings, "none")
-        if tasks:
-            _until(lambda: record().hydrated, "hydration after the restart")
-            assert (record().fields or {})["hydrated_from"].endswith("in Spark's tasks")
-            assert not redis_client.exists(replacements.key("mv1", "rows.hydrate"))
-            request_apply(settings, "mv1", client=redis_client)
         applied = wait_for_apply(settings, "mv1", staged.id, timeout=60, client=redis_client)
         assert catalog.get("mv1").sql == NEW
+        if tasks:  # cut over once the view reached the replacement, not before: at exactly its epoch
+            assert applied.epoch == ahead, (applied.epoch, ahead)
     except BaseException:
         if child is not None and child.poll() is None:  # a failed step leaves no consumer running
             child.kill()

@@ -111,7 +111,18 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
         write_epoch()
 
         staged = {name: stage_replacement(settings, name, sql, client=redis_client) for name, sql in replaced.items()}
+        by_name = {consumer.entry.name: consumer for consumer in consumers}
+        written = {name: tasks.epochs_written if (tasks := by_name[name].tasks) is not None else 0 for name in replaced}
         at = write_epoch()
+        # In tasks the views' epochs stay there while the replacements are staged, and each replacement
+        # follows there too: from its hydration epoch up to the view's MCE, then the view's next epoch.
+        for name in replaced:
+            consumer = by_name[name]
+            if path == "tasks":
+                assert consumer.tasks is not None and consumer.tasks.epochs_written > written[name], name
+                assert consumer.replacement.epochs_in_tasks >= 2, (name, consumer.replacement.epochs_in_tasks)
+            else:
+                assert consumer.replacement.epochs_in_tasks == 0, name
         catalog = CatalogStore(settings, redis_client)
         upstreams = {name: (catalog.get(name).schema,
                             list(rows_at(rows_by_epoch(changelog(settings, redis_client, name)), at).values()))

@@ -17,36 +17,11 @@ if refused then
 end
 local n = tonumber(ARGV[5])
 local width = 6
-local sizes = {'HLEN', 'SCARD', 'SCARD', 'SCARD', 'HLEN', 'SCARD'}
-for p = 0, n - 1 do
-  for j = 0, width - 1 do
-    if redis.call(sizes[j + 1], KEYS[5 + width * p + j]) ~= tonumber(ARGV[6 + width * p + j]) then
-      return -2
-    end
-  end
-end
--- redis.call(command, key, items...) in calls of at most 1024 items, each of `width` values.
-local function chunked(command, key, items, width, prefix)
-  local i = 1
-  while i <= #items do
-    local args = {}
-    for j = i, math.min(i + 1024 * width - 1, #items) do
-      if prefix then args[#args + 1] = prefix end
-      args[#args + 1] = items[j]
-    end
-    redis.call(command, key, unpack(args))
-    i = i + 1024 * width
-  end
+if not staged_whole(5, n, 6) then
+  return -2
 end
 for p = 0, n - 1 do
-  local k = 5 + width * p
-  chunked('HSET', KEYS[2], redis.call('HGETALL', KEYS[k]), 2, nil)
-  chunked('HDEL', KEYS[2], redis.call('SMEMBERS', KEYS[k + 1]), 1, nil)
-  chunked('ZADD', KEYS[3], redis.call('SMEMBERS', KEYS[k + 2]), 1, 0)
-  chunked('ZREM', KEYS[3], redis.call('SMEMBERS', KEYS[k + 3]), 1, nil)
-  chunked('HSET', KEYS[4], redis.call('HGETALL', KEYS[k + 4]), 2, nil)
-  chunked('HDEL', KEYS[4], redis.call('SMEMBERS', KEYS[k + 5]), 1, nil)
-  redis.call('DEL', KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5])
+  apply_staged(5 + width * p, KEYS[2], KEYS[3], KEYS[4])
 end
 local first_index = 5 + width * n
 for p = 0, n - 1 do

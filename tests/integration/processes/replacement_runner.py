@@ -9,7 +9,9 @@ KILL_AT is one of:
   on the driver), or after Spark's tasks staged its first state, before the swap (hydrated in tasks);
 - ``cutover_kafka``: after the cut-over epoch (diff + apply_replacement barriers) committed to Kafka,
   before the Redis cut-over;
-- ``cutover_redis``: after the Redis cut-over, before the view's catalog entry is rewritten.
+- ``cutover_redis``: after the Redis cut-over, before the view's catalog entry is rewritten;
+- ``followed``: after Spark's tasks committed an epoch of the replacement ahead of its view (the view's
+  operators in tasks), before the view's tasks ran that epoch.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from mvlog.changes import IndexEntry
+from mvlog.connectors.redis.partition_staging import StagedCounts
 from mvlog.connectors.redis.replacement_store import ReplacementStore
+from mvlog.connectors.redis.view_meta import ViewMeta
 from mvlog.services.replacement.follower import ReplacementFollower
 from mvlog.views import ChangeBatch
 
@@ -64,6 +68,17 @@ def install(kill_at: str) -> None:
             return applied
 
         ReplacementStore.apply = die_around_cutover  # type: ignore[method-assign]
+    elif kill_at == "followed":
+        commit_partitions = ReplacementStore.commit_partitions
+
+        def die_ahead_of_the_view(self: ReplacementStore, view: str, replacement_id: str, epoch: int,
+                                  staged: Mapping[int, StagedCounts]) -> bool:
+            committed = commit_partitions(self, view, replacement_id, epoch, staged)
+            if committed and epoch > (ViewMeta(self.redis, self.prefix).mce(view) or 0):
+                _die()
+            return committed
+
+        ReplacementStore.commit_partitions = die_ahead_of_the_view  # type: ignore[method-assign]
     elif kill_at != "none":
         raise SystemExit(f"unknown kill point {kill_at!r}")
 
