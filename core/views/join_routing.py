@@ -159,9 +159,15 @@ def top_n_over_join(plan: ViewPlan) -> bool:
     if any(step.kind is not JoinKind.INNER for step in query.joins):
         return False
     kinds = [c.type for c in query.joins[0].on]
-    columns = chain_key_columns(plan) or [[c.left.column for c in query.joins[0].on],
-                                          [c.right.column for c in query.joins[0].on]]
-    return any(_is_key(top_n.partition, side, names, kinds) for side, names in enumerate(columns))
+    return any(_is_key(top_n.partition, side, names, kinds) for side, names in enumerate(source_key_columns(plan)))
+
+
+def source_key_columns(plan: ViewPlan) -> list[list[str]]:
+    """Each source's columns of the join key, in the ON clause's order: a chain's on one key
+    (:func:`chain_key_columns`), or the one step's FROM and JOIN sides (for a semi or anti join, the
+    subquery's output names)."""
+    on = plan.query.joins[0].on
+    return chain_key_columns(plan) or [[c.left.column for c in on], [c.right.column for c in on]]
 
 
 def _is_key(exprs: Sequence[Expr], side: int, columns: Sequence[str], kinds: Sequence[ColumnType | None]) -> bool:
@@ -219,7 +225,7 @@ class JoinRouting:
     partitions: int
     _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _subquery: ViewPlan | None = field(init=False, repr=False, compare=False)  # a semi or anti join's
-    _chain: list[list[str]] | None = field(init=False, repr=False, compare=False)  # a chain's key columns
+    _columns: list[list[str]] = field(init=False, repr=False, compare=False)  # each source's key columns
     #: A GROUP BY over the join: where its groups (its joined rows, its groups' state) go, the third step.
     groups: GroupRouting | None = field(init=False, repr=False, compare=False)
 
@@ -231,7 +237,7 @@ class JoinRouting:
         groups = GroupRouting(self.plan, self.partitions) if aggregate_over_join(self.plan) else None
         object.__setattr__(self, "groups", groups)
         object.__setattr__(self, "_subquery", subquery_of(self.plan))
-        object.__setattr__(self, "_chain", chain_key_columns(self.plan))
+        object.__setattr__(self, "_columns", source_key_columns(self.plan))
 
     @property
     def _kinds(self) -> list[ColumnType | None]:
@@ -278,16 +284,11 @@ class JoinRouting:
         """The join key's columns of upstream ``side`` (0: FROM, 1: JOIN, or the view a semi or anti
         join's subquery reads, whose column each of its outputs passes through; a chain's ``side``-th
         source), in the ON clause's order."""
-        if self._chain is not None:
-            return self._chain[side]
-        on = self.plan.query.joins[0].on
-        if side == 0:
-            return [c.left.column for c in on]
         sub = self._subquery
-        if sub is None:
-            return [c.right.column for c in on]
+        if side == 0 or sub is None:
+            return self._columns[side]
         outputs = {o.name: o.expr for o in sub.query.outputs}
-        return [cast(ColumnRef, outputs[c.right.column]).column for c in on]
+        return [cast(ColumnRef, outputs[name]).column for name in self._columns[side]]
 
     def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
         """The join-key partition (int32) of each row of source ``side`` (its columns, by name)."""
