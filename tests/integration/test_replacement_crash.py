@@ -124,7 +124,7 @@ def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
             child = _runner(settings, "followed")
             _killed(child)
             ahead = record().mce or 0
-            assert ahead > (views.mce("mv1") or 0), (ahead, views.mce("mv1"))
+            assert ahead > (views.mce("mv1") or 0), (ahead, views.mce("mv1"))  # two epochs ahead (the runner)
             assert (record().fields or {})["hydrated_from"].endswith("in Spark's tasks")
             assert not redis_client.exists(replacements.key("mv1", "rows.hydrate"))
             request_apply(settings, "mv1", client=redis_client)  # pending while the replacement is ahead

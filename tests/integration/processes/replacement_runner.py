@@ -10,8 +10,8 @@ KILL_AT is one of:
 - ``cutover_kafka``: after the cut-over epoch (diff + apply_replacement barriers) committed to Kafka,
   before the Redis cut-over;
 - ``cutover_redis``: after the Redis cut-over, before the view's catalog entry is rewritten;
-- ``followed``: after Spark's tasks committed an epoch of the replacement ahead of its view (the view's
-  operators in tasks), before the view's tasks ran that epoch.
+- ``followed``: after Spark's tasks committed the replacement's second epoch above its view's MCE (the
+  view's operators in tasks; a micro-batch of several epochs), before the view's tasks ran them.
 """
 
 from __future__ import annotations
@@ -70,12 +70,16 @@ def install(kill_at: str) -> None:
         ReplacementStore.apply = die_around_cutover  # type: ignore[method-assign]
     elif kill_at == "followed":
         commit_partitions = ReplacementStore.commit_partitions
+        ahead: list[int] = []  # the replacement's epochs above its view's MCE
 
         def die_ahead_of_the_view(self: ReplacementStore, view: str, replacement_id: str, epoch: int,
                                   staged: Mapping[int, StagedCounts]) -> bool:
             committed = commit_partitions(self, view, replacement_id, epoch, staged)
-            if committed and epoch > (ViewMeta(self.redis, self.prefix).mce(view) or 0):
-                _die()
+            mce = ViewMeta(self.redis, self.prefix).mce(view) or 0
+            if committed and epoch > mce:
+                ahead[:] = [*(e for e in ahead if e > mce), epoch]
+                if len(ahead) >= 2:  # two epochs ahead: the view's next epoch is not the replacement's
+                    _die()
             return committed
 
         ReplacementStore.commit_partitions = die_ahead_of_the_view  # type: ignore[method-assign]
