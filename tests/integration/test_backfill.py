@@ -49,7 +49,7 @@ from .processes.view_runner import MCE_TIMEOUT_S, READY_TIMEOUT_S, Relay
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 KEYS = 1500
-KILLS = 3
+KILLS = 2
 COLUMNS = {"id": "int", "v1": "int", "deleted": "boolean"}
 
 

@@ -260,7 +260,7 @@ def test_schema_evolution_added_field_accepted_changed_type_stops(settings: Sett
 
 def test_sigkilled_run_source_on_an_avro_topic(settings: Settings, redis_client: redis.Redis, tmp_path: Path,
                                                report: Callable[[str], None]) -> None:
-    """10 SIGKILLs of ``mvlog run-source`` on an upsert-avro topic while a producer writes (3 % bad
+    """7 SIGKILLs of ``mvlog run-source`` on an upsert-avro topic while a producer writes (3 % bad
     records): nothing lost, nothing doubled, each bad record dead-lettered once."""
     rng = random.Random(int(os.environ.get("MVLOG_TEST_SEED", "1804")))
     source = AvroTopic(settings, f"{settings.topic_prefix}.avro-killed")
@@ -280,7 +280,7 @@ def test_sigkilled_run_source_on_an_avro_topic(settings: Settings, redis_client:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")} | env_of(settings)
     kills = 0
     try:
-        while kills < 10:
+        while kills < 7:
             child = subprocess.Popen([*MVLOG, "run-source", "akilled"], env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True)
             if kills % 3 == 2:  # somewhere in its start-up

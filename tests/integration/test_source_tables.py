@@ -610,7 +610,7 @@ def test_sigkilled_run_source_loses_and_doubles_nothing(settings: Settings, redi
     def produce() -> None:
         writer_rng = random.Random(rng.random())
         while not stop.is_set():
-            upsert_workload(source, writer_rng, 200, bad_share=0.03)
+            upsert_workload(source, writer_rng, 100, bad_share=0.03)
             time.sleep(0.05)
 
     producer = threading.Thread(target=produce, daemon=True)
@@ -618,7 +618,7 @@ def test_sigkilled_run_source_loses_and_doubles_nothing(settings: Settings, redi
     env = {k: v for k, v in os.environ.items() if not k.startswith("MVLOG_")} | env_of(settings)
     kills = 0
     try:
-        while kills < 10:
+        while kills < 7:
             child = subprocess.Popen([*MVLOG, "run-source", "orders"], env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True)
             if kills % 3 == 2:  # somewhere in its start-up (fencing, roll-forward, offsets)
