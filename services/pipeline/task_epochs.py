@@ -128,6 +128,13 @@ class TaskEpochs:
         return cls(settings, entry, [upstreams[view] for view in routing.upstreams()], plan, commits, client,
                    routing)
 
+    @property
+    def resumed(self) -> bool:
+        """This consumer's last apply in tasks completed: no epoch that some partitions committed is pending.
+        Until then its epochs go the task path whatever the stages (a staged replacement's follower catches
+        up in its upkeep): the driver path would write those partitions' epochs again."""
+        return self._resumed
+
     def takes(self, stages: Sequence[Stage], after: int) -> bool:
         """Whether the epochs after ``after`` go the task path: no stage has anything to do to them (a
         backfill running, a replacement staged: those go the driver's way), and either this consumer's

@@ -72,7 +72,6 @@ class ViewConsumer:
             settings, self._redis, self.entry, self.catalog, lambda: self.backfills.lifecycle(),
             lambda: rederive_state(settings, self._redis, self.entry, in_tasks))
         self.committer.rebuild_if_wiped()
-        # Opt-in (Settings.operators_in_tasks): a filter/project or GROUP BY view's epochs in Spark's tasks.
         self.tasks = self._task_path()
         self.reader = UpstreamReader(settings, self.spark, self.upstreams, self.store.index,
                                      self.max_epochs_per_trigger, task_per_partition=self.tasks is not None)
@@ -140,14 +139,16 @@ class ViewConsumer:
             if self._stopped:
                 return True  # nothing is applied after stop()
             backfill = self.backfills.in_tasks  # a chunked backfill the tasks run, with its micro-batches
-            replacement = self.replacement if backfill is None and self.replacement.follows_in_tasks else None
+            # Until a micro-batch completed in tasks, any replacement waits beside them (see TaskEpochs.resumed).
+            follows = self.replacement.follows_in_tasks or not self.tasks.resumed
+            replacement = self.replacement if backfill is None and follows else None
             if not self.tasks.takes([s for s in self.stages if s not in (backfill, replacement)], self.mce):
                 return False
             if backfill is not None:
                 backfill.run_in_tasks(self.tasks, self.reader, upto)  # finished, the next upkeep drops it
             elif self.backfills.start_epoch > self.mce:
                 return False  # a chunked backfill the driver's way left it before its first commit
-            else:  # a hydrated replacement follows first (never behind its view), but never beside a backfill
+            else:  # a hydrated replacement follows first where it can (else its upkeep catches it up)
                 self.replacement.follow_in_tasks(self.reader, upto, batch)
                 self.tasks.apply(self.reader, upto, batch)
             return True
@@ -231,8 +232,7 @@ class ViewConsumer:
                                  self.trigger_interval, name)
 
     def failure(self) -> BaseException | None:
-        """The error of a micro-batch whose apply failed: the streaming query fails with it only when the
-        next micro-batch comes, so supervisors check this too."""
+        """The error of a micro-batch whose apply failed (supervisors check it: the query fails only later)."""
         return self.runner.worker.failure()
 
     def wait_for_epoch(self, epoch: int, timeout: float = 120.0) -> None:

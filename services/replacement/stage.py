@@ -80,8 +80,8 @@ class ReplacementStage:
         the replacement's epochs of it, computed and staged by Spark's tasks and committed into the
         replacement (:mod:`~mvlog.services.replacement.tasks`); the number committed."""
         follower, path = self.follower, self._task_path()
-        if follower is None or path is None:
-            return 0
+        if follower is None or follower.mce is None or path is None:
+            return 0  # none in tasks, or not hydrated yet: nothing to follow from
         try:
             return path[0].apply(reader, upto, batch)
         except ReplacementGoneError:
