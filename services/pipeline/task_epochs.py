@@ -110,17 +110,22 @@ class TaskEpochs:
 
     @classmethod
     def for_view(cls, settings: Settings, entry: CatalogEntry, upstreams: Mapping[str, CatalogEntry],
-                 plan: ViewPlan, committer: EpochCommitter | TaskCommits, client: redis.Redis) -> TaskEpochs | None:
-        """The task path of the view, when the setting is on and the view can take it; else None.
-        ``committer``: the view's, or what commits the epochs of another definition of it (a staged
-        replacement: ``entry`` and ``plan`` are then the replacement's)."""
+                 plan: ViewPlan, committer: EpochCommitter, client: redis.Redis) -> TaskEpochs | None:
+        """The task path of the view, when the setting is on and the view can take it; else None."""
+        commits = ViewCommits(committer, PartitionStaging(client, settings.topic_prefix), entry)
+        return cls.for_definition(settings, entry, upstreams, plan, commits, client)
+
+    @classmethod
+    def for_definition(cls, settings: Settings, entry: CatalogEntry, upstreams: Mapping[str, CatalogEntry],
+                       plan: ViewPlan, commits: TaskCommits, client: redis.Redis) -> TaskEpochs | None:
+        """The task path of one definition of view ``entry`` (``plan``: the view's own, or a staged
+        replacement's, ``entry`` then its entry too), its epochs committed by ``commits``; None when the
+        setting is off or the definition's operator does not run in tasks."""
         if not settings.operators_in_tasks:
             return None
         layouts = [Upstream(tuple(upstreams[view].key_columns), upstreams[view].partitions) for view in entry.sources]
         if (path := task_path(plan, layouts, entry.partitions)) is None:
             return None
-        commits = ViewCommits(committer, PartitionStaging(client, settings.topic_prefix), entry) \
-            if isinstance(committer, EpochCommitter) else committer
         routing = path.routing
         if isinstance(routing, (GroupRouting, KeyRouting)) or routing is None:
             return cls(settings, entry, [upstreams[entry.sources[0]]], plan, commits, client, routing)
@@ -136,8 +141,10 @@ class TaskEpochs:
         return self._resumed
 
     def takes(self, stages: Sequence[Stage], after: int) -> bool:
-        """Whether the epochs after ``after`` go the task path: no stage has anything to do to them (a
-        backfill running, a replacement staged: those go the driver's way), and either this consumer's
+        """Whether the epochs after ``after`` go the task path: no stage of ``stages`` has anything to do to
+        them (a backfill running on the driver's way, a replacement that cannot follow in tasks or whose apply
+        is pending: those go the driver's way; the consumer leaves out the stages its tasks serve), and
+        either this consumer's
         last apply in tasks has not completed (see ``_resumed``) or the upstreams hold at least
         ``Settings.tasks_min_records`` change events after it (fewer, a live micro-batch, commit sooner on
         the driver's way)."""

@@ -72,5 +72,5 @@ def follower_tasks(settings: Settings, client: redis.Redis, entry: CatalogEntry,
         return None
     replacement = applied_entry(entry, follower.sql, plan.schema, plan.sources, entry.version)
     commits = ReplacementCommits(store, follower, entry.partitions)
-    tasks = TaskEpochs.for_view(settings, replacement, upstreams, plan, commits, client)
+    tasks = TaskEpochs.for_definition(settings, replacement, upstreams, plan, commits, client)
     return (tasks, commits) if tasks is not None else None
