@@ -123,7 +123,7 @@ class JoinRebuildJob:
         inputs = self._inputs(rows)
         state = InMemoryState()
         writes: dict[bytes, bytes | None] = {}
-        joined = ViewOperator(self.routing.operator_plan()).joined(inputs, state, writes) if inputs else None
+        joined = self.routing.first_step(partition).joined(inputs, state, writes) if inputs else None
         state.apply(writes)
         self._stage(partition, {}, state)
         if joined is not None and joined.num_rows:
@@ -137,7 +137,7 @@ class JoinRebuildJob:
         state = InMemoryState()
         view_rows: dict[Key, Row] = {}
         if (inputs := self._inputs(rows)) is not None:
-            output = ViewOperator(self.routing.operator_plan()).apply_epoch(inputs, state)
+            output = self.routing.first_step(partition).apply_epoch(inputs, state)
             state.apply(output.state_writes)
             apply_changes(view_rows, output.changes.to_changes())
         return {"partition": partition, "rows": self._stage(partition, view_rows, state), "state": len(state.data),
@@ -311,7 +311,7 @@ class JoinDeriveKeyJob:
     def _partition(self, partition: int, rows: pa.Table) -> pa.Table:
         inputs: EpochBatches = {}
         side_epochs(rows, self.upstreams, self.routing, inputs)
-        operator, state = ViewOperator(self.routing.operator_plan()), InMemoryState()
+        operator, state = self.routing.first_step(partition), InMemoryState()
         of_vnode = partitions_table(self.view.partitions)
         tokens = pa.array(partition_tokens(self.view.partitions), pa.int32())
         mark = pa.array([partition], pa.int32())

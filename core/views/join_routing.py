@@ -77,6 +77,7 @@ import pyarrow as pa
 
 from mvlog.row_schema import ColumnType
 from mvlog.views.expr import ColumnRef, Expr
+from mvlog.views.operator import ViewOperator
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import JoinKind
 from mvlog.views.routing import GroupRouting, filter_of_one_view, keyed_by_groups, partitions_table
@@ -296,6 +297,14 @@ class JoinRouting:
         kinds = self._kinds
         owners = [self._owner(values, kinds) for values in zip(*columns, strict=True)] if columns else []
         return pa.array(owners, pa.int32())
+
+    def fan_out(self, side: int, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
+        """Where each row of source ``side`` goes: (row index, partition) pairs, one per row."""
+        return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(side, rows)
+
+    def first_step(self, partition: int) -> ViewOperator:
+        """The operator of join-key task ``partition``: all of what it is given."""
+        return ViewOperator(self.operator_plan())
 
     def _owner(self, values: Sequence[Any], kinds: Sequence[ColumnType | None]) -> int:
         if any(v is None for v in values):

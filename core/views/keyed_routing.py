@@ -1,8 +1,10 @@
 """The views whose operator runs in Spark's tasks in two shuffles: first by the key its state is kept under
 (an equi-join's join key, a top-N's PARTITION BY values; a union's, each branch's: a GROUP BY's group, a
 filter's input row's own key), then by the view's key for the changelog partitions (issue 19 item 2). Their
-routings share one interface (the sources read, each side's input name, the operator's plan, the
-partition of each input row and of each state key), so the same jobs
+routings share one interface (the sources read, each side's input name, the operator's plan, where each
+input row goes, ``fan_out``: a windowed inner GROUP BY's row to each partition of its windows, the first
+step's operator of each partition, ``first_step``: its share of a windowed or global inner GROUP BY, and
+the partition of each state key), so the same jobs
 (:mod:`mvlog.services.pipeline.join_tasks`) run them all on every path: live, catch-up, chunked backfill,
 rebuild after a wipe, ``replay derive`` and replacement hydration.
 """
@@ -21,8 +23,8 @@ OperatorKeyRouting = JoinRouting | TopNRouting | UnionRouting | NestedAggregateR
 
 def routed_by_operator_key(plan: ViewPlan) -> bool:
     """An equi-join of two sources or a chain of them on one key (or a GROUP BY over one, or a top-N over
-    one ranked per join key), a top-N of one view, a union of filter, GROUP BY and join branches, or a
-    GROUP BY over a GROUP BY of one view."""
+    one ranked per join key), a top-N of one view, a union of filter, GROUP BY (windowed and global too) and
+    join branches, or a GROUP BY over a GROUP BY of one view (windowed or global too)."""
     return routed_by_join_key(plan) or top_n_of_one_view(plan) or routed_union(plan) or aggregate_over_aggregate(plan)
 
 

@@ -64,10 +64,14 @@ def puts_and_deletes(writes: Mapping[bytes, bytes | None]) -> tuple[dict[bytes, 
 class ViewOperator:
     """Maintains one view; holds only its plan, so one instance can serve any number of epochs."""
 
-    def __init__(self, plan: ViewPlan, *, share: OperatorShare = WHOLE) -> None:
+    def __init__(self, plan: ViewPlan, *, share: OperatorShare = WHOLE,
+                 inner_shares: Mapping[str, OperatorShare] | None = None) -> None:
         """``share``: what this operator maintains of the view, when a Spark task runs it for one view
         partition (:meth:`~mvlog.views.routing.GroupRouting.share`): a windowed GROUP BY's task keeps
-        only its own windows, and only one task maintains a global aggregate's row."""
+        only its own windows, and only one task maintains a global aggregate's row. ``inner_shares``:
+        the same for subqueries and WITH queries (and a union's branches), by name: the first step of a
+        GROUP BY over a windowed or global one, or of a union with such a branch, runs where the inner
+        query's groups are (:mod:`mvlog.views.nested_routing`, :mod:`mvlog.views.union_routing`)."""
         self.plan = plan
         self._owned = share.rows
         query = plan.query
@@ -77,7 +81,9 @@ class ViewOperator:
         self._top_n = TopNStage(query, plan.schema) if query.top_n is not None else None
         # Subqueries and WITH queries: operators of their own, run first, each with its state under its
         # own prefix; their output changes are the input of this query's source of that name.
-        self._inner = [(name, ViewOperator(inner), inner_prefix(name)) for name, inner in plan.inner]
+        shares = inner_shares or {}
+        self._inner = [(name, ViewOperator(inner, share=shares.get(name, WHOLE)), inner_prefix(name))
+                       for name, inner in plan.inner]
 
     def apply_epoch(self, changes: Mapping[str, ChangeBatch], state: StateReader) -> EpochOutput:
         """The view's output for one epoch, given each upstream's changes of that epoch (by view name;

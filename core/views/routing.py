@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 from mvlog.row_schema import ColumnType, RowSchema
 from mvlog.schemas.arrow_rows import encode_rows
 from mvlog.views.evaluate import arrow_type, column_field, evaluate
+from mvlog.views.operator import ViewOperator
 from mvlog.views.plan import ViewPlan
 from mvlog.views.share import OperatorShare
 from mvlog.views.state_codec import GROUP_TAG, decode_value, loads
@@ -223,6 +224,18 @@ class OneViewSide:
     def operator_plan(self) -> ViewPlan:
         """The plan a task's operator runs: the view's own."""
         return self.plan
+
+    def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
+        raise NotImplementedError
+
+    def fan_out(self, side: int, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
+        """Where each row of ``rows`` (the upstream's columns, by name) goes: (row index, partition)
+        pairs, one per row (:meth:`partitions_of`)."""
+        return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(side, rows)
+
+    def first_step(self, partition: int) -> ViewOperator:
+        """The operator of the first step's task of ``partition``: all of what it is given."""
+        return ViewOperator(self.operator_plan())
 
 
 def source_batch(source: RowSchema, rows: pa.Table) -> pa.Table:

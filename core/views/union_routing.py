@@ -21,8 +21,12 @@ A branch that joins views (an inner or outer equi-join of two, or a chain of the
 the task of a join key holds that branch's buckets of it (``($(branch<i>))j0[...]``) and runs its join
 there, as a join view's task would; its input names are ``<view>#b<branch>.<source>``.
 
-A branch of another shape (a semi or anti join, a GROUP BY or a top-N over a join, a top-N, a subquery, a
-window or a global aggregate, whose one row every task's operator would emit) keeps the union on the driver.
+A windowed GROUP BY branch sends a row once to each partition holding one of its windows, a global one
+every row to its one row's partition; each task's branch keeps only its share of the groups
+(:meth:`UnionRouting.first_step`: a global branch's row is emitted by its partition's task alone).
+
+A branch of another shape (a semi or anti join, a GROUP BY or a top-N over a join, a top-N, a subquery)
+keeps the union on the driver.
 
 Pure: Arrow in, partitions out.
 """
@@ -36,6 +40,7 @@ import pyarrow as pa
 
 from mvlog.views.evaluate import arrow_type
 from mvlog.views.join_routing import JoinRouting, join_chain_on_one_key, two_source_equi_join
+from mvlog.views.operator import ViewOperator
 from mvlog.views.plan import ViewPlan
 from mvlog.views.routing import (
     GroupRouting,
@@ -65,10 +70,9 @@ def _joined_branch(branch: ViewPlan) -> bool:
 
 
 def _grouped_branch(branch: ViewPlan) -> bool:
-    """A GROUP BY of one view keyed by its groups, read directly: not a global aggregate (its one row
-    would be every task's), nor windowed or over a subquery (a row in several partitions, or none)."""
-    query = branch.query
-    return grouped_by_key(branch) and not branch.inner and query.window is None and bool(query.group_by)
+    """A GROUP BY of one view keyed by its groups, read directly (a windowed or a global one too: the
+    task's branch keeps only its share, :meth:`UnionRouting.first_step`); not over a subquery."""
+    return grouped_by_key(branch) and not branch.inner
 
 
 @dataclass(frozen=True)
@@ -126,10 +130,28 @@ class UnionRouting:
             inner.append((name, replace(branch, sources=tuple(reads[i]), query=replace(branch.query, sources=sources))))
         return replace(self.plan, sources=self.inputs(), inner=tuple(inner))
 
+    def fan_out(self, side: int, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
+        """Where each row of side ``side``'s view goes: (row index, partition) pairs, one per row but for a
+        windowed GROUP BY branch's, once to each partition holding one of its windows
+        (:meth:`GroupRouting.fan_out`)."""
+        routing = self._routings[self._sides[side][0]]
+        if isinstance(routing, GroupRouting):
+            return routing.fan_out(rows)
+        return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(side, rows)
+
+    def first_step(self, partition: int) -> ViewOperator:
+        """The operator of the task of ``partition``: each GROUP BY branch keeps only its groups there (a
+        windowed one's windows; a global one's row, if it is there)."""
+        shares = {name: routing.share(partition) for (name, _), routing in zip(self.plan.inner, self._routings,
+                                                                                strict=True)
+                  if isinstance(routing, GroupRouting)}
+        return ViewOperator(self.operator_plan(), inner_shares=shares)
+
     def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
         """The partition (int32) of each row of side ``side``'s view (its columns, by name): its group's (a
-        GROUP BY branch), its join key's (a join branch's source), else its own key's, as that view's
-        changelog writer would place it over the union's partition count."""
+        GROUP BY branch; not a windowed one's, :meth:`fan_out`), its join key's (a join branch's source),
+        else its own key's, as that view's changelog writer would place it over the union's partition
+        count."""
         branch, source = self._sides[side]
         routing = self._routings[branch]
         if isinstance(routing, GroupRouting):

@@ -181,7 +181,9 @@ class RouteJoinRows:
                                   partial(self._shape, side, tokens)).to_batches()
 
     def _fan_out(self, side: int, rows: pa.Table) -> tuple[pa.Table, pa.Array]:
-        return rows, self.routing.partitions_of(side, rows)
+        # One partition a row, but a windowed inner GROUP BY's row once per partition of its windows.
+        indices, parts = self.routing.fan_out(side, rows)
+        return rows.take(indices), parts
 
     def _shape(self, side: int, tokens: pa.Array, rows: pa.Table, parts: pa.Array) -> pa.Table:
         """``rows`` of upstream ``side`` in the shared layout, to the join-key partitions ``parts``."""
@@ -259,7 +261,7 @@ class JoinKeyJob:
         epochs, upto = self._epochs(rows)
         todo = sorted(e for e in epochs if target.after < e <= upto)
         settings = Settings.from_executor_json(target.settings_json)
-        operator = ViewOperator(self.routing.operator_plan())
+        operator = self.routing.first_step(partition)
         of_vnode = partitions_table(view.partitions)
         tokens = pa.array(partition_tokens(view.partitions), pa.int32())
         out: list[pa.Table] = [self.out_schema.empty_table()]

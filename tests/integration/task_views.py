@@ -41,11 +41,13 @@ VIEWS = [
     # changelog; rows move between groups as v1 changes, and a group's top 2 shifts as rows come and go.
     ("mvt", "SELECT id, v1, rn FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY v1 ORDER BY id DESC) AS rn "
             "FROM t1 WHERE deleted = false) t WHERE rn <= 2"),
-    # A GROUP BY over a GROUP BY: t1's rows shuffled by ``id % 20`` (the inner groups' state there), the
-    # subquery's changes by ``n`` (the outer groups'), then by the view key; an inner group's count moving
-    # takes its row from one n to another.
-    ("mvgg", "SELECT n, count(*) AS c, sum(b) AS s FROM (SELECT id % 20 AS b, count(*) AS n FROM t1 "
-             "WHERE deleted = false GROUP BY id % 20) g GROUP BY n"),
+    # A GROUP BY over a windowed GROUP BY (Nexmark q5's shape: counts per key and hopping window, then the
+    # most per window): t1's rows shuffled to each partition holding one of their inner groups (``id % 4``
+    # and a window; each task's subquery keeps its own windows' state), the subquery's changes by ``ws``
+    # (the outer groups'), then by the view key; an inner group's count moving changes its window's top.
+    ("mvgg", "SELECT ws, max(n) AS top, count(*) AS c, sum(b) AS s FROM (SELECT id % 4 AS b, window.start AS ws, "
+             "count(*) AS n FROM t1 WHERE deleted = false GROUP BY id % 4, window(id, '10 milliseconds', "
+             "'4 milliseconds')) g GROUP BY ws"),
 ]
 # The upstream's key under another name, and over two partitions where t1 has three (either alone is
 # enough): other key bytes, so the input is shuffled by the partition of the key it will have
@@ -97,16 +99,20 @@ SELF = ("mvjs", "SELECT a.id, b.id AS id2, a.v1, b.deleted FROM t1 a JOIN t1 b O
 SELF_ANTI = ("mvjx", "SELECT a.id, a.v1 FROM t1 a WHERE NOT EXISTS (SELECT 1 FROM t1 b WHERE b.v1 = a.id "
                      "AND b.deleted = false)")
 SELF_JOINS = [SELF, SELF_ANTI]
-# A UNION ALL of two filters of t1 and a GROUP BY of t2: the join's two steps, a side per branch (t1's rows
-# routed once for each of its branches, by their own key; t2's by group, whose state that task reads and
-# stages), then the output by the view key (branch and its key: a t1 row in both of its branches is two
-# view rows, most often in two partitions).
+# A UNION ALL of a filter of t1, a GROUP BY of t2 and a hopping window over t1: the join's two steps, a side
+# per branch (t1's rows routed by their own key for the filter, to each partition of their windows for the
+# window, whose task keeps its own windows; t2's by group, whose state that task reads and stages), then the
+# output by the view key (branch and its key: a t1 row in two branches is two view rows, most often in two
+# partitions).
 UNION = ("mvu", "SELECT id, v1 FROM t1 WHERE deleted = false UNION ALL SELECT k, count(*) AS n FROM t2 GROUP BY k "
-                "UNION ALL SELECT id, v1 * 10 FROM t1 WHERE v1 < 0")
+                "UNION ALL SELECT window.start, count(*) AS n FROM t1 WHERE v1 < 0 "
+                "GROUP BY window(id, '10 milliseconds', '4 milliseconds')")
 # A UNION ALL with a join branch: t1's and t2's rows routed for it by the join key (its buckets there,
-# ``($(branch0))j0[...]``), t1's again for the filter branch by their own key.
+# ``($(branch0))j0[...]``), t1's again for the filter branch by their own key, and for the global
+# aggregate's branch to its one row's partition, whose task alone keeps that row.
 UNION_JOIN = ("mvuj", "SELECT t1.id, t2.w FROM t1 JOIN t2 ON t1.v1 = t2.k WHERE t1.deleted = false "
-                      "UNION ALL SELECT id, v1 FROM t1 WHERE v1 < 0")
+                      "UNION ALL SELECT id, v1 FROM t1 WHERE v1 < 0 "
+                      "UNION ALL SELECT count(*) AS n, sum(v1) AS s FROM t1 WHERE deleted = false")
 UNIONS = [UNION, UNION_JOIN]
 
 

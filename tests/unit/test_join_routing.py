@@ -108,9 +108,19 @@ def _apply_ops(rows: dict[int, Row], ops: Sequence[tuple[int, Row | None]]) -> l
     return out
 
 
-def _split(batch: ChangeBatch, owners: list[int], partition: int) -> ChangeBatch:
-    """The changes of ``batch`` whose signed rows the routing sends to ``partition``, as the data source's
-    signed rows after the shuffle."""
+def routed_to(routing: OperatorKeyRouting, side: int, batch: ChangeBatch, partition: int) -> ChangeBatch:
+    """The changes of side ``side``'s ``batch`` that ``routing`` sends to ``partition`` (its fan-out: a
+    windowed inner GROUP BY's row to each partition of its windows)."""
+    indices, parts = routing.fan_out(side, batch.signed()[0])
+    owners: list[set[int]] = [set() for _ in range(len(batch.signed()[1]))]
+    for index, part in zip(indices.to_pylist(), parts.to_pylist(), strict=True):
+        owners[index].add(part)
+    return _split(batch, owners, partition)
+
+
+def _split(batch: ChangeBatch, owners: list[set[int]], partition: int) -> ChangeBatch:
+    """The changes of ``batch`` whose signed rows the routing sends to ``partition`` (``owners``: each
+    signed row's partitions), as the data source's signed rows after the shuffle."""
     rows, weights = batch.signed()
     change_of = []  # signed row -> its change's position (a change's rows are adjacent: -1 then +1)
     position = -1
@@ -118,7 +128,7 @@ def _split(batch: ChangeBatch, owners: list[int], partition: int) -> ChangeBatch
     for weight, prev in zip(signs, [1, *signs][:len(signs)], strict=True):
         position += 1 if weight < 0 or prev > 0 else 0
         change_of.append(position)
-    mask = pa.array([o == partition for o in owners], pa.bool_())
+    mask = pa.array([partition in o for o in owners], pa.bool_())
     return ChangeBatch.from_signed(batch.schema, rows.filter(mask), weights.filter(mask),
                                    pa.array(change_of, pa.int64()).filter(mask))
 
@@ -145,7 +155,6 @@ class SplitJoin:
         assert routing is not None
         self.routing = routing
         self.operator = ViewOperator(self.plan)
-        self.split_operator = ViewOperator(self.routing.operator_plan())
         self.parts = [InMemoryState() for _ in range(self.partitions)]
         self.of_vnode = partitions_table(self.partitions)
         key = self.plan.schema.primary_key
@@ -164,9 +173,8 @@ class SplitJoin:
         for j in range(self.partitions):
             mine = {}  # each side's rows of join-key partition j, under the side's input name
             for side, (upstream, name) in enumerate(zip(self.routing.upstreams(), self.routing.inputs(), strict=True)):
-                owners = self.routing.partitions_of(side, inputs[upstream].signed()[0]).to_pylist()
-                mine[name] = _split(inputs[upstream], owners, j)
-            out = self.split_operator.apply_epoch(mine, self.parts[j])
+                mine[name] = routed_to(self.routing, side, inputs[upstream], j)
+            out = self.routing.first_step(j).apply_epoch(mine, self.parts[j])
             self.parts[j].apply(out.state_writes)
             assert set(self.routing.partitions_of_state_keys(list(out.state_writes))) <= {j}
             rows, weights = out.changes.signed()
@@ -440,7 +448,7 @@ def split_aggregate(plan: ViewPlan, routing: OperatorKeyRouting, partitions: int
     changes and the state are the single operator's, each change and state key in its partition."""
     groups = routing.groups
     assert groups is not None
-    whole, operator, split = InMemoryState(), ViewOperator(plan), ViewOperator(routing.operator_plan())
+    whole, operator = InMemoryState(), ViewOperator(plan)
     joins = [InMemoryState() for _ in range(partitions)]
     aggregates = [InMemoryState() for _ in range(partitions)]
     view: dict[Key, Row] = {}
@@ -461,10 +469,9 @@ def split_aggregate(plan: ViewPlan, routing: OperatorKeyRouting, partitions: int
         for j in range(partitions):
             mine = {}
             for side, (upstream, name) in enumerate(zip(routing.upstreams(), routing.inputs(), strict=True)):
-                owners = routing.partitions_of(side, inputs[upstream].signed()[0]).to_pylist()
-                mine[name] = _split(inputs[upstream], owners, j)
+                mine[name] = routed_to(routing, side, inputs[upstream], j)
             writes: dict[bytes, bytes | None] = {}
-            joined.append(split.joined(mine, joins[j], writes))
+            joined.append(routing.first_step(j).joined(mine, joins[j], writes))
             assert set(routing.partitions_of_state_keys(list(writes))) <= {j}
             joins[j].apply(writes)
         rows = pa.concat_tables(joined)

@@ -46,6 +46,8 @@ def test_each_shape_takes_its_routing_and_says_how(sql: str, partitions: int, ki
 
 
 def test_a_shape_the_tasks_do_not_run_stays_on_the_driver() -> None:
-    plan = plan_view("v", "SELECT count(*) AS n FROM t UNION ALL SELECT uid FROM u", {"t": T, "u": U})
-    assert task_path(plan, [LAYOUT["t"], LAYOUT["u"]], 3) is None
+    # A chain of joins whose second step compares another column: a shuffle per step.
+    plan = plan_view("v", "SELECT t.id, u.uid, w.id AS wid FROM t JOIN u ON t.k = u.k JOIN t w ON u.uid = w.v",
+                     {"t": T, "u": U})
+    assert task_path(plan, [LAYOUT[s] for s in plan.sources], 3) is None
     assert describe(None).startswith("on the driver")

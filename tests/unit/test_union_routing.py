@@ -1,5 +1,6 @@
 """The pure parts of a ``UNION ALL`` in Spark's tasks (issue 19, item 2): which views take the union's
-routing, that one operator per partition (each branch's rows routed by its group or their own key)
+routing, that one operator per partition (each branch's rows routed by its group, its windows', its global
+row's or their own key)
 followed by a consolidation per view partition gives the single operator's changes and state (the join's
 two steps, :class:`SplitJoin`), and how each branch is a side of its own. No broker, no Spark: the
 shuffles run in ``tests/integration/test_operators_in_tasks.py``."""
@@ -39,14 +40,17 @@ UNIONS = [
     "UNION ALL SELECT x.id, y.id AS yid FROM a x FULL JOIN a y ON x.k = y.id",
     "SELECT x.id, z.id AS zid FROM a x JOIN a y ON x.k = y.k LEFT JOIN a z ON y.k = z.k AND z.id > y.id "
     "UNION ALL SELECT id, k FROM a",
+    # A global aggregate branch (its one row kept by its partition's task alone) and a hopping window's (a
+    # row to each partition of its windows, each task's branch keeping its own windows).
+    "SELECT count(*) AS n, sum(k) AS t FROM a UNION ALL SELECT bid, w FROM b "
+    "UNION ALL SELECT window.start, count(*) AS n FROM a GROUP BY window(id, '4 milliseconds', '2 milliseconds')",
+    "SELECT k, window.start AS ws, max(id) AS hi FROM a GROUP BY k, window(id, '6 milliseconds', '3 milliseconds') "
+    "UNION ALL SELECT k, id, id AS i2 FROM a WHERE k > 1",
 ]
 
 
 @pytest.mark.parametrize(("sql", "taken"), [
     *((sql, True) for sql in UNIONS),
-    ("SELECT count(*) AS n FROM a UNION ALL SELECT w FROM b", False),  # a global aggregate: every task's row
-    ("SELECT window.start, count(*) AS n FROM a GROUP BY window(id, '4 milliseconds') UNION ALL SELECT bid, w "
-     "FROM b", False),  # a windowed branch: a row in several partitions
     ("SELECT a.k, count(*) AS n FROM a JOIN b ON a.k = b.k2 GROUP BY a.k UNION ALL SELECT bid, w FROM b",
      False),  # an aggregate over a join: a third step
     ("SELECT id, k FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k2 = a.k) UNION ALL SELECT bid, w FROM b",
