@@ -5,8 +5,9 @@
   partition committed an epoch (other partitions had or had not): the next consumer's tasks find what
   committed, recompute it from the committed state, write only the rest, and the view loses and doubles
   nothing; then the same with the join's task of view partition 0 (after its second shuffle), the
-  aggregate over the join's, and the union's (a side per branch, one a GROUP BY). In the
-  same run, a filter view's task kills only its own Python worker after its first
+  aggregate over the join's, and the union's (a side per branch, one a GROUP BY), those three in local
+  mode (only the driver dies: no executor of its own is needed). In the GROUP BY's
+  run, a filter view's task kills only its own Python worker after its first
   epoch, and another of its tasks SIGKILLs its executor's JVM after its first epoch: Spark retries
   both (the second on the other executor, or on the one the cluster's worker starts in place of the
   dead one), and each retry finds its first epoch committed.
@@ -56,8 +57,8 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
     rng = random.Random(4)
     try:
         mce = write_epochs(table, rng, 2, 50, t2)
-        # The runs without a kill of an executor or a Python worker (the first and the last) need no cluster:
-        # local mode starts faster.
+        # The runs without a kill of an executor or a Python worker (all but the second) need no cluster:
+        # local mode starts faster, and its driver dies the same way.
         local = settings.model_copy(update={"spark_master": "local[2]"})
         assert run_views(local, list(views)).returncode == 0
         assert all(store.mce(view) == mce for view in ("mvg", "mvj", "mvjg", "mvu"))
@@ -79,21 +80,21 @@ def test_driver_killed_after_some_partitions_committed_loses_and_doubles_nothing
         before = {"mvg": _committed(settings, "mvg", start["mvg"])}
         # mvg resumes; then the join's task of view partition 0 (after the second shuffle) kills the driver,
         # the same way.
-        resumed = run_views(settings, ["mvg", "mvj"], kills=["mvj:0:driver2", "mvj:1:hold", "mvj:2:hold"])
+        resumed = run_views(local, ["mvg", "mvj"], kills=["mvj:0:driver2", "mvj:1:hold", "mvj:2:hold"])
         assert resumed.returncode == -9, (resumed.returncode, resumed.stdout, why(resumed))
         written = {"mvg": done_lines(resumed.stdout)["mvg"]}
         assert written["mvg"][0] == last and store.mce("mvj") == mce
         before["mvj"] = _committed(settings, "mvj", start["mvj"])
         # mvj resumes; then the aggregate over the join's task of view partition 0 (after the third step)
         # kills the driver, the same way: its groups' state staged beside the join's buckets is redone.
-        joined = run_views(settings, ["mvj", "mvjg"], kills=["mvjg:0:driver2", "mvjg:1:hold", "mvjg:2:hold"])
+        joined = run_views(local, ["mvj", "mvjg"], kills=["mvjg:0:driver2", "mvjg:1:hold", "mvjg:2:hold"])
         assert joined.returncode == -9, (joined.returncode, joined.stdout, why(joined))
         written["mvj"] = done_lines(joined.stdout)["mvj"]
         assert written["mvj"][0] == last and store.mce("mvjg") == mce
         before["mvjg"] = _committed(settings, "mvjg", start["mvjg"])
         # mvjg resumes; then the union's task of view partition 0 (its branches' rows, t2's GROUP BY state
         # among them, after the second shuffle) kills the driver, the same way.
-        united = run_views(settings, ["mvjg", "mvu"], kills=["mvu:0:driver2", "mvu:1:hold", "mvu:2:hold"])
+        united = run_views(local, ["mvjg", "mvu"], kills=["mvu:0:driver2", "mvu:1:hold", "mvu:2:hold"])
         assert united.returncode == -9, (united.returncode, united.stdout, why(united))
         written["mvjg"] = done_lines(united.stdout)["mvjg"]
         assert written["mvjg"][0] == last and store.mce("mvu") == mce
