@@ -166,10 +166,26 @@ class StreamedCommit:
 
     def abort(self) -> None:
         """Forget the queued commands (the Kafka transaction did not commit)."""
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
+        if self._conn is None:
+            return
+        conn, self._conn = self._conn, None
+        if not self._staged:
             self._drop(conn)  # closing the connection discards MULTI and WATCH on the server
-            self._forget_staged()
+            return
+        # Staged keys are deleted on the connection that wrote them, after the commands queued on it: the
+        # server may still run those after the connection closed, and a DEL sent on another connection
+        # could run first and leave them behind (until they expire).
+        try:
+            conn.send_packed_command([self._pack(("DEL", self._rows, self._order))], check_health=False)
+            for _ in range(self._queued + 1):
+                conn.read_response()
+        except redis.RedisError:  # a reply lost or refused: the staged keys expire anyway
+            self._drop(conn)
+            return
+        except BaseException:
+            self._drop(conn)
+            raise
+        self._pool.release(conn)
 
     def _forget_staged(self) -> None:
         if self._staged:
