@@ -306,6 +306,10 @@ class JoinRouting:
         """The operator of join-key task ``partition``: all of what it is given."""
         return ViewOperator(self.operator_plan())
 
+    def partition_of_key(self, values: Sequence[Any]) -> int:
+        """The partition of one join key (its values in the ON clause's order, of the types compared)."""
+        return self._owner(values, self._kinds)
+
     def _owner(self, values: Sequence[Any], kinds: Sequence[ColumnType | None]) -> int:
         if any(v is None for v in values):
             return 0  # matches nothing, stores nothing (an outer join null-extends it from the row alone)

@@ -11,6 +11,7 @@ rebuild after a wipe, ``replay derive`` and replacement hydration.
 
 from __future__ import annotations
 
+from mvlog.views.join_groups_routing import JoinGroupsRouting, aggregate_over_join_groups
 from mvlog.views.join_routing import JoinRouting, routed_by_join_key
 from mvlog.views.nested_routing import NestedAggregateRouting, aggregate_over_aggregate
 from mvlog.views.plan import ViewPlan
@@ -18,14 +19,16 @@ from mvlog.views.topn_routing import TopNRouting, top_n_of_one_view
 from mvlog.views.union_routing import UnionRouting, routed_union
 
 #: How a view of two shuffles routes its input and state.
-OperatorKeyRouting = JoinRouting | TopNRouting | UnionRouting | NestedAggregateRouting
+OperatorKeyRouting = JoinRouting | TopNRouting | UnionRouting | NestedAggregateRouting | JoinGroupsRouting
 
 
 def routed_by_operator_key(plan: ViewPlan) -> bool:
     """An equi-join of two sources or a chain of them on one key (or a GROUP BY over one, or a top-N over
     one ranked per join key), a top-N of one view, a union of filter, GROUP BY (windowed and global too) and
-    join branches, or a GROUP BY over a GROUP BY of one view (windowed or global too)."""
-    return routed_by_join_key(plan) or top_n_of_one_view(plan) or routed_union(plan) or aggregate_over_aggregate(plan)
+    join branches, a GROUP BY over a GROUP BY of one view (windowed or global too), or over a join's GROUP BY
+    by one side's join key (Nexmark q4)."""
+    return (routed_by_join_key(plan) or top_n_of_one_view(plan) or routed_union(plan) or aggregate_over_aggregate(plan)
+            or aggregate_over_join_groups(plan))
 
 
 def operator_key_routing(plan: ViewPlan, partitions: int) -> OperatorKeyRouting | None:
@@ -39,4 +42,6 @@ def operator_key_routing(plan: ViewPlan, partitions: int) -> OperatorKeyRouting 
         return UnionRouting(plan, partitions)
     if aggregate_over_aggregate(plan):
         return NestedAggregateRouting(plan, partitions)
+    if aggregate_over_join_groups(plan):
+        return JoinGroupsRouting(plan, partitions)
     return None

@@ -129,11 +129,11 @@ class ViewOperator:
     def joined(self, changes: Mapping[str, ChangeBatch], state: StateReader,
                writes: dict[bytes, bytes | None]) -> pa.Table:
         """The first step of an aggregate over a join (a semi or anti join's subquery run first), or over a
-        subquery that keeps state (a GROUP BY over a GROUP BY): the epoch's joined rows, or the subquery's
-        changes, signed (column ``WEIGHT``) and filtered by WHERE, whose groups :meth:`aggregate_joined`
-        folds; the first step's state writes go to ``writes``. The two steps give :meth:`apply_epoch`'s
-        output, and each can run where its state is: the join's per join key (the subquery's per its
-        groups), the aggregate's per group."""
+        subquery that keeps state (a GROUP BY over a GROUP BY, or over a join's): the epoch's joined rows,
+        or the subquery's changes, signed (column ``WEIGHT``) and filtered by WHERE, whose groups
+        :meth:`aggregate_joined` folds; the first step's state writes go to ``writes``. The two steps give
+        :meth:`apply_epoch`'s output, and each can run where its state is: the join's per join key (the
+        subquery's per its groups, or per the join key among them), the aggregate's per group."""
         assert self._aggregate is not None and not self.plan.union
         if self._inner:
             changes = self._with_inner(changes, state, writes)

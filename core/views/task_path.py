@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mvlog.views.join_groups_routing import JoinGroupsRouting
 from mvlog.views.join_routing import JoinRouting, top_n_over_join
 from mvlog.views.key_routing import KeyRouting, one_upstream_routing
 from mvlog.views.keyed_routing import OperatorKeyRouting, operator_key_routing
@@ -75,6 +76,9 @@ def _shuffles(routing: GroupRouting | KeyRouting | OperatorKeyRouting) -> str:
         return "its rows shuffled by ranking group, then its changes by view key"
     if isinstance(routing, UnionRouting):
         return "each branch's rows shuffled to where its state is kept, then the changes by view key"
+    if isinstance(routing, JoinGroupsRouting):
+        return ("its rows shuffled by join key, where the join and the subquery's groups run, the subquery's "
+                "changes by the outer groups, then by view key")
     if isinstance(routing, NestedAggregateRouting):
         return "its rows shuffled by the inner groups, the subquery's changes by the outer groups, then by view key"
     assert isinstance(routing, JoinRouting)

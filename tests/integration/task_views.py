@@ -91,7 +91,13 @@ RANKED = ("mvjr", "SELECT id, id2, v1, w, rn FROM (SELECT t1.id, t2.id AS id2, t
 # of the key (``v1`` = ``k``), its buckets of both steps there (``j0``/``j1``, ``j1.0``/``j1.1``).
 CHAIN = ("mvjc", "SELECT t1.id, t2.id AS id2, b.id AS id3, t2.w FROM t1 JOIN t2 ON t1.v1 = t2.k "
                  "LEFT JOIN t1 b ON t2.k = b.v1 AND b.id % 10 = 0 WHERE t1.deleted = false")
-JOINS = [JOIN, FULL, ANTI, GROUPED, ANTI_GROUPED, GLOBAL, RANKED, CHAIN]
+# A GROUP BY over a join's GROUP BY by t1's join key (Nexmark q4's shape: the highest bid of each auction,
+# then the average per category): the join and its inner groups (v1, w % 3) in v1's join-key task, the
+# subquery's changes shuffled by b, then the view's by its key.
+OVER_GROUPS = ("mvjq", "SELECT b, avg(hi) AS a, count(*) AS n, max(hi) AS top FROM (SELECT t1.v1, t2.w % 3 AS b, "
+                       "max(t1.id) AS hi FROM t1 JOIN t2 ON t1.v1 = t2.k WHERE t1.deleted = false "
+                       "GROUP BY t1.v1, t2.w % 3) q GROUP BY b")
+JOINS = [JOIN, FULL, ANTI, GROUPED, ANTI_GROUPED, GLOBAL, RANKED, CHAIN, OVER_GROUPS]
 # Self-joins: t1's one read routed twice, as the left side by ``v1`` and as the right side by ``id``
 # (another partition for most rows); a row whose ``v1`` is an ``id`` of t1 pairs with that row. And an
 # anti join whose subquery reads t1 too: the rows no live row points to.

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import random
 
+import pyarrow as pa
 import pytest
 
 from mvlog.views import plan_view
+from mvlog.views.join_groups_routing import JoinGroupsRouting, aggregate_over_join_groups
+from mvlog.views.join_routing import JoinRouting
 from mvlog.views.keyed_routing import operator_key_routing, routed_by_operator_key
 from mvlog.views.nested_routing import NestedAggregateRouting, aggregate_over_aggregate
 from mvlog.views.routing import GroupRouting
@@ -68,5 +71,55 @@ def test_state_keys_of_the_subquery_are_owned_by_its_groups_partitions() -> None
     inner = GroupRouting(plan.inner[0][1], 4)
     assert routing.partitions_of_state_keys([b"($(s))g[3]", b"($(s))g[null]"]) == \
         inner.partitions_of_state_keys([b"g[3]", b"g[null]"])
+    with pytest.raises(ValueError, match="not its subquery's state key"):
+        routing.partitions_of_state_keys([b"g[3]"])  # the outer groups' state is the second step's
+
+
+#: A GROUP BY over a join's GROUP BY by one side's join key (Nexmark q4's shape): the join and the inner
+#: groups in the join key's task, the outer groups after.
+OVER_JOIN_GROUPS = [
+    # The highest of each a's b rows (a.id is the join key, a.s rides along), then per s.
+    "SELECT s, avg(hi) AS a, count(*) AS n, max(hi) AS top FROM (SELECT a.id, a.s, max(b.k2) AS hi FROM a "
+    "JOIN b ON a.id = b.w WHERE b.bid > a.k GROUP BY a.id, a.s) q GROUP BY s",
+    # Grouped by the other side's key column, and a computed column, under a global aggregate.
+    "SELECT count(*) AS groups, sum(n) AS total FROM (SELECT b.w, a.k % 2 AS odd, count(*) AS n FROM a "
+    "JOIN b ON a.id = b.w GROUP BY b.w, a.k % 2) q",
+]
+
+
+@pytest.mark.parametrize(("sql", "taken"), [
+    *((sql, True) for sql in OVER_JOIN_GROUPS),
+    ("SELECT n, count(*) AS c FROM (SELECT a.s, count(*) AS n FROM a JOIN b ON a.id = b.w GROUP BY a.s) q "
+     "GROUP BY n", False),  # no join key among the inner groups
+    ("SELECT n, count(*) AS c FROM (SELECT a.id, count(*) AS n FROM a LEFT JOIN b ON a.id = b.w GROUP BY a.id) q "
+     "GROUP BY n", False),  # an outer join
+    ("SELECT n, count(*) AS c FROM (SELECT x.id, count(*) AS n FROM a x JOIN a y ON x.id = y.k GROUP BY x.id) q "
+     "GROUP BY n", False),  # a self-join
+    ("SELECT n, count(*) AS c FROM (SELECT a.k, count(*) AS n FROM a JOIN b ON a.k = b.k2 GROUP BY a.k) q "
+     "GROUP BY n", False),  # the key grouped as int, compared as float
+])
+def test_which_views_the_join_groups_routing_takes(sql: str, taken: bool) -> None:
+    plan = plan_view("v", sql, {"a": A, "b": B})
+    assert aggregate_over_join_groups(plan) is taken
+    assert isinstance(operator_key_routing(plan, 3), JoinGroupsRouting) is taken
+
+
+@pytest.mark.parametrize("sql", OVER_JOIN_GROUPS)
+@pytest.mark.parametrize("partitions", [1, 3, 4])
+def test_the_join_and_its_groups_per_join_key_then_the_outer_groups_give_the_single_operators_changes(
+        sql: str, partitions: int) -> None:
+    plan = plan_view("v", sql, {"a": A, "b": B})
+    routing = JoinGroupsRouting(plan, partitions)
+    assert routing.upstreams() == routing.inputs() == ("a", "b")
+    split_aggregate(plan, routing, partitions, random.Random(partitions * 7 + len(sql)))
+
+
+def test_the_inner_groups_state_is_owned_by_the_partition_of_their_join_key() -> None:
+    plan = plan_view("v", OVER_JOIN_GROUPS[0], {"a": A, "b": B})
+    routing = JoinGroupsRouting(plan, 4)
+    join = JoinRouting(plan.inner[0][1], 4)
+    for id_ in range(20):
+        owner = join.partitions_of(0, pa.table({"id": [id_]})).to_pylist()[0]
+        assert routing.partitions_of_state_keys([b'($(q))g[%d,"s1"]' % id_, b"($(q))j0[%d]" % id_]) == [owner, owner]
     with pytest.raises(ValueError, match="not its subquery's state key"):
         routing.partitions_of_state_keys([b"g[3]"])  # the outer groups' state is the second step's

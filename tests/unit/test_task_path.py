@@ -7,6 +7,7 @@ import pytest
 
 from mvlog.row_schema import RowSchema
 from mvlog.views import plan_view
+from mvlog.views.join_groups_routing import JoinGroupsRouting
 from mvlog.views.join_routing import JoinRouting
 from mvlog.views.key_routing import KeyRouting
 from mvlog.views.nested_routing import NestedAggregateRouting
@@ -34,6 +35,8 @@ LAYOUT = {"t": Upstream(("id",), 3), "u": Upstream(("uid",), 3)}
     ("SELECT id, v FROM t UNION ALL SELECT uid, k FROM u", 3, UnionRouting, "each branch's rows"),
     ("SELECT n, count(*) AS c FROM (SELECT k, count(*) AS n FROM t GROUP BY k) s GROUP BY n", 3,
      NestedAggregateRouting, "by the inner groups"),
+    ("SELECT n, count(*) AS c FROM (SELECT t.k, max(u.uid) AS n FROM t JOIN u ON t.k = u.k GROUP BY t.k) s "
+     "GROUP BY n", 3, JoinGroupsRouting, "where the join and the subquery's groups run"),
 ])
 def test_each_shape_takes_its_routing_and_says_how(sql: str, partitions: int, kind: type | None,
                                                    phrase: str) -> None:

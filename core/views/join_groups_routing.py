@@ -1,0 +1,140 @@
+"""Where a GROUP BY over a join's GROUP BY runs when its operator runs in Spark's tasks, when the inner groups
+include one side's join key (Nexmark's q4: the highest bid of each auction, ``GROUP BY A.id, A.category``
+over ``auction JOIN bid ON A.id = B.auction``, then the average of those per category; issue 19 item 2).
+
+Every joined row of an inner group has the group's join-key columns as its join key, so the join-key task
+that makes those rows (:mod:`mvlog.views.join_routing`) holds the whole group: it can run the inner
+aggregate right after the join, as a join-key task ranks a top-N over a join per join key. So the operator
+runs in the two steps of a GROUP BY over a join, the subquery (join and inner aggregate) in the join's place:
+
+1. both sides' signed rows are shuffled by the partition of their join key (the inner join's
+   :class:`~mvlog.views.join_routing.JoinRouting`); that task reads and stages the inner join's buckets
+   (``($(q))j0[...]``, ``($(q))j1[...]``) and the inner groups' state (``($(q))g[...]``, owned by the
+   partition of the join key inside the group), runs the subquery, and emits its changes as signed rows
+   in the outer query's layout (:meth:`~mvlog.views.operator.ViewOperator.joined`);
+2. those rows are shuffled by the partition of their outer group (:attr:`JoinGroupsRouting.groups`), whose
+   task folds them into its groups (``g[...]``) and writes the view's changes, as for a GROUP BY over a join.
+
+The inner join is an inner equi-join of two different views (an outer join's null-extended rows would
+have a NULL key column in a group whose rows another task made; a self-join's sides need inputs of their
+own), grouped by columns (no window). Pure: Arrow in, partitions out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from mvlog.views.expr import ColumnRef
+from mvlog.views.join_routing import JoinRouting, aggregate_over_join, source_key_columns
+from mvlog.views.operator import ViewOperator
+from mvlog.views.plan import ViewPlan
+from mvlog.views.query import JoinKind
+from mvlog.views.routing import GroupRouting, keyed_by_groups
+from mvlog.views.state import inner_prefix
+from mvlog.views.state_codec import GROUP_TAG, decode_value, loads
+
+
+def aggregate_over_join_groups(plan: ViewPlan) -> bool:
+    """A GROUP BY keyed by its groups whose one source is a subquery (or WITH query) grouping an inner
+    equi-join of two views by columns that include one side's join key (:func:`_join_key_in_groups`)."""
+    query = plan.query
+    if not keyed_by_groups(plan) or len(query.sources) != 1 or query.joins or len(plan.inner) != 1:
+        return False
+    name, inner = plan.inner[0]
+    if query.sources[0].view != name or inner.inner or inner.union or not aggregate_over_join(inner):
+        return False
+    inner_query = inner.query
+    if (inner_query.window is not None or len(inner_query.sources) != 2
+            or inner_query.joins[0].kind is not JoinKind.INNER
+            or inner_query.sources[0].view == inner_query.sources[1].view):
+        return False
+    return _join_key_in_groups(inner) is not None
+
+
+def _join_key_in_groups(inner: ViewPlan) -> list[int] | None:
+    """The positions, in the inner query's GROUP BY, of one side's join-key columns (in the ON clause's
+    order, each a plain column of the type it is compared as), or None when no side's are all there."""
+    query = inner.query
+    kinds = [c.type for c in query.joins[0].on]
+    for side, names in enumerate(source_key_columns(inner)):
+        positions = [next((i for i, g in enumerate(query.group_by)
+                           if isinstance(g, ColumnRef) and (g.side, g.column, g.type) == (side, column, kind)), -1)
+                     for column, kind in zip(names, kinds, strict=True)]
+        if -1 not in positions:
+            return positions
+    return None
+
+
+@dataclass(frozen=True)
+class JoinGroupsRouting:
+    """Routes a GROUP BY over a join's GROUP BY: both sides' rows by their join key (where the inner groups
+    are too), the subquery's rows by their outer group."""
+
+    plan: ViewPlan
+    partitions: int
+    _join: JoinRouting = field(init=False, repr=False, compare=False)
+    _prefix: bytes = field(init=False, repr=False, compare=False)
+    _key_positions: list[int] = field(init=False, repr=False, compare=False)
+    #: The outer GROUP BY's step: where the subquery's rows (and the outer groups' state) go.
+    groups: GroupRouting = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not aggregate_over_join_groups(self.plan):
+            raise ValueError(f"view {self.plan.name!r} is not a GROUP BY over a join's GROUP BY by a join key")
+        name, inner = self.plan.inner[0]
+        object.__setattr__(self, "_join", JoinRouting(inner, self.partitions))
+        object.__setattr__(self, "_prefix", inner_prefix(name))
+        object.__setattr__(self, "_key_positions", _join_key_in_groups(inner))
+        object.__setattr__(self, "groups", GroupRouting(self.plan, self.partitions))
+
+    @property
+    def _inner(self) -> ViewPlan:
+        return self.plan.inner[0][1]
+
+    def upstreams(self) -> tuple[str, ...]:
+        """The two views the inner join reads, FROM first."""
+        return self._join.upstreams()
+
+    def self_join(self) -> bool:
+        return False
+
+    def inputs(self) -> tuple[str, ...]:
+        """The name each side's changes go under in the operator's input: its view's (two different views)."""
+        return self.upstreams()
+
+    def operator_plan(self) -> ViewPlan:
+        """The plan a task's operator runs: the view's own (its subquery reads the two views by name)."""
+        return self.plan
+
+    def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
+        """The join-key partition (int32) of each row of side ``side``."""
+        return self._join.partitions_of(side, rows)
+
+    def fan_out(self, side: int, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
+        """Where each row of side ``side`` goes: its join key's partition, one per row."""
+        return self._join.fan_out(side, rows)
+
+    def first_step(self, partition: int) -> ViewOperator:
+        """The operator of join-key task ``partition``: all of what it is given (every inner group of its
+        rows is its own)."""
+        return ViewOperator(self.plan)
+
+    def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
+        """The partition whose first-step task owns each state key: the inner join's buckets
+        (``($(q))j0[...]``) by their join key, the inner groups (``($(q))g[...]``) by the join key among
+        their values."""
+        kinds = [g.type for g in self._inner.query.group_by]
+        owners = []
+        for key in keys:
+            if not key.startswith(self._prefix):
+                raise ValueError(f"view {self.plan.name!r}: {key!r} is not its subquery's state key")
+            rest = key[len(self._prefix):]
+            if not rest.startswith(GROUP_TAG + b"["):
+                owners += self._join.partitions_of_state_keys([rest])
+                continue
+            values = [decode_value(v, kind) for v, kind in zip(loads(rest[len(GROUP_TAG):]), kinds, strict=True)]
+            owners.append(self._join.partition_of_key([values[i] for i in self._key_positions]))
+        return owners
