@@ -303,8 +303,9 @@ def test_rate_limit_caps_the_backfill_and_changes_while_it_runs(
 @pytest.mark.timeout(900)  # four Spark starts of a runner on a shared 2-core machine
 def test_backfill_in_tasks_finishes_a_chunk_epoch_some_partitions_committed(
         make_settings: Callable[..., Settings], redis_client: redis.Redis, report: Callable[[str], None]) -> None:
-    """A chunked backfill whose routing runs in Spark's tasks (a filter, a GROUP BY, a global aggregate, a
-    hopping window and a top-N in tasks, over three partitions): its chunk's epoch ends each micro-batch.
+    """A chunked backfill whose routing runs in Spark's tasks (a filter and a GROUP BY in tasks, over three
+    partitions; a global aggregate, a hopping window and a top-N backfill in tasks in
+    :func:`test_join_backfill_in_tasks_is_exact_at_every_epoch`): its chunk's epoch ends each micro-batch.
     The driver is SIGKILLed by the GROUP BY's task of partition 0 right after it committed the chunk's
     epoch, the other partitions not: the next consumer finds the chunk saved, runs the same micro-batch,
     writes only what was missing, and the view is exact at every epoch, each epoch's barrier once in each
@@ -324,14 +325,7 @@ def test_backfill_in_tasks_finishes_a_chunk_epoch_some_partitions_committed(
     for _ in range(3):
         epoch()
     views = {"mv1": "SELECT * FROM t1 WHERE deleted = false",
-             "mvg": "SELECT id % 7 AS b, count(*) AS n, sum(v1) AS s, min(v1) AS lo FROM t1 GROUP BY id % 7",
-             # A global aggregate (its one row's partition's task), a hopping window (a row to each of its
-             # windows' partitions) and a top-N (by ranking group, then by view key) backfill in tasks too.
-             "mvga": "SELECT count(*) AS n, sum(v1) AS s FROM t1 WHERE deleted = false",
-             "mvw": "SELECT window.start, count(*) AS n, max(v1) AS hi FROM t1 "
-                    "GROUP BY window(id, '30 milliseconds', '10 milliseconds')",
-             "mvt": "SELECT id, v1 FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY id % 5 ORDER BY v1 DESC) "
-                    "AS rn FROM t1) t WHERE rn <= 3"}
+             "mvg": "SELECT id % 7 AS b, count(*) AS n, sum(v1) AS s, min(v1) AS lo FROM t1 GROUP BY id % 7"}
     for name, sql in views.items():
         create_view(settings, name, sql, client=redis_client, backfill="chunked")
     store = ViewStore(redis_client, settings.topic_prefix)
@@ -399,7 +393,8 @@ def test_join_backfill_in_tasks_is_exact_at_every_epoch(
     is null-extended, then retracted), every epoch committed in tasks. An aggregate over a LEFT JOIN of the
     same tables backfills beside it (its joined rows folded into their groups in a third step), and a UNION
     ALL of a filter of t1 and a GROUP BY of t2 (and a join branch), a GROUP BY over a chain of joins on one
-    key (t1, t2, t1 again) and a GROUP BY over a GROUP BY. (A top-N over a join takes the join's routing; it
+    key (t1, t2, t1 again), a GROUP BY over a GROUP BY, and a global aggregate, a hopping window and a top-N of
+    t1 (the GROUP BY's and the top-N's routings). (A top-N over a join takes the join's routing; it
     runs in tasks in ``test_operators_in_tasks``, ``test_replay`` and ``test_replacement_join``.)"""
     settings = make_settings(operators_in_tasks=True, tasks_min_records=0, partitions=3,
                              backfill_batch_rows=110, backfill_max_batch_rows=110)
@@ -431,7 +426,14 @@ def test_join_backfill_in_tasks_is_exact_at_every_epoch(
              "mvjc": "SELECT t2.w % 4 AS b, count(*) AS n, max(c.id) AS hi FROM t1 JOIN t2 ON t1.v1 = t2.k LEFT JOIN "
                      "t1 c ON t2.k = c.v1 AND c.id % 7 = 0 GROUP BY t2.w % 4",
              # A GROUP BY over a GROUP BY of t2 (the inner groups by k, then the outer by their counts).
-             "mvgg": "SELECT n, count(*) AS c FROM (SELECT k, count(*) AS n FROM t2 GROUP BY k) g GROUP BY n"}
+             "mvgg": "SELECT n, count(*) AS c FROM (SELECT k, count(*) AS n FROM t2 GROUP BY k) g GROUP BY n",
+             # A global aggregate (its one row's partition's task), a hopping window (a row to each of its
+             # windows' partitions) and a top-N (by ranking group, then by view key) of t1.
+             "mvga": "SELECT count(*) AS n, sum(v1) AS s FROM t1 WHERE deleted = false",
+             "mvw": "SELECT window.start, count(*) AS n, max(v1) AS hi FROM t1 "
+                    "GROUP BY window(id, '30 milliseconds', '10 milliseconds')",
+             "mvt": "SELECT id, v1 FROM (SELECT id, v1, ROW_NUMBER() OVER (PARTITION BY id % 5 ORDER BY v1 DESC) "
+                    "AS rn FROM t1) t WHERE rn <= 3"}
     for name, sql in views.items():
         create_view(settings, name, sql, client=redis_client, backfill="chunked")
     store = ViewStore(redis_client, settings.topic_prefix)

@@ -126,7 +126,7 @@ def fold_debezium_topic(settings: Settings, topic: str) -> dict[Any, dict[str, A
 
 
 #: The demo's workload: long enough for several progress tables while the views move, short for the suite.
-DURATION_S = 25
+DURATION_S = 15
 
 
 @pytest.mark.timeout(900)
