@@ -17,7 +17,8 @@ runs in the two steps of a GROUP BY over a join, the subquery (join and inner ag
 
 The inner join is an inner equi-join of two different views (an outer join's null-extended rows would
 have a NULL key column in a group whose rows another task made; a self-join's sides need inputs of their
-own), grouped by columns (no window). Pure: Arrow in, partitions out.
+own), grouped by columns, maybe by windows too: a joined row's windows are all groups of its join key,
+so the task that makes the row keeps them all. Pure: Arrow in, partitions out.
 """
 
 from __future__ import annotations
@@ -47,8 +48,7 @@ def aggregate_over_join_groups(plan: ViewPlan) -> bool:
     if query.sources[0].view != name or inner.inner or inner.union or not aggregate_over_join(inner):
         return False
     inner_query = inner.query
-    if (inner_query.window is not None or len(inner_query.sources) != 2
-            or inner_query.joins[0].kind is not JoinKind.INNER
+    if (len(inner_query.sources) != 2 or inner_query.joins[0].kind is not JoinKind.INNER
             or inner_query.sources[0].view == inner_query.sources[1].view):
         return False
     return _join_key_in_groups(inner) is not None

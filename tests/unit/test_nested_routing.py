@@ -84,6 +84,9 @@ OVER_JOIN_GROUPS = [
     # Grouped by the other side's key column, and a computed column, under a global aggregate.
     "SELECT count(*) AS groups, sum(n) AS total FROM (SELECT b.w, a.k % 2 AS odd, count(*) AS n FROM a "
     "JOIN b ON a.id = b.w GROUP BY b.w, a.k % 2) q",
+    # Windowed inner groups (a joined row in two hopping windows, both groups of its join key's task).
+    "SELECT ws, max(n) AS top, count(*) AS c FROM (SELECT a.id, window.start AS ws, count(*) AS n FROM a "
+    "JOIN b ON a.id = b.w GROUP BY a.id, window(b.bid, '4 milliseconds', '2 milliseconds')) q GROUP BY ws",
 ]
 
 
