@@ -35,7 +35,7 @@ from mvlog.views.plan import ViewPlan
 from mvlog.views.query import JoinKind
 from mvlog.views.routing import GroupRouting, keyed_by_groups
 from mvlog.views.state import inner_prefix
-from mvlog.views.state_codec import GROUP_TAG, decode_value, loads
+from mvlog.views.state_codec import GROUP_TAG
 
 
 def aggregate_over_join_groups(plan: ViewPlan) -> bool:
@@ -78,6 +78,7 @@ class JoinGroupsRouting:
     _join: JoinRouting = field(init=False, repr=False, compare=False)
     _prefix: bytes = field(init=False, repr=False, compare=False)
     _key_positions: list[int] = field(init=False, repr=False, compare=False)
+    _groups_of_inner: GroupRouting = field(init=False, repr=False, compare=False)  # decodes its groups' keys
     #: The outer GROUP BY's step: where the subquery's rows (and the outer groups' state) go.
     groups: GroupRouting = field(init=False, repr=False, compare=False)
 
@@ -88,6 +89,7 @@ class JoinGroupsRouting:
         object.__setattr__(self, "_join", JoinRouting(inner, self.partitions))
         object.__setattr__(self, "_prefix", inner_prefix(name))
         object.__setattr__(self, "_key_positions", _join_key_in_groups(inner))
+        object.__setattr__(self, "_groups_of_inner", GroupRouting(inner, self.partitions))
         object.__setattr__(self, "groups", GroupRouting(self.plan, self.partitions))
 
     @property
@@ -126,7 +128,6 @@ class JoinGroupsRouting:
         """The partition whose first-step task owns each state key: the inner join's buckets
         (``($(q))j0[...]``) by their join key, the inner groups (``($(q))g[...]``) by the join key among
         their values."""
-        kinds = [g.type for g in self._inner.query.group_by]
         owners = []
         for key in keys:
             if not key.startswith(self._prefix):
@@ -135,6 +136,6 @@ class JoinGroupsRouting:
             if not rest.startswith(GROUP_TAG + b"["):
                 owners += self._join.partitions_of_state_keys([rest])
                 continue
-            values = [decode_value(v, kind) for v, kind in zip(loads(rest[len(GROUP_TAG):]), kinds, strict=True)]
+            values = self._groups_of_inner.group_of_state_key(rest)
             owners.append(self._join.partition_of_key([values[i] for i in self._key_positions]))
         return owners

@@ -80,7 +80,7 @@ from mvlog.views.expr import ColumnRef, Expr
 from mvlog.views.operator import ViewOperator
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import JoinKind
-from mvlog.views.routing import GroupRouting, filter_of_one_view, keyed_by_groups, partitions_table
+from mvlog.views.routing import GroupRouting, each_row_once, filter_of_one_view, keyed_by_groups, partitions_table
 from mvlog.views.state_codec import TOP_N_TAG, encode_key
 from mvlog.vnode import VNODE_COUNT
 
@@ -300,7 +300,7 @@ class JoinRouting:
 
     def fan_out(self, side: int, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
         """Where each row of source ``side`` goes: (row index, partition) pairs, one per row."""
-        return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(side, rows)
+        return each_row_once(self.partitions_of(side, rows))
 
     def first_step(self, partition: int) -> ViewOperator:
         """The operator of join-key task ``partition``: all of what it is given."""

@@ -25,7 +25,7 @@ import pyarrow as pa
 from mvlog.views.evaluate import arrow_type
 from mvlog.views.partitioning import passes_key_through
 from mvlog.views.plan import ViewPlan
-from mvlog.views.routing import GroupRouting, grouped_by_key, partitions_table, view_key_partitions
+from mvlog.views.routing import GroupRouting, each_row_once, grouped_by_key, partitions_table, view_key_partitions
 from mvlog.views.share import WHOLE, OperatorShare
 
 
@@ -53,7 +53,7 @@ class KeyRouting:
 
     def fan_out(self, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
         """Where each row of ``rows`` goes, as :meth:`GroupRouting.fan_out` says: one partition a row."""
-        return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(rows)
+        return each_row_once(self.partitions_of(rows))
 
     def share(self, partition: int) -> OperatorShare:
         """Every row a task gets is its own (:meth:`GroupRouting.share`)."""

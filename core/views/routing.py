@@ -149,7 +149,7 @@ class GroupRouting:
         """:meth:`fan_out` of rows in the operator's layout (:meth:`partitions_of_batch`): an aggregate
         over a join's joined rows, before their windows' expansion."""
         if (window := self.plan.query.window) is None:
-            return pa.array(range(batch.num_rows), pa.int64()), self.partitions_of_batch(batch)
+            return each_row_once(self.partitions_of_batch(batch))
         batch = batch.append_column(_ROW, pa.array(range(batch.num_rows), pa.int64()))
         copies = expand(batch, window)
         pairs = pa.table({_ROW: copies.column(_ROW), _PARTITION: self.partitions_of_batch(copies)})
@@ -178,13 +178,14 @@ class GroupRouting:
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
         """The partition whose task owns the operator state under each key (a group's, ``g[...]``)."""
-        groups = []
-        for key in keys:
-            if not key.startswith(GROUP_TAG + b"["):
-                raise ValueError(f"{key!r} is not a group's state key")
-            values = loads(key[len(GROUP_TAG):])
-            groups.append([decode_value(v, kind) for v, kind in zip(values, self._key_types, strict=True)])
-        return self.partitions_of_groups(groups)
+        return self.partitions_of_groups([self.group_of_state_key(key) for key in keys])
+
+    def group_of_state_key(self, key: bytes) -> list[Any]:
+        """The GROUP BY values a group's state key (``g[...]``) holds, in order, as their types."""
+        if not key.startswith(GROUP_TAG + b"["):
+            raise ValueError(f"{key!r} is not a group's state key")
+        values = loads(key[len(GROUP_TAG):])
+        return [decode_value(v, kind) for v, kind in zip(values, self._key_types, strict=True)]
 
     def partitions_of_groups(self, groups: Sequence[Sequence[Any]]) -> list[int]:
         """The partition of each group (its GROUP BY values, in order)."""
@@ -231,11 +232,17 @@ class OneViewSide:
     def fan_out(self, side: int, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
         """Where each row of ``rows`` (the upstream's columns, by name) goes: (row index, partition)
         pairs, one per row (:meth:`partitions_of`)."""
-        return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(side, rows)
+        return each_row_once(self.partitions_of(side, rows))
 
     def first_step(self, partition: int) -> ViewOperator:
         """The operator of the first step's task of ``partition``: all of what it is given."""
         return ViewOperator(self.operator_plan())
+
+
+def each_row_once(parts: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """A fan-out that sends each row to one partition, ``parts[i]`` for row ``i``: (row index, partition)
+    pairs, as :meth:`GroupRouting.fan_out` gives them."""
+    return pa.array(range(len(parts)), pa.int64()), parts
 
 
 def source_batch(source: RowSchema, rows: pa.Table) -> pa.Table:

@@ -44,6 +44,7 @@ from mvlog.views.operator import ViewOperator
 from mvlog.views.plan import ViewPlan
 from mvlog.views.routing import (
     GroupRouting,
+    each_row_once,
     filter_of_one_view,
     grouped_by_key,
     partitions_table,
@@ -137,7 +138,7 @@ class UnionRouting:
         routing = self._routings[self._sides[side][0]]
         if isinstance(routing, GroupRouting):
             return routing.fan_out(rows)
-        return pa.array(range(rows.num_rows), pa.int64()), self.partitions_of(side, rows)
+        return each_row_once(self.partitions_of(side, rows))
 
     def first_step(self, partition: int) -> ViewOperator:
         """The operator of the task of ``partition``: each GROUP BY branch keeps only its groups there (a
