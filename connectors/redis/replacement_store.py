@@ -7,9 +7,10 @@ Keys (``P`` = topic prefix, ``V`` = view):
   ``mce_hex``, ``mce_ts_ms``, and where hydration started: ``hydration_epoch`` (the epoch of its
   first commit: an upstream snapshot's, or the view's MCE when it replayed the whole changelog) and
   ``hydrated_from`` (which snapshot or changelog each upstream came from); ``apply_requested`` (ms)
-  while an apply waits; after the cut-over ``applied_epoch``, ``applied_version``, ``applied_ts_ms``;
-  after a discard ``discarded_ts_ms``; ``error`` when its consumer had to stop maintaining it (it
-  stays staged until discarded).
+  while an apply waits; ``cut_epoch`` once a cut-over in Spark's tasks began at that epoch (the apply
+  can then only complete: :meth:`ReplacementStore.begin_cut_over`); after the cut-over
+  ``applied_epoch``, ``applied_version``, ``applied_ts_ms``; after a discard ``discarded_ts_ms``;
+  ``error`` when its consumer had to stop maintaining it (it stays staged until discarded).
 - ``P:{V}:replacement:rows`` and ``P:{V}:replacement:opstate``: its rows and operator state, encoded
   like the view's own (``P:{V}:rows``, ``P:{V}:opstate``).
 - ``P:{V}:replacement:rows.hydrate`` and ``P:{V}:replacement:opstate.hydrate``: its first state while
@@ -23,7 +24,9 @@ Every write is a Lua script that first checks the record's ``id`` and ``status``
 replaced replacement is never written by a consumer that has not noticed yet. The cut-over
 (:meth:`ReplacementStore.apply`) moves the replacement's rows and state into the view's keys and
 commits the view's MCE and epoch index in the same script: the view's serving state jumps from the
-old definition to the new one at exactly one epoch, or not at all.
+old definition to the new one at exactly one epoch, or not at all. Where Spark's tasks compute the
+cut-over (:mod:`mvlog.services.replacement.cut_over`), :meth:`ReplacementStore.apply_partitions` does the
+same with the key-order members each view partition's task staged.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from mvlog.connectors.redis.partition_staging import (
     StagingIncompleteError,
 )
 from mvlog.connectors.redis.redis_keys import view_key
-from mvlog.replacement import Status
+from mvlog.replacement import ReplacementError, Status
 
 _STAGE_SCRIPT = lua_script("replacement_stage")
 
@@ -76,9 +79,32 @@ _HYDRATE_SCRIPT = lua_script("replacement_hydrate", lib=["swap_staged"])
 # members added and removed (the diff's inserts and deletes) and those members.
 _APPLY_SCRIPT = lua_script("replacement_apply")
 
+_CUT_SCRIPT = lua_script("replacement_cut")
+
+# KEYS: record, rows, opstate, view meta, view rows, view opstate, view key-order index, then each
+# partition's six staged keys, then each partition's index key. ARGV: id, epoch hex, epoch, ts, version,
+# partitions, each partition's six staged counts, then an index member per partition.
+_CUT_OVER_SCRIPT = lua_script("replacement_cut_over", lib=["apply_staged"])
+
 
 class ReplacementGoneError(RuntimeError):
     """The replacement a consumer maintains was discarded (or replaced by another) meanwhile."""
+
+
+class CutOverBegunError(ReplacementError):
+    """The replacement's cut-over began in Spark's tasks at :attr:`epoch`: some view partitions may hold it
+    in Kafka already, so its apply can be neither withdrawn nor discarded; the view's consumer completes it."""
+
+    def __init__(self, view: str, epoch: int) -> None:
+        super().__init__(f"{view}: the replacement's cut-over began at epoch {epoch} in Spark's tasks; it can no "
+                         "longer be withdrawn or discarded, and completes when the view's consumer runs")
+        self.epoch = epoch
+
+
+def _refused(view: str, error: redis.ResponseError) -> CutOverBegunError | None:
+    """The :class:`CutOverBegunError` a script's ``CUTOVER <epoch>`` error reply stands for, if it is one."""
+    words = str(error).split()
+    return CutOverBegunError(view, int(words[1])) if len(words) == 2 and words[0] == "CUTOVER" else None
 
 
 @dataclass(frozen=True)
@@ -98,6 +124,12 @@ class ReplacementRecord:
     @property
     def hydrated(self) -> bool:
         return self.mce is not None
+
+    @property
+    def cut_epoch(self) -> int | None:
+        """The epoch a cut-over in Spark's tasks began at (None: none began)."""
+        value = (self.fields or {}).get("cut_epoch")
+        return int(value) if value is not None else None
 
     @property
     def hydration_epoch(self) -> int | None:
@@ -124,6 +156,8 @@ class ReplacementStore:
         self._fail = client.register_script(_FAIL_SCRIPT)
         self._discard = client.register_script(_DISCARD_SCRIPT)
         self._apply = client.register_script(_APPLY_SCRIPT)
+        self._cut = client.register_script(_CUT_SCRIPT)
+        self._cut_over = client.register_script(_CUT_OVER_SCRIPT)
         self._hydrate = client.register_script(_HYDRATE_SCRIPT)
         self._partition_commit = client.register_script(_PARTITION_COMMIT_SCRIPT)
         #: Where Spark's tasks stage the epochs a replacement follows there (:meth:`commit_partitions`).
@@ -165,16 +199,24 @@ class ReplacementStore:
         return bool(self._request(keys=[self.key(view)], args=[replacement_id, _now_ms()]))
 
     def withdraw_apply(self, view: str, replacement_id: str) -> bool:
-        """Cancel a pending apply; False when it is no longer pending (applied or discarded meanwhile)."""
-        return bool(self._withdraw(keys=[self.key(view)], args=[replacement_id]))
+        """Cancel a pending apply; False when it is no longer pending (applied or discarded meanwhile).
+        Raises :class:`CutOverBegunError` when its cut-over began in Spark's tasks."""
+        try:
+            return bool(self._withdraw(keys=[self.key(view)], args=[replacement_id]))
+        except redis.ResponseError as error:
+            raise _refused(view, error) or error from None
 
     def fail(self, view: str, replacement_id: str, reason: str) -> bool:
         """Mark the staged replacement as stopped by an error (its consumer no longer maintains it)."""
         return bool(self._fail(keys=[self.key(view)], args=[replacement_id, reason]))
 
     def discard(self, view: str) -> str | None:
-        """Drop the staged replacement's state; returns its id (None: nothing was staged)."""
-        result = self._discard(keys=self._keys(view) + self._hydration_keys(view), args=[_now_ms()])
+        """Drop the staged replacement's state; returns its id (None: nothing was staged). Raises
+        :class:`CutOverBegunError` when its cut-over began in Spark's tasks."""
+        try:
+            result = self._discard(keys=self._keys(view) + self._hydration_keys(view), args=[_now_ms()])
+        except redis.ResponseError as error:
+            raise _refused(view, error) or error from None
         return result.decode() if isinstance(result, bytes) else None
 
     def forget(self, view: str) -> None:
@@ -280,3 +322,49 @@ class ReplacementStore:
         args += [index_member(epoch, index[p].offset, index[p].records) for p in partitions]
         args += [len(order_added), len(order_removed), *order_added, *order_removed]
         return bool(self._apply(keys=keys, args=args))
+
+    def begin_cut_over(self, view: str, replacement_id: str, epoch: int) -> bool:
+        """Fix the pending apply's cut-over at ``epoch`` before Spark's tasks write any of it (or find it
+        fixed there by an earlier attempt): from then on it can only complete. False (nothing fixed) when
+        the replacement is not staged under ``replacement_id``, no apply is pending or it is not at
+        ``epoch``; raises :class:`CutOverBegunError` when a cut-over began at another epoch."""
+        result = int(self._cut(keys=[self.key(view)], args=[replacement_id, epoch_hex(epoch), epoch]))
+        if result == -1:
+            record = self.record(view)
+            raise CutOverBegunError(view, record.cut_epoch if record is not None and record.cut_epoch else epoch)
+        return result == 1
+
+    def apply_partitions(self, view: str, replacement_id: str, epoch: int, staged: Mapping[int, StagedCounts],
+                         index: Mapping[int, IndexEntry], version: int) -> bool:
+        """The cut-over :meth:`begin_cut_over` fixed at ``epoch``, from what each view partition's task staged
+        for it (the view's own staging, counts ``staged``): the replacement's rows and state made the view's,
+        the staged key-order members applied, the epoch index, the MCE and the record, in one script. False
+        (nothing changed) when the view is at ``epoch`` already or the cut-over applied; raises
+        :class:`ReplacementGoneError` when the replacement is no longer staged with its cut-over at
+        ``epoch``, :class:`StagingIncompleteError` when a partition's staging is not whole."""
+        partitions = sorted(index)
+        if sorted(staged) != partitions:
+            raise ValueError(f"{view}: cut-over at {epoch} staged partitions {sorted(staged)}, indexed {partitions}")
+        view_staging = PartitionStaging(self.redis, self.prefix)
+        keys = self._keys(view) + [self._view_key(view, w) for w in ("meta", "rows", "opstate", "keyorder")]
+        args: list[str | int | bytes] = [replacement_id, epoch_hex(epoch), epoch, _now_ms(), version, len(partitions)]
+        for p in partitions:
+            keys += view_staging.staged_keys(view, epoch, p)
+            args += staged[p].as_list()
+        keys += [self.index.key(view, p) for p in partitions]
+        args += [index_member(epoch, index[p].offset, index[p].records) for p in partitions]
+        result = int(run_script(self.redis, self._cut_over, keys, args))
+        if result == -3 and self._applied_at(view, replacement_id, epoch):
+            return False  # applied by this call's retry after a lost reply, or by an earlier attempt
+        if result == -3:
+            raise ReplacementGoneError(f"{view}: replacement {replacement_id} is no longer staged to cut over at "
+                                       f"epoch {epoch}")
+        if result == -2:
+            raise StagingIncompleteError(f"{view}: cut-over at epoch {epoch}: a partition's staged rows are missing "
+                                         "in Redis")
+        return result == 1
+
+    def _applied_at(self, view: str, replacement_id: str, epoch: int) -> bool:
+        record = self.record(view)
+        return (record is not None and record.id == replacement_id and record.status is Status.APPLIED
+                and record.applied_epoch == epoch)

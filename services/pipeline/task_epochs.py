@@ -140,18 +140,24 @@ class TaskEpochs:
         up in its upkeep): the driver path would write those partitions' epochs again."""
         return self._resumed
 
-    def takes(self, stages: Sequence[Stage], after: int) -> bool:
+    def takes(self, stages: Sequence[Stage], after: int, *, any_size: bool = False) -> bool:
         """Whether the epochs after ``after`` go the task path: no stage of ``stages`` has anything to do to
         them (a backfill running on the driver's way, a replacement that cannot follow in tasks or whose apply
         is pending: those go the driver's way; the consumer leaves out the stages its tasks serve), and
         either this consumer's
         last apply in tasks has not completed (see ``_resumed``) or the upstreams hold at least
         ``Settings.tasks_min_records`` change events after it (fewer, a live micro-batch, commit sooner on
-        the driver's way)."""
+        the driver's way; ``any_size``: whatever their size, a replacement's cut-over waits on them)."""
         if not all(stage.idle for stage in stages):
             return False
         least = self.settings.tasks_min_records
-        return not self._resumed or least == 0 or self._pending(after, least) >= least
+        return any_size or not self._resumed or least == 0 or self._pending(after, least) >= least
+
+    def next_epoch(self, after: int) -> int | None:
+        """The upstreams' first committed epoch after epoch ``after`` (their epoch index), if any."""
+        following = [f.epoch for u in self.upstreams
+                     if (f := self.staging.index.first_at_or_after(u.name, 0, after + 1)) is not None]
+        return min(following) if following else None
 
     def plan_through(self) -> int:
         """The last upstream epoch the view may plan through now: a one-upstream view's latest, a join's
@@ -181,10 +187,8 @@ class TaskEpochs:
         self.committer.ensure_serving_state()  # a wiped Redis is rebuilt before anything is computed
         after = self.committer.mce
         read_after = max(after, read_after)
-        following = [f.epoch for u in self.upstreams
-                     if (f := self.staging.index.first_at_or_after(u.name, 0, read_after + 1)) is not None]
         target = PartitionTarget(self.settings.to_executor_json(), self.entry, after, self.committer.start_offsets(),
-                                 min(following) if following else None, self.on_written,
+                                 self.next_epoch(read_after), self.on_written,
                                  stage.mutation if stage is not None else None, self.committer.replacement_id)
         if isinstance(self.routing, OperatorKeyRouting):
             results = self._joined(reader, target, upto, batch, stage, read_after)

@@ -125,8 +125,7 @@ class ViewConsumer:
         the previous one, or raises the previous one's error)."""
         if self._in_tasks(None, batch):
             return
-        table = batch.toArrow()  # the Spark job: the executors read while the worker applies the previous one
-        self.runner.submit(table)
+        self.runner.submit(batch.toArrow())  # the executors read while the worker applies the previous one
 
     def _in_tasks(self, upto: int | None, batch: DataFrame | None = None) -> bool:
         """Apply the epochs up to ``upto``, or of the stream's ``batch``, in Spark's tasks (``TaskEpochs``) when
@@ -142,14 +141,15 @@ class ViewConsumer:
             # Until a micro-batch completed in tasks, any replacement waits beside them (see TaskEpochs.resumed).
             follows = self.replacement.follows_in_tasks or not self.tasks.resumed
             replacement = self.replacement if backfill is None and follows else None
-            if not self.tasks.takes([s for s in self.stages if s not in (backfill, replacement)], self.mce):
+            cutting = replacement is not None and self.replacement.cuts_over_in_tasks(self.tasks.resumed)
+            if not self.tasks.takes([s for s in self.stages if s not in (backfill, replacement)], self.mce,
+                                    any_size=cutting):  # a cut-over's diff is the view's size, not the epoch's
                 return False
             if backfill is not None:
                 backfill.run_in_tasks(self.tasks, self.reader, upto)  # finished, the next upkeep drops it
             elif self.backfills.start_epoch > self.mce:
                 return False  # a chunked backfill the driver's way left it before its first commit
-            else:  # a hydrated replacement follows first where it can (else its upkeep catches it up)
-                self.replacement.follow_in_tasks(self.reader, upto, batch)
+            elif self.replacement.in_tasks(self.tasks, upto, batch, cutting):  # a cut-over adopts a new self.tasks
                 self.tasks.apply(self.reader, upto, batch)
             return True
 

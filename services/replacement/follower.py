@@ -48,6 +48,7 @@ class ReplacementFollower:
         self.view = plan.name
         self.mce = record.mce  # None until hydrated
         self.apply_requested = record.apply_requested
+        self.cut_epoch = record.cut_epoch  # a cut-over in Spark's tasks began there: it can only complete
         self.stale = False  # discarded (or replaced) under us: the consumer drops this follower
         self._state = StoredState(partial(store.get_state, self.view))  # its operator state, in Redis
 

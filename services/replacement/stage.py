@@ -9,7 +9,8 @@ feeds it each epoch and, once an apply is pending and the replacement has the ep
 its changes are the diff between the two definitions' rows, committed through the view's
 :class:`~mvlog.services.pipeline.committer.EpochCommitter` like any epoch. Where the view's epochs run in
 Spark's tasks, the replacement's run there too, first (:meth:`ReplacementStage.follow_in_tasks`,
-:mod:`mvlog.services.replacement.tasks`), and only the cut-over's epoch goes the driver's way.
+:mod:`mvlog.services.replacement.tasks`), and so does the cut-over, when the replacement keys its rows
+like the view (:meth:`ReplacementStage.cut_over_in_tasks`, :mod:`mvlog.services.replacement.cut_over`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from mvlog.services.pipeline.committer import EpochCommitter, EpochWithdrawn, Sc
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import EpochWork
 from mvlog.services.pipeline.task_epochs import TaskEpochs
+from mvlog.services.replacement.cut_over import cut_over_in_tasks, same_keys
 from mvlog.services.replacement.follower import ReplacementFollower
 from mvlog.services.replacement.hydration import derivation_in_tasks, first_inputs, hydration_start
 from mvlog.services.replacement.operations import plan_replacement
@@ -56,6 +58,7 @@ class ReplacementStage:
         self.follower: ReplacementFollower | None = None  # the staged replacement, hydrated read-only
         #: The follower's task path, if its definition runs in tasks (built once per follower).
         self._tasks: tuple[ReplacementFollower, tuple[TaskEpochs, ReplacementCommits] | None] | None = None
+        self.cut_overs_in_tasks = 0  # replacements this stage cut over in Spark's tasks
 
     @property
     def finished(self) -> bool:
@@ -68,12 +71,79 @@ class ReplacementStage:
     @property
     def follows_in_tasks(self) -> bool:
         """Whether the view's epochs may run in Spark's tasks with this stage's work on them done there too
-        (:meth:`follow_in_tasks`): no replacement, or a hydrated one whose definition runs in tasks and
-        whose apply is not pending (a cut-over is the driver's)."""
+        (:meth:`follow_in_tasks`, :meth:`cut_over_in_tasks`): no replacement, or a hydrated one whose
+        definition runs in tasks and whose apply, if pending, they can cut over."""
         follower = self.follower
         if follower is None:
             return True
-        return follower.mce is not None and not follower.apply_requested and self._task_path() is not None
+        return (follower.mce is not None and self._task_path() is not None
+                and (not follower.apply_requested or self._cut_over_fits_tasks()))
+
+    def cuts_over_in_tasks(self, resumed: bool) -> bool:
+        """Whether the view's next micro-batch in tasks starts with the cut-over (:meth:`cut_over_in_tasks`):
+        an apply is pending and Spark's tasks can cut over (the replacement hydrated, following in tasks,
+        keying its rows like the view). Not before the view's consumer completed a micro-batch in tasks
+        (``resumed``): until then some partitions may hold the view's next epoch under the old definition;
+        unless the cut-over began already, which is then that epoch."""
+        follower = self.follower
+        return (follower is not None and self._cut_over_fits_tasks()
+                and (resumed or follower.cut_epoch is not None))
+
+    def _cut_over_fits_tasks(self) -> bool:
+        follower = self.follower
+        return (follower is not None and follower.mce is not None
+                and (follower.apply_requested or follower.cut_epoch is not None)
+                and self._task_path() is not None and same_keys(self.entry.schema, follower.plan.schema))
+
+    def in_tasks(self, view_tasks: TaskEpochs, upto: int | None, batch: DataFrame | None, cut_over: bool) -> bool:
+        """Before the view's micro-batch in tasks (the epochs up to ``upto``, or the stream's ``batch``): the
+        cut-over if ``cut_over`` (:meth:`cut_over_in_tasks`), then the replacement's epochs of the micro-batch
+        where it follows in tasks (:meth:`follow_in_tasks`; else its upkeep catches it up). Whether the view
+        has epochs of the micro-batch left to apply (not when a cut-over was its last epoch)."""
+        if cut_over:
+            self.cut_over_in_tasks(view_tasks, upto)  # adopts the new definition, its task path the follower's
+        self.follow_in_tasks(self._reader, upto, batch)
+        return upto is None or upto > self._committer.mce
+
+    def cut_over_in_tasks(self, view_tasks: TaskEpochs, upto: int | None) -> bool:
+        """With an apply pending (:meth:`cuts_over_in_tasks`), cut over in Spark's tasks at the view's next
+        upstream epoch up to ``upto`` (or the view's plan bound): the replacement followed there first, or,
+        ahead of its view after a crash, the view's epochs before the replacement's run first
+        (``view_tasks``: the view's own task path). A cut-over that began already completes at its epoch.
+        True when the view was cut over (its new definition adopted)."""
+        follower = self.follower
+        if follower is None or follower.mce is None:
+            return False
+        bound = view_tasks.plan_through() if upto is None else min(upto, view_tasks.plan_through())
+        cut = follower.cut_epoch
+        if cut is None:
+            following = view_tasks.next_epoch(self._committer.mce)
+            if following is None or following > bound:
+                return False  # no new upstream epoch yet
+            if follower.mce < following:  # the replacement to that epoch exactly
+                self.follow_in_tasks(self._reader, following, None)
+                if self.follower is not follower or follower.mce != following:
+                    return False  # discarded or failed meanwhile
+            cut = follower.mce
+            if cut > bound:
+                return False
+        if (following := view_tasks.next_epoch(self._committer.mce)) is not None and following < cut:
+            view_tasks.apply(self._reader, cut - 1)  # the view's epochs before the replacement's
+        if (following := view_tasks.next_epoch(self._committer.mce)) != cut:
+            raise RuntimeError(f"{self.entry.name}: the replacement's cut-over is at epoch {cut}, but the view's next "
+                               f"epoch is {following} (MCE {self._committer.mce})")
+        view, entry = self.entry.name, self.catalog.get(self.entry.name)  # staging bumped its version
+        version = entry.version + 1
+        settings, spark = self._reader.settings, self._reader.spark
+        if not cut_over_in_tasks(spark, settings, self.entry, follower.plan.schema, self._committer,
+                                 self.replacements, follower.id, cut, self._mutation(follower, version), version,
+                                 view_tasks.committer.start_offsets(), view_tasks.on_written):
+            follower.apply_requested = False  # withdrawn meanwhile, or discarded: the next upkeep says which
+            log.info("%s: replacement %s not cut over at epoch %d (withdrawn or discarded)", view, follower.id, cut)
+            return False
+        self.cut_overs_in_tasks += 1
+        self._applied(entry, follower, version, cut, "in Spark's tasks")
+        return True
 
     def follow_in_tasks(self, reader: UpstreamReader, upto: int | None, batch: DataFrame | None) -> int:
         """Before the view's micro-batch in tasks (the epochs up to ``upto``, or the stream's ``batch``):
@@ -120,7 +190,7 @@ class ReplacementStage:
                 self._failed(record.id, error)
                 return
             follower = self.follower = ReplacementFollower(record, plan, self.replacements)
-        follower.apply_requested = record.apply_requested
+        follower.apply_requested, follower.cut_epoch = record.apply_requested, record.cut_epoch
         if follower.mce is None:
             # Each upstream from its snapshot or its whole changelog: a trimmed changelog alone would give
             # the replacement wrong rows, and its apply a wrong diff.
@@ -157,6 +227,9 @@ class ReplacementStage:
             return
         if follower.stale:
             self.follower = None
+        elif follower.cut_epoch is not None:  # some partitions may hold it: the driver's way would write them again
+            raise RuntimeError(f"{self.entry.name}: the replacement's cut-over began in Spark's tasks at epoch "
+                               f"{follower.cut_epoch}; only they can complete it (MVLOG_OPERATORS_IN_TASKS=true)")
         elif follower.apply_requested and follower.mce == work.epoch:
             # Exactly there: a replacement ahead of the view (its epochs committed first, the view's not,
             # before a crash) is cut over once the view reaches it.
@@ -184,8 +257,7 @@ class ReplacementStage:
         old = {self.entry.schema.key_of(row): row for row in map(decode_row, old_raw.values())}
         new = {schema.key_of(row): row for row in map(decode_row, new_raw.values())}
         changes = ChangeBatch.from_changes(schema, diff_rows(old, new, schema))
-        mutation = Mutation(APPLY_MUTATION, view, {"replacement_id": follower.id, "sql": follower.sql,
-                                                   "previous_sql": self.entry.sql, "version": version})
+        mutation = self._mutation(follower, version)
         encoded = encode_batch(self.entry.key_columns, changes)
         # The key-order index (backfills of views built on this one read it) follows the diff.
         members: dict[str, list[bytes]] = {}
@@ -206,10 +278,20 @@ class ReplacementStage:
             follower.apply_requested = False
             log.info("%s: replacement %s not applied at epoch %d (withdrawn or discarded)", view, follower.id, epoch)
             return False
-        self.entry = applied_entry(entry, follower.sql, schema, follower.plan.sources, version)
+        self._applied(entry, follower, version, epoch, f"{len(changes)} change(s)")
+        return True
+
+    def _mutation(self, follower: ReplacementFollower, version: int) -> Mutation:
+        """What the cut-over's barriers carry (the same in every attempt at it)."""
+        return Mutation(APPLY_MUTATION, self.entry.name, {"replacement_id": follower.id, "sql": follower.sql,
+                                                           "previous_sql": self.entry.sql, "version": version})
+
+    def _applied(self, entry: CatalogEntry, follower: ReplacementFollower, version: int, epoch: int,
+                 how: str) -> None:
+        """After the cut-over's commit: the catalog's entry rewritten, the new definition adopted."""
+        self.entry = applied_entry(entry, follower.sql, follower.plan.schema, follower.plan.sources, version)
         self.catalog.put(self.entry)
         self._adopt(self.entry, follower.plan, follower.operator)
         self.follower = None
-        log.info("%s: replacement %s applied at epoch %d (%d change(s)), version %d", view, follower.id, epoch,
-                 len(changes), version)
-        return True
+        log.info("%s: replacement %s applied at epoch %d (%s), version %d", entry.name, follower.id, epoch, how,
+                 version)

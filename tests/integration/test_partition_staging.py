@@ -10,8 +10,9 @@ from mvlog.changes import IndexEntry
 from mvlog.config import Settings
 from mvlog.connectors.redis.epoch_commit import EpochCommit, ServingStateLostError
 from mvlog.connectors.redis.partition_staging import PartitionStaging, StagedCounts, StagingIncompleteError
-from mvlog.connectors.redis.replacement_store import ReplacementGoneError, ReplacementStore
+from mvlog.connectors.redis.replacement_store import CutOverBegunError, ReplacementGoneError, ReplacementStore
 from mvlog.connectors.redis.view_store import ViewStore
+from mvlog.replacement import Status
 
 
 def _stage(staging: PartitionStaging, epoch: int, partition: int, puts: dict[bytes, bytes],
@@ -156,3 +157,60 @@ def test_a_staged_replacements_partitions_commit_into_its_own_keys(settings: Set
     with pytest.raises(ReplacementGoneError):
         replacements.commit_partitions("v", "r1", 11, {0: stage(11, 0, {b"c": b"3"}, [], {}, [])})
     assert replacements.rows("v") == {}
+
+
+def test_a_cut_over_in_tasks_is_fixed_first_then_applied_from_the_partitions_staging(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """A replacement's cut-over computed by Spark's tasks: fixed at the replacement's epoch only while an
+    apply is pending (then neither withdrawn, discarded nor failed), and applied with one script from what
+    each view partition's task staged: the replacement's rows and state become the view's, the staged
+    key-order members applied, the index, the MCE and the record; refused while a partition's staging is
+    lost, and a repeat after it applied changes nothing."""
+    replacements = ReplacementStore(redis_client, settings.topic_prefix)
+    staging = PartitionStaging(redis_client, settings.topic_prefix)
+    store = ViewStore(redis_client, settings.topic_prefix)
+    store.commit("v", EpochCommit(8, {b"a": b"0", b"z": b"9"}, [], {0: IndexEntry(8, 0, 2), 1: IndexEntry(8, 0, 0)},
+                                  order_puts=[b"oa", b"oz"], state_puts={b"old": b"state"}))
+    assert replacements.stage("v", "r1", "SELECT 1") is None
+    assert replacements.commit("v", "r1", 9, {b"a": b"1", b"b": b"2"}, [], {b"g": b"s"}, [])
+    assert not replacements.begin_cut_over("v", "r1", 9)  # no apply pending
+    assert replacements.request_apply("v", "r1")
+    assert not replacements.begin_cut_over("v", "r1", 10)  # the replacement is not there
+    assert not replacements.begin_cut_over("v", "r2", 9)  # another replacement
+    assert replacements.begin_cut_over("v", "r1", 9) and replacements.begin_cut_over("v", "r1", 9)
+    with pytest.raises(CutOverBegunError, match="began at epoch 9"):
+        replacements.begin_cut_over("v", "r1", 10)
+    with pytest.raises(CutOverBegunError):
+        replacements.withdraw_apply("v", "r1")
+    with pytest.raises(CutOverBegunError):
+        replacements.discard("v")
+    assert not replacements.fail("v", "r1", "boom")
+    record = replacements.record("v")
+    assert record is not None and record.cut_epoch == 9 and record.apply_requested
+    assert "error" not in (record.fields or {})
+
+    # Partition 0 inserts b, updates a and deletes z; partition 1 has nothing to change.
+    staged = {0: staging.stage("v", 0, EpochCommit(9, {b"a": b"1", b"b": b"2"}, [b"z"], {},
+                                                   order_puts=[b"oa", b"ob"], order_deletes=[b"oz"])),
+              1: staging.stage("v", 1, EpochCommit(9, {}, [], {}))}
+    index = {0: IndexEntry(9, 3, 3), 1: IndexEntry(9, 1, 0)}
+    redis_client.delete(staging.staged_keys("v", 9, 0)[2])
+    with pytest.raises(StagingIncompleteError):
+        replacements.apply_partitions("v", "r1", 9, staged, index, 2)
+    assert store.mce("v") == 8 and store.get_rows("v", [b"z"]) == {b"z": b"9"}  # nothing applied
+    staged[0] = staging.stage("v", 0, EpochCommit(9, {b"a": b"1", b"b": b"2"}, [b"z"], {},
+                                                  order_puts=[b"oa", b"ob"], order_deletes=[b"oz"]))
+    assert replacements.apply_partitions("v", "r1", 9, staged, index, 2)
+    assert store.mce("v") == 9
+    assert store.get_rows("v", [b"a", b"b", b"z"]) == {b"a": b"1", b"b": b"2"}
+    assert store.get_state("v", [b"g", b"old"]) == {b"g": b"s"}
+    assert redis_client.zrange(staging._key("v", "keyorder"), 0, -1) == [b"oa", b"ob"]
+    assert store.index.at("v", 0, 9) == IndexEntry(9, 3, 3)
+    record = replacements.record("v")
+    assert record is not None and record.status is Status.APPLIED and record.applied_epoch == 9
+    assert record.applied_version == 2 and record.cut_epoch is None and not record.apply_requested
+    assert not redis_client.exists(replacements.key("v", "rows"))
+    assert not any(redis_client.exists(k) for p in (0, 1) for k in staging.staged_keys("v", 9, p))
+    assert not replacements.apply_partitions("v", "r1", 9, staged, index, 2)  # applied: a retry's repeat
+    with pytest.raises(ReplacementGoneError):
+        replacements.apply_partitions("v", "r2", 9, staged, index, 2)

@@ -8,7 +8,10 @@ on from what was durable; at the end the changelog holds exactly one committed a
 the catalog has the new definition. The ``tasks`` variant runs the operators in Spark's tasks and kills
 the replacement's hydration there, after its tasks staged the first state and before the swap; a
 restart hydrates it anew and follows the view's epochs in tasks, and is killed once it committed an
-epoch ahead of its view; the next restart cuts over when the view reaches it, and the apply completes.
+epoch ahead of its view; the next restart cuts over in tasks, and is killed by the cut-over's task of
+partition 0 once that partition committed its part (the apply can then be neither withdrawn nor
+discarded); the next completes the cut-over and is killed after its Redis commit; the last one rolls the
+catalog forward.
 """
 
 from __future__ import annotations
@@ -29,11 +32,16 @@ import redis
 from mvlog.config import Settings
 from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis.catalog_store import CatalogStore
-from mvlog.connectors.redis.replacement_store import ReplacementRecord, ReplacementStore
+from mvlog.connectors.redis.replacement_store import CutOverBegunError, ReplacementRecord, ReplacementStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import Status
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.replacement.operations import request_apply, stage_replacement, wait_for_apply
+from mvlog.services.replacement.operations import (
+    discard_replacement,
+    request_apply,
+    stage_replacement,
+    wait_for_apply,
+)
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 
@@ -81,8 +89,8 @@ def _killed(child: subprocess.Popen[str], timeout: float = 300.0) -> None:
 def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
         path: str, make_settings: Callable[..., Settings], redis_client: redis.Redis) -> None:
     # "tasks": the views' operators run in Spark's tasks, and so does the replacement's hydration (a
-    # filter over the whole changelog), killed after its tasks staged the first state, before the swap.
-    # The cut-over is the driver's on both paths: that variant skips steps 2 and 3.
+    # filter over the whole changelog), killed after its tasks staged the first state, before the swap,
+    # and its cut-over, killed after partition 0's task committed its part to Kafka.
     tasks = path == "tasks"
     settings = make_settings(barrier_interval_ms=1000,  # fewer epochs for the oracle to check
                              operators_in_tasks=tasks, tasks_min_records=0)
@@ -133,6 +141,24 @@ def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
             assert (record().fields or {})["hydrated_from"].endswith("in Spark's tasks")
             assert not redis_client.exists(replacements.key("mv1", "rows.hydrate"))
             request_apply(settings, "mv1", client=redis_client)  # pending while the replacement is ahead
+
+            # 3. The cut-over in tasks, killed once partition 0 committed its part: fixed at its epoch.
+            child = _runner(settings, "cutover_partition")
+            _killed(child)
+            cut = record().cut_epoch
+            assert cut is not None and cut >= ahead and record().status is Status.STAGED, record()
+            assert [b.epoch for b in partition_barriers(settings, "mv1", 0, 0)][-1] == cut
+            with pytest.raises(CutOverBegunError, match=f"began at epoch {cut}"):
+                replacements.withdraw_apply("mv1", staged.id)
+            with pytest.raises(CutOverBegunError):
+                discard_replacement(settings, "mv1", client=redis_client)
+            assert record().apply_requested
+
+            # Completed by the next consumer (each partition's part once), killed after its Redis commit.
+            child = _runner(settings, "cutover_redis")
+            _killed(child)
+            assert record().status is Status.APPLIED and record().applied_epoch == cut
+            assert catalog.get("mv1").sql != NEW
         else:
             # 2. Killed after the cut-over epoch reached Kafka, before Redis: not applied (yet).
             child = _runner(settings, "cutover_kafka")
@@ -157,9 +183,8 @@ def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
         child = _runner(settings, "none")
         applied = wait_for_apply(settings, "mv1", staged.id, timeout=60, client=redis_client)
         assert catalog.get("mv1").sql == NEW
-        if tasks:  # cut over once the view reached the replacement, not before (its first micro-batch after
-            # the restart went the tasks' way with the replacement, see the next test; the cut-over after it)
-            assert applied.epoch >= ahead, (applied.epoch, ahead)
+        if tasks:  # where the killed attempt fixed it
+            assert applied.epoch == cut, (applied.epoch, cut)
     except BaseException:
         if child is not None and child.poll() is None:  # a failed step leaves no consumer running
             child.kill()
@@ -186,7 +211,8 @@ def test_sigkill_during_hydration_and_cut_over_applies_exactly_once(
     for partition, log in logs.items():
         mutated = [(epoch, offset) for epoch, entries in log.barriers.items() for offset, b in entries
                    if b["mutation"] is not None]
-        # The driver's path: step 2's killed attempt and step 3's kept one.
+        # The driver's path: step 2's killed attempt and step 3's kept one. In tasks: each partition's
+        # part once, whichever attempt committed it.
         assert len(mutated) == (1 if tasks else 2), (partition, mutated)
         index = views.index.at("mv1", partition, applied.epoch)
         assert index is not None and (applied.epoch, index.offset) in mutated
@@ -199,9 +225,10 @@ def test_a_micro_batch_killed_in_tasks_is_finished_there_though_an_apply_waits(
     """A GROUP BY view's micro-batch in Spark's tasks, its driver SIGKILLed by partition 0's task after it
     committed two epochs (the others one), while the apply of the view's staged replacement was pending. A
     busy stage sends epochs the driver's way, which writes every partition: before a micro-batch completed
-    in tasks, that would write those partitions' committed epochs again. So the next consumer finishes them
-    in tasks first, then cuts over on the driver's way at the next epoch; each epoch's barrier is in each
-    partition once, and the oracle holds at every epoch."""
+    in tasks, that would write those partitions' committed epochs again; a cut-over then, the tasks' way,
+    would find one of them committed under the old definition. So the next consumer finishes them in tasks
+    first, then cuts over in tasks at the next epoch; each epoch's barrier is in each partition once, and
+    the oracle holds at every epoch."""
     settings = make_settings(operators_in_tasks=True, tasks_min_records=0, partitions=3)
     table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
                          client=redis_client, auto_commit=False)
@@ -231,9 +258,11 @@ def test_a_micro_batch_killed_in_tasks_is_finished_there_though_an_apply_waits(
         try:
             assert consumer.catch_up() == last  # the pending epochs, finished in tasks
             assert consumer.tasks is not None and consumer.tasks.resumed
+            assert consumer.replacement.cut_overs_in_tasks == 0
             cut = epoch()
-            consumer.catch_up()  # now the driver's way: the cut-over
+            consumer.catch_up()  # now the cut-over, in tasks too
             assert wait_for_apply(settings, "mvg", staged.id, timeout=30, client=redis_client).epoch == cut
+            assert consumer.replacement.cut_overs_in_tasks == 1
         finally:
             consumer.stop()
     finally:

@@ -153,6 +153,8 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
         for name in [n for n in ("mvself", "mvtop", "mvu", "mvu1", "mvjc", "mvgg") if n in replaced]:
             assert at < wait_for_apply(settings, name, staged[name].id, timeout=30,
                                        client=redis_client).epoch <= reached
+        for name in replaced:  # in tasks, the cut-over's diff too: each view partition's task its part
+            assert by_name[name].replacement.cut_overs_in_tasks == (path == "tasks"), name
         write_epoch()
     finally:
         t1.close()
