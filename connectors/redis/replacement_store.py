@@ -77,14 +77,14 @@ _HYDRATE_SCRIPT = lua_script("replacement_hydrate", lib=["swap_staged"])
 # KEYS: record, rows, opstate, view meta, view rows, view opstate, view key-order index, index keys...
 # ARGV: id, epoch hex, epoch, ts, version, one index member per index key, then the counts of key-order
 # members added and removed (the diff's inserts and deletes) and those members.
-_APPLY_SCRIPT = lua_script("replacement_apply")
+_APPLY_SCRIPT = lua_script("replacement_apply", lib=["swap_staged", "mark_applied"])
 
 _CUT_SCRIPT = lua_script("replacement_cut")
 
 # KEYS: record, rows, opstate, view meta, view rows, view opstate, view key-order index, then each
 # partition's six staged keys, then each partition's index key. ARGV: id, epoch hex, epoch, ts, version,
 # partitions, each partition's six staged counts, then an index member per partition.
-_CUT_OVER_SCRIPT = lua_script("replacement_cut_over", lib=["apply_staged"])
+_CUT_OVER_SCRIPT = lua_script("replacement_cut_over", lib=["apply_staged", "swap_staged", "mark_applied"])
 
 
 class ReplacementGoneError(RuntimeError):

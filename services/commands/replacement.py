@@ -153,7 +153,7 @@ def list_command(settings: Settings, output: str) -> None:
     with backend_errors(settings):
         records = list_replacements(settings, client=client)
     documents = [{"view": r.view, "id": r.id, "status": r.status.value, "sql": r.sql, "epoch": r.mce,
-                  "apply_requested": r.apply_requested, "applied_epoch": r.applied_epoch,
+                  "apply_requested": r.apply_requested, "cut_epoch": r.cut_epoch, "applied_epoch": r.applied_epoch,
                   "applied_version": r.applied_version, "error": (r.fields or {}).get("error"),
                   "hydration_epoch": r.hydration_epoch, "hydrated_from": (r.fields or {}).get("hydrated_from")}
                  for r in records]
@@ -170,7 +170,9 @@ def list_command(settings: Settings, output: str) -> None:
         if r.status.value == "staged":
             error = fields.get("error")
             state = f"error: {error}" if error else (f"at epoch {r.mce}" if r.hydrated else "hydrating")
-            if not error and "hydrated_from" in fields:
+            if r.cut_epoch is not None:  # it can only complete now
+                state = f"cutting over at epoch {r.cut_epoch} in Spark's tasks"
+            elif not error and "hydrated_from" in fields:
                 state += f" (started from {fields['hydrated_from']})"
             when = age(int(fields["staged_ts_ms"]), now_ms) if "staged_ts_ms" in fields else ""
         elif r.status.value == "applied":

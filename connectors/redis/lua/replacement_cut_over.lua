@@ -18,21 +18,12 @@ local current = redis.call('HGET', KEYS[4], 'mce_hex')
 if current and current >= ARGV[2] then return 0 end
 local n = tonumber(ARGV[6])
 if not staged_whole(8, n, 7) then return -2 end
-for k = 2, 3 do
-  if redis.call('EXISTS', KEYS[k]) == 1 then
-    redis.call('RENAME', KEYS[k], KEYS[k + 3])
-  else
-    redis.call('DEL', KEYS[k + 3])
-  end
-end
+swap_staged(2, 5, 2)  -- the replacement's rows and opstate become the view's
 for p = 0, n - 1 do
   apply_staged(8 + 6 * p, KEYS[5], KEYS[7], KEYS[6])
 end
 for p = 0, n - 1 do
   redis.call('ZADD', KEYS[8 + 6 * n + p], 0, ARGV[7 + 6 * n + p])
 end
-redis.call('HSET', KEYS[4], 'mce_hex', ARGV[2], 'mce', ARGV[3], 'mce_ts_ms', ARGV[4])
-redis.call('HDEL', record, 'apply_requested', 'cut_epoch', 'mce', 'mce_hex', 'mce_ts_ms')
-redis.call('HSET', record, 'status', 'applied', 'applied_epoch', ARGV[3], 'applied_version', ARGV[5],
-           'applied_ts_ms', ARGV[4])
+mark_applied(1, 4)
 return 1

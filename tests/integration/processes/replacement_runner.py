@@ -8,7 +8,7 @@ KILL_AT is one of:
 - ``hydrate``: after reading the upstream history, before the replacement's first commit (hydrated
   on the driver), or after Spark's tasks staged its first state, before the swap (hydrated in tasks);
 - ``cutover_kafka``: after the cut-over epoch (diff + apply_replacement barriers) committed to Kafka,
-  before the Redis cut-over (on the driver's way, or every partition's in Spark's tasks);
+  before the Redis cut-over;
 - ``cutover_redis``: after the Redis cut-over, before the view's catalog entry is rewritten;
 - ``cutover_partition``: the cut-over in Spark's tasks, its driver SIGKILLed by view partition 0's task
   right after that task committed its part to Kafka (the other partitions have committed theirs or not);
@@ -97,19 +97,6 @@ def install(kill_at: str) -> None:
             return applied
 
         ReplacementStore.apply = die_around_cutover  # type: ignore[method-assign]
-        apply_partitions = ReplacementStore.apply_partitions
-
-        def die_around_cutover_in_tasks(self: ReplacementStore, view: str, replacement_id: str, epoch: int,
-                                        staged: Mapping[int, StagedCounts], index: Mapping[int, IndexEntry],
-                                        version: int) -> bool:
-            if kill_at == "cutover_kafka":
-                _die()
-            applied = apply_partitions(self, view, replacement_id, epoch, staged, index, version)
-            if applied:
-                _die()
-            return applied
-
-        ReplacementStore.apply_partitions = die_around_cutover_in_tasks  # type: ignore[method-assign]
     elif kill_at == "cutover_partition":
         cut_over = ReplacementStage.cut_over_in_tasks
 
