@@ -149,7 +149,7 @@ class ViewConsumer:
                 backfill.run_in_tasks(self.tasks, self.reader, upto)  # finished, the next upkeep drops it
             elif self.backfills.start_epoch > self.mce:
                 return False  # a chunked backfill the driver's way left it before its first commit
-            elif self.replacement.in_tasks(self.tasks, upto, batch, cutting):  # a cut-over adopts a new self.tasks
+            elif self.replacement.before_micro_batch(self.tasks, upto, batch, cutting):  # may adopt a new self.tasks
                 self.tasks.apply(self.reader, upto, batch)
             return True
 

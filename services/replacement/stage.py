@@ -95,7 +95,8 @@ class ReplacementStage:
                 and (follower.apply_requested or follower.cut_epoch is not None)
                 and self._task_path() is not None and same_keys(self.entry.schema, follower.plan.schema))
 
-    def in_tasks(self, view_tasks: TaskEpochs, upto: int | None, batch: DataFrame | None, cut_over: bool) -> bool:
+    def before_micro_batch(self, view_tasks: TaskEpochs, upto: int | None, batch: DataFrame | None,
+                           cut_over: bool) -> bool:
         """Before the view's micro-batch in tasks (the epochs up to ``upto``, or the stream's ``batch``): the
         cut-over if ``cut_over`` (:meth:`cut_over_in_tasks`), then the replacement's epochs of the micro-batch
         where it follows in tasks (:meth:`follow_in_tasks`; else its upkeep catches it up). Whether the view
@@ -125,8 +126,8 @@ class ReplacementStage:
                 if self.follower is not follower or follower.mce != following:
                     return False  # discarded or failed meanwhile
             cut = follower.mce
-            if cut > bound:
-                return False
+        if cut > bound:
+            return False  # past this micro-batch: the view's epochs before it go first
         if (following := view_tasks.next_epoch(self._committer.mce)) is not None and following < cut:
             view_tasks.apply(self._reader, cut - 1)  # the view's epochs before the replacement's
         if (following := view_tasks.next_epoch(self._committer.mce)) != cut:
