@@ -270,16 +270,7 @@ class JoinRouting:
         operator's state does not change (its buckets are per step and side, ``j0`` / ``j1``, ``j1.0`` ...),
         nor its output: it reads each source's changes by that source's view name, and a single operator
         gives every side the one view's changes."""
-        if not self.self_join():
-            return self.plan
-        inputs = self.inputs()
-        if (sub := self._subquery) is not None:
-            renamed = _read_as(sub, 0, inputs[1], (inputs[1],))
-            inner = tuple((name, renamed if plan is sub else plan) for name, plan in self.plan.inner)
-            return replace(self.plan, sources=inputs, inner=inner)
-        query = self.plan.query
-        sources = tuple(replace(source, view=name) for source, name in zip(query.sources, inputs, strict=True))
-        return replace(self.plan, sources=tuple(dict.fromkeys(inputs)), query=replace(query, sources=sources))
+        return read_sides_as(self.plan, self.inputs()) if self.self_join() else self.plan
 
     def columns(self, side: int) -> list[str]:
         """The join key's columns of upstream ``side`` (0: FROM, 1: JOIN, or the view a semi or anti
@@ -331,6 +322,21 @@ class JoinRouting:
                 raise ValueError(f"{key!r} is not a join bucket's state key")
             owners.append(self._of_vnode[zlib.crc32(values) % VNODE_COUNT])
         return owners
+
+
+def read_sides_as(plan: ViewPlan, inputs: Sequence[str]) -> ViewPlan:
+    """``plan`` (one whose sides :class:`JoinRouting` routes, or a filter/project or GROUP BY of one view)
+    with side ``i`` read under ``inputs[i]``: its query's source ``i``, or for a semi or anti join the FROM
+    view and the view its subquery reads (the subquery keeps its name). A task's operator then gets each
+    side's routed rows apart (a self-join's, a union branch's)."""
+    reads = tuple(dict.fromkeys(inputs))
+    if (sub := subquery_of(plan)) is not None:
+        renamed = _read_as(sub, 0, inputs[1], (inputs[1],))
+        inner = tuple((name, renamed if found is sub else found) for name, found in plan.inner)
+        return _read_as(replace(plan, inner=inner), 0, inputs[0], reads)
+    query = plan.query
+    sources = tuple(replace(source, view=name) for source, name in zip(query.sources, inputs, strict=True))
+    return replace(plan, sources=reads, query=replace(query, sources=sources))
 
 
 def _read_as(plan: ViewPlan, source: int, name: str, reads: tuple[str, ...]) -> ViewPlan:

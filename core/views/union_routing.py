@@ -16,8 +16,9 @@ branch (a view two branches read is read once and routed once per branch, as a s
 2. its output (the view's changes as signed rows) is shuffled by the partition of the view's key, where
    each partition's changes are consolidated and written.
 
-A branch that joins views (an inner or outer equi-join of two, or a chain of them on one key:
-:mod:`mvlog.views.join_routing`) is a side per source it reads, each routed by the branch's join key, so
+A branch that joins views (an inner or outer equi-join of two, a chain of them on one key, or a semi or
+anti join whose subquery filters and projects a view: :mod:`mvlog.views.join_routing`) is a side per
+source it reads (a semi or anti join's second: its subquery's view), each routed by the branch's join key, so
 the task of a join key holds that branch's buckets of it (``($(branch<i>))j0[...]``) and runs its join
 there, as a join view's task would; its input names are ``<view>#b<branch>.<source>``.
 
@@ -25,8 +26,8 @@ A windowed GROUP BY branch sends a row once to each partition holding one of its
 every row to its one row's partition; each task's branch keeps only its share of the groups
 (:meth:`UnionRouting.first_step`: a global branch's row is emitted by its partition's task alone).
 
-A branch of another shape (a semi or anti join, a GROUP BY or a top-N over a join, a top-N, a subquery)
-keeps the union on the driver.
+A branch of another shape (a GROUP BY or a top-N over a join, a top-N, another subquery) keeps the union
+on the driver.
 
 Pure: Arrow in, partitions out.
 """
@@ -39,7 +40,13 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 
 from mvlog.views.evaluate import arrow_type
-from mvlog.views.join_routing import JoinRouting, join_chain_on_one_key, two_source_equi_join
+from mvlog.views.join_routing import (
+    JoinRouting,
+    join_chain_on_one_key,
+    read_sides_as,
+    subquery_of,
+    two_source_equi_join,
+)
 from mvlog.views.operator import ViewOperator
 from mvlog.views.plan import ViewPlan
 from mvlog.views.routing import (
@@ -65,9 +72,12 @@ def routed_union(plan: ViewPlan) -> bool:
 
 
 def _joined_branch(branch: ViewPlan) -> bool:
-    """An inner or outer equi-join of two views or a chain of them on one key, filtered and projected: no
-    subquery (a semi or anti join's would need its own renaming), no aggregate or top-N over it."""
-    return not branch.inner and (two_source_equi_join(branch) or join_chain_on_one_key(branch))
+    """An inner or outer equi-join of two views or a chain of them on one key, or a semi or anti join whose
+    subquery filters and projects one view (:func:`~mvlog.views.join_routing.subquery_of`), filtered and
+    projected: no other subquery, no aggregate or top-N over it."""
+    if branch.inner and subquery_of(branch) is None:
+        return False
+    return two_source_equi_join(branch) or join_chain_on_one_key(branch)
 
 
 def _grouped_branch(branch: ViewPlan) -> bool:
@@ -103,9 +113,10 @@ class UnionRouting:
         object.__setattr__(self, "_sides", sides)
 
     def upstreams(self) -> tuple[str, ...]:
-        """The view each side reads: a branch's, or each of a join branch's sources (a view several
-        branches or sources read: once per side)."""
-        return tuple(self.plan.inner[i][1].query.sources[source].view for i, source in self._sides)
+        """The view each side reads: a branch's, or each of a join branch's sources (a semi or anti join's
+        second: the view its subquery reads; a view several branches or sources read: once per side)."""
+        return tuple(routing.upstreams()[source] if isinstance(routing := self._routings[i], JoinRouting)
+                     else self.plan.inner[i][1].query.sources[source].view for i, source in self._sides)
 
     def self_join(self) -> bool:
         return False
@@ -124,12 +135,8 @@ class UnionRouting:
         reads: dict[int, list[str]] = {}
         for read, (i, _) in zip(self.inputs(), self._sides, strict=True):
             reads.setdefault(i, []).append(read)
-        inner = []
-        for i, (name, branch) in enumerate(self.plan.inner):
-            sources = tuple(replace(source, view=read)
-                            for source, read in zip(branch.query.sources, reads[i], strict=True))
-            inner.append((name, replace(branch, sources=tuple(reads[i]), query=replace(branch.query, sources=sources))))
-        return replace(self.plan, sources=self.inputs(), inner=tuple(inner))
+        inner = tuple((name, read_sides_as(branch, reads[i])) for i, (name, branch) in enumerate(self.plan.inner))
+        return replace(self.plan, sources=self.inputs(), inner=inner)
 
     def fan_out(self, side: int, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
         """Where each row of side ``side``'s view goes: (row index, partition) pairs, one per row but for a

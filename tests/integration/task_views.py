@@ -114,10 +114,12 @@ UNION = ("mvu", "SELECT id, v1 FROM t1 WHERE deleted = false UNION ALL SELECT k,
                 "UNION ALL SELECT window.start, count(*) AS n FROM t1 WHERE v1 < 0 "
                 "GROUP BY window(id, '10 milliseconds', '4 milliseconds')")
 # A UNION ALL with a join branch: t1's and t2's rows routed for it by the join key (its buckets there,
-# ``($(branch0))j0[...]``), t1's again for the filter branch by their own key, and for the global
-# aggregate's branch to its one row's partition, whose task alone keeps that row.
+# ``($(branch0))j0[...]``), t1's and t2's again for the anti join branch by its join key (``($(branch1))j0``,
+# t2's rows as its subquery passes their ``k`` through), and t1's for the global aggregate's branch to its
+# one row's partition, whose task alone keeps that row.
 UNION_JOIN = ("mvuj", "SELECT t1.id, t2.w FROM t1 JOIN t2 ON t1.v1 = t2.k WHERE t1.deleted = false "
                       "UNION ALL SELECT id, v1 FROM t1 WHERE v1 < 0 "
+                      "AND NOT EXISTS (SELECT 1 FROM t2 WHERE t2.k = t1.v1) "
                       "UNION ALL SELECT count(*) AS n, sum(v1) AS s FROM t1 WHERE deleted = false")
 UNIONS = [UNION, UNION_JOIN]
 
