@@ -15,21 +15,21 @@ runs in the two steps of a GROUP BY over a join, the subquery (join and inner ag
 2. those rows are shuffled by the partition of their outer group (:attr:`JoinGroupsRouting.groups`), whose
    task folds them into its groups (``g[...]``) and writes the view's changes, as for a GROUP BY over a join.
 
-The inner join is an inner equi-join of two different views (an outer join's null-extended rows would
-have a NULL key column in a group whose rows another task made; a self-join's sides need inputs of their
-own), grouped by columns, maybe by windows too: a joined row's windows are all groups of its join key,
-so the task that makes the row keeps them all. Pure: Arrow in, partitions out.
+The inner join is an inner equi-join of two views, or of one with itself (its sides then read inputs of
+their own, as a self-join view's do; an outer join's null-extended rows would have a NULL key column in a
+group whose rows another task made), grouped by columns, maybe by windows too: a joined row's windows are
+all groups of its join key, so the task that makes the row keeps them all. Pure: Arrow in, partitions out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
 from mvlog.views.expr import ColumnRef
-from mvlog.views.join_routing import JoinRouting, aggregate_over_join, source_key_columns
+from mvlog.views.join_routing import JoinRouting, aggregate_over_join, read_sides_as, source_key_columns
 from mvlog.views.operator import ViewOperator
 from mvlog.views.plan import ViewPlan
 from mvlog.views.query import JoinKind
@@ -40,7 +40,8 @@ from mvlog.views.state_codec import GROUP_TAG
 
 def aggregate_over_join_groups(plan: ViewPlan) -> bool:
     """A GROUP BY keyed by its groups whose one source is a subquery (or WITH query) grouping an inner
-    equi-join of two views by columns that include one side's join key (:func:`_join_key_in_groups`)."""
+    equi-join of two views (or of one with itself) by columns that include one side's join key
+    (:func:`_join_key_in_groups`)."""
     query = plan.query
     if not keyed_by_groups(plan) or len(query.sources) != 1 or query.joins or len(plan.inner) != 1:
         return False
@@ -48,8 +49,7 @@ def aggregate_over_join_groups(plan: ViewPlan) -> bool:
     if query.sources[0].view != name or inner.inner or inner.union or not aggregate_over_join(inner):
         return False
     inner_query = inner.query
-    if (len(inner_query.sources) != 2 or inner_query.joins[0].kind is not JoinKind.INNER
-            or inner_query.sources[0].view == inner_query.sources[1].view):
+    if len(inner_query.sources) != 2 or inner_query.joins[0].kind is not JoinKind.INNER:
         return False
     return _join_key_in_groups(inner) is not None
 
@@ -97,19 +97,25 @@ class JoinGroupsRouting:
         return self.plan.inner[0][1]
 
     def upstreams(self) -> tuple[str, ...]:
-        """The two views the inner join reads, FROM first."""
+        """The two views the inner join reads, FROM first (one view twice for a self-join)."""
         return self._join.upstreams()
 
     def self_join(self) -> bool:
-        return False
+        return self._join.self_join()
 
     def inputs(self) -> tuple[str, ...]:
-        """The name each side's changes go under in the operator's input: its view's (two different views)."""
-        return self.upstreams()
+        """The name each side's changes go under in the operator's input: its view's, a self-join's second
+        side ``<view>#1`` (:meth:`JoinRouting.inputs`)."""
+        return self._join.inputs()
 
     def operator_plan(self) -> ViewPlan:
-        """The plan a task's operator runs: the view's own (its subquery reads the two views by name)."""
-        return self.plan
+        """The plan a task's operator runs: the view's own, or for a self-join its subquery reading each side
+        under its input (:func:`~mvlog.views.join_routing.read_sides_as`)."""
+        if not self.self_join():
+            return self.plan
+        name, inner = self.plan.inner[0]
+        inputs = self.inputs()
+        return replace(self.plan, sources=inputs, inner=((name, read_sides_as(inner, inputs)),))
 
     def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
         """The join-key partition (int32) of each row of side ``side``."""
@@ -122,7 +128,7 @@ class JoinGroupsRouting:
     def first_step(self, partition: int) -> ViewOperator:
         """The operator of join-key task ``partition``: all of what it is given (every inner group of its
         rows is its own)."""
-        return ViewOperator(self.plan)
+        return ViewOperator(self.operator_plan())
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
         """The partition whose first-step task owns each state key: the inner join's buckets
