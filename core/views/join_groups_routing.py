@@ -15,10 +15,14 @@ runs in the two steps of a GROUP BY over a join, the subquery (join and inner ag
 2. those rows are shuffled by the partition of their outer group (:attr:`JoinGroupsRouting.groups`), whose
    task folds them into its groups (``g[...]``) and writes the view's changes, as for a GROUP BY over a join.
 
-The inner join is an inner equi-join of two views, or of one with itself (its sides then read inputs of
-their own, as a self-join view's do; an outer join's null-extended rows would have a NULL key column in a
-group whose rows another task made), grouped by columns, maybe by windows too: a joined row's windows are
-all groups of its join key, so the task that makes the row keeps them all. Pure: Arrow in, partitions out.
+The inner join is an equi-join of two views, or of one with itself (its sides then read inputs of their
+own, as a self-join view's do), grouped by columns, maybe by windows too: a joined row's windows are all
+groups of its join key, so the task that makes the row keeps them all. An outer join's groups must
+include its preserved side's key (a LEFT JOIN's left, a RIGHT JOIN's right): its null-extended rows carry
+that side's key, made in that key's task, and a NULL one's rows all in partition 0's, whose group it owns
+(:meth:`~mvlog.views.join_routing.JoinRouting.partition_of_key`); grouped by the other side's key, they
+would carry a NULL there, in a group whose rows other tasks made. Not a FULL join. Pure: Arrow in,
+partitions out.
 """
 
 from __future__ import annotations
@@ -39,27 +43,35 @@ from mvlog.views.state_codec import GROUP_TAG
 
 
 def aggregate_over_join_groups(plan: ViewPlan) -> bool:
-    """A GROUP BY keyed by its groups whose one source is a subquery (or WITH query) grouping an inner
-    equi-join of two views (or of one with itself) by columns that include one side's join key
-    (:func:`_join_key_in_groups`)."""
+    """A GROUP BY keyed by its groups whose one source is a subquery (or WITH query) grouping an inner or
+    outer equi-join of two views (or of one with itself) by columns that include the join key of a side
+    every joined row has (:func:`_join_key_in_groups`)."""
     query = plan.query
     if not keyed_by_groups(plan) or len(query.sources) != 1 or query.joins or len(plan.inner) != 1:
         return False
     name, inner = plan.inner[0]
     if query.sources[0].view != name or inner.inner or inner.union or not aggregate_over_join(inner):
         return False
-    inner_query = inner.query
-    if len(inner_query.sources) != 2 or inner_query.joins[0].kind is not JoinKind.INNER:
+    if len(inner.query.sources) != 2:
         return False
     return _join_key_in_groups(inner) is not None
 
 
+#: The sides whose join key may stand for a joined row's: both for an inner join, the preserved side for an
+#: outer join (its null-extended rows have the other side's NULL), none for a FULL one.
+_KEYED_SIDES = {JoinKind.INNER: (0, 1), JoinKind.LEFT: (0,), JoinKind.RIGHT: (1,)}
+
+
 def _join_key_in_groups(inner: ViewPlan) -> list[int] | None:
-    """The positions, in the inner query's GROUP BY, of one side's join-key columns (in the ON clause's
-    order, each a plain column of the type it is compared as), or None when no side's are all there."""
+    """The positions, in the inner query's GROUP BY, of the join-key columns of one side whose key every
+    joined row has (:data:`_KEYED_SIDES`; in the ON clause's order, each a plain column of the type it is
+    compared as), or None when no such side's are all there."""
     query = inner.query
     kinds = [c.type for c in query.joins[0].on]
+    sides = _KEYED_SIDES.get(query.joins[0].kind, ())
     for side, names in enumerate(source_key_columns(inner)):
+        if side not in sides:
+            continue
         positions = [next((i for i, g in enumerate(query.group_by)
                            if isinstance(g, ColumnRef) and (g.side, g.column, g.type) == (side, column, kind)), -1)
                      for column, kind in zip(names, kinds, strict=True)]

@@ -104,10 +104,11 @@ JOINS = [JOIN, FULL, ANTI, GROUPED, ANTI_GROUPED, GLOBAL, RANKED, CHAIN, OVER_GR
 SELF = ("mvjs", "SELECT a.id, b.id AS id2, a.v1, b.deleted FROM t1 a JOIN t1 b ON a.v1 = b.id")
 SELF_ANTI = ("mvjx", "SELECT a.id, a.v1 FROM t1 a WHERE NOT EXISTS (SELECT 1 FROM t1 b WHERE b.v1 = a.id "
                      "AND b.deleted = false)")
-# And q4's shape over a self-join: per row of t1 the rows pointing to it (grouped by the right side's join
-# key, in that key's task, each side reading an input of its own), then how many rows have that many.
-SELF_GROUPS = ("mvjqs", "SELECT n, count(*) AS c, max(hi) AS top FROM (SELECT b.id, count(*) AS n, "
-                        "max(a.id) AS hi FROM t1 a JOIN t1 b ON a.v1 = b.id GROUP BY b.id) q GROUP BY n")
+# And q4's shape over an outer self-join: per row of t1 the rows pointing to it, 0 for none (grouped by the
+# preserved right side's join key, in that key's task, each side reading an input of its own), then how
+# many rows have that many.
+SELF_GROUPS = ("mvjqs", "SELECT n, count(*) AS c, max(hi) AS top FROM (SELECT b.id, count(a.id) AS n, "
+                        "max(a.id) AS hi FROM t1 a RIGHT JOIN t1 b ON a.v1 = b.id GROUP BY b.id) q GROUP BY n")
 SELF_JOINS = [SELF, SELF_ANTI, SELF_GROUPS]
 # A UNION ALL of a filter of t1, a GROUP BY of t2 and a hopping window over t1: the join's two steps, a side
 # per branch (t1's rows routed by their own key for the filter, to each partition of their windows for the

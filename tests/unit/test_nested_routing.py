@@ -19,7 +19,7 @@ from mvlog.views.keyed_routing import operator_key_routing, routed_by_operator_k
 from mvlog.views.nested_routing import NestedAggregateRouting, aggregate_over_aggregate
 from mvlog.views.routing import GroupRouting
 
-from .test_join_routing import A, B, split_aggregate
+from .test_join_routing import A, B, C, split_aggregate
 
 NESTED = [
     # A histogram of per-key counts: a change of one k moves its row from one n to another.
@@ -87,6 +87,13 @@ OVER_JOIN_GROUPS = [
     # Windowed inner groups (a joined row in two hopping windows, both groups of its join key's task).
     "SELECT ws, max(n) AS top, count(*) AS c FROM (SELECT a.id, window.start AS ws, count(*) AS n FROM a "
     "JOIN b ON a.id = b.w GROUP BY a.id, window(b.bid, '4 milliseconds', '2 milliseconds')) q GROUP BY ws",
+    # Outer joins grouped by their preserved side's key: a LEFT JOIN's null-extended rows counted 0 (each
+    # in its left key's task); a RIGHT JOIN's right rows of a NULL key all in partition 0, whose group it is.
+    # (a.k and c.k3 are NULL in some rows: those rows and their group in partition 0's task).
+    "SELECT n, count(*) AS c FROM (SELECT a.k, count(c.cid) AS n FROM a LEFT JOIN c ON a.k = c.k3 "
+    "GROUP BY a.k) q GROUP BY n",
+    "SELECT hi, count(*) AS c, sum(n) AS t FROM (SELECT c.k3, max(a.s) AS hi, count(*) AS n FROM a "
+    "RIGHT JOIN c ON a.id = c.k3 GROUP BY c.k3) q GROUP BY hi",
     # A self-join, grouped by its second side's join key (each side reads an input of its own in the task).
     "SELECT n, count(*) AS c, max(hi) AS top FROM (SELECT y.k, count(*) AS n, max(x.s) AS hi FROM a x "
     "JOIN a y ON x.id = y.k GROUP BY y.k) q GROUP BY n",
@@ -97,13 +104,15 @@ OVER_JOIN_GROUPS = [
     *((sql, True) for sql in OVER_JOIN_GROUPS),
     ("SELECT n, count(*) AS c FROM (SELECT a.s, count(*) AS n FROM a JOIN b ON a.id = b.w GROUP BY a.s) q "
      "GROUP BY n", False),  # no join key among the inner groups
-    ("SELECT n, count(*) AS c FROM (SELECT a.id, count(*) AS n FROM a LEFT JOIN b ON a.id = b.w GROUP BY a.id) q "
-     "GROUP BY n", False),  # an outer join
+    ("SELECT n, count(*) AS c FROM (SELECT b.w, count(*) AS n FROM a LEFT JOIN b ON a.id = b.w GROUP BY b.w) q "
+     "GROUP BY n", False),  # an outer join grouped by the key its null-extended rows lack
+    ("SELECT n, count(*) AS c FROM (SELECT a.id, count(*) AS n FROM a FULL JOIN b ON a.id = b.w GROUP BY a.id) q "
+     "GROUP BY n", False),  # a FULL join: each side's rows may lack the other's key
     ("SELECT n, count(*) AS c FROM (SELECT a.k, count(*) AS n FROM a JOIN b ON a.k = b.k2 GROUP BY a.k) q "
      "GROUP BY n", False),  # the key grouped as int, compared as float
 ])
 def test_which_views_the_join_groups_routing_takes(sql: str, taken: bool) -> None:
-    plan = plan_view("v", sql, {"a": A, "b": B})
+    plan = plan_view("v", sql, {"a": A, "b": B, "c": C})
     assert aggregate_over_join_groups(plan) is taken
     assert isinstance(operator_key_routing(plan, 3), JoinGroupsRouting) is taken
 
@@ -112,11 +121,11 @@ def test_which_views_the_join_groups_routing_takes(sql: str, taken: bool) -> Non
 @pytest.mark.parametrize("partitions", [1, 3, 4])
 def test_the_join_and_its_groups_per_join_key_then_the_outer_groups_give_the_single_operators_changes(
         sql: str, partitions: int) -> None:
-    plan = plan_view("v", sql, {"a": A, "b": B})
+    plan = plan_view("v", sql, {"a": A, "b": B, "c": C})
     routing = JoinGroupsRouting(plan, partitions)
-    self_join = " JOIN a " in sql
-    assert routing.upstreams() == (("a", "a") if self_join else ("a", "b"))
-    assert routing.inputs() == (("a", "a#1") if self_join else ("a", "b"))
+    other = "a" if " JOIN a " in sql else "c" if " JOIN c " in sql else "b"
+    assert routing.upstreams() == ("a", other)
+    assert routing.inputs() == ("a", "a#1" if other == "a" else other)
     split_aggregate(plan, routing, partitions, random.Random(partitions * 7 + len(sql)))
 
 
