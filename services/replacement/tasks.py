@@ -13,8 +13,8 @@ epoch into the replacement with one script (:class:`ReplacementCommits`). The re
 before the view, as the follower does, so after a crash it is never behind the view; the epochs it is
 ahead are skipped (their tasks see its MCE) while the view redoes them.
 
-The cut-over stays the driver's: a pending apply sends the next epoch the driver's way, where the
-follower takes it once the replacement is exactly at that epoch.
+The cut-over runs in tasks too (:mod:`~mvlog.services.replacement.cut_over`): with an apply pending, the
+replacement follows here to exactly the view's next epoch, and that epoch is the cut-over's.
 """
 
 from __future__ import annotations
