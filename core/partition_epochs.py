@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mvlog.changes import Mutation
+from mvlog.replacement import APPLY_MUTATION
 
 
 class PartitionLogError(RuntimeError):
@@ -81,3 +82,19 @@ def prev_epochs(after: int, epochs: Sequence[int]) -> dict[int, int]:
     """The ``prev_epoch`` each epoch's barrier names: the epoch before it, the MCE for the first (the
     same in every partition, whichever task or attempt writes it)."""
     return dict(zip(epochs, [after, *epochs], strict=False))
+
+
+def cut_over_of(mutation: Mutation | None) -> str | None:
+    """The replacement whose cut-over a barrier's mutation says its epoch is (its id), or None."""
+    if mutation is None or mutation.kind != APPLY_MUTATION:
+        return None
+    return str(mutation.payload.get("replacement_id"))
+
+
+def same_definition(found: Mutation | None, mine: Mutation | None) -> bool:
+    """Whether a partition's committed barrier and the epoch an attempt recomputes agree on what the epoch is:
+    the same replacement's cut-over, or neither a cut-over. A cut-over's changes are a diff of two
+    definitions, so an epoch committed as one is never kept as the old definition's epoch, nor the other way
+    round, even when their change counts agree (a Redis wipe between a cut-over's partition commits and its
+    Redis commit loses the record that fixed it, say)."""
+    return cut_over_of(found) == cut_over_of(mine)

@@ -55,7 +55,14 @@ from mvlog.connectors.redis.view_rows import ViewRows
 from mvlog.connectors.redis.writer_claims import WriterClaims
 from mvlog.connectors.spark.change_rows import BARRIER
 from mvlog.connectors.spark.hash_partitioning import partition_tokens
-from mvlog.partition_epochs import PartitionBarrier, prev_epochs, require_next, resume_partition
+from mvlog.partition_epochs import (
+    PartitionBarrier,
+    cut_over_of,
+    prev_epochs,
+    require_next,
+    resume_partition,
+    same_definition,
+)
 from mvlog.services.pipeline.kept_writers import KEPT_WRITERS
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
 from mvlog.views import EpochOutput, ViewOperator, ViewPlan
@@ -287,12 +294,19 @@ def check_owned(view: str, partition: int, writes: dict[bytes, bytes | None],
 
 def written_or_found(writer: ChangelogWriter, partition: int, epoch: int, prev_epoch: int, encoded: EncodedBatch,
                      found: PartitionBarrier | None, mutation: Mutation | None = None) -> PartitionBarrier:
-    """The barrier of ``epoch`` in ``partition``: ``found``, the one an attempt committed already (its
-    record count checked against the recomputed epoch's: an epoch is never written twice), or the one of
-    the transaction ``writer`` commits now (``mutation`` on its barrier)."""
+    """The barrier of ``epoch`` in ``partition``: ``found``, the one an attempt committed already (checked
+    against the recomputed epoch: the same record count, and a replacement's cut-over only where this is
+    the same cut-over, :func:`~mvlog.partition_epochs.same_definition`; an epoch is never written twice),
+    or the one of the transaction ``writer`` commits now (``mutation`` on its barrier)."""
     if found is None:
         entry = writer.commit_batches(epoch, prev_epoch, [encoded], mutation=mutation).index[partition]
         return PartitionBarrier(epoch, prev_epoch, entry.offset, entry.records)
+    if not same_definition(found.mutation, mutation):
+        def what(cut: str | None) -> str:
+            return f"as replacement {cut}'s cut-over" if cut is not None else "under the view's definition"
+
+        raise RuntimeError(f"{writer.view} partition {partition}: epoch {epoch} is committed "
+                           f"{what(cut_over_of(found.mutation))}; recomputed, it is {what(cut_over_of(mutation))}")
     if found.records != len(encoded.keys):
         raise RuntimeError(f"{writer.view} partition {partition}: epoch {epoch} committed {found.records} change(s); "
                            f"recomputed, it has {len(encoded.keys)}")

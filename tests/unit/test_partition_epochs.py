@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from mvlog.changes import Mutation
 from mvlog.partition_epochs import (
     PartitionBarrier,
     PartitionLogError,
+    cut_over_of,
     prev_epochs,
     require_next,
     resume_partition,
+    same_definition,
 )
+from mvlog.replacement import APPLY_MUTATION
 from mvlog.row_schema import RowSchema
 from mvlog.views import plan_view
 from mvlog.views.partitioning import runs_in_tasks, stateless_key_preserving
@@ -107,3 +111,19 @@ def test_a_micro_batch_must_start_at_the_upstreams_next_epoch() -> None:
     require_next(0, 10, [], None)  # nothing to write
     with pytest.raises(PartitionLogError, match=r"starts at epoch 15.*is 12"):
         require_next(0, 10, [15], 12)  # 12 never computed: 15's barrier would name 10
+
+
+def test_an_epoch_found_committed_as_a_cut_over_is_only_kept_as_the_same_cut_over() -> None:
+    """A replacement's cut-over is a diff of two definitions: a partition that holds one must not be kept as
+    the old definition's epoch, another replacement's cut-over, or the other way round, whatever the counts."""
+    def cut(replacement_id: str) -> Mutation:
+        return Mutation(APPLY_MUTATION, "v", {"replacement_id": replacement_id, "version": 3})
+
+    progress = Mutation("backfill_progress", "v", {"positions": {}})
+    assert cut_over_of(cut("r1")) == "r1" and cut_over_of(progress) is None and cut_over_of(None) is None
+    assert same_definition(cut("r1"), cut("r1"))
+    assert same_definition(None, None) and same_definition(progress, None) and same_definition(None, progress)
+    assert not same_definition(cut("r1"), None)
+    assert not same_definition(None, cut("r1"))
+    assert not same_definition(cut("r1"), cut("r2"))
+    assert not same_definition(progress, cut("r1"))
