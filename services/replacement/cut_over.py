@@ -68,8 +68,8 @@ from mvlog.vnode import partition_of_vnode, vnode_of
 #: Which row set a scanned row is of: the view's at its MCE, or the replacement's at the cut-over's epoch.
 OLD, NEW = 0, 1
 SIDE = "_side"
-SCAN_SCHEMA = pa.schema([(SIDE, pa.int8()), ("key", pa.binary()), ("row", pa.binary()),
-                         (VIEW_PARTITION, pa.int32()), (ROUTE_TOKEN, pa.int32())])
+SCAN_SCHEMA = pa.schema([(SIDE, pa.int8()), ("row", pa.binary()), (VIEW_PARTITION, pa.int32()),
+                         (ROUTE_TOKEN, pa.int32())])
 SCAN_CHUNK = 10_000  # rows per Arrow batch of a scan
 
 
@@ -97,13 +97,12 @@ class ScanRows:
             for side in batch.column(0).to_pylist():
                 rows = (ViewRows(client, settings.topic_prefix) if side == OLD
                         else ReplacementStore(client, settings.topic_prefix)).scan_rows(self.view)
-                while chunk := list(islice(rows, SCAN_CHUNK)):
-                    keys = [key for key, _ in chunk]
-                    parts = [partition_of_vnode(vnode_of(key), self.partitions) for key in keys]
+                while chunk := list(islice(rows, SCAN_CHUNK)):  # (key bytes, row bytes)
+                    parts = [partition_of_vnode(vnode_of(key), self.partitions) for key, _ in chunk]
                     yield pa.RecordBatch.from_arrays(
-                        [pa.array([side] * len(chunk), pa.int8()), pa.array(keys, pa.binary()),
-                         pa.array([row for _, row in chunk], pa.binary()), pa.array(parts, pa.int32()),
-                         pa.array([tokens[p] for p in parts], pa.int32())], schema=SCAN_SCHEMA)
+                        [pa.array([side] * len(chunk), pa.int8()), pa.array([row for _, row in chunk], pa.binary()),
+                         pa.array(parts, pa.int32()), pa.array([tokens[p] for p in parts], pa.int32())],
+                        schema=SCAN_SCHEMA)
 
 
 @dataclass(frozen=True)
