@@ -142,8 +142,8 @@ class TaskEpochs:
 
     def takes(self, stages: Sequence[Stage], after: int, *, any_size: bool = False) -> bool:
         """Whether the epochs after ``after`` go the task path: no stage of ``stages`` has anything to do to
-        them (a backfill running on the driver's way, a replacement that cannot follow in tasks or whose apply
-        is pending: those go the driver's way; the consumer leaves out the stages its tasks serve), and
+        them (a backfill running on the driver's way, a replacement that cannot follow or cut over in tasks:
+        those go the driver's way; the consumer leaves out the stages its tasks serve), and
         either this consumer's
         last apply in tasks has not completed (see ``_resumed``) or the upstreams hold at least
         ``Settings.tasks_min_records`` change events after it (fewer, a live micro-batch, commit sooner on
