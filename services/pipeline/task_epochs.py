@@ -349,15 +349,23 @@ def commit_partition_results(committer: EpochCommitter, staging: PartitionStagin
     (:data:`~mvlog.services.pipeline.partition_tasks.RESULT_SCHEMA`): its Kafka side is the tasks'
     transactions, its Redis side the partitions' staging swapped in with the index and the MCE (and
     ``backfill``'s fields)."""
+    follows = committer.mce
+
+    def apply(index: Mapping[int, IndexEntry], staged: Mapping[int, StagedCounts]) -> bool:
+        return staging.commit(entry.name, epoch, follows, staged, index, backfill)
+
+    commit_results(committer, entry, epoch, rows, apply)
+
+
+def commit_results(committer: EpochCommitter, entry: CatalogEntry, epoch: int, rows: Sequence[Mapping[str, int]],
+                   apply: Callable[[Mapping[int, IndexEntry], Mapping[int, StagedCounts]], bool]) -> None:
+    """Commit ``epoch`` of view ``entry`` through its committer from its partitions' result rows (every
+    partition's, checked): the Kafka side is the tasks' transactions (their barriers the epoch's index), the
+    Redis side ``apply(index, staged counts)``, one script (a view's epoch, or a replacement's cut-over)."""
     require_every_partition(f"{entry.name}: epoch {epoch}", (row["partition"] for row in rows), entry.partitions)
     index = {row["partition"]: IndexEntry(epoch, row["offset"], row["records"]) for row in rows}
     staged = staged_counts(rows)
-    follows = committer.mce
-
-    def apply(committed_index: Mapping[int, IndexEntry]) -> bool:
-        return staging.commit(entry.name, epoch, follows, staged, committed_index, backfill)
-
-    committer.commit(epoch, lambda _writer: CommittedEpoch(epoch, index), ScriptCommit(apply))
+    committer.commit(epoch, lambda _writer: CommittedEpoch(epoch, index), ScriptCommit(lambda _: apply(index, staged)))
 
 
 def staged_counts(rows: Sequence[Mapping[str, int]]) -> dict[int, StagedCounts]:

@@ -40,16 +40,16 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Mutation
 from mvlog.config import Settings
-from mvlog.connectors.kafka.changelog_writer import CommittedEpoch
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.epoch_index import IndexEntry
+from mvlog.connectors.redis.partition_staging import StagedCounts
 from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.view_rows import ViewRows
 from mvlog.connectors.spark.hash_partitioning import partition_tokens
 from mvlog.replacement import diff_rows
 from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.schemas.codec import decode_row
-from mvlog.services.pipeline.committer import EpochCommitter, ScriptCommit
+from mvlog.services.pipeline.committer import EpochCommitter
 from mvlog.services.pipeline.partition_tasks import (
     RESULT_DDL,
     RESULT_SCHEMA,
@@ -58,9 +58,8 @@ from mvlog.services.pipeline.partition_tasks import (
     PartitionTarget,
     PartitionWriter,
     own_partition,
-    require_every_partition,
 )
-from mvlog.services.pipeline.task_epochs import staged_counts
+from mvlog.services.pipeline.task_epochs import commit_results
 from mvlog.views import ChangeBatch, EpochOutput
 from mvlog.views.state import InMemoryState, LayeredState
 from mvlog.vnode import partition_of_vnode, vnode_of
@@ -169,13 +168,9 @@ def cut_over_in_tasks(spark: SparkSession, settings: Settings, entry: CatalogEnt
     diffed = scanned.repartition(entry.partitions, ROUTE_TOKEN).mapInArrow(
         DiffPartition(target, epoch, entry.schema, new).run, RESULT_DDL)
     rows = diffed.toArrow().to_pylist()
-    require_every_partition(f"{view}: cut-over at epoch {epoch}", (row["partition"] for row in rows),
-                            entry.partitions)
-    index = {row["partition"]: IndexEntry(epoch, row["offset"], row["records"]) for row in rows}
-    staged = staged_counts(rows)
 
-    def apply(_committed: Mapping[int, IndexEntry]) -> bool:
+    def apply(index: Mapping[int, IndexEntry], staged: Mapping[int, StagedCounts]) -> bool:
         return replacements.apply_partitions(view, replacement_id, epoch, staged, index, version)
 
-    committer.commit(epoch, lambda _writer: CommittedEpoch(epoch, index), ScriptCommit(apply))
+    commit_results(committer, entry, epoch, rows, apply)
     return True
