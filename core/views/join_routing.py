@@ -284,10 +284,8 @@ class JoinRouting:
 
     def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
         """The join-key partition (int32) of each row of source ``side`` (its columns, by name)."""
-        columns = [rows.column(name).to_pylist() for name in self.columns(side)]
-        kinds = self._kinds
-        owners = [self._owner(values, kinds) for values in zip(*columns, strict=True)] if columns else []
-        return pa.array(owners, pa.int32())
+        columns = [rows.column(name) for name in self.columns(side)]
+        return join_key_partitions(columns, self._kinds, rows.num_rows, self._of_vnode)
 
     def fan_out(self, side: int, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
         """Where each row of source ``side`` goes: (row index, partition) pairs, one per row."""
@@ -299,12 +297,7 @@ class JoinRouting:
 
     def partition_of_key(self, values: Sequence[Any]) -> int:
         """The partition of one join key (its values in the ON clause's order, of the types compared)."""
-        return self._owner(values, self._kinds)
-
-    def _owner(self, values: Sequence[Any], kinds: Sequence[ColumnType | None]) -> int:
-        if any(v is None for v in values):
-            return 0  # matches nothing, stores nothing (an outer join null-extends it from the row alone)
-        return self._of_vnode[zlib.crc32(encode_key(b"", values, kinds)) % VNODE_COUNT]
+        return partition_of_join_key(values, self._kinds, self._of_vnode)
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
         """The partition whose task owns each state key: a bucket of either side of a step (``j0[...]``,
@@ -314,14 +307,38 @@ class JoinRouting:
         ranked = self.plan.query.top_n is not None
         owners = []
         for key in keys:
-            if (tag := _BUCKET.match(key)) is not None:
-                values = key[tag.end():]
+            if (owner := partition_of_bucket(key, self._of_vnode)) is not None:
+                owners.append(owner)
             elif ranked and key.startswith(TOP_N_TAG + b"["):
-                values = key[len(TOP_N_TAG):]
+                owners.append(self._of_vnode[zlib.crc32(key[len(TOP_N_TAG):]) % VNODE_COUNT])
             else:
                 raise ValueError(f"{key!r} is not a join bucket's state key")
-            owners.append(self._of_vnode[zlib.crc32(values) % VNODE_COUNT])
         return owners
+
+
+def partition_of_join_key(values: Sequence[Any], kinds: Sequence[ColumnType | None], of_vnode: Sequence[int]) -> int:
+    """The partition of one join key (its values in the ON clause's order, compared as ``kinds``): the vnode
+    of its state key's bytes after the tag. A key with a NULL goes to partition 0: it matches nothing and
+    stores nothing (an outer join null-extends its row from the row alone)."""
+    if any(v is None for v in values):
+        return 0
+    return of_vnode[zlib.crc32(encode_key(b"", values, kinds)) % VNODE_COUNT]
+
+
+def join_key_partitions(columns: Sequence[pa.Array | pa.ChunkedArray], kinds: Sequence[ColumnType | None], count: int,
+                        of_vnode: Sequence[int]) -> pa.Array:
+    """The partition (int32) of each of ``count`` join keys given as one array per key column."""
+    values = [column.to_pylist() for column in columns]
+    rows = zip(*values, strict=True) if values else [()] * count
+    return pa.array([partition_of_join_key(key, kinds, of_vnode) for key in rows], pa.int32())
+
+
+def partition_of_bucket(key: bytes, of_vnode: Sequence[int]) -> int | None:
+    """The partition owning a join step's bucket (``j0[...]``, ``j1[...]``, a chain's ``j<i>.0[...]``: one
+    key's bytes after the tag, whatever the step), or None when ``key`` is not one."""
+    if (tag := _BUCKET.match(key)) is None:
+        return None
+    return of_vnode[zlib.crc32(key[tag.end():]) % VNODE_COUNT]
 
 
 def read_sides_as(plan: ViewPlan, inputs: Sequence[str]) -> ViewPlan:

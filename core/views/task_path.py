@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mvlog.views.grouped_join_routing import GroupedJoinRouting
 from mvlog.views.join_groups_routing import JoinGroupsRouting
 from mvlog.views.join_routing import JoinRouting, top_n_over_join
 from mvlog.views.key_routing import KeyRouting, one_upstream_routing
@@ -79,6 +80,9 @@ def _shuffles(routing: GroupRouting | KeyRouting | OperatorKeyRouting) -> str:
     if isinstance(routing, JoinGroupsRouting):
         return ("its rows shuffled by join key, where the join and the subquery's groups run, the subquery's "
                 "changes by the outer groups, then by view key")
+    if isinstance(routing, GroupedJoinRouting):
+        return ("its rows shuffled by the join key of their groups, where the subqueries' groups and the join run, "
+                "then its changes by view key")
     if isinstance(routing, NestedAggregateRouting):
         return "its rows shuffled by the inner groups, the subquery's changes by the outer groups, then by view key"
     assert isinstance(routing, JoinRouting)

@@ -1,0 +1,234 @@
+"""Where a join of GROUP BY subqueries runs when its operator runs in Spark's tasks, when each subquery's
+groups hold its join key (Nexmark's q8, "monitor new users": persons and auctions, each grouped per id and
+tumbling window, joined on the id and the window; issue 19 item 2).
+
+A GROUP BY subquery's rows are its groups. When every join-key column of a side passes one of its GROUP BY
+values through (a column, a window's start or end: an output that is a ``GroupRef``), each row the subquery
+emits for a group has that group's join key. So the join-key task that holds the join's buckets of that key
+(:mod:`mvlog.views.join_routing`) can hold the whole group as well, and run the subquery right before the
+join, as the join and the inner groups of Nexmark's q4 share a task (:mod:`mvlog.views.join_groups_routing`).
+The view then runs in a join's two steps:
+
+1. each side's upstream rows go to the partition of the join key they will have: a view's by its own
+   columns, as a join's; a grouped side's by the join key of each group the row falls in (its subquery's
+   WHERE applied, its windows expanded: a hopping window's row goes once to each partition holding one of
+   its windows, and that task's subquery keeps only its own windows, :meth:`GroupedJoinRouting.first_step`).
+   The task reads and stages the subqueries' groups (``($(P))g[...]``, owned by the partition of the join
+   key among their values) and the join's buckets (``j0[...]`` / ``j1[...]``), and runs the whole operator;
+2. its output (the view's changes as signed rows) goes by the view's key, as any join's.
+
+A group whose join key has a NULL never matches: its rows go to partition 0, as a join's NULL keys do, and
+that task owns the group. Inner and outer joins (a null-extended row is made where its key's buckets are,
+as for two views); two subqueries over one view too (its rows routed once per side, as a self-join's). Not
+a semi or anti join, an aggregate or top-N over the join, nor a side whose join key is an aggregate's
+result (Nexmark's q7 joins bids with each window's highest price: a group's key is known only after it
+is folded, so it needs a shuffle between the aggregate and the join). A join-key column grouped as another
+type than it is compared as is refused: its key bytes would differ. Pure: Arrow in, partitions out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+
+from mvlog.row_schema import ColumnType
+from mvlog.views.evaluate import evaluate
+from mvlog.views.expr import ColumnRef, GroupRef
+from mvlog.views.join_routing import join_key_partitions, partition_of_bucket
+from mvlog.views.operator import ViewOperator
+from mvlog.views.plan import ViewPlan
+from mvlog.views.routing import GroupRouting, each_row_once, grouped_by_key, partitions_table
+from mvlog.views.share import OperatorShare
+from mvlog.views.state import inner_prefix
+
+
+def join_of_groups(plan: ViewPlan) -> bool:
+    """An inner or outer equi-join of two sources, filtered and projected only, at least one of them a GROUP
+    BY subquery (or WITH query) of one view whose join-key columns are among its groups
+    (:func:`_key_positions`), the other one too or a view."""
+    query = plan.query
+    if plan.union or query.is_aggregate or query.top_n is not None or query.window is not None:
+        return False
+    if len(query.sources) != 2 or len(query.joins) != 1 or query.joins[0].kind.filters or not plan.inner:
+        return False
+    inner = dict(plan.inner)
+    if set(inner) - {s.view for s in query.sources}:
+        return False  # a subquery elsewhere (in WHERE, in the SELECT list)
+    return all(_side_of(plan, side, 1) is not None for side in (0, 1))
+
+
+@dataclass(frozen=True)
+class _GroupsByJoinKey(GroupRouting):
+    """A grouped side's groups placed by the join key among their GROUP BY values (``positions``, compared
+    as ``kinds``), not by the view key: the join-key task that holds the group's rows."""
+
+    positions: tuple[int, ...] = ()
+    kinds: tuple[ColumnType | None, ...] = ()
+
+    def partitions_of_batch(self, batch: pa.Table) -> pa.Array:
+        group_by = self.plan.query.group_by
+        return join_key_partitions([evaluate(group_by[i], batch) for i in self.positions], self.kinds,
+                                   batch.num_rows, self._of_vnode)
+
+    def partitions_of_groups(self, groups: Sequence[Sequence[Any]]) -> list[int]:
+        columns = [pa.array([g[i] for g in groups]) for i in self.positions]
+        owners: list[int] = join_key_partitions(columns, self.kinds, len(groups), self._of_vnode).to_pylist()
+        return owners
+
+
+@dataclass(frozen=True)
+class _ViewSide:
+    """A side that reads a view: its rows by their join-key columns."""
+
+    view: str
+    columns: tuple[str, ...]
+    kinds: tuple[ColumnType | None, ...]
+    of_vnode: tuple[int, ...]
+
+    def fan_out(self, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
+        values = [rows.column(name) for name in self.columns]
+        return each_row_once(join_key_partitions(values, self.kinds, rows.num_rows, self.of_vnode))
+
+
+@dataclass(frozen=True)
+class _GroupedSide:
+    """A side that is a GROUP BY subquery ``name`` of ``view``: its rows by their groups' join keys."""
+
+    view: str
+    name: str
+    groups: _GroupsByJoinKey
+
+    def fan_out(self, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
+        return self.groups.fan_out(rows)
+
+
+def _side_of(plan: ViewPlan, side: int, partitions: int) -> _ViewSide | _GroupedSide | None:
+    """Join side ``side`` of ``plan`` as the routing places it, or None when it cannot be routed so."""
+    query = plan.query
+    on = query.joins[0].on
+    refs = [c.left if side == 0 else c.right for c in on]
+    kinds = tuple(c.type for c in on)
+    source = query.sources[side].view
+    inner = dict(plan.inner)
+    if source not in inner:
+        return _ViewSide(source, tuple(r.column for r in refs), kinds, partitions_table(partitions))
+    sub = inner[source]
+    positions = _key_positions(sub, refs, kinds)
+    if positions is None or not grouped_by_key(sub):
+        return None
+    routing = _GroupsByJoinKey(sub, partitions, positions=positions, kinds=kinds)
+    return _GroupedSide(sub.query.sources[0].view if not sub.inner else sub.inner[0][1].query.sources[0].view,
+                        source, routing)
+
+
+def _key_positions(sub: ViewPlan, refs: Sequence[ColumnRef], kinds: Sequence[ColumnType | None]
+                   ) -> tuple[int, ...] | None:
+    """The positions, in ``sub``'s GROUP BY, of the values its join-key outputs (``refs``, in the ON clause's
+    order) pass through, each grouped as the type it is compared as; None when one is another expression
+    (an aggregate's result, a computed value) or of another type."""
+    outputs = {o.name: o.expr for o in sub.query.outputs}
+    positions = []
+    for ref, kind in zip(refs, kinds, strict=True):
+        expr = outputs.get(ref.column)
+        if not isinstance(expr, GroupRef) or expr.type != kind:
+            return None
+        positions.append(expr.index)
+    return tuple(positions)
+
+
+@dataclass(frozen=True)
+class GroupedJoinRouting:
+    """Routes a join of GROUP BY subqueries by join key: each side's upstream rows to the partitions of the
+    join keys their groups have (a view side's by its columns)."""
+
+    plan: ViewPlan
+    partitions: int
+    _sides: tuple[_ViewSide | _GroupedSide, ...] = field(init=False, repr=False, compare=False)
+    _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    #: No third step: the join's output goes by the view's key (:mod:`mvlog.views.keyed_routing`).
+    groups: GroupRouting | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        if not join_of_groups(self.plan):
+            raise ValueError(f"view {self.plan.name!r} is not a join of GROUP BY subqueries grouped by the join key")
+        sides = tuple(_side_of(self.plan, side, self.partitions) for side in (0, 1))
+        object.__setattr__(self, "_sides", sides)
+        object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
+
+    def upstreams(self) -> tuple[str, ...]:
+        """The view each side reads: a view side's own, a grouped side's subquery's (one view twice when
+        both read it)."""
+        return tuple(side.view for side in self._sides)
+
+    def self_join(self) -> bool:
+        """Both sides read the same view (its rows are routed once per side)."""
+        return len(set(self.upstreams())) < len(self.upstreams())
+
+    def inputs(self) -> tuple[str, ...]:
+        """The name each side's changes go under in the operator's input: its view's, but ``<view>#1`` for
+        a second side reading the first one's view (as :meth:`JoinRouting.inputs`)."""
+        first, second = self.upstreams()
+        return (first, f"{second}#1" if second == first else second)
+
+    def operator_plan(self) -> ViewPlan:
+        """The plan a join-key task's operator runs: the view's, its second side reading its input under
+        ``<view>#1`` when both read one view (the subquery's own source renamed, or the join's)."""
+        if not self.self_join():
+            return self.plan
+        renamed = self.inputs()[1]
+        side = self._sides[1]
+        if isinstance(side, _ViewSide):
+            query = self.plan.query
+            sources = (query.sources[0], replace(query.sources[1], view=renamed))
+            return replace(self.plan, sources=self.inputs(), query=replace(query, sources=sources))
+        inner = tuple((name, _reading(sub, renamed) if name == side.name else sub) for name, sub in self.plan.inner)
+        return replace(self.plan, sources=self.inputs(), inner=inner)
+
+    def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
+        """The join-key partition (int32) of each row of a view side; not of a grouped side's rows, which may
+        have several or none (:meth:`fan_out`)."""
+        routed = self._sides[side]
+        if not isinstance(routed, _ViewSide):
+            raise ValueError(f"side {side} of view {self.plan.name!r} is a GROUP BY: its rows may go to several "
+                             "partitions or none")
+        return routed.fan_out(rows)[1]
+
+    def fan_out(self, side: int, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
+        """Where each row of side ``side`` goes: (row index, partition) pairs, a view side's one per row, a
+        grouped side's one per partition holding one of its groups (none when its WHERE drops it)."""
+        return self._sides[side].fan_out(rows)
+
+    def first_step(self, partition: int) -> ViewOperator:
+        """The operator of join-key task ``partition``: each grouped side keeps only the groups whose join key
+        is there (a hopping window's row reaches several tasks, each keeping its own windows)."""
+        return ViewOperator(self.operator_plan(), inner_shares=self._shares(partition))
+
+    def _shares(self, partition: int) -> dict[str, OperatorShare]:
+        return {side.name: side.groups.share(partition) for side in self._sides if isinstance(side, _GroupedSide)}
+
+    def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
+        """The partition whose task owns each state key: the join's buckets (``j0[...]``, ``j1[...]``) by
+        their join key, a grouped side's groups (``($(P))g[...]``) by the join key among their values."""
+        grouped = [(inner_prefix(side.name), side.groups.partitions_of_state_keys)
+                   for side in self._sides if isinstance(side, _GroupedSide)]
+        return [self._owner(key, grouped) for key in keys]
+
+    def _owner(self, key: bytes, grouped: Sequence[tuple[bytes, Callable[[Sequence[bytes]], list[int]]]]) -> int:
+        for prefix, owners in grouped:
+            if key.startswith(prefix):
+                return owners([key[len(prefix):]])[0]
+        if (owner := partition_of_bucket(key, self._of_vnode)) is not None:
+            return owner
+        raise ValueError(f"view {self.plan.name!r}: {key!r} is neither a join bucket nor a subquery's group")
+
+
+def _reading(sub: ViewPlan, name: str) -> ViewPlan:
+    """``sub`` (a GROUP BY of one view, maybe through a filter/project subquery) reading its view as ``name``."""
+    if sub.inner:
+        (inner_name, inner), = sub.inner
+        return replace(sub, sources=(name,), inner=((inner_name, _reading(inner, name)),))
+    query = sub.query
+    return replace(sub, sources=(name,), query=replace(query, sources=(replace(query.sources[0], view=name),)))
