@@ -97,7 +97,15 @@ CHAIN = ("mvjc", "SELECT t1.id, t2.id AS id2, b.id AS id3, t2.w FROM t1 JOIN t2 
 OVER_GROUPS = ("mvjq", "SELECT b, avg(hi) AS a, count(*) AS n, max(hi) AS top FROM (SELECT t1.v1, t2.w % 3 AS b, "
                        "max(t1.id) AS hi FROM t1 JOIN t2 ON t1.v1 = t2.k WHERE t1.deleted = false "
                        "GROUP BY t1.v1, t2.w % 3) q GROUP BY b")
-JOINS = [JOIN, FULL, ANTI, GROUPED, ANTI_GROUPED, GLOBAL, RANKED, CHAIN, OVER_GROUPS]
+# A join of two GROUP BY subqueries on keys among their groups (Nexmark q8's shape): t1's live rows per v1
+# and hopping window, t2's per k and the same windows, joined on the key and the window. Each side's rows
+# go to the partition of their groups' join key (a t1 row in two windows, often of two partitions: each
+# task's subquery keeps its own), where the groups (``($(p))g``, ``($(q))g``) and the buckets are.
+GROUPS_JOINED = ("mvgj", "SELECT p.v1, p.ws, p.n, q.m FROM (SELECT v1, window.start AS ws, count(*) AS n FROM t1 "
+                         "WHERE deleted = false GROUP BY v1, window(id, '20 milliseconds', '10 milliseconds')) p "
+                         "JOIN (SELECT k, window.start AS ws, max(w) AS m FROM t2 "
+                         "GROUP BY k, window(id, '20 milliseconds', '10 milliseconds')) q ON p.v1 = q.k AND p.ws = q.ws")
+JOINS = [JOIN, FULL, ANTI, GROUPED, ANTI_GROUPED, GLOBAL, RANKED, CHAIN, OVER_GROUPS, GROUPS_JOINED]
 # Self-joins: t1's one read routed twice, as the left side by ``v1`` and as the right side by ``id``
 # (another partition for most rows); a row whose ``v1`` is an ``id`` of t1 pairs with that row. And an
 # anti join whose subquery reads t1 too: the rows no live row points to.
