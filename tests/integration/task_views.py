@@ -104,7 +104,8 @@ OVER_GROUPS = ("mvjq", "SELECT b, avg(hi) AS a, count(*) AS n, max(hi) AS top FR
 GROUPS_JOINED = ("mvgj", "SELECT p.v1, p.ws, p.n, q.m FROM (SELECT v1, window.start AS ws, count(*) AS n FROM t1 "
                          "WHERE deleted = false GROUP BY v1, window(id, '20 milliseconds', '10 milliseconds')) p "
                          "JOIN (SELECT k, window.start AS ws, max(w) AS m FROM t2 "
-                         "GROUP BY k, window(id, '20 milliseconds', '10 milliseconds')) q ON p.v1 = q.k AND p.ws = q.ws")
+                         "GROUP BY k, window(id, '20 milliseconds', '10 milliseconds')) q "
+                         "ON p.v1 = q.k AND p.ws = q.ws")
 JOINS = [JOIN, FULL, ANTI, GROUPED, ANTI_GROUPED, GLOBAL, RANKED, CHAIN, OVER_GROUPS, GROUPS_JOINED]
 # Self-joins: t1's one read routed twice, as the left side by ``v1`` and as the right side by ``id``
 # (another partition for most rows); a row whose ``v1`` is an ``id`` of t1 pairs with that row. And an

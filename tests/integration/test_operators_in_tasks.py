@@ -118,7 +118,7 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     assert deletes["mvjqs"] > 0 or any(change["op"] == "u" for change in changes["mvjqs"]), "its counts never moved"
     grouped_sides = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvgj}}:opstate"))
     assert {key[:key.index(b"[")] for key in grouped_sides} == {b"($(p))g", b"($(q))g", b"j0", b"j1"}, grouped_sides
-    assert store.row_count("mvgj") >= 5 and any(change["op"] != "c" for change in changes["mvgj"]), "its rows never moved"
+    assert store.row_count("mvgj") >= 5 and any(change["op"] != "c" for change in changes["mvgj"]), "no row moved"
     state = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvjg}}:opstate"))
     groups = [key for key in state if key.startswith(b"g[")]
     assert store.row_count("mvjg") == len(groups) >= 5 and len(changes["mvjg"]) > len(groups)  # groups updated
