@@ -14,13 +14,17 @@ starts. Then, per query and engine:
   ``--steady-rate`` events/s; per event (after ``--warmup-events``), from its produce call to its effect
   committed in the output; nearest-rank p50 / p99.
 
+``mvlog-tasks`` (in ``--engines``) runs mvlog again with its views' operators in Spark's tasks
+(``MVLOG_OPERATORS_IN_TASKS``, the other settings the product's defaults), and compares its rates and rows
+with mvlog's and the peers'.
+
 Which queries mvlog runs is whatever its planner accepts (the others are listed with the planner's
 refusal); each peer says which it runs. Every peer's final output is compared with mvlog's.
 
 Run from the repository root (``make bench-peers`` prepares the peers' venvs and jars)::
 
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/python bench/nexmark.py [--events 200000] [--queries all]
-        [--engines mvlog,spark,quix,pathway,flink] [--steady-rate 2000] [--steady-events 10000]
+        [--engines mvlog,mvlog-tasks,spark,quix,pathway,flink] [--steady-rate 2000] [--steady-events 10000]
         [--warmup-events 2000] [--partitions 1] [--barrier-ms 1000] [--master local[2]] [--seed 0]
 
 Output: the machine, the query x engine table (events/s, latency p50/p99 ms), the result checks, mvlog's
@@ -59,9 +63,14 @@ from bench.nexmark_suite.producer import produce, steady_phase  # noqa: E402
 from bench.nexmark_suite.queries import query_ids  # noqa: E402
 
 MVLOG = "mvlog"
+# mvlog with its views' operators in Spark's tasks (MVLOG_OPERATORS_IN_TASKS; docs/scaling.md), the
+# product's other defaults kept: an epoch under MVLOG_TASKS_MIN_RECORDS changes still goes the driver's way.
+MVLOG_TASKS = "mvlog-tasks"
+MVLOG_ENGINES = (MVLOG, MVLOG_TASKS)
 # engine key -> module under bench/nexmark_suite/peers exposing RUNNER
 PEER_MODULES = {"spark": "spark", "quix": "quix", "pathway": "pathway", "flink": "flink"}
-SHORT = {"mvlog": "mvlog", "spark": "Spark SS", "quix": "Quix", "pathway": "Pathway", "flink": "Flink SQL"}
+SHORT = {"mvlog": "mvlog", "mvlog-tasks": "mvlog in tasks", "spark": "Spark SS", "quix": "Quix", "pathway": "Pathway",
+         "flink": "Flink SQL"}
 
 
 @dataclass
@@ -165,20 +174,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    unknown = [e for e in engines if e != MVLOG and e not in PEER_MODULES]
+    unknown = [e for e in engines if e not in MVLOG_ENGINES and e not in PEER_MODULES]
     if unknown:
-        parser.error(f"unknown engine(s) {unknown}; known: mvlog, {', '.join(PEER_MODULES)}")
+        parser.error(f"unknown engine(s) {unknown}; known: {', '.join(MVLOG_ENGINES)}, {', '.join(PEER_MODULES)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    from mvlog.services.spark_session import spark_session
-
     planned = {p.query.id: p for p in plan_queries(ids)}
-    peers = load_peers([e for e in engines if e != MVLOG])
+    peers = load_peers([e for e in engines if e not in MVLOG_ENGINES])
     cells: dict[str, dict[str, Cell]] = {q: {} for q in ids}
     produced_note = ""
     signal.signal(signal.SIGTERM, _interrupt)
     with temporary_stack("mvlog-nexmark-") as (stack, tmp):
-        spark = None
         try:
             bootstrap = stack.bootstrap_servers
             topics = NexmarkTopics(partitions=args.partitions)
@@ -189,57 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"in {stats.seconds:.1f} s before the clocks, {args.partitions} partition(s) per topic")
             print(produced_note, flush=True)
 
-            if MVLOG in engines:
-                from bench.nexmark_suite.mvlog_runner import MvlogNexmark
-
-                def settings_for(prefix: str) -> Any:
-                    return stack.settings(topic_prefix=prefix, partitions=args.mvlog_partitions,
-                                          spark_master=args.master, barrier_interval_ms=args.barrier_ms)
-
-                spark = spark_session(settings_for("nxsession"), app_name="mvlog-nexmark")
-                runner = MvlogNexmark(settings_for, spark, tmp / "mvlog", timeout_s=args.timeout)
-                runnable = [planned[q] for q in ids if planned[q].runnable]
-                if runnable:  # warm-up, untimed: the Spark session's first reads, the data source, Python workers
-                    warm = NexmarkTopics.with_prefix("nexmark-warmup-")
-                    produce(bootstrap, warm, GeneratorConfig(seed=args.seed, events=1000))
-                    runner.catch_up("nxwarm", runnable[0], warm)
-                for qid in ids:
-                    p: Planned = planned[qid]
-                    cell = cells[qid].setdefault(MVLOG, Cell(guarantee="exactly-once"))
-                    if not p.runnable:
-                        cell.note = f"not planned: {p.refusal}"
-                        continue
-                    try:
-                        result = runner.catch_up(f"nx{qid}c", p, topics)
-                        # Like the peers' runners: the engine's start-up (here the run-source processes' start, until
-                        # each consumes) is left out of the time; the figure with it is in the note.
-                        startup = result.startup_seconds or 0.0
-                        cell.events_per_s = stats.events / (result.seconds - startup)
-                        cell.note = (f"{stats.events / result.seconds:,.0f} events/s with the ingesters' start-up "
-                                     f"({startup:.1f} s) counted")
-                        cell.rows = result.rows
-                        cell.details.update(seconds=result.seconds, epochs=result.epochs,
-                                            ingest_seconds=result.ingest_seconds,
-                                            first_epoch_seconds=result.first_epoch_seconds)
-                        first = (f"{result.first_epoch_seconds:.1f} s" if result.first_epoch_seconds is not None
-                                 else "never")
-                        print(f"  mvlog {qid} catch-up: {result.seconds:.1f} s ({result.epochs} view epochs; ingesters "
-                              f"consuming after {startup:.1f} s, done after {result.ingest_seconds:.1f} s, the view's "
-                              f"first commit after {first})", flush=True)
-                        if not args.no_steady:
-                            mine = steady_phase(bootstrap, NexmarkTopics.with_prefix(f"nexmark-steady-mvlog-{qid}-"),
-                                                args.steady_rate, args.steady_events, args.warmup_events,
-                                                seed=args.seed + 1)
-                            steady = runner.steady(f"nx{qid}s", p, mine)
-                            cell.p50_ms, cell.p99_ms = steady.p50_ms, steady.p99_ms
-                            if steady.uncovered:
-                                cell.note += f"; {steady.uncovered} steady event(s) never reached the view"
-                    except Exception as error:
-                        cell.note = f"failed: {type(error).__name__}: {str(error)[:300]}"
-                        traceback.print_exc()
-                    print(f"  mvlog {qid}: {cell.text()} {cell.note}", flush=True)
-                spark.stop()
-                spark = None
+            for engine in (e for e in MVLOG_ENGINES if e in engines):
+                run_mvlog(engine, args, stack, tmp, ids, planned, topics, stats, cells)
 
             for engine, peer in peers.items():
                 for qid in ids:
@@ -270,12 +227,76 @@ def main(argv: Sequence[str] | None = None) -> int:
                         print(f"  {engine} {qid} details: {cells[qid][engine].details}", flush=True)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the table of what ran so far is still worth printing
             print("interrupted: the table below holds the runs finished so far", flush=True)
-        finally:
-            if spark is not None:
-                spark.stop()
 
     report(args, engines, peers, planned, cells, produced_note)
     return 0
+
+
+def run_mvlog(engine: str, args: argparse.Namespace, stack: Any, tmp: Path, ids: Sequence[str],
+              planned: dict[str, Planned], topics: NexmarkTopics, stats: Any,
+              cells: dict[str, dict[str, Cell]]) -> None:
+    """Each query on mvlog (``engine``: :data:`MVLOG`, or :data:`MVLOG_TASKS` with the operators in Spark's
+    tasks), in a Spark session of its own: a catch-up of the filled topics, then the steady phase."""
+    from bench.nexmark_suite.mvlog_runner import MvlogNexmark
+    from mvlog.services.spark_session import spark_session
+
+    in_tasks = engine == MVLOG_TASKS
+    bootstrap = stack.bootstrap_servers
+
+    def settings_for(prefix: str) -> Any:
+        return stack.settings(topic_prefix=prefix, partitions=args.mvlog_partitions, spark_master=args.master,
+                              barrier_interval_ms=args.barrier_ms, operators_in_tasks=in_tasks)
+
+    tag = "t" if in_tasks else ""
+    spark = spark_session(settings_for(f"nxsession{tag}"), app_name=f"{engine}-nexmark")
+    try:
+        runner = MvlogNexmark(settings_for, spark, tmp / engine, timeout_s=args.timeout)
+        runnable = [planned[q] for q in ids if planned[q].runnable]
+        if runnable:  # warm-up, untimed: the Spark session's first reads, the data source, Python workers
+            warm = NexmarkTopics.with_prefix(f"nexmark-warmup{tag}-")
+            produce(bootstrap, warm, GeneratorConfig(seed=args.seed, events=1000))
+            runner.catch_up(f"nxwarm{tag}", runnable[0], warm)
+        for qid in ids:
+            p: Planned = planned[qid]
+            cell = cells[qid].setdefault(engine, Cell(guarantee="exactly-once"))
+            if not p.runnable:
+                cell.note = f"not planned: {p.refusal}"
+                continue
+            try:
+                result = runner.catch_up(f"nx{qid}{tag}c", p, topics)
+                # Like the peers' runners: the engine's start-up (here the run-source processes' start, until
+                # each consumes) is left out of the time; the figure with it is in the note.
+                startup = result.startup_seconds or 0.0
+                cell.events_per_s = stats.events / (result.seconds - startup)
+                cell.note = (f"{stats.events / result.seconds:,.0f} events/s with the ingesters' start-up "
+                             f"({startup:.1f} s) counted")
+                if in_tasks:
+                    cell.note += (f"; {result.task_epochs} partition epochs written by Spark's tasks"
+                                  if result.task_epochs else "; its operator ran on the driver (not a shape the tasks "
+                                  "run, or every epoch under MVLOG_TASKS_MIN_RECORDS)")
+                cell.rows = result.rows
+                cell.details.update(seconds=result.seconds, epochs=result.epochs,
+                                    ingest_seconds=result.ingest_seconds,
+                                    first_epoch_seconds=result.first_epoch_seconds)
+                first = (f"{result.first_epoch_seconds:.1f} s" if result.first_epoch_seconds is not None
+                         else "never")
+                print(f"  {engine} {qid} catch-up: {result.seconds:.1f} s ({result.epochs} view epochs; ingesters "
+                      f"consuming after {startup:.1f} s, done after {result.ingest_seconds:.1f} s, the view's "
+                      f"first commit after {first})", flush=True)
+                if not args.no_steady:
+                    mine = steady_phase(bootstrap, NexmarkTopics.with_prefix(f"nexmark-steady-{engine}-{qid}-"),
+                                        args.steady_rate, args.steady_events, args.warmup_events,
+                                        seed=args.seed + 1)
+                    steady = runner.steady(f"nx{qid}{tag}s", p, mine)
+                    cell.p50_ms, cell.p99_ms = steady.p50_ms, steady.p99_ms
+                    if steady.uncovered:
+                        cell.note += f"; {steady.uncovered} steady event(s) never reached the view"
+            except Exception as error:
+                cell.note = f"failed: {type(error).__name__}: {str(error)[:300]}"
+                traceback.print_exc()
+            print(f"  {engine} {qid}: {cell.text()} {cell.note}", flush=True)
+    finally:
+        spark.stop()
 
 
 def report(args: argparse.Namespace, engines: Sequence[str], peers: dict[str, PeerRunner | str],
@@ -327,21 +348,22 @@ def report(args: argparse.Namespace, engines: Sequence[str], peers: dict[str, Pe
             else:
                 verdict = compare_rows(mine.rows, cell.rows)
             print(f"  {qid} {SHORT[engine]}: {verdict}")
-    print()
-    print("mvlog events/s over each peer's:")
-    for engine in peers:
-        ratios = []
-        for qid, row in cells.items():
-            mvlog_rate = row[MVLOG].events_per_s if MVLOG in row else None
-            peer_rate = row[engine].events_per_s if engine in row else None
-            if mvlog_rate and peer_rate:
-                ratios.append((qid, mvlog_rate / peer_rate))
-        if not ratios:
-            print(f"  {SHORT[engine]}: no query both ran")
-            continue
-        per = ", ".join(f"{qid} {r:.2f}x" for qid, r in ratios)
-        print(f"  {SHORT[engine]}: {per}; geometric mean {geomean([r for _, r in ratios]):.2f}x "
-              f"over {len(ratios)} quer{'y' if len(ratios) == 1 else 'ies'}")
+    for mine_engine in (e for e in MVLOG_ENGINES if e in engines):
+        print()
+        print(f"{SHORT[mine_engine]} events/s over each other engine's:")
+        for engine in (e for e in engines if e != mine_engine and not (mine_engine == MVLOG and e == MVLOG_TASKS)):
+            ratios = []
+            for qid, row in cells.items():
+                mvlog_rate = row[mine_engine].events_per_s if mine_engine in row else None
+                peer_rate = row[engine].events_per_s if engine in row else None
+                if mvlog_rate and peer_rate:
+                    ratios.append((qid, mvlog_rate / peer_rate))
+            if not ratios:
+                print(f"  {SHORT[engine]}: no query both ran")
+                continue
+            per = ", ".join(f"{qid} {r:.2f}x" for qid, r in ratios)
+            print(f"  {SHORT[engine]}: {per}; geometric mean {geomean([r for _, r in ratios]):.2f}x "
+                  f"over {len(ratios)} quer{'y' if len(ratios) == 1 else 'ies'}")
     best = []
     for row in cells.values():
         mine = row.get(MVLOG)

@@ -266,6 +266,7 @@ class CatchUp:
     ingest_seconds: float  # from the start until the last ingester exited (its tables complete)
     first_epoch_seconds: float | None  # from the start until the view's first commit
     startup_seconds: float | None  # from the start until the last ingester began consuming (process start-up)
+    task_epochs: int = 0  # partition epochs its operator's Spark tasks wrote (MVLOG_OPERATORS_IN_TASKS)
 
 
 @dataclass
@@ -322,7 +323,8 @@ class MvlogNexmark:
             first = history[0][0] - start if history else None
             ready = sources.ready_time()
             return CatchUp(reached - start, rows, len(history), ingested - start, first,
-                           ready - start if ready is not None else None)
+                           ready - start if ready is not None else None,
+                           consumer.tasks.epochs_written if consumer.tasks is not None else 0)
         finally:
             sources.kill_all()
             consumer.stop()

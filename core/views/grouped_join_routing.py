@@ -1,6 +1,7 @@
 """Where a join of GROUP BY subqueries runs when its operator runs in Spark's tasks, when each subquery's
 groups hold its join key (Nexmark's q8, "monitor new users": persons and auctions, each grouped per id and
-tumbling window, joined on the id and the window; issue 19 item 2).
+tumbling window, joined on the id and the window; q5, "hot items": bids counted per auction and hopping
+window, joined on the window with each window's highest count; issue 19 item 2).
 
 A GROUP BY subquery's rows are its groups. When every join-key column of a side passes one of its GROUP BY
 values through (a column, a window's start or end: an output that is a ``GroupRef``), each row the subquery
@@ -17,6 +18,10 @@ The view then runs in a join's two steps:
    key among their values) and the join's buckets (``j0[...]`` / ``j1[...]``), and runs the whole operator;
 2. its output (the view's changes as signed rows) goes by the view's key, as any join's.
 
+A side may be a GROUP BY over a GROUP BY of one view (q5's per-window maximum of per-auction counts) when
+its groups pass the join key through from the inner groups' values: every inner group of a window is then
+in the window's task too, so both levels run there (``($(t))g[...]``, ``($(t))($(m))g[...]``).
+
 A group whose join key has a NULL never matches: its rows go to partition 0, as a join's NULL keys do, and
 that task owns the group. Inner and outer joins (a null-extended row is made where its key's buckets are,
 as for two views); two subqueries over one view too (its rows routed once per side, as a self-join's). Not
@@ -28,9 +33,9 @@ type than it is compared as is refused: its key bytes would differ. Pure: Arrow 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -38,17 +43,18 @@ from mvlog.row_schema import ColumnType
 from mvlog.views.evaluate import evaluate
 from mvlog.views.expr import ColumnRef, GroupRef
 from mvlog.views.join_routing import join_key_partitions, partition_of_bucket
+from mvlog.views.nested_routing import aggregate_over_aggregate
 from mvlog.views.operator import ViewOperator
 from mvlog.views.plan import ViewPlan
-from mvlog.views.routing import GroupRouting, each_row_once, grouped_by_key, partitions_table
+from mvlog.views.routing import GroupRouting, each_row_once, grouped_by_key, keyed_by_groups, partitions_table
 from mvlog.views.share import OperatorShare
 from mvlog.views.state import inner_prefix
 
 
 def join_of_groups(plan: ViewPlan) -> bool:
     """An inner or outer equi-join of two sources, filtered and projected only, at least one of them a GROUP
-    BY subquery (or WITH query) of one view whose join-key columns are among its groups
-    (:func:`_key_positions`), the other one too or a view."""
+    BY subquery (or WITH query) of one view, or over a GROUP BY of one, whose join-key columns are among
+    its groups (:func:`_levels`), the other one too or a view."""
     query = plan.query
     if plan.union or query.is_aggregate or query.top_n is not None or query.window is not None:
         return False
@@ -94,45 +100,101 @@ class _ViewSide:
 
 
 @dataclass(frozen=True)
-class _GroupedSide:
-    """A side that is a GROUP BY subquery ``name`` of ``view``: its rows by their groups' join keys."""
+class _Level:
+    """One GROUP BY of a grouped side: its name in the query above it, its state keys' prefix in the view's
+    state, and its groups placed by their join key."""
 
-    view: str
     name: str
+    prefix: bytes
     groups: _GroupsByJoinKey
 
+
+@dataclass(frozen=True)
+class _GroupedSide:
+    """A side that is a GROUP BY subquery of ``view`` (``levels[0]``), maybe over a GROUP BY of it
+    (``levels[1]``, Nexmark q5's per-window maximum of per-auction counts): its rows by the join key of
+    their innermost groups, which every group above them shares."""
+
+    view: str
+    levels: tuple[_Level, ...]
+
+    @property
+    def name(self) -> str:
+        return self.levels[0].name
+
     def fan_out(self, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
-        return self.groups.fan_out(rows)
+        return self.levels[-1].groups.fan_out(rows)
+
+    def share(self, partition: int) -> OperatorShare:
+        """What the subquery's operator in task ``partition`` keeps: the innermost GROUP BY's groups (a
+        hopping window's, only those there), and every group above them (their rows are made there)."""
+        share = self.levels[-1].groups.share(partition)
+        for below in reversed(self.levels[1:]):
+            share = OperatorShare(inner=((below.name, share),))
+        return share
+
+    def owner(self, key: bytes) -> int | None:
+        """The partition of a state key of one of its GROUP BYs (``($(P))g[...]``, ``($(P))($(C))g[...]``),
+        or None when the key is none of theirs."""
+        for level in reversed(self.levels):  # the innermost prefix is the longest
+            if key.startswith(level.prefix):
+                return level.groups.partitions_of_state_keys([key[len(level.prefix):]])[0]
+        return None
 
 
 def _side_of(plan: ViewPlan, side: int, partitions: int) -> _ViewSide | _GroupedSide | None:
     """Join side ``side`` of ``plan`` as the routing places it, or None when it cannot be routed so."""
     query = plan.query
     on = query.joins[0].on
-    refs = [c.left if side == 0 else c.right for c in on]
+    columns = [(c.left if side == 0 else c.right).column for c in on]
     kinds = tuple(c.type for c in on)
     source = query.sources[side].view
     inner = dict(plan.inner)
     if source not in inner:
-        return _ViewSide(source, tuple(r.column for r in refs), kinds, partitions_table(partitions))
-    sub = inner[source]
-    positions = _key_positions(sub, refs, kinds)
-    if positions is None or not grouped_by_key(sub):
+        return _ViewSide(source, tuple(columns), kinds, partitions_table(partitions))
+    levels = _levels(source, inner_prefix(source), inner[source], columns, kinds, partitions)
+    if levels is None:
         return None
-    routing = _GroupsByJoinKey(sub, partitions, positions=positions, kinds=kinds)
-    return _GroupedSide(sub.query.sources[0].view if not sub.inner else sub.inner[0][1].query.sources[0].view,
-                        source, routing)
+    innermost = levels[-1].groups.plan
+    view = (innermost.inner[0][1] if innermost.inner else innermost).query.sources[0].view
+    return _GroupedSide(view, levels)
 
 
-def _key_positions(sub: ViewPlan, refs: Sequence[ColumnRef], kinds: Sequence[ColumnType | None]
+def _levels(name: str, prefix: bytes, sub: ViewPlan, columns: Sequence[str], kinds: tuple[ColumnType | None, ...],
+            partitions: int) -> tuple[_Level, ...] | None:
+    """The GROUP BYs of subquery ``name`` whose outputs ``columns`` are the join key: the subquery, a GROUP BY
+    of one view (:func:`~mvlog.views.routing.grouped_by_key`), or a GROUP BY (not windowed) over one whose
+    groups pass the key through (its GROUP BY columns those outputs of the inner one). None for another
+    shape, or a key column that is not a group's value."""
+    positions = _key_positions(sub, columns, kinds)
+    if positions is None:
+        return None
+    level = _Level(name, prefix, _GroupsByJoinKey(sub, partitions, positions=positions, kinds=kinds))
+    if grouped_by_key(sub):
+        return (level,)
+    if not aggregate_over_aggregate(sub) or sub.query.window is not None:
+        return None
+    group_by = sub.query.group_by
+    refs = [group_by[i] for i in positions]
+    if not all(isinstance(ref, ColumnRef) for ref in refs):
+        return None
+    inner_name, inner = sub.inner[0]
+    below = _levels(inner_name, prefix + inner_prefix(inner_name), inner,
+                    [cast(ColumnRef, ref).column for ref in refs], kinds, partitions)
+    return None if below is None else (level, *below)
+
+
+def _key_positions(sub: ViewPlan, columns: Sequence[str], kinds: Sequence[ColumnType | None]
                    ) -> tuple[int, ...] | None:
-    """The positions, in ``sub``'s GROUP BY, of the values its join-key outputs (``refs``, in the ON clause's
-    order) pass through, each grouped as the type it is compared as; None when one is another expression
-    (an aggregate's result, a computed value) or of another type."""
+    """The positions, in ``sub``'s GROUP BY, of the values its outputs ``columns`` (the join key's, in the ON
+    clause's order) pass through, each grouped as the type it is compared as; None when one is another
+    expression (an aggregate's result, a computed value) or of another type."""
+    if not keyed_by_groups(sub):
+        return None
     outputs = {o.name: o.expr for o in sub.query.outputs}
     positions = []
-    for ref, kind in zip(refs, kinds, strict=True):
-        expr = outputs.get(ref.column)
+    for column, kind in zip(columns, kinds, strict=True):
+        expr = outputs.get(column)
         if not isinstance(expr, GroupRef) or expr.type != kind:
             return None
         positions.append(expr.index)
@@ -207,19 +269,18 @@ class GroupedJoinRouting:
         return ViewOperator(self.operator_plan(), inner_shares=self._shares(partition))
 
     def _shares(self, partition: int) -> dict[str, OperatorShare]:
-        return {side.name: side.groups.share(partition) for side in self._sides if isinstance(side, _GroupedSide)}
+        return {side.name: side.share(partition) for side in self._sides if isinstance(side, _GroupedSide)}
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
         """The partition whose task owns each state key: the join's buckets (``j0[...]``, ``j1[...]``) by
-        their join key, a grouped side's groups (``($(P))g[...]``) by the join key among their values."""
-        grouped = [(inner_prefix(side.name), side.groups.partitions_of_state_keys)
-                   for side in self._sides if isinstance(side, _GroupedSide)]
-        return [self._owner(key, grouped) for key in keys]
+        their join key, a grouped side's groups (``($(P))g[...]``, a GROUP BY's below it ``($(P))($(C))g[...]``)
+        by the join key among their values."""
+        return [self._owner(key) for key in keys]
 
-    def _owner(self, key: bytes, grouped: Sequence[tuple[bytes, Callable[[Sequence[bytes]], list[int]]]]) -> int:
-        for prefix, owners in grouped:
-            if key.startswith(prefix):
-                return owners([key[len(prefix):]])[0]
+    def _owner(self, key: bytes) -> int:
+        for side in self._sides:
+            if isinstance(side, _GroupedSide) and (owner := side.owner(key)) is not None:
+                return owner
         if (owner := partition_of_bucket(key, self._of_vnode)) is not None:
             return owner
         raise ValueError(f"view {self.plan.name!r}: {key!r} is neither a join bucket nor a subquery's group")

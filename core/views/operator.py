@@ -81,7 +81,7 @@ class ViewOperator:
         self._top_n = TopNStage(query, plan.schema) if query.top_n is not None else None
         # Subqueries and WITH queries: operators of their own, run first, each with its state under its
         # own prefix; their output changes are the input of this query's source of that name.
-        shares = inner_shares or {}
+        shares = inner_shares or dict(share.inner)  # a subquery's own subqueries: its share's
         self._inner = [(name, ViewOperator(inner, share=shares.get(name, WHOLE)), inner_prefix(name))
                        for name, inner in plan.inner]
 

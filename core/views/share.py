@@ -34,6 +34,9 @@ class OperatorShare:
     #: Whether this operator maintains a global aggregate's one row (emits it over no input). A share
     #: without it refuses input rows of a global aggregate: they belong to the row's partition.
     global_row: bool = True
+    #: The shares of its subqueries, by name: a GROUP BY subquery over a windowed one, whose task keeps
+    #: only the inner windows there (:mod:`mvlog.views.grouped_join_routing`).
+    inner: tuple[tuple[str, OperatorShare], ...] = ()
 
 
 #: The whole view: one operator on the driver, or a task whose routing gives it only rows it owns.

@@ -118,7 +118,16 @@ SELF_ANTI = ("mvjx", "SELECT a.id, a.v1 FROM t1 a WHERE NOT EXISTS (SELECT 1 FRO
 # many rows have that many.
 SELF_GROUPS = ("mvjqs", "SELECT n, count(*) AS c, max(hi) AS top FROM (SELECT b.id, count(a.id) AS n, "
                         "max(a.id) AS hi FROM t1 a RIGHT JOIN t1 b ON a.v1 = b.id GROUP BY b.id) q GROUP BY n")
-SELF_JOINS = [SELF, SELF_ANTI, SELF_GROUPS]
+# Nexmark q5's shape ("hot items"): t1's live rows counted per v1 and hopping window, joined on the window with
+# each window's highest count (a GROUP BY over the same counts), kept where the count is the highest. t1 is
+# read once and routed per side by the window of each row's groups; both levels of the second side's
+# groups (``($(t))g``, ``($(t))($(m))g``) are in the window's task with the first side's.
+HOT = ("mvq5", "SELECT c.v1, c.n, c.ws FROM (SELECT v1, count(*) AS n, window.start AS ws FROM t1 "
+               "WHERE deleted = false GROUP BY v1, window(id, '20 milliseconds', '10 milliseconds')) c "
+               "JOIN (SELECT max(m.n) AS top, m.ws FROM (SELECT count(*) AS n, window.start AS ws FROM t1 "
+               "WHERE deleted = false GROUP BY v1, window(id, '20 milliseconds', '10 milliseconds')) m "
+               "GROUP BY m.ws) t ON c.ws = t.ws AND c.n >= t.top")
+SELF_JOINS = [SELF, SELF_ANTI, SELF_GROUPS, HOT]
 # A UNION ALL of a filter of t1, a GROUP BY of t2 and a hopping window over t1: the join's two steps, a side
 # per branch (t1's rows routed by their own key for the filter, to each partition of their windows for the
 # window, whose task keeps its own windows; t2's by group, whose state that task reads and stages), then the

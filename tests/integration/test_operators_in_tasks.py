@@ -119,6 +119,9 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     grouped_sides = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvgj}}:opstate"))
     assert {key[:key.index(b"[")] for key in grouped_sides} == {b"($(p))g", b"($(q))g", b"j0", b"j1"}, grouped_sides
     assert store.row_count("mvgj") >= 5 and any(change["op"] != "c" for change in changes["mvgj"]), "no row moved"
+    hot = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvq5}}:opstate"))
+    assert {key[:key.index(b"[")] for key in hot} == {b"($(c))g", b"($(t))g", b"($(t))($(m))g", b"j0", b"j1"}, hot
+    assert store.row_count("mvq5") >= 5 and deletes["mvq5"] > 0, "no item stopped being a window's hottest"
     state = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvjg}}:opstate"))
     groups = [key for key in state if key.startswith(b"g[")]
     assert store.row_count("mvjg") == len(groups) >= 5 and len(changes["mvjg"]) > len(groups)  # groups updated

@@ -20,6 +20,11 @@ from mvlog.views.task_path import TaskPath, describe
 
 from .test_join_routing import A, B, SplitJoin, _a, _b, _changes
 
+Q5 = ("SELECT c.k, c.n, c.ws FROM (SELECT k, count(*) AS n, window.start AS ws, window.end AS we FROM a "
+      "GROUP BY k, window(id, '4 milliseconds', '2 milliseconds')) c JOIN (SELECT max(m.n) AS top, m.ws, m.we FROM "
+      "(SELECT count(*) AS n, window.start AS ws, window.end AS we FROM a "
+      "GROUP BY k, window(id, '4 milliseconds', '2 milliseconds')) m GROUP BY m.ws, m.we) t "
+      "ON c.ws = t.ws AND c.we = t.we AND c.n >= t.top")
 JOINS_OF_GROUPS = [
     # Nexmark q8's shape: both sides grouped per key and tumbling window, joined on the key and the window.
     "SELECT p.k, p.s, p.n, p.ws FROM (SELECT k, s, window.start AS ws, window.end AS we, count(*) AS n FROM a "
@@ -39,6 +44,10 @@ JOINS_OF_GROUPS = [
     # both, a join key that matches nothing, in partition 0's task.
     "SELECT x.k, x.n, y.m FROM (SELECT k, count(*) AS n FROM a GROUP BY k) x "
     "FULL JOIN (SELECT k, max(x) AS m FROM a WHERE s <> 's0' GROUP BY k) y ON x.k = y.k",
+    # Nexmark q5's shape, "hot items": counts per key and hopping window, joined with each window's highest
+    # count (a GROUP BY over the same counts) on the window, kept where the count is the highest. Every
+    # group of both sides, at both levels, is in the task of its window.
+    Q5,
 ]
 
 
@@ -52,6 +61,8 @@ JOINS_OF_GROUPS = [
      False),  # an aggregate over the join
     ("SELECT a.id FROM a JOIN (SELECT k2, w FROM b WHERE w > 0) q ON a.k = q.w", False),  # no GROUP BY side
     ("SELECT a.id, b.bid FROM a JOIN b ON a.k = b.w", False),  # two views: the join routing's
+    ("SELECT a.id, t.c FROM a JOIN (SELECT n, count(*) AS c FROM (SELECT k, count(*) AS n FROM a GROUP BY k) s "
+     "GROUP BY n) t ON a.k = t.n", False),  # a GROUP BY over a GROUP BY by a count: not a group's value below
 ])
 def test_which_views_the_grouped_join_routing_takes(sql: str, taken: bool) -> None:
     plan = plan_view("v", sql, {"a": A, "b": B})
@@ -102,6 +113,19 @@ def test_state_keys_are_owned_by_the_partition_of_their_join_key() -> None:
                                                  b"j1[%d]" % start]) == [owner] * 3
     with pytest.raises(ValueError, match="neither a join bucket nor a subquery's group"):
         routing.partitions_of_state_keys([b"g[3]"])
+
+
+def test_the_groups_of_a_group_by_over_a_group_by_are_owned_by_their_windows_join_key() -> None:
+    plan = plan_view("v", Q5, {"a": A})
+    routing = GroupedJoinRouting(plan, 4)
+    assert routing.upstreams() == ("a", "a") and routing.operator_plan().inner[1][1].inner[0][1].sources == ("a#1",)
+    for start in range(-2, 12, 2):
+        owner = routing.partitions_of_state_keys([b"j0[%d,%d]" % (start, start + 4)])[0]
+        assert routing.partitions_of_state_keys([
+            b'($(c))g[1,%d,%d]' % (start, start + 4),  # a count per key and window
+            b'($(t))g[%d,%d]' % (start, start + 4),  # a window's highest count
+            b'($(t))($(m))g[3,%d,%d]' % (start, start + 4),  # the counts it is the highest of
+        ]) == [owner] * 3
 
 
 def test_a_hopping_windows_row_goes_to_each_partition_of_its_windows_once() -> None:
