@@ -61,8 +61,8 @@ def join_of_groups(plan: ViewPlan) -> bool:
     if len(query.sources) != 2 or len(query.joins) != 1 or query.joins[0].kind.filters or not plan.inner:
         return False
     inner = dict(plan.inner)
-    if set(inner) - {s.view for s in query.sources}:
-        return False  # a subquery elsewhere (in WHERE, in the SELECT list)
+    if set(inner) - {s.view for s in query.sources} or query.sources[0].view == query.sources[1].view:
+        return False  # a subquery elsewhere (in WHERE, in the SELECT list), or one WITH query on both sides
     return all(_side_of(plan, side, 1) is not None for side in (0, 1))
 
 

@@ -69,12 +69,16 @@ VIEWS = [
     ("mvu", "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT w, count(*) AS n FROM t2 GROUP BY w "
             "UNION ALL SELECT id, v1 * 10 FROM t1 WHERE k = 'a' UNION ALL SELECT a.id, b.w FROM mv1 a JOIN t2 b "
             "ON a.v1 = b.id"),  # and a join branch: mv1's and t2's rows routed for it by its join key
+    # A join of two GROUP BY subqueries on a key among their groups (Nexmark q8's shape): each side's rows to
+    # the task of their groups' join key, where the groups and the join are.
+    ("mvgj", "SELECT p.v1, p.n, q.c FROM (SELECT v1, count(*) AS n FROM mv1 GROUP BY v1) p "
+             "JOIN (SELECT id % 4 AS g, count(*) AS c, max(w) AS hi FROM t2 GROUP BY id % 4) q ON p.v1 = q.g"),
 ]
 GROUPED = ("mv2", "mvg", "mvw")  # one-upstream aggregates, in the GROUP BY's tasks: global, grouped, windowed
 # Views run by operator key in tasks (the join's two shuffles: JoinDerivation, JoinRebuild): the joins and
 # a top-N (its ranking groups by k, rows moving between groups as k changes), a top-N over a join, a chain
-# of joins, a GROUP BY over a GROUP BY and a union.
-JOINS = ("mvj", "mvs", "mvjg", "mvja", "mvjn", "mvt", "mvjr", "mvjc", "mvgg", "mvu")
+# of joins, a GROUP BY over a GROUP BY, a union and a join of GROUP BYs.
+JOINS = ("mvj", "mvs", "mvjg", "mvja", "mvjn", "mvt", "mvjr", "mvjc", "mvgg", "mvu", "mvgj")
 
 
 def build(settings: Settings, client: redis.Redis, spark: Any, epochs: int = 8, seed: int = 7) -> list[ViewConsumer]:

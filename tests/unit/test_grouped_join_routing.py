@@ -61,6 +61,8 @@ JOINS_OF_GROUPS = [
      False),  # an aggregate over the join
     ("SELECT a.id FROM a JOIN (SELECT k2, w FROM b WHERE w > 0) q ON a.k = q.w", False),  # no GROUP BY side
     ("SELECT a.id, b.bid FROM a JOIN b ON a.k = b.w", False),  # two views: the join routing's
+    ("WITH per AS (SELECT k, count(*) AS n FROM a GROUP BY k) SELECT x.k, y.n FROM per x JOIN per y ON x.k = y.k",
+     False),  # one WITH query on both sides: one operator, whose groups each side would place
     ("SELECT a.id, t.c FROM a JOIN (SELECT n, count(*) AS c FROM (SELECT k, count(*) AS n FROM a GROUP BY k) s "
      "GROUP BY n) t ON a.k = t.n", False),  # a GROUP BY over a GROUP BY by a count: not a group's value below
 ])
