@@ -327,10 +327,19 @@ def partition_of_join_key(values: Sequence[Any], kinds: Sequence[ColumnType | No
 
 def join_key_partitions(columns: Sequence[pa.Array | pa.ChunkedArray], kinds: Sequence[ColumnType | None], count: int,
                         of_vnode: Sequence[int]) -> pa.Array:
-    """The partition (int32) of each of ``count`` join keys given as one array per key column."""
+    """The partition (int32) of each of ``count`` join keys given as one array per key column. Each distinct
+    key is encoded and hashed once: a window's start repeats in every row of the window (a hopping window's
+    copies of a row, Nexmark q5's per-window join), a hot join key in every row of it."""
     values = [column.to_pylist() for column in columns]
     rows = zip(*values, strict=True) if values else [()] * count
-    return pa.array([partition_of_join_key(key, kinds, of_vnode) for key in rows], pa.int32())
+    owners: dict[tuple[Any, ...], int] = {}
+    out = []
+    for key in rows:
+        owner = owners.get(key)
+        if owner is None:
+            owner = owners[key] = partition_of_join_key(key, kinds, of_vnode)
+        out.append(owner)
+    return pa.array(out, pa.int32())
 
 
 def partition_of_bucket(key: bytes, of_vnode: Sequence[int]) -> int | None:
