@@ -4,10 +4,11 @@ tumbling window, joined on the id and the window; q5, "hot items": bids counted 
 window, joined on the window with each window's highest count; issue 19 item 2).
 
 A GROUP BY subquery's rows are its groups. When every join-key column of a side passes one of its GROUP BY
-values through (a column, a window's start or end: an output that is a ``GroupRef``), each row the subquery
-emits for a group has that group's join key. So the join-key task that holds the join's buckets of that key
-(:mod:`mvlog.views.join_routing`) can hold the whole group as well, and run the subquery right before the
-join, as the join and the inner groups of Nexmark's q4 share a task (:mod:`mvlog.views.join_groups_routing`).
+values through (a column, a computed group, a window's start or end: an output that is a ``GroupRef``), each
+row the subquery emits for a group has that group's join key. So the join-key task that holds the join's
+buckets of that key (:mod:`mvlog.views.join_routing`) can hold the whole group as well, and run the subquery
+right before the join, as the join and the inner groups of Nexmark's q4 share a task
+(:mod:`mvlog.views.join_groups_routing`).
 The view then runs in a join's two steps:
 
 1. each side's upstream rows go to the partition of the join key they will have: a view's by its own
