@@ -62,10 +62,11 @@ VIEWS = [("mv1", "SELECT * FROM t1 WHERE deleted = false"), ("mvj", JOIN),
          ("mvu", UNION), ("mvu1", SELF_UNION), ("mvjc", CHAIN), ("mvgg", NESTED)]
 REPLACED = {"mvj": NEW, "mvself": SELF_NEW, "mvtop": TOP_N_NEW, "mvu": UNION_NEW, "mvu1": SELF_UNION_NEW,
             "mvjc": CHAIN_NEW, "mvgg": NESTED_NEW}
-#: Shapes the tasks run since session 35, replaced on the tasks' path only (the driver's path is the
-#: one every view had before, tested by the others; the suite's time is kept down). A top-N over a join
-#: ranked per join key takes the join's routing, as mvj and mvself do: left out for time.
-TASKS_ONLY = ("mvjc", "mvgg")
+#: Views replaced on the tasks' path only: the shapes the tasks run since session 35, and the self-join, the
+#: top-N and the union of one view, whose replacement on the driver's path is mvj's and mvu's code (the
+#: driver's operator of each is tested apart; the suite's time is kept down). A top-N over a join ranked per
+#: join key takes the join's routing, as mvj and mvself do: left out for time.
+TASKS_ONLY = ("mvjc", "mvgg", "mvself", "mvtop", "mvu1")
 
 
 @pytest.mark.parametrize("path", ["driver", "tasks"])
@@ -171,8 +172,8 @@ def test_replace_a_join_view_under_a_running_chain(path: str, make_settings: Cal
     # The new filter took effect: no row of mvj has w <= 0 after the cut-over.
     _, raw = store.read_at_consistent_epoch("mvj")
     assert all(decode_row(v)["w"] > 0 for _, v in raw)
-    # ... and the self-join's: every pair's right side has v1 > 0 (mvself and mv1 at the same epoch).
-    (self_mce, self_rows), (mv1_mce, mv1_rows) = store.read_many_at_consistent_epoch(["mvself", "mv1"]).values()
-    assert self_mce == mv1_mce
-    positive = {row["id"] for row in map(decode_row, (v for _, v in mv1_rows)) if row["v1"] > 0}
-    assert self_rows and all(decode_row(v)["id2"] in positive for _, v in self_rows)
+    if "mvself" in replaced:  # ... and the self-join's: every pair's right side has v1 > 0 (at one epoch)
+        (self_mce, self_rows), (mv1_mce, mv1_rows) = store.read_many_at_consistent_epoch(["mvself", "mv1"]).values()
+        assert self_mce == mv1_mce
+        positive = {row["id"] for row in map(decode_row, (v for _, v in mv1_rows)) if row["v1"] > 0}
+        assert self_rows and all(decode_row(v)["id2"] in positive for _, v in self_rows)
