@@ -56,16 +56,37 @@ def task_path(plan: ViewPlan, upstreams: Sequence[Upstream], partitions: int) ->
     return None
 
 
-def describe(path: TaskPath | None) -> str:
-    """One phrase for people: where the operator runs and how its rows are spread over the tasks."""
+def describe(path: TaskPath | None, plan: ViewPlan | None = None) -> str:
+    """One phrase for people: where the operator runs and how its rows are spread over the tasks; for a view
+    on the driver, what in ``plan`` keeps it there when it is one of the known shapes."""
     if path is None:
-        return ("on the driver: its operator's shape is not one the tasks run yet (docs/scaling.md lists "
-                "them); it still reads through Spark and commits its epochs as any view")
+        why = _why_on_driver(plan) if plan is not None else None
+        shape = f"its {why}" if why else "its operator's shape is not one the tasks run yet"
+        return (f"on the driver: {shape} (docs/scaling.md lists the shapes); it still reads through Spark and "
+                "commits its epochs as any view")
     routing = path.routing
     if routing is None:
         return "in Spark's tasks, a task per changelog partition, no shuffle (keyed like its upstream)"
     how = _shuffles(routing)
     return f"in Spark's tasks, a task per changelog partition, {how}"
+
+
+def _why_on_driver(plan: ViewPlan) -> str | None:
+    """What keeps a view's operator on the driver, for the shapes docs/scaling.md lists as not run in tasks
+    yet (each needs one more keyed step in the task jobs); None for another shape."""
+    query = plan.query
+    inner = dict(plan.inner)
+    if len(query.sources) == 2 and query.joins and any(s.view in inner and inner[s.view].query.is_aggregate
+                                                       for s in query.sources):
+        return ("join compares a GROUP BY subquery's column that is not one of its groups (an aggregate's "
+                "result, say): the groups would have to be folded in a step before the join")
+    if len(query.sources) > 2 and query.joins:
+        return "joins compare other columns from one step to the next: a shuffle per step"
+    if query.top_n is not None and query.joins:
+        return "top-N ranks joined rows by other columns than one side's join key: a ranking step after the join"
+    if plan.union:
+        return "UNION ALL has a branch of a shape the tasks do not run in a union yet"
+    return None
 
 
 def _shuffles(routing: GroupRouting | KeyRouting | OperatorKeyRouting) -> str:

@@ -91,11 +91,11 @@ def operator_placement(settings: Settings, catalog: CatalogStore, entry: Catalog
     """Where the view's operator runs, as :func:`~mvlog.views.task_path.describe` says it, and whether the
     setting that moves it to Spark's tasks is on."""
     upstreams = [catalog.get(source) for source in entry.sources]
-    path = task_path(plan_for(catalog, entry.name, entry.sql or ""),
-                     [Upstream(tuple(u.key_columns), u.partitions) for u in upstreams], entry.partitions)
+    plan = plan_for(catalog, entry.name, entry.sql or "")
+    path = task_path(plan, [Upstream(tuple(u.key_columns), u.partitions) for u in upstreams], entry.partitions)
     if path is None or settings.operators_in_tasks:
-        return describe(path)
-    return f"on the driver (MVLOG_OPERATORS_IN_TASKS is off; with it on: {describe(path)})"
+        return describe(path, plan)
+    return f"on the driver (MVLOG_OPERATORS_IN_TASKS is off; with it on: {describe(path, plan)})"
 
 
 @click.command("drop-view")

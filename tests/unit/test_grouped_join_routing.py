@@ -16,7 +16,6 @@ from mvlog.views import ChangeBatch, plan_view
 from mvlog.views.grouped_join_routing import GroupedJoinRouting, join_of_groups
 from mvlog.views.join_routing import JoinRouting
 from mvlog.views.keyed_routing import operator_key_routing
-from mvlog.views.task_path import TaskPath, describe
 
 from .test_join_routing import A, B, SplitJoin, _a, _b, _changes
 
@@ -141,8 +140,7 @@ def test_a_hopping_windows_row_goes_to_each_partition_of_its_windows_once() -> N
     assert set(pairs) == expected and len(pairs) == len(expected)  # the NULL time: in no window
 
 
-def test_the_user_is_told_where_it_runs() -> None:
+def test_a_grouped_sides_rows_have_no_one_partition() -> None:
     routing = GroupedJoinRouting(plan_view("v", JOINS_OF_GROUPS[0], {"a": A, "b": B}), 3)
-    assert "by the join key of their groups" in describe(TaskPath(routing))
     with pytest.raises(ValueError, match="is a GROUP BY"):
         routing.partitions_of(1, pa.table({"bid": [1], "k2": [1.0], "w": [1]}))

@@ -7,6 +7,7 @@ import pytest
 
 from mvlog.row_schema import RowSchema
 from mvlog.views import plan_view
+from mvlog.views.grouped_join_routing import GroupedJoinRouting
 from mvlog.views.join_groups_routing import JoinGroupsRouting
 from mvlog.views.join_routing import JoinRouting
 from mvlog.views.key_routing import KeyRouting
@@ -37,6 +38,8 @@ LAYOUT = {"t": Upstream(("id",), 3), "u": Upstream(("uid",), 3)}
      NestedAggregateRouting, "by the inner groups"),
     ("SELECT n, count(*) AS c FROM (SELECT t.k, max(u.uid) AS n FROM t JOIN u ON t.k = u.k GROUP BY t.k) s "
      "GROUP BY n", 3, JoinGroupsRouting, "where the join and the subquery's groups run"),
+    ("SELECT a.k, a.n, b.m FROM (SELECT k, count(*) AS n FROM t GROUP BY k) a JOIN (SELECT k, max(uid) AS m "
+     "FROM u GROUP BY k) b ON a.k = b.k", 3, GroupedJoinRouting, "by the join key of their groups"),
 ])
 def test_each_shape_takes_its_routing_and_says_how(sql: str, partitions: int, kind: type | None,
                                                    phrase: str) -> None:
@@ -48,9 +51,17 @@ def test_each_shape_takes_its_routing_and_says_how(sql: str, partitions: int, ki
     assert text.startswith("in Spark's tasks, a task per changelog partition") and phrase in text, text
 
 
-def test_a_shape_the_tasks_do_not_run_stays_on_the_driver() -> None:
+@pytest.mark.parametrize(("sql", "why"), [
     # A chain of joins whose second step compares another column: a shuffle per step.
-    plan = plan_view("v", "SELECT t.id, u.uid, w.id AS wid FROM t JOIN u ON t.k = u.k JOIN t w ON u.uid = w.v",
-                     {"t": T, "u": U})
+    ("SELECT t.id, u.uid, w.id AS wid FROM t JOIN u ON t.k = u.k JOIN t w ON u.uid = w.v", "a shuffle per step"),
+    # Nexmark q7's shape: the join key is an aggregate's result.
+    ("SELECT t.id FROM t JOIN (SELECT k, max(v) AS hi FROM t GROUP BY k) m ON t.v = m.hi", "not one of its groups"),
+    ("SELECT id, uid FROM (SELECT t.id, u.uid, ROW_NUMBER() OVER (PARTITION BY t.v ORDER BY u.uid) AS rn "
+     "FROM t JOIN u ON t.k = u.k) r WHERE rn = 1", "ranks joined rows by other columns"),
+])
+def test_a_shape_the_tasks_do_not_run_stays_on_the_driver_and_says_why(sql: str, why: str) -> None:
+    plan = plan_view("v", sql, {"t": T, "u": U})
     assert task_path(plan, [LAYOUT[s] for s in plan.sources], 3) is None
-    assert describe(None).startswith("on the driver")
+    text = describe(None, plan)
+    assert text.startswith("on the driver: its ") and why in text, text
+    assert describe(None).startswith("on the driver: its operator's shape is not one the tasks run yet")
