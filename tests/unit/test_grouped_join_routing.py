@@ -7,9 +7,12 @@ shuffles run in ``tests/integration/test_operators_in_tasks.py``."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mvlog.row_schema import Row
 from mvlog.views import ChangeBatch, plan_view
@@ -17,7 +20,7 @@ from mvlog.views.grouped_join_routing import GroupedJoinRouting, join_of_groups
 from mvlog.views.join_routing import JoinRouting
 from mvlog.views.keyed_routing import operator_key_routing
 
-from .test_join_routing import A, B, SplitJoin, _a, _b, _changes
+from .test_join_routing import A, B, SplitJoin, _a, _apply_ops, _b, _changes
 
 Q5 = ("SELECT c.k, c.n, c.ws FROM (SELECT k, count(*) AS n, window.start AS ws, window.end AS we FROM a "
       "GROUP BY k, window(id, '4 milliseconds', '2 milliseconds')) c JOIN (SELECT max(m.n) AS top, m.ws, m.we FROM "
@@ -144,3 +147,34 @@ def test_a_grouped_sides_rows_have_no_one_partition() -> None:
     routing = GroupedJoinRouting(plan_view("v", JOINS_OF_GROUPS[0], {"a": A, "b": B}), 3)
     with pytest.raises(ValueError, match="is a GROUP BY"):
         routing.partitions_of(1, pa.table({"bid": [1], "k2": [1.0], "w": [1]}))
+
+
+#: Generated rows: few keys and window times (groups and join keys collide, windows repeat), NULLs in both.
+_keys = st.sampled_from([0, 1, 2, None])
+_rows_a = st.builds(lambda k, x, s: {"k": k, "x": x, "s": s}, _keys, st.sampled_from([0.5, None]),
+                    st.sampled_from(["s0", "s1"]))
+_rows_b = st.builds(lambda k2, w: {"k2": k2, "w": w}, st.sampled_from([0.0, 1.0, None]),
+                    st.sampled_from([0, 1, 2, None]))
+_ops = st.integers(0, 7)
+_epochs = st.lists(st.tuples(st.lists(st.tuples(_ops, st.one_of(st.none(), _rows_a)), max_size=6),
+                             st.lists(st.tuples(_ops, st.one_of(st.none(), _rows_b)), max_size=6)),
+                   min_size=1, max_size=5)
+
+
+@pytest.mark.parametrize("sql", JOINS_OF_GROUPS)
+@settings(max_examples=15, deadline=None)
+@given(partitions=st.sampled_from([2, 3, 4]), epochs=_epochs)
+def test_any_changes_split_by_their_groups_join_key_give_the_single_operators_changes(
+        sql: str, partitions: int,
+        epochs: list[tuple[list[tuple[int, dict[str, Any] | None]], list[tuple[int, dict[str, Any] | None]]]]
+) -> None:
+    """:class:`SplitJoin` over generated inserts, updates and deletes: rows moving between groups, windows and
+    join keys, groups emptied and refilled, NULL keys and times (no window) on either side."""
+    plan = plan_view("v", sql, {"a": A, "b": B})
+    split = SplitJoin(plan, partitions)
+    rows: dict[str, dict[int, Row]] = {"a": {}, "b": {}}
+    for ops_a, ops_b in epochs:
+        changes = {"a": _apply_ops(rows["a"], [(i, None if r is None else {"id": i, **r}) for i, r in ops_a]),
+                   "b": _apply_ops(rows["b"], [(i, None if r is None else {"bid": i, **r}) for i, r in ops_b])}
+        split.epoch({name: ChangeBatch.from_changes(A if name == "a" else B, changes[name])
+                     for name in ("a", "b") if name in plan.sources})
