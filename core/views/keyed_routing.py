@@ -1,6 +1,6 @@
 """The views whose operator runs in Spark's tasks in two shuffles: first by the key its state is kept under (an
 equi-join's join key, a top-N's PARTITION BY values; a union's, each branch's: a GROUP BY's group, a filter's
-input row's own key; a join of GROUP BY subqueries', each row's groups' join key), then by the view's key for
+input row's own key; a join of subqueries', the join key each row will have), then by the view's key for
 the changelog partitions (issue 19 item 2). Their routings share one interface (the sources read, each side's
 input name, the operator's plan, where each input row goes, ``fan_out``: a windowed inner GROUP BY's row to
 each partition of its windows, the first step's operator of each partition, ``first_step``: its share of a
@@ -11,17 +11,17 @@ rebuild after a wipe, ``replay derive`` and replacement hydration.
 
 from __future__ import annotations
 
-from mvlog.views.grouped_join_routing import GroupedJoinRouting, join_of_groups
 from mvlog.views.join_groups_routing import JoinGroupsRouting, aggregate_over_join_groups
 from mvlog.views.join_routing import JoinRouting, routed_by_join_key
 from mvlog.views.nested_routing import NestedAggregateRouting, aggregate_over_aggregate
 from mvlog.views.plan import ViewPlan
+from mvlog.views.subquery_join_routing import SubqueryJoinRouting, join_of_subqueries
 from mvlog.views.topn_routing import TopNRouting, top_n_of_one_view
 from mvlog.views.union_routing import UnionRouting, routed_union
 
 #: How a view of two shuffles routes its input and state.
 OperatorKeyRouting = (JoinRouting | TopNRouting | UnionRouting | NestedAggregateRouting | JoinGroupsRouting
-                      | GroupedJoinRouting)
+                      | SubqueryJoinRouting)
 
 
 def routed_by_operator_key(plan: ViewPlan) -> bool:
@@ -30,7 +30,7 @@ def routed_by_operator_key(plan: ViewPlan) -> bool:
     join branches, a GROUP BY over a GROUP BY of one view (windowed or global too), or over a join's GROUP BY
     by one side's join key (Nexmark q4), or a join of GROUP BY subqueries grouped by its key (Nexmark q8)."""
     return (routed_by_join_key(plan) or top_n_of_one_view(plan) or routed_union(plan) or aggregate_over_aggregate(plan)
-            or aggregate_over_join_groups(plan) or join_of_groups(plan))
+            or aggregate_over_join_groups(plan) or join_of_subqueries(plan))
 
 
 def operator_key_routing(plan: ViewPlan, partitions: int) -> OperatorKeyRouting | None:
@@ -46,6 +46,6 @@ def operator_key_routing(plan: ViewPlan, partitions: int) -> OperatorKeyRouting 
         return NestedAggregateRouting(plan, partitions)
     if aggregate_over_join_groups(plan):
         return JoinGroupsRouting(plan, partitions)
-    if join_of_groups(plan):
-        return GroupedJoinRouting(plan, partitions)
+    if join_of_subqueries(plan):
+        return SubqueryJoinRouting(plan, partitions)
     return None

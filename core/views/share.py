@@ -35,7 +35,7 @@ class OperatorShare:
     #: without it refuses input rows of a global aggregate: they belong to the row's partition.
     global_row: bool = True
     #: The shares of its subqueries, by name: a GROUP BY subquery over a windowed one, whose task keeps
-    #: only the inner windows there (:mod:`mvlog.views.grouped_join_routing`).
+    #: only the inner windows there (:mod:`mvlog.views.subquery_join_routing`).
     inner: tuple[tuple[str, OperatorShare], ...] = ()
 
 

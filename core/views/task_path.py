@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mvlog.views.grouped_join_routing import GroupedJoinRouting
 from mvlog.views.join_groups_routing import JoinGroupsRouting
 from mvlog.views.join_routing import JoinRouting, top_n_over_join
 from mvlog.views.key_routing import KeyRouting, one_upstream_routing
@@ -22,6 +21,7 @@ from mvlog.views.nested_routing import NestedAggregateRouting
 from mvlog.views.partitioning import runs_in_tasks
 from mvlog.views.plan import ViewPlan
 from mvlog.views.routing import GroupRouting
+from mvlog.views.subquery_join_routing import SubqueryJoinRouting
 from mvlog.views.topn_routing import TopNRouting
 from mvlog.views.union_routing import UnionRouting
 
@@ -101,9 +101,9 @@ def _shuffles(routing: GroupRouting | KeyRouting | OperatorKeyRouting) -> str:
     if isinstance(routing, JoinGroupsRouting):
         return ("its rows shuffled by join key, where the join and the subquery's groups run, the subquery's "
                 "changes by the outer groups, then by view key")
-    if isinstance(routing, GroupedJoinRouting):
-        return ("its rows shuffled by the join key of their groups, where the subqueries' groups and the join run, "
-                "then its changes by view key")
+    if isinstance(routing, SubqueryJoinRouting):
+        return ("its rows shuffled by the join key they will have, where its subqueries (their groups) and the "
+                "join run, then its changes by view key")
     if isinstance(routing, NestedAggregateRouting):
         return "its rows shuffled by the inner groups, the subquery's changes by the outer groups, then by view key"
     assert isinstance(routing, JoinRouting)

@@ -69,15 +69,15 @@ VIEWS = [
     ("mvu", "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT w, count(*) AS n FROM t2 GROUP BY w "
             "UNION ALL SELECT id, v1 * 10 FROM t1 WHERE k = 'a' UNION ALL SELECT a.id, b.w FROM mv1 a JOIN t2 b "
             "ON a.v1 = b.id"),  # and a join branch: mv1's and t2's rows routed for it by its join key
-    # A join of two GROUP BY subqueries on a key among their groups (Nexmark q8's shape): each side's rows to
-    # the task of their groups' join key, where the groups and the join are.
-    ("mvgj", "SELECT p.v1, p.n, q.c FROM (SELECT v1, count(*) AS n FROM mv1 GROUP BY v1) p "
-             "JOIN (SELECT id % 4 AS g, count(*) AS c, max(w) AS hi FROM t2 GROUP BY id % 4) q ON p.v1 = q.g"),
+    # A join of subqueries (a GROUP BY on a key among its groups, a filter): each side's rows to the task of
+    # the join key they will have, where the groups, the filter and the join run.
+    ("mvgj", "SELECT p.v1, p.n, q.id, q.w FROM (SELECT v1, count(*) AS n FROM mv1 GROUP BY v1) p "
+             "JOIN (SELECT id, w FROM t2 WHERE w > 0) q ON p.v1 = q.id"),
 ]
 GROUPED = ("mv2", "mvg", "mvw")  # one-upstream aggregates, in the GROUP BY's tasks: global, grouped, windowed
 # Views run by operator key in tasks (the join's two shuffles: JoinDerivation, JoinRebuild): the joins and
 # a top-N (its ranking groups by k, rows moving between groups as k changes), a top-N over a join, a chain
-# of joins, a GROUP BY over a GROUP BY, a union and a join of GROUP BYs.
+# of joins, a GROUP BY over a GROUP BY, a union and a join of subqueries.
 JOINS = ("mvj", "mvs", "mvjg", "mvja", "mvjn", "mvt", "mvjr", "mvjc", "mvgg", "mvu", "mvgj")
 
 

@@ -7,12 +7,12 @@ import pytest
 
 from mvlog.row_schema import RowSchema
 from mvlog.views import plan_view
-from mvlog.views.grouped_join_routing import GroupedJoinRouting
 from mvlog.views.join_groups_routing import JoinGroupsRouting
 from mvlog.views.join_routing import JoinRouting
 from mvlog.views.key_routing import KeyRouting
 from mvlog.views.nested_routing import NestedAggregateRouting
 from mvlog.views.routing import GroupRouting
+from mvlog.views.subquery_join_routing import SubqueryJoinRouting
 from mvlog.views.task_path import Upstream, describe, task_path
 from mvlog.views.topn_routing import TopNRouting
 from mvlog.views.union_routing import UnionRouting
@@ -39,7 +39,7 @@ LAYOUT = {"t": Upstream(("id",), 3), "u": Upstream(("uid",), 3)}
     ("SELECT n, count(*) AS c FROM (SELECT t.k, max(u.uid) AS n FROM t JOIN u ON t.k = u.k GROUP BY t.k) s "
      "GROUP BY n", 3, JoinGroupsRouting, "where the join and the subquery's groups run"),
     ("SELECT a.k, a.n, b.m FROM (SELECT k, count(*) AS n FROM t GROUP BY k) a JOIN (SELECT k, max(uid) AS m "
-     "FROM u GROUP BY k) b ON a.k = b.k", 3, GroupedJoinRouting, "by the join key of their groups"),
+     "FROM u GROUP BY k) b ON a.k = b.k", 3, SubqueryJoinRouting, "by the join key they will have"),
 ])
 def test_each_shape_takes_its_routing_and_says_how(sql: str, partitions: int, kind: type | None,
                                                    phrase: str) -> None:

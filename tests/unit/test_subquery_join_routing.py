@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from mvlog.row_schema import Row
 from mvlog.views import ChangeBatch, plan_view
-from mvlog.views.grouped_join_routing import GroupedJoinRouting, join_of_groups
 from mvlog.views.join_routing import JoinRouting
 from mvlog.views.keyed_routing import operator_key_routing
+from mvlog.views.subquery_join_routing import SubqueryJoinRouting, join_of_subqueries
 
 from .test_join_routing import A, B, SplitJoin, _a, _apply_ops, _b, _changes
 
@@ -50,6 +50,13 @@ JOINS_OF_GROUPS = [
     # count (a GROUP BY over the same counts) on the window, kept where the count is the highest. Every
     # group of both sides, at both levels, is in the task of its window.
     Q5,
+    # Filter/project subqueries: beside a GROUP BY (its join key computed), LEFT; two of them, FULL; one over
+    # the view the other side reads.
+    "SELECT p.k, p.n, q.bid FROM (SELECT k, count(*) AS n FROM a GROUP BY k) p LEFT JOIN "
+    "(SELECT bid, w + 1 AS w1 FROM b WHERE k2 IS NOT NULL) q ON p.k = q.w1",
+    "SELECT x.id, q.bid, q.w FROM (SELECT id, k FROM a WHERE s <> 's0') x FULL JOIN (SELECT bid, w FROM b "
+    "WHERE w > -2) q ON x.k = q.w",
+    "SELECT x.id, y.id AS id2, y.s FROM (SELECT id, k FROM a WHERE x IS NOT NULL) x JOIN a y ON x.k = y.id",
 ]
 
 
@@ -61,17 +68,19 @@ JOINS_OF_GROUPS = [
      False),  # grouped as int, compared as float: other key bytes
     ("SELECT q.w, count(*) AS c FROM a JOIN (SELECT w, count(*) AS n FROM b GROUP BY w) q ON a.k = q.w GROUP BY q.w",
      False),  # an aggregate over the join
-    ("SELECT a.id FROM a JOIN (SELECT k2, w FROM b WHERE w > 0) q ON a.k = q.w", False),  # no GROUP BY side
+    ("SELECT a.id FROM a JOIN (SELECT k2, w FROM b WHERE w > 0) q ON a.k = q.w", True),  # a filter/project side
     ("SELECT a.id, b.bid FROM a JOIN b ON a.k = b.w", False),  # two views: the join routing's
     ("WITH per AS (SELECT k, count(*) AS n FROM a GROUP BY k) SELECT x.k, y.n FROM per x JOIN per y ON x.k = y.k",
      False),  # one WITH query on both sides: one operator, whose groups each side would place
+    ("SELECT a.id FROM a JOIN (SELECT k, max(s) AS m FROM a GROUP BY k HAVING count(*) > 1) q ON a.k = q.k "
+     "JOIN b ON a.id = b.w", False),  # three sources: a chain
     ("SELECT a.id, t.c FROM a JOIN (SELECT n, count(*) AS c FROM (SELECT k, count(*) AS n FROM a GROUP BY k) s "
      "GROUP BY n) t ON a.k = t.n", False),  # a GROUP BY over a GROUP BY by a count: not a group's value below
 ])
-def test_which_views_the_grouped_join_routing_takes(sql: str, taken: bool) -> None:
+def test_which_views_the_subquery_join_routing_takes(sql: str, taken: bool) -> None:
     plan = plan_view("v", sql, {"a": A, "b": B})
-    assert join_of_groups(plan) is taken
-    assert isinstance(operator_key_routing(plan, 3), GroupedJoinRouting) is taken
+    assert join_of_subqueries(plan) is taken
+    assert isinstance(operator_key_routing(plan, 3), SubqueryJoinRouting) is taken
 
 
 @pytest.mark.parametrize("sql", JOINS_OF_GROUPS)
@@ -83,7 +92,7 @@ def test_groups_and_join_per_join_key_then_consolidated_per_view_partition_give_
     plan = plan_view("v", sql, {"a": A, "b": B})
     split = SplitJoin(plan, partitions)
     routing = split.routing
-    assert isinstance(routing, GroupedJoinRouting)
+    assert isinstance(routing, SubqueryJoinRouting)
     rng = random.Random(partitions * 11 + len(sql))
     rows: dict[str, dict[int, Row]] = {"a": {}, "b": {}}
     matched = 0
@@ -99,7 +108,7 @@ def test_groups_and_join_per_join_key_then_consolidated_per_view_partition_give_
 
 def test_a_self_reads_second_side_goes_under_its_own_input() -> None:
     plan = plan_view("v", JOINS_OF_GROUPS[4], {"a": A})
-    routing = GroupedJoinRouting(plan, 3)
+    routing = SubqueryJoinRouting(plan, 3)
     assert routing.upstreams() == ("a", "a") and routing.inputs() == ("a", "a#1")
     assert routing.operator_plan().sources == ("a", "a#1") and plan.sources == ("a",)
     assert routing.operator_plan().upstream_schemas == {"a": A, "a#1": A}
@@ -109,7 +118,7 @@ def test_state_keys_are_owned_by_the_partition_of_their_join_key() -> None:
     """A group's state key by the join key among its values (here its window's start), a bucket by its
     key's bytes, as the two-view join routes them; anything else refused."""
     plan = plan_view("v", JOINS_OF_GROUPS[1], {"a": A, "b": B})
-    routing = GroupedJoinRouting(plan, 4)
+    routing = SubqueryJoinRouting(plan, 4)
     two_views = JoinRouting(plan_view("j", "SELECT a.id, b.bid FROM a JOIN b ON a.k = b.w", {"a": A, "b": B}), 4)
     for start in range(-2, 12, 2):
         owner = two_views.partition_of_key([start])
@@ -121,7 +130,7 @@ def test_state_keys_are_owned_by_the_partition_of_their_join_key() -> None:
 
 def test_the_groups_of_a_group_by_over_a_group_by_are_owned_by_their_windows_join_key() -> None:
     plan = plan_view("v", Q5, {"a": A})
-    routing = GroupedJoinRouting(plan, 4)
+    routing = SubqueryJoinRouting(plan, 4)
     assert routing.upstreams() == ("a", "a") and routing.operator_plan().inner[1][1].inner[0][1].sources == ("a#1",)
     for start in range(-2, 12, 2):
         owner = routing.partitions_of_state_keys([b"j0[%d,%d]" % (start, start + 4)])[0]
@@ -134,7 +143,7 @@ def test_the_groups_of_a_group_by_over_a_group_by_are_owned_by_their_windows_joi
 
 def test_a_hopping_windows_row_goes_to_each_partition_of_its_windows_once() -> None:
     plan = plan_view("v", JOINS_OF_GROUPS[1], {"a": A, "b": B})
-    routing = GroupedJoinRouting(plan, 4)
+    routing = SubqueryJoinRouting(plan, 4)
     rows = pa.table({"bid": [5, 6, None], "k2": [1.0, None, 2.0], "w": [0, 1, 2]})
     indices, parts = routing.fan_out(1, rows)
     pairs = list(zip(indices.to_pylist(), parts.to_pylist(), strict=True))
@@ -144,8 +153,8 @@ def test_a_hopping_windows_row_goes_to_each_partition_of_its_windows_once() -> N
 
 
 def test_a_grouped_sides_rows_have_no_one_partition() -> None:
-    routing = GroupedJoinRouting(plan_view("v", JOINS_OF_GROUPS[0], {"a": A, "b": B}), 3)
-    with pytest.raises(ValueError, match="is a GROUP BY"):
+    routing = SubqueryJoinRouting(plan_view("v", JOINS_OF_GROUPS[0], {"a": A, "b": B}), 3)
+    with pytest.raises(ValueError, match="is a subquery"):
         routing.partitions_of(1, pa.table({"bid": [1], "k2": [1.0], "w": [1]}))
 
 

@@ -1,5 +1,5 @@
-"""Where a join of GROUP BY subqueries runs when its operator runs in Spark's tasks, when each subquery's
-groups hold its join key (Nexmark's q8, "monitor new users": persons and auctions, each grouped per id and
+"""Where a join of subqueries runs when its operator runs in Spark's tasks: GROUP BY subqueries whose groups
+hold the join key (Nexmark's q8, "monitor new users": persons and auctions, each grouped per id and
 tumbling window, joined on the id and the window; q5, "hot items": bids counted per auction and hopping
 window, joined on the window with each window's highest count; issue 19 item 2).
 
@@ -14,7 +14,7 @@ The view then runs in a join's two steps:
 1. each side's upstream rows go to the partition of the join key they will have: a view's by its own
    columns, as a join's; a grouped side's by the join key of each group the row falls in (its subquery's
    WHERE applied, its windows expanded: a hopping window's row goes once to each partition holding one of
-   its windows, and that task's subquery keeps only its own windows, :meth:`GroupedJoinRouting.first_step`).
+   its windows, and that task's subquery keeps only its own windows, :meth:`SubqueryJoinRouting.first_step`).
    The task reads and stages the subqueries' groups (``($(P))g[...]``, owned by the partition of the join
    key among their values) and the join's buckets (``j0[...]`` / ``j1[...]``), and runs the whole operator;
 2. its output (the view's changes as signed rows) goes by the view's key, as any join's.
@@ -22,6 +22,10 @@ The view then runs in a join's two steps:
 A side may be a GROUP BY over a GROUP BY of one view (q5's per-window maximum of per-auction counts) when
 its groups pass the join key through from the inner groups' values: every inner group of a window is then
 in the window's task too, so both levels run there (``($(t))g[...]``, ``($(t))($(m))g[...]``).
+
+A side may also be a filter/project subquery of one view (``FROM (SELECT ... FROM orders WHERE open) o JOIN
+...``): each upstream row gives at most one row of it, whose join key the routing evaluates on the row
+itself (a row its WHERE drops goes nowhere); it keeps no state, and the task runs it before the join.
 
 A group whose join key has a NULL never matches: its rows go to partition 0, as a join's NULL keys do, and
 that task owns the group. Inner and outer joins (a null-extended row is made where its key's buckets are,
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mvlog.row_schema import ColumnType
 from mvlog.views.evaluate import evaluate
@@ -47,15 +52,24 @@ from mvlog.views.join_routing import join_key_partitions, partition_of_bucket
 from mvlog.views.nested_routing import aggregate_over_aggregate
 from mvlog.views.operator import ViewOperator
 from mvlog.views.plan import ViewPlan
-from mvlog.views.routing import GroupRouting, each_row_once, grouped_by_key, keyed_by_groups, partitions_table
+from mvlog.views.routing import (
+    GroupRouting,
+    each_row_once,
+    filter_of_one_view,
+    grouped_by_key,
+    keyed_by_groups,
+    partitions_table,
+    source_batch,
+)
 from mvlog.views.share import OperatorShare
 from mvlog.views.state import inner_prefix
 
 
-def join_of_groups(plan: ViewPlan) -> bool:
-    """An inner or outer equi-join of two sources, filtered and projected only, at least one of them a GROUP
-    BY subquery (or WITH query) of one view, or over a GROUP BY of one, whose join-key columns are among
-    its groups (:func:`_levels`), the other one too or a view."""
+def join_of_subqueries(plan: ViewPlan) -> bool:
+    """An inner or outer equi-join of two sources, filtered and projected only, at least one of them a
+    subquery (or WITH query) of one view: a GROUP BY, or a GROUP BY over a GROUP BY, whose join-key columns
+    are among its groups (:func:`_levels`), or a filter/project (:func:`_FilterSide`); the other one too or
+    a view."""
     query = plan.query
     if plan.union or query.is_aggregate or query.top_n is not None or query.window is not None:
         return False
@@ -101,6 +115,31 @@ class _ViewSide:
 
 
 @dataclass(frozen=True)
+class _FilterSide:
+    """A side that is a filter/project subquery ``name`` of ``view``: each upstream row by the join key of
+    the one row it gives (its join-key outputs evaluated on it, any expressions), none when its WHERE drops
+    it."""
+
+    view: str
+    name: str
+    sub: ViewPlan
+    columns: tuple[str, ...]
+    kinds: tuple[ColumnType | None, ...]
+    of_vnode: tuple[int, ...]
+
+    def fan_out(self, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
+        query = self.sub.query
+        batch = source_batch(query.sources[0].schema, rows)
+        indices = pa.array(range(rows.num_rows), pa.int64())
+        if query.where is not None:  # NULL drops the row, as in SQL
+            keep = pc.fill_null(evaluate(query.where, batch), False)
+            batch, indices = batch.filter(keep), indices.filter(keep)
+        outputs = {o.name: o.expr for o in query.outputs}
+        values = [evaluate(outputs[column], batch) for column in self.columns]
+        return indices, join_key_partitions(values, self.kinds, batch.num_rows, self.of_vnode)
+
+
+@dataclass(frozen=True)
 class _Level:
     """One GROUP BY of a grouped side: its name in the query above it, its state keys' prefix in the view's
     state, and its groups placed by their join key."""
@@ -143,7 +182,7 @@ class _GroupedSide:
         return None
 
 
-def _side_of(plan: ViewPlan, side: int, partitions: int) -> _ViewSide | _GroupedSide | None:
+def _side_of(plan: ViewPlan, side: int, partitions: int) -> _ViewSide | _FilterSide | _GroupedSide | None:
     """Join side ``side`` of ``plan`` as the routing places it, or None when it cannot be routed so."""
     query = plan.query
     on = query.joins[0].on
@@ -153,6 +192,8 @@ def _side_of(plan: ViewPlan, side: int, partitions: int) -> _ViewSide | _Grouped
     inner = dict(plan.inner)
     if source not in inner:
         return _ViewSide(source, tuple(columns), kinds, partitions_table(partitions))
+    if filter_of_one_view(sub := inner[source]):
+        return _FilterSide(sub.query.sources[0].view, source, sub, tuple(columns), kinds, partitions_table(partitions))
     levels = _levels(source, inner_prefix(source), inner[source], columns, kinds, partitions)
     if levels is None:
         return None
@@ -203,19 +244,19 @@ def _key_positions(sub: ViewPlan, columns: Sequence[str], kinds: Sequence[Column
 
 
 @dataclass(frozen=True)
-class GroupedJoinRouting:
-    """Routes a join of GROUP BY subqueries by join key: each side's upstream rows to the partitions of the
-    join keys their groups have (a view side's by its columns)."""
+class SubqueryJoinRouting:
+    """Routes a join of subqueries by join key: each side's upstream rows to the partitions of the join keys
+    their groups (a filter's rows) have, a view side's by its columns."""
 
     plan: ViewPlan
     partitions: int
-    _sides: tuple[_ViewSide | _GroupedSide, ...] = field(init=False, repr=False, compare=False)
+    _sides: tuple[_ViewSide | _FilterSide | _GroupedSide, ...] = field(init=False, repr=False, compare=False)
     _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
     #: No third step: the join's output goes by the view's key (:mod:`mvlog.views.keyed_routing`).
     groups: GroupRouting | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
-        if not join_of_groups(self.plan):
+        if not join_of_subqueries(self.plan):
             raise ValueError(f"view {self.plan.name!r} is not a join of GROUP BY subqueries grouped by the join key")
         sides = tuple(_side_of(self.plan, side, self.partitions) for side in (0, 1))
         object.__setattr__(self, "_sides", sides)
@@ -247,15 +288,16 @@ class GroupedJoinRouting:
             query = self.plan.query
             sources = (query.sources[0], replace(query.sources[1], view=renamed))
             return replace(self.plan, sources=self.inputs(), query=replace(query, sources=sources))
-        inner = tuple((name, _reading(sub, renamed) if name == side.name else sub) for name, sub in self.plan.inner)
+        inner = tuple((name, _reading(sub, renamed) if name == side.name else sub)
+                      for name, sub in self.plan.inner)
         return replace(self.plan, sources=self.inputs(), inner=inner)
 
     def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
-        """The join-key partition (int32) of each row of a view side; not of a grouped side's rows, which may
+        """The join-key partition (int32) of each row of a view side; not of a subquery side's rows, which may
         have several or none (:meth:`fan_out`)."""
         routed = self._sides[side]
         if not isinstance(routed, _ViewSide):
-            raise ValueError(f"side {side} of view {self.plan.name!r} is a GROUP BY: its rows may go to several "
+            raise ValueError(f"side {side} of view {self.plan.name!r} is a subquery: its rows may go to several "
                              "partitions or none")
         return routed.fan_out(rows)[1]
 
