@@ -78,8 +78,8 @@ def _why_on_driver(plan: ViewPlan) -> str | None:
     inner = dict(plan.inner)
     if len(query.sources) == 2 and query.joins and any(s.view in inner and inner[s.view].query.is_aggregate
                                                        for s in query.sources):
-        return ("join compares a GROUP BY subquery's column that is not one of its groups (an aggregate's "
-                "result, say): the groups would have to be folded in a step before the join")
+        return ("join compares a GROUP BY subquery's column that its groups do not fix (an aggregate's result, "
+                "or a group compared as another type): the groups would be folded in a step before the join")
     if len(query.sources) > 2 and query.joins:
         return "joins compare other columns from one step to the next: a shuffle per step"
     if query.top_n is not None and query.joins:

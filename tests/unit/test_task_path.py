@@ -55,7 +55,7 @@ def test_each_shape_takes_its_routing_and_says_how(sql: str, partitions: int, ki
     # A chain of joins whose second step compares another column: a shuffle per step.
     ("SELECT t.id, u.uid, w.id AS wid FROM t JOIN u ON t.k = u.k JOIN t w ON u.uid = w.v", "a shuffle per step"),
     # Nexmark q7's shape: the join key is an aggregate's result.
-    ("SELECT t.id FROM t JOIN (SELECT k, max(v) AS hi FROM t GROUP BY k) m ON t.v = m.hi", "not one of its groups"),
+    ("SELECT t.id FROM t JOIN (SELECT k, max(v) AS hi FROM t GROUP BY k) m ON t.v = m.hi", "its groups do not fix"),
     ("SELECT id, uid FROM (SELECT t.id, u.uid, ROW_NUMBER() OVER (PARTITION BY t.v ORDER BY u.uid) AS rn "
      "FROM t JOIN u ON t.k = u.k) r WHERE rn = 1", "ranks joined rows by other columns"),
 ])
