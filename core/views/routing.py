@@ -136,13 +136,9 @@ class GroupRouting:
     def _operator_input(self, rows: pa.Table) -> tuple[pa.Array, pa.Table]:
         """The rows of ``rows`` that reach the aggregate (their indices) and their values in the operator's
         layout: the upstream's columns, or its FROM subquery's outputs over them (their WHERE applied)."""
-        indices = pa.array(range(rows.num_rows), pa.int64())
         if (inner := stateless_subquery(self.plan)) is None:
-            return indices, source_batch(self._source, rows)
-        batch = source_batch(inner.query.sources[0].schema, rows)
-        if inner.query.where is not None:  # NULL drops the row, as in SQL
-            keep = pc.fill_null(evaluate(inner.query.where, batch), False)
-            batch, indices = batch.filter(keep), indices.filter(keep)
+            return pa.array(range(rows.num_rows), pa.int64()), source_batch(self._source, rows)
+        indices, batch = rows_kept_by(inner, rows)
         return indices, pa.table({column_field(0, o.name): evaluate(o.expr, batch) for o in inner.query.outputs})
 
     def fan_out_batch(self, batch: pa.Table) -> tuple[pa.Array, pa.Array]:
@@ -243,6 +239,17 @@ def each_row_once(parts: pa.Array) -> tuple[pa.Array, pa.Array]:
     """A fan-out that sends each row to one partition, ``parts[i]`` for row ``i``: (row index, partition)
     pairs, as :meth:`GroupRouting.fan_out` gives them."""
     return pa.array(range(len(parts)), pa.int64()), parts
+
+
+def rows_kept_by(sub: ViewPlan, rows: pa.Table) -> tuple[pa.Array, pa.Table]:
+    """The rows of ``rows`` (its one upstream's columns, by name) that a filter/project ``sub``'s WHERE keeps:
+    their indices, and their values in its operator's layout (:func:`source_batch`), as its outputs read them."""
+    batch = source_batch(sub.query.sources[0].schema, rows)
+    indices = pa.array(range(rows.num_rows), pa.int64())
+    if sub.query.where is not None:  # NULL drops the row, as in SQL
+        keep = pc.fill_null(evaluate(sub.query.where, batch), False)
+        batch, indices = batch.filter(keep), indices.filter(keep)
+    return indices, batch
 
 
 def source_batch(source: RowSchema, rows: pa.Table) -> pa.Table:

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from mvlog.row_schema import ColumnType
 from mvlog.views.evaluate import evaluate
@@ -59,7 +58,7 @@ from mvlog.views.routing import (
     grouped_by_key,
     keyed_by_groups,
     partitions_table,
-    source_batch,
+    rows_kept_by,
 )
 from mvlog.views.share import OperatorShare
 from mvlog.views.state import inner_prefix
@@ -128,13 +127,8 @@ class _FilterSide:
     of_vnode: tuple[int, ...]
 
     def fan_out(self, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
-        query = self.sub.query
-        batch = source_batch(query.sources[0].schema, rows)
-        indices = pa.array(range(rows.num_rows), pa.int64())
-        if query.where is not None:  # NULL drops the row, as in SQL
-            keep = pc.fill_null(evaluate(query.where, batch), False)
-            batch, indices = batch.filter(keep), indices.filter(keep)
-        outputs = {o.name: o.expr for o in query.outputs}
+        indices, batch = rows_kept_by(self.sub, rows)
+        outputs = {o.name: o.expr for o in self.sub.query.outputs}
         values = [evaluate(outputs[column], batch) for column in self.columns]
         return indices, join_key_partitions(values, self.kinds, batch.num_rows, self.of_vnode)
 
@@ -194,7 +188,7 @@ def _side_of(plan: ViewPlan, side: int, partitions: int) -> _ViewSide | _FilterS
         return _ViewSide(source, tuple(columns), kinds, partitions_table(partitions))
     if filter_of_one_view(sub := inner[source]):
         return _FilterSide(sub.query.sources[0].view, source, sub, tuple(columns), kinds, partitions_table(partitions))
-    levels = _levels(source, inner_prefix(source), inner[source], columns, kinds, partitions)
+    levels = _levels(source, inner_prefix(source), sub, columns, kinds, partitions)
     if levels is None:
         return None
     innermost = levels[-1].groups.plan
@@ -257,13 +251,14 @@ class SubqueryJoinRouting:
 
     def __post_init__(self) -> None:
         if not join_of_subqueries(self.plan):
-            raise ValueError(f"view {self.plan.name!r} is not a join of GROUP BY subqueries grouped by the join key")
+            raise ValueError(f"view {self.plan.name!r} is not a join of subqueries routed by its join key "
+                             "(GROUP BY subqueries grouped by it, filter/project subqueries or views)")
         sides = tuple(_side_of(self.plan, side, self.partitions) for side in (0, 1))
         object.__setattr__(self, "_sides", sides)
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
 
     def upstreams(self) -> tuple[str, ...]:
-        """The view each side reads: a view side's own, a grouped side's subquery's (one view twice when
+        """The view each side reads: a view side's own, a subquery side's subquery's (one view twice when
         both read it)."""
         return tuple(side.view for side in self._sides)
 
