@@ -1,16 +1,20 @@
 """The Spark worker daemon's path: Spark's archives come off only where the rest of the path provides
-their package, and jars always (mvlog.connectors.spark.worker_daemon)."""
+their package, and jars always; the collection after each task skips the heap imports made
+(mvlog.connectors.spark.worker_daemon)."""
 
 from __future__ import annotations
 
+import gc
 import sys
+import types
+import weakref
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from mvlog.connectors.spark import worker_daemon
-from mvlog.connectors.spark.worker_daemon import redundant_archives
+from mvlog.connectors.spark.worker_daemon import TaskEndCollector, redundant_archives
 
 
 def _archive(path: Path, package: str) -> str:
@@ -39,3 +43,35 @@ def test_taking_them_off_also_drops_their_cached_finders(tmp_path: Path, monkeyp
     monkeypatch.setattr(sys, "path_importer_cache", {**sys.path_importer_cache, jar: None, jar + "/org": None})
     assert worker_daemon.take_off_archives() == [jar]
     assert jar not in sys.path and not [k for k in sys.path_importer_cache if k.startswith(jar)]
+
+
+class _Node:
+    other: _Node | None = None
+
+
+def test_the_collection_after_a_task_frees_its_cycles_and_freezes_only_what_imports_made(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    collector = TaskEndCollector()
+    was_enabled = gc.isenabled()
+    gc.disable()  # only the collector under test collects
+    try:
+        collector.collect()  # the first task imported the worker's modules: their heap is frozen
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+
+        first, second = _Node(), _Node()
+        first.other, second.other = second, first  # a task leaves a cycle and imports nothing
+        cycle = weakref.ref(first)
+        del first, second
+        collector.collect()
+        assert cycle() is None
+        assert gc.get_freeze_count() == frozen  # nothing imported: what the task left stays collectable
+
+        monkeypatch.setitem(sys.modules, "mvlog_imported_by_a_task", types.ModuleType("mvlog_imported_by_a_task"))
+        kept: list[list[int]] = [[] for _ in range(100)]  # what the importing task's modules hold
+        collector.collect()
+        assert gc.get_freeze_count() >= frozen + len(kept)
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
