@@ -9,5 +9,6 @@
   rebuilt from Kafka after a wipe), ``snapshot_compaction``, ``redelivery``, ``rederive`` and
   ``rederive_tasks`` (replay), ``lag_sampler``, ``status_snapshot``.
 * Processes users run: ``cli`` with ``commands/`` (the ``mvlog`` command), ``log_cache/`` (the Faust log
-  cache worker), ``dashboard/`` (the lag web page), ``spark_session``, ``http_auth``.
+  cache worker), ``dashboard/`` (the lag web page), ``spark_session`` (and ``spark_daemon``, the Python
+  daemon its sessions fork their workers from), ``http_auth``.
 """

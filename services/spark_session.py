@@ -8,8 +8,8 @@ import sys
 from pyspark.sql import SparkSession
 
 from mvlog.config import Settings
-from mvlog.connectors.spark import worker_daemon
 from mvlog.infra.local_stack import LOOPBACK
+from mvlog.services import spark_daemon
 from mvlog.services.spark_format import MvlogDataSource
 
 #: The driver's JVM when the executors are JVMs of their own: it plans and schedules a view's micro-batches
@@ -46,9 +46,10 @@ def spark_session(settings: Settings, app_name: str = "mvlog") -> SparkSession:
                .config("spark.sql.shuffle.partitions", "4")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.python.worker.reuse", "true")
-               # PySpark's daemon with Spark's archives off the workers' path (see the module: a task's
-               # importlib.invalidate_caches() re-read them all).
-               .config("spark.python.daemon.module", worker_daemon.__name__))
+               # PySpark's daemon with Spark's archives off the workers' path (a task's
+               # importlib.invalidate_caches() re-read them all), the tasks' modules imported before it
+               # forks a worker, and no full collection of them after every task (see the module).
+               .config("spark.python.daemon.module", spark_daemon.__name__))
     if settings.spark_master.startswith("local"):
         # Everything on this machine: the JVM binds and resolves only the loopback address. On a
         # cluster the driver must be reachable by executors: spark-submit's own settings decide.

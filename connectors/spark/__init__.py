@@ -9,7 +9,8 @@
 * ``log_cache_client``: the executor side of the log cache: a task's planned epochs come from a Faust
   worker over HTTP when it holds them, else from Kafka.
 * ``worker_daemon``: the daemon Spark forks its Python workers from (``spark.python.daemon.module``):
-  PySpark's, with Spark's archives taken off the workers' path where the packages are installed.
+  PySpark's, with Spark's archives taken off the workers' path where the packages are installed, modules
+  preloaded before it forks, and no full collection of them after each task.
 
 One unit because this code runs in Spark's executors (imported there by module name when a session
 registers the data source) and shares one contract, the signed-row schema; it reads Kafka and Redis

@@ -23,17 +23,23 @@ workers used 49 s of CPU, 11 s once :class:`TaskEndCollector` freezes the heap a
 
 Taking the archives off before pyspark is first imported makes the workers import the installed packages. An
 archive stays when nothing else on the path provides its package (executors that have only Spark's own
-pyspark), so no module is ever lost; the jar always goes. ``spark_session`` sets this module as
-``spark.python.daemon.module``; the same key in ``spark_conf`` replaces it.
+pyspark), so no module is ever lost; the jar always goes.
 
-Run as ``python -m mvlog.connectors.spark.worker_daemon [worker module]``, as Spark runs its daemon.
+:func:`serve` can also import modules before the daemon forks any worker (``preload``): every worker
+then starts with them, and they are frozen (``gc.freeze``) so that no collection in a worker walks them or
+writes to their pages. mvlog's sessions run :mod:`mvlog.services.spark_daemon`, which preloads what
+mvlog's tasks import; ``spark.python.daemon.module`` in ``spark_conf`` replaces it.
+
+Run as ``python -m mvlog.connectors.spark.worker_daemon``, as Spark runs its daemon (nothing preloaded).
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
 import importlib.machinery
 import sys
+from collections.abc import Sequence
 from pathlib import PurePath
 
 
@@ -87,13 +93,18 @@ class TaskEndCollector:
         return found
 
 
-def main() -> None:
+def serve(preload: Sequence[str] = ()) -> None:
+    """Run PySpark's daemon with the archives off the path, the ``preload`` modules imported and frozen
+    before it forks a worker, and a :class:`TaskEndCollector` after each task."""
     take_off_archives()
     from pyspark import daemon  # after: pyspark from the installed package
 
+    for module in preload:
+        importlib.import_module(module)
+    gc.freeze()
     vars(daemon)["gc"] = TaskEndCollector()  # the name its manager calls collect() on
     daemon.manager()
 
 
 if __name__ == "__main__":
-    main()
+    serve()

@@ -3,7 +3,7 @@
 A SIGKILL test on a real multi-process cluster kills more than the driver (issue 19 item 6): an
 executor's JVM (``CoarseGrainedExecutorBackend``; the cluster's worker starts another, Spark retries its
 tasks) or one of an executor's Python workers (forked by the executor's Python daemon, mvlog's
-``worker_daemon`` around ``pyspark.daemon``; the task running in it fails and is retried). In
+``spark_daemon`` around ``pyspark.daemon``; the task running in it fails and is retried). In
 ``local[N]`` the executors are threads of the driver's JVM and its Python workers are the driver JVM's
 own children: there is nothing here to find.
 """
@@ -13,10 +13,12 @@ from __future__ import annotations
 import psutil
 
 from mvlog.connectors.spark import worker_daemon
+from mvlog.services import spark_daemon
 
 EXECUTOR_MARK = "CoarseGrainedExecutorBackend"
-#: The daemon's module in its command line: mvlog's sessions', or PySpark's own (``spark_conf`` may set it).
-DAEMON_MARKS = (worker_daemon.__name__, "pyspark.daemon")
+#: The daemon's module in its command line: mvlog's sessions', the connectors' plain one, or PySpark's own
+#: (``spark_conf`` may set either).
+DAEMON_MARKS = (spark_daemon.__name__, worker_daemon.__name__, "pyspark.daemon")
 
 
 def _below(root: int) -> list[psutil.Process]:
