@@ -96,5 +96,6 @@ def same_definition(found: Mutation | None, mine: Mutation | None) -> bool:
     the same replacement's cut-over, or neither a cut-over. A cut-over's changes are a diff of two
     definitions, so an epoch committed as one is never kept as the old definition's epoch, nor the other way
     round, even when their change counts agree (a Redis wipe between a cut-over's partition commits and its
-    Redis commit loses the record that fixed it, say)."""
+    Redis commit loses the record that fixed it, say: the view's consumer then fixes it again from these
+    barriers before any epoch is recomputed)."""
     return cut_over_of(found) == cut_over_of(mine)

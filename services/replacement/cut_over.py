@@ -40,12 +40,14 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Mutation
 from mvlog.config import Settings
+from mvlog.connectors.kafka.partition_tail import partition_barriers
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.epoch_index import IndexEntry
 from mvlog.connectors.redis.partition_staging import StagedCounts
 from mvlog.connectors.redis.replacement_store import ReplacementStore
 from mvlog.connectors.redis.view_rows import ViewRows
 from mvlog.connectors.spark.hash_partitioning import partition_tokens
+from mvlog.partition_epochs import cut_over_of
 from mvlog.replacement import diff_rows
 from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.schemas.codec import decode_row
@@ -77,6 +79,22 @@ def same_keys(view: RowSchema, replacement: RowSchema) -> bool:
     tasks (see the module's docstring)."""
     return view.primary_key == replacement.primary_key and all(
         view.column(name).type == replacement.column(name).type for name in view.primary_key)
+
+
+def cut_over_in_log(settings: Settings, view: CatalogEntry, start_offsets: Mapping[int, int],
+                    replacement_id: str) -> dict[int, int]:
+    """Per partition of ``view`` that holds one above its MCE (``start_offsets``: per partition, the first
+    offset after the MCE's barrier), the epoch of ``replacement_id``'s cut-over there. A cut-over in tasks
+    commits partition by partition before its Redis commit: a record that does not say so (Redis lost it
+    and it was staged again from the catalog) must still complete it there, since the partitions that
+    hold it can hold nothing else at that epoch."""
+    held: dict[int, int] = {}
+    for partition in range(view.partitions):
+        for barrier in partition_barriers(settings, view.name, partition, start_offsets.get(partition, 0)):
+            if cut_over_of(barrier.mutation) == replacement_id:
+                held[partition] = barrier.epoch
+                break
+    return held
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from mvlog.changes import Mutation, Op
 from mvlog.connectors.kafka.changelog_writer import ChangelogWriter, CommittedEpoch, encode_batch
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import IndexEntry
-from mvlog.connectors.redis.replacement_store import ReplacementGoneError, ReplacementStore
+from mvlog.connectors.redis.replacement_store import ReplacementGoneError, ReplacementRecord, ReplacementStore
 from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.key_order import order_member
@@ -35,7 +35,7 @@ from mvlog.services.pipeline.committer import EpochCommitter, EpochWithdrawn, Sc
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.stage import EpochWork
 from mvlog.services.pipeline.task_epochs import TaskEpochs
-from mvlog.services.replacement.cut_over import cut_over_in_tasks, same_keys
+from mvlog.services.replacement.cut_over import cut_over_in_log, cut_over_in_tasks, same_keys
 from mvlog.services.replacement.follower import ReplacementFollower
 from mvlog.services.replacement.hydration import derivation_in_tasks, first_inputs, hydration_start
 from mvlog.services.replacement.operations import plan_replacement
@@ -121,13 +121,15 @@ class ReplacementStage:
             following = view_tasks.next_epoch(self._committer.mce)
             if following is None or following > bound:
                 return False  # no new upstream epoch yet
-            if follower.mce < following:  # the replacement to that epoch exactly
-                self.follow_in_tasks(self._reader, following, None)
-                if self.follower is not follower or follower.mce != following:
-                    return False  # discarded or failed meanwhile
-            cut = follower.mce
+            cut = max(following, follower.mce)  # the replacement's epoch when it is ahead of its view
         if cut > bound:
             return False  # past this micro-batch: the view's epochs before it go first
+        if follower.mce < cut:
+            # The replacement to that epoch exactly: a cut-over fixed again from the log after a Redis wipe
+            # (_with_cut_over_in_log) has its replacement hydrated anew to the view's MCE.
+            self.follow_in_tasks(self._reader, cut, None)
+            if self.follower is not follower or follower.mce != cut:
+                return False  # discarded or failed meanwhile
         if (following := view_tasks.next_epoch(self._committer.mce)) is not None and following < cut:
             view_tasks.apply(self._reader, cut - 1)  # the view's epochs before the replacement's
         if (following := view_tasks.next_epoch(self._committer.mce)) != cut:
@@ -190,6 +192,7 @@ class ReplacementStage:
             except (CatalogError, ViewDefinitionError) as error:
                 self._failed(record.id, error)
                 return
+            record = self._with_cut_over_in_log(record)
             follower = self.follower = ReplacementFollower(record, plan, self.replacements)
         follower.apply_requested, follower.cut_epoch = record.apply_requested, record.cut_epoch
         if follower.mce is None:
@@ -215,6 +218,26 @@ class ReplacementStage:
             self.follow_in_tasks(self._reader, mce, None)
         if self.follower is follower and (follower.mce is None or follower.mce < mce):
             follower.hydrate(mce, lambda after, upto: self._reader.history(self.entry.sources, after, upto))
+
+    def _with_cut_over_in_log(self, record: ReplacementRecord) -> ReplacementRecord:
+        """``record``, with its cut-over fixed again where the view's partitions hold one of it above the
+        MCE that the record does not know of (:func:`cut_over_in_log`: Redis lost the record mid cut-over),
+        so that Spark's tasks complete the cut-over at that epoch instead of the view refusing it. Not on
+        the driver's way when every partition holds it: that is the driver's one transaction of the
+        cut-over, which its roll-forward completes."""
+        if record.cut_epoch is not None:
+            return record
+        view, mce, settings = self.entry.name, self._committer.mce, self._reader.settings
+        offsets = self.store.index.offsets_after(view, self.entry.partitions, mce or None)
+        held = cut_over_in_log(settings, self.entry, offsets, record.id)
+        if not held or (len(held) == self.entry.partitions and not settings.operators_in_tasks):
+            return record
+        cut = min(held.values())
+        if not self.replacements.resume_cut_over(view, record.id, cut):
+            return record
+        log.warning("%s: replacement %s's cut-over at epoch %d is in the changelog but not in its record (Redis "
+                    "lost it): completing it there", view, record.id, cut)
+        return self.replacements.record(view) or record
 
     def before_epoch(self, work: EpochWork) -> None:
         """Feed the epoch to the replacement; cut over to it at this epoch when an apply is pending."""

@@ -214,3 +214,25 @@ def test_a_cut_over_in_tasks_is_fixed_first_then_applied_from_the_partitions_sta
     assert not replacements.apply_partitions("v", "r1", 9, staged, index, 2)  # applied: a retry's repeat
     with pytest.raises(ReplacementGoneError):
         replacements.apply_partitions("v", "r2", 9, staged, index, 2)
+
+
+def test_a_cut_over_found_in_the_log_is_fixed_again_without_the_replacement_there(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """After a Redis wipe mid cut-over the record is staged again (not hydrated, no apply pending): the
+    cut-over the partitions hold is fixed again at its epoch, the apply pending, whatever the replacement's
+    epoch; only for the staged replacement's id, idempotently, and never at another epoch."""
+    replacements = ReplacementStore(redis_client, settings.topic_prefix)
+    assert not replacements.resume_cut_over("v", "r1", 9)  # nothing staged
+    assert replacements.stage("v", "r1", "SELECT 1") is None
+    assert not replacements.resume_cut_over("v", "r2", 9)  # another replacement
+    record = replacements.record("v")
+    assert record is not None and record.cut_epoch is None and not record.apply_requested
+    assert replacements.resume_cut_over("v", "r1", 9) and replacements.resume_cut_over("v", "r1", 9)
+    record = replacements.record("v")
+    assert record is not None and record.cut_epoch == 9 and record.apply_requested and not record.hydrated
+    with pytest.raises(CutOverBegunError, match="began at epoch 9"):
+        replacements.resume_cut_over("v", "r1", 10)
+    with pytest.raises(CutOverBegunError):
+        replacements.withdraw_apply("v", "r1")
+    with pytest.raises(CutOverBegunError):
+        replacements.discard("v")

@@ -34,6 +34,7 @@ from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.replacement_store import CutOverBegunError, ReplacementRecord, ReplacementStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import Status
+from mvlog.services.control_plane import ensure_control_plane
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.replacement.operations import request_apply, stage_replacement, wait_for_apply
 from mvlog.services.table_writer import Table
@@ -53,12 +54,12 @@ VIEWS = ["mv1", "mv2", "mv3"]
 NEW = "SELECT * FROM t1 WHERE deleted = false AND v1 > 0"
 
 
-def _runner(settings: Settings, kill_at: str) -> subprocess.Popen[str]:
+def _runner(settings: Settings, kill_at: str, views: list[str] = VIEWS) -> subprocess.Popen[str]:
     # ROOT first for the runner; the caller's PYTHONPATH stays (e.g. a worktree's package over the installed one).
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "PYSPARK_PYTHON": sys.executable}
     return subprocess.Popen([sys.executable, "-m", "tests.integration.processes.replacement_runner",
-                             settings.model_dump_json(), kill_at, *VIEWS],
+                             settings.model_dump_json(), kill_at, *views],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
 
 
@@ -259,3 +260,76 @@ def test_a_micro_batch_killed_in_tasks_is_finished_there_though_an_apply_waits(
         table.close()
     assert_barriers_once(settings, redis_client, "mvg", store.mce("mvg") or 0)
     assert check_oracle(settings, redis_client, ["t1", "mvg"]) >= 5
+
+
+@pytest.mark.timeout(900)
+def test_a_cut_over_half_committed_in_tasks_when_redis_is_wiped_completes_from_the_log(
+        make_settings: Callable[..., Settings], redis_client: redis.Redis, spark: Any) -> None:
+    """Redis wiped (FLUSHALL) after partition 0's task committed its part of a cut-over in tasks and before
+    the cut-over's Redis commit: the record that fixed the cut-over is gone, and the one staged again from
+    the catalog knows of no apply. Partition 0 holds the epoch as the replacement's cut-over, so the old
+    definition can never be written there; the next consumer takes the cut-over back from the partitions'
+    barriers, hydrates the replacement anew, follows it to that epoch and completes the cut-over there,
+    each partition's part once; the oracle holds at every epoch."""
+    settings = make_settings(operators_in_tasks=True, tasks_min_records=0)
+    table = Table.create(settings, "t1", {"id": "int", "v1": "int", "deleted": "boolean"}, ["id"],
+                         client=redis_client, auto_commit=False)
+    views, replacements = ViewStore(redis_client, settings.topic_prefix), ReplacementStore(redis_client,
+                                                                                         settings.topic_prefix)
+    rng = random.Random(5)
+    stop = threading.Event()
+
+    def epoch() -> int:
+        table.upsert([{"id": rng.randrange(80), "v1": rng.randrange(-20, 20), "deleted": rng.random() < 0.3}
+                      for _ in range(20)])
+        table.delete([rng.randrange(80)])
+        return table.flush()
+
+    def workload() -> None:  # new upstream epochs for the cut-over to take
+        while not stop.wait(0.3):
+            epoch()
+
+    def record() -> ReplacementRecord:
+        found = replacements.record("mv1")
+        assert found is not None
+        return found
+
+    epoch()
+    create_view(settings, "mv1", "SELECT * FROM t1 WHERE deleted = false", client=redis_client)
+    writer = threading.Thread(target=workload)
+    writer.start()
+    child = _runner(settings, "cutover_partition", ["mv1"])
+    try:
+        _until(lambda: (views.mce("mv1") or 0) > 0, "mv1's first epochs")
+        staged = stage_replacement(settings, "mv1", NEW, client=redis_client)
+        _until(lambda: record().hydrated, "the replacement's hydration")
+        request_apply(settings, "mv1", client=redis_client)
+        _killed(child)  # by partition 0's task of the cut-over, once it committed its part
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        stop.set()
+        writer.join()
+    cut = record().cut_epoch
+    assert cut is not None and partition_barriers(settings, "mv1", 0, 0)[-1].epoch == cut
+
+    redis_client.flushall()
+    assert ensure_control_plane(settings, redis_client)  # what `mvlog run-view` does first
+    consumer = ViewConsumer(settings, "mv1", spark=spark, client=redis_client)
+    try:
+        assert record().id == staged.id  # staged again from the catalog
+        consumer.catch_up()
+        assert wait_for_apply(settings, "mv1", staged.id, timeout=30, client=redis_client).epoch == cut
+        assert consumer.replacement.cut_overs_in_tasks == 1
+        last = [epoch() for _ in range(2)][-1]
+        assert consumer.catch_up() == last  # under the new definition
+    finally:
+        consumer.stop()
+        table.close()
+    assert CatalogStore(settings, redis_client).get("mv1").sql == NEW
+    committed = [(e.epoch, e.mutation.payload["replacement_id"]) for e in changelog(settings, redis_client, "mv1")
+                 if e.mutation is not None]
+    assert committed == [(cut, staged.id)]
+    assert_barriers_once(settings, redis_client, "mv1", last)
+    assert check_oracle(settings, redis_client, ["t1", "mv1"]) >= 3
