@@ -80,7 +80,6 @@ _HYDRATE_SCRIPT = lua_script("replacement_hydrate", lib=["swap_staged"])
 _APPLY_SCRIPT = lua_script("replacement_apply", lib=["swap_staged", "mark_applied"])
 
 _CUT_SCRIPT = lua_script("replacement_cut")
-_RESUME_CUT_SCRIPT = lua_script("replacement_resume_cut")
 
 # KEYS: record, rows, opstate, view meta, view rows, view opstate, view key-order index, then each
 # partition's six staged keys, then each partition's index key. ARGV: id, epoch hex, epoch, ts, version,
@@ -158,7 +157,6 @@ class ReplacementStore:
         self._discard = client.register_script(_DISCARD_SCRIPT)
         self._apply = client.register_script(_APPLY_SCRIPT)
         self._cut = client.register_script(_CUT_SCRIPT)
-        self._resume_cut = client.register_script(_RESUME_CUT_SCRIPT)
         self._cut_over = client.register_script(_CUT_OVER_SCRIPT)
         self._hydrate = client.register_script(_HYDRATE_SCRIPT)
         self._partition_commit = client.register_script(_PARTITION_COMMIT_SCRIPT)
@@ -330,11 +328,7 @@ class ReplacementStore:
         fixed there by an earlier attempt): from then on it can only complete. False (nothing fixed) when
         the replacement is not staged under ``replacement_id``, no apply is pending or it is not at
         ``epoch``; raises :class:`CutOverBegunError` when a cut-over began at another epoch."""
-        result = int(self._cut(keys=[self.key(view)], args=[replacement_id, epoch_hex(epoch), epoch]))
-        if result == -1:
-            record = self.record(view)
-            raise CutOverBegunError(view, record.cut_epoch if record is not None and record.cut_epoch else epoch)
-        return result == 1
+        return self._fix_cut_over(view, replacement_id, epoch, found_in_log=False)
 
     def resume_cut_over(self, view: str, replacement_id: str, epoch: int) -> bool:
         """Fix the cut-over at ``epoch``, its apply pending, where the view's changelog holds it in some
@@ -342,7 +336,11 @@ class ReplacementStore:
         cut-over's Redis commit, and it was staged again from the catalog). The replacement need not be at
         ``epoch``: it follows there before the cut-over completes. False when the replacement is not staged
         under ``replacement_id``; raises :class:`CutOverBegunError` when a cut-over began at another epoch."""
-        result = int(self._resume_cut(keys=[self.key(view)], args=[replacement_id, epoch, _now_ms()]))
+        return self._fix_cut_over(view, replacement_id, epoch, found_in_log=True)
+
+    def _fix_cut_over(self, view: str, replacement_id: str, epoch: int, *, found_in_log: bool) -> bool:
+        result = int(self._cut(keys=[self.key(view)],
+                               args=[replacement_id, epoch_hex(epoch), epoch, int(found_in_log), _now_ms()]))
         if result == -1:
             record = self.record(view)
             raise CutOverBegunError(view, record.cut_epoch if record is not None and record.cut_epoch else epoch)
