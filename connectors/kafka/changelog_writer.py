@@ -11,6 +11,7 @@ import contextlib
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -320,7 +321,9 @@ class ChangelogWriter:
             # commit any more (its open transaction is aborted by the broker), so it is released all the same.
             with contextlib.suppress(KafkaException):
                 self._producer.flush(10)
-            self._producer.close()
+            with warnings.catch_warnings():  # a fenced producer's close cannot abort what the broker aborts
+                warnings.filterwarnings("ignore", "Producer abort_transaction failed during close", RuntimeWarning)
+                self._producer.close()
 
     def _produce(self, key: bytes | None, value: bytes, partition: int, headers: Headers,
                  on_delivery: Any = None) -> None:
