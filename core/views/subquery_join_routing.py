@@ -69,15 +69,22 @@ def join_of_subqueries(plan: ViewPlan) -> bool:
     subquery (or WITH query) of one view: a GROUP BY, or a GROUP BY over a GROUP BY, whose join-key columns
     are among its groups (:func:`_levels`), or a filter/project (:func:`_FilterSide`); the other one too or
     a view."""
+    return _sides_of(plan, 1) is not None
+
+
+def _sides_of(plan: ViewPlan, partitions: int) -> tuple[_ViewSide | _FilterSide | _GroupedSide, ...] | None:
+    """The two sides of ``plan`` as the routing over ``partitions`` places them, or None when ``plan`` is not
+    a join of subqueries it routes (:func:`join_of_subqueries`)."""
     query = plan.query
     if plan.union or query.is_aggregate or query.top_n is not None or query.window is not None:
-        return False
+        return None
     if len(query.sources) != 2 or len(query.joins) != 1 or query.joins[0].kind.filters or not plan.inner:
-        return False
+        return None
     inner = dict(plan.inner)
     if set(inner) - {s.view for s in query.sources} or query.sources[0].view == query.sources[1].view:
-        return False  # a subquery elsewhere (in WHERE, in the SELECT list), or one WITH query on both sides
-    return all(_side_of(plan, side, 1) is not None for side in (0, 1))
+        return None  # a subquery elsewhere (in WHERE, in the SELECT list), or one WITH query on both sides
+    first, second = (_side_of(plan, side, partitions) for side in (0, 1))
+    return None if first is None or second is None else (first, second)
 
 
 @dataclass(frozen=True)
@@ -250,10 +257,10 @@ class SubqueryJoinRouting:
     groups: GroupRouting | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
-        if not join_of_subqueries(self.plan):
+        sides = _sides_of(self.plan, self.partitions)
+        if sides is None:
             raise ValueError(f"view {self.plan.name!r} is not a join of subqueries routed by its join key "
                              "(GROUP BY subqueries grouped by it, filter/project subqueries or views)")
-        sides = tuple(_side_of(self.plan, side, self.partitions) for side in (0, 1))
         object.__setattr__(self, "_sides", sides)
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
 
