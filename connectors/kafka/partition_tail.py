@@ -8,6 +8,7 @@ it reads is all that partition will ever hold of those epochs: see :mod:`mvlog.p
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, TopicPartition
 
@@ -47,3 +48,12 @@ def partition_barriers(settings: Settings, view: str, partition: int, start_offs
                                                   barrier.records, barrier.mutation))
     finally:
         consumer.close()
+
+
+def barriers_above(settings: Settings, view: str, partitions: int, start_offsets: Mapping[int, int]
+                   ) -> dict[int, list[PartitionBarrier]]:
+    """Per partition of ``view``, the committed barriers from ``start_offsets`` (per partition, the first
+    offset after the MCE's barrier: the epoch index's ``offsets_after``) to its end: what an attempt committed
+    there above the MCE, read by a driver that must complete or redo it (a chunk, a cut-over)."""
+    return {partition: partition_barriers(settings, view, partition, start_offsets.get(partition, 0))
+            for partition in range(partitions)}

@@ -45,7 +45,7 @@ from mvlog.backfill_record import BACKFILL_MUTATION, journal_line, position_fiel
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Mutation
 from mvlog.config import Settings
-from mvlog.connectors.kafka.partition_tail import partition_barriers
+from mvlog.connectors.kafka.partition_tail import barriers_above
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.backfill_store import BackfillStore
 from mvlog.connectors.redis.partition_staging import BackfillCommit
@@ -265,8 +265,8 @@ def recover_chunk(settings: Settings, store: ViewStore, entry: CatalogEntry, ups
     committed above ``after``, which a new chunk must come after (their epochs had none). The chunk is
     of the upstream whose positions its barriers moved."""
     start = store.index.offsets_after(entry.name, entry.partitions, after or None)
-    barriers = [barrier for partition in range(entry.partitions)
-                for barrier in partition_barriers(settings, entry.name, partition, start.get(partition, 0))]
+    barriers = [barrier for found in barriers_above(settings, entry.name, entry.partitions, start).values()
+                for barrier in found]
     above = CommittedAbove.of(entry.name, after, barriers)
     if above.chunk_epoch is None or above.payload is None:
         return None, above.last

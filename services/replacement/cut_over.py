@@ -40,7 +40,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from mvlog.catalog import CatalogEntry
 from mvlog.changes import Mutation
 from mvlog.config import Settings
-from mvlog.connectors.kafka.partition_tail import partition_barriers
+from mvlog.connectors.kafka.partition_tail import barriers_above
 from mvlog.connectors.redis import redis_client
 from mvlog.connectors.redis.epoch_index import IndexEntry
 from mvlog.connectors.redis.partition_staging import StagedCounts
@@ -83,18 +83,14 @@ def same_keys(view: RowSchema, replacement: RowSchema) -> bool:
 
 def cut_over_in_log(settings: Settings, view: CatalogEntry, start_offsets: Mapping[int, int],
                     replacement_id: str) -> dict[int, int]:
-    """Per partition of ``view`` that holds one above its MCE (``start_offsets``: per partition, the first
-    offset after the MCE's barrier), the epoch of ``replacement_id``'s cut-over there. A cut-over in tasks
+    """The epoch of ``replacement_id``'s cut-over in each partition of ``view`` that holds one above its MCE
+    (``start_offsets``: per partition, the first offset after the MCE's barrier). A cut-over in tasks
     commits partition by partition before its Redis commit: a record that does not say so (Redis lost it
     and it was staged again from the catalog) must still complete it there, since the partitions that
     hold it can hold nothing else at that epoch."""
-    held: dict[int, int] = {}
-    for partition in range(view.partitions):
-        for barrier in partition_barriers(settings, view.name, partition, start_offsets.get(partition, 0)):
-            if cut_over_of(barrier.mutation) == replacement_id:
-                held[partition] = barrier.epoch
-                break
-    return held
+    above = barriers_above(settings, view.name, view.partitions, start_offsets)
+    return {partition: cut[0] for partition, barriers in above.items()
+            if (cut := [b.epoch for b in barriers if cut_over_of(b.mutation) == replacement_id])}
 
 
 @dataclass(frozen=True)
