@@ -351,18 +351,35 @@ def partition_of_bucket(key: bytes, of_vnode: Sequence[int]) -> int | None:
 
 
 def read_sides_as(plan: ViewPlan, inputs: Sequence[str]) -> ViewPlan:
-    """``plan`` (one whose sides :class:`JoinRouting` routes, or a filter/project or GROUP BY of one view)
-    with side ``i`` read under ``inputs[i]``: its query's source ``i``, or for a semi or anti join the FROM
-    view and the view its subquery reads (the subquery keeps its name). A task's operator then gets each
+    """``plan`` (one whose sides a routing of :mod:`mvlog.views.keyed_routing` routes, or a filter/project or
+    GROUP BY of one view) with side ``i`` read under ``inputs[i]``: its query's source ``i`` when that is a
+    view, the view a subquery in FROM reads (:func:`reading_as`) when it is one, or for a semi or anti join the
+    FROM view and the view its subquery reads (the subquery keeps its name). A task's operator then gets each
     side's routed rows apart (a self-join's, a union branch's)."""
     reads = tuple(dict.fromkeys(inputs))
     if (sub := subquery_of(plan)) is not None:
         renamed = _read_as(sub, 0, inputs[1], (inputs[1],))
         inner = tuple((name, renamed if found is sub else found) for name, found in plan.inner)
         return _read_as(replace(plan, inner=inner), 0, inputs[0], reads)
-    query = plan.query
-    sources = tuple(replace(source, view=name) for source, name in zip(query.sources, inputs, strict=True))
-    return replace(plan, sources=reads, query=replace(query, sources=sources))
+    query, subqueries = plan.query, dict(plan.inner)
+    sources, read = list(query.sources), {}
+    for side, (source, name) in enumerate(zip(query.sources, inputs, strict=True)):
+        if source.view in subqueries:
+            read[source.view] = reading_as(subqueries[source.view], name)
+        else:
+            sources[side] = replace(source, view=name)
+    inner = tuple((name, read.get(name, found)) for name, found in plan.inner)
+    return replace(plan, sources=reads, inner=inner, query=replace(query, sources=tuple(sources)))
+
+
+def reading_as(sub: ViewPlan, name: str) -> ViewPlan:
+    """``sub``, a query of one view (maybe through a chain of one-source subqueries: a GROUP BY over a
+    filter/project, or over a GROUP BY), reading that view as ``name``."""
+    if sub.inner:
+        (inner_name, inner), = sub.inner
+        return replace(sub, sources=(name,), inner=((inner_name, reading_as(inner, name)),))
+    query = sub.query
+    return replace(sub, sources=(name,), query=replace(query, sources=(replace(query.sources[0], view=name),)))
 
 
 def _read_as(plan: ViewPlan, source: int, name: str, reads: tuple[str, ...]) -> ViewPlan:

@@ -47,7 +47,7 @@ import pyarrow as pa
 from mvlog.row_schema import ColumnType
 from mvlog.views.evaluate import evaluate
 from mvlog.views.expr import ColumnRef, GroupRef
-from mvlog.views.join_routing import join_key_partitions, partition_of_bucket
+from mvlog.views.join_routing import join_key_partitions, partition_of_bucket, reading_as
 from mvlog.views.nested_routing import aggregate_over_aggregate
 from mvlog.views.operator import ViewOperator
 from mvlog.views.plan import ViewPlan
@@ -290,7 +290,7 @@ class SubqueryJoinRouting:
             query = self.plan.query
             sources = (query.sources[0], replace(query.sources[1], view=renamed))
             return replace(self.plan, sources=self.inputs(), query=replace(query, sources=sources))
-        inner = tuple((name, _reading(sub, renamed) if name == side.name else sub)
+        inner = tuple((name, reading_as(sub, renamed) if name == side.name else sub)
                       for name, sub in self.plan.inner)
         return replace(self.plan, sources=self.inputs(), inner=inner)
 
@@ -311,10 +311,13 @@ class SubqueryJoinRouting:
     def first_step(self, partition: int) -> ViewOperator:
         """The operator of join-key task ``partition``: each grouped side keeps only the groups whose join key
         is there (a hopping window's row reaches several tasks, each keeping its own windows)."""
-        return ViewOperator(self.operator_plan(), inner_shares=self._shares(partition))
+        return ViewOperator(self.operator_plan(), share=self.share(partition))
 
-    def _shares(self, partition: int) -> dict[str, OperatorShare]:
-        return {side.name: side.share(partition) for side in self._sides if isinstance(side, _GroupedSide)}
+    def share(self, partition: int) -> OperatorShare:
+        """What the operator of join-key task ``partition`` keeps (:meth:`first_step`; a union's task keeps
+        this of a branch that is such a join): its grouped sides' shares, by subquery name."""
+        return OperatorShare(inner=tuple((side.name, side.share(partition)) for side in self._sides
+                                         if isinstance(side, _GroupedSide)))
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
         """The partition whose task owns each state key: the join's buckets (``j0[...]``, ``j1[...]``) by
@@ -329,12 +332,3 @@ class SubqueryJoinRouting:
         if (owner := partition_of_bucket(key, self._of_vnode)) is not None:
             return owner
         raise ValueError(f"view {self.plan.name!r}: {key!r} is neither a join bucket nor a subquery's group")
-
-
-def _reading(sub: ViewPlan, name: str) -> ViewPlan:
-    """``sub`` (a GROUP BY of one view, maybe through a filter/project subquery) reading its view as ``name``."""
-    if sub.inner:
-        (inner_name, inner), = sub.inner
-        return replace(sub, sources=(name,), inner=((inner_name, _reading(inner, name)),))
-    query = sub.query
-    return replace(sub, sources=(name,), query=replace(query, sources=(replace(query.sources[0], view=name),)))

@@ -26,8 +26,15 @@ A windowed GROUP BY branch sends a row once to each partition holding one of its
 every row to its one row's partition; each task's branch keeps only its share of the groups
 (:meth:`UnionRouting.first_step`: a global branch's row is emitted by its partition's task alone).
 
-A branch of another shape (a GROUP BY or a top-N over a join, a top-N, another subquery) keeps the union
-on the driver.
+A branch may read through a subquery in FROM (or a WITH query) where the same shape without a union
+would run in tasks: a filter/project or a GROUP BY over a filter/project subquery of one view (routed as
+the branch without it: a filter's rows by their own key, a GROUP BY's by the group the subquery's row falls
+in, none when its WHERE drops the row), and a join of subqueries whose groups hold the join key (Nexmark
+q8's shape, :mod:`mvlog.views.subquery_join_routing`: a side per source, each routed by the join key its
+rows' groups will have, the task's branch keeping the groups of its join keys).
+
+A branch of another shape (a GROUP BY or a top-N over a join, a top-N, a GROUP BY over a GROUP BY, another
+subquery) keeps the union on the driver.
 
 Pure: Arrow in, partitions out.
 """
@@ -55,9 +62,11 @@ from mvlog.views.routing import (
     filter_of_one_view,
     grouped_by_key,
     partitions_table,
+    stateless_subquery,
     view_key_partitions,
 )
 from mvlog.views.state import inner_prefix
+from mvlog.views.subquery_join_routing import SubqueryJoinRouting, join_of_subqueries
 
 #: A branch's side's input name: ``<view>#b<branch>`` (``#`` is not allowed in a view name).
 BRANCH_SIDE = "#b"
@@ -65,10 +74,21 @@ BRANCH_SIDE = "#b"
 
 def routed_union(plan: ViewPlan) -> bool:
     """A ``UNION ALL`` whose every branch reads one view, and filters and projects it or groups it by
-    key (:func:`_grouped_branch`), or joins views (:func:`_joined_branch`): the views :class:`UnionRouting`
-    partitions."""
-    return plan.union and all(filter_of_one_view(branch) or _grouped_branch(branch) or _joined_branch(branch)
-                              for _, branch in plan.inner)
+    key (:func:`_filter_branch`, :func:`_grouped_branch`), or joins views or subqueries
+    (:func:`_joined_branch`, :func:`~mvlog.views.subquery_join_routing.join_of_subqueries`): the views
+    :class:`UnionRouting` partitions."""
+    return plan.union and all(_filter_branch(branch) or _grouped_branch(branch) or _joined_branch(branch)
+                              or join_of_subqueries(branch) for _, branch in plan.inner)
+
+
+def _filter_branch(branch: ViewPlan) -> bool:
+    """A filter/project of one view, directly or over one filter/project subquery of it: it keeps no state,
+    and each of the view's rows gives at most one row of the branch, by itself."""
+    if filter_of_one_view(branch):
+        return True
+    query = branch.query
+    return (stateless_subquery(branch) is not None and len(query.sources) == 1 and not query.joins
+            and not query.is_aggregate and query.top_n is None and query.window is None)
 
 
 def _joined_branch(branch: ViewPlan) -> bool:
@@ -81,9 +101,20 @@ def _joined_branch(branch: ViewPlan) -> bool:
 
 
 def _grouped_branch(branch: ViewPlan) -> bool:
-    """A GROUP BY of one view keyed by its groups, read directly (a windowed or a global one too: the
-    task's branch keeps only its share, :meth:`UnionRouting.first_step`); not over a subquery."""
-    return grouped_by_key(branch) and not branch.inner
+    """A GROUP BY of one view keyed by its groups (a windowed or a global one too: the task's branch keeps
+    only its share, :meth:`UnionRouting.first_step`), directly or over a filter/project subquery of it."""
+    return grouped_by_key(branch)
+
+
+def _routing_of(branch: ViewPlan, partitions: int) -> GroupRouting | JoinRouting | SubqueryJoinRouting | None:
+    """The routing of a branch's rows: its GROUP BY's, its join's, or None for a filter/project."""
+    if branch.query.is_aggregate:
+        return GroupRouting(branch, partitions)
+    if _joined_branch(branch):
+        return JoinRouting(branch, partitions)
+    if join_of_subqueries(branch):
+        return SubqueryJoinRouting(branch, partitions)
+    return None
 
 
 @dataclass(frozen=True)
@@ -93,8 +124,9 @@ class UnionRouting:
     plan: ViewPlan
     partitions: int
     _of_vnode: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    #: Per branch: its GROUP BY's routing, its join's, or None for a filter/project.
-    _routings: tuple[GroupRouting | JoinRouting | None, ...] = field(init=False, repr=False, compare=False)
+    #: Per branch: its GROUP BY's routing, its join's (of views or of subqueries), or None for a filter/project.
+    _routings: tuple[GroupRouting | JoinRouting | SubqueryJoinRouting | None, ...] = field(
+        init=False, repr=False, compare=False)
     #: Per side: its branch, and the source of that branch it reads (a join branch has a side per source).
     _sides: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
     #: A join's GROUP BY step: a union has none (:class:`~mvlog.views.join_routing.JoinRouting`'s interface).
@@ -102,11 +134,10 @@ class UnionRouting:
 
     def __post_init__(self) -> None:
         if not routed_union(self.plan):
-            raise ValueError(f"view {self.plan.name!r} is not a UNION ALL of filter/project or GROUP BY branches")
+            raise ValueError(f"view {self.plan.name!r} is not a UNION ALL of filter/project, GROUP BY or join "
+                             "branches")
         object.__setattr__(self, "_of_vnode", partitions_table(self.partitions))
-        routings = tuple(GroupRouting(branch, self.partitions) if branch.query.is_aggregate
-                         else JoinRouting(branch, self.partitions) if _joined_branch(branch) else None
-                         for _, branch in self.plan.inner)
+        routings = tuple(_routing_of(branch, self.partitions) for _, branch in self.plan.inner)
         object.__setattr__(self, "_routings", routings)
         sides = tuple((i, source) for i, (_, branch) in enumerate(self.plan.inner)
                       for source in range(len(branch.query.sources)))
@@ -115,8 +146,9 @@ class UnionRouting:
     def upstreams(self) -> tuple[str, ...]:
         """The view each side reads: a branch's, or each of a join branch's sources (a semi or anti join's
         second: the view its subquery reads; a view several branches or sources read: once per side)."""
-        return tuple(routing.upstreams()[source] if isinstance(routing := self._routings[i], JoinRouting)
-                     else self.plan.inner[i][1].query.sources[source].view for i, source in self._sides)
+        return tuple(routing.upstreams()[source]
+                     if isinstance(routing := self._routings[i], JoinRouting | SubqueryJoinRouting)
+                     else self.plan.inner[i][1].sources[0] for i, source in self._sides)
 
     def self_join(self) -> bool:
         return False
@@ -142,38 +174,43 @@ class UnionRouting:
         """Where each row of side ``side``'s view goes: (row index, partition) pairs, one per row but for a
         windowed GROUP BY branch's, once to each partition holding one of its windows
         (:meth:`GroupRouting.fan_out`)."""
-        routing = self._routings[self._sides[side][0]]
+        branch, source = self._sides[side]
+        routing = self._routings[branch]
         if isinstance(routing, GroupRouting):
             return routing.fan_out(rows)
+        if isinstance(routing, SubqueryJoinRouting):
+            return routing.fan_out(source, rows)
         return each_row_once(self.partitions_of(side, rows))
 
     def first_step(self, partition: int) -> ViewOperator:
         """The operator of the task of ``partition``: each GROUP BY branch keeps only its groups there (a
-        windowed one's windows; a global one's row, if it is there)."""
+        windowed one's windows; a global one's row, if it is there), a join of subqueries the groups of its
+        join keys there."""
         shares = {name: routing.share(partition) for (name, _), routing in zip(self.plan.inner, self._routings,
                                                                                 strict=True)
-                  if isinstance(routing, GroupRouting)}
+                  if isinstance(routing, GroupRouting | SubqueryJoinRouting)}
         return ViewOperator(self.operator_plan(), inner_shares=shares)
 
     def partitions_of(self, side: int, rows: pa.Table) -> pa.Array:
         """The partition (int32) of each row of side ``side``'s view (its columns, by name): its group's (a
-        GROUP BY branch; not a windowed one's, :meth:`fan_out`), its join key's (a join branch's source),
-        else its own key's, as that view's changelog writer would place it over the union's partition
-        count."""
+        GROUP BY branch; not a windowed one's nor one over a subquery, :meth:`fan_out`), its join key's (a
+        join branch's source; a view side of a join of subqueries), else its own key's, as that view's
+        changelog writer would place it over the union's partition count."""
         branch, source = self._sides[side]
         routing = self._routings[branch]
         if isinstance(routing, GroupRouting):
             return routing.partitions_of(rows)
-        if isinstance(routing, JoinRouting):
+        if isinstance(routing, JoinRouting | SubqueryJoinRouting):
             return routing.partitions_of(source, rows)
-        schema = self.plan.inner[branch][1].query.sources[0].schema
+        plan = self.plan.inner[branch][1]
+        schema = (plan.inner[0][1] if plan.inner else plan).query.sources[0].schema  # the view the branch reads
         key = pa.table({name: rows.column(name).cast(arrow_type(schema.column(name).type))
                         for name in schema.primary_key})
         return view_key_partitions(schema, key, self._of_vnode)
 
     def partitions_of_state_keys(self, keys: Sequence[bytes]) -> list[int]:
-        """The partition whose task owns each state key: a GROUP BY branch's group (``($(branch<i>))g[...]``)
-        or a join branch's bucket (``($(branch<i>))j0[...]``)."""
+        """The partition whose task owns each state key: a GROUP BY branch's group (``($(branch<i>))g[...]``),
+        a join branch's bucket (``($(branch<i>))j0[...]``) or its grouped subqueries' groups."""
         owners = []
         for key in keys:
             for (name, _), routing in zip(self.plan.inner, self._routings, strict=True):

@@ -138,12 +138,18 @@ UNION = ("mvu", "SELECT id, v1 FROM t1 WHERE deleted = false UNION ALL SELECT k,
                 "GROUP BY window(id, '10 milliseconds', '4 milliseconds')")
 # A UNION ALL with a join branch: t1's and t2's rows routed for it by the join key (its buckets there,
 # ``($(branch0))j0[...]``), t1's and t2's again for the anti join branch by its join key (``($(branch1))j0``,
-# t2's rows as its subquery passes their ``k`` through), and t1's for the global aggregate's branch to its
-# one row's partition, whose task alone keeps that row.
+# t2's rows as its subquery passes their ``k`` through), t1's for the global aggregate's branch to its
+# one row's partition, whose task alone keeps that row, t1's and t2's for a join of GROUP BY subqueries
+# (q8's shape) by the join key of their groups (``($(branch3))($(p))g[...]`` beside the branch's buckets), and
+# t1's for a GROUP BY over a filter/project subquery by the group of the subquery's row.
 UNION_JOIN = ("mvuj", "SELECT t1.id, t2.w FROM t1 JOIN t2 ON t1.v1 = t2.k WHERE t1.deleted = false "
                       "UNION ALL SELECT id, v1 FROM t1 WHERE v1 < 0 "
                       "AND NOT EXISTS (SELECT 1 FROM t2 WHERE t2.k = t1.v1) "
-                      "UNION ALL SELECT count(*) AS n, sum(v1) AS s FROM t1 WHERE deleted = false")
+                      "UNION ALL SELECT count(*) AS n, sum(v1) AS s FROM t1 WHERE deleted = false "
+                      "UNION ALL SELECT p.v1, q.n FROM (SELECT v1, count(*) AS n FROM t1 WHERE deleted = false "
+                      "GROUP BY v1) p JOIN (SELECT k, count(*) AS n FROM t2 GROUP BY k) q ON p.v1 = q.k "
+                      "UNION ALL SELECT b, sum(id) AS s FROM (SELECT v1 % 3 AS b, id FROM t1 WHERE deleted = false) "
+                      "f GROUP BY b")
 UNIONS = [UNION, UNION_JOIN]
 
 

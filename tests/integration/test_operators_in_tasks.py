@@ -108,8 +108,10 @@ def test_filter_and_project_views_in_tasks_on_a_local_cluster_match_the_oracle(
     union_state = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvu}}:opstate"))
     assert {key[:key.index(b"[")] for key in union_state} == {b"($(branch1))g", b"($(branch2))g"}, union_state
     union_state = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvuj}}:opstate"))
-    assert {key[:key.index(b"[")] for key in union_state} == {b"($(branch0))j0", b"($(branch0))j1", b"($(branch1))j0",
-                                                               b"($(branch1))j1", b"($(branch2))g"}, union_state
+    assert {key[:key.index(b"[")] for key in union_state} == {
+        b"($(branch0))j0", b"($(branch0))j1", b"($(branch1))j0", b"($(branch1))j1", b"($(branch2))g",
+        b"($(branch3))($(p))g", b"($(branch3))($(q))g", b"($(branch3))j0", b"($(branch3))j1",
+        b"($(branch4))g"}, union_state
     assert deletes["mvuj"] > 0 and store.row_count("mvuj") > 20, "the union's joined rows never came and went"
     over_groups = cast(list[bytes], redis_client.hkeys(f"{settings.topic_prefix}:{{mvjq}}:opstate"))
     assert {key[:key.index(b"[")] for key in over_groups} == {b"($(q))j0", b"($(q))j1", b"($(q))g", b"g"}, over_groups

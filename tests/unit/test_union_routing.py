@@ -18,6 +18,7 @@ from mvlog.views import ChangeBatch, plan_view
 from mvlog.views.join_routing import JoinRouting
 from mvlog.views.keyed_routing import operator_key_routing, routed_by_operator_key
 from mvlog.views.routing import partitions_table, view_key_partitions
+from mvlog.views.subquery_join_routing import SubqueryJoinRouting
 from mvlog.views.union_routing import UnionRouting, routed_union
 
 from .test_join_routing import A, B, SplitJoin, _a, _b, _changes
@@ -53,6 +54,24 @@ UNIONS = [
     "UNION ALL SELECT id, s FROM a WHERE k > 1 UNION ALL SELECT a.id, a.s FROM a WHERE a.k IN (SELECT k2 FROM b)",
     "SELECT x.id, x.k FROM a x WHERE EXISTS (SELECT 1 FROM a y WHERE y.k = x.id) "
     "UNION ALL SELECT k, count(*) AS n FROM a GROUP BY k",
+    # Branches through a filter/project subquery: a filter's rows by their own key, a GROUP BY's by the group
+    # of the subquery's row (none when its WHERE drops it); a WITH query read by two branches.
+    "SELECT id, s FROM (SELECT id, s FROM a WHERE k > 0) t UNION ALL SELECT bid, 'b' FROM b",
+    "SELECT k, count(*) AS n FROM (SELECT k % 3 AS k, id FROM a WHERE x > 0) u GROUP BY k "
+    "UNION ALL SELECT id, k FROM a WHERE k > 1",
+    "WITH f AS (SELECT id, k, x FROM a WHERE s <> 's0') SELECT id, k FROM f WHERE x > 0 "
+    "UNION ALL SELECT k, sum(id) AS n FROM f GROUP BY k",
+    # Joins of subqueries grouped by the join key (Nexmark q8's shape): a side per source, each routed by
+    # the join key of its rows' groups; two GROUP BYs, a LEFT JOIN of a filter with a GROUP BY, and the
+    # hopping windows of one view on both sides (a row to each partition of its windows, per side).
+    "SELECT p.k, q.n FROM (SELECT k, count(*) AS n FROM a GROUP BY k) p "
+    "JOIN (SELECT w, count(*) AS n FROM b GROUP BY w) q ON p.k = q.w UNION ALL SELECT bid, w FROM b",
+    "SELECT x.id, q.n FROM (SELECT id, k FROM a WHERE s <> 's0') x LEFT JOIN "
+    "(SELECT w, count(*) AS n FROM b GROUP BY w) q ON x.k = q.w UNION ALL SELECT id, k FROM a",
+    "SELECT p.k, p.n, q.m FROM (SELECT k, window.start AS ws, count(*) AS n FROM a "
+    "GROUP BY k, window(id, '4 milliseconds', '2 milliseconds')) p JOIN (SELECT k, window.start AS ws, "
+    "max(id) AS m FROM a WHERE x IS NOT NULL GROUP BY k, window(id, '4 milliseconds', '2 milliseconds')) q "
+    "ON p.k = q.k AND p.ws = q.ws UNION ALL SELECT k, count(*) AS n, sum(id) AS m FROM a GROUP BY k",
 ]
 
 
@@ -64,7 +83,10 @@ UNIONS = [
      False),  # a semi join whose subquery computes its join key: not a column of b
     ("SELECT a.id, b.w FROM a JOIN b ON a.k = b.k2 JOIN a c ON b.w = c.id UNION ALL SELECT bid, w FROM b",
      False),  # a chain on two keys
-    ("SELECT id, s FROM (SELECT id, s FROM a WHERE k > 0) t UNION ALL SELECT bid, 'b' FROM b", False),
+    ("SELECT n, count(*) AS c FROM (SELECT k, count(*) AS n FROM a GROUP BY k) s GROUP BY n "
+     "UNION ALL SELECT bid, w FROM b", False),  # a GROUP BY over a GROUP BY: a step by the outer groups
+    ("SELECT a.id FROM a JOIN (SELECT w, max(bid) AS hi FROM b GROUP BY w) q ON a.id = q.hi "
+     "UNION ALL SELECT bid FROM b", False),  # a join on an aggregate's result: a step before the join
     ("SELECT id, k FROM a WHERE k > 0", False),  # not a union
 ])
 def test_which_views_the_union_routing_takes(sql: str, taken: bool) -> None:
@@ -144,3 +166,42 @@ def test_a_join_branch_is_a_side_per_source_routed_by_its_join_key() -> None:
     assert routing.partitions_of(3, rows) != routing.partitions_of(4, rows)
     prefix = b"(" + plan.inner[0][0].encode() + b")"
     assert routing.partitions_of_state_keys([prefix + b"j1[1.0]"]) == join.partitions_of_state_keys([b"j1[1.0]"])
+
+
+def test_a_join_of_subqueries_branch_is_a_side_per_source_routed_by_its_groups_join_key() -> None:
+    """A join of GROUP BY subqueries as a branch: each source a side (``<view>#b<branch>.<source>``) whose
+    subquery reads it under that name, routed as the join alone routes it (by the join key of the row's
+    groups), its groups and buckets owned where that join's are, under the branch's prefix."""
+    plan = plan_view("v", UNIONS[16], {"a": A, "b": B})
+    routing = UnionRouting(plan, 4)
+    assert routing.upstreams() == ("a", "b", "b")
+    assert routing.inputs() == ("a#b0.0", "b#b0.1", "b#b1")
+    name, branch = routing.operator_plan().inner[0]
+    assert branch.sources == ("a#b0.0", "b#b0.1")
+    assert [sub.sources for _, sub in branch.inner] == [("a#b0.0",), ("b#b0.1",)]
+    join = SubqueryJoinRouting(plan.inner[0][1], 4)
+    rows_b = pa.Table.from_pylist([_b(random.Random(i), i) for i in range(40)])
+    assert routing.fan_out(1, rows_b) == join.fan_out(1, rows_b)
+    prefix = b"(" + name.encode() + b")"
+    group = b"($(q))g[3]"
+    assert routing.partitions_of_state_keys([prefix + group]) == join.partitions_of_state_keys([group])
+    with pytest.raises(ValueError, match="a subquery"):
+        routing.partitions_of(1, rows_b)  # a grouped side's rows go by fan_out: several partitions, or none
+
+
+def test_a_branch_through_a_filter_subquery_routes_the_views_rows() -> None:
+    """A GROUP BY branch over a filter/project subquery routes the view's rows by the group the subquery's
+    row falls in, and drops the rows its WHERE drops; a filter branch over one routes by the view's key."""
+    plan = plan_view("v", UNIONS[14], {"a": A, "b": B})
+    routing = UnionRouting(plan, 4)
+    assert routing.upstreams() == ("a", "a")
+    rows = pa.Table.from_pylist([_a(random.Random(i), i) for i in range(60)])
+    kept, parts = routing.fan_out(0, rows)
+    positive = [i for i, row in enumerate(rows.to_pylist()) if row["x"] is not None and row["x"] > 0]
+    assert kept.to_pylist() == positive and 0 < len(positive) < 60
+    by_group: dict[int | None, set[int]] = {}  # k % 3, NULL for a NULL k: a group each, in one partition
+    for row, part in zip(rows.take(kept).to_pylist(), parts.to_pylist(), strict=True):
+        by_group.setdefault(None if row["k"] is None else row["k"] % 3, set()).add(part)
+    assert len(by_group) >= 3 and all(len(owners) == 1 for owners in by_group.values()), by_group
+    filtered = UnionRouting(plan_view("v", UNIONS[13], {"a": A, "b": B}), 4)
+    assert filtered.partitions_of(0, rows) == view_key_partitions(A, rows.select(["id"]), partitions_table(4))
