@@ -101,6 +101,18 @@ class CutOverBegunError(ReplacementError):
         self.epoch = epoch
 
 
+class CutOverNotReachedError(ReplacementError):
+    """A cut-over in Spark's tasks at :attr:`epoch` while the replacement is at another epoch: its rows are
+    not the cut-over's, so a diff of them would write wrong changes. The replacement must follow to the epoch
+    first (:meth:`~mvlog.services.replacement.stage.ReplacementStage.cut_over_in_tasks` does). Raised rather
+    than refused: a refusal reads as a withdrawn apply, which the next micro-batch would try again, forever."""
+
+    def __init__(self, view: str, replacement_id: str, epoch: int, at: int | None) -> None:
+        super().__init__(f"{view}: replacement {replacement_id} is at epoch {at}, not at its cut-over's epoch "
+                         f"{epoch}; it must be there before Spark's tasks diff its rows")
+        self.epoch = epoch
+
+
 def _refused(view: str, error: redis.ResponseError) -> CutOverBegunError | None:
     """The :class:`CutOverBegunError` a script's ``CUTOVER <epoch>`` error reply stands for, if it is one."""
     words = str(error).split()
@@ -326,8 +338,9 @@ class ReplacementStore:
     def begin_cut_over(self, view: str, replacement_id: str, epoch: int) -> bool:
         """Fix the pending apply's cut-over at ``epoch`` before Spark's tasks write any of it (or find it
         fixed there by an earlier attempt): from then on it can only complete. False (nothing fixed) when
-        the replacement is not staged under ``replacement_id``, no apply is pending or it is not at
-        ``epoch``; raises :class:`CutOverBegunError` when a cut-over began at another epoch."""
+        the replacement is not staged under ``replacement_id`` or no apply is pending; raises
+        :class:`CutOverBegunError` when a cut-over began at another epoch, and :class:`CutOverNotReachedError`
+        when the replacement is not at ``epoch`` (the caller follows it there first)."""
         return self._fix_cut_over(view, replacement_id, epoch, found_in_log=False)
 
     def resume_cut_over(self, view: str, replacement_id: str, epoch: int) -> bool:
@@ -344,6 +357,9 @@ class ReplacementStore:
         if result == -1:
             record = self.record(view)
             raise CutOverBegunError(view, record.cut_epoch if record is not None and record.cut_epoch else epoch)
+        if result == -2:
+            record = self.record(view)
+            raise CutOverNotReachedError(view, replacement_id, epoch, record.mce if record is not None else None)
         return result == 1
 
     def apply_partitions(self, view: str, replacement_id: str, epoch: int, staged: Mapping[int, StagedCounts],

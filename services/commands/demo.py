@@ -400,8 +400,7 @@ def _wait_caught_up(consumers: list[ViewConsumer], queries: list[StreamingQuery]
     while time.monotonic() < deadline:
         if all(c.mce >= targets[c.entry.name] for c in consumers):
             return True
-        if any(q.exception() is not None or not q.isActive or c.failure() is not None
-               for c, q in zip(consumers, queries, strict=True)):
+        if any(c.failure() is not None for c in consumers):
             return False
         time.sleep(0.2)
     return False
@@ -446,15 +445,13 @@ def _restart_failed(settings: Settings, spark: Any, client: Any, consumers: list
     connect back in time on an overloaded machine.
     """
     for i, (consumer, query) in enumerate(zip(consumers, queries, strict=True)):
-        error = query.exception() or consumer.failure()  # an apply fails the query at the next micro-batch
-        if error is None and query.isActive:
+        if (error := consumer.failure()) is None:
             continue
         name = consumer.entry.name
         if restarts.get(name, 0) >= RESTARTS:
             return _failed_query([consumer], [query])
         restarts[name] = restarts.get(name, 0) + 1
-        reason = _short(error) if error is not None else "the streaming query stopped"
-        click.echo(f"view {name} failed ({reason}); restarting it ({restarts[name]}/{RESTARTS})", err=True)
+        click.echo(f"view {name} failed ({_short(error)}); restarting it ({restarts[name]}/{RESTARTS})", err=True)
         with contextlib.suppress(Exception):  # a failed query raises its error again on stop
             consumer.stop()
         consumers[i] = _view_consumer(settings, name, spark, client)
@@ -463,11 +460,10 @@ def _restart_failed(settings: Settings, spark: Any, client: Any, consumers: list
 
 
 def _failed_query(consumers: list[ViewConsumer], queries: list[StreamingQuery]) -> str | None:
-    for consumer, query in zip(consumers, queries, strict=True):
-        error = query.exception() or consumer.failure()  # an apply fails the query at the next micro-batch
-        if error is None and query.isActive:
+    for consumer in consumers:
+        if (error := consumer.failure()) is None:
             continue
-        reason = _short(error) if error is not None else "the streaming query stopped"
+        reason = _short(error)
         consumer.store.set_lifecycle(consumer.entry.name, Lifecycle.FAILED, reason)
         return f"view {consumer.entry.name} failed: {reason}"
     return None

@@ -240,11 +240,10 @@ class _Supervisor:
                     click.echo(f"{name}: stopping it alone: {request}", err=True)
                     self.stop_one(name)
                     continue
-                error = view.query.exception() or view.consumer.failure()  # an apply fails the query later
-                if error is None and view.query.isActive:
+                if (error := view.consumer.failure()) is None:
                     continue
                 self.stop_one(name, release=False)
-                self.failed(name, error if error is not None else "the streaming query stopped")
+                self.failed(name, error)
             for name in list(self.restarts_due):
                 if self.leases.stop_requested(name) is not None:  # dropped while it waited: not again
                     del self.restarts_due[name]

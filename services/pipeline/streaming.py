@@ -113,12 +113,21 @@ class MicroBatchRunner:
             except Exception as error:
                 log.warning("%s: upkeep failed: %s", self.name, error)
 
+    def failure(self) -> BaseException | None:
+        """Why the reads stopped, None while they run: the query's error (a micro-batch in Spark's tasks
+        that raised), a failed apply's (which fails the query only when the next micro-batch comes), or
+        the query having stopped by itself. Supervisors check this one call."""
+        if self.query is not None:
+            if (error := self.query.exception()) is not None:
+                return error
+            if not self.query.isActive and not self._stopping.is_set():
+                return RuntimeError(f"{self.name}: the streaming query stopped")
+        return self.worker.failure()
+
     def check(self) -> None:
-        """Raise the query's error, or a failed apply's (which fails the query only when the next
-        micro-batch comes)."""
-        if self.query is not None and self.query.exception() is not None:
-            raise RuntimeError(f"{self.name}: {self.query.exception()}")
-        self.worker.check()
+        """Raise :meth:`failure`, if any."""
+        if (error := self.failure()) is not None:
+            raise RuntimeError(f"{self.name}: {error}") from error
 
     def wait_until(self, reached: Callable[[], bool], what: str, timeout: float) -> None:
         """Block until ``reached()``, raising the query's or a failed apply's error (:meth:`check`) at once

@@ -232,8 +232,9 @@ class ViewConsumer:
                                  self.trigger_interval, name)
 
     def failure(self) -> BaseException | None:
-        """The error of a micro-batch whose apply failed (supervisors check it: the query fails only later)."""
-        return self.runner.worker.failure()
+        """Why the consumer's reads stopped, None while they run (:meth:`MicroBatchRunner.failure`: the
+        query's error, a failed apply's, or the query stopped): what supervisors check."""
+        return self.runner.failure()
 
     def wait_for_epoch(self, epoch: int, timeout: float = 120.0) -> None:
         """Block until the view's MCE reaches ``epoch`` (raises the query's error if it failed)."""

@@ -169,9 +169,11 @@ def cut_over_in_tasks(spark: SparkSession, settings: Settings, entry: CatalogEnt
                       on_written: Callable[[int, int], None] | None = None) -> bool:
     """Cut view ``entry`` over to its staged replacement (``new``: its rows' schema) at ``epoch``, the
     view's next upstream epoch, in Spark's tasks (see the module's docstring). False (nothing done) when
-    the cut-over cannot be fixed at ``epoch``: the apply was withdrawn or the replacement discarded, or it
-    is not at ``epoch``. ``start_offsets``: per view partition, the changelog offset after the MCE's
-    barrier (where the tasks look for an earlier attempt's cut-over); ``on_written``: fault injection."""
+    the cut-over cannot be fixed at ``epoch``: the apply was withdrawn or the replacement discarded; raises
+    :class:`~mvlog.connectors.redis.replacement_store.CutOverNotReachedError` when the replacement is not at
+    ``epoch`` (the caller follows it there first). ``start_offsets``: per view partition, the changelog
+    offset after the MCE's barrier (where the tasks look for an earlier attempt's cut-over); ``on_written``:
+    fault injection."""
     view = entry.name
     if not replacements.begin_cut_over(view, replacement_id, epoch):
         return False

@@ -10,7 +10,12 @@ from mvlog.changes import IndexEntry
 from mvlog.config import Settings
 from mvlog.connectors.redis.epoch_commit import EpochCommit, ServingStateLostError
 from mvlog.connectors.redis.partition_staging import PartitionStaging, StagedCounts, StagingIncompleteError
-from mvlog.connectors.redis.replacement_store import CutOverBegunError, ReplacementGoneError, ReplacementStore
+from mvlog.connectors.redis.replacement_store import (
+    CutOverBegunError,
+    CutOverNotReachedError,
+    ReplacementGoneError,
+    ReplacementStore,
+)
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import Status
 
@@ -175,7 +180,8 @@ def test_a_cut_over_in_tasks_is_fixed_first_then_applied_from_the_partitions_sta
     assert replacements.commit("v", "r1", 9, {b"a": b"1", b"b": b"2"}, [], {b"g": b"s"}, [])
     assert not replacements.begin_cut_over("v", "r1", 9)  # no apply pending
     assert replacements.request_apply("v", "r1")
-    assert not replacements.begin_cut_over("v", "r1", 10)  # the replacement is not there
+    with pytest.raises(CutOverNotReachedError, match="is at epoch 9, not at its cut-over's epoch 10"):
+        replacements.begin_cut_over("v", "r1", 10)  # the replacement is not there
     assert not replacements.begin_cut_over("v", "r2", 9)  # another replacement
     assert replacements.begin_cut_over("v", "r1", 9) and replacements.begin_cut_over("v", "r1", 9)
     with pytest.raises(CutOverBegunError, match="began at epoch 9"):
@@ -236,3 +242,13 @@ def test_a_cut_over_found_in_the_log_is_fixed_again_without_the_replacement_ther
         replacements.withdraw_apply("v", "r1")
     with pytest.raises(CutOverBegunError):
         replacements.discard("v")
+    # The tasks' diff of the replacement's rows waits for the replacement to be at the cut-over's epoch: not
+    # hydrated yet, then behind it, it is an error (never a silent refusal, which the consumer would retry).
+    with pytest.raises(CutOverNotReachedError, match="is at epoch None"):
+        replacements.begin_cut_over("v", "r1", 9)
+    assert replacements.commit("v", "r1", 8, {b"a": b"1"}, [], {}, [])
+    with pytest.raises(CutOverNotReachedError, match="is at epoch 8, not at its cut-over's epoch 9"):
+        replacements.begin_cut_over("v", "r1", 9)
+    assert replacements.commit("v", "r1", 9, {b"b": b"2"}, [], {}, [])
+    assert replacements.begin_cut_over("v", "r1", 9)
+    assert replacements.resume_cut_over("v", "r1", 9)  # found in the log again: fixed, wherever the replacement is

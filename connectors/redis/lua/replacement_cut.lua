@@ -8,7 +8,8 @@
 -- (staged anew, it follows to the cut-over's epoch first).
 -- KEYS: the replacement's record. ARGV: id, epoch hex, epoch, found in the log ('1' / '0'), ts.
 -- 1: fixed at this epoch (now or by an earlier attempt); 0: not staged under that id, or (from the tasks)
--- no apply pending or the replacement not at the epoch; -1: fixed at another epoch.
+-- no apply pending; -1: fixed at another epoch; -2 (from the tasks): the replacement is not at the epoch
+-- (its rows are not the cut-over's, so the tasks' diff of them would be wrong: it must follow there first).
 local record = KEYS[1]
 local from_log = ARGV[4] == '1'
 if redis.call('HGET', record, 'id') ~= ARGV[1] or redis.call('HGET', record, 'status') ~= 'staged'
@@ -16,16 +17,14 @@ if redis.call('HGET', record, 'id') ~= ARGV[1] or redis.call('HGET', record, 'st
   return 0
 end
 local fixed = redis.call('HGET', record, 'cut_epoch')
-if fixed then
-  if fixed == ARGV[3] then return 1 end
+if fixed and fixed ~= ARGV[3] then
   return -1
 end
-if from_log then
-  if not redis.call('HGET', record, 'apply_requested') then
-    redis.call('HSET', record, 'apply_requested', ARGV[5])
-  end
-elseif redis.call('HGET', record, 'mce_hex') ~= ARGV[2] then
-  return 0
+if not from_log and redis.call('HGET', record, 'mce_hex') ~= ARGV[2] then
+  return -2
+end
+if from_log and not redis.call('HGET', record, 'apply_requested') then
+  redis.call('HSET', record, 'apply_requested', ARGV[5])
 end
 redis.call('HSET', record, 'cut_epoch', ARGV[3])
 return 1
