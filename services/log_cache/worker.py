@@ -16,10 +16,8 @@
   runs straight into Arrow IPC messages, barriers aligned across the partitions this worker holds,
   commit rule); every committed epoch goes into the :class:`LogCache`.
 * **Serving.** ``GET /epochs/<upstream>/<partition>/?after=A&upto=U`` answers an Arrow IPC stream of
-  the partition's epochs in ``(A, U]`` (200), or 410 (evicted: below the floor, read Kafka), 425 (not
-  aligned yet) or 404 (partition not held), with ``{"floor", "tail"}``. The 200 reply is streamed: the
-  schema message, then the cached IPC messages themselves, so any number of readers are served at once
-  without copying the cache. ``GET /stats/`` is JSON.
+  the partition's epochs in ``(A, U]``, streamed from the cached messages themselves, or 410 (evicted),
+  425 (not aligned yet) or 404 (not held); ``GET /stats/`` is JSON (:mod:`~mvlog.services.log_cache.serving`).
 * **Registry.** Every heartbeat the worker claims its partitions in Redis (:class:`CacheRegistry`) with
   a TTL, so the claims of a killed worker expire.
 * **Backpressure.** When a downstream's lag reaches its ``max_epoch_lag``, the upstream's partitions are
@@ -32,20 +30,13 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import faust
 import pyarrow as pa
-from aiohttp import web
-from aiokafka.structs import TopicPartition as AIOKafkaTopicPartition
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
-from faust.web import Request, Response, View
 
 from mvlog.barrier_alignment import AlignmentError
 from mvlog.catalog import CatalogEntry
@@ -58,143 +49,19 @@ from mvlog.connectors.redis.cache_registry import HEARTBEATS_TO_EXPIRE, CacheReg
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.epoch_index import EpochIndex
 from mvlog.connectors.spark.change_rows import arrow_schema
-from mvlog.connectors.spark.log_cache_client import ARROW_STREAM
-from mvlog.log_cache import CacheError, LogCache, RangeStatus
+from mvlog.log_cache import CacheError, LogCache
 from mvlog.process_memory import peak_rss_kib, rss_kib
 from mvlog.schemas.codec import DecodeError
-from mvlog.services.log_cache.feed import FeedError, IpcParts, KafkaMessage, UpstreamFeed, reply_buffers
+from mvlog.services.log_cache.feed import FeedError, IpcParts, KafkaMessage, UpstreamFeed
+from mvlog.services.log_cache.serving import CacheServer, UpstreamStats
+from mvlog.services.log_cache.transport import FETCH_BYTES, CacheApp, UpstreamConsumer, use_returning_memory_pool
 
 log = logging.getLogger(__name__)
 
 CONFIRM_INTERVAL_S = 0.05  # how often held epochs are checked against the epoch index
 BACKPRESSURE_INTERVAL_S = 0.1
 COMMIT_INTERVAL_S = 1.0  # how often the feeds' positions are committed for the consumer group
-CONSUME_MESSAGES = 4000  # records per consume call (one feed step, decoded at once)
-CONSUME_WAIT_S = 0.1
-# librdkafka's pre-fetch queue of each upstream's consumer, and one fetch response (which may land on a
-# full queue). At 1 MiB fetches into a 4 MiB queue a worker followed 30k changes/s falling behind by a
-# second per epoch, waiting in consume() (py-spy: 2 % of its time decoding); the readers' sizes (16 MiB
-# fetches, a 32 MiB queue) are halved here, as the worker holds them for every upstream (I4).
-QUEUED_KIB = 16 * 1024
-FETCH_MAX_BYTES = 8 * 1024 * 1024
-FETCH_BYTES = QUEUED_KIB * 1024 + FETCH_MAX_BYTES  # records in flight per upstream besides the cache (I4)
 DECODED_PER_ARROW_BYTE = 4  # a consume batch's decoded objects (transient) against the Arrow bytes it makes
-
-
-def use_returning_memory_pool() -> str:
-    """Make Arrow allocate from a pool that gives freed memory back, for this process (I4).
-
-    pyarrow's default pool is mimalloc, which keeps much of what a worker frees (the builders' transient
-    buffers, evicted epochs) in its segments: ``bench/cache.py`` measured the worker's peak RSS 130 MiB
-    above idle for a 64 MiB cache with mimalloc, 96 MiB with jemalloc or the system allocator (Arrow's
-    own count was 64 MiB in every case). jemalloc with decay 0 purges freed pages at once.
-    """
-    try:
-        pool = pa.jemalloc_memory_pool()
-        pa.jemalloc_set_decay_ms(0)
-    except NotImplementedError:  # a pyarrow built without jemalloc
-        pool = pa.system_memory_pool()
-    pa.set_memory_pool(pool)
-    return str(pool.backend_name)
-
-
-class _BoundedFetchThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread with every assigned partition paused in aiokafka: the records come through
-    the upstreams' confluent-kafka consumers (see the module's docstring), so aiokafka's fetcher must not
-    fetch them too (Faust's own pause only filters what it hands out). ``fetch_max_bytes`` bounded all
-    the same (not a Faust setting; 50 MB by default)."""
-
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_bytes = FETCH_MAX_BYTES  # read by the fetcher aiokafka creates at start()
-        return consumer
-
-    async def on_partitions_assigned(self, assigned: Any, generation_id: int = 0) -> None:
-        self._ensure_consumer().pause(*(AIOKafkaTopicPartition(tp.topic, tp.partition) for tp in assigned))
-        await super().on_partitions_assigned(assigned, generation_id)
-
-
-class _BoundedFetchConsumer(faust_aiokafka.Consumer):
-    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
-        return _BoundedFetchThread(self, loop=self.loop, beacon=self.beacon)
-
-
-class _BoundedFetchTransport(faust_aiokafka.Transport):
-    Consumer = _BoundedFetchConsumer
-
-
-class _UpstreamConsumer:
-    """The confluent-kafka consumer of one upstream's partitions held by this worker.
-
-    Every call goes through one thread of its own (:meth:`call`): ``consume`` waits there, off the event
-    loop, and ``close`` can never run while a ``consume`` is under way. It is ``assign()``-ed only (Faust's
-    consumer is the group member): it reads the group's committed offsets to start from, and commits none.
-    """
-
-    def __init__(self, settings: Settings, group_id: str, topic: str) -> None:
-        self.topic = topic
-        self.assigned: list[int] = []
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cache-{topic}")
-        self._consumer = Consumer({
-            **settings.kafka_client_config(),
-            "group.id": group_id,
-            "isolation.level": "read_uncommitted",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "fetch.max.bytes": FETCH_MAX_BYTES,
-            "max.partition.fetch.bytes": FETCH_MAX_BYTES // 2,
-            "queued.max.messages.kbytes": QUEUED_KIB,
-            "fetch.wait.max.ms": 50,
-            # After a full queue librdkafka waits this long before the next fetch (1 s by default): a worker
-            # taking an epoch's burst of records off a full queue then lagged its writer by seconds.
-            "fetch.queue.backoff.ms": 5,
-        })
-
-    async def call(self, method: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, method, *args)
-
-    def assign(self, partitions: list[int]) -> None:
-        """Read ``partitions`` from where the group left them (its committed offsets), or the start."""
-        if not partitions:
-            if self.assigned:
-                self._consumer.unassign()
-            self.assigned = []
-            return
-        committed = self._consumer.committed([TopicPartition(self.topic, p) for p in partitions], timeout=10)
-        starts = [(tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING) for tp in committed]
-        self._consumer.assign([TopicPartition(self.topic, partition, offset) for partition, offset in starts])
-        self.assigned = list(partitions)
-
-    def consume(self) -> list[Any]:
-        if not self.assigned:
-            return []
-        messages: list[Any] = self._consumer.consume(CONSUME_MESSAGES, CONSUME_WAIT_S)
-        return messages
-
-    def pause(self, partitions: list[int]) -> None:
-        self._consumer.pause([TopicPartition(self.topic, p) for p in partitions])
-
-    def resume(self, partitions: list[int]) -> None:
-        self._consumer.resume([TopicPartition(self.topic, p) for p in partitions])
-
-    def close(self) -> None:
-        self._thread.submit(self._consumer.close)
-        self._thread.shutdown(wait=False)
-
-
-class _CacheApp(faust.App):
-    def _new_transport(self) -> Any:
-        return _BoundedFetchTransport(self.conf.broker_consumer, self)
-
-
-@dataclass
-class UpstreamStats:
-    served_epochs: int = 0  # partition-epochs answered from memory
-    evicted_replies: int = 0
-    not_yet_replies: int = 0
-    paused: bool = False
-    errors: list[str] = field(default_factory=list)
 
 
 def upstreams_read_by_views(catalog: CatalogStore) -> list[CatalogEntry]:
@@ -228,16 +95,17 @@ class LogCacheWorker:
         self.backpressure = Backpressure(settings, redis_client.connect(settings))
         self._claimed: dict[str, list[int]] = {}
         self._paused: dict[str, set[int]] = {}  # upstream -> partitions paused on its consumer
-        self._consumers: dict[str, _UpstreamConsumer] = {}
+        self._consumers: dict[str, UpstreamConsumer] = {}
         self._committed: dict[TP, int] = {}  # the positions last committed for the consumer group
         self.largest_epoch_bytes = 0  # the largest epoch put in the cache (Arrow bytes)
+        self.server = CacheServer(self.cache, self.feeds, self.stats, self._schema_messages)
         self.app = self._build_app()
 
     # --- the Faust app ----------------------------------------------------------------------------
 
     def _build_app(self) -> faust.App:
         settings = self.settings
-        app = _CacheApp(
+        app = CacheApp(
             f"{settings.topic_prefix}-log-cache",
             broker=[f"kafka://{server}" for server in settings.bootstrap_servers.split(",")],
             broker_credentials=faust_broker_credentials(settings),  # SASL/TLS from the same settings
@@ -264,18 +132,7 @@ class LogCacheWorker:
         app.timer(settings.cache_heartbeat_ms / 1000)(self._heartbeat)
         app.timer(COMMIT_INTERVAL_S)(self._commit_positions)
         app.on_partitions_assigned.connect(self._on_assigned)
-        worker = self
-
-        class EpochsView(View):
-            async def get(self, request: Request, upstream: str, partition: str) -> Any:
-                return await worker._serve(self, request, upstream, int(partition))
-
-        class StatsView(View):
-            async def get(self, request: Request) -> Response:
-                return self.json(worker.describe())
-
-        app.page("/epochs/{upstream}/{partition}/")(EpochsView)
-        app.page("/stats/")(StatsView)
+        self.server.add_pages(app, self.describe)
         return app
 
     def _agent_for(self, upstream: str) -> Any:
@@ -297,7 +154,7 @@ class LogCacheWorker:
         The consumer follows the feed: when the feed's partitions change (a rebalance), it is assigned them
         from the group's committed offsets; batches consumed for a feed that was replaced meanwhile are
         dropped (the new feed starts at its partitions' next barrier)."""
-        consumer = _UpstreamConsumer(self.settings, self.app.conf.id, self.settings.changelog_topic(upstream))
+        consumer = UpstreamConsumer(self.settings, self.app.conf.id, self.settings.changelog_topic(upstream))
         self._consumers[upstream] = consumer
         try:
             while True:
@@ -313,7 +170,7 @@ class LogCacheWorker:
             self._consumers.pop(upstream, None)
             consumer.close()
 
-    async def _fetch_once(self, upstream: str, consumer: _UpstreamConsumer) -> None:
+    async def _fetch_once(self, upstream: str, consumer: UpstreamConsumer) -> None:
         feed = self.feeds.get(upstream)
         if feed is None:
             await consumer.call(consumer.assign, [])
@@ -454,39 +311,7 @@ class LogCacheWorker:
         await asyncio.to_thread(self.registry.heartbeat, self.worker_id, self.url, os.getpid(), held, ttl_ms)
         self._claimed = held
 
-    # --- serving ----------------------------------------------------------------------------------
-
-    async def _serve(self, view: View, request: Request, upstream: str, partition: int) -> Any:
-        feed = self.feeds.get(upstream)
-        if feed is None or partition not in feed.partitions:
-            return view.json({"error": f"{upstream} partition {partition} is not held by this worker"}, status=404)
-        try:
-            after, upto = int(request.query["after"]), int(request.query["upto"])
-        except (KeyError, ValueError):
-            return view.json({"error": "query parameters after and upto must be integer epochs"}, status=400)
-        found = self.cache.lookup(upstream, after, upto)
-        stats = self.stats[upstream]
-        detail = {"floor": found.floor, "tail": found.tail}
-        if found.status is RangeStatus.HIT:
-            stats.served_epochs += len(found.epochs)
-            return await self._stream(request, reply_buffers(found.epochs, partition, self._schema_messages[upstream]))
-        if found.status is RangeStatus.EVICTED:
-            stats.evicted_replies += 1
-            return view.json(detail, status=410)
-        stats.not_yet_replies += 1
-        return view.json(detail, status=425)
-
-    @staticmethod
-    async def _stream(request: Request, buffers: list[pa.Buffer]) -> web.StreamResponse:
-        """An IPC stream reply written from the cached buffers themselves (memoryviews, no copy on our
-        side); the event loop serves other readers while the socket drains."""
-        response = web.StreamResponse(status=200, headers={"Content-Type": ARROW_STREAM})
-        response.content_length = sum(buffer.size for buffer in buffers)
-        await response.prepare(request)  # type: ignore[arg-type]
-        for buffer in buffers:
-            await response.write(memoryview(buffer))
-        await response.write_eof()
-        return response
+    # --- status -----------------------------------------------------------------------------------
 
     def batch_bytes(self) -> int:
         """I4's "one batch" of this worker, from what it measured so far: what it holds besides the cache.
