@@ -31,8 +31,8 @@ from mvlog.config import Settings
 from mvlog.connectors.redis.redis_client import connect
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.rederive import Derivation, DerivationPlan, TopicSink, plan_derivation
-from mvlog.services.rederive_tasks import TaskDerivation
+from mvlog.services.rederive.derive import Derivation, DerivationPlan, TopicSink, plan_derivation
+from mvlog.services.rederive.tasks import TaskDerivation
 from mvlog.services.spark_session import spark_session
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view

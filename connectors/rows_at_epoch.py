@@ -3,7 +3,7 @@
 Redis serves a table or view at its MCE only. Its rows at an earlier epoch ``E`` are those rows with the
 epochs after ``E`` undone from its changelog: each change carries its before-image, and only those epochs
 are read (the epoch index says where they start). What a view's state is re-derived from after a Redis
-wipe (:mod:`mvlog.services.state_rebuild`), and a backfill's chunk read again at the epoch it was
+wipe (:mod:`mvlog.services.rederive.state_rebuild`), and a backfill's chunk read again at the epoch it was
 emitted in (:mod:`mvlog.services.backfill.task_chunks`).
 """
 

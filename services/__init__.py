@@ -5,9 +5,9 @@
   the consumer loop, its stages' interface, and the ``EpochCommitter`` that owns the commit order of
   every epoch, a table's too), ``backfill/`` (a new view on a live upstream: chunked or from a snapshot),
   ``replacement/`` (replacing a view's definition in place).
-* Control plane: ``view_ddl`` (create, drop, alter), ``control_plane`` and ``state_rebuild`` (Redis
-  rebuilt from Kafka after a wipe), ``snapshot_compaction``, ``redelivery``, ``rederive`` and
-  ``rederive_tasks`` (replay), ``lag_sampler``, ``status_snapshot``.
+* Control plane: ``view_ddl`` (create, drop, alter), ``control_plane`` (Redis rebuilt from Kafka after a
+  wipe), ``rederive/`` (``replay derive``, and a view's state re-derived after a wipe),
+  ``snapshot_compaction``, ``redelivery`` (replay), ``lag_sampler``, ``status_snapshot``.
 * Processes users run: ``cli`` with ``commands/`` (the ``mvlog`` command), ``log_cache/`` (the Faust log
   cache worker), ``dashboard/`` (the lag web page), ``spark_session`` (and ``spark_daemon``, the Python
   daemon its sessions fork their workers from), ``http_auth``.

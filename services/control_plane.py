@@ -8,7 +8,7 @@ that notices rebuilds it, under a Redis lock so several processes noticing at on
    state forward over the object's own changelog, and a chunked backfill's positions, counters and
    journal from the ``backfill_progress`` mutations on its barriers;
 3. per view, its operator state, which no changelog holds: re-derived from the upstreams' rows at the
-   view's MCE, just restored (see :mod:`mvlog.services.state_rebuild`), then swapped in with the rows;
+   view's MCE, just restored (see :mod:`mvlog.services.rederive.state_rebuild`), then swapped in with the rows;
    for a view still backfilling, from the upstream keys its positions cover only (what its rows hold);
    an object's last epoch that nothing proved committed is applied once a view built on it turns up;
 4. every step registered with :func:`register_rebuild_step`, in registration order;
@@ -43,7 +43,12 @@ from mvlog.connectors.recovery import ChangelogTrimmedError, LogTail, commit_hel
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.epoch import SEQUENCE_MASK, epoch_from_millis
-from mvlog.services.state_rebuild import RESTORE_TIMEOUT_S, ViewNotRestorableError, restore_or_leave, until_restorable
+from mvlog.services.rederive.state_rebuild import (
+    RESTORE_TIMEOUT_S,
+    ViewNotRestorableError,
+    restore_or_leave,
+    until_restorable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +117,7 @@ def restore(settings: Settings, client: redis.Redis, entry: CatalogEntry,
     ``own_last``: the index entries of the last epoch the caller (the object's writer) committed: the
     proof that it committed, for the roll-forward (see :func:`~mvlog.connectors.recovery.roll_forward`).
     ``derive_state``: re-derive a view's operator state, or leave it to the view's consumer
-    (:func:`~mvlog.services.state_rebuild.restore_or_leave`; default: when Redis had no MCE for it).
+    (:func:`~mvlog.services.rederive.state_rebuild.restore_or_leave`; default: when Redis had no MCE for it).
     ``upto_epoch``: roll forward no further (the object's writer may be running; see ``roll_forward``).
     """
     store = ViewStore(client, settings.topic_prefix)

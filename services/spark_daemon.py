@@ -29,8 +29,8 @@ TASK_MODULES = (
     "mvlog.services.backfill.task_chunks",
     "mvlog.services.backfill.snapshot_tasks",
     "mvlog.services.replacement.cut_over",
-    "mvlog.services.rederive_tasks",
-    "mvlog.services.join_rederive_tasks",
+    "mvlog.services.rederive.tasks",
+    "mvlog.services.rederive.join_tasks",
 )
 
 if __name__ == "__main__":

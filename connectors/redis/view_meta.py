@@ -49,7 +49,7 @@ class ViewMeta(ViewKeyspace):
 
     def mark_rederive(self, view: str) -> None:
         """A rebuild after a Redis wipe restored the view's rows and MCE and left its operator state for
-        the view's consumer to re-derive in Spark's tasks (:mod:`mvlog.services.state_rebuild`)."""
+        the view's consumer to re-derive in Spark's tasks (:mod:`mvlog.services.rederive.state_rebuild`)."""
         self.redis.hset(self._key(view, "meta"), "rederive", 1)
 
     def clear_rederive(self, view: str) -> None:

@@ -161,7 +161,13 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
     changelog after it: --engine spark); each epoch of the range is then recomputed exactly as the view's
     consumer computed it.
     """
-    from mvlog.services.rederive import Derivation, RedisRebuildSink, TopicSink, check_topic_name, plan_derivation
+    from mvlog.services.rederive.derive import (
+        Derivation,
+        RedisRebuildSink,
+        TopicSink,
+        check_topic_name,
+        plan_derivation,
+    )
 
     if into is None:
         raise click.UsageError("say where the re-derived epochs go: --into-topic or --rebuild")
@@ -219,11 +225,11 @@ def derive(settings: Settings, view: str, from_epoch: int | None, to_epoch: int 
 
 
 def _derivation_in_tasks(settings: Settings, client: Any, plan: Any, into: str) -> Any:
-    """The plan's derivation in Spark's tasks (:mod:`mvlog.services.rederive_tasks`; a two-view join's:
-    :mod:`mvlog.services.join_rederive_tasks`), or None when the tasks do not run it (the driver engine
+    """The plan's derivation in Spark's tasks (:mod:`mvlog.services.rederive.tasks`; a two-view join's:
+    :mod:`mvlog.services.rederive.join_tasks`), or None when the tasks do not run it (the driver engine
     derives it)."""
-    from mvlog.services.join_rederive_tasks import JoinDerivation, JoinRebuild
-    from mvlog.services.rederive_tasks import TaskDerivation
+    from mvlog.services.rederive.join_tasks import JoinDerivation, JoinRebuild
+    from mvlog.services.rederive.tasks import TaskDerivation
 
     if (tasks := TaskDerivation.for_plan(settings, client, plan)) is not None:
         return tasks

@@ -114,7 +114,7 @@ class EpochCommitter:
         (a view), so a missing control-plane marker counts as lost state too, and is waited for; a table's
         state is its rows, which its own roll-forward restores. ``lifecycle``: the state to set after a
         recovery (a view still backfilling stays so). ``rederive``: re-derives a view's operator state
-        that a rebuild left to its consumer (:func:`~mvlog.services.state_rebuild.restore_or_leave`),
+        that a rebuild left to its consumer (:func:`~mvlog.services.rederive.state_rebuild.restore_or_leave`),
         before the next epoch is computed."""
         self.settings, self.entry, self.commit_point = settings, entry, commit_point
         self._redis, self._derived_state, self._lifecycle = client, derived_state, lifecycle

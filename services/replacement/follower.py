@@ -23,8 +23,8 @@ from functools import partial
 from mvlog.changes import Change
 from mvlog.connectors.kafka.changelog_writer import encode_batch
 from mvlog.connectors.redis.replacement_store import ReplacementRecord, ReplacementStore
-from mvlog.services.join_rederive_tasks import JoinRebuild
-from mvlog.services.rederive_tasks import TaskDerivation
+from mvlog.services.rederive.join_tasks import JoinRebuild
+from mvlog.services.rederive.tasks import TaskDerivation
 from mvlog.services.replacement.hydration import HydrationStart, hydrate_in_tasks
 from mvlog.views import ChangeBatch, ViewOperator, ViewPlan
 from mvlog.views.state import StoredState

@@ -19,7 +19,7 @@ runs there too (:func:`hydrate_in_tasks`): Spark SQL folds the log up to
 the epoch before F, a task per view partition computes epoch F with the replacement's operator and
 stages its partition's rows and state, and one script makes them the replacement's. From a snapshot,
 the tasks read its files instead, as the rows at F. A two-view equi-join replacement is hydrated by
-one task per join-key partition (:class:`~mvlog.services.join_rederive_tasks.JoinRebuild`, as a join's
+one task per join-key partition (:class:`~mvlog.services.rederive.join_tasks.JoinRebuild`, as a join's
 rebuild after a Redis wipe): each side folded to F from its snapshot, if any, and its changelog. The
 driver then never holds the upstreams' rows.
 """
@@ -45,9 +45,9 @@ from mvlog.connectors.redis.snapshot_store import SnapshotStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.replacement import ReplacementError, applied_entry
 from mvlog.replay import ReplayRangeError
-from mvlog.services.join_rederive_tasks import JoinRebuild, KeyedView, SideRead
-from mvlog.services.rederive import DerivationPlan, plan_derivation
-from mvlog.services.rederive_tasks import TaskDerivation
+from mvlog.services.rederive.derive import DerivationPlan, plan_derivation
+from mvlog.services.rederive.join_tasks import JoinRebuild, KeyedView, SideRead
+from mvlog.services.rederive.tasks import TaskDerivation
 from mvlog.services.snapshot_compaction import check_changelog_after, read_snapshot
 from mvlog.snapshot_plan import SnapshotError, SnapshotRecord
 from mvlog.views import ViewPlan

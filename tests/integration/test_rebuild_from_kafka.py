@@ -75,7 +75,7 @@ def test_flushall_under_a_running_pipeline(path: str, make_settings: Callable[..
     epoch."""
     tasks = {"operators_in_tasks": True, "tasks_min_records": 0} if path == "tasks" else {}
     settings = make_settings(redis_url=own_redis, **tasks)
-    caplog.set_level(logging.WARNING, logger="mvlog.services.state_rebuild")
+    caplog.set_level(logging.WARNING, logger="mvlog.services.rederive.state_rebuild")
     client = redis.Redis.from_url(own_redis)
     store = ViewStore(client, settings.topic_prefix)
     rng = random.Random(3)
@@ -161,7 +161,7 @@ def test_flushall_during_a_chunked_backfill(path: str, make_settings: Callable[.
     the restored positions cover (the join's, a task per join-key partition, from both sides')."""
     tasks = {"operators_in_tasks": True, "tasks_min_records": 0} if path == "tasks" else {}
     settings = make_settings(redis_url=own_redis, backfill_batch_rows=8, **tasks)
-    caplog.set_level(logging.WARNING, logger="mvlog.services.state_rebuild")
+    caplog.set_level(logging.WARNING, logger="mvlog.services.rederive.state_rebuild")
     client = redis.Redis.from_url(own_redis)
     store = ViewStore(client, settings.topic_prefix)
     rng = random.Random(5)

@@ -24,10 +24,10 @@ from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.epoch import epoch_millis
 from mvlog.schemas.codec import TYPE_BARRIER, decode_barrier, record_type
-from mvlog.services.join_rederive_tasks import JoinDerivation, JoinRebuild
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.rederive import Derivation, new_replay_topic, plan_derivation
-from mvlog.services.rederive_tasks import TaskDerivation
+from mvlog.services.rederive.derive import Derivation, new_replay_topic, plan_derivation
+from mvlog.services.rederive.join_tasks import JoinDerivation, JoinRebuild
+from mvlog.services.rederive.tasks import TaskDerivation
 from mvlog.services.table_writer import Table
 from mvlog.services.view_ddl import create_view
 

@@ -1,6 +1,6 @@
 """``replay derive --engine spark`` in Spark's tasks: each partition of the view re-derived by one task.
 
-The driver engines (:mod:`mvlog.services.rederive`) fold the upstream's log into rows, collect them and
+The driver engines (:mod:`mvlog.services.rederive.derive`) fold the upstream's log into rows, collect them and
 the range's epochs to the driver and run the operator there, one epoch at a time. For a view whose
 operator runs in tasks (a filter/project that passes its upstream's key through, a GROUP BY keyed by
 its groups: the routings of :mod:`mvlog.views.key_routing` and :mod:`mvlog.views.routing`), nothing of
@@ -28,7 +28,7 @@ staging (:func:`mvlog.services.replacement.hydration.hydrate_in_tasks` swaps it 
 The result is the changelog the driver engines write, epoch for epoch and barrier for barrier (the same
 ``prev_epoch`` chain), and the driver's work grows with partitions and epochs, never with changes. A
 join or a top-N (state per join key or ranking group) takes the join's two shuffles
-(:mod:`mvlog.services.join_rederive_tasks`), and chains of joins still go the driver's way
+(:mod:`mvlog.services.rederive.join_tasks`), and chains of joins still go the driver's way
 (:meth:`TaskDerivation.for_plan` returns None for all three). A global aggregate's one row is derived by
 the task of its partition (the others write barriers only), a windowed GROUP BY's windows by the tasks of
 their partitions.
@@ -75,7 +75,7 @@ from mvlog.services.pipeline.partition_tasks import (
     written_or_found,
 )
 from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
-from mvlog.services.rederive import DerivationPlan, last_images, new_replay_topic, serving_rows
+from mvlog.services.rederive.derive import DerivationPlan, last_images, new_replay_topic, serving_rows
 from mvlog.services.snapshot_compaction import read_snapshot
 from mvlog.services.view_ddl import plan_for
 from mvlog.snapshot_plan import SnapshotRecord
@@ -324,7 +324,7 @@ class TaskDerivation(ReplaySession):
                  spark: SparkSession | None = None, covers: Callable[[str, Key], bool] | None = None
                  ) -> TaskDerivation | None:
         """The derivation in tasks, or None when the view's operator does not run in tasks this way (a
-        join or a top-N: :class:`~mvlog.services.join_rederive_tasks.JoinDerivation`; a chain of joins: the
+        join or a top-N: :class:`~mvlog.services.rederive.join_tasks.JoinDerivation`; a chain of joins: the
         driver engines). ``covers``: a rebuild's of
         a view still backfilling (:attr:`DeriveJob.covers`)."""
         catalog = CatalogStore(settings, client)

@@ -15,9 +15,9 @@ of a view the tasks can re-derive to that view's consumer (:func:`restore_or_lea
 in its ``meta``), which has a Spark session, and whose writer re-derives it before its next epoch
 (:func:`rederive_state`): Spark SQL folds the upstream's changelog up to the epoch before the MCE, and a task
 per view partition computes that epoch and stages its partition's rows and state, swapped in by the driver
-in one step (:meth:`~mvlog.services.rederive_tasks.TaskDerivation.rebuild`); a two-view join's tasks
+in one step (:meth:`~mvlog.services.rederive.tasks.TaskDerivation.rebuild`); a two-view join's tasks
 are one per join-key partition, each hydrating its join keys from both sides' folded changelogs
-(:mod:`mvlog.services.join_rederive_tasks`). The process that rebuilds never holds the upstreams' rows
+(:mod:`mvlog.services.rederive.join_tasks`). The process that rebuilds never holds the upstreams' rows
 then.
 """
 
@@ -41,7 +41,7 @@ from mvlog.connectors.rows_at_epoch import EpochNotReadableError, rows_at_epoch
 from mvlog.replay import ReplayRangeError
 from mvlog.row_schema import Key
 from mvlog.services.backfill.chunked import backfill_needed, coverage
-from mvlog.services.rederive import RedisRebuildSink, plan_derivation
+from mvlog.services.rederive.derive import RedisRebuildSink, plan_derivation
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ChangeBatch, InMemoryState, ViewOperator
 from mvlog.views.key_routing import one_upstream_routing
@@ -114,7 +114,7 @@ def left_to_consumer(settings: Settings, client: redis.Redis, entry: CatalogEntr
     Spark's tasks (``Settings.operators_in_tasks``, the deployment's setting), the view's operator is one
     they run (one upstream by key or by group, an equi-join of two views or of one with itself, a top-N, a
     union). A view still backfilling is re-derived by its tasks from the upstream keys its
-    backfill covers (:attr:`~mvlog.services.rederive_tasks.DeriveJob.covers`)."""
+    backfill covers (:attr:`~mvlog.services.rederive.tasks.DeriveJob.covers`)."""
     if not settings.operators_in_tasks or entry.kind != "view":
         return False
     catalog = CatalogStore(settings, client)
@@ -153,13 +153,13 @@ def rederive_state(settings: Settings, client: redis.Redis, entry: CatalogEntry,
 def _rederive_in_tasks(settings: Settings, client: redis.Redis, entry: CatalogEntry, spark: SparkSession
                        ) -> int | None:
     """:func:`restore_view_state` computed by Spark's tasks
-    (:meth:`~mvlog.services.rederive_tasks.TaskDerivation.rebuild` of the MCE alone, or a join's
-    :class:`~mvlog.services.join_rederive_tasks.JoinRebuild`; an upstream whose changelog no longer starts at
+    (:meth:`~mvlog.services.rederive.tasks.TaskDerivation.rebuild` of the MCE alone, or a join's
+    :class:`~mvlog.services.rederive.join_tasks.JoinRebuild`; an upstream whose changelog no longer starts at
     its first epoch read from its snapshot, :func:`~mvlog.services.rederive.plan_derivation`); None when the
     tasks cannot (an operator they do not run, an upstream with neither its whole changelog nor a snapshot)."""
     # Their Spark jobs: imported in a consumer's process only.
-    from mvlog.services.join_rederive_tasks import JoinRebuild
-    from mvlog.services.rederive_tasks import TaskDerivation
+    from mvlog.services.rederive.join_tasks import JoinRebuild
+    from mvlog.services.rederive.tasks import TaskDerivation
 
     store = ViewStore(client, settings.topic_prefix)
     mce = store.mce(entry.name)

@@ -283,7 +283,7 @@ class Derivation:
     def _spark_read(self) -> tuple[Callable[[], dict[str, list[Row]]],
                                    Callable[[], Iterator[tuple[int, dict[str, ChangeBatch]]]]]:
         from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
-        from mvlog.services.rederive_tasks import rows_before
+        from mvlog.services.rederive.tasks import rows_before
         from mvlog.services.spark_session import spark_session
 
         spark = self._spark or spark_session(self.settings, app_name=f"mvlog-replay-{self.plan.view}")

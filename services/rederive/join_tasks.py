@@ -26,7 +26,7 @@ snapshot is folded from the snapshot's rows and its changelog after it.
 rows at the epoch before the range (each side's log folded by Spark SQL) and computes the range's epochs
 in order, emitting their changes as signed view rows; task ``p`` of the view-key shuffle consolidates
 its partition's, and writes each epoch in a transaction of its own to the new changelog, as a
-one-upstream view's derivation does (:func:`~mvlog.services.rederive_tasks.write_derived`).
+one-upstream view's derivation does (:func:`~mvlog.services.rederive.tasks.write_derived`).
 
 The driver collects one small row per partition (and epoch): it never holds the upstreams' rows.
 """
@@ -72,8 +72,8 @@ from mvlog.services.pipeline.partition_tasks import (
     require_every_partition,
 )
 from mvlog.services.pipeline.reading import EpochBatches
-from mvlog.services.rederive import DerivationPlan, new_replay_topic
-from mvlog.services.rederive_tasks import (
+from mvlog.services.rederive.derive import DerivationPlan, new_replay_topic
+from mvlog.services.rederive.tasks import (
     DERIVED_DDL,
     DERIVED_SCHEMA,
     STAGED_DDL,
@@ -342,7 +342,7 @@ class JoinDeriveKeyJob:
 @dataclass(frozen=True)
 class JoinDeriveWriteJob:
     """``mapInArrow``'s function after the view-key shuffle: one view partition's epochs written to the
-    target's changelog (:func:`~mvlog.services.rederive_tasks.write_derived`)."""
+    target's changelog (:func:`~mvlog.services.rederive.tasks.write_derived`)."""
 
     settings_json: str
     target: str
@@ -365,7 +365,7 @@ class JoinDeriveWriteJob:
 class GroupDeriveWriteJob:
     """``mapInArrow``'s function after the group shuffle of a GROUP BY over a join's derivation: one view
     partition's groups hydrated from their joined rows at the epoch before the range, then each epoch of
-    the range folded and written to the target's changelog (:func:`~mvlog.services.rederive_tasks.write_derived`)."""
+    the range folded and written to the target's changelog (:func:`~mvlog.services.rederive.tasks.write_derived`)."""
 
     settings_json: str
     target: str
