@@ -63,7 +63,7 @@ from mvlog.infra.local_stack import LocalStack
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.snapshot_compaction import build_snapshot
 from mvlog.services.spark_session import spark_session
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 TABLE = "t1"

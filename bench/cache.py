@@ -66,7 +66,7 @@ from mvlog.connectors.redis.cache_registry import CacheRegistry
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.spark.spark_source import _Planner, read_partition_from_kafka
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from tests.integration.processes.cache_worker import CacheWorkerProcess
 
 COLUMNS = {"id": "int", "v1": "int", "deleted": "boolean", "pad": "string"}

@@ -47,8 +47,8 @@ from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services.pipeline.committer import EpochCommitter
 from mvlog.services.sources.epoch_reader import EpochReader
 from mvlog.services.sources.ingester import SourceIngester
-from mvlog.services.table_epoch import TableEpochEncoder
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.epoch import TableEpochEncoder
+from mvlog.services.tables.writer import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ingest

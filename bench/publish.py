@@ -44,7 +44,7 @@ from mvlog.changes import Change, Op
 from mvlog.config import Settings
 from mvlog.connectors.kafka.topics import ensure_topic
 from mvlog.schemas.codec import encode_change, encode_key
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Throughput, machine_info, peak_rss_mib, sample_row, temporary_stack

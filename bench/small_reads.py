@@ -33,7 +33,7 @@ from mvlog.connectors.spark.spark_source import (
     read_partition_from_kafka,
     read_partitions_from_kafka,
 )
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 
 def one_per_partition(parts: Sequence[PartitionRange]) -> int:

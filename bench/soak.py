@@ -93,7 +93,7 @@ from mvlog.infra.local_stack import LocalStack, free_ports
 from mvlog.replacement import Status
 from mvlog.services.commands.demo import TABLES, VIEWS  # the demo's pipeline, under chaos
 from mvlog.services.replacement.operations import complete_apply, request_apply, stage_replacement
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import alter_view, create_view
 from tests.oracle import OracleReport, oracle_report
 

@@ -25,7 +25,7 @@ from mvlog.connectors.redis.redis_client import connect
 from mvlog.connectors.redis.writer_claims import WriterClaims
 from mvlog.services.pipeline.kept_writers import KeptWriters
 from mvlog.services.pipeline.partition_tasks import partition_transactional_id
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_info, temporary_stack

@@ -11,7 +11,7 @@ malformed JSON, a missing key column, a key that disagrees with the value, an ov
 ``None``, so the reference decoder gives the mapping or the error it always gave: **for every message it
 accepts, the fast decoder's change equals the reference decoder's**, with the row already in the
 table's normalized form (every column, in schema order, of its exact type), which
-:meth:`~mvlog.services.table_writer.Table.queue_normalized` queues without checking it again.
+:meth:`~mvlog.services.tables.writer.Table.queue_normalized` queues without checking it again.
 
 A row's strings and bytes are bounded so that it surely fits one record of the changelog (``text_limit``
 characters in all, the table writer's bound): each text column takes at most its share, and a row with a

@@ -4,7 +4,7 @@ A Spark streaming query replays a micro-batch id after a crash whenever its own 
 the batch was done, even if the sink had committed it. The table's epoch therefore carries (writer,
 batch id) in a ``spark_batch`` barrier mutation, in the epoch's own Kafka transaction: the epoch and the
 record that it holds that batch commit together or not at all, and a writer that finds its batch id
-there skips the replay (:mod:`mvlog.services.spark_sink`). Batch writes (``df.write``) record their
+there skips the replay (:mod:`mvlog.services.tables.spark_sink`). Batch writes (``df.write``) record their
 write id with ``batch = -1``.
 """
 

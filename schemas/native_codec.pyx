@@ -665,7 +665,7 @@ cdef object vnode_of_py(object avro_key):
     return python_vnode_of(avro_key)
 
 
-# --- a table writer's epoch (mvlog.services.table_writer) ---------------------------------------------
+# --- a table writer's epoch (mvlog.services.tables.writer) ---------------------------------------------
 
 cdef inline Py_ssize_t op_index(str op) except -1:
     if op == "c":
@@ -818,7 +818,7 @@ def pack_items(tuple head, list items, Py_ssize_t start, Py_ssize_t stop, bytes 
         buffer_free(&buf)
 
 
-# --- rows written to a table (mvlog.services.table_writer) ------------------------------------------
+# --- rows written to a table (mvlog.services.tables.writer) ------------------------------------------
 
 cdef enum:
     INT_COLUMN = 0

@@ -1,7 +1,7 @@
 """The processes and operations of mvlog, built on the pure core and the connectors.
 
-* Writers and consumers: ``table_writer`` (a root table's epochs; ``table_epoch`` computes and encodes
-  them, ``epoch_loop`` commits them every barrier interval), ``pipeline/`` (a view maintained on Spark:
+* Writers and consumers: ``tables/`` (a root table's epochs: computed, encoded and committed every
+  barrier interval, from Python or a Spark DataFrame), ``pipeline/`` (a view maintained on Spark:
   the consumer loop, its stages' interface, and the ``EpochCommitter`` that owns the commit order of
   every epoch, a table's too), ``backfill/`` (a new view on a live upstream: chunked or from a snapshot),
   ``replacement/`` (replacing a view's definition in place).

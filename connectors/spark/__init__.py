@@ -15,5 +15,5 @@
 One unit because this code runs in Spark's executors (imported there by module name when a session
 registers the data source) and shares one contract, the signed-row schema; it reads Kafka and Redis
 through :mod:`mvlog.connectors.kafka` and :mod:`mvlog.connectors.redis`. The writing side of the data
-source commits through the table writer, so it is a service (:mod:`mvlog.services.spark_sink`).
+source commits through the table writer, so it is a service (:mod:`mvlog.services.tables.spark_sink`).
 """

@@ -8,7 +8,7 @@ over HTTP as Arrow IPC), else from Kafka (``assign()``, no consumer group) from 
 range to the range's last barrier.
 
 Writing into a table (``df.write`` / ``df.writeStream`` with option ``table``) is
-:mod:`mvlog.services.spark_sink` (they commit through the table's writer, a service); the subclass of
+:mod:`mvlog.services.tables.spark_sink` (they commit through the table's writer, a service); the subclass of
 :class:`MvlogDataSource` that adds them, :class:`mvlog.services.spark_format.MvlogDataSource`, is the one
 Spark sessions register.
 

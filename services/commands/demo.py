@@ -73,7 +73,7 @@ from mvlog.services.commands.run_view import _short, _StopOnSignal, _wait_betwee
 from mvlog.services.commands.values import PORT_OR_ANY, SECONDS, count, seconds
 from mvlog.services.dashboard.server import DashboardServer
 from mvlog.services.sources.declare import create_source_table
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 from mvlog.source_spec import SourceSpec
 

@@ -21,7 +21,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 from mvlog.config import Settings
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 NAMES = ("ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal", "ivy", "jo")
 KEY_SPACE = 2000

@@ -17,7 +17,7 @@ from mvlog.services.commands.backends import backend_errors, connect_redis, requ
 from mvlog.services.commands.names import check_name
 from mvlog.services.commands.output import describe_epoch, describe_schema
 from mvlog.services.commands.values import PARTITIONS, key_from_json, row_from_json
-from mvlog.services.table_writer import RowValidationError, Table
+from mvlog.services.tables.writer import RowValidationError, Table
 from mvlog.source_spec import SourceFormat, SourceSpec, SourceSpecError
 
 #: Refused lines shown one by one; the rest are counted.

@@ -12,5 +12,5 @@
   back from the changelog when an ingester starts.
 
 The pure rules (formats, fast decoders, Avro evolution, redelivery filter, offsets on barriers, pace) are in
-``mvlog.source_*``; the Spark writer into a table is ``mvlog.services.spark_sink``.
+``mvlog.source_*``; the Spark writer into a table is ``mvlog.services.tables.spark_sink``.
 """

@@ -17,7 +17,7 @@ from mvlog.config import Settings
 from mvlog.connectors.kafka.changelog_reader import next_records, reader_consumer
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.source_offsets import dead_letters_of, positions_of
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from mvlog.config import Settings
 from mvlog.connectors.kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
 from mvlog.connectors.redis.source_status import SourceStatusStore
 from mvlog.row_schema import RowSchema
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.source_avro import SchemaResolver, derive_columns
 from mvlog.source_spec import SourceFormat, SourceSpec, SourceSpecError
 

@@ -20,7 +20,7 @@ from mvlog.connectors.kafka.changelog_records import PoisonRecord
 from mvlog.connectors.kafka.dead_letter import DeadLetterRecord, dead_letter_record
 from mvlog.row_schema import Key, Row
 from mvlog.services.sources.declare import SourceError
-from mvlog.services.table_writer import RowValidationError, Table
+from mvlog.services.tables.writer import RowValidationError, Table
 from mvlog.source_avro import SchemaChangeError
 from mvlog.source_dedupe import PositionFilter
 from mvlog.source_fast import fast_debezium_decoder_for, fast_decoder_for

@@ -1,7 +1,7 @@
 """Ingesting a source table's topic into the table, exactly once (``mvlog run-source``).
 
 :class:`SourceIngester` consumes the topic and writes its messages through the table's
-:class:`~mvlog.services.table_writer.Table`: the epoch being read is :class:`.epoch_reader.EpochReader`'s,
+:class:`~mvlog.services.tables.writer.Table`: the epoch being read is :class:`.epoch_reader.EpochReader`'s,
 each cut epoch is committed behind the reading (:class:`.commit_behind.CommitBehind`). Exactly once
 comes from one rule: **the offsets an epoch consumed commit in the epoch's own Kafka transaction**
 (``send_offsets_to_transaction`` with the consumer group ``<prefix>.<table>.source``), so the changelog
@@ -69,7 +69,7 @@ from mvlog.services.sources.commit_behind import CommitBehind
 from mvlog.services.sources.committed import committed_dead_letters, committed_positions
 from mvlog.services.sources.declare import SourceError, avro_resolver, source_topic_partitions
 from mvlog.services.sources.epoch_reader import EpochReader, IngestProgress
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.source_dedupe import PositionFilter
 from mvlog.source_formats import decoder_for
 from mvlog.source_offsets import offsets_mutation

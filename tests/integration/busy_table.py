@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from mvlog.config import Settings
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 from .processes.cache_worker import CacheWorkerProcess
 

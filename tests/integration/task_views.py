@@ -14,7 +14,7 @@ import redis
 from mvlog.config import Settings
 from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import ViewStore
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 from .barrier_check import assert_barriers_once
 from .independent_consumer import PartitionLog, check_whole_epochs, read_topic

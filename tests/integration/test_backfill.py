@@ -35,7 +35,7 @@ from mvlog.row_schema import Key, Row
 from mvlog.schemas.codec import encode_key
 from mvlog.services.backfill.chunked import ChunkedBackfill
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import alter_view, create_view, plan_for
 from mvlog.vnode import vnode_of
 

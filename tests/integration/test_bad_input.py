@@ -23,7 +23,7 @@ from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, TYPE_CHANGE, encode_key
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.table_writer import RowValidationError, Table
+from mvlog.services.tables.writer import RowValidationError, Table
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle

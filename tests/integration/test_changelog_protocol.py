@@ -20,7 +20,7 @@ from mvlog.connectors.kafka.changelog_reader import ChangelogReader
 from mvlog.connectors.kafka.topics import ensure_topic
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.row_schema import Key, Row
-from mvlog.services.table_writer import RowValidationError, Table
+from mvlog.services.tables.writer import RowValidationError, Table
 
 from .independent_consumer import check_whole_epochs, read_topic
 

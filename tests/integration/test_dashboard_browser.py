@@ -28,7 +28,7 @@ from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.epoch import epoch_millis
 from mvlog.services.dashboard.server import DashboardServer
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 pytestmark = pytest.mark.integration

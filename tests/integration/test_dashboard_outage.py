@@ -23,7 +23,7 @@ from mvlog.config import Settings
 from mvlog.infra.local_stack import find_redis_server, free_port, redis_answers
 from mvlog.services.cli import main
 from mvlog.services.dashboard.server import DashboardServer
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 from .test_durable_stack import MVLOG
 

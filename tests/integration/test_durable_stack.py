@@ -45,7 +45,7 @@ from mvlog.infra.local_stack import LocalStack, free_ports, kafka_answers, redis
 from mvlog.schemas.codec import decode_row
 from mvlog.services.pipeline.committer import CommitPoint, EpochCommitter, RedisSide
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 from ..conftest import spark_conf_for_tests

@@ -19,7 +19,7 @@ from mvlog.connectors.spark.spark_source import (
     read_partition_group,
     read_partitions_from_kafka,
 )
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 pytestmark = pytest.mark.integration
 

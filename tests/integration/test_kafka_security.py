@@ -68,7 +68,7 @@ from mvlog.connectors.kafka.kafka_security import KafkaAccessError, faust_broker
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.infra.kafka_broker import LAPTOP_SETTINGS
 from mvlog.infra.local_stack import LocalStack, free_ports
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 from .processes.cache_worker import CacheWorkerProcess
 

@@ -16,7 +16,7 @@ from mvlog.connectors.redis.catalog_store import CatalogStore
 from mvlog.connectors.redis.writer_claims import WriterClaims
 from mvlog.services.pipeline.kept_writers import KeptWriters
 from mvlog.services.pipeline.partition_tasks import partition_transactional_id
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 
 @pytest.fixture

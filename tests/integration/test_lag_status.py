@@ -33,7 +33,7 @@ from mvlog.services.cli import main
 from mvlog.services.dashboard.server import DashboardServer
 from mvlog.services.lag_sampler import LagSampler
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import alter_view, create_view, drop_view
 
 pytestmark = pytest.mark.integration

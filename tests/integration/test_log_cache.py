@@ -21,7 +21,7 @@ from mvlog.connectors.redis.redis_client import connect as connect_redis
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.spark.spark_source import _Planner, read_partition_from_kafka, read_partition_range
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import alter_view, create_view
 
 from ..oracle import check_oracle

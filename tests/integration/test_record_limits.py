@@ -26,7 +26,7 @@ from mvlog.connectors.kafka.topics import changelog_record_limit, changelog_topi
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.record_limits import PRODUCER_DEFAULT_MAX_BYTES, row_fits
 from mvlog.schemas.codec import decode_row, encode_key, encode_row
-from mvlog.services.table_writer import RowValidationError, Table
+from mvlog.services.tables.writer import RowValidationError, Table
 from mvlog.services.view_ddl import create_view
 from mvlog.views import ChangeBatch
 

@@ -36,7 +36,7 @@ from mvlog.schemas.codec import decode_row
 from mvlog.services import control_plane
 from mvlog.services.commands.read import read_views_at_common_epoch
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle

@@ -33,7 +33,7 @@ from mvlog.connectors.redis.packed_script import run_script
 from mvlog.connectors.redis.view_store import EpochCommit, ViewStore
 from mvlog.infra.local_stack import find_redis_server, free_port, redis_answers
 from mvlog.services.lag_sampler import LagSampler
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 from .test_durable_stack import check_table_exactly_once, check_views

@@ -34,7 +34,7 @@ from mvlog.services.replacement.operations import (
     stage_replacement,
     wait_for_apply,
 )
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view, plan_for
 
 from ..oracle import check_oracle, duckdb_view_rows

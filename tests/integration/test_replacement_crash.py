@@ -37,7 +37,7 @@ from mvlog.replacement import Status
 from mvlog.services.control_plane import ensure_control_plane
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.replacement.operations import request_apply, stage_replacement, wait_for_apply
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle

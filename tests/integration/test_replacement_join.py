@@ -24,7 +24,7 @@ from mvlog.schemas.codec import decode_row
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.replacement.operations import replacement_rows, request_apply, stage_replacement, wait_for_apply
 from mvlog.services.snapshot_compaction import build_snapshot
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import assert_same_rows, check_oracle, duckdb_view_rows, rows_at, rows_by_epoch

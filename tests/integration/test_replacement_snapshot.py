@@ -36,7 +36,7 @@ from mvlog.services.replacement.operations import (
     wait_for_apply,
 )
 from mvlog.services.snapshot_compaction import build_snapshot
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import assert_same_rows, check_oracle, duckdb_view_rows

@@ -28,7 +28,7 @@ from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.rederive.derive import Derivation, new_replay_topic, plan_derivation
 from mvlog.services.rederive.join_tasks import JoinDerivation, JoinRebuild
 from mvlog.services.rederive.tasks import TaskDerivation
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle

@@ -70,7 +70,7 @@ from mvlog.services.replacement.operations import (
     wait_for_apply,
 )
 from mvlog.services.snapshot_compaction import build_snapshot, check_changelog_after
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view, plan_for
 from mvlog.snapshot_plan import SnapshotError
 

@@ -37,7 +37,7 @@ from mvlog.services.backfill.snapshot_tasks import RouteSeed, SeedJob
 from mvlog.services.cli import main
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.snapshot_compaction import build_snapshot, snapshot_frame
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view, drop_view, plan_for
 from mvlog.vnode import vnode_of
 

@@ -30,7 +30,7 @@ from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.row_schema import Key
 from mvlog.schemas.codec import decode_row
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from tests.integration.independent_consumer import read_topic
 
 COLUMNS = {"id": "int", "name": "string", "score": "float", "flag": "boolean"}

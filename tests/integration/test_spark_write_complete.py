@@ -16,7 +16,7 @@ from pyspark.sql import functions
 from mvlog.config import Settings
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.schemas.codec import decode_row
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from tests.integration.independent_consumer import read_topic
 from tests.integration.test_spark_write import Rows, write_file
 

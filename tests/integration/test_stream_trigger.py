@@ -17,7 +17,7 @@ from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.connectors.spark.spark_source import EpochRangeError, trigger_ends
 from mvlog.services.pipeline.reading import UpstreamReader
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle

@@ -24,7 +24,7 @@ from mvlog.connectors.redis.epoch_index import IndexEntry
 from mvlog.connectors.redis.streamed_commit import CHUNK
 from mvlog.connectors.redis.view_store import EpochCommit, Lifecycle, ServingStateLostError, ViewStore
 from mvlog.schemas.codec import decode_row, encode_key
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 ROOT = Path(__file__).resolve().parents[2]
 

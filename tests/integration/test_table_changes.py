@@ -13,7 +13,7 @@ import redis
 from mvlog.changes import Change, Op
 from mvlog.config import Settings
 from mvlog.connectors.kafka.changelog_reader import ChangelogReader
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 COLUMNS = {"id": "int", "name": "string", "price": "float", "note": "string"}
 

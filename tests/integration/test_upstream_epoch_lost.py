@@ -17,7 +17,7 @@ from mvlog.connectors.redis.epoch_index import epoch_hex
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services.pipeline.reading import UpstreamEpochLostError
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

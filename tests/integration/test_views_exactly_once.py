@@ -20,7 +20,7 @@ import redis
 
 from mvlog.config import Settings
 from mvlog.connectors.redis.view_store import ViewStore
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle

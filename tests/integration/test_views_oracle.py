@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from mvlog.config import Settings
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 
 from ..oracle import check_oracle

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from mvlog.services.epoch_loop import EpochLoop
+from mvlog.services.tables.epoch_loop import EpochLoop
 
 
 def test_commits_each_interval_after_the_downstreams_and_stops_when_closed() -> None:

@@ -10,7 +10,7 @@ from mvlog.catalog import CatalogEntry
 from mvlog.changes import Barrier
 from mvlog.row_schema import RowSchema
 from mvlog.schemas.codec import decode_barrier, encode_barrier
-from mvlog.services.spark_sink import SparkWriteError, check_columns
+from mvlog.services.tables.spark_sink import SparkWriteError, check_columns
 from mvlog.spark_batch_record import SparkBatch, spark_batch_mutation, spark_batch_of
 
 ENTRY = CatalogEntry("t", "table", RowSchema.of({"id": "int", "v": "float", "s": "string"}, ["id"]), 3)

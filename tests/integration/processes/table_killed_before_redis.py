@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from mvlog.config import Settings
 from mvlog.connectors.redis.epoch_index import IndexEntry
 from mvlog.connectors.redis.streamed_commit import StreamedCommit
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.writer import Table
 
 
 def _killed_at_finish(commit: StreamedCommit, index: Mapping[int, IndexEntry]) -> bool:

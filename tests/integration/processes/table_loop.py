@@ -27,8 +27,8 @@ from typing import Any
 
 from mvlog.config import Settings
 from mvlog.connectors.redis.streamed_commit import StreamedCommit
-from mvlog.services.table_epoch import TableEpochEncoder
-from mvlog.services.table_writer import Table
+from mvlog.services.tables.epoch import TableEpochEncoder
+from mvlog.services.tables.writer import Table
 
 HOLD_S = 2.0
 

@@ -18,7 +18,7 @@ Design (rows move executors -> Redis -> driver, never through Spark's task resul
    key ``<prefix>:{<table>}:spark-stage:<write id>:<uuid>`` with a TTL (``stageTtlSeconds``, default
    one hour). A task holds one record batch (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows) at a
    time; its commit message (:class:`StagedPartition`) is only the list of its keys.
-3. **Driver, commit**: the table is opened with :class:`~mvlog.services.table_writer.Table` (which fences
+3. **Driver, commit**: the table is opened with :class:`~mvlog.services.tables.writer.Table` (which fences
    any other writer of the table and rolls Redis forward from Kafka), the staged batches are read one key
    at a time and queued with ``Table.upsert`` (the same validation as every write; a refused row names
    its Spark partition too), ``overwrite`` queues deletes of every committed key the data does not hold
@@ -39,7 +39,7 @@ Memory: executors hold one record batch; the driver's commit holds the batch's r
 pending writes of one ``Table`` epoch), plus one staged record batch. A batch larger than the driver's
 memory must be split into several writes (several epochs).
 
-It commits through the table writer of :mod:`mvlog.services.table_writer` (the one writer of a root
+It commits through the table writer of :mod:`mvlog.services.tables.writer` (the one writer of a root
 table's epochs), so it is a service. The data source Spark sessions register, reads and these writes, is
 :class:`mvlog.services.spark_format.MvlogDataSource`; it imports this module only where a write is planned.
 """
@@ -87,7 +87,7 @@ from mvlog.connectors.redis.redis_keys import view_key
 from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.row_schema import ColumnType, FieldError, RowSchema
 from mvlog.schemas.codec import HEADER_TYPE, TYPE_BARRIER, decode_barrier
-from mvlog.services.table_writer import RowValidationError, Table
+from mvlog.services.tables.writer import RowValidationError, Table
 from mvlog.spark_batch_record import SparkBatch, spark_batch_mutation, spark_batch_of
 
 __all__ = ["SparkWriteError", "StagedPartition", "WriteTarget", "batch_writer", "committed_batch",

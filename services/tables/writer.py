@@ -36,9 +36,9 @@ from mvlog.schemas.codec import (
     encode_row,
     native_module,
 )
-from mvlog.services.epoch_loop import EpochLoop
 from mvlog.services.pipeline.committer import EpochCommitter
-from mvlog.services.table_epoch import READ_CHUNK, TableEpochEncoder
+from mvlog.services.tables.epoch import READ_CHUNK, TableEpochEncoder
+from mvlog.services.tables.epoch_loop import EpochLoop
 
 log = logging.getLogger(__name__)
 
@@ -416,7 +416,7 @@ class Table:
         """The largest record (key + value) this table's transactional producer sends."""
         return self._writer.limit.bytes
 
-    # --- background epochs (services/epoch_loop.py) -------------------------------------------------
+    # --- background epochs (services/tables/epoch_loop.py) -------------------------------------------------
 
     def wait_for_downstreams(self, poll_s: float = 0.02) -> None:
         """Backpressure: while a downstream that set ``max_epoch_lag`` lags that many epochs behind this
