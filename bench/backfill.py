@@ -62,7 +62,7 @@ from mvlog.connectors.redis.view_store import Lifecycle, ViewStore
 from mvlog.infra.local_stack import LocalStack
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.snapshot_compaction import build_snapshot
-from mvlog.services.spark_session import spark_session
+from mvlog.services.spark.session import spark_session
 from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 

@@ -89,7 +89,7 @@ def wait(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyp
 def hit_share(settings: Settings, client: redis.Redis, follow_s: float) -> tuple[float, int]:
     """Share of mv1's partition-epochs read from the cache while it follows t1 (after catching up)."""
     from mvlog.services.pipeline.view_consumer import ViewConsumer
-    from mvlog.services.spark_session import spark_session  # Spark: imported by the phases that use it
+    from mvlog.services.spark.session import spark_session  # Spark: imported by the phases that use it
 
     table = Table.open(settings, "t1", client=client)
     consumer = ViewConsumer(settings, "mv1", client=client, spark=spark_session(settings),

@@ -34,7 +34,7 @@ from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.schemas.codec import decode_row
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.replacement.operations import request_apply, stage_replacement, wait_for_apply
-from mvlog.services.spark_session import spark_session
+from mvlog.services.spark.session import spark_session
 from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 

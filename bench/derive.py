@@ -33,7 +33,7 @@ from mvlog.connectors.redis.view_store import ViewStore
 from mvlog.services.pipeline.view_consumer import ViewConsumer
 from mvlog.services.rederive.derive import Derivation, DerivationPlan, TopicSink, plan_derivation
 from mvlog.services.rederive.tasks import TaskDerivation
-from mvlog.services.spark_session import spark_session
+from mvlog.services.spark.session import spark_session
 from mvlog.services.tables.writer import Table
 from mvlog.services.view_ddl import create_view
 

@@ -238,7 +238,7 @@ def run_mvlog(engine: str, args: argparse.Namespace, stack: Any, tmp: Path, ids:
     """Each query on mvlog (``engine``: :data:`MVLOG`, or :data:`MVLOG_TASKS` with the operators in Spark's
     tasks), in a Spark session of its own: a catch-up of the filled topics, then the steady phase."""
     from bench.nexmark_suite.mvlog_runner import MvlogNexmark
-    from mvlog.services.spark_session import spark_session
+    from mvlog.services.spark.session import spark_session
 
     in_tasks = engine == MVLOG_TASKS
     bootstrap = stack.bootstrap_servers

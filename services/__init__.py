@@ -9,6 +9,6 @@
   wipe), ``rederive/`` (``replay derive``, and a view's state re-derived after a wipe),
   ``snapshot_compaction``, ``redelivery`` (replay), ``lag_sampler``, ``status_snapshot``.
 * Processes users run: ``cli`` with ``commands/`` (the ``mvlog`` command), ``log_cache/`` (the Faust log
-  cache worker), ``dashboard/`` (the lag web page), ``spark_session`` (and ``spark_daemon``, the Python
-  daemon its sessions fork their workers from), ``http_auth``.
+  cache worker), ``dashboard/`` (the lag web page), ``spark/`` (the session, the data source it registers, and
+  the Python daemon its workers fork from), ``http_auth``.
 """

@@ -235,7 +235,7 @@ BROKER_JVM_OPTIONS = f"{DEFAULT_JVM_OPTIONS} -XX:TieredStopAtLevel=1"
 #: start one in a process of their own (the SIGKILL tests one per kill): the JIT's first tier only halves
 #: a driver's start on two busy cores (49 s -> 22 s to the first query, load average 10), and the JVM
 #: does little of mvlog's work. mvlog's own sessions keep the full JIT where the driver's JVM runs the
-#: executors too (local mode: :data:`mvlog.services.spark_session.DRIVER_JAVA_OPTIONS`).
+#: executors too (local mode: :data:`mvlog.services.spark.session.DRIVER_JAVA_OPTIONS`).
 JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
@@ -454,7 +454,7 @@ def spark(stack: StackEndpoints, request: pytest.FixtureRequest) -> Iterator[Any
     import sys
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from mvlog.services.spark_session import spark_session
+    from mvlog.services.spark.session import spark_session
 
     session = spark_session(_shared_settings(request, stack))
     yield session
@@ -469,7 +469,7 @@ def _mvlog_source_bound_to_the_shared_stack(request: pytest.FixtureRequest) -> N
     session for a stack of its own (``spark_session(its settings)``) left its registration behind.
     """
     if "spark" in request.fixturenames and "stack" in request.fixturenames:
-        from mvlog.services.spark_format import MvlogDataSource
+        from mvlog.services.spark.data_source import MvlogDataSource
 
         stack: StackEndpoints = request.getfixturevalue("stack")
         request.getfixturevalue("spark").dataSource.register(MvlogDataSource.for_settings(

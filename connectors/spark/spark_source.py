@@ -9,7 +9,7 @@ range to the range's last barrier.
 
 Writing into a table (``df.write`` / ``df.writeStream`` with option ``table``) is
 :mod:`mvlog.services.tables.spark_sink` (they commit through the table's writer, a service); the subclass of
-:class:`MvlogDataSource` that adds them, :class:`mvlog.services.spark_format.MvlogDataSource`, is the one
+:class:`MvlogDataSource` that adds them, :class:`mvlog.services.spark.data_source.MvlogDataSource`, is the one
 Spark sessions register.
 
 Options (modelled on Spark's Kafka source):
@@ -426,7 +426,7 @@ def _parse_epoch(value: str | None, default: str, latest: int) -> int:
 
 class MvlogDataSource(DataSource):
     """``spark.read.format("mvlog").option("view", "mv1").load()`` (``option("table", ...)`` too); the
-    writers are added by :class:`mvlog.services.spark_format.MvlogDataSource`."""
+    writers are added by :class:`mvlog.services.spark.data_source.MvlogDataSource`."""
 
     #: The settings of the session that registered this class (see :meth:`for_settings`), as JSON; None:
     #: the ``MVLOG_*`` environment and settings file of the process that runs the data source.

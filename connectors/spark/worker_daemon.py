@@ -27,7 +27,7 @@ pyspark), so no module is ever lost; the jar always goes.
 
 :func:`serve` can also import modules before the daemon forks any worker (``preload``): every worker
 then starts with them, and they are frozen (``gc.freeze``) so that no collection in a worker walks them or
-writes to their pages. mvlog's sessions run :mod:`mvlog.services.spark_daemon`, which preloads what
+writes to their pages. mvlog's sessions run :mod:`mvlog.services.spark.daemon`, which preloads what
 mvlog's tasks import; ``spark.python.daemon.module`` in ``spark_conf`` replaces it.
 
 Run as ``python -m mvlog.connectors.spark.worker_daemon``, as Spark runs its daemon (nothing preloaded).

@@ -521,7 +521,7 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
         for name, sql in VIEWS.items():
             click.echo(f"  {name} = {sql}", err=True)
         click.echo("Starting Spark (local mode) and the views' consumers...", err=True)
-        from mvlog.services.spark_session import spark_session
+        from mvlog.services.spark.session import spark_session
 
         spark = spark_session(settings, app_name=f"mvlog-demo-{settings.topic_prefix}")
         consumers: list[ViewConsumer] = []

@@ -331,7 +331,7 @@ def run_view(settings: Settings, names: tuple[str, ...], progress_interval: floa
             if (kind := catalog.get(name).kind) != "view":
                 raise click.ClickException(f"{name!r} is a {kind}: only views are maintained by run-view")
         require_kafka(settings)
-        from mvlog.services.spark_session import spark_session
+        from mvlog.services.spark.session import spark_session
 
         spark = spark_session(settings, app_name=f"mvlog-run-view-{'-'.join(views)}")
         supervisor = _Supervisor(settings, client, spark, progress_interval, verbose)

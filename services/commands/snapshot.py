@@ -45,7 +45,7 @@ def snapshot(settings: Settings, view: str, from_scratch: bool, keep: int | None
     with backend_errors(settings):
         require_kafka(settings)
         from mvlog.services.snapshot_compaction import build_snapshot
-        from mvlog.services.spark_session import spark_session
+        from mvlog.services.spark.session import spark_session
 
         console = Console(stderr=True)
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,

@@ -40,7 +40,7 @@ from mvlog.services.pipeline.view_commit import commit_view_epoch
 from mvlog.services.rederive.state_rebuild import rederive_state
 from mvlog.services.replacement.operations import complete_apply
 from mvlog.services.replacement.stage import ReplacementStage
-from mvlog.services.spark_session import spark_session
+from mvlog.services.spark.session import spark_session
 from mvlog.services.view_ddl import plan_for
 from mvlog.views import ChangeBatch, EpochOutput, ViewOperator, ViewPlan
 from mvlog.views.state import StoredState

@@ -284,7 +284,7 @@ class Derivation:
                                    Callable[[], Iterator[tuple[int, dict[str, ChangeBatch]]]]]:
         from mvlog.services.pipeline.reading import EpochBatches, batches_from_arrow
         from mvlog.services.rederive.tasks import rows_before
-        from mvlog.services.spark_session import spark_session
+        from mvlog.services.spark.session import spark_session
 
         spark = self._spark or spark_session(self.settings, app_name=f"mvlog-replay-{self.plan.view}")
 

@@ -284,7 +284,7 @@ class RebuiltState:
 
 def replay_session(settings: Settings, view: str) -> SparkSession:
     """The Spark session of a replay or rebuild of ``view`` run by a command (not a consumer's)."""
-    from mvlog.services.spark_session import spark_session
+    from mvlog.services.spark.session import spark_session
 
     return spark_session(settings, app_name=f"mvlog-replay-{view}")
 

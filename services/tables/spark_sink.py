@@ -41,7 +41,7 @@ memory must be split into several writes (several epochs).
 
 It commits through the table writer of :mod:`mvlog.services.tables.writer` (the one writer of a root
 table's epochs), so it is a service. The data source Spark sessions register, reads and these writes, is
-:class:`mvlog.services.spark_format.MvlogDataSource`; it imports this module only where a write is planned.
+:class:`mvlog.services.spark.data_source.MvlogDataSource`; it imports this module only where a write is planned.
 """
 
 from __future__ import annotations

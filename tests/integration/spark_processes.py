@@ -13,7 +13,7 @@ from __future__ import annotations
 import psutil
 
 from mvlog.connectors.spark import worker_daemon
-from mvlog.services import spark_daemon
+from mvlog.services.spark import daemon as spark_daemon
 
 EXECUTOR_MARK = "CoarseGrainedExecutorBackend"
 #: The daemon's module in its command line: mvlog's sessions', the connectors' plain one, or PySpark's own

@@ -76,7 +76,7 @@ def spark() -> Any:
     """The process's Spark session (local mode), without the session's shared stack (conftest's ``spark``
     starts it). The consumers pass their stack's addresses to the data source as options; the MVLOG_*
     variables that spark_session sets are put back so they never leak into other tests of the process."""
-    from mvlog.services.spark_session import spark_session
+    from mvlog.services.spark.session import spark_session
 
     names = ("MVLOG_BOOTSTRAP_SERVERS", "MVLOG_REDIS_URL", "MVLOG_TOPIC_PREFIX")
     saved = {name: os.environ.get(name) for name in names}

@@ -255,7 +255,7 @@ def test_a_session_made_again_for_other_settings_writes_with_them(
     """``spark_session(settings)`` in a process whose Spark already runs (``getOrCreate`` returns the same
     session) binds ``format("mvlog")`` to the new settings, with no option naming them: the data source
     runs in Spark's Python workers, whose environment is the JVM's from its start, not the caller's."""
-    from mvlog.services.spark_session import spark_session
+    from mvlog.services.spark.session import spark_session
 
     other = make_settings(topic_prefix=f"{topic_prefix}other")
     Table.create(other, "t", COLUMNS, ["id"]).close()

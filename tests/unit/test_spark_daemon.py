@@ -1,5 +1,5 @@
 """The daemon of mvlog's Spark sessions preloads modules that exist: a name left behind by a rename would stop
-every Python worker of every session from starting (mvlog.services.spark_daemon)."""
+every Python worker of every session from starting (mvlog.services.spark.daemon)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from mvlog.services.spark_daemon import TASK_MODULES
+from mvlog.services.spark.daemon import TASK_MODULES
 
 
 @pytest.mark.parametrize("module", TASK_MODULES)

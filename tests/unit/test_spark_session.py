@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mvlog.services.spark_session import executors_in_driver
+from mvlog.services.spark.session import executors_in_driver
 
 
 @pytest.mark.parametrize("master", ["local", "local[1]", "local[2]", "local[*]", "local[2,3]"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from mvlog.config import load_settings
-from mvlog.services.spark_session import spark_session
+from mvlog.services.spark.session import spark_session
 
 
 def main(table: str, inputs: str, checkpoint: str, ddl: str) -> None:

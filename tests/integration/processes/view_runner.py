@@ -27,7 +27,7 @@ import psutil
 from mvlog.backfill import Chunk
 from mvlog.config import Settings
 from mvlog.services.pipeline.view_consumer import ViewConsumer
-from mvlog.services.spark_session import spark_session
+from mvlog.services.spark.session import spark_session
 
 ROOT = Path(__file__).resolve().parents[3]
 

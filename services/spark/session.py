@@ -9,8 +9,8 @@ from pyspark.sql import SparkSession
 
 from mvlog.config import Settings
 from mvlog.infra.local_stack import LOOPBACK
-from mvlog.services import spark_daemon
-from mvlog.services.spark_format import MvlogDataSource
+from mvlog.services.spark import daemon as spark_daemon
+from mvlog.services.spark.data_source import MvlogDataSource
 
 #: The driver's JVM when the executors are JVMs of their own: it plans and schedules a view's micro-batches
 #: (and on the driver path passes their Arrow batches on), and every micro-batch's new plan makes its C2

@@ -1,5 +1,5 @@
 """The Python daemon of mvlog's Spark sessions (``spark.python.daemon.module``, set by
-:mod:`~mvlog.services.spark_session`): the connectors' worker daemon
+:mod:`~mvlog.services.spark.session`): the connectors' worker daemon
 (:mod:`mvlog.connectors.spark.worker_daemon`), with the modules mvlog's tasks run imported once, before it
 forks any Python worker.
 
@@ -10,7 +10,7 @@ executor, and every forked worker starts with them, their pages shared and, froz
 worker's collections. The daemon imports a few modules a given application's tasks may not use (about
 0.3 s of CPU); a local session forks two workers or more.
 
-Run as ``python -m mvlog.services.spark_daemon``, as Spark runs its daemon.
+Run as ``python -m mvlog.services.spark.daemon``, as Spark runs its daemon.
 """
 
 from __future__ import annotations
