@@ -68,7 +68,12 @@ VIEWS = [
     # its state there), then the output by the view key.
     ("mvu", "SELECT id, v1 FROM mv1 WHERE v1 > 0 UNION ALL SELECT w, count(*) AS n FROM t2 GROUP BY w "
             "UNION ALL SELECT id, v1 * 10 FROM t1 WHERE k = 'a' UNION ALL SELECT a.id, b.w FROM mv1 a JOIN t2 b "
-            "ON a.v1 = b.id"),  # and a join branch: mv1's and t2's rows routed for it by its join key
+            "ON a.v1 = b.id "  # and a join branch: mv1's and t2's rows routed for it by its join key
+            # and a join of subqueries (mv1's rows by the join key of their groups, t2's by their filtered id)
+            # and a GROUP BY over a filter subquery (mv1's rows by the group of the subquery's row)
+            "UNION ALL SELECT p.v1, q.w FROM (SELECT v1, count(*) AS n FROM mv1 GROUP BY v1) p "
+            "JOIN (SELECT id, w FROM t2 WHERE w > 0) q ON p.v1 = q.id "
+            "UNION ALL SELECT b, count(*) AS n FROM (SELECT v1 % 3 AS b FROM mv1 WHERE id > 2) f GROUP BY b"),
     # A join of subqueries (a GROUP BY on a key among its groups, a filter): each side's rows to the task of
     # the join key they will have, where the groups, the filter and the join run.
     ("mvgj", "SELECT p.v1, p.n, q.id, q.w FROM (SELECT v1, count(*) AS n FROM mv1 GROUP BY v1) p "
