@@ -125,7 +125,9 @@ class MicroBatchRunner:
         return self.worker.failure()
 
     def check(self) -> None:
-        """Raise :meth:`failure`, if any."""
+        """Raise :meth:`failure`, if any: a failed apply's error as it was raised, the query's in a
+        RuntimeError."""
+        self.worker.check()
         if (error := self.failure()) is not None:
             raise RuntimeError(f"{self.name}: {error}") from error
 
