@@ -393,8 +393,7 @@ def _wait_ingested(settings: Settings, client: redis.Redis, source: ChildProcess
         probe.close()
 
 
-def _wait_caught_up(consumers: list[ViewConsumer], queries: list[StreamingQuery], targets: dict[str, int],
-                    timeout: float) -> bool:
+def _wait_caught_up(consumers: list[ViewConsumer], targets: dict[str, int], timeout: float) -> bool:
     """Wait until every view's MCE reached its target epoch (False on timeout or a failed query)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -444,12 +443,12 @@ def _restart_failed(settings: Settings, spark: Any, client: Any, consumers: list
     is what keeps the demo going through a transient error, such as a Spark Python worker that did not
     connect back in time on an overloaded machine.
     """
-    for i, (consumer, query) in enumerate(zip(consumers, queries, strict=True)):
+    for i, consumer in enumerate(consumers):
         if (error := consumer.failure()) is None:
             continue
         name = consumer.entry.name
         if restarts.get(name, 0) >= RESTARTS:
-            return _failed_query([consumer], [query])
+            return _failed_query([consumer])
         restarts[name] = restarts.get(name, 0) + 1
         click.echo(f"view {name} failed ({_short(error)}); restarting it ({restarts[name]}/{RESTARTS})", err=True)
         with contextlib.suppress(Exception):  # a failed query raises its error again on stop
@@ -459,7 +458,7 @@ def _restart_failed(settings: Settings, spark: Any, client: Any, consumers: list
     return None
 
 
-def _failed_query(consumers: list[ViewConsumer], queries: list[StreamingQuery]) -> str | None:
+def _failed_query(consumers: list[ViewConsumer]) -> str | None:
     for consumer in consumers:
         if (error := consumer.failure()) is None:
             continue
@@ -598,17 +597,17 @@ def _run_demo(settings: Settings, duration: float | None, interval: float, rate:
                     targets = {"mv1": last["t1"], "mv2": last["t1"], "mv3": last["t1"],
                                "mvj": max(last["t1"], last["t2"]), ONLINE_VIEW[0]: last["t1"]}
                     click.echo("Waiting for the views to catch up with the last writes...", err=True)
-                    caught_up = _wait_caught_up(consumers, queries, targets, DRAIN_TIMEOUT_S)
+                    caught_up = _wait_caught_up(consumers, targets, DRAIN_TIMEOUT_S)
                     # The tables stop here; the views then follow them to their last (empty) epochs.
                     source.stop()
                     for table in tables:
                         table.close()
                     if caught_up:
                         final = ViewStore(client, settings.topic_prefix).mce_many(list(TABLES))
-                        _wait_caught_up(consumers, queries, {"mv1": final["t1"] or 0, "mv2": final["t1"] or 0,
-                                                             "mv3": final["t1"] or 0, "mvj": 0,
-                                                             ONLINE_VIEW[0]: final["t1"] or 0}, 15.0)
-                    failure = _failed_query(consumers, queries)
+                        _wait_caught_up(consumers, {"mv1": final["t1"] or 0, "mv2": final["t1"] or 0,
+                                                    "mv3": final["t1"] or 0, "mvj": 0,
+                                                    ONLINE_VIEW[0]: final["t1"] or 0}, 15.0)
+                    failure = _failed_query(consumers)
                     records = snapshot(settings, client)
                     print_progress(records, f"mvlog demo [{settings.topic_prefix}] final")
                     summary["caught_up"] = caught_up
