@@ -86,11 +86,14 @@ def stateless_subquery(plan: ViewPlan) -> ViewPlan | None:
     return inner if plan.query.sources[0].view == name and filter_of_one_view(inner) else None
 
 
-def filter_of_one_view(plan: ViewPlan) -> bool:
+def filter_of_one_view(plan: ViewPlan, *, through_subquery: bool = False) -> bool:
     """A plan that only filters and projects the rows of one view (no subquery, union, join, aggregate,
-    window or top-N): it keeps no state, and each input row gives at most one output row, by itself."""
+    window or top-N): it keeps no state, and each input row gives at most one output row, by itself. With
+    ``through_subquery``, also one that reads the view through one such subquery (:func:`stateless_subquery`):
+    the same holds of the two together."""
     query = plan.query
-    return (not plan.inner and not plan.union and len(query.sources) == 1 and not query.joins
+    reads = not plan.inner or (through_subquery and stateless_subquery(plan) is not None)
+    return (reads and not plan.union and len(query.sources) == 1 and not query.joins
             and not query.is_aggregate and query.top_n is None and query.window is None)
 
 

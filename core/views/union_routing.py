@@ -62,7 +62,6 @@ from mvlog.views.routing import (
     filter_of_one_view,
     grouped_by_key,
     partitions_table,
-    stateless_subquery,
     view_key_partitions,
 )
 from mvlog.views.state import inner_prefix
@@ -73,22 +72,12 @@ BRANCH_SIDE = "#b"
 
 
 def routed_union(plan: ViewPlan) -> bool:
-    """A ``UNION ALL`` whose every branch reads one view, and filters and projects it or groups it by
-    key (:func:`_filter_branch`, :func:`_grouped_branch`), or joins views or subqueries
-    (:func:`_joined_branch`, :func:`~mvlog.views.subquery_join_routing.join_of_subqueries`): the views
-    :class:`UnionRouting` partitions."""
-    return plan.union and all(_filter_branch(branch) or _grouped_branch(branch) or _joined_branch(branch)
-                              or join_of_subqueries(branch) for _, branch in plan.inner)
-
-
-def _filter_branch(branch: ViewPlan) -> bool:
-    """A filter/project of one view, directly or over one filter/project subquery of it: it keeps no state,
-    and each of the view's rows gives at most one row of the branch, by itself."""
-    if filter_of_one_view(branch):
-        return True
-    query = branch.query
-    return (stateless_subquery(branch) is not None and len(query.sources) == 1 and not query.joins
-            and not query.is_aggregate and query.top_n is None and query.window is None)
+    """A ``UNION ALL`` whose every branch reads one view, and filters and projects it (through a subquery
+    too: :func:`~mvlog.views.routing.filter_of_one_view`) or groups it by key (:func:`_grouped_branch`), or
+    joins views or subqueries (:func:`_joined_branch`, :func:`~mvlog.views.subquery_join_routing.join_of_subqueries`):
+    the views :class:`UnionRouting` partitions."""
+    return plan.union and all(filter_of_one_view(branch, through_subquery=True) or _grouped_branch(branch)
+                              or _joined_branch(branch) or join_of_subqueries(branch) for _, branch in plan.inner)
 
 
 def _joined_branch(branch: ViewPlan) -> bool:
