@@ -176,16 +176,18 @@ class ChangelogWriter:
         self.limit: RecordLimit = changelog_record_limit(settings, self.topic)
         self.envelope_bytes = envelope_bytes(view)
         config: dict[str, Any] = {
+            # Connect to the brokers the metadata names as soon as it names them. Sparse (librdkafka's
+            # default), the transaction coordinator's look-up often finds no connected broker yet and
+            # waits for librdkafka's fixed 500 ms timer: init_transactions took 55-516 ms on a local
+            # broker, 6-17 ms eagerly (docs/scaling.md, "A partition writer's init_transactions"). A task
+            # of a view in tasks makes such a writer whenever its Python worker kept none. On a cluster of
+            # many brokers, where a connection to each costs more than the wait, ``MVLOG_KAFKA`` may set
+            # it back to true.
+            "enable.sparse.connections": False,
             **settings.kafka_client_config(),
             "transactional.id": self.transactional_id,
             "enable.idempotence": True,
             "transaction.timeout.ms": settings.transaction_timeout_ms,
-            # Connect to the brokers the metadata names as soon as it names them. Sparse (librdkafka's
-            # default), the transaction coordinator's look-up often finds no connected broker yet and
-            # waits for librdkafka's fixed 500 ms timer: init_transactions took 60-510 ms on a local
-            # broker, 6-17 ms eagerly (docs/scaling.md, "A partition writer's init_transactions"). A task
-            # of a view in tasks makes such a writer whenever its Python worker kept none.
-            "enable.sparse.connections": False,
             # Batches of 50 ms: the broker spends its CPU per batch too (bench/ingest.py, 200k change events:
             # 0.78 s of broker CPU at 5 ms, 0.57 s at 50 ms). No latency cost: commit_transaction flushes at once.
             "linger.ms": 50,
