@@ -350,9 +350,11 @@ class ChangelogWriter:
     def _connect(self) -> None:
         """Have a broker connection up before ``init_transactions``. Otherwise librdkafka's first query
         for the transaction coordinator often finds no broker up yet ("No brokers available for
-        Transactions") and is retried only by its 500 ms timer: 5-10 of 16 new producers took ~510 ms to
-        initialise against 57-66 ms, and 1 of 16 with a metadata request first (docs/scaling.md, session
-        20). Best effort: an unreachable or refusing broker is :meth:`_init_transactions`' to report."""
+        Transactions") and is retried only by its 500 ms timer. Eager connections (the writer's default)
+        mostly settle that race; this metadata request narrows it where a user's ``MVLOG_KAFKA`` makes them
+        sparse again: 5-10 of 16 new sparse producers took ~510 ms to initialise, 1 of 16 after it
+        (docs/scaling.md, sessions 20 and 42). Best effort: an unreachable or refusing broker is
+        :meth:`_init_transactions`' to report."""
         with contextlib.suppress(KafkaException):
             self._producer.list_topics(self.topic, timeout=1.0)
 
