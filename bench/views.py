@@ -83,6 +83,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import json
 import logging
 import os
 import pstats
@@ -623,6 +624,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="cProfile the driver's foreachBatch calls and applies during the first catch-up of each "
                              "view: stats to FILE.<view>, top functions printed")
     parser.add_argument("--profile-lines", type=int, default=25, help="functions printed per profile (default 25)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write each view's best catch-up seconds per side to this file (bench/scaling.py)")
     args = parser.parse_args(argv)
     if args.epoch_size > args.keys or args.live_batch > args.keys:
         parser.error("--epoch-size and --live-batch must not exceed --keys (changes of an epoch use distinct ids)")
@@ -811,6 +814,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {view} catch-up: cProfile of the driver's foreachBatch calls and micro-batch applies "
               f"(written to {path}), top {args.profile_lines} by cumulative time:")
         stats.strip_dirs().sort_stats("cumulative").print_stats(args.profile_lines)
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "master": args.master, "changes": n, "machine": machine_info(),
+            "views": {view: {"baseline_s": best_baseline[view],
+                             "driver_s": best_catch_up[view].seconds if view in best_catch_up else None,
+                             "in_tasks_s": min((run.seconds for run in in_tasks[view]), default=None)}
+                      for view in views}}, indent=2))
     if best_catch_up:
         ratios = ", ".join(f"{view} {best_baseline[view] / run.seconds:.2f}x" for view, run in best_catch_up.items())
         print(f"ratio mvlog/baseline (catch-up changes/s): {ratios} (target >= 0.5x)")
