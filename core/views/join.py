@@ -30,8 +30,10 @@ step ``i >= 1`` keeps ``j<i>.0[k]`` (rows of its left input: per source the row 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
+from operator import itemgetter
+from typing import cast
 
 from mvlog.row_schema import ColumnType, Key
 from mvlog.views.batch import JoinedRow, build_batch
@@ -100,6 +102,11 @@ class _Step:
         self.pk_indexes = [[s.schema.names.index(k) for k in s.schema.primary_key] for s in query.sources]
         self.column_types = [[c.type for c in s.schema.columns] for s in query.sources]
         self.residual = join.residual
+        # A source's primary key out of its row, in one C call; whether its values are stored as they are
+        # (no bytes or float column: encode_value and decode_value would hand back every value unchanged).
+        # A bucket is decoded whole each time a change touches its join key, so this is the join's inner loop.
+        self._pk_of = [_tuple_getter(indexes) for indexes in self.pk_indexes]
+        self._stored_as_is = [not any(t in _CONVERTED for t in types) for types in self.column_types]
 
     # -- one epoch ---------------------------------------------------------------------------------------
 
@@ -224,8 +231,12 @@ class _Step:
         return tuple(values)
 
     def _identity(self, side: int, combo: Combo) -> Identity:
-        return tuple(None if row is None else tuple(row[i] for i in self.pk_indexes[source])
-                     for source, row in zip(self.sides[side], combo, strict=True))
+        sources = self.sides[side]
+        if len(sources) == 1:
+            row = combo[0]
+            return (None if row is None else self._pk_of[sources[0]](row),)
+        return tuple(None if row is None else self._pk_of[source](row)
+                     for source, row in zip(sources, combo, strict=True))
 
     def _apply(self, side: int, weight: int, combo: Combo, bucket: Bucket) -> None:
         identity = self._identity(side, combo)
@@ -240,8 +251,11 @@ class _Step:
         sources = self.sides[side]
         if len(sources) == 1:  # a source's rows: a list of rows
             types = self.column_types[sources[0]]
-            rows: list[object] = [[encode_value(v, t) for v, t in zip(combo[0] or (), types, strict=True)]
-                                  for identity, combo in sorted(bucket.items(), key=lambda item: repr(item[0][0]))]
+            in_order = sorted(bucket.items(), key=lambda item: repr(item[0][0]))
+            if self._stored_as_is[sources[0]]:  # a tuple is a JSON array as a list is
+                rows: list[object] = [combo[0] or () for _, combo in in_order]
+            else:
+                rows = [[encode_value(v, t) for v, t in zip(combo[0] or (), types, strict=True)] for _, combo in in_order]
         else:  # a list of [row or null per source]
             rows = [[None if row is None else [encode_value(v, t) for v, t in zip(row, self.column_types[s],
                                                                                   strict=True)]
@@ -252,6 +266,8 @@ class _Step:
 
     def _decode(self, side: int, data: bytes) -> Bucket:
         sources = self.sides[side]
+        if len(sources) == 1 and self._stored_as_is[sources[0]]:
+            return self._decode_as_is(sources[0], data)
         bucket: Bucket = {}
         for encoded in loads(data):
             if len(sources) == 1:
@@ -261,6 +277,33 @@ class _Step:
                           for s, row in zip(sources, encoded, strict=True))
             bucket[self._identity(side, combo)] = combo
         return bucket
+
+    def _decode_as_is(self, source: int, data: bytes) -> Bucket:
+        """:meth:`_decode` of a bucket of one source's rows whose values are stored as they are."""
+        pk_of, width = self._pk_of[source], len(self.column_types[source])
+        bucket: Bucket = {}
+        for encoded in loads(data):
+            if len(encoded) != width:
+                raise ValueError(f"join step {self.index}: a stored row of source {source} has {len(encoded)} "
+                                 f"values, its schema {width}")
+            row = tuple(encoded)
+            bucket[(pk_of(row),)] = (row,)
+        return bucket
+
+
+#: Column types whose values the state codec converts (``encode_value`` / ``decode_value``).
+_CONVERTED = frozenset({ColumnType.BYTES, ColumnType.FLOAT})
+
+
+def _tuple_getter(indexes: Sequence[int]) -> Callable[[Values], Key]:
+    """A function giving the values at ``indexes`` of a row, as a tuple (``itemgetter`` gives a bare value
+    for one index, and takes none for a source without a primary key)."""
+    if not indexes:
+        return lambda row: ()
+    if len(indexes) == 1:
+        index = indexes[0]
+        return lambda row: (row[index],)
+    return cast(Callable[[Values], Key], itemgetter(*indexes))
 
 
 def _matches(test: _Residual | None, left: Combo, right: Combo) -> bool:
