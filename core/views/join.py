@@ -255,7 +255,8 @@ class _Step:
             if self._stored_as_is[sources[0]]:  # a tuple is a JSON array as a list is
                 rows: list[object] = [combo[0] or () for _, combo in in_order]
             else:
-                rows = [[encode_value(v, t) for v, t in zip(combo[0] or (), types, strict=True)] for _, combo in in_order]
+                rows = [[encode_value(v, t) for v, t in zip(combo[0] or (), types, strict=True)]
+                        for _, combo in in_order]
         else:  # a list of [row or null per source]
             rows = [[None if row is None else [encode_value(v, t) for v, t in zip(row, self.column_types[s],
                                                                                   strict=True)]
