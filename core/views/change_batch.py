@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mvlog.changes import Change, Op
-from mvlog.row_schema import Key, RowSchema
+from mvlog.row_schema import Key, Row, RowSchema
 from mvlog.views.errors import InconsistentChanges
 from mvlog.views.evaluate import arrow_type
 
@@ -144,13 +144,18 @@ class ChangeBatch:
 
     def to_changes(self) -> list[Change]:
         """The edge adapter to the row form."""
+        return [Change(op, key, before, after) for key, (op, before, after) in zip(self.keys, self.row_pairs(),
+                                                                                    strict=True)]
+
+    def row_pairs(self) -> list[tuple[Op, Row | None, Row | None]]:
+        """Each change's op and its rows before and after (None where the op has none) as Python rows:
+        :meth:`to_changes` without making the ``Change`` objects, for a caller that only reads the rows."""
         befores, afters = self.before.to_pylist(), self.after.to_pylist()
-        changes = []
-        for code, key, before, after in zip(self.ops.to_pylist(), self.keys, befores, afters, strict=True):
+        pairs: list[tuple[Op, Row | None, Row | None]] = []
+        for code, before, after in zip(self.ops.to_pylist(), befores, afters, strict=True):
             op = _OPS[code]
-            changes.append(Change(op, key, before if op in (Op.UPDATE, Op.DELETE) else None,
-                                  None if op is Op.DELETE else after))
-        return changes
+            pairs.append((op, before if op in (Op.UPDATE, Op.DELETE) else None, None if op is Op.DELETE else after))
+        return pairs
 
 
 def _arrow_schema(schema: RowSchema) -> pa.Schema:

@@ -45,6 +45,23 @@ def net_changes(changes: Sequence[Change], schema: RowSchema) -> list[SignedRow]
     return signed
 
 
+def net_rows_changed_once(rows: Iterable[tuple[Row | None, Row | None]], schema: RowSchema) -> list[SignedRow]:
+    """:func:`net_changes` of changes that touch each key once (``rows``: each change's row before and after
+    it): its two rows as they are, in the same order, and nothing for a change that leaves its row as it
+    was. Nothing to sum per key, so no ``Change`` and no counter per key: a join nets every epoch."""
+    signed: list[SignedRow] = []
+    for before, after in rows:
+        old = None if before is None else row_values(schema, before)
+        new = None if after is None else row_values(schema, after)
+        if old == new:
+            continue
+        if old is not None:
+            signed.append((-1, old))
+        if new is not None:
+            signed.append((1, new))
+    return signed
+
+
 def consolidate(rows: Iterable[tuple[int, Row]], schema: RowSchema) -> list[Change]:
     """Signed view rows -> one change per view key (keys in order of first appearance)."""
     per_key: dict[Key, Counter[Values]] = {}

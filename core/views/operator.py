@@ -32,7 +32,7 @@ import pyarrow as pa
 from mvlog.views.aggregate import AggregateStage
 from mvlog.views.batch import WEIGHT, JoinedRow, build_batch, referenced_columns
 from mvlog.views.change_batch import ChangeBatch, consolidate_signed
-from mvlog.views.deltas import SignedRow, consolidate, net_changes
+from mvlog.views.deltas import SignedRow, consolidate, net_changes, net_rows_changed_once
 from mvlog.views.evaluate import arrow_type, column_field, evaluate
 from mvlog.views.join import JoinStage
 from mvlog.views.plan import ViewPlan
@@ -163,8 +163,13 @@ class ViewOperator:
 
     def _netted(self, source: Source, batch: ChangeBatch | None) -> list[SignedRow]:
         """Per upstream key: the retraction of its row before the epoch and the assertion of its row
-        after it, summed over the key's changes (as Python values: a join matches them row by row)."""
-        return net_changes(batch.to_changes() if batch is not None else [], source.schema)
+        after it, summed over the key's changes (as Python values: a join matches them row by row). Every
+        mvlog writer's batch changes a key once: then there is nothing to sum."""
+        if batch is None:
+            return []
+        if batch.one_change_per_key():
+            return net_rows_changed_once(((before, after) for _, before, after in batch.row_pairs()), source.schema)
+        return net_changes(batch.to_changes(), source.schema)
 
     def _signed_columns(self, source: Source, batch: ChangeBatch | None) -> pa.Table:
         """The operator's Arrow batch of a one-view definition, straight from the upstream's columns."""
