@@ -144,18 +144,18 @@ class ChangeBatch:
 
     def to_changes(self) -> list[Change]:
         """The edge adapter to the row form."""
-        return [Change(op, key, before, after) for key, (op, before, after) in zip(self.keys, self.row_pairs(),
-                                                                                    strict=True)]
+        return [Change(op, key, before, after)
+                for key, (op, before, after) in zip(self.keys, self.change_rows(), strict=True)]
 
-    def row_pairs(self) -> list[tuple[Op, Row | None, Row | None]]:
+    def change_rows(self) -> list[tuple[Op, Row | None, Row | None]]:
         """Each change's op and its rows before and after (None where the op has none) as Python rows:
         :meth:`to_changes` without making the ``Change`` objects, for a caller that only reads the rows."""
         befores, afters = self.before.to_pylist(), self.after.to_pylist()
-        pairs: list[tuple[Op, Row | None, Row | None]] = []
+        rows: list[tuple[Op, Row | None, Row | None]] = []
         for code, before, after in zip(self.ops.to_pylist(), befores, afters, strict=True):
             op = _OPS[code]
-            pairs.append((op, before if op in (Op.UPDATE, Op.DELETE) else None, None if op is Op.DELETE else after))
-        return pairs
+            rows.append((op, before if op in (Op.UPDATE, Op.DELETE) else None, None if op is Op.DELETE else after))
+        return rows
 
 
 def _arrow_schema(schema: RowSchema) -> pa.Schema:

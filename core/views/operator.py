@@ -168,7 +168,7 @@ class ViewOperator:
         if batch is None:
             return []
         if batch.one_change_per_key():
-            return net_rows_changed_once(((before, after) for _, before, after in batch.row_pairs()), source.schema)
+            return net_rows_changed_once(((before, after) for _, before, after in batch.change_rows()), source.schema)
         return net_changes(batch.to_changes(), source.schema)
 
     def _signed_columns(self, source: Source, batch: ChangeBatch | None) -> pa.Table:
