@@ -46,8 +46,21 @@ def rate(changes: int, seconds: float | None) -> float | None:
     return changes / seconds if seconds else None
 
 
+def factors(first: dict[str, Any], run: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Per view run in tasks at both masters: the plain job's and mvlog's rate at ``run`` over at ``first``
+    (the same changes in both runs, so a ratio of seconds)."""
+    out = {}
+    for view, seconds in run["views"].items():
+        base = first["views"].get(view)
+        if base is not None and seconds["in_tasks_s"] is not None and base["in_tasks_s"] is not None:
+            out[view] = (base["baseline_s"] / seconds["baseline_s"], base["in_tasks_s"] / seconds["in_tasks_s"])
+    return out
+
+
 def report(runs: Sequence[dict[str, Any]]) -> list[str]:
-    """The lines printed for ``runs`` (one ``views.py --json`` result per master, the first the base)."""
+    """The lines printed for ``runs`` (one ``views.py --json`` result per master, the first the base); the
+    last, the ratio line: mvlog's scaling factor over the plain job's, per view, from the first master to
+    the last."""
     lines = [runs[0]["machine"]]
     first = runs[0]
     for run in runs:
@@ -60,15 +73,14 @@ def report(runs: Sequence[dict[str, Any]]) -> list[str]:
             lines.append(f"    {view:<9} plain job {plain:>9,.0f} records/s; {in_tasks}")
     for run in runs[1:]:
         lines.append(f"  {run['master']} over {first['master']}:")
-        for view, seconds in run["views"].items():
-            base = first["views"].get(view)
-            if base is None or seconds["in_tasks_s"] is None or base["in_tasks_s"] is None:
-                continue
-            plain = base["baseline_s"] / seconds["baseline_s"]  # rate ratio: the same changes in both runs
-            mvlog = base["in_tasks_s"] / seconds["in_tasks_s"]
+        for view, (plain, mvlog) in factors(first, run).items():
             verdict = "met" if mvlog / plain >= TARGET else "not met"
             lines.append(f"    {view:<9} plain job {plain:.2f}x, in tasks {mvlog:.2f}x: mvlog scales "
                          f"{mvlog / plain:.2f}x as well as the plain job (target >= {TARGET}x: {verdict})")
+    last = factors(first, runs[-1])
+    ratios = ", ".join(f"{view} {mvlog / plain:.2f}x" for view, (plain, mvlog) in last.items()) or "none in tasks"
+    lines.append(f"ratio mvlog's scaling / the plain job's, {runs[-1]['master']} over {first['master']}: {ratios} "
+                 f"(target >= {TARGET}x)")
     return lines
 
 

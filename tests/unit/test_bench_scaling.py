@@ -26,10 +26,11 @@ def test_scaling_factors_and_the_verdict() -> None:
     lines = report([_run("local[1]", 4.0, 8.0), _run("local[2]", 2.0, 5.0)])
     assert "    filter    plain job    50,000 records/s; in tasks    25,000 changes/s, 0.50x the plain job" in lines
     assert "    filter    plain job   100,000 records/s; in tasks    40,000 changes/s, 0.40x the plain job" in lines
-    assert lines[-1] == ("    filter    plain job 2.00x, in tasks 1.60x: mvlog scales 0.80x as well as the plain "
+    assert lines[-2] == ("    filter    plain job 2.00x, in tasks 1.60x: mvlog scales 0.80x as well as the plain "
                          "job (target >= 0.8x: met)")
+    assert lines[-1] == "ratio mvlog's scaling / the plain job's, local[2] over local[1]: filter 0.80x (target >= 0.8x)"
     # in tasks 8.0 s -> 6.0 s (1.33x): 0.67x as well, not met
-    assert report([_run("local[1]", 4.0, 8.0), _run("local[2]", 2.0, 6.0)])[-1].endswith("0.67x as well as the "
+    assert report([_run("local[1]", 4.0, 8.0), _run("local[2]", 2.0, 6.0)])[-2].endswith("0.67x as well as the "
                                                                                           "plain job (target >= "
                                                                                           "0.8x: not met)")
 
@@ -37,7 +38,9 @@ def test_scaling_factors_and_the_verdict() -> None:
 def test_a_view_not_run_in_tasks_has_no_factor() -> None:
     lines = report([_run("local[1]", 4.0, None), _run("local[2]", 2.0, None)])
     assert "    filter    plain job    50,000 records/s; in tasks: not run" in lines
-    assert lines[-1] == "  local[2] over local[1]:"
+    assert lines[-2:] == ["  local[2] over local[1]:",
+                          "ratio mvlog's scaling / the plain job's, local[2] over local[1]: none in tasks "
+                          "(target >= 0.8x)"]
 
 
 @pytest.mark.parametrize("argv", [["--masters", "local[2]"], ["--", "--master", "local[4]", "--tasks"],
