@@ -31,9 +31,9 @@ DEFAULT_VIEWS_ARGS = ["--tasks", "--no-driver-path", "--live-epochs", "0", "--re
 TARGET = 0.8  # mvlog's scaling factor over the plain job's
 
 
-def run_views(master: str, views_args: Sequence[str], folder: Path) -> dict[str, Any]:
-    """One ``views.py`` run at ``master``: its JSON results (its own output goes to this one's stderr)."""
-    out = folder / f"views-{len(list(folder.iterdir()))}.json"
+def run_views(master: str, views_args: Sequence[str], out: Path) -> dict[str, Any]:
+    """One ``views.py`` run at ``master``: its JSON results, written to ``out`` (its own output goes to this
+    one's stderr)."""
     command = [sys.executable, str(Path(__file__).with_name("views.py")), "--master", master, "--json", str(out),
                *views_args]
     print(f"running: {' '.join(command[1:])}", file=sys.stderr, flush=True)
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--tasks" not in views_args:
         parser.error("the views.py arguments must include --tasks: the scaling compared is the task path's")
     with tempfile.TemporaryDirectory(prefix="mvlog-bench-scaling-") as folder:
-        runs = [run_views(master, views_args, Path(folder)) for master in masters]
+        runs = [run_views(master, views_args, Path(folder) / f"views-{i}.json") for i, master in enumerate(masters)]
     print(f"scaling benchmark: bench/views.py {' '.join(views_args)}, {runs[0]['changes']:,} changes per catch-up, "
           f"best catch-up per side at each master")
     print("\n".join(report(runs)))
